@@ -1,0 +1,198 @@
+/*
+** autograd.c — the define-by-run tape.
+**
+** Every differentiable op that sees an input requiring grad appends a node (its backward
+** function, retained inputs, output and saved tensors) to one global tape. Creation order
+** is a topological order, so backward walks the tape from the end: a node runs once its
+** output's gradient is complete, adds into its inputs' gradients, and is freed at once,
+** which releases its saved activations as early as possible. Leaves keep .grad across
+** calls (gradient accumulation) until zeroed; intermediate gradients are dropped as soon
+** as their node has run.
+*/
+#include "tt_internal.h"
+
+static tt_node **tt_tape;
+static int64_t tt_tape_len, tt_tape_cap;
+static int tt_grad_enabled = 1;
+static tt_grad_ready_fn tt_grad_hook;
+static void *tt_grad_hook_ud;
+
+void tt_set_grad_enabled(int enabled) { tt_grad_enabled = enabled != 0; }
+int tt_is_grad_enabled(void) { return tt_grad_enabled; }
+int64_t tt_tape_size(void) { return tt_tape_len; }
+
+void tt_set_grad_ready_hook(tt_grad_ready_fn fn, void *userdata) {
+  tt_grad_hook = fn;
+  tt_grad_hook_ud = userdata;
+}
+
+int tt_needs_grad(const tt_tensor *t) { return t && t->requires_grad; }
+
+int tt_set_requires_grad(tt_tensor *t, int requires_grad) {
+  TT_CHECK(t->is_leaf, "requires_grad: only leaf tensors (not results of ops) can change "
+           "requires_grad; use detach() first");
+  TT_CHECK(!requires_grad || tt_dtype_is_float(t->dtype),
+           "requires_grad: only float tensors can require grad, got %s", tt_dtype_name(t->dtype));
+  t->requires_grad = requires_grad != 0;
+  return 0;
+}
+
+int tt_zero_grad(tt_tensor *t) {
+  tt_tensor_release(t->grad);
+  t->grad = NULL;
+  return 0;
+}
+
+int tt_should_record(tt_tensor *const *inputs, int n) {
+  if (!tt_grad_enabled) return 0;
+  for (int i = 0; i < n; i++)
+    if (inputs[i] && inputs[i]->requires_grad) return 1;
+  return 0;
+}
+
+static void node_free(tt_node *node) {
+  if (node->free_ctx) node->free_ctx(node->ctx);
+  for (int i = 0; i < node->n_inputs; i++) tt_tensor_release(node->inputs[i]);
+  for (int i = 0; i < node->n_saved; i++) tt_tensor_release(node->saved[i]);
+  tt_tensor_release(node->out);
+  free(node);
+}
+
+tt_node *tt_record(const char *name, tt_backward_fn backward, tt_tensor *out,
+                   tt_tensor *const *inputs, int n_inputs) {
+  if (n_inputs > TT_NODE_MAX_INPUTS) {
+    tt_set_error("%s: %d inputs recorded, at most %d", name, n_inputs, TT_NODE_MAX_INPUTS);
+    return NULL;
+  }
+  if (tt_tape_len == tt_tape_cap) {
+    int64_t cap = tt_tape_cap ? tt_tape_cap * 2 : 256;
+    tt_node **grown = realloc(tt_tape, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      tt_set_error("%s: out of host memory growing the tape", name);
+      return NULL;
+    }
+    tt_tape = grown;
+    tt_tape_cap = cap;
+  }
+  tt_node *node = calloc(1, sizeof *node);
+  if (!node) {
+    tt_set_error("%s: out of host memory (tape node)", name);
+    return NULL;
+  }
+  node->name = name;
+  node->backward = backward;
+  node->out = out;
+  tt_tensor_retain(out);
+  node->n_inputs = n_inputs;
+  for (int i = 0; i < n_inputs; i++) {
+    node->inputs[i] = inputs[i];
+    tt_tensor_retain(inputs[i]);
+  }
+  out->requires_grad = 1;
+  out->is_leaf = 0;
+  tt_tape[tt_tape_len++] = node;
+  return node;
+}
+
+void tt_node_save(tt_node *node, tt_tensor *t) {
+  if (node->n_saved >= TT_NODE_MAX_SAVED) return;   /* a programming error caught by tests */
+  tt_tensor_retain(t);
+  node->saved[node->n_saved++] = t;
+}
+
+void tt_tape_clear(void) {
+  for (int64_t i = tt_tape_len - 1; i >= 0; i--) node_free(tt_tape[i]);
+  tt_tape_len = 0;
+}
+
+int tt_accumulate_grad(tt_tensor *t, tt_tensor *g) {
+  char a[160], b[160];
+  if (!tt_needs_grad(t)) return 0;
+  TT_CHECK(t->ndim == g->ndim &&
+               memcmp(t->shape, g->shape, sizeof(int64_t) * (size_t)t->ndim) == 0,
+           "autograd: gradient of shape %s for a tensor of shape %s",
+           tt_shape_str(g->shape, g->ndim, a, sizeof a), tt_shape_str(t->shape, t->ndim, b, sizeof b));
+  if (t->grad) return tt_axpy_(t->grad, 1.0, g);
+  /* First contribution: take g itself when nobody else can see its memory, else copy. */
+  if (g->dtype == t->dtype && g->refcount == 1 && g->storage->refcount == 1 &&
+      g->offset == 0 && tt_tensor_is_contiguous(g) && g->device == t->device && !g->requires_grad) {
+    tt_tensor_retain(g);
+    t->grad = g;
+    return 0;
+  }
+  tt_tensor *c = NULL;
+  TT_TRY(tt_tensor_empty(t->shape, t->ndim, t->dtype, t->device, &c));
+  if (tt_copy_(c, g) != 0) {
+    tt_tensor_release(c);
+    return -1;
+  }
+  t->grad = c;
+  return 0;
+}
+
+/* Leaves that will receive gradients count their pending uses so that the grad-ready
+** hook fires as soon as the last contribution has been added. */
+static void count_leaf_uses(int delta) {
+  for (int64_t i = 0; i < tt_tape_len; i++) {
+    tt_node *node = tt_tape[i];
+    for (int k = 0; k < node->n_inputs; k++) {
+      tt_tensor *in = node->inputs[k];
+      if (in && in->is_leaf && in->requires_grad) in->tape_uses += delta;
+    }
+  }
+}
+
+int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
+  char a[160], b[160];
+  TT_CHECK(root->requires_grad, "backward: the tensor does not require grad (no recorded op "
+           "produced it from a tensor that requires grad)");
+  TT_CHECK(root->ndim == grad_root->ndim &&
+               memcmp(root->shape, grad_root->shape, sizeof(int64_t) * (size_t)root->ndim) == 0,
+           "backward: gradient shape %s differs from the tensor's %s",
+           tt_shape_str(grad_root->shape, grad_root->ndim, a, sizeof a),
+           tt_shape_str(root->shape, root->ndim, b, sizeof b));
+  int saved_mode = tt_grad_enabled;
+  tt_grad_enabled = 0;
+  int rc = tt_accumulate_grad(root, grad_root);
+  if (tt_grad_hook) count_leaf_uses(+1);
+  for (int64_t i = tt_tape_len - 1; i >= 0 && rc == 0; i--) {
+    tt_node *node = tt_tape[i];
+    tt_tensor *g = node->out->grad;
+    if (g) {
+      rc = node->backward(node, g);
+      if (rc != 0) tt_error_context("backward of %s", node->name);
+      tt_tensor_release(node->out->grad);
+      node->out->grad = NULL;
+    }
+    if (tt_grad_hook) {
+      for (int k = 0; k < node->n_inputs; k++) {
+        tt_tensor *in = node->inputs[k];
+        if (in && in->is_leaf && in->requires_grad && --in->tape_uses == 0 && rc == 0)
+          tt_grad_hook(in, tt_grad_hook_ud);
+      }
+    }
+    node_free(node);
+    tt_tape_len = i;
+  }
+  /* After an error, the rest of the tape is dropped and counters reset. */
+  for (int64_t i = 0; i < tt_tape_len; i++)
+    for (int k = 0; k < tt_tape[i]->n_inputs; k++)
+      if (tt_tape[i]->inputs[k]) tt_tape[i]->inputs[k]->tape_uses = 0;
+  tt_tape_clear();
+  if (!root->is_leaf) {
+    tt_tensor_release(root->grad);
+    root->grad = NULL;
+  }
+  tt_grad_enabled = saved_mode;
+  return rc;
+}
+
+int tt_backward(tt_tensor *loss) {
+  TT_CHECK(tt_tensor_numel(loss) == 1, "backward: called on a tensor with %lld elements; "
+           "pass an explicit gradient for non-scalars", (long long)tt_tensor_numel(loss));
+  tt_tensor *one = NULL;
+  TT_TRY(tt_tensor_full(loss->shape, loss->ndim, loss->dtype, loss->device, 1.0, &one));
+  int rc = tt_backward_with(loss, one);
+  tt_tensor_release(one);
+  return rc;
+}

@@ -1,0 +1,31 @@
+/*
+** tt_cuda_ops.h — device entry points of the precision code (engine/amp.c, engine/fp8.c)
+** implemented in kernels/cuda/cast.cu. The engine declares them weak: in a build without
+** CUDA they are NULL and never called, since no tensor lives on a GPU there.
+** Pointers are device memory; every call runs on the current stream and returns 0 or -1
+** with the message set.
+*/
+#ifndef TT_CUDA_OPS_H
+#define TT_CUDA_OPS_H
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* data[i] *= inv_scale for n elements of dtype (f32, bf16, f16); *found_inf |= 1 when an
+** element was inf or NaN. */
+int tt_cuda_unscale_check(void *data, int dtype, int64_t n, float inv_scale,
+                          int *found_inf);
+/* out = fp8(x * scale) (out_dtype TT_E4M3/TT_E5M2), or with fake = 1 the f32 value of
+** that fp8 divided by scale again. x is f32, bf16 or f16. *amax = max |x|. */
+int tt_cuda_fp8_quantize(const void *x, int x_dtype, int64_t n, float scale, int fp8_dtype,
+                         int fake, void *out, float *amax);
+/* out (f32) = float(q) / scale. */
+int tt_cuda_fp8_dequantize(const void *q, int fp8_dtype, int64_t n, float scale,
+                           float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

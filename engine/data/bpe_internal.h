@@ -1,0 +1,193 @@
+/*
+** bpe_internal.h — what the data modules share: Unicode classes, the GPT-2
+** pre-tokenizer, a growable byte/id buffer, hashing, a small JSON reader and the
+** tokenizer's internal layout.
+*/
+#ifndef TT_BPE_INTERNAL_H
+#define TT_BPE_INTERNAL_H
+#include "tt_internal.h"
+#include "tetra_data.h"
+#include <stdint.h>
+
+/* -- Unicode ------------------------------------------------------------------------ */
+
+extern const uint32_t tt_unicode_letter_ranges[][2];
+extern const size_t tt_unicode_letter_ranges_count;
+extern const uint32_t tt_unicode_number_ranges[][2];
+extern const size_t tt_unicode_number_ranges_count;
+
+enum { TT_CC_OTHER = 0, TT_CC_LETTER = 1, TT_CC_NUMBER = 2, TT_CC_SPACE = 3 };
+/* Class of a code point for the GPT-2 pattern: \p{L}, \p{N}, \s (Unicode White_Space,
+** which is also Oniguruma's \s) or anything else. */
+int tt_char_class(uint32_t cp);
+/* Length of the well-formed UTF-8 prefix of s (stops at the first ill-formed byte). */
+size_t tt_utf8_valid_prefix(const uint8_t *s, size_t len);
+/* Copies s into dst replacing each maximal ill-formed subsequence by U+FFFD (EF BF BD);
+** dst needs 3 * len bytes. Returns the output length. */
+size_t tt_utf8_sanitize(const uint8_t *s, size_t len, uint8_t *dst);
+/* Appends the UTF-8 encoding of cp (<= 0x10FFFF) to out; returns its length. */
+int tt_utf8_put(uint32_t cp, uint8_t *out);
+
+/* End (exclusive) of the GPT-2 pre-token starting at `pos` in well-formed UTF-8 text:
+** 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+size_t tt_pretok_next(const uint8_t *s, size_t len, size_t pos);
+
+/* The GPT-2 byte <-> unicode table: printable bytes (33-126, 161-172, 174-255) stand for
+** themselves, the 68 others for 256, 257, ... in byte order. */
+static inline uint32_t tt_byte_to_cp(uint8_t b) {
+  if (b <= 32) return 256u + b;
+  if (b >= 127 && b <= 160) return 162u + b;
+  if (b == 173) return 323u;
+  return b;
+}
+/* Inverse: code point -> byte, or -1 when cp is not in the table. */
+static inline int tt_cp_to_byte(uint32_t cp) {
+  if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255))
+    return (int)cp;
+  if (cp >= 256 && cp <= 288) return (int)(cp - 256);
+  if (cp >= 289 && cp <= 322) return (int)(cp - 162);
+  if (cp == 323) return 173;
+  return -1;
+}
+/* Decodes a byte-level string (UTF-8 of mapped code points) into raw bytes in dst (at most
+** len bytes). Returns the byte count, or -1 when a character is not in the table. */
+int64_t tt_bytelevel_decode(const char *s, size_t len, uint8_t *dst);
+/* Encodes raw bytes as a byte-level string; dst needs 2 * len bytes. Returns its length. */
+size_t tt_bytelevel_encode(const uint8_t *s, size_t len, char *dst);
+
+/* -- Buffers and hashing ------------------------------------------------------------ */
+
+typedef struct tt_buf {
+  char *data;
+  size_t len, cap;
+} tt_buf;
+
+int tt_buf_reserve(tt_buf *b, size_t extra);
+int tt_buf_append(tt_buf *b, const void *p, size_t n);
+int tt_buf_printf(tt_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tt_buf_free(tt_buf *b);
+/* Appends s as a JSON string literal (quotes and escapes). */
+int tt_buf_json_string(tt_buf *b, const char *s, size_t n);
+
+typedef struct tt_ids {
+  int32_t *data;
+  size_t len, cap;
+} tt_ids;
+
+int tt_ids_reserve(tt_ids *v, size_t extra);
+void tt_ids_free(tt_ids *v);
+
+static inline uint64_t tt_hash_bytes(const void *p, size_t n) {
+  /* FNV-1a over 8-byte words, then a 64-bit finaliser: fast enough and well mixed. */
+  const uint8_t *s = p;
+  uint64_t h = 0xcbf29ce484222325ull ^ (n * 0x9e3779b97f4a7c15ull);
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, s, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29;
+    s += 8;
+    n -= 8;
+  }
+  uint64_t w = 0;
+  memcpy(&w, s, n);
+  h = (h ^ w) * 0x100000001b3ull;
+  h ^= h >> 32;
+  h *= 0xd6e8feb86659fd93ull;
+  h ^= h >> 32;
+  return h;
+}
+
+static inline uint64_t tt_hash_u64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+/* Reads a whole file into *out (NUL-terminated, *len excludes the NUL). */
+int tt_read_file(const char *path, char **out, size_t *len);
+
+/* -- JSON (read-only DOM over the source text) -------------------------------------- */
+
+enum { TT_JSON_NULL, TT_JSON_FALSE, TT_JSON_TRUE, TT_JSON_NUMBER, TT_JSON_STRING,
+       TT_JSON_ARRAY, TT_JSON_OBJECT };
+
+typedef struct tt_json_node {
+  uint8_t type;
+  uint32_t start, len;   /* source span; strings: between the quotes */
+  int32_t next;          /* next sibling, -1 at the end */
+  int32_t child;         /* first child (objects: key, value, key, value ...), -1 if none */
+  int32_t count;         /* children (objects: key/value pairs) */
+} tt_json_node;
+
+typedef struct tt_json {
+  const char *src;
+  tt_json_node *nodes;
+  int32_t n, cap;
+  size_t err_pos;        /* byte offset of a parse error */
+} tt_json;
+
+/* Parses one JSON value (surrounding whitespace allowed). On error sets a message with
+** the byte offset and returns -1. Reusable: nodes are kept between calls. */
+int tt_json_parse(tt_json *doc, const char *src, size_t len);
+void tt_json_free(tt_json *doc);
+/* Value node of `key` in object node `obj`, or -1. */
+int32_t tt_json_get(const tt_json *doc, int32_t obj, const char *key);
+/* Decodes string node idx (escapes, \u surrogate pairs; lone surrogates -> U+FFFD) into b
+** (replacing its contents). */
+int tt_json_string(const tt_json *doc, int32_t idx, tt_buf *b);
+/* True when string node idx equals s. */
+int tt_json_string_eq(const tt_json *doc, int32_t idx, const char *s);
+int tt_json_number(const tt_json *doc, int32_t idx, double *out);
+
+/* -- Tokenizer layout --------------------------------------------------------------- */
+
+typedef struct tt_bpe_special {
+  char *content;
+  size_t len;
+  int32_t id;
+} tt_bpe_special;
+
+struct tt_bpe {
+  int32_t n_ids;            /* largest id + 1 */
+  int32_t ids_cap;          /* room in tok_off / tok_len */
+  /* Bytes of each id: tok_bytes[tok_off[i] .. tok_off[i] + tok_len[i]), len -1 = no id. */
+  uint32_t *tok_off;
+  int32_t *tok_len;
+  tt_buf tok_bytes;
+  /* Bytes -> id (open addressing; slots hold id + 1, 0 = empty). */
+  int32_t *bytes_map;
+  uint32_t bytes_mask;
+  int32_t byte_id[256];     /* id of each single byte, -1 when the vocabulary lacks it */
+  /* (left id, right id) -> rank << 32 | merged id (open addressing, key ~0 = empty). */
+  uint64_t *pair_keys;
+  uint64_t *pair_vals;
+  uint32_t pair_mask;
+  int64_t n_pairs;
+  tt_bpe_special *specials;
+  int n_specials;
+  int ignore_merges;        /* HF: a word already in the vocabulary is one token */
+  int add_prefix_space;     /* HF ByteLevel option */
+  int32_t unk_id;
+  tt_bpe_cache *cache;      /* used by tt_bpe_encode */
+};
+
+/* Building a tokenizer: tt_bpe_init, then set ids, then pairs, then tt_bpe_finish. */
+int tt_bpe_init(tt_bpe *bpe, int32_t n_ids_hint);
+int tt_bpe_set_token(tt_bpe *bpe, int32_t id, const uint8_t *bytes, size_t len);
+int32_t tt_bpe_lookup(const tt_bpe *bpe, const uint8_t *bytes, size_t len);
+int tt_bpe_add_pair(tt_bpe *bpe, int32_t left, int32_t right, uint32_t rank, int32_t merged);
+int tt_bpe_finish(tt_bpe *bpe);
+
+/* Appends the ids of text to out (the body of tt_bpe_encode_with). */
+int tt_bpe_encode_append(const tt_bpe *bpe, tt_bpe_cache *cache, const char *text,
+                         size_t len, int allow_special, tt_ids *out);
+
+/* Loaders (bpe_load.c). */
+int tt_bpe_load_hf_json(const char *path, const char *text, size_t len, tt_bpe **out);
+int tt_bpe_load_tiktoken_text(const char *path, const char *text, size_t len, tt_bpe **out);
+
+#endif

@@ -1,0 +1,78 @@
+/*
+** dist_internal.h — what the files of engine/dist share: the group and handle structs,
+** MPI error checking, and the NCCL entry points (engine/dist/nccl.c).
+*/
+#ifndef TT_DIST_INTERNAL_H
+#define TT_DIST_INTERNAL_H
+#include "tetra_dist.h"
+#include "tt_internal.h"
+#include <mpi.h>
+
+struct tt_comm {
+  MPI_Comm mpi;        /* MPI_COMM_NULL for the one-process world without MPI */
+  int rank;
+  int size;
+  int is_world;        /* owned by the module, never freed by tt_comm_free */
+  int *world_ranks;    /* group rank -> world rank (size entries) */
+  char name[32];
+  void *nccl;          /* NCCL communicator state, created on first CUDA collective */
+};
+
+/* What a finished transfer still has to do with its buffers. */
+typedef enum {
+  TT_POST_NONE = 0,
+  TT_POST_COPY_BACK,    /* work buffer -> target (target was not contiguous) */
+  TT_POST_UNPACK        /* (n, block...) work buffer -> out, block r at slot r of dim */
+} tt_post_kind;
+
+struct tt_comm_handle {
+  tt_comm *comm;
+  const char *what;     /* "all_reduce", ... for messages */
+  int backend;          /* 0: local (already complete), 1: MPI, 2: NCCL */
+  int n_req;
+  MPI_Request req[1];
+  void *nccl_event;     /* cudaEvent_t recorded after the NCCL call */
+  int done;             /* transfer complete and post-processing done */
+  tt_post_kind post;
+  double scale;         /* multiply the result by this (AVG), 1 otherwise */
+  int dim;              /* gather / concat dim for post-processing */
+  tt_tensor *target;    /* user tensor for in-place results (retained) */
+  tt_tensor *send;      /* contiguous send buffer of out-of-place kinds (retained) */
+  tt_tensor *work;      /* contiguous buffer that receives the result (retained) */
+  tt_tensor *out;       /* result handed to the caller (retained once more here) */
+};
+
+/* Checks an MPI return code; the message names the call site and the MPI error. */
+int tt_dist_mpi_error(int rc, const char *what, const tt_comm *c, const char *file,
+                      int line);
+#define TT_MPI(call, what, comm) \
+  do { int rc_ = (call); \
+       if (rc_ != MPI_SUCCESS) return tt_dist_mpi_error(rc_, what, comm, __FILE__, __LINE__); \
+  } while (0)
+
+/* Reports a collective that missed its deadline and aborts the job. Never returns. */
+void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s);
+double tt_dist_now(void);   /* monotonic seconds */
+
+/* Scales a contiguous float tensor in place (CPU). */
+int tt_dist_scale_inplace(tt_tensor *t, double s);
+
+/* -- NCCL (engine/dist/nccl.c, only in builds with TETRA_HAVE_NCCL) -------------------- */
+/* The transfer kinds the NCCL path implements; buffers are contiguous device memory. */
+typedef enum {
+  TT_NCCL_ALL_REDUCE, TT_NCCL_ALL_GATHER, TT_NCCL_REDUCE_SCATTER, TT_NCCL_BROADCAST,
+  TT_NCCL_SEND, TT_NCCL_RECV, TT_NCCL_ALL_TO_ALL
+} tt_nccl_kind;
+/* Starts `kind` on h->comm's NCCL communicator (created on first use) with send buffer
+** `src` and receive buffer `dst` (the same tensor for in-place kinds); `count` elements
+** per block; peer is the root / destination / source. Sets h->backend and h->nccl_event. */
+int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tensor *dst,
+                  int64_t count, int op, int peer);
+/* *done = 1 once the event completed; an asynchronous NCCL error is an error. */
+int tt_nccl_test(tt_comm_handle *h, int *done);
+/* Aborts the group's NCCL communicator (watchdog) so no kernel stays stuck. */
+void tt_nccl_abort(tt_comm *c);
+void tt_nccl_comm_free(tt_comm *c);
+void tt_nccl_event_free(tt_comm_handle *h);
+
+#endif

@@ -1,0 +1,190 @@
+/*
+** tetra_dist.h — processes, groups and collectives (the public API of engine/dist).
+**
+** Read by the C compiler and by LuaJIT's ffi.cdef (lua/tetra/dist.lua, through
+** require("tetra.ffi").cdef_header): flat declarations only, no macros.
+**
+** Model: one process per device, launched by mpirun (or srun with PMIx). A `tt_comm` is a
+** group of processes; every collective is called by all members in the same order. CPU
+** tensors travel over MPI, CUDA tensors over NCCL (one NCCL communicator per group,
+** created on first use, its unique id broadcast over MPI). Without a launcher, the world
+** is one process and every collective is a local no-op or copy, so single-process runs
+** never touch MPI.
+**
+** Every wait (blocking call or tt_comm_wait) has a deadline (tt_dist_set_timeout): a
+** collective that does not complete in time prints which collective, on which group, at
+** which step, and aborts the whole job.
+*/
+#ifndef TETRA_DIST_H
+#define TETRA_DIST_H
+#include "tetra.h"
+
+/* -- Processes ---------------------------------------------------------------------- */
+
+/* 1 when the environment says mpirun / srun started this process (OMPI_COMM_WORLD_SIZE,
+** PMIX_RANK or PMI_RANK is set). */
+int tt_dist_launched(void);
+/* World rank from the launcher's environment, usable before tt_dist_init (0 when not
+** launched). Lets a caller print a config error on rank 0 only. */
+int tt_dist_env_rank(void);
+/* Initialises MPI when launched by a launcher, or when force is 1; otherwise sets up a
+** one-process world without MPI. Idempotent. Registers an exit handler that finalizes
+** MPI on exit status 0 and aborts the job on any other status. */
+int tt_dist_init(int force);
+int tt_dist_is_initialized(void);   /* 1 once MPI runs (not for the one-process world) */
+int tt_dist_rank(void);             /* world rank (0 without MPI) */
+int tt_dist_world_size(void);       /* 1 without MPI */
+int tt_dist_local_rank(void);       /* rank among the processes of this node: GPU index */
+int tt_dist_local_size(void);
+/* Finalizes MPI (after a barrier-free shutdown; every rank calls it). */
+int tt_dist_finalize(void);
+/* Prints "tetra: rank R: msg" once to stderr and aborts every rank of the job
+** (MPI_Abort); exits with `code` when MPI is not running. Never returns. */
+void tt_dist_abort(const char *msg, int code);
+
+/* Watchdog deadline for each wait, in seconds (<= 0: wait forever). Default 600. */
+void tt_dist_set_timeout(double seconds);
+double tt_dist_get_timeout(void);
+/* The training step the watchdog names in its report. */
+void tt_dist_set_step(int64_t step);
+int64_t tt_dist_get_step(void);
+
+/* -- Groups ------------------------------------------------------------------------- */
+
+typedef struct tt_comm tt_comm;
+typedef struct tt_comm_handle tt_comm_handle;
+
+typedef enum tt_reduce_op {
+  TT_REDUCE_SUM = 0,
+  TT_REDUCE_AVG = 1,   /* sum / group size (float dtypes) */
+  TT_REDUCE_MAX = 2,
+  TT_REDUCE_MIN = 3
+} tt_reduce_op;
+int tt_reduce_op_from_name(const char *name);   /* "sum", "avg", "max", "min"; -1 unknown */
+
+/* The world group (owned by the module; valid from tt_dist_init to tt_dist_finalize). */
+tt_comm *tt_comm_world(void);
+/* Splits `parent`: processes passing the same color form one group, ordered by key.
+** Collective over parent. The new group is named `name` in messages; free it with
+** tt_comm_free. */
+int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm **out);
+void tt_comm_free(tt_comm *c);                  /* NULL and the world group are ignored */
+int tt_comm_rank(const tt_comm *c);
+int tt_comm_size(const tt_comm *c);
+const char *tt_comm_name(const tt_comm *c);
+int tt_comm_world_rank_of(const tt_comm *c, int group_rank);   /* -1 when out of range */
+
+/* -- Collectives ---------------------------------------------------------------------- */
+/* Tensors may be strided views and live on the CPU (MPI) or a CUDA device (NCCL).
+** Reductions need f32, bf16, f16, i32 or i64; moves take any dtype. Results returned
+** through `out` belong to the caller. None of these record on the autograd tape. */
+
+/* In place: t = op over the group of t. */
+int tt_comm_all_reduce(tt_comm *c, tt_tensor *t, int op);
+/* out: t's shape with dim multiplied by the group size; rank r's tensor at block r. */
+int tt_comm_all_gather(tt_comm *c, tt_tensor *t, int dim, tt_tensor **out);
+/* t's dim must divide by the group size; out: block `rank` of the reduction. */
+int tt_comm_reduce_scatter(tt_comm *c, tt_tensor *t, int dim, int op, tt_tensor **out);
+/* In place: every rank's t becomes root's t. */
+int tt_comm_broadcast(tt_comm *c, tt_tensor *t, int root);
+int tt_comm_send(tt_comm *c, tt_tensor *t, int dst, int tag);
+int tt_comm_recv(tt_comm *c, tt_tensor *t, int src, int tag);   /* into t (shape known) */
+/* t is cut into group-size blocks along split_dim; block j goes to rank j; out holds the
+** blocks received from ranks 0..n-1 side by side along concat_dim. */
+int tt_comm_all_to_all(tt_comm *c, tt_tensor *t, int split_dim, int concat_dim,
+                       tt_tensor **out);
+int tt_comm_barrier(tt_comm *c);
+
+/* Non-blocking versions: start the operation and return a handle. Tensors are kept
+** alive by the handle; results (in place, or *out) are valid after tt_comm_wait. The
+** caller must not touch them before. */
+int tt_comm_all_reduce_async(tt_comm *c, tt_tensor *t, int op, tt_comm_handle **h);
+int tt_comm_all_gather_async(tt_comm *c, tt_tensor *t, int dim, tt_tensor **out,
+                             tt_comm_handle **h);
+int tt_comm_reduce_scatter_async(tt_comm *c, tt_tensor *t, int dim, int op,
+                                 tt_tensor **out, tt_comm_handle **h);
+int tt_comm_broadcast_async(tt_comm *c, tt_tensor *t, int root, tt_comm_handle **h);
+int tt_comm_send_async(tt_comm *c, tt_tensor *t, int dst, int tag, tt_comm_handle **h);
+int tt_comm_recv_async(tt_comm *c, tt_tensor *t, int src, int tag, tt_comm_handle **h);
+int tt_comm_all_to_all_async(tt_comm *c, tt_tensor *t, int split_dim, int concat_dim,
+                             tt_tensor **out, tt_comm_handle **h);
+int tt_comm_barrier_async(tt_comm *c, tt_comm_handle **h);
+/* Waits (under the watchdog deadline) and finishes the operation. Idempotent. */
+int tt_comm_wait(tt_comm_handle *h);
+/* Drives progress without blocking: *done = 1 once complete (then finished). */
+int tt_comm_test(tt_comm_handle *h, int *done);
+/* Waits when still pending, then frees. NULL is fine. */
+void tt_comm_handle_free(tt_comm_handle *h);
+
+/* -- Differentiable collectives ------------------------------------------------------- */
+/* Conjugate pairs for tensor, sequence and context parallelism. Each returns a new
+** tensor and records its backward on the tape (when grad mode is on and x requires
+** grad). Reductions are sums over the group.
+**   copy_to_group        forward identity         backward all-reduce
+**   reduce_from_group    forward all-reduce       backward identity
+**   gather_from_group    forward all-gather(dim)  backward take own block
+**   scatter_to_group     forward take own block   backward all-gather(dim)
+**   sp_gather            forward all-gather(dim)  backward reduce-scatter(dim)
+**   sp_reduce_scatter    forward reduce-scatter   backward all-gather(dim)          */
+int tt_dist_copy_to_group(tt_comm *c, tt_tensor *x, tt_tensor **out);
+int tt_dist_reduce_from_group(tt_comm *c, tt_tensor *x, tt_tensor **out);
+int tt_dist_gather_from_group(tt_comm *c, tt_tensor *x, int dim, tt_tensor **out);
+int tt_dist_scatter_to_group(tt_comm *c, tt_tensor *x, int dim, tt_tensor **out);
+int tt_dist_sp_gather(tt_comm *c, tt_tensor *x, int dim, tt_tensor **out);
+int tt_dist_sp_reduce_scatter(tt_comm *c, tt_tensor *x, int dim, tt_tensor **out);
+
+/* -- The 4D mesh ---------------------------------------------------------------------- */
+/* World ranks laid out over (tp, cp, dp, pp). `order` lists the four names fastest-varying
+** first, e.g. "tp-cp-dp-pp" (the default, also used for NULL or ""): consecutive ranks
+** share a TP group, PP is outermost. The product of the sizes must equal the world size.
+** Groups: "tp", "cp", "dp", "pp", "dpcp" (the ranks that share tp and pp coordinates:
+** where gradients are averaged when cp > 1) and "world". */
+typedef struct tt_mesh tt_mesh;
+int tt_mesh_new(int tp, int cp, int dp, int pp, const char *order, tt_mesh **out);
+void tt_mesh_free(tt_mesh *m);
+/* The group named `name` this process belongs to (owned by the mesh); NULL + error when
+** the name is unknown. */
+tt_comm *tt_mesh_group(tt_mesh *m, const char *name);
+/* This process's coordinate along "tp"/"cp"/"dp"/"pp" (-1 when unknown), and the size. */
+int tt_mesh_coord(const tt_mesh *m, const char *dim);
+int tt_mesh_dim_size(const tt_mesh *m, const char *dim);
+/* World rank of the process at the given coordinates (-1 when out of range). */
+int tt_mesh_rank_at(const tt_mesh *m, int tp, int cp, int dp, int pp);
+
+/* -- Data-parallel gradient reducer ----------------------------------------------------- */
+/* Averages the gradients of `params` over `c` in buckets of about bucket_mb megabytes.
+** Buckets follow the reverse parameter order (the order backward produces gradients);
+** a bucket starts reducing as soon as its last gradient is ready, while backward goes
+** on, always in bucket order so every rank issues the same sequence.
+** zero_stage 1: buckets are reduce-scattered instead; each rank keeps the averaged
+** gradient of its 1/n share of every bucket (ZeRO-1) and updates only that share. */
+typedef struct tt_dist_reducer tt_dist_reducer;
+int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double bucket_mb,
+                        int zero_stage, tt_dist_reducer **out);
+void tt_dist_reducer_free(tt_dist_reducer *r);
+/* Arms (1) or disarms (0) the grad-ready hook for the next backward. Armed only for the
+** last micro-batch of an accumulation. */
+int tt_dist_reducer_arm(tt_dist_reducer *r, int armed);
+/* Starts the buckets that are not started yet (gradients backward never produced count
+** as zeros), waits for all, and writes the averages back: into every param's grad
+** (stage 0), or into the shard gradients (stage 1). Disarms the hook. */
+int tt_dist_reducer_finish(tt_dist_reducer *r);
+/* Bytes of gradient per bucket and bucket count, for logs and tests. */
+int tt_dist_reducer_num_buckets(const tt_dist_reducer *r);
+/* Seconds spent waiting inside finish during the last step (communication left exposed
+** after overlap) and seconds from the first bucket start to the last completion. */
+double tt_dist_reducer_exposed_s(const tt_dist_reducer *r);
+/* ZeRO-1 shards: this rank owns `num_shards` pieces, each a 1-D f32 view into one
+** parameter (shard_param(i) is that param's index, shard_offset(i) the element offset)
+** whose ->grad holds the averaged gradient of the piece after finish. */
+int tt_dist_reducer_num_shards(const tt_dist_reducer *r);
+tt_tensor *tt_dist_reducer_shard(const tt_dist_reducer *r, int i);   /* borrowed */
+int tt_dist_reducer_shard_param(const tt_dist_reducer *r, int i);
+/* Sum over this rank's shards of the squared gradient, all-reduced over the group:
+** the square of the global gradient norm (ZeRO-1). */
+int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out);
+/* After the optimizer updated the shards in place: all-gathers every bucket's updated
+** shares so every rank holds the whole updated parameters (ZeRO-1). */
+int tt_dist_reducer_gather_params(tt_dist_reducer *r);
+
+#endif

@@ -1,0 +1,170 @@
+/*
+** tetra.h — the public C API of the Tetra engine.
+**
+** This header is read twice: by the C compiler, and by LuaJIT's ffi.cdef (through
+** lua/tetra/ffi.lua, which drops preprocessor lines and inlines the `#include "..."`
+** lines below). So: flat C declarations only, enums instead of #define constants, no
+** macros, no inline functions.
+**
+** Conventions (see shared/STYLE.md): every function that can fail returns int
+** (0 = ok, -1 = error) and leaves a one-line message in tt_last_error(). Results come
+** back through out-parameters named `out` / `pout`. A tensor returned through an
+** out-parameter is owned by the caller (refcount 1): release it with tt_tensor_release.
+*/
+#ifndef TETRA_H
+#define TETRA_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* -- Errors ------------------------------------------------------------------------- */
+
+const char *tt_last_error(void);
+void tt_clear_error(void);
+
+/* -- Dtypes and devices ------------------------------------------------------------- */
+
+typedef enum tt_dtype {
+  TT_F32 = 0,
+  TT_BF16 = 1,
+  TT_F16 = 2,
+  TT_E4M3 = 3,   /* fp8: 4 exponent bits, 3 mantissa bits, max 448, no inf */
+  TT_E5M2 = 4,   /* fp8: 5 exponent bits, 2 mantissa bits, max 57344, has inf */
+  TT_I32 = 5,
+  TT_I64 = 6,
+  TT_NUM_DTYPES = 7
+} tt_dtype;
+
+/* Device ids: TT_CPU, or a CUDA ordinal 0, 1, ... */
+enum { TT_CPU = -1 };
+enum { TT_MAX_DIMS = 8 };
+
+const char *tt_dtype_name(int dtype);
+int tt_dtype_from_name(const char *name);   /* -1 when unknown */
+size_t tt_dtype_size(int dtype);
+int tt_dtype_is_float(int dtype);
+
+/* -- Storage and tensors ------------------------------------------------------------ */
+
+typedef struct tt_storage {
+  void *data;
+  size_t nbytes;
+  int device;
+  int refcount;
+  int external;        /* 1: memory not ours (mmap, caller buffer); never freed */
+} tt_storage;
+
+typedef struct tt_tensor {
+  tt_storage *storage;
+  int64_t offset;                 /* in elements, into storage */
+  int ndim;
+  int64_t shape[8];
+  int64_t stride[8];              /* in elements */
+  int dtype;                      /* tt_dtype */
+  int device;
+  int refcount;
+  int requires_grad;
+  int is_leaf;                    /* created by the user, not by a recorded op */
+  struct tt_tensor *grad;         /* accumulated gradient (leaves keep it) */
+  int64_t tape_uses;              /* internal: pending uses during backward */
+} tt_tensor;
+
+/* Creation. `shape` has `ndim` entries. New tensors are contiguous, leaf, no grad. */
+int tt_tensor_empty(const int64_t *shape, int ndim, int dtype, int device, tt_tensor **out);
+int tt_tensor_zeros(const int64_t *shape, int ndim, int dtype, int device, tt_tensor **out);
+int tt_tensor_full(const int64_t *shape, int ndim, int dtype, int device, double value,
+                   tt_tensor **out);
+/* Wraps caller memory (not freed, not copied). The caller keeps it alive. */
+int tt_tensor_from_buffer(void *data, const int64_t *shape, int ndim, int dtype,
+                          tt_tensor **out);
+/* Copies `n` float64 values into a new f32 (or any dtype) tensor. */
+int tt_tensor_from_f64(const double *values, const int64_t *shape, int ndim, int dtype,
+                       tt_tensor **out);
+int tt_tensor_randn(const int64_t *shape, int ndim, double mean, double std,
+                    tt_tensor **out);
+int tt_tensor_rand(const int64_t *shape, int ndim, double lo, double hi, tt_tensor **out);
+int tt_tensor_randint(const int64_t *shape, int ndim, int64_t lo, int64_t hi, int dtype,
+                      tt_tensor **out);
+void tt_manual_seed(uint64_t seed);
+uint64_t tt_rng_state(void);
+void tt_rng_set_state(uint64_t state);
+
+void tt_tensor_retain(tt_tensor *t);
+void tt_tensor_release(tt_tensor *t);     /* NULL is fine */
+
+int64_t tt_tensor_numel(const tt_tensor *t);
+int tt_tensor_is_contiguous(const tt_tensor *t);
+/* Pointer to element 0 of the view (storage data + offset), host or device memory. */
+void *tt_tensor_data(const tt_tensor *t);
+/* Element at flat (row-major, logical) index, converted to double. CPU only. */
+double tt_tensor_get(const tt_tensor *t, int64_t flat_index);
+int tt_tensor_set(tt_tensor *t, int64_t flat_index, double value);
+/* Copies all elements (logical order) into `dst` as float64 / from float64. CPU only. */
+int tt_tensor_to_f64(const tt_tensor *t, double *dst);
+int tt_tensor_copy_from_f64(tt_tensor *t, const double *src);
+/* Writes "f32[2, 3] cpu" into buf. */
+const char *tt_tensor_describe(const tt_tensor *t, char *buf, size_t n);
+
+/* Views share storage. These are differentiable (they record on the tape). */
+int tt_view(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out);      /* -1 infers one dim; copies when not viewable */
+int tt_transpose(tt_tensor *t, int dim0, int dim1, tt_tensor **out);
+int tt_permute(tt_tensor *t, const int *dims, int ndim, tt_tensor **out);
+int tt_narrow(tt_tensor *t, int dim, int64_t start, int64_t length, tt_tensor **out);
+int tt_expand(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out);
+int tt_contiguous(tt_tensor *t, tt_tensor **out);   /* retains and returns t when already contiguous */
+int tt_clone(tt_tensor *t, tt_tensor **out);        /* always a fresh contiguous copy */
+/* Copies src into dst elementwise (same shape; any strides, any dtypes: casts). No grad. */
+int tt_copy_(tt_tensor *dst, const tt_tensor *src);
+int tt_cast(tt_tensor *t, int dtype, tt_tensor **out);                 /* differentiable */
+int tt_to_device(tt_tensor *t, int device, tt_tensor **out);
+int tt_fill_(tt_tensor *t, double value);
+
+/* -- Allocator ---------------------------------------------------------------------- */
+
+typedef struct tt_alloc_stats {
+  int64_t live_bytes;      /* bytes held by live storages */
+  int64_t peak_bytes;      /* high-water mark of live_bytes since the last reset */
+  int64_t cached_bytes;    /* freed blocks kept for reuse */
+  int64_t num_allocs;      /* allocation requests */
+  int64_t num_cache_hits;  /* requests served from the cache */
+} tt_alloc_stats;
+
+int tt_alloc_stats_get(int device, tt_alloc_stats *out);
+void tt_alloc_reset_peak(int device);
+void tt_alloc_empty_cache(int device);
+
+/* -- Threads ------------------------------------------------------------------------ */
+
+void tt_set_num_threads(int n);
+int tt_get_num_threads(void);
+
+/* -- Autograd ----------------------------------------------------------------------- */
+
+int tt_set_requires_grad(tt_tensor *t, int requires_grad);
+void tt_set_grad_enabled(int enabled);
+int tt_is_grad_enabled(void);
+/* Backward from a scalar (numel 1) tensor: accumulates into leaf .grad; frees the tape. */
+int tt_backward(tt_tensor *loss);
+/* Backward with an explicit upstream gradient of the same shape as `root`. */
+int tt_backward_with(tt_tensor *root, tt_tensor *grad_root);
+int tt_zero_grad(tt_tensor *t);          /* drops t->grad */
+int tt_detach(tt_tensor *t, tt_tensor **out);   /* shares storage, no history */
+/* Drops every recorded node without running backward (e.g. after an eval forward). */
+void tt_tape_clear(void);
+int64_t tt_tape_size(void);
+/* Called for each leaf once its gradient for this backward is complete (used by data
+** parallelism to start reducing gradient buckets while backward still runs). */
+typedef void (*tt_grad_ready_fn)(tt_tensor *leaf, void *userdata);
+void tt_set_grad_ready_hook(tt_grad_ready_fn fn, void *userdata);
+
+/* -- Scalar conversions (round-to-nearest-even; fp8 saturates to its max finite) ----- */
+
+uint16_t tt_float_to_bf16(float x);
+float tt_bf16_to_float(uint16_t h);
+uint16_t tt_float_to_f16(float x);
+float tt_f16_to_float(uint16_t h);
+uint8_t tt_float_to_fp8(float x, int dtype);   /* dtype TT_E4M3 or TT_E5M2 */
+float tt_fp8_to_float(uint8_t v, int dtype);
+
+#include "tetra_ops.h"
+
+#endif

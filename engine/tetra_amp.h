@@ -1,0 +1,105 @@
+/*
+** tetra_amp.h — mixed precision: the dynamic loss scaler (fp16) and FP8 scaling
+** (e4m3 forward, e5m2 gradients) with delayed scaling from an amax history.
+**
+** Everything here runs on CPU as well as on CUDA: on CPU the FP8 values are quantised
+** and dequantised in C (emulation), which is how the logic is tested without a GPU.
+** Flat C only: lua/tetra/ffi.lua feeds this header to ffi.cdef.
+*/
+#ifndef TETRA_AMP_H
+#define TETRA_AMP_H
+#include "tetra.h"
+
+/* -- Dynamic loss scaler (engine/amp.c) --------------------------------------------- */
+
+/* Zero fields of the config take the defaults shown (those of torch.cuda.amp). */
+typedef struct tt_loss_scaler_config {
+  double init_scale;       /* 65536 */
+  double growth_factor;    /* 2: scale *= growth after growth_interval clean steps */
+  double backoff_factor;   /* 0.5: scale *= backoff on a step with inf/NaN grads */
+  int64_t growth_interval; /* 2000 */
+  double min_scale;        /* 1: the scale never backs off below this */
+  double max_scale;        /* 2^24: nor grows above this (fp32 grads stay exact) */
+} tt_loss_scaler_config;
+
+/* Plain data: a checkpoint saves and restores these fields as they are. */
+typedef struct tt_loss_scaler {
+  tt_loss_scaler_config cfg;
+  double scale;            /* the current loss scale */
+  int64_t good_steps;      /* clean steps since the scale last changed */
+  int64_t skipped_steps;   /* steps skipped for non-finite grads, in total */
+  int64_t steps;           /* updates seen, in total */
+  int last_skipped;        /* 1 when the last update skipped its step */
+} tt_loss_scaler;
+
+/* Fills the defaults into zero fields; errors on factors out of range. cfg may be NULL. */
+int tt_loss_scaler_init(tt_loss_scaler *s, const tt_loss_scaler_config *cfg);
+/* Multiplies every grad of the n params by 1/scale in place and sets *found_inf to 1
+** when any grad element is inf or NaN (the grads are then left unusable: skip the step).
+** Params without a grad are skipped. */
+int tt_loss_scaler_unscale(const tt_loss_scaler *s, tt_tensor *const *params, int n,
+                           int *found_inf);
+/* Ends a step: on found_inf backs the scale off and counts a skip; otherwise counts a
+** clean step and grows the scale every growth_interval clean steps. Returns 1 when the
+** optimizer step must be skipped, 0 when it may run. */
+int tt_loss_scaler_update(tt_loss_scaler *s, int found_inf);
+
+/* grad *= inv_scale for every grad of the n params, in place (f32, bf16 or f16; any
+** device), and *found_inf = 1 when an element is inf or NaN before scaling. inv_scale 1
+** only checks. */
+int tt_grads_unscale_check(tt_tensor *const *params, int n, double inv_scale,
+                           int *found_inf);
+
+/* -- FP8 scaling (engine/fp8.c) ----------------------------------------------------- */
+
+enum { TT_FP8_MAX_HISTORY = 1024 };
+
+/* Delayed scaling of one tensor: values are stored as fp8(x * scale), and the scale
+** comes from the largest |x| seen over the last history_len quantisations:
+**   scale = fp8_max / amax * 2^-margin. */
+typedef struct tt_fp8_meta {
+  int dtype;               /* TT_E4M3 or TT_E5M2 */
+  int history_len;         /* 1 .. TT_FP8_MAX_HISTORY */
+  int margin;              /* headroom in powers of two */
+  int pos;                 /* next slot of the ring */
+  int filled;              /* slots holding an amax */
+  double scale;
+  float amax_history[1024];
+} tt_fp8_meta;
+
+/* history_len 0 means 16. */
+int tt_fp8_meta_init(tt_fp8_meta *m, int dtype, int history_len, int margin);
+/* Records one amax (ignored when 0 or non-finite) and recomputes the scale. */
+void tt_fp8_meta_update(tt_fp8_meta *m, double amax);
+/* Largest magnitude an fp8 dtype holds: 448 (e4m3), 57344 (e5m2); 0 otherwise. */
+double tt_fp8_max(int dtype);
+
+/* q = fp8(x * scale), a new tensor of dtype TT_E4M3 / TT_E5M2, shaped like x; *amax (may
+** be NULL) gets max |x|. Saturates at the fp8 maximum. No grad. */
+int tt_fp8_quantize(tt_tensor *x, int dtype, double scale, tt_tensor **out, double *amax);
+/* out = float(q) / scale, a new f32 tensor. No grad. */
+int tt_fp8_dequantize(tt_tensor *q, double scale, tt_tensor **out);
+/* Quantise then dequantise in one pass: a new f32 tensor holding the values x takes
+** after a round trip through fp8 at this scale. No grad. */
+int tt_fp8_fake_quantize(tt_tensor *x, int dtype, double scale, tt_tensor **out,
+                         double *amax);
+
+/* The scaling state of one FP8 linear layer: its input and weight (e4m3) and the
+** gradient of its output (e5m2). Owned by the caller (the nn layer), which keeps it alive
+** until the backward of every forward that used it has run. */
+typedef struct tt_fp8_linear_state {
+  tt_fp8_meta x;
+  tt_fp8_meta w;
+  tt_fp8_meta g;
+} tt_fp8_linear_state;
+
+int tt_fp8_linear_state_init(tt_fp8_linear_state *st, int history_len, int margin);
+/* Like tt_linear (x: (..., in), w: (out, in), bias: (out) or NULL -> (..., out)) with x
+** and w quantised to e4m3 and, in backward, the output gradient quantised to e5m2, each
+** with its delayed scale from `st` (a tensor's first quantisation, with an empty history,
+** scales from its own amax). On CPU the GEMMs run in f32 on the dequantised values.
+** Differentiable in x, w and bias. */
+int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_state *st,
+                  tt_tensor **out);
+
+#endif

@@ -1,0 +1,63 @@
+/*
+** tetra_cuda.h — the CUDA device backend: start-up, device choice, streams, events and
+** pinned host memory. Implemented in engine/cuda/backend.cu; in a build without CUDA
+** nothing here is linked, and lua/tetra checks for tt_cuda_init before calling it.
+** Flat C only: lua/tetra/ffi.lua feeds this header to ffi.cdef.
+*/
+#ifndef TETRA_CUDA_H
+#define TETRA_CUDA_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* Finds the GPUs, picks this process's device and registers the backend (tensors on
+** cuda:N work after it). The device is the local rank modulo the GPU count, the local
+** rank read from OMPI_COMM_WORLD_LOCAL_RANK, LOCAL_RANK or SLURM_LOCALID (0 when none is
+** set). Idempotent. -1 with "no CUDA device: <reason>" when there is no usable GPU. */
+int tt_cuda_init(void);
+/* GPUs visible to this process (0 when there is no driver or device; never fails). */
+int tt_cuda_device_count(void);
+/* The device tensors created as "cuda" (no ordinal) go to: the one tt_cuda_init chose,
+** or the last tt_cuda_set_device. */
+int tt_cuda_current_device(void);
+int tt_cuda_set_device(int device);
+/* Writes "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)" into buf. */
+int tt_cuda_device_info(int device, char *buf, size_t n);
+/* Free and total device memory in bytes. */
+int tt_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
+/* Waits for all work on the current device. */
+int tt_cuda_synchronize(void);
+
+/* -- Streams and events ------------------------------------------------------------- */
+/* Kernels and copies run on the current stream (NULL: the default stream). Ops issued
+** from one thread are ordered on it; a stream is a handle the caller destroys. */
+typedef struct tt_cuda_stream tt_cuda_stream;
+typedef struct tt_cuda_event tt_cuda_event;
+
+int tt_cuda_stream_create(tt_cuda_stream **out);
+void tt_cuda_stream_destroy(tt_cuda_stream *s);
+int tt_cuda_set_stream(tt_cuda_stream *s);
+tt_cuda_stream *tt_cuda_get_stream(void);
+int tt_cuda_stream_synchronize(tt_cuda_stream *s);
+/* Makes `s` wait for everything recorded in event `e` (no host wait). */
+int tt_cuda_stream_wait_event(tt_cuda_stream *s, tt_cuda_event *e);
+
+/* timing 1: the event can be used with tt_cuda_event_elapsed_ms. */
+int tt_cuda_event_create(int timing, tt_cuda_event **out);
+void tt_cuda_event_destroy(tt_cuda_event *e);
+int tt_cuda_event_record(tt_cuda_event *e, tt_cuda_stream *s);
+int tt_cuda_event_synchronize(tt_cuda_event *e);
+/* 1 when the work before the event has finished, 0 when not yet, -1 on error. */
+int tt_cuda_event_query(tt_cuda_event *e);
+int tt_cuda_event_elapsed_ms(tt_cuda_event *start, tt_cuda_event *end, float *out_ms);
+
+/* -- Pinned host memory ------------------------------------------------------------- */
+/* Page-locked host buffers: copies from them to the GPU run asynchronously and at full
+** PCIe speed (the data loader's staging buffers). */
+int tt_cuda_host_alloc(size_t nbytes, void **out);
+void tt_cuda_host_free(void *p);
+/* Asynchronous host -> device copy on the current stream from a pinned buffer; the
+** buffer must stay untouched until an event recorded after it completes. */
+int tt_cuda_copy_to_device_async(void *dst, int device, const void *pinned_src,
+                                 size_t nbytes);
+
+#endif

@@ -1,0 +1,94 @@
+/*
+** tetra_ops.h — differentiable ops (part of the public API, included by tetra.h).
+**
+** Every op: validates shapes/dtypes/devices (error message names the op, the shapes and
+** what was expected), allocates its output (caller owns it), runs the kernel of the
+** input's device through that op family's backend table, and — when grad mode is on and
+** an input requires grad — records a node on the tape. Inputs may be strided views.
+** Float ops take f32 on CPU; index tensors are i32 or i64.
+*/
+
+/* -- Elementwise (kernels/cpu/elementwise.c) ---------------------------------------- */
+/* Binary ops broadcast numpy-style. */
+int tt_add(tt_tensor *a, tt_tensor *b, tt_tensor **out);
+int tt_sub(tt_tensor *a, tt_tensor *b, tt_tensor **out);
+int tt_mul(tt_tensor *a, tt_tensor *b, tt_tensor **out);
+int tt_div(tt_tensor *a, tt_tensor *b, tt_tensor **out);
+int tt_scale(tt_tensor *a, double s, tt_tensor **out);          /* a * s */
+int tt_add_scalar(tt_tensor *a, double s, tt_tensor **out);     /* a + s */
+/* In-place, no grad: a += alpha * b (same shape). Used by optimizers and accumulation. */
+int tt_axpy_(tt_tensor *a, double alpha, const tt_tensor *b);
+
+/* -- Activations (kernels/cpu/activation.c) ----------------------------------------- */
+int tt_silu(tt_tensor *x, tt_tensor **out);
+int tt_gelu(tt_tensor *x, tt_tensor **out);                     /* tanh approximation */
+int tt_swiglu(tt_tensor *gate, tt_tensor *up, tt_tensor **out); /* silu(gate) * up */
+
+/* -- Reductions (kernels/cpu/reduce.c) ---------------------------------------------- */
+/* dims: list of `ndims` dims (negative counts from the end); ndims 0 = all dims. */
+int tt_sum(tt_tensor *x, const int *dims, int ndims, int keepdim, tt_tensor **out);
+int tt_mean(tt_tensor *x, const int *dims, int ndims, int keepdim, tt_tensor **out);
+int tt_max(tt_tensor *x, const int *dims, int ndims, int keepdim, tt_tensor **out);
+int tt_softmax(tt_tensor *x, int dim, tt_tensor **out);
+
+/* -- Matmul (kernels/cpu/matmul.c) -------------------------------------------------- */
+/* a: (..., M, K) or (..., K, M) when trans_a; b: (K, N) / (N, K) when trans_b, either 2-D
+** (shared by every batch) or with the same leading dims as a. bias: (N) or NULL.
+** out: (..., M, N). */
+int tt_matmul(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a, int trans_b,
+              tt_tensor **out);
+/* x: (..., in), w: (out, in), bias: (out) or NULL -> (..., out). */
+int tt_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_tensor **out);
+
+/* -- Embedding (kernels/cpu/embedding.c) -------------------------------------------- */
+/* weight: (V, D), ids: any shape, i32/i64 -> (ids..., D). Backward is a scatter-add. */
+int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out);
+
+/* -- Normalisation (kernels/cpu/norm.c) --------------------------------------------- */
+/* Over the last dim. weight/bias: (D) or NULL. */
+int tt_rmsnorm(tt_tensor *x, tt_tensor *weight, double eps, tt_tensor **out);
+int tt_layernorm(tt_tensor *x, tt_tensor *weight, tt_tensor *bias, double eps,
+                 tt_tensor **out);
+
+/* -- Rotary embedding (kernels/cpu/rope.c) ------------------------------------------ */
+/* x: (B, T, H, Dh), Dh even. positions: (T) i32/i64, or NULL for 0..T-1.
+** interleaved = 0: rotate-half (Llama/HF: pairs (i, i + Dh/2));
+** interleaved = 1: pairs (2i, 2i + 1) (Meta's original). */
+int tt_rope(tt_tensor *x, tt_tensor *positions, double theta, int interleaved,
+            tt_tensor **out);
+
+/* -- Attention (kernels/cpu/attention.c) -------------------------------------------- */
+/* q: (B, Tq, Hq, Dh), k and v: (B, Tk, Hkv, Dh), Hq a multiple of Hkv (grouped-query).
+** out: (B, Tq, Hq, Dh). scale 0 means 1/sqrt(Dh). causal: key j is visible to query i
+** when k_pos[j] <= q_pos[i]; positions default to 0..T-1 (q_pos, k_pos: (T) i32/i64, or
+** NULL). Blocked: never holds a (B, H, Tq, Tk) score tensor. */
+int tt_attention(tt_tensor *q, tt_tensor *k, tt_tensor *v, int causal, double scale,
+                 tt_tensor **out);
+int tt_attention_ex(tt_tensor *q, tt_tensor *k, tt_tensor *v, tt_tensor *q_pos,
+                    tt_tensor *k_pos, int causal, double scale, tt_tensor **out);
+
+/* -- Loss (kernels/cpu/loss.c) ------------------------------------------------------ */
+/* logits: (..., V) f32, targets: (...) i32/i64. Mean over targets != ignore_index.
+** Fused: the softmax is never stored; backward recomputes it row by row. out: scalar. */
+int tt_cross_entropy(tt_tensor *logits, tt_tensor *targets, int64_t ignore_index,
+                     tt_tensor **out);
+
+/* -- Optimizers (kernels/cpu/optim.c) ----------------------------------------------- */
+typedef struct tt_adamw_config {
+  double lr;
+  double beta1;
+  double beta2;
+  double eps;
+  double weight_decay;   /* decoupled: p -= lr * wd * p */
+} tt_adamw_config;
+/* One fused AdamW step over n parameters, using params[i]->grad (params without grad are
+** skipped). m and v: f32 state tensors shaped like the params. step: 1-based, for bias
+** correction. */
+int tt_adamw_step(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *const *v,
+                  int n, const tt_adamw_config *cfg, int64_t step);
+int tt_sgd_step(tt_tensor *const *params, tt_tensor *const *momentum, int n, double lr,
+                double mu, double weight_decay);
+/* Global L2 norm of the grads of n params (missing grads count as zero). */
+int tt_grad_norm(tt_tensor *const *params, int n, double *out);
+/* Scales all grads by min(1, max_norm / (norm + 1e-6)); returns the norm before. */
+int tt_clip_grad_norm(tt_tensor *const *params, int n, double max_norm, double *out_norm);

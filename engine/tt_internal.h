@@ -1,0 +1,136 @@
+/*
+** tt_internal.h — what engine modules and kernels share but users do not see:
+** error macros, the autograd node and tape, and helpers for writing ops.
+*/
+#ifndef TT_INTERNAL_H
+#define TT_INTERNAL_H
+#include "tetra.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* -- Errors ------------------------------------------------------------------------- */
+
+/* Sets the thread-local message (printf format) and returns -1. */
+int tt_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prefixes the current message with "where: ". Returns -1. */
+int tt_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Fail with a message when `cond` is false. */
+#define TT_CHECK(cond, ...) \
+  do { if (!(cond)) return tt_set_error(__VA_ARGS__); } while (0)
+/* Propagate a failing status (the callee set the message). */
+#define TT_TRY(expr) \
+  do { if ((expr) != 0) return -1; } while (0)
+/* Checked allocation: `p = malloc(n)` or fail with file and line. */
+#define TT_ALLOC(p, n) \
+  do { (p) = malloc(n); \
+       if (!(p) && (n) != 0) return tt_set_error("%s:%d: out of host memory (%zu bytes)", \
+                                                  __FILE__, __LINE__, (size_t)(n)); } while (0)
+
+/* -- Autograd ----------------------------------------------------------------------- */
+
+enum { TT_NODE_MAX_INPUTS = 8, TT_NODE_MAX_SAVED = 8 };
+
+typedef struct tt_node tt_node;
+/* Computes the gradients of node->inputs from grad_out (shaped like node->out) and adds
+** each into its input with tt_accumulate_grad (skipping inputs where
+** !tt_needs_grad(input)). */
+typedef int (*tt_backward_fn)(tt_node *node, tt_tensor *grad_out);
+
+struct tt_node {
+  const char *name;                          /* op name, for errors and profiles */
+  tt_backward_fn backward;
+  void (*free_ctx)(void *ctx);               /* frees ctx; NULL when ctx is NULL or static */
+  tt_tensor *out;                            /* retained */
+  int n_inputs;
+  tt_tensor *inputs[TT_NODE_MAX_INPUTS];     /* retained; may hold NULL (optional input) */
+  int n_saved;
+  tt_tensor *saved[TT_NODE_MAX_SAVED];       /* extra tensors kept for backward (retained) */
+  double f[4];                               /* scalar arguments */
+  int64_t i[8];                              /* integer arguments */
+  void *ctx;                                 /* anything else */
+};
+
+/* True when grad mode is on and any of the n inputs (NULLs allowed) requires grad. */
+int tt_should_record(tt_tensor *const *inputs, int n);
+/* Records a node producing `out` from `inputs`: retains out and inputs, marks out as
+** requiring grad and non-leaf. Returns the node so the op can save tensors and scalars,
+** or NULL on allocation failure (message set). Call only when tt_should_record(). */
+tt_node *tt_record(const char *name, tt_backward_fn backward, tt_tensor *out,
+                   tt_tensor *const *inputs, int n_inputs);
+/* Retains t and stores it in node->saved[node->n_saved++]. */
+void tt_node_save(tt_node *node, tt_tensor *t);
+/* True when t takes part in autograd (requires_grad set). */
+int tt_needs_grad(const tt_tensor *t);
+/* t->grad += g (allocating t->grad as zeros on first use). g's shape must equal t's;
+** g may be a strided view. Steals nothing: the caller still releases g. */
+int tt_accumulate_grad(tt_tensor *t, tt_tensor *g);
+/* Reduces a broadcast gradient `g` back to `shape` (sums over broadcast dims).
+** *out is a new tensor (or g retained when shapes already match). */
+int tt_reduce_to_shape(tt_tensor *g, const int64_t *shape, int ndim, tt_tensor **out);
+
+/* -- Helpers for ops ---------------------------------------------------------------- */
+
+/* New contiguous tensor like t (same shape/dtype/device), uninitialised. */
+int tt_empty_like(const tt_tensor *t, tt_tensor **out);
+int tt_zeros_like(const tt_tensor *t, tt_tensor **out);
+/* Broadcast shape of a and b into shape/ndim, or an error naming `op`. */
+int tt_broadcast_shape(const char *op, const tt_tensor *a, const tt_tensor *b,
+                       int64_t *shape, int *ndim);
+/* Checks: same device for n tensors; dtype equals `dtype`. Messages name `op`. */
+int tt_check_same_device(const char *op, tt_tensor *const *ts, int n);
+int tt_check_dtype(const char *op, const char *arg, const tt_tensor *t, int dtype);
+int tt_check_float(const char *op, const char *arg, const tt_tensor *t);
+int tt_check_index(const char *op, const char *arg, const tt_tensor *t);
+/* Shape as text "[2, 3, 4]" into buf. */
+const char *tt_shape_str(const int64_t *shape, int ndim, char *buf, size_t n);
+/* Normalises a possibly negative dim; error naming op when out of range. */
+int tt_norm_dim(const char *op, int dim, int ndim, int *out);
+/* Index value at flat position i of a contiguous i32/i64 tensor's data. */
+static inline int64_t tt_index_at(const void *data, int dtype, int64_t i) {
+  return dtype == TT_I32 ? (int64_t)((const int32_t *)data)[i] : ((const int64_t *)data)[i];
+}
+
+/* A new header sharing base's storage and view (offset/shape/strides): a leaf with no
+** grad. Views start from this and then adjust shape and strides. */
+tt_tensor *tt_tensor_header_alias(tt_tensor *base);
+int64_t tt_shape_numel(const int64_t *shape, int ndim);
+/* Strided/casting copy on a CUDA device; provided by the CUDA backend when built. */
+int tt_cuda_copy_strided(tt_tensor *dst, const tt_tensor *src) __attribute__((weak));
+
+/* Storage allocation through the device's caching allocator. */
+tt_storage *tt_storage_new(size_t nbytes, int device);
+void tt_storage_release(tt_storage *s);
+
+/* -- Device backends ---------------------------------------------------------------- */
+/* Each device provides raw memory; op families keep their own kernel tables
+** (kernels/<family>.h) and pick the table with tt_device_is_cuda(). */
+typedef struct tt_device_backend {
+  const char *name;
+  void *(*alloc)(size_t nbytes, int device);           /* NULL on failure */
+  void (*free)(void *ptr, int device);
+  /* Copies nbytes between any two devices (TT_CPU or ordinal). */
+  int (*memcpy)(void *dst, int dst_device, const void *src, int src_device, size_t nbytes);
+  int (*memset0)(void *ptr, int device, size_t nbytes);
+} tt_device_backend;
+
+/* The CUDA backend registers itself at start-up when compiled in and a GPU exists. */
+void tt_register_cuda_backend(const tt_device_backend *backend);
+const tt_device_backend *tt_backend_for(int device);   /* NULL (error set) if absent */
+static inline int tt_device_is_cuda(int device) { return device >= 0; }
+/* An op family `fam` declares in kernels/fam.h a table type and two tables:
+**   extern const tt_fam_kernels tt_fam_cpu;
+**   extern const tt_fam_kernels tt_fam_cuda __attribute__((weak));   (in kernels/cuda/fam.cu)
+** TT_KERNELS(tt_fam, device) picks one; NULL means "not built for that device". */
+#define TT_KERNELS(fam, device) \
+  (tt_device_is_cuda(device) ? (&fam##_cuda) : (&fam##_cpu))
+/* Fails with "op: not implemented on cuda" style message when a family has no kernel. */
+int tt_no_kernel(const char *op, int device);
+
+/* -- Threads ------------------------------------------------------------------------ */
+/* Grain for OpenMP loops: parallelise only when there is enough work. */
+enum { TT_PARALLEL_GRAIN = 32768 };
+
+#endif

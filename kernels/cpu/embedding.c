@@ -1,0 +1,60 @@
+/*
+** embedding.c — CPU kernels of the token embedding: a row gather forward and a
+** scatter-add backward.
+**
+** The backward must not race when two tokens share an id. Instead of atomics or
+** per-thread copies of dweight, each thread owns a contiguous band of vocabulary rows and
+** scans all n ids, adding only the tokens whose id falls in its band. Rows are therefore
+** summed in token order by exactly one thread: the result is bitwise reproducible for any
+** thread count. Scanning n ids per thread is cheap next to the n * D floats moved.
+*/
+#include "embedding.h"
+#include "tt_internal.h"
+#include <omp.h>
+
+/* weight: (V, D), ids: (n), out: (n, D) */
+static int embedding_forward(float *out, const float *weight, const void *ids, int ids_i64,
+                             int64_t n, int64_t V, int64_t D) {
+  int dtype = ids_i64 ? TT_I64 : TT_I32;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t id = tt_index_at(ids, dtype, i);
+    if (id < 0 || id >= V) { bad = i; break; }
+  }
+  if (bad >= 0)
+    return tt_set_error("embedding: id %lld at position %lld is outside the vocabulary "
+                        "[0, %lld)", (long long)tt_index_at(ids, dtype, bad),
+                        (long long)bad, (long long)V);
+#pragma omp parallel for schedule(static) if (n * D > TT_PARALLEL_GRAIN)
+  for (int64_t i = 0; i < n; i++) {
+    const float *src = weight + tt_index_at(ids, dtype, i) * D;
+    float *dst = out + i * D;
+    for (int64_t j = 0; j < D; j++) dst[j] = src[j];
+  }
+  return 0;
+}
+
+/* dweight: (V, D) +=, dout: (n, D) */
+static int embedding_backward(float *dweight, const float *dout, const void *ids,
+                              int ids_i64, int64_t n, int64_t V, int64_t D) {
+  int dtype = ids_i64 ? TT_I64 : TT_I32;
+#pragma omp parallel if (n * D > TT_PARALLEL_GRAIN)
+  {
+    int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t lo = V * t / nt, hi = V * (t + 1) / nt;   /* this thread's vocabulary band */
+    for (int64_t i = 0; i < n; i++) {
+      int64_t id = tt_index_at(ids, dtype, i);
+      if (id < lo || id >= hi) continue;
+      float *dst = dweight + id * D;
+      const float *src = dout + i * D;
+#pragma omp simd
+      for (int64_t j = 0; j < D; j++) dst[j] += src[j];
+    }
+  }
+  return 0;
+}
+
+const tt_embedding_kernels tt_embedding_cpu = {
+  .forward = embedding_forward,
+  .backward = embedding_backward,
+};

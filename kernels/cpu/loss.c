@@ -1,0 +1,106 @@
+/*
+** loss.c — CPU kernels of the fused cross-entropy.
+**
+** Forward, per row: max, then sum of exp(x - max) (vectorised exp, float partial sums
+** per block of columns added in float64), logsumexp = max + log(sum). Rows run in
+** parallel; the per-row losses land in a buffer and are summed in row order in float64,
+** so the loss does not depend on the thread count. The backward recomputes the softmax of
+** each row from its saved logsumexp while writing the gradient: no (N, V) probability
+** tensor ever exists besides the gradient itself.
+*/
+#include "loss.h"
+#include "activation.h"   /* tt_vexpf */
+#include "tt_internal.h"
+#include <math.h>
+
+enum { SUM_BLOCK = 1024 };   /* columns per float partial sum */
+
+/* Counts the rows that take part; fails on the first target outside [0, V). */
+static int count_targets(const void *targets, int tgt_i64, int64_t ignore_index, int64_t N,
+                         int64_t V, int64_t *count) {
+  int dtype = tgt_i64 ? TT_I64 : TT_I32;
+  int64_t c = 0;
+  for (int64_t n = 0; n < N; n++) {
+    int64_t t = tt_index_at(targets, dtype, n);
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= V)
+      return tt_set_error("cross_entropy: target %lld at row %lld is outside [0, %lld) "
+                          "and is not ignore_index %lld", (long long)t, (long long)n,
+                          (long long)V, (long long)ignore_index);
+    c++;
+  }
+  *count = c;
+  return 0;
+}
+
+/* logsumexp of one row x: (V) */
+static float row_logsumexp(const float *x, int64_t V) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+  if (isinf(mx)) return mx;   /* all -inf (or +inf present): exp(x - mx) would give NaN */
+  double sum = 0.0;
+  for (int64_t j0 = 0; j0 < V; j0 += SUM_BLOCK) {
+    int64_t j1 = j0 + SUM_BLOCK < V ? j0 + SUM_BLOCK : V;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = j0; j < j1; j++) s += tt_vexpf(x[j] - mx);
+    sum += s;
+  }
+  return mx + (float)log(sum);
+}
+
+/* logits: (N, V), targets: (N), row_stats: (2, N), loss: (1) */
+static int ce_forward(float *loss, float *row_stats, const float *logits, const void *targets,
+                      int tgt_i64, int64_t ignore_index, int64_t N, int64_t V) {
+  int64_t count = 0;
+  TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
+  int dtype = tgt_i64 ? TT_I64 : TT_I32;
+  float *lse = row_stats, *row_loss = row_stats + N;
+#pragma omp parallel for schedule(static) if (N * V > TT_PARALLEL_GRAIN)
+  for (int64_t n = 0; n < N; n++) {
+    int64_t t = tt_index_at(targets, dtype, n);
+    if (t == ignore_index) {
+      lse[n] = 0.0f;
+      row_loss[n] = 0.0f;
+      continue;
+    }
+    const float *x = logits + n * V;
+    lse[n] = row_logsumexp(x, V);
+    row_loss[n] = lse[n] - x[t];
+  }
+  double total = 0.0;
+  for (int64_t n = 0; n < N; n++) total += row_loss[n];
+  *loss = count > 0 ? (float)(total / (double)count) : 0.0f;
+  return 0;
+}
+
+/* dlogits, logits: (N, V), row_stats: (2, N), targets: (N), dloss: (1) */
+static int ce_backward(float *dlogits, const float *dloss, const float *logits,
+                       const float *row_stats, const void *targets, int tgt_i64,
+                       int64_t ignore_index, int64_t N, int64_t V) {
+  int64_t count = 0;
+  TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
+  int dtype = tgt_i64 ? TT_I64 : TT_I32;
+  float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f;
+#pragma omp parallel for schedule(static) if (N * V > TT_PARALLEL_GRAIN)
+  for (int64_t n = 0; n < N; n++) {
+    int64_t t = tt_index_at(targets, dtype, n);
+    float *dx = dlogits + n * V;
+    if (t == ignore_index) {
+      for (int64_t j = 0; j < V; j++) dx[j] = 0.0f;
+      continue;
+    }
+    const float *x = logits + n * V;
+    float l = row_stats[n];
+#pragma omp simd
+    for (int64_t j = 0; j < V; j++) dx[j] = scale * tt_vexpf(x[j] - l);
+    dx[t] -= scale;
+  }
+  return 0;
+}
+
+const tt_loss_kernels tt_loss_cpu = {
+  .ce_forward = ce_forward,
+  .ce_backward = ce_backward,
+};

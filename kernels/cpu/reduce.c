@@ -1,0 +1,240 @@
+/*
+** reduce.c — CPU kernels of the reduction family (see kernels/reduce.h).
+**
+** Input is a contiguous (outer, r, inner) block, reduced over r. Two layouts matter:
+** inner == 1 (reducing the last dims: each output is a dense row) and inner > 1
+** (reducing leading or middle dims, e.g. a bias gradient: columns). Rows are summed
+** with an `omp simd` double reduction; columns run over blocks of `inner` with one
+** double accumulator per column, so the loop over a block vectorises.
+*/
+#include "reduce.h"
+#include "tt_internal.h"
+#include <math.h>
+#include <omp.h>
+
+/* Columns handled together by one task of a column kernel. */
+enum { COL_BLOCK = 256 };
+
+/* Column block size giving at least two tasks per thread when there is enough work. */
+static int64_t col_block(int64_t outer, int64_t inner) {
+  int64_t bs = COL_BLOCK;
+  const int64_t want = 2 * (int64_t)omp_get_max_threads();
+  while (bs > 16 && outer * ((inner + bs - 1) / bs) < want) bs /= 2;
+  return bs;
+}
+
+static double row_sum(const float *x, int64_t n) {
+  double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; i++) acc += x[i];
+  return acc;
+}
+
+/* -- Sum ----------------------------------------------------------------------------- */
+
+static int cpu_sum(float *out, const float *x, int64_t outer, int64_t r, int64_t inner,
+                   float scale) {
+  const int64_t work = outer * r * inner;
+  if (inner == 1) {
+    if (outer >= omp_get_max_threads() || work <= TT_PARALLEL_GRAIN) {
+#pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
+      for (int64_t o = 0; o < outer; o++) out[o] = (float)(row_sum(x + o * r, r) * scale);
+      return 0;
+    }
+    /* Few long rows (a full reduction): split each row across the threads. */
+    for (int64_t o = 0; o < outer; o++) {
+      const float *row = x + o * r;
+      double acc = 0.0;
+#pragma omp parallel for simd reduction(+ : acc) schedule(static)
+      for (int64_t i = 0; i < r; i++) acc += row[i];
+      out[o] = (float)(acc * scale);
+    }
+    return 0;
+  }
+  const int64_t bs = col_block(outer, inner);
+  const int64_t nblocks = (inner + bs - 1) / bs;
+#pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
+  for (int64_t task = 0; task < outer * nblocks; task++) {
+    const int64_t o = task / nblocks, i0 = (task % nblocks) * bs;
+    const int64_t n = inner - i0 < bs ? inner - i0 : bs;
+    double acc[COL_BLOCK];
+    for (int64_t j = 0; j < n; j++) acc[j] = 0.0;
+    for (int64_t k = 0; k < r; k++) {
+      const float *restrict row = x + (o * r + k) * inner + i0;
+      for (int64_t j = 0; j < n; j++) acc[j] += row[j];
+    }
+    float *restrict dst = out + o * inner + i0;
+    for (int64_t j = 0; j < n; j++) dst[j] = (float)(acc[j] * scale);
+  }
+  return 0;
+}
+
+static int cpu_sum_backward(float *gx, const float *g, int64_t outer, int64_t r,
+                            int64_t inner, float scale) {
+  const int64_t rows = outer * r;
+#pragma omp parallel for if (rows * inner > TT_PARALLEL_GRAIN) schedule(static)
+  for (int64_t row = 0; row < rows; row++) {
+    const float *restrict src = g + (row / r) * inner;
+    float *restrict dst = gx + row * inner;
+    for (int64_t j = 0; j < inner; j++) dst[j] = src[j] * scale;
+  }
+  return 0;
+}
+
+/* -- Max ----------------------------------------------------------------------------- */
+
+/* v replaces the running maximum m when larger, or when v is the first NaN. */
+static inline int max_takes(float v, float m) { return v > m || (v != v && m == m); }
+
+static int cpu_max(float *out, int64_t *idx, const float *x, int64_t outer, int64_t r,
+                   int64_t inner) {
+  const int64_t work = outer * r * inner;
+  if (inner == 1) {
+#pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
+    for (int64_t o = 0; o < outer; o++) {
+      const float *row = x + o * r;
+      float m = row[0];
+      int64_t at = 0;
+      for (int64_t k = 1; k < r; k++)
+        if (max_takes(row[k], m)) {
+          m = row[k];
+          at = k;
+        }
+      out[o] = m;
+      idx[o] = at;
+    }
+    return 0;
+  }
+  const int64_t bs = col_block(outer, inner);
+  const int64_t nblocks = (inner + bs - 1) / bs;
+#pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
+  for (int64_t task = 0; task < outer * nblocks; task++) {
+    const int64_t o = task / nblocks, i0 = (task % nblocks) * bs;
+    const int64_t n = inner - i0 < bs ? inner - i0 : bs;
+    float *restrict m = out + o * inner + i0;
+    int64_t *restrict at = idx + o * inner + i0;
+    const float *first = x + o * r * inner + i0;
+    for (int64_t j = 0; j < n; j++) {
+      m[j] = first[j];
+      at[j] = 0;
+    }
+    for (int64_t k = 1; k < r; k++) {
+      const float *restrict row = x + (o * r + k) * inner + i0;
+      for (int64_t j = 0; j < n; j++)
+        if (max_takes(row[j], m[j])) {
+          m[j] = row[j];
+          at[j] = k;
+        }
+    }
+  }
+  return 0;
+}
+
+static int cpu_max_backward(float *gx, const float *g, const int64_t *idx, int64_t outer,
+                            int64_t r, int64_t inner) {
+#pragma omp parallel for if (outer * r * inner > TT_PARALLEL_GRAIN) schedule(static)
+  for (int64_t o = 0; o < outer; o++) {
+    float *restrict block = gx + o * r * inner;
+    for (int64_t j = 0; j < r * inner; j++) block[j] = 0.0f;
+    for (int64_t j = 0; j < inner; j++) block[idx[o * inner + j] * inner + j] = g[o * inner + j];
+  }
+  return 0;
+}
+
+/* -- Softmax ------------------------------------------------------------------------- */
+
+static void softmax_row(float *restrict y, const float *restrict x, int64_t r) {
+  float m = x[0];
+  for (int64_t k = 1; k < r; k++) m = x[k] > m ? x[k] : m;
+  double s = 0.0;
+  for (int64_t k = 0; k < r; k++) {
+    y[k] = expf(x[k] - m);
+    s += y[k];
+  }
+  const float inv = (float)(1.0 / s);
+  for (int64_t k = 0; k < r; k++) y[k] *= inv;
+}
+
+static int cpu_softmax(float *y, const float *x, int64_t outer, int64_t r, int64_t inner) {
+  const int64_t work = outer * r * inner;
+  if (inner == 1) {
+#pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
+    for (int64_t o = 0; o < outer; o++) softmax_row(y + o * r, x + o * r, r);
+    return 0;
+  }
+  const int64_t bs = col_block(outer, inner);
+  const int64_t nblocks = (inner + bs - 1) / bs;
+#pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
+  for (int64_t task = 0; task < outer * nblocks; task++) {
+    const int64_t o = task / nblocks, i0 = (task % nblocks) * bs;
+    const int64_t n = inner - i0 < bs ? inner - i0 : bs;
+    const int64_t base = o * r * inner + i0;
+    float m[COL_BLOCK];
+    double s[COL_BLOCK];
+    for (int64_t j = 0; j < n; j++) {
+      m[j] = x[base + j];
+      s[j] = 0.0;
+    }
+    for (int64_t k = 1; k < r; k++)
+      for (int64_t j = 0; j < n; j++) {
+        const float v = x[base + k * inner + j];
+        m[j] = v > m[j] ? v : m[j];
+      }
+    for (int64_t k = 0; k < r; k++)
+      for (int64_t j = 0; j < n; j++) {
+        const float e = expf(x[base + k * inner + j] - m[j]);
+        y[base + k * inner + j] = e;
+        s[j] += e;
+      }
+    for (int64_t j = 0; j < n; j++) m[j] = (float)(1.0 / s[j]);
+    for (int64_t k = 0; k < r; k++)
+      for (int64_t j = 0; j < n; j++) y[base + k * inner + j] *= m[j];
+  }
+  return 0;
+}
+
+static int cpu_softmax_backward(float *gx, const float *g, const float *y, int64_t outer,
+                                int64_t r, int64_t inner) {
+  const int64_t work = outer * r * inner;
+  if (inner == 1) {
+#pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
+    for (int64_t o = 0; o < outer; o++) {
+      const float *restrict go = g + o * r, *restrict yo = y + o * r;
+      float *restrict dst = gx + o * r;
+      double dot = 0.0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t k = 0; k < r; k++) dot += (double)go[k] * yo[k];
+      const float d = (float)dot;
+      for (int64_t k = 0; k < r; k++) dst[k] = yo[k] * (go[k] - d);
+    }
+    return 0;
+  }
+  const int64_t bs = col_block(outer, inner);
+  const int64_t nblocks = (inner + bs - 1) / bs;
+#pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
+  for (int64_t task = 0; task < outer * nblocks; task++) {
+    const int64_t o = task / nblocks, i0 = (task % nblocks) * bs;
+    const int64_t n = inner - i0 < bs ? inner - i0 : bs;
+    const int64_t base = o * r * inner + i0;
+    double dot[COL_BLOCK];
+    for (int64_t j = 0; j < n; j++) dot[j] = 0.0;
+    for (int64_t k = 0; k < r; k++)
+      for (int64_t j = 0; j < n; j++)
+        dot[j] += (double)g[base + k * inner + j] * y[base + k * inner + j];
+    for (int64_t k = 0; k < r; k++)
+      for (int64_t j = 0; j < n; j++) {
+        const int64_t at = base + k * inner + j;
+        gx[at] = y[at] * (g[at] - (float)dot[j]);
+      }
+  }
+  return 0;
+}
+
+const tt_reduce_kernels tt_reduce_cpu = {
+  .sum = cpu_sum,
+  .sum_backward = cpu_sum_backward,
+  .max = cpu_max,
+  .max_backward = cpu_max_backward,
+  .softmax = cpu_softmax,
+  .softmax_backward = cpu_softmax_backward,
+};

@@ -1,0 +1,93 @@
+/*
+** embedding.cu — CUDA kernels of the embedding family (kernels/embedding.h): row gather
+** forward, scatter-add backward, f32 rows and i32/i64 ids.
+**
+** The forward validates ids on the device and reports the first bad position through a
+** flag read back after the launch (one small copy per call, which is also where the
+** error message needs the offending id). The backward is deterministic like the CPU
+** twin: each thread owns one column of dweight and walks the tokens in order, so a row
+** shared by several tokens is summed in token order and no atomics are needed.
+*/
+#include "cuda/tt_cuda.h"
+extern "C" {
+#include "embedding.h"
+}
+
+__device__ __forceinline__ int64_t load_id(const void *ids, int ids_i64, int64_t i) {
+  return ids_i64 ? ((const int64_t *)ids)[i] : (int64_t)((const int32_t *)ids)[i];
+}
+
+/* One block row per token; threads stride over D. bad: the smallest bad position. */
+__global__ void embedding_fwd(float *out, const float *weight, const void *ids, int ids_i64,
+                              int64_t n, int64_t V, int64_t D,
+                              unsigned long long *bad) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    int64_t id = load_id(ids, ids_i64, i);
+    if (id < 0 || id >= V) {
+      if (threadIdx.x == 0) atomicMin(bad, (unsigned long long)i);
+      continue;
+    }
+    const float *src = weight + id * D;
+    float *dst = out + i * D;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dst[j] = src[j];
+  }
+}
+
+static int embedding_forward(float *out, const float *weight, const void *ids, int ids_i64,
+                             int64_t n, int64_t V, int64_t D) {
+  if (n == 0) return 0;
+  unsigned long long *bad_dev = NULL, bad = ~0ull;
+  TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, tt_cuda_stream()));
+  int rc = -1;
+  int64_t blocks = n < 65535 ? n : 65535;
+  int threads = D >= 256 ? 256 : (int)((D + 31) / 32 * 32);
+  cudaError_t e = cudaMemcpyAsync(bad_dev, &bad, sizeof bad, cudaMemcpyHostToDevice,
+                                  tt_cuda_stream());
+  if (e == cudaSuccess) {
+    embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_stream()>>>(out, weight, ids,
+                                                                     ids_i64, n, V, D, bad_dev);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, tt_cuda_stream());
+  if (e == cudaSuccess) e = cudaStreamSynchronize(tt_cuda_stream());
+  if (e != cudaSuccess) {
+    tt_cu_fail(e, "embedding_fwd", __FILE__, __LINE__);
+  } else if (bad != ~0ull) {
+    int64_t id = 0;
+    size_t w = ids_i64 ? 8 : 4;
+    if (cudaMemcpy(&id, (const char *)ids + bad * w, w, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        !ids_i64)
+      id = (int64_t)(int32_t)id;
+    tt_set_error("embedding: id %lld at position %llu is outside the vocabulary [0, %lld)",
+                 (long long)id, bad, (long long)V);
+  } else {
+    rc = 0;
+  }
+  cudaFreeAsync(bad_dev, tt_cuda_stream());
+  return rc;
+}
+
+__global__ void embedding_bwd(float *dweight, const float *dout, const void *ids, int ids_i64,
+                              int64_t n, int64_t D) {
+  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= D) return;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t id = load_id(ids, ids_i64, i);
+    dweight[id * D + j] += dout[i * D + j];
+  }
+}
+
+static int embedding_backward(float *dweight, const float *dout, const void *ids,
+                              int ids_i64, int64_t n, int64_t V, int64_t D) {
+  (void)V;
+  if (n == 0 || D == 0) return 0;
+  embedding_bwd<<<(unsigned)((D + 127) / 128), 128, 0, tt_cuda_stream()>>>(
+      dweight, dout, ids, ids_i64, n, D);
+  TT_CU_LAUNCHED("embedding_bwd");
+  return 0;
+}
+
+extern "C" const tt_embedding_kernels tt_embedding_cuda = {
+  embedding_forward, embedding_backward,
+};

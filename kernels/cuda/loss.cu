@@ -1,0 +1,132 @@
+/*
+** loss.cu — CUDA kernels of the fused cross-entropy (kernels/loss.h), f32 logits.
+**
+** One block per row streams over the vocabulary twice (max, then the sum of exponentials)
+** and keeps only the row's logsumexp and loss: no softmax tensor is stored. The mean over
+** counted rows is a single-block reduction in row order (deterministic). The backward
+** recomputes the softmax row by row from the saved logsumexp.
+*/
+#include "cuda/tt_cuda.h"
+extern "C" {
+#include "loss.h"
+}
+
+enum { CE_THREADS = 512 };
+
+__device__ __forceinline__ int64_t load_target(const void *t, int i64, int64_t i) {
+  return i64 ? ((const int64_t *)t)[i] : (int64_t)((const int32_t *)t)[i];
+}
+
+/* row_stats[n] = lse, row_stats[N + n] = loss (0 when ignored); bad: first bad row. */
+__global__ void ce_rows(float *row_stats, const float *logits, const void *targets,
+                        int tgt_i64, int64_t ignore_index, int64_t N, int64_t V,
+                        unsigned long long *bad) {
+  __shared__ float scratch[32];
+  int64_t n = blockIdx.x;
+  const float *row = logits + n * V;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, row[j]);
+  m = tt_block_max(m, scratch);
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += __expf(row[j] - m);
+  s = tt_block_sum(s, scratch);
+  if (threadIdx.x != 0) return;
+  float lse = m + logf(s);
+  int64_t t = load_target(targets, tgt_i64, n);
+  float loss = 0;
+  if (t != ignore_index) {
+    if (t < 0 || t >= V) atomicMin(bad, (unsigned long long)n);
+    else loss = lse - row[t];
+  }
+  row_stats[n] = lse;
+  row_stats[N + n] = loss;
+}
+
+/* loss = sum(row loss) / count, or 0 when count is 0; count_out (may be NULL) gets the
+** count. One block: rows are summed in a fixed order. */
+__global__ void ce_mean(float *loss, float *count_out, const float *row_loss,
+                        const void *targets, int tgt_i64, int64_t ignore_index, int64_t N) {
+  __shared__ float scratch[32];
+  float s = 0, c = 0;
+  for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+    if (load_target(targets, tgt_i64, n) == ignore_index) continue;
+    if (row_loss) s += row_loss[n];
+    c += 1;
+  }
+  s = tt_block_sum(s, scratch);
+  c = tt_block_sum(c, scratch);
+  if (threadIdx.x == 0) {
+    if (loss) *loss = c > 0 ? s / c : 0.0f;
+    if (count_out) *count_out = c;
+  }
+}
+
+static int ce_forward(float *loss, float *row_stats, const float *logits, const void *targets,
+                      int tgt_i64, int64_t ignore_index, int64_t N, int64_t V) {
+  cudaStream_t st = tt_cuda_stream();
+  if (N == 0) {
+    TT_CU(cudaMemsetAsync(loss, 0, sizeof(float), st));
+    return 0;
+  }
+  TT_CHECK(N <= 0x7fffffff, "cross_entropy: %lld rows is too many for one launch",
+           (long long)N);
+  unsigned long long *bad_dev = NULL, bad = ~0ull;
+  TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, st));
+  cudaError_t e = cudaMemcpyAsync(bad_dev, &bad, sizeof bad, cudaMemcpyHostToDevice, st);
+  if (e == cudaSuccess) {
+    ce_rows<<<(unsigned)N, CE_THREADS, 0, st>>>(row_stats, logits, targets, tgt_i64,
+                                                ignore_index, N, V, bad_dev);
+    ce_mean<<<1, 1024, 0, st>>>(loss, NULL, row_stats + N, targets, tgt_i64, ignore_index, N);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, st);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+  cudaFreeAsync(bad_dev, st);
+  TT_CU(e);
+  if (bad != ~0ull) {
+    int64_t t = 0;
+    size_t w = tgt_i64 ? 8 : 4;
+    if (cudaMemcpy(&t, (const char *)targets + bad * w, w, cudaMemcpyDeviceToHost) ==
+            cudaSuccess && !tgt_i64)
+      t = (int64_t)(int32_t)t;
+    return tt_set_error("cross_entropy: target %lld at row %llu is outside [0, %lld)",
+                        (long long)t, bad, (long long)V);
+  }
+  return 0;
+}
+
+__global__ void ce_grad(float *dlogits, const float *dloss, const float *count,
+                        const float *logits, const float *lse, const void *targets,
+                        int tgt_i64, int64_t ignore_index, int64_t V) {
+  int64_t n = blockIdx.x;
+  int64_t t = load_target(targets, tgt_i64, n);
+  float *d = dlogits + n * V;
+  if (t == ignore_index) {
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) d[j] = 0;
+    return;
+  }
+  const float *row = logits + n * V;
+  float k = *dloss / *count, l = lse[n];
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+    d[j] = k * (__expf(row[j] - l) - (j == t ? 1.0f : 0.0f));
+}
+
+static int ce_backward(float *dlogits, const float *dloss, const float *logits,
+                       const float *row_stats, const void *targets, int tgt_i64,
+                       int64_t ignore_index, int64_t N, int64_t V) {
+  if (N == 0) return 0;
+  cudaStream_t st = tt_cuda_stream();
+  float *count = NULL;
+  TT_CU(cudaMallocAsync((void **)&count, sizeof(float), st));
+  ce_mean<<<1, 1024, 0, st>>>(NULL, count, NULL, targets, tgt_i64, ignore_index, N);
+  ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>(dlogits, dloss, count, logits, row_stats, targets,
+                                              tgt_i64, ignore_index, V);
+  cudaError_t e = cudaGetLastError();
+  cudaFreeAsync(count, st);
+  TT_CU(e);
+  return 0;
+}
+
+extern "C" const tt_loss_kernels tt_loss_cuda = {
+  ce_forward, ce_backward,
+};

@@ -1,0 +1,76 @@
+/*
+** rope.cu — CUDA kernels of rotary position embedding (kernels/rope.h), f32.
+** The angle table is computed in float64 like the CPU twin, so both rotate by the same
+** f32 cos/sin values; forward and backward are one thread per rotated pair.
+*/
+#include "cuda/tt_cuda.h"
+extern "C" {
+#include "rope.h"
+}
+
+/* table: (2, T, half): cos then sin of pos[t] * theta^(-2i / Dh). */
+__global__ void rope_table(float *table, const void *pos, int pos_i64, int64_t T, int64_t Dh,
+                           double theta) {
+  int64_t half = Dh / 2, n = T * half;
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n;
+       k += (int64_t)gridDim.x * blockDim.x) {
+    int64_t t = k / half, i = k % half;
+    double p = !pos ? (double)t
+                    : pos_i64 ? (double)((const int64_t *)pos)[t]
+                              : (double)((const int32_t *)pos)[t];
+    double a = p * pow(theta, -2.0 * (double)i / (double)Dh);
+    table[k] = (float)cos(a);
+    table[n + k] = (float)sin(a);
+  }
+}
+
+/* sign +1 rotates by +angle (forward), -1 by -angle (backward). */
+__global__ void rope_rotate(float *out, const float *x, const float *table, int64_t B,
+                            int64_t T, int64_t H, int64_t Dh, int interleaved, float sign) {
+  int64_t half = Dh / 2, n = B * T * H * half;
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n;
+       k += (int64_t)gridDim.x * blockDim.x) {
+    int64_t i = k % half, row = k / half;      /* row = (b, t, h) */
+    int64_t t = (row / H) % T;
+    float c = table[t * half + i], s = sign * table[T * half + t * half + i];
+    int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+    const float *xr = x + row * Dh;
+    float x0 = xr[a], x1 = xr[b];
+    out[row * Dh + a] = x0 * c - x1 * s;
+    out[row * Dh + b] = x0 * s + x1 * c;
+  }
+}
+
+static int table(float *tab, const void *positions, int pos_i64, int64_t T, int64_t Dh,
+                 double theta) {
+  int64_t n = T * (Dh / 2);
+  if (n == 0) return 0;
+  rope_table<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(tab, positions, pos_i64, T,
+                                                                   Dh, theta);
+  TT_CU_LAUNCHED("rope_table");
+  return 0;
+}
+
+static int rotate(float *out, const float *x, const float *tab, int64_t B, int64_t T,
+                  int64_t H, int64_t Dh, int interleaved, float sign) {
+  int64_t n = B * T * H * (Dh / 2);
+  if (n == 0) return 0;
+  rope_rotate<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(out, x, tab, B, T, H, Dh,
+                                                                    interleaved, sign);
+  TT_CU_LAUNCHED("rope_rotate");
+  return 0;
+}
+
+static int forward(float *out, const float *x, const float *tab, int64_t B, int64_t T,
+                   int64_t H, int64_t Dh, int interleaved) {
+  return rotate(out, x, tab, B, T, H, Dh, interleaved, 1.0f);
+}
+
+static int backward(float *dx, const float *dout, const float *tab, int64_t B, int64_t T,
+                    int64_t H, int64_t Dh, int interleaved) {
+  return rotate(dx, dout, tab, B, T, H, Dh, interleaved, -1.0f);
+}
+
+extern "C" const tt_rope_kernels tt_rope_cuda = {
+  table, forward, backward,
+};

@@ -1,0 +1,31 @@
+/*
+** loss.h — kernel table of the fused cross-entropy loss on raw contiguous buffers.
+**
+** logits: (N, V) f32; targets: (N) int32 (tgt_i64 = 0) or int64. Rows whose target equals
+** ignore_index take no part; the loss is the mean over the others. When every row is
+** ignored the loss is 0 and the gradient is zero (not NaN). Every entry returns 0, or -1
+** with tt_last_error() set.
+*/
+#ifndef TT_KERNELS_LOSS_H
+#define TT_KERNELS_LOSS_H
+#include <stdint.h>
+
+typedef struct tt_loss_kernels {
+  /* loss: one float, the mean over counted rows of logsumexp(logits[n]) - logits[n, t].
+  ** row_stats: (2, N) workspace kept for the backward: per-row logsumexp, then per-row
+  ** loss (0 for ignored rows). Fails naming the row when a target is outside [0, V) and
+  ** is not ignore_index. */
+  int (*ce_forward)(float *loss, float *row_stats, const float *logits, const void *targets,
+                    int tgt_i64, int64_t ignore_index, int64_t N, int64_t V);
+  /* dlogits[n, j] = dloss / count * (softmax(logits[n])[j] - (j == t_n)), zero rows for
+  ** ignored targets. The softmax is recomputed row by row from the saved logsumexp.
+  ** dloss: one float (upstream gradient of the scalar loss). dlogits: (N, V) */
+  int (*ce_backward)(float *dlogits, const float *dloss, const float *logits,
+                     const float *row_stats, const void *targets, int tgt_i64,
+                     int64_t ignore_index, int64_t N, int64_t V);
+} tt_loss_kernels;
+
+extern const tt_loss_kernels tt_loss_cpu;
+extern const tt_loss_kernels tt_loss_cuda __attribute__((weak));
+
+#endif

@@ -1,0 +1,164 @@
+-- tetra.metrics: wall clock, the JSONL metrics file and the terminal progress line.
+--
+-- The metrics file holds one JSON object per optimizer step. These field names are a
+-- contract read by other tools and tests; add fields, never rename them:
+--   step, loss, lr, grad_norm, tokens, tokens_per_s, step_time_s
+--   (+ eval_loss on eval steps; data_wait_s, loader_tokens_per_s, loader_queue_depth
+--    when the data loader reports them; loss_scale, skipped under AMP)
+local ffi = require("ffi")
+
+local metrics = {}
+
+-- Declared under private names so they cannot clash with another module's cdef of the
+-- same libc functions.
+ffi.cdef [[
+typedef struct tt_metrics_timespec { long tv_sec; long tv_nsec; } tt_metrics_timespec;
+int tt_metrics_clock_gettime(int clk, tt_metrics_timespec *ts) __asm__("clock_gettime");
+int tt_metrics_isatty(int fd) __asm__("isatty");
+]]
+
+local ts = ffi.new("tt_metrics_timespec")
+local CLOCK_MONOTONIC = 1
+
+-- Seconds from an arbitrary origin, monotonic, sub-microsecond resolution.
+function metrics.now()
+  ffi.C.tt_metrics_clock_gettime(CLOCK_MONOTONIC, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+function metrics.stdout_is_terminal()
+  return ffi.C.tt_metrics_isatty(1) == 1
+end
+
+-- -- JSON ------------------------------------------------------------------------------
+
+local function encode_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    if c == '"' then return '\\"' end
+    if c == "\\" then return "\\\\" end
+    if c == "\n" then return "\\n" end
+    return string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+local function encode_value(v)
+  local t = type(v)
+  if t == "number" then
+    if v ~= v or v == math.huge or v == -math.huge then return "null" end
+    if v == math.floor(v) and math.abs(v) < 2^53 then return string.format("%d", v) end
+    return string.format("%.9g", v)
+  elseif t == "boolean" then
+    return tostring(v)
+  elseif t == "string" then
+    return encode_string(v)
+  elseif v == nil then
+    return "null"
+  end
+  return encode_string(tostring(v))
+end
+
+-- The contract fields first, in this order, then any others sorted by name.
+local FIELD_ORDER = { "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s",
+                      "step_time_s" }
+local FIELD_RANK = {}
+for i, k in ipairs(FIELD_ORDER) do FIELD_RANK[k] = i end
+
+-- One flat table -> one JSON object on one line.
+function metrics.encode(record)
+  local keys = {}
+  for k in pairs(record) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    local ra, rb = FIELD_RANK[a] or 1e9, FIELD_RANK[b] or 1e9
+    if ra ~= rb then return ra < rb end
+    return a < b
+  end)
+  local parts = {}
+  for i, k in ipairs(keys) do
+    parts[i] = encode_string(k) .. ":" .. encode_value(record[k])
+  end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+
+-- -- Metrics file ----------------------------------------------------------------------
+
+local Writer = {}
+Writer.__index = Writer
+
+-- Opens (truncates) `path` for JSON lines. Returns a writer; nil path gives a writer that
+-- discards records, so callers need no branches.
+function metrics.open(path)
+  if not path or path == "" then
+    return setmetatable({}, Writer)
+  end
+  local f, err = io.open(path, "w")
+  if not f then error("metrics: cannot open " .. path .. ": " .. tostring(err), 2) end
+  return setmetatable({ file = f, path = path }, Writer)
+end
+
+function Writer:write(record)
+  if self.file then
+    self.file:write(metrics.encode(record), "\n")
+    self.file:flush()
+  end
+end
+
+function Writer:close()
+  if self.file then
+    self.file:close()
+    self.file = nil
+  end
+end
+
+-- Reads a JSONL metrics file back as an array of tables (numbers, strings, booleans,
+-- null as nil). Only handles the flat objects written above.
+function metrics.read(path)
+  local f, err = io.open(path, "r")
+  if not f then error("metrics: cannot open " .. path .. ": " .. tostring(err), 2) end
+  local rows = {}
+  for line in f:lines() do
+    if line:find("%S") then
+      local row = {}
+      for k, v in line:gmatch('"([^"]+)":([^,}]+)') do
+        if v == "true" or v == "false" then row[k] = (v == "true")
+        elseif v:sub(1, 1) == '"' then row[k] = v:sub(2, -2)
+        elseif v ~= "null" then row[k] = tonumber(v) end
+      end
+      rows[#rows + 1] = row
+    end
+  end
+  f:close()
+  return rows
+end
+
+-- -- Progress line ---------------------------------------------------------------------
+
+local function duration(s)
+  if s ~= s or s == math.huge then return "?" end
+  s = math.floor(s + 0.5)
+  if s >= 3600 then return string.format("%dh%02dm", math.floor(s / 3600), math.floor(s % 3600 / 60)) end
+  return s >= 60 and string.format("%dm%02ds", math.floor(s / 60), s % 60)
+                 or string.format("%ds", s)
+end
+
+local function thousands(n)
+  local s = string.format("%d", math.floor(n + 0.5))
+  local out = s:reverse():gsub("(%d%d%d)", "%1,"):reverse()
+  return (out:gsub("^,", ""))
+end
+
+-- "step   12/200 | loss 3.4512 | lr 3.00e-04 | gnorm 0.812 | 12,345 tok/s | ETA 1m23s"
+function metrics.progress_line(r, total_steps, eta_s)
+  local width = #tostring(total_steps)
+  local parts = {
+    string.format("step %" .. width .. "d/%d", r.step, total_steps),
+    string.format("loss %.4f", r.loss),
+    string.format("lr %.2e", r.lr),
+    string.format("gnorm %.3f", r.grad_norm),
+    thousands(r.tokens_per_s) .. " tok/s",
+    "ETA " .. duration(eta_s),
+  }
+  if r.eval_loss then table.insert(parts, 3, string.format("eval %.4f", r.eval_loss)) end
+  return table.concat(parts, " | ")
+end
+
+return metrics

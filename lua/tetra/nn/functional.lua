@@ -1,0 +1,119 @@
+-- tetra.nn.functional: the ops layers are made of, with the argument forms layers use
+-- (shapes as Lua arrays, theta before positions), plus F.free for releasing
+-- intermediates as soon as the next op has consumed them. Results are ordinary tetra
+-- tensors (wrapped by tetra.tensor, so the GC nudging by live bytes applies).
+local ffi = require("ffi")
+local T = require("tetra.tensor")
+local C = ffi.C
+
+local F = {}
+
+local pout = T.pout
+local take = T.take
+
+local shape_buf = ffi.new("int64_t[8]")
+local function shape_of(dims)
+  for i = 1, #dims do shape_buf[i - 1] = dims[i] end
+  return shape_buf, #dims
+end
+
+-- Drops Lua's reference now instead of at a later GC cycle (the tape keeps what backward
+-- needs). Safe on nil. The tensor must not be used afterwards.
+function F.free(t)
+  if t ~= nil then
+    ffi.gc(t, nil)
+    C.tt_tensor_release(t)
+  end
+end
+
+-- -- Creation ------------------------------------------------------------------------
+
+function F.randn(dims, std)
+  local s, n = shape_of(dims)
+  return take(C.tt_tensor_randn(s, n, 0.0, std or 1.0, pout), 3)
+end
+
+function F.zeros(dims, dtype)
+  local s, n = shape_of(dims)
+  return take(C.tt_tensor_zeros(s, n, dtype or C.TT_F32, C.TT_CPU, pout), 3)
+end
+
+function F.full(dims, value, dtype)
+  local s, n = shape_of(dims)
+  return take(C.tt_tensor_full(s, n, dtype or C.TT_F32, C.TT_CPU, value, pout), 3)
+end
+
+function F.empty(dims, dtype)
+  local s, n = shape_of(dims)
+  return take(C.tt_tensor_empty(s, n, dtype or C.TT_F32, C.TT_CPU, pout), 3)
+end
+
+-- 0, 1, ..., n-1 as an i64 tensor (positions for learned position embeddings).
+function F.arange_i64(n)
+  local t = F.empty({ n }, C.TT_I64)
+  local p = ffi.cast("int64_t *", C.tt_tensor_data(t))
+  for i = 0, n - 1 do p[i] = i end
+  return t
+end
+
+-- Marks t as a trainable leaf and returns it.
+function F.parameter(t)
+  if C.tt_set_requires_grad(t, 1) ~= 0 then error(ffi.string(C.tt_last_error()), 2) end
+  return t
+end
+
+-- -- Shapes --------------------------------------------------------------------------
+
+function F.view(x, dims)
+  local s, n = shape_of(dims)
+  return take(C.tt_view(x, s, n, pout), 3)
+end
+
+function F.narrow(x, dim, start, length)
+  return take(C.tt_narrow(x, dim, start, length, pout), 3)
+end
+
+function F.contiguous(x) return take(C.tt_contiguous(x, pout), 3) end
+
+-- A tensor sharing x's storage, outside autograd (what hooks should keep).
+function F.detach(x) return take(C.tt_detach(x, pout), 3) end
+
+-- -- Ops -----------------------------------------------------------------------------
+
+function F.add(a, b) return take(C.tt_add(a, b, pout), 3) end
+function F.mul(a, b) return take(C.tt_mul(a, b, pout), 3) end
+function F.scale(a, s) return take(C.tt_scale(a, s, pout), 3) end
+function F.linear(x, w, b) return take(C.tt_linear(x, w, b, pout), 3) end
+function F.embedding(w, ids) return take(C.tt_embedding(w, ids, pout), 3) end
+function F.rmsnorm(x, w, eps) return take(C.tt_rmsnorm(x, w, eps, pout), 3) end
+function F.layernorm(x, w, b, eps) return take(C.tt_layernorm(x, w, b, eps, pout), 3) end
+function F.gelu(x) return take(C.tt_gelu(x, pout), 3) end
+function F.swiglu(gate, up) return take(C.tt_swiglu(gate, up, pout), 3) end
+
+-- x: (B, T, H, Dh); positions: (T) index tensor or nil for 0..T-1.
+function F.rope(x, theta, positions, interleaved)
+  return take(C.tt_rope(x, positions, theta, interleaved and 1 or 0, pout), 3)
+end
+
+-- Causal attention. q: (B, T, Hq, Dh), k, v: (B, T, Hkv, Dh) -> (B, T, Hq, Dh);
+-- positions: (T) index tensor shared by queries and keys, or nil for 0..T-1.
+function F.causal_attention(q, k, v, positions)
+  if positions ~= nil then
+    return take(C.tt_attention_ex(q, k, v, positions, positions, 1, 0, pout), 3)
+  end
+  return take(C.tt_attention(q, k, v, 1, 0, pout), 3)
+end
+
+-- logits: (..., V), targets: (...) -> scalar mean loss over targets ~= ignore_index.
+function F.cross_entropy(logits, targets, ignore_index)
+  return take(C.tt_cross_entropy(logits, targets, ignore_index or -100, pout), 3)
+end
+
+-- The value of a one-element tensor (a loss) as a Lua number.
+function F.item(t)
+  return C.tt_tensor_get(t, 0)
+end
+
+F.no_grad = T.no_grad
+
+return F

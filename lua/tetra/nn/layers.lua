@@ -1,0 +1,107 @@
+-- Basic layers: Linear, Embedding, RMSNorm, LayerNorm, ModuleList.
+--
+-- Initialisation follows GPT-2 / Llama practice: weights ~ Normal(0, std) with std 0.02 by
+-- default (callers pass a smaller std for residual projections), biases 0, norm scales 1.
+local F = require("tetra.nn.functional")
+local Module = require("tetra.nn.module")
+
+local M = {}
+
+-- -- Linear: y = x W^T + b, W: (out, in) -------------------------------------------
+
+local Linear = Module:extend("Linear")
+M.Linear = Linear
+
+-- opts: bias (default false), std (default 0.02).
+function Linear:init(in_features, out_features, opts)
+  opts = opts or {}
+  self.in_features, self.out_features = in_features, out_features
+  self:param("weight", F.parameter(F.randn({ out_features, in_features }, opts.std or 0.02)))
+  if opts.bias then
+    self:param("bias", F.parameter(F.zeros({ out_features })))
+  end
+end
+
+-- x: (..., in) -> (..., out)
+function Linear:forward(x)
+  return F.linear(x, self.weight, self.bias)
+end
+
+-- -- Embedding: a lookup table (V, D) -------------------------------------------------
+
+local Embedding = Module:extend("Embedding")
+M.Embedding = Embedding
+
+function Embedding:init(num_embeddings, dim, opts)
+  opts = opts or {}
+  self.num_embeddings, self.dim = num_embeddings, dim
+  self:param("weight", F.parameter(F.randn({ num_embeddings, dim }, opts.std or 0.02)))
+end
+
+-- ids: (...) i32/i64 -> (..., D)
+function Embedding:forward(ids)
+  return F.embedding(self.weight, ids)
+end
+
+-- -- RMSNorm: x / sqrt(mean(x^2) + eps) * weight --------------------------------------
+
+local RMSNorm = Module:extend("RMSNorm")
+M.RMSNorm = RMSNorm
+
+function RMSNorm:init(dim, eps)
+  self.eps = eps or 1e-5
+  self:param("weight", F.parameter(F.full({ dim }, 1.0)))
+end
+
+function RMSNorm:forward(x)
+  return F.rmsnorm(x, self.weight, self.eps)
+end
+
+-- -- LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias --------------------------
+
+local LayerNorm = Module:extend("LayerNorm")
+M.LayerNorm = LayerNorm
+
+-- opts: bias (default true).
+function LayerNorm:init(dim, eps, opts)
+  self.eps = eps or 1e-5
+  self:param("weight", F.parameter(F.full({ dim }, 1.0)))
+  if not opts or opts.bias ~= false then
+    self:param("bias", F.parameter(F.zeros({ dim })))
+  end
+end
+
+function LayerNorm:forward(x)
+  return F.layernorm(x, self.weight, self.bias, self.eps)
+end
+
+-- -- ModuleList: an ordered container; children are named "0", "1", ... --------------
+
+local ModuleList = Module:extend("ModuleList")
+M.ModuleList = ModuleList
+
+-- modules: optional array. The list is also a Lua array: #list, list[i], ipairs(list).
+function ModuleList:init(modules)
+  for _, m in ipairs(modules or {}) do self:append(m) end
+end
+
+function ModuleList:append(module)
+  local i = #self + 1
+  self[i] = module
+  self:add(tostring(i - 1), module)
+  return module
+end
+
+-- Runs the modules in sequence, h = m(h, ...), freeing each intermediate once the next
+-- module has consumed it (the caller keeps x).
+function ModuleList:forward(x, ...)
+  local h = x
+  for i = 1, #self do
+    local y = self[i](h, ...)
+    if h ~= x and h ~= y then F.free(h) end
+    h = y
+  end
+  return h
+end
+
+return M

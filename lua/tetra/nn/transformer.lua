@@ -1,0 +1,149 @@
+-- Transformer pieces: Attention (grouped-query, optional RoPE), SwiGLU and GELU MLPs, and
+-- the pre-norm residual TransformerBlock.
+--
+-- Activations keep the (B, T, H, Dh) layout end to end: the projections write (B, T, H*Dh),
+-- which is viewed (free) as (B, T, H, Dh) for tt_rope and tt_attention and viewed back for
+-- the output projection, so the forward never transposes or copies.
+local F = require("tetra.nn.functional")
+local Module = require("tetra.nn.module")
+local Linear = require("tetra.nn.layers").Linear
+
+local M = {}
+
+local free = F.free
+
+-- -- Attention -------------------------------------------------------------------------
+
+local Attention = Module:extend("Attention")
+M.Attention = Attention
+
+-- cfg: dim, n_heads, n_kv_heads (default n_heads), head_dim (default dim / n_heads),
+-- bias (default false), rope (default true), rope_theta (10000), rope_interleaved
+-- (default false: rotate-half, as in Hugging Face Llama), std (0.02), out_std (std of the
+-- residual output projection, default std), names (default {"wq","wk","wv","wo"}).
+function Attention:init(cfg)
+  local n_heads = cfg.n_heads
+  local n_kv = cfg.n_kv_heads or n_heads
+  assert(n_heads % n_kv == 0, "Attention: n_heads must be a multiple of n_kv_heads")
+  local hd = cfg.head_dim or math.floor(cfg.dim / n_heads)
+  self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv, hd
+  self.rope = cfg.rope ~= false
+  self.rope_theta = cfg.rope_theta or 10000.0
+  self.rope_interleaved = cfg.rope_interleaved or false
+  local std = cfg.std or 0.02
+  local lin = { bias = cfg.bias, std = std }
+  self:add("wq", Linear(cfg.dim, n_heads * hd, lin))
+  self:add("wk", Linear(cfg.dim, n_kv * hd, lin))
+  self:add("wv", Linear(cfg.dim, n_kv * hd, lin))
+  self:add("wo", Linear(n_heads * hd, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std }))
+end
+
+-- x: (B, T, D); positions: (T) index tensor or nil for 0..T-1 -> (B, T, D)
+function Attention:forward(x, positions)
+  local B, T = tonumber(x._shape[0]), tonumber(x._shape[1])
+  local H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
+
+  local function heads(proj, n, rotate)
+    local flat = proj(x)                         -- (B, T, n*Dh)
+    local h = F.view(flat, { B, T, n, hd })      -- (B, T, n, Dh), same storage
+    free(flat)
+    if rotate then
+      local r = F.rope(h, self.rope_theta, positions, self.rope_interleaved)
+      free(h)
+      return r
+    end
+    return h
+  end
+
+  local q = heads(self.wq, H, self.rope)
+  local k = heads(self.wk, Hkv, self.rope)
+  local v = heads(self.wv, Hkv, false)
+  local o = F.causal_attention(q, k, v, positions)  -- (B, T, H, Dh)
+  free(q); free(k); free(v)
+  local flat = F.view(o, { B, T, H * hd })
+  free(o)
+  local y = self.wo(flat)
+  free(flat)
+  return y
+end
+
+-- -- MLPs ------------------------------------------------------------------------------
+
+-- Llama's feed-forward: w2(silu(w1 x) * w3 x).
+local SwiGLU = Module:extend("SwiGLU")
+M.SwiGLU = SwiGLU
+
+-- cfg: dim, hidden, bias (false), std (0.02), out_std (std of w2, default std).
+function SwiGLU:init(cfg)
+  local std = cfg.std or 0.02
+  self:add("w1", Linear(cfg.dim, cfg.hidden, { bias = cfg.bias, std = std }))
+  self:add("w2", Linear(cfg.hidden, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std }))
+  self:add("w3", Linear(cfg.dim, cfg.hidden, { bias = cfg.bias, std = std }))
+end
+
+-- x: (..., D) -> (..., D)
+function SwiGLU:forward(x)
+  local gate, up = self.w1(x), self.w3(x)
+  local h = F.swiglu(gate, up)
+  free(gate); free(up)
+  local y = self.w2(h)
+  free(h)
+  return y
+end
+
+-- GPT-2's feed-forward: c_proj(gelu_tanh(c_fc x)).
+local GeluMLP = Module:extend("GeluMLP")
+M.GeluMLP = GeluMLP
+
+-- cfg: dim, hidden, bias (true), std (0.02), out_std (std of c_proj, default std).
+function GeluMLP:init(cfg)
+  local std = cfg.std or 0.02
+  local bias = cfg.bias ~= false
+  self:add("c_fc", Linear(cfg.dim, cfg.hidden, { bias = bias, std = std }))
+  self:add("c_proj", Linear(cfg.hidden, cfg.dim, { bias = bias, std = cfg.out_std or std }))
+end
+
+function GeluMLP:forward(x)
+  local h = self.c_fc(x)
+  local a = F.gelu(h)
+  free(h)
+  local y = self.c_proj(a)
+  free(a)
+  return y
+end
+
+-- -- TransformerBlock ------------------------------------------------------------------
+
+-- Pre-norm residual block: x = x + attn(norm1(x)); x = x + mlp(norm2(x)).
+local TransformerBlock = Module:extend("TransformerBlock")
+M.TransformerBlock = TransformerBlock
+
+-- parts: { {name, norm1}, {name, attention}, {name, norm2}, {name, mlp} }; the names are
+-- the parameter-name prefixes, e.g. Llama's attention_norm / attention / ffn_norm /
+-- feed_forward or GPT-2's ln_1 / attn / ln_2 / mlp.
+function TransformerBlock:init(parts)
+  assert(#parts == 4, "TransformerBlock: expected {norm1, attention, norm2, mlp}")
+  self._parts = {}
+  for i, p in ipairs(parts) do
+    self:add(p[1], p[2])
+    self._parts[i] = p[2]
+  end
+end
+
+-- x: (B, T, D); extra arguments go to the attention (positions). -> (B, T, D)
+function TransformerBlock:forward(x, ...)
+  local norm1, attn, norm2, mlp = self._parts[1], self._parts[2], self._parts[3], self._parts[4]
+  local h = norm1(x)
+  local a = attn(h, ...)
+  free(h)
+  local x1 = F.add(x, a)
+  free(a)
+  h = norm2(x1)
+  local m = mlp(h)
+  free(h)
+  local y = F.add(x1, m)
+  free(m); free(x1)
+  return y
+end
+
+return M

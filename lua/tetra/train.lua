@@ -1,0 +1,315 @@
+-- tetra.train: the training loop recipes share.
+--
+--   local env = train.setup(cfg, model, data)   -- optimizer, schedule, DP wrapper, metrics
+--   train.run(env)                              -- steps, eval, progress, sample
+--
+-- One optimizer step (env.step):
+--   global batch (train.batch_size sequences) -> this rank's rows (ddp:batch_slice)
+--   -> train.gradient_accumulation_steps micro-batches: forward, loss / accum, backward
+--   -> ddp:finish_grads() (grads now hold the DP average) -> clip to max_grad_norm
+--   -> AdamW with the scheduled lr -> zero grads -> one metrics record.
+--
+-- A data source is any object with `:batch(step, batch_size, seq_len, split)` returning
+-- int64 tokens (batch_size, seq_len + 1) for that step (split "train" or "val"); it must
+-- depend only on (seed, step, split) so that every rank and every layout sees the same
+-- global batch. train.mock_data and tetra.bytetok.dataset are two such sources.
+local ffi = require("ffi")
+local C = require("tetra.ffi").C
+local F = require("tetra.nn.functional")
+local optim = require("tetra.optim")
+local metrics = require("tetra.metrics")
+
+local train = {}
+
+local free = F.free
+
+-- -- Data --------------------------------------------------------------------------------
+
+local MockData = {}
+MockData.__index = MockData
+
+-- Uniform random tokens in [0, vocab_size) drawn from (seed, step, split), leaving the
+-- engine's RNG stream (used for initialisation) where it was.
+function train.mock_data(vocab_size, seed)
+  return setmetatable({ vocab_size = vocab_size, seed = seed or 0 }, MockData)
+end
+
+local shape2 = ffi.new("int64_t[2]")
+local pout = require("tetra.tensor").pout
+local take = require("tetra.tensor").take
+
+function MockData:batch(step, batch_size, seq_len, split)
+  local saved = C.tt_rng_state()
+  C.tt_manual_seed(self.seed * 1000003 + step * 2 + (split == "val" and 1 or 0))
+  shape2[0], shape2[1] = batch_size, seq_len + 1
+  local status = C.tt_tensor_randint(shape2, 2, 0, self.vocab_size, C.TT_I64, pout)
+  C.tt_rng_set_state(saved)
+  return take(status, 2)
+end
+
+-- tokens (b, T + 1) -> inputs (b, T), targets (b, T), both contiguous.
+function train.inputs_targets(tokens)
+  local T = tonumber(tokens._shape[1]) - 1
+  local a, b = F.narrow(tokens, 1, 0, T), F.narrow(tokens, 1, 1, T)
+  local ids, targets = F.contiguous(a), F.contiguous(b)
+  free(a); free(b)
+  return ids, targets
+end
+
+-- Rows [first, first + n) of a (B, ...) tensor, contiguous.
+local function rows(t, first, n)
+  if first == 0 and n == tonumber(t._shape[0]) then return t end
+  local v = F.narrow(t, 0, first, n)
+  local c = F.contiguous(v)
+  free(v)
+  return c
+end
+
+-- Mean cross-entropy of model on tokens (b, T + 1); the logits are freed at once.
+function train.loss(model, tokens)
+  local ids, targets = train.inputs_targets(tokens)
+  local logits = model(ids)                       -- (b, T, V)
+  local loss = F.cross_entropy(logits, targets)
+  free(logits); free(ids); free(targets)
+  return loss
+end
+
+-- -- Distributed ---------------------------------------------------------------------
+
+-- The DP wrapper from tetra.parallel when that library is installed; otherwise the
+-- single-process equivalent (every hook a no-op).
+local single = {}
+single.__index = single
+function single.begin_step() end
+function single.before_backward() end
+function single.finish_grads() end
+function single.optimizer_step(_, opt) opt:step() end
+function single.batch_slice(_, t) return t end
+
+local function distributed(cfg, params)
+  if not package.searchpath("tetra.dist", package.path) then
+    return { rank = 0, size = 1 }, setmetatable({}, single)
+  end
+  local tetra = require("tetra")
+  local mesh = tetra.dist.init(cfg)
+  return mesh, tetra.parallel.data.wrap(params, mesh, cfg)
+end
+
+-- -- Setup -------------------------------------------------------------------------------
+
+local function check_batch(cfg, dp)
+  local t = cfg.train
+  local accum = t.gradient_accumulation_steps or 1
+  if t.batch_size % (dp * accum) ~= 0 then
+    error(string.format("train.batch_size (%d) must be divisible by " ..
+      "parallel.data_parallel_size (%d) x train.gradient_accumulation_steps (%d)",
+      t.batch_size, dp, accum), 0)
+  end
+  return accum, t.batch_size / dp, t.batch_size / (dp * accum)
+end
+
+-- Builds the training environment: env.model, env.optimizer, env.data, env.cfg, env.mesh,
+-- env.ddp, env.schedule, env.step() (one optimizer step, returns its metrics record),
+-- env.evaluate([n_batches]) and env.generate(prompt_ids, opts).
+-- opts: tokenizer (encode/decode, for samples), on_step(record).
+function train.setup(cfg, model, data, opts)
+  opts = opts or {}
+  local t = cfg.train
+  C.tt_manual_seed(t.seed or 0)
+  local params = model:named_parameters()
+  local tensors = {}
+  for i, np in ipairs(params) do tensors[i] = np[2] end
+  local mesh, ddp = distributed(cfg, tensors)
+  local dp = cfg.parallel and cfg.parallel.data_parallel_size or 1
+  local accum, local_batch, micro = check_batch(cfg, dp)
+  local seq_len = cfg.model.seq_len
+
+  local env = {
+    cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp,
+    tokenizer = opts.tokenizer, rank = mesh.rank or 0,
+    optimizer = optim.AdamW(params, { lr = t.lr, beta1 = t.beta1, beta2 = t.beta2,
+                                      eps = t.eps, weight_decay = t.weight_decay }),
+    schedule = optim.schedule({ lr = t.lr, min_lr = t.min_lr, warmup_steps = t.warmup_steps,
+                                steps = t.steps, schedule = t.lr_schedule }),
+    step_count = 0, tokens_seen = 0,
+  }
+
+  -- Average of a per-rank scalar over the DP group (the logged loss is the global mean).
+  local function dp_mean(x)
+    if ddp.all_reduce_mean then return ddp:all_reduce_mean(x) end
+    return x
+  end
+
+  function env.step()
+    local step = env.step_count + 1
+    local t0 = metrics.now()
+    ddp:begin_step()
+    local global = data:batch(step, t.batch_size, seq_len, "train")
+    local mine = ddp:batch_slice(global)
+    local data_wait = metrics.now() - t0
+    local loss_sum = 0.0
+    for m = 0, accum - 1 do
+      local tokens = rows(mine, m * micro, micro)
+      local loss = train.loss(model, tokens)
+      if tokens ~= mine then free(tokens) end
+      loss_sum = loss_sum + F.item(loss)
+      local scaled = accum > 1 and F.scale(loss, 1.0 / accum) or loss
+      ddp:before_backward(m == accum - 1)
+      F.backward(scaled)
+      if scaled ~= loss then free(scaled) end
+      free(loss)
+    end
+    if mine ~= global then free(mine) end
+    free(global)
+    ddp:finish_grads()
+    local grad_norm = env.optimizer:clip_grad_norm(t.max_grad_norm)
+    local lr = env.schedule(step)
+    env.optimizer.lr = lr
+    ddp:optimizer_step(env.optimizer)
+    model:zero_grad()
+    env.step_count = step
+    local tokens = t.batch_size * seq_len
+    env.tokens_seen = env.tokens_seen + tokens
+    local dt = metrics.now() - t0
+    return { step = step, loss = dp_mean(loss_sum / accum), lr = lr, grad_norm = grad_norm,
+             tokens = env.tokens_seen, tokens_per_s = tokens / dt, step_time_s = dt,
+             data_wait_s = data_wait }
+  end
+
+  -- Mean loss over n_batches held-out batches (default train.eval_batches), no tape.
+  function env.evaluate(n_batches)
+    n_batches = n_batches or t.eval_batches or 4
+    return F.no_grad(function()
+      local sum = 0.0
+      for i = 1, n_batches do
+        local global = data:batch(i, local_batch * dp, seq_len, "val")
+        local mine = ddp:batch_slice(global)
+        local loss = train.loss(model, mine)
+        sum = sum + F.item(loss)
+        free(loss)
+        if mine ~= global then free(mine) end
+        free(global)
+      end
+      return dp_mean(sum / n_batches)
+    end)
+  end
+
+  function env.generate(prompt_ids, gen_opts)
+    gen_opts = gen_opts or {}
+    gen_opts.seq_len = gen_opts.seq_len or seq_len
+    return train.generate(model, prompt_ids, gen_opts)
+  end
+
+  return env
+end
+
+-- -- Generation ------------------------------------------------------------------------
+
+-- Index of one token drawn from logits[0 .. V-1] (a float pointer): temperature 0 is
+-- greedy; otherwise softmax(logits / temperature) over the top_k largest (all if nil).
+local function sample(logits, V, temperature, top_k)
+  local best = 0
+  for i = 1, V - 1 do if logits[i] > logits[best] then best = i end end
+  if not temperature or temperature <= 0 then return best end
+  local idx = {}
+  for i = 0, V - 1 do idx[i + 1] = i end
+  if top_k and top_k > 0 and top_k < V then
+    table.sort(idx, function(a, b) return logits[a] > logits[b] end)
+    for i = #idx, top_k + 1, -1 do idx[i] = nil end
+  end
+  local weights, total = {}, 0.0
+  for i, id in ipairs(idx) do
+    weights[i] = math.exp((logits[id] - logits[best]) / temperature)
+    total = total + weights[i]
+  end
+  local r = math.random() * total
+  for i, id in ipairs(idx) do
+    r = r - weights[i]
+    if r <= 0 then return id end
+  end
+  return idx[#idx]
+end
+
+-- Continues prompt_ids (array of token ids) by opts.max_new_tokens (64) tokens, feeding
+-- the last opts.seq_len tokens each time (no KV cache: models here are small).
+-- opts: temperature (0.8), top_k (40), seed (0), seq_len. Returns the new ids (array).
+function train.generate(model, prompt_ids, opts)
+  opts = opts or {}
+  local n_new = opts.max_new_tokens or 64
+  local seq_len = assert(opts.seq_len, "generate: opts.seq_len is required")
+  math.randomseed(opts.seed or 0)
+  local ids = {}
+  for i, id in ipairs(prompt_ids) do ids[i] = id end
+  local out = {}
+  F.no_grad(function()
+    for _ = 1, n_new do
+      local first = math.max(1, #ids - seq_len + 1)
+      local T = #ids - first + 1
+      local x = F.empty({ 1, T }, C.TT_I64)
+      local p = ffi.cast("int64_t *", C.tt_tensor_data(x))
+      for j = 0, T - 1 do p[j] = ids[first + j] end
+      local logits = model(x)                           -- (1, T, V), contiguous
+      local V = tonumber(logits._shape[2])
+      local last = ffi.cast("float *", C.tt_tensor_data(logits)) + (T - 1) * V
+      local id = sample(last, V, opts.temperature or 0.8, opts.top_k or 40)
+      free(logits); free(x)
+      ids[#ids + 1] = id
+      out[#out + 1] = id
+    end
+  end)
+  return out
+end
+
+-- -- The loop ----------------------------------------------------------------------------
+
+-- Runs cfg.train.steps optimizer steps: progress on rank 0 (one updating line on a
+-- terminal, a line every log.interval steps otherwise), the metrics file, eval every
+-- train.eval_every steps and at the end. Returns { first_loss, last_loss, eval_loss,
+-- records, elapsed_s }.
+function train.run(env)
+  local cfg = env.cfg
+  local total = cfg.train.steps
+  local is_main = env.rank == 0
+  local writer = metrics.open(is_main and cfg.log and cfg.log.metrics_file or nil)
+  local tty = is_main and metrics.stdout_is_terminal()
+  local interval = cfg.log and cfg.log.interval or 10
+  local eval_every = cfg.train.eval_every or 0
+  local records, started = {}, metrics.now()
+  local avg_step
+  for step = 1, total do
+    local r = env.step()
+    -- The first steps include warm-up effects (allocator, page faults): an average over
+    -- the recent steps gives a steadier ETA.
+    avg_step = avg_step and (0.9 * avg_step + 0.1 * r.step_time_s) or r.step_time_s
+    if eval_every > 0 and (step % eval_every == 0 or step == total) then
+      r.eval_loss = env.evaluate()
+    end
+    writer:write(r)
+    records[#records + 1] = { step = r.step, loss = r.loss, eval_loss = r.eval_loss }
+    if is_main then
+      local line = metrics.progress_line(r, total, avg_step * (total - step))
+      if tty then
+        io.stdout:write("\r\27[K", line, (step == total or r.eval_loss) and "\n" or "")
+        io.stdout:flush()
+      elseif step == 1 or step % interval == 0 or step == total or r.eval_loss then
+        io.stdout:write(line, "\n")
+        io.stdout:flush()
+      end
+    end
+  end
+  writer:close()
+  return { first_loss = records[1] and records[1].loss, last_loss = records[#records].loss,
+           eval_loss = records[#records].eval_loss, records = records,
+           elapsed_s = metrics.now() - started }
+end
+
+-- Prints a sample continuation of `prompt` (a string) with env.tokenizer, on rank 0.
+function train.print_sample(env, prompt, opts)
+  if env.rank ~= 0 or not env.tokenizer then return end
+  local tok = env.tokenizer
+  local ids = env.generate(tok.encode(prompt), opts)
+  io.stdout:write("\n--- sample ---\n", prompt, tok.decode(ids), "\n--------------\n")
+  io.stdout:flush()
+end
+
+return train

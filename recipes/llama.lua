@@ -1,0 +1,83 @@
+-- Llama (Touvron et al. 2023, "Llama 2"; Meta 2024, "The Llama 3 Herd of Models").
+--
+-- A decoder-only transformer:
+--   tokens -> embedding -> n_layers x [ RMSNorm -> attention -> +residual
+--                                       RMSNorm -> SwiGLU MLP -> +residual ]
+--          -> RMSNorm -> linear head (its own matrix, or the embedding when tied) -> logits
+-- Attention: grouped-query (n_kv_heads key/value heads shared by n_heads query heads),
+-- rotary position embeddings on q and k (rotate-half pairs, base rope_theta), causal.
+-- No biases anywhere. Init: Normal(0, 0.02); the two residual output projections of each
+-- block (attention.wo, feed_forward.w2) use 0.02 / sqrt(2 * n_layers).
+-- Parameter names follow Meta's checkpoints (tok_embeddings, layers.N.attention.wq, ...).
+--
+--   tetra run recipes/llama.lua --set model.dim=512 --set train.steps=100
+local tetra = require("tetra")
+local nn, train = tetra.nn, tetra.train
+local F = nn.functional
+
+local Llama = nn.Module:extend("Llama")
+
+function Llama:init(c)
+  local out_std = nn.residual_std(c.n_layers)
+  self:add("tok_embeddings", nn.Embedding(c.vocab_size, c.dim))
+  self:add("layers", nn.ModuleList())
+  for _ = 1, c.n_layers do
+    self.layers:append(nn.TransformerBlock {
+      { "attention_norm", nn.RMSNorm(c.dim, c.norm_eps) },
+      { "attention", nn.Attention { dim = c.dim, n_heads = c.n_heads,
+                                    n_kv_heads = c.n_kv_heads, rope_theta = c.rope_theta,
+                                    out_std = out_std } },
+      { "ffn_norm", nn.RMSNorm(c.dim, c.norm_eps) },
+      { "feed_forward", nn.SwiGLU { dim = c.dim, hidden = c.ffn_hidden, out_std = out_std } },
+    })
+  end
+  self:add("norm", nn.RMSNorm(c.dim, c.norm_eps))
+  if not c.tie_embeddings then
+    self:add("output", nn.Linear(c.dim, c.vocab_size))
+  end
+end
+
+-- ids: (B, T) int -> logits: (B, T, vocab_size)
+function Llama:forward(ids)
+  local x = self.tok_embeddings(ids)
+  local h = self.layers(x)
+  F.free(x)
+  local n = self.norm(h)
+  F.free(h)
+  local head = self.output and self.output.weight or self.tok_embeddings.weight
+  local logits = F.linear(n, head)
+  F.free(n)
+  return logits
+end
+
+local recipe = {
+  name = "llama",
+  Model = Llama,
+  defaults = {
+    model = { model_name = "llama-tiny", vocab_size = 4096, dim = 256, n_layers = 4,
+              n_heads = 4, n_kv_heads = 4, ffn_hidden = 768, seq_len = 256,
+              norm_eps = 1e-5, rope_theta = 10000.0, tie_embeddings = false },
+    train = { steps = 50, batch_size = 8, gradient_accumulation_steps = 1, lr = 3e-4,
+              min_lr = 3e-5, warmup_steps = 10, lr_schedule = "cosine", weight_decay = 0.1,
+              beta1 = 0.9, beta2 = 0.95, max_grad_norm = 1.0, seed = 0, eval_every = 0 },
+    data = { mock = true },
+  },
+}
+
+function recipe.setup(cfg)
+  local data, tokenizer = train.data_source(cfg)
+  local model = Llama(cfg.model)
+  return train.setup(cfg, model, data, { tokenizer = tokenizer })
+end
+
+function recipe.run(cfg)
+  local env = recipe.setup(cfg)
+  if env.rank == 0 then
+    print(string.format("llama: %.2fM parameters, %d layers, dim %d, seq %d, batch %d",
+      env.model:num_params() / 1e6, cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len,
+      cfg.train.batch_size))
+  end
+  return train.run(env)
+end
+
+return recipe

@@ -1,0 +1,215 @@
+/*
+** Autograd: view backward against finite differences, a two-layer network end to end
+** through the tape against a float64 reference, gradient accumulation, no-grad mode,
+** detach, the grad-ready hook and the tape being freed after backward.
+*/
+#include "tt_test.h"
+
+/* -- View ops ------------------------------------------------------------------------ */
+
+static int op_views(tt_tensor **in, tt_tensor **out, void *ctx) {
+  (void)ctx;
+  /* x (3, 4, 5) -> transpose(0, 2) (5, 4, 3) -> narrow(1, 1, 2) (5, 2, 3)
+  **   -> permute(2, 0, 1) (3, 5, 2) -> view (-1) (30) */
+  tt_tensor *a = NULL, *b = NULL, *c = NULL;
+  int dims[3] = {2, 0, 1};
+  int64_t flat[1] = {-1};
+  int rc = tt_transpose(in[0], 0, 2, &a);
+  if (!rc) rc = tt_narrow(a, 1, 1, 2, &b);
+  if (!rc) rc = tt_permute(b, dims, 3, &c);
+  if (!rc) rc = tt_view(c, flat, 1, out);
+  tt_tensor_release(a);
+  tt_tensor_release(b);
+  tt_tensor_release(c);
+  return rc;
+}
+
+static void ref_views(double *const *in, double *out, void *ctx) {
+  (void)ctx;
+  /* out[(c * 5 + a) * 2 + b] = x[c][1 + b][a] */
+  for (int c = 0; c < 3; c++)
+    for (int a = 0; a < 5; a++)
+      for (int b = 0; b < 2; b++) out[(c * 5 + a) * 2 + b] = in[0][(c * 4 + 1 + b) * 5 + a];
+}
+
+Test(autograd, view_chain) {
+  int64_t shape[3] = {3, 4, 5};
+  tt_tensor *x = tt_test_rand(shape, 3, 1);
+  int check[1] = {1};
+  tt_test_check_forward(op_views, ref_views, &x, 1, NULL, 0, 0);
+  tt_test_check_backward(op_views, ref_views, &x, 1, check, NULL, 1e-6, 1e-6);
+  tt_tensor_release(x);
+}
+
+static int op_expand(tt_tensor **in, tt_tensor **out, void *ctx) {
+  (void)ctx;
+  int64_t shape[3] = {2, 3, 4};   /* x (3, 1) -> (2, 3, 4) */
+  return tt_expand(in[0], shape, 3, out);
+}
+
+static void ref_expand(double *const *in, double *out, void *ctx) {
+  (void)ctx;
+  for (int i = 0; i < 24; i++) out[i] = in[0][(i / 4) % 3];
+}
+
+Test(autograd, expand_sums_broadcast_dims) {
+  int64_t shape[2] = {3, 1};
+  tt_tensor *x = tt_test_rand(shape, 2, 2);
+  int check[1] = {1};
+  tt_test_check_forward(op_expand, ref_expand, &x, 1, NULL, 0, 0);
+  tt_test_check_backward(op_expand, ref_expand, &x, 1, check, NULL, 1e-6, 1e-6);
+  tt_tensor_release(x);
+}
+
+/* -- Two-layer network --------------------------------------------------------------- */
+/* x (5, 7); W1 (6, 7); b1 (6); W2 (3, 6).
+** loss = mean( (silu(x W1^T + b1) W2^T)^2 ), a scalar. */
+
+enum { N = 5, D_IN = 7, D_H = 6, D_OUT = 3 };
+
+static int op_net(tt_tensor **in, tt_tensor **out, void *ctx) {
+  (void)ctx;
+  tt_tensor *h = NULL, *a = NULL, *o = NULL, *sq = NULL;
+  int rc = tt_linear(in[0], in[1], in[2], &h);
+  if (!rc) rc = tt_silu(h, &a);
+  if (!rc) rc = tt_linear(a, in[3], NULL, &o);
+  if (!rc) rc = tt_mul(o, o, &sq);
+  if (!rc) rc = tt_mean(sq, NULL, 0, 0, out);
+  tt_tensor_release(h);
+  tt_tensor_release(a);
+  tt_tensor_release(o);
+  tt_tensor_release(sq);
+  return rc;
+}
+
+static void ref_net(double *const *in, double *out, void *ctx) {
+  (void)ctx;
+  const double *x = in[0], *w1 = in[1], *b1 = in[2], *w2 = in[3];
+  double total = 0.0;
+  for (int n = 0; n < N; n++) {
+    double a[D_H];
+    for (int j = 0; j < D_H; j++) {
+      double h = b1[j];
+      for (int k = 0; k < D_IN; k++) h += x[n * D_IN + k] * w1[j * D_IN + k];
+      a[j] = h / (1.0 + exp(-h));
+    }
+    for (int m = 0; m < D_OUT; m++) {
+      double o = 0.0;
+      for (int j = 0; j < D_H; j++) o += a[j] * w2[m * D_H + j];
+      total += o * o;
+    }
+  }
+  out[0] = total / (N * D_OUT);
+}
+
+Test(autograd, two_layer_network_end_to_end) {
+  int64_t sx[2] = {N, D_IN}, s1[2] = {D_H, D_IN}, sb[1] = {D_H}, s2[2] = {D_OUT, D_H};
+  tt_tensor *in[4] = {tt_test_rand(sx, 2, 3), tt_test_rand_strided(s1, 2, 4),
+                      tt_test_rand(sb, 1, 5), tt_test_rand(s2, 2, 6)};
+  int check[4] = {1, 1, 1, 1};
+  tt_test_check_forward(op_net, ref_net, in, 4, NULL, 1e-5, 1e-7);
+  tt_test_check_backward(op_net, ref_net, in, 4, check, NULL, 1e-4, 1e-6);
+  cr_assert_eq(tt_tape_size(), 0, "backward left %lld nodes on the tape", (long long)tt_tape_size());
+  for (int i = 0; i < 4; i++) tt_tensor_release(in[i]);
+}
+
+/* Sum-of-squares loss over a batch: accumulating the gradients of two half batches
+** equals the gradient of the whole batch in one call. */
+static double loss_and_backward(tt_tensor *x, tt_tensor *w) {
+  tt_tensor *o = NULL, *sq = NULL, *loss = NULL;
+  cr_assert(tt_linear(x, w, NULL, &o) == 0, "%s", tt_last_error());
+  cr_assert(tt_mul(o, o, &sq) == 0);
+  cr_assert(tt_sum(sq, NULL, 0, 0, &loss) == 0);
+  cr_assert(tt_backward(loss) == 0, "%s", tt_last_error());
+  double v = tt_tensor_get(loss, 0);
+  tt_tensor_release(o);
+  tt_tensor_release(sq);
+  tt_tensor_release(loss);
+  return v;
+}
+
+Test(autograd, gradient_accumulation) {
+  int64_t sx[2] = {8, 5}, sw[2] = {4, 5};
+  tt_tensor *x = tt_test_rand(sx, 2, 10), *w = tt_test_rand(sw, 2, 11);
+  tt_tensor *x1 = NULL, *x2 = NULL;
+  cr_assert(tt_narrow(x, 0, 0, 4, &x1) == 0);
+  cr_assert(tt_narrow(x, 0, 4, 4, &x2) == 0);
+  tt_set_requires_grad(w, 1);
+  double whole = loss_and_backward(x, w);
+  double full_grad[20];
+  cr_assert(tt_tensor_to_f64(w->grad, full_grad) == 0);
+  tt_zero_grad(w);
+  double half = loss_and_backward(x1, w) + loss_and_backward(x2, w);
+  cr_assert(fabs(whole - half) <= 1e-5 * fabs(whole));
+  tt_test_assert_close(w->grad, full_grad, 20, 1e-5, 1e-6, "accumulated gradient");
+  tt_tensor *all[] = {x, w, x1, x2};
+  for (int i = 0; i < 4; i++) tt_tensor_release(all[i]);
+}
+
+Test(autograd, no_grad_and_detach) {
+  int64_t s[2] = {3, 4};
+  tt_tensor *x = tt_test_rand(s, 2, 20), *y = NULL, *d = NULL, *z = NULL, *l = NULL;
+  tt_set_requires_grad(x, 1);
+  tt_set_grad_enabled(0);
+  cr_assert(tt_mul(x, x, &y) == 0);
+  tt_set_grad_enabled(1);
+  cr_assert_eq(tt_tape_size(), 0);
+  cr_assert(!y->requires_grad);
+  tt_test_assert_error(tt_backward(y), "backward");
+  /* d = detach(x): z = x * d has gradient d (not 2x). */
+  cr_assert(tt_detach(x, &d) == 0);
+  cr_assert(!d->requires_grad);
+  cr_assert(tt_mul(x, d, &z) == 0);
+  cr_assert(tt_sum(z, NULL, 0, 0, &l) == 0);
+  cr_assert(tt_backward(l) == 0);
+  for (int i = 0; i < 12; i++)
+    cr_assert_float_eq(tt_tensor_get(x->grad, i), tt_tensor_get(x, i), 1e-7);
+  tt_test_assert_error(tt_set_requires_grad(z, 0), "only leaf tensors");
+  tt_tensor *all[] = {x, y, d, z, l};
+  for (int i = 0; i < 5; i++) tt_tensor_release(all[i]);
+}
+
+typedef struct hook_log {
+  int calls;
+  double grad_sum_at_hook[4];
+  tt_tensor *leaves[4];
+} hook_log;
+
+static void on_ready(tt_tensor *leaf, void *ud) {
+  hook_log *log = ud;
+  for (int i = 0; i < 4; i++)
+    if (log->leaves[i] == leaf) {
+      double s = 0;
+      for (int64_t k = 0; k < tt_tensor_numel(leaf->grad); k++) s += tt_tensor_get(leaf->grad, k);
+      log->grad_sum_at_hook[i] = s;
+    }
+  log->calls++;
+}
+
+Test(autograd, grad_ready_hook_fires_once_per_leaf_when_complete) {
+  int64_t sx[2] = {N, D_IN}, s1[2] = {D_H, D_IN}, sb[1] = {D_H}, s2[2] = {D_OUT, D_H};
+  tt_tensor *in[4] = {tt_test_rand(sx, 2, 3), tt_test_rand(s1, 2, 4), tt_test_rand(sb, 1, 5),
+                      tt_test_rand(s2, 2, 6)};
+  hook_log log = {0};
+  for (int i = 1; i < 4; i++) {
+    tt_set_requires_grad(in[i], 1);
+    log.leaves[i] = in[i];
+  }
+  /* W2 is used twice: the hook must wait for both contributions. */
+  tt_tensor *loss = NULL, *extra = NULL, *total = NULL, *s = NULL;
+  cr_assert(op_net(in, &loss, NULL) == 0);
+  cr_assert(tt_sum(in[3], NULL, 0, 0, &s) == 0);
+  cr_assert(tt_scale(s, 0.5, &extra) == 0);
+  cr_assert(tt_add(loss, extra, &total) == 0);
+  tt_set_grad_ready_hook(on_ready, &log);
+  cr_assert(tt_backward(total) == 0, "%s", tt_last_error());
+  tt_set_grad_ready_hook(NULL, NULL);
+  cr_assert_eq(log.calls, 3);
+  for (int i = 1; i < 4; i++) {
+    double final = 0;
+    for (int64_t k = 0; k < tt_tensor_numel(in[i]); k++) final += tt_tensor_get(in[i]->grad, k);
+    cr_assert_float_eq(log.grad_sum_at_hook[i], final, 1e-12);
+  }
+  tt_tensor *all[] = {in[0], in[1], in[2], in[3], loss, extra, total, s};
+  for (int i = 0; i < 8; i++) tt_tensor_release(all[i]);
+}

@@ -1,0 +1,271 @@
+/*
+** Tensors: creation, views sharing storage, contiguous copies, casts between the float
+** formats (round-to-nearest-even, saturation, NaN/Inf), allocator accounting, bad input.
+*/
+#include "tt_test.h"
+#include <math.h>
+
+static tt_tensor *arange_f32(int64_t n) {
+  tt_tensor *t = NULL;
+  cr_assert(tt_tensor_empty(&n, 1, TT_F32, TT_CPU, &t) == 0);
+  for (int64_t i = 0; i < n; i++) ((float *)tt_tensor_data(t))[i] = (float)i;
+  return t;
+}
+
+Test(tensor, create_and_fill) {
+  int64_t shape[3] = {3, 5, 7};
+  tt_tensor *z = NULL, *f = NULL;
+  cr_assert(tt_tensor_zeros(shape, 3, TT_F32, TT_CPU, &z) == 0);
+  cr_assert(tt_tensor_full(shape, 3, TT_I64, TT_CPU, -4.0, &f) == 0);
+  cr_assert_eq(tt_tensor_numel(z), 105);
+  cr_assert(tt_tensor_is_contiguous(z));
+  cr_assert_eq(z->stride[0], 35);
+  cr_assert_eq(z->stride[2], 1);
+  for (int64_t i = 0; i < 105; i++) {
+    cr_assert_eq(tt_tensor_get(z, i), 0.0);
+    cr_assert_eq(tt_tensor_get(f, i), -4.0);
+  }
+  char buf[64];
+  cr_assert_str_eq(tt_tensor_describe(f, buf, sizeof buf), "i64[3, 5, 7] cpu");
+  tt_tensor_release(z);
+  tt_tensor_release(f);
+}
+
+Test(tensor, views_share_storage) {
+  tt_tensor *t = arange_f32(24), *v = NULL, *tr = NULL, *nr = NULL, *pm = NULL;
+  int64_t shape[3] = {2, 3, 4};
+  cr_assert(tt_view(t, shape, 3, &v) == 0);
+  cr_assert_eq(v->storage, t->storage);
+  /* transpose(0, 2): element [i][j][k] of tr is v[k][j][i] = k*12 + j*4 + i */
+  cr_assert(tt_transpose(v, 0, 2, &tr) == 0);
+  cr_assert_eq(tr->shape[0], 4);
+  cr_assert(!tt_tensor_is_contiguous(tr));
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++)
+      for (int k = 0; k < 2; k++)
+        cr_assert_eq(tt_tensor_get(tr, (i * 3 + j) * 2 + k), k * 12 + j * 4 + i);
+  /* narrow dim 1 to [1, 3) of v: v[i][1 + j][k] */
+  cr_assert(tt_narrow(v, 1, 1, 2, &nr) == 0);
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++)
+      for (int k = 0; k < 4; k++)
+        cr_assert_eq(tt_tensor_get(nr, (i * 2 + j) * 4 + k), i * 12 + (1 + j) * 4 + k);
+  /* permute (1, 2, 0): pm[a][b][c] = v[c][a][b] */
+  int dims[3] = {1, 2, 0};
+  cr_assert(tt_permute(v, dims, 3, &pm) == 0);
+  for (int a = 0; a < 3; a++)
+    for (int b = 0; b < 4; b++)
+      for (int c = 0; c < 2; c++)
+        cr_assert_eq(tt_tensor_get(pm, (a * 4 + b) * 2 + c), c * 12 + a * 4 + b);
+  /* Writing through a view is seen by the base. */
+  cr_assert(tt_tensor_set(nr, 0, 100.0) == 0);
+  cr_assert_eq(tt_tensor_get(t, 4), 100.0);
+  tt_tensor *views[] = {t, v, tr, nr, pm};
+  for (int i = 0; i < 5; i++) tt_tensor_release(views[i]);
+}
+
+Test(tensor, contiguous_and_reshape_of_strided) {
+  tt_tensor *t = arange_f32(12), *v = NULL, *tr = NULL, *c = NULL, *r = NULL;
+  int64_t shape[2] = {3, 4}, flat[1] = {-1};
+  cr_assert(tt_view(t, shape, 2, &v) == 0);
+  cr_assert(tt_transpose(v, 0, 1, &tr) == 0);
+  cr_assert(tt_contiguous(tr, &c) == 0);
+  cr_assert(tt_tensor_is_contiguous(c));
+  cr_assert_neq(c->storage, t->storage);
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++) cr_assert_eq(tt_tensor_get(c, i * 3 + j), j * 4 + i);
+  /* Reshaping a non-contiguous view copies (reshape semantics) and infers -1. */
+  cr_assert(tt_view(tr, flat, 1, &r) == 0);
+  cr_assert_eq(r->shape[0], 12);
+  for (int i = 0; i < 12; i++) cr_assert_eq(tt_tensor_get(r, i), tt_tensor_get(c, i));
+  tt_tensor *all[] = {t, v, tr, c, r};
+  for (int i = 0; i < 5; i++) tt_tensor_release(all[i]);
+}
+
+Test(tensor, expand_is_zero_stride) {
+  tt_tensor *t = arange_f32(3), *e = NULL;
+  int64_t shape[3] = {2, 4, 3};
+  cr_assert(tt_expand(t, shape, 3, &e) == 0);
+  cr_assert_eq(e->stride[0], 0);
+  cr_assert_eq(e->stride[1], 0);
+  for (int i = 0; i < 24; i++) cr_assert_eq(tt_tensor_get(e, i), i % 3);
+  int64_t bad[2] = {2, 4};
+  tt_tensor *x = NULL;
+  tt_test_assert_error(tt_expand(t, bad, 2, &x), "cannot expand [3] to [2, 4]");
+  tt_tensor_release(t);
+  tt_tensor_release(e);
+}
+
+Test(tensor, bad_shapes_rejected) {
+  tt_tensor *t = arange_f32(12), *x = NULL;
+  int64_t s1[2] = {5, 3}, s2[2] = {-1, -1}, s3[2] = {5, -1};
+  tt_test_assert_error(tt_view(t, s1, 2, &x), "view: shape [5, 3] has 15 elements");
+  tt_test_assert_error(tt_view(t, s2, 2, &x), "only one dimension can be -1");
+  tt_test_assert_error(tt_view(t, s3, 2, &x), "cannot infer -1");
+  tt_test_assert_error(tt_narrow(t, 0, 10, 5, &x), "out of bounds");
+  tt_test_assert_error(tt_transpose(t, 0, 3, &x), "dim 3 out of range");
+  int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  tt_test_assert_error(tt_tensor_empty(nine, 9, TT_F32, TT_CPU, &x), "at most 8");
+  int64_t neg[1] = {-2};
+  tt_test_assert_error(tt_tensor_empty(neg, 1, TT_F32, TT_CPU, &x), "negative size");
+  tt_test_assert_error(tt_to_device(t, 0, &x), "cuda:0 is not available");
+  tt_tensor_release(t);
+}
+
+/* -- Casts --------------------------------------------------------------------------- */
+
+Test(cast, bf16_round_to_nearest_even) {
+  /* 1 + 2^-8 is exactly halfway between bf16 neighbours 1 and 1 + 2^-7: ties to even (1).
+  ** 1 + 3*2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6). */
+  cr_assert_eq(tt_bf16_to_float(tt_float_to_bf16(1.0f + 0x1p-8f)), 1.0f);
+  cr_assert_eq(tt_bf16_to_float(tt_float_to_bf16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
+  cr_assert_eq(tt_bf16_to_float(tt_float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f)), 1.0f + 0x1p-7f);
+  cr_assert(isinf(tt_bf16_to_float(tt_float_to_bf16(INFINITY))));
+  cr_assert(isnan(tt_bf16_to_float(tt_float_to_bf16(NAN))));
+  cr_assert(isinf(tt_bf16_to_float(tt_float_to_bf16(3.4e38f))));   /* rounds past max */
+  /* Round trip of every bf16 bit pattern (finite ones) is exact. */
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = tt_bf16_to_float((uint16_t)h);
+    if (isnan(f)) continue;
+    cr_assert_eq(tt_float_to_bf16(f), h, "bf16 pattern %04x", h);
+  }
+}
+
+Test(cast, f16_round_trip_and_rounding) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = tt_f16_to_float((uint16_t)h);
+    if (isnan(f)) {
+      cr_assert(isnan(tt_f16_to_float(tt_float_to_f16(f))));
+      continue;
+    }
+    cr_assert_eq(tt_float_to_f16(f), h, "f16 pattern %04x (%g)", h, f);
+  }
+  cr_assert_eq(tt_f16_to_float(tt_float_to_f16(65504.0f)), 65504.0f);
+  cr_assert(isinf(tt_f16_to_float(tt_float_to_f16(65520.0f))));   /* halfway past max: inf */
+  cr_assert_eq(tt_f16_to_float(tt_float_to_f16(0x1p-24f)), 0x1p-24f);   /* smallest subnormal */
+  cr_assert_eq(tt_f16_to_float(tt_float_to_f16(0x1p-26f)), 0.0f);       /* below half of it */
+  /* 2049 is halfway between 2048 and 2050: ties to even mantissa (2048). */
+  cr_assert_eq(tt_f16_to_float(tt_float_to_f16(2049.0f)), 2048.0f);
+  cr_assert_eq(tt_f16_to_float(tt_float_to_f16(2051.0f)), 2052.0f);
+}
+
+/* float64 reference for fp8: the nearest representable value, ties to even code. */
+static float fp8_reference(float x, int dtype) {
+  float best = 0.0f;
+  int best_code = -1;
+  for (int c = 0; c < 256; c++) {
+    float v = tt_fp8_to_float((uint8_t)c, dtype);
+    if (!isfinite(v)) continue;
+    double d = fabs((double)v - x), bd = fabs((double)best - x);
+    if (best_code < 0 || d < bd || (d == bd && (c & 1) == 0 && (best_code & 1))) {
+      best = v;
+      best_code = c;
+    }
+  }
+  return best;
+}
+
+Test(cast, fp8_formats) {
+  cr_assert_eq(tt_fp8_to_float(0x7e, TT_E4M3), 448.0f);
+  cr_assert(isnan(tt_fp8_to_float(0x7f, TT_E4M3)));
+  cr_assert_eq(tt_fp8_to_float(0x7b, TT_E5M2), 57344.0f);
+  cr_assert(isinf(tt_fp8_to_float(0x7c, TT_E5M2)));
+  cr_assert_eq(tt_fp8_to_float(0x01, TT_E4M3), 0x1p-9f);
+  cr_assert_eq(tt_fp8_to_float(0x01, TT_E5M2), 0x1p-16f);
+  /* Saturation instead of overflow, for both signs and for infinities. */
+  cr_assert_eq(tt_fp8_to_float(tt_float_to_fp8(1e6f, TT_E4M3), TT_E4M3), 448.0f);
+  cr_assert_eq(tt_fp8_to_float(tt_float_to_fp8(-INFINITY, TT_E4M3), TT_E4M3), -448.0f);
+  cr_assert_eq(tt_fp8_to_float(tt_float_to_fp8(1e9f, TT_E5M2), TT_E5M2), 57344.0f);
+  cr_assert(isnan(tt_fp8_to_float(tt_float_to_fp8(NAN, TT_E4M3), TT_E4M3)));
+  cr_assert(isnan(tt_fp8_to_float(tt_float_to_fp8(NAN, TT_E5M2), TT_E5M2)));
+  /* Every code round-trips; random values round to the nearest code. */
+  int dts[2] = {TT_E4M3, TT_E5M2};
+  for (int k = 0; k < 2; k++) {
+    for (int c = 0; c < 256; c++) {
+      float v = tt_fp8_to_float((uint8_t)c, dts[k]);
+      if (!isfinite(v) || (v == 0.0f && c == 0x80)) continue;
+      cr_assert_eq(tt_float_to_fp8(v, dts[k]), c, "fp8 %s code %02x", tt_dtype_name(dts[k]), c);
+    }
+    uint64_t seed = 7;
+    for (int i = 0; i < 20000; i++) {
+      float x = (float)(tt_test_uniform(&seed) * (k ? 60000.0 : 460.0));
+      if (i % 3 == 0) x *= 1e-3f;
+      float got = tt_fp8_to_float(tt_float_to_fp8(x, dts[k]), dts[k]);
+      cr_assert_eq(got, fp8_reference(x, dts[k]), "%s of %.9g", tt_dtype_name(dts[k]), x);
+    }
+  }
+}
+
+Test(cast, tensor_cast_strided) {
+  int64_t shape[2] = {7, 5};
+  tt_tensor *x = tt_test_rand_strided(shape, 2, 3), *b = NULL, *back = NULL;
+  cr_assert(tt_cast(x, TT_BF16, &b) == 0, "%s", tt_last_error());
+  cr_assert(tt_cast(b, TT_F32, &back) == 0);
+  for (int i = 0; i < 35; i++) {
+    double v = tt_tensor_get(x, i);
+    cr_assert_eq(tt_tensor_get(back, i), tt_bf16_to_float(tt_float_to_bf16((float)v)));
+    cr_assert(fabs(tt_tensor_get(back, i) - v) <= fabs(v) * 0x1p-8);
+  }
+  tt_tensor_release(x);
+  tt_tensor_release(b);
+  tt_tensor_release(back);
+}
+
+/* -- Allocator ----------------------------------------------------------------------- */
+
+Test(alloc, live_peak_and_cache) {
+  tt_alloc_stats s0, s1, s2, s3;
+  tt_alloc_empty_cache(TT_CPU);
+  tt_alloc_reset_peak(TT_CPU);
+  cr_assert(tt_alloc_stats_get(TT_CPU, &s0) == 0);
+  int64_t shape[1] = {1000};   /* 4000 bytes -> size class 4096 */
+  tt_tensor *a = NULL, *b = NULL;
+  cr_assert(tt_tensor_empty(shape, 1, TT_F32, TT_CPU, &a) == 0);
+  cr_assert(tt_alloc_stats_get(TT_CPU, &s1) == 0);
+  cr_assert_eq(s1.live_bytes - s0.live_bytes, 4096);
+  cr_assert_geq(s1.peak_bytes, s1.live_bytes);
+  void *first = tt_tensor_data(a);
+  tt_tensor_release(a);
+  cr_assert(tt_alloc_stats_get(TT_CPU, &s2) == 0);
+  cr_assert_eq(s2.live_bytes, s0.live_bytes);
+  cr_assert_eq(s2.cached_bytes - s0.cached_bytes, 4096);
+  cr_assert_eq(s2.peak_bytes, s1.peak_bytes);   /* peak stays */
+  /* Same size class again: served from the cache, same block. */
+  cr_assert(tt_tensor_empty(shape, 1, TT_F32, TT_CPU, &b) == 0);
+  cr_assert(tt_alloc_stats_get(TT_CPU, &s3) == 0);
+  cr_assert_eq(tt_tensor_data(b), first);
+  cr_assert_eq(s3.num_cache_hits - s2.num_cache_hits, 1);
+  tt_tensor_release(b);
+  tt_alloc_empty_cache(TT_CPU);
+  cr_assert(tt_alloc_stats_get(TT_CPU, &s3) == 0);
+  cr_assert_eq(s3.cached_bytes, 0);
+}
+
+Test(alloc, views_keep_storage_alive) {
+  tt_tensor *t = arange_f32(10), *v = NULL;
+  cr_assert(tt_narrow(t, 0, 2, 3, &v) == 0);
+  tt_tensor_release(t);   /* the view still holds the storage */
+  cr_assert_eq(tt_tensor_get(v, 0), 2.0);
+  tt_tensor_release(v);
+}
+
+Test(rng, seeded_and_restorable) {
+  int64_t shape[1] = {1001};
+  tt_tensor *a = NULL, *b = NULL, *c = NULL;
+  tt_manual_seed(42);
+  cr_assert(tt_tensor_randn(shape, 1, 0.0, 1.0, &a) == 0);
+  uint64_t state = tt_rng_state();
+  cr_assert(tt_tensor_randn(shape, 1, 0.0, 1.0, &b) == 0);
+  tt_rng_set_state(state);
+  cr_assert(tt_tensor_randn(shape, 1, 0.0, 1.0, &c) == 0);
+  double mean = 0, var = 0;
+  for (int i = 0; i < 1001; i++) {
+    cr_assert_eq(tt_tensor_get(b, i), tt_tensor_get(c, i));
+    mean += tt_tensor_get(a, i) / 1001.0;
+  }
+  for (int i = 0; i < 1001; i++) var += pow(tt_tensor_get(a, i) - mean, 2) / 1000.0;
+  cr_assert(fabs(mean) < 0.1 && fabs(var - 1.0) < 0.15, "mean %g var %g", mean, var);
+  tt_tensor_release(a);
+  tt_tensor_release(b);
+  tt_tensor_release(c);
+}
