@@ -67,8 +67,6 @@ static inline float tt_vexpf(float x) {
 /* 1 / (1 + exp(-x)) */
 static inline float tt_vsigmoidf(float x) { return 1.0f / (1.0f + tt_vexpf(-x)); }
 
-/* tanh(x) = 1 - 2 / (exp(2x) + 1): absolute error ~1e-7, which is what GELU needs. */
-static inline float tt_vtanhf(float x) { return 1.0f - 2.0f / (tt_vexpf(2.0f * x) + 1.0f); }
 #endif
 
 #endif

@@ -18,22 +18,24 @@ local F = nn.functional
 local Llama = nn.Module:extend("Llama")
 
 function Llama:init(c)
-  local out_std = nn.residual_std(c.n_layers)
-  self:add("tok_embeddings", nn.Embedding(c.vocab_size, c.dim))
+  local std = c.init_std or 0.02
+  local out_std = nn.residual_std(c.n_layers, std)
+  self:add("tok_embeddings", nn.Embedding(c.vocab_size, c.dim, { std = std }))
   self:add("layers", nn.ModuleList())
   for _ = 1, c.n_layers do
     self.layers:append(nn.TransformerBlock {
       { "attention_norm", nn.RMSNorm(c.dim, c.norm_eps) },
       { "attention", nn.Attention { dim = c.dim, n_heads = c.n_heads,
                                     n_kv_heads = c.n_kv_heads, rope_theta = c.rope_theta,
-                                    out_std = out_std } },
+                                    std = std, out_std = out_std } },
       { "ffn_norm", nn.RMSNorm(c.dim, c.norm_eps) },
-      { "feed_forward", nn.SwiGLU { dim = c.dim, hidden = c.ffn_hidden, out_std = out_std } },
+      { "feed_forward", nn.SwiGLU { dim = c.dim, hidden = c.ffn_hidden, std = std,
+                                    out_std = out_std } },
     })
   end
   self:add("norm", nn.RMSNorm(c.dim, c.norm_eps))
   if not c.tie_embeddings then
-    self:add("output", nn.Linear(c.dim, c.vocab_size))
+    self:add("output", nn.Linear(c.dim, c.vocab_size, { std = std }))
   end
 end
 
@@ -54,12 +56,12 @@ local recipe = {
   name = "llama",
   Model = Llama,
   defaults = {
-    model = { model_name = "llama-tiny", vocab_size = 4096, dim = 256, n_layers = 4,
-              n_heads = 4, n_kv_heads = 4, ffn_hidden = 768, seq_len = 256,
-              norm_eps = 1e-5, rope_theta = 10000.0, tie_embeddings = false },
-    train = { steps = 50, batch_size = 8, gradient_accumulation_steps = 1, lr = 3e-4,
-              min_lr = 3e-5, warmup_steps = 10, lr_schedule = "cosine", weight_decay = 0.1,
-              beta1 = 0.9, beta2 = 0.95, max_grad_norm = 1.0, seed = 0, eval_every = 0 },
+    model = { vocab_size = 4096, dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
+              ffn_hidden = 768, seq_len = 256, norm_eps = 1e-5, rope_theta = 10000.0,
+              tie_embeddings = false, init_std = 0.02 },
+    train = { steps = 50, batch_size = 8, lr = 3e-4, min_lr = 3e-5, warmup_steps = 10,
+              lr_schedule = "cosine", weight_decay = 0.1, max_grad_norm = 1.0 },
+    optim = { name = "adamw", beta1 = 0.9, beta2 = 0.95, eps = 1e-8 },
     data = { mock = true },
   },
 }

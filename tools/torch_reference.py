@@ -5,10 +5,12 @@ Run with Debian's PyTorch 1.13 (`/usr/bin/python3 tools/torch_reference.py`). Fo
 Llama and a tiny GPT-2 it writes into tests/fixtures/:
 
   <name>.safetensors        initial weights (Tetra's parameter names) + the fixed batch
-                            (`batch.input_ids`, `batch.targets`, int64)
+                            (`batch.input_ids`, `batch.targets`, int64); its __metadata__
+                            holds the model and optimizer settings (`model.dim`,
+                            `optim.lr` ...) and the expected results: `expected.loss`
+                            (initial loss), `expected.losses` and `expected.grad_norms`
+                            (comma-separated, one per AdamW step), `expected.params`
   <name>_grads.safetensors  the gradient of every parameter at the initial weights
-  <name>.json               model and optimizer settings, the initial loss, and the loss
-                            and gradient norm of each of 10 AdamW steps on the batch
 
 The models here are written to match recipes/llama.lua and recipes/gpt2.lua op for op
 (rotate-half RoPE, grouped-query attention where query head h reads kv head
@@ -244,7 +246,6 @@ def write_fixture(outdir, name, model_cls, config):
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     weights["batch.input_ids"] = ids
     weights["batch.targets"] = targets
-    save_safetensors(os.path.join(outdir, name + ".safetensors"), weights)
 
     loss = model(ids, targets)
     loss.backward()
@@ -264,13 +265,15 @@ def write_fixture(outdir, name, model_cls, config):
         losses.append(loss.item())
         grad_norms.append(norm.item())
 
-    summary = {"model": config, "optim": OPTIM, "batch_size": BATCH_SIZE, "seed": SEED,
-               "torch_version": torch.__version__, "loss": initial_loss,
-               "losses": losses, "grad_norms": grad_norms,
-               "params": [n for n, _ in model.named_parameters()]}
-    with open(os.path.join(outdir, name + ".json"), "w") as f:
-        json.dump(summary, f, indent=1)
-        f.write("\n")
+    meta = {"torch_version": torch.__version__, "batch_size": str(BATCH_SIZE),
+            "seed": str(SEED), "expected.loss": repr(initial_loss),
+            "expected.losses": ",".join(repr(x) for x in losses),
+            "expected.grad_norms": ",".join(repr(x) for x in grad_norms),
+            "expected.params": ",".join(n for n, _ in model.named_parameters())}
+    meta.update({"model." + k: str(v).lower() if isinstance(v, bool) else repr(v)
+                 for k, v in config.items()})
+    meta.update({"optim." + k: repr(v) for k, v in OPTIM.items()})
+    save_safetensors(os.path.join(outdir, name + ".safetensors"), weights, meta)
     print(f"{name}: loss {initial_loss:.6f} -> {losses[-1]:.6f} after {len(losses)} steps")
 
 

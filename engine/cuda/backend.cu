@@ -188,7 +188,7 @@ int tt_cuda_sm_count(void) {
   return d >= 0 && d < MAX_GPUS && g_sm_count[d] > 0 ? g_sm_count[d] : 132;
 }
 
-cudaStream_t tt_cuda_stream(void) { return g_stream; }
+cudaStream_t tt_cuda_cur_stream(void) { return g_stream; }
 
 int tt_cuda_blaslt(cublasLtHandle_t *handle, void **workspace, size_t *workspace_bytes) {
   int d = tt_cuda_current_device();

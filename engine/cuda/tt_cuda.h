@@ -49,7 +49,7 @@ static inline bool tt_cu_ok(cublasStatus_t e) { return e == CUBLAS_STATUS_SUCCES
 
 /* The stream every kernel launches on (tt_cuda_set_stream; the legacy default stream
 ** until set). */
-cudaStream_t tt_cuda_stream(void);
+cudaStream_t tt_cuda_cur_stream(void);
 /* The cuBLASLt handle and a workspace of tt_cuda_workspace_bytes on the current device.
 ** Created on first use; -1 with the message set on failure. */
 int tt_cuda_blaslt(cublasLtHandle_t *handle, void **workspace, size_t *workspace_bytes);
@@ -57,6 +57,9 @@ int tt_cuda_blaslt(cublasLtHandle_t *handle, void **workspace, size_t *workspace
 ** kernel tables through weak references, which do not pull members out of a static
 ** library; this function's strong references (kernels_linked.cu) do. */
 int tt_cuda_kernels_linked(void);
+/* Each kernels/cuda file names its family once (TT_CUDA_FAMILY(norm)): a symbol that
+** kernels_linked.cu references strongly. */
+#define TT_CUDA_FAMILY(fam) extern "C" const char tt_cuda_family_##fam[] = #fam;
 /* Multiprocessor count of the current device (for grid sizing). */
 int tt_cuda_sm_count(void);
 

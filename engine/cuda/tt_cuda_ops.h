@@ -25,6 +25,25 @@ int tt_cuda_fp8_quantize(const void *x, int x_dtype, int64_t n, float scale, int
 int tt_cuda_fp8_dequantize(const void *q, int fp8_dtype, int64_t n, float scale,
                            float *out);
 
+/* Row-major C (m, n) = alpha op(A) op(B) + beta C [+ bias (n) on every row], batched with
+** element strides (0 shares a matrix), through cuBLASLt with fp32 accumulation. Operand
+** dtypes: f32 (tf32 when allow_tf32), bf16, f16, or fp8 (e4m3/e5m2, sm_89+, with a_scale /
+** b_scale: device f32 scalars the products are multiplied by, i.e. 1 / quantisation
+** scale). C: f32, bf16 or f16. */
+typedef struct tt_cuda_gemm_args {
+  int trans_a, trans_b;
+  int64_t m, n, k;
+  const void *a; int64_t lda, stride_a; int a_dtype;
+  const void *b; int64_t ldb, stride_b; int b_dtype;
+  void *c; int64_t ldc, stride_c; int c_dtype;
+  int64_t batch;
+  float alpha, beta;
+  const void *bias;
+  const float *a_scale, *b_scale;
+  int allow_tf32;
+} tt_cuda_gemm_args;
+int tt_cuda_lt_gemm(const tt_cuda_gemm_args *args);
+
 #ifdef __cplusplus
 }
 #endif

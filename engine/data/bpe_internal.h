@@ -190,4 +190,64 @@ int tt_bpe_encode_append(const tt_bpe *bpe, tt_bpe_cache *cache, const char *tex
 int tt_bpe_load_hf_json(const char *path, const char *text, size_t len, tt_bpe **out);
 int tt_bpe_load_tiktoken_text(const char *path, const char *text, size_t len, tt_bpe **out);
 
+/* -- Document sources (docs.c) ----------------------------------------------------- */
+
+/* The files of one data source, sorted, viewed as one concatenated byte (or, for token
+** shards, token) space. */
+typedef struct tt_doc_files {
+  char **paths;
+  int64_t *sizes;        /* bytes (text, JSONL) or tokens (shards) */
+  int64_t *starts;       /* prefix sums of sizes */
+  int n;
+  int64_t total;
+  int type;              /* TT_DATA_* */
+} tt_doc_files;
+
+/* Expands paths/globs (separated by ',' or newlines) into sorted files. Errors name the
+** pattern that matches nothing, the unreadable file, the empty file. type -1 infers from
+** the first file's extension (.jsonl/.json/.ndjson, .tok, else text). */
+int tt_doc_files_expand(const char *patterns, int type, tt_doc_files *out);
+void tt_doc_files_free(tt_doc_files *f);
+
+/* Reads the documents whose first byte lies in [start, end) of a source's byte space:
+** JSONL lines (one document each, the text field decoded) or text (a file's share of the
+** range is one document, returned in chunks cut where the GPT-2 pattern cannot join). */
+typedef struct tt_doc_reader {
+  const tt_doc_files *files;
+  const char *field;
+  int64_t start, end;
+  int32_t file;          /* position of the next unread byte */
+  int64_t off;
+  int need_align;        /* skip to the next line start before reading */
+  FILE *f;
+  int32_t open_file;     /* file f holds open, -1 none */
+  char *line;
+  size_t line_cap;
+  tt_buf text;
+  tt_json doc;
+  int64_t bad_lines, max_bad;
+} tt_doc_reader;
+
+void tt_doc_reader_init(tt_doc_reader *r, const tt_doc_files *files, const char *field,
+                        int64_t start, int64_t end, int64_t max_bad);
+void tt_doc_reader_rewind(tt_doc_reader *r);
+void tt_doc_reader_free(tt_doc_reader *r);
+/* 1: a piece in text, len (valid until the next call), *end_doc set when the document
+** ends with it; 0: end of the range; -1: error. */
+int tt_doc_reader_next(tt_doc_reader *r, const char **text, size_t *len, int *end_doc);
+
+/* Token shards (shards.c): the mapped tokens of shard i of a TT_DATA_TOKENS source. */
+typedef struct tt_token_view {
+  const void *data;
+  int token_bytes;       /* 2 or 4 */
+  int64_t n;
+} tt_token_view;
+
+struct tt_token_shard {
+  void *map;
+  size_t map_len;
+  tt_token_view view;
+  int32_t vocab, eos;
+};
+
 #endif

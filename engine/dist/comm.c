@@ -191,6 +191,17 @@ void tt_dist_abort(const char *msg, int code) {
   exit(code);
 }
 
+void tt_dist_await_abort(double grace_s) {
+  g.aborting = 1;
+  double until = tt_dist_now() + grace_s;
+  while (tt_dist_now() < until) {
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+  }
+  if (g.mpi_running) MPI_Abort(MPI_COMM_WORLD, 1);
+  exit(1);
+}
+
 void tt_dist_set_timeout(double seconds) { g.timeout_s = seconds; }
 double tt_dist_get_timeout(void) { return g.timeout_s; }
 void tt_dist_set_step(int64_t step) { g.step = step; }

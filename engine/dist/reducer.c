@@ -385,17 +385,20 @@ int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out) {
     TT_TRY(rc);
     local *= local;
   }
-  /* The f32 wire format keeps the double as a hi + lo pair of floats. */
+  /* Each rank's double travels as a (hi, lo) pair of floats; gathering (not reducing)
+  ** the pairs keeps the sum in double precision. */
   double pair[2] = {(double)(float)local, 0.0};
   pair[1] = local - pair[0];
   int64_t two = 2;
-  tt_tensor *t = NULL;
+  tt_tensor *t = NULL, *all = NULL;
   TT_TRY(tt_tensor_from_f64(pair, &two, 1, TT_F32, &t));
-  int rc = tt_comm_all_reduce(r->comm, t, TT_REDUCE_SUM);
-  if (rc == 0) rc = tt_tensor_to_f64(t, pair);
+  int rc = tt_comm_all_gather(r->comm, t, 0, &all);
   tt_tensor_release(t);
   TT_TRY(rc);
-  *out = pair[0] + pair[1];
+  double sum = 0.0;
+  for (int64_t i = 0; i < 2 * (int64_t)r->comm->size; i++) sum += tt_tensor_get(all, i);
+  tt_tensor_release(all);
+  *out = sum;
   return 0;
 }
 

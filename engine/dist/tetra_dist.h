@@ -41,6 +41,10 @@ int tt_dist_finalize(void);
 /* Prints "tetra: rank R: msg" once to stderr and aborts every rank of the job
 ** (MPI_Abort); exits with `code` when MPI is not running. Never returns. */
 void tt_dist_abort(const char *msg, int code);
+/* For an error every rank detects alike (a bad layout): ranks other than 0 call this
+** instead of reporting, so the message prints once. Waits up to grace_s seconds for
+** rank 0 to report and abort the job, then aborts it without a message. Never returns. */
+void tt_dist_await_abort(double grace_s);
 
 /* Watchdog deadline for each wait, in seconds (<= 0: wait forever). Default 600. */
 void tt_dist_set_timeout(double seconds);
@@ -174,9 +178,9 @@ int tt_dist_reducer_num_buckets(const tt_dist_reducer *r);
 /* Seconds spent waiting inside finish during the last step (communication left exposed
 ** after overlap) and seconds from the first bucket start to the last completion. */
 double tt_dist_reducer_exposed_s(const tt_dist_reducer *r);
-/* ZeRO-1 shards: this rank owns `num_shards` pieces, each a 1-D f32 view into one
-** parameter (shard_param(i) is that param's index, shard_offset(i) the element offset)
-** whose ->grad holds the averaged gradient of the piece after finish. */
+/* ZeRO-1 shards: this rank owns `num_shards` pieces, each a view into one parameter
+** (shard_param(i) is that parameter's index), shaped (k) for vectors and (1, k) for
+** matrices, whose ->grad holds the averaged gradient of the piece after finish. */
 int tt_dist_reducer_num_shards(const tt_dist_reducer *r);
 tt_tensor *tt_dist_reducer_shard(const tt_dist_reducer *r, int i);   /* borrowed */
 int tt_dist_reducer_shard_param(const tt_dist_reducer *r, int i);

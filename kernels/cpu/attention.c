@@ -88,6 +88,24 @@ static void mask_block(const tt_attention_args *a, float *s, int64_t bq, int64_t
   }
 }
 
+/* st: (bk, bq), the transposed scores of keys j0.. against queries i0..; hidden ones
+** become -inf. */
+static void mask_block_t(const tt_attention_args *a, float *st, int64_t bq, int64_t bk,
+                         int64_t i0, int64_t j0) {
+  for (int64_t c = 0; c < bk; c++) {
+    float *row = st + c * bq;
+    int64_t kp = pos_at(a->k_pos, j0 + c);
+    if (!a->q_pos) {
+      /* queries at 0..T-1: the ones that cannot see this key are a prefix of the row */
+      int64_t end = kp - i0 < bq ? kp - i0 : bq;
+      for (int64_t r = 0; r < end; r++) row[r] = -INFINITY;
+    } else {
+      for (int64_t r = 0; r < bq; r++)
+        if (kp > a->q_pos[i0 + r]) row[r] = -INFINITY;
+    }
+  }
+}
+
 /* -- Row helpers (AVX2 where the build has it; plain loops otherwise) ----------------- */
 
 static float row_max(const float *x, int64_t n) {
@@ -155,6 +173,26 @@ static float row_exp(float *x, int64_t n, float shift) {
     sum += x[i];
   }
   return sum;
+}
+
+/* x = exp(x - shift) elementwise (shift: (n)), with hidden (-inf) entries exactly 0. */
+static void row_exp_shifted(float *x, const float *shift, int64_t n) {
+  int64_t i = 0;
+#ifdef __AVX2__
+  const __m256 ninf = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    __m256 e = exp8(_mm256_sub_ps(v, _mm256_loadu_ps(shift + i)));
+    _mm256_storeu_ps(x + i, _mm256_andnot_ps(_mm256_cmp_ps(v, ninf, _CMP_EQ_OQ), e));
+  }
+#endif
+  for (; i < n; i++) x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - shift[i]);
+}
+
+/* dst (cols, rows) = src (rows, cols)^T */
+static void transpose(float *dst, const float *src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
 }
 
 static void row_scale(float *x, int64_t n, float s) {
@@ -255,8 +293,8 @@ typedef struct grad_bufs {
   float *dq, *dk, *dv;
 } grad_bufs;
 
-/* Per-thread scratch of the backward: p and ds, both (bq, BLOCK_K). */
-static int64_t backward_scratch(int64_t bq) { return 2 * bq * BLOCK_K; }
+/* Per-thread scratch of the backward: pt, dst (BLOCK_K, bq) and ds (bq, BLOCK_K). */
+static int64_t backward_scratch(int64_t bq) { return 3 * bq * BLOCK_K; }
 
 static int64_t attention_backward_workspace(const tt_attention_args *a) {
   return a->batch * a->hq * a->tq +
@@ -264,10 +302,14 @@ static int64_t attention_backward_workspace(const tt_attention_args *a) {
 }
 
 /* Gradient contributions of one (query block, key block) pair of query head h in batch b:
-** queries i0 .. i0 + bq - 1, keys j0 .. j0 + bk - 1. */
-static void grad_block(const tt_attention_args *a, const grad_bufs *g, float *p, int64_t b,
-                       int64_t h, int64_t i0, int64_t bq, int64_t j0, int64_t bk, int vis,
-                       int want_dq, int want_dkv) {
+** queries i0 .. i0 + bq - 1, keys j0 .. j0 + bk - 1. The block is built transposed (keys
+** along rows) so that the products summing over queries, dV += P^T dO and dK += dS^T Q,
+** are plain NN products, and dQ needs one explicit transpose of dS: OpenBLAS serves NN
+** and NT shapes of this size from its small-matrix kernels, but packs TN ones, at about
+** half the speed. */
+static void grad_block(const tt_attention_args *a, const grad_bufs *g, float *scratch,
+                       int64_t b, int64_t h, int64_t i0, int64_t bq, int64_t j0, int64_t bk,
+                       int vis, int want_dq, int want_dkv) {
   const int64_t dh = a->dh, hk = h / (a->hq / a->hkv);
   const int64_t ldq = a->q_stride[1], ldk = a->k_stride[1], ldv = a->v_stride[1];
   const int64_t ldo = a->hq * dh, ldkv = a->hkv * dh;
@@ -278,56 +320,58 @@ static void grad_block(const tt_attention_args *a, const grad_bufs *g, float *p,
   const float *dob = g->dout + orow * dh;
   const float *lrow = g->lse + (b * a->hq + h) * a->tq + i0;
   const float *drow = g->delta + (b * a->hq + h) * a->tq + i0;
-  float *ds = p + bq * BLOCK_K;
+  float *pt = scratch, *dst = pt + bq * BLOCK_K, *ds = dst + bq * BLOCK_K;
 
-  /* p (bq, bk) = exp(scale * q k^T - lse) */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bq, (int)bk, (int)dh, a->scale,
-              qb, (int)ldq, kb, (int)ldk, 0.0f, p, (int)bk);
-  if (vis == BLOCK_PARTIAL) mask_block(a, p, bq, bk, i0, j0);
-  for (int64_t r = 0; r < bq; r++) row_exp(p + r * bk, bk, lrow[r]);
-  /* dv (bk, dh) += p^T (bk, bq) @ dout (bq, dh) */
+  /* pt (bk, bq) = exp(scale * k q^T - lse), lse along the rows */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bk, (int)bq, (int)dh, a->scale,
+              kb, (int)ldk, qb, (int)ldq, 0.0f, pt, (int)bq);
+  if (vis == BLOCK_PARTIAL) mask_block_t(a, pt, bq, bk, i0, j0);
+  for (int64_t c = 0; c < bk; c++) row_exp_shifted(pt + c * bq, lrow, bq);
+  /* dv (bk, dh) += pt (bk, bq) @ dout (bq, dh) */
   if (want_dkv)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bk, (int)dh, (int)bq, 1.0f, p,
-                (int)bk, dob, (int)ldo, 1.0f, g->dv + kvrow * dh, (int)ldkv);
-  /* dp (bq, bk) = dout (bq, dh) @ v^T (dh, bk); ds = p * (dp - D) */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bq, (int)bk, (int)dh, 1.0f, dob,
-              (int)ldo, vb, (int)ldv, 0.0f, ds, (int)bk);
-  for (int64_t r = 0; r < bq; r++) {
-    const float *pr = p + r * bk;
-    float *dr = ds + r * bk, d = drow[r];
-    for (int64_t c = 0; c < bk; c++) dr[c] = pr[c] * (dr[c] - d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bk, (int)dh, (int)bq, 1.0f,
+                pt, (int)bq, dob, (int)ldo, 1.0f, g->dv + kvrow * dh, (int)ldkv);
+  /* dpt (bk, bq) = v (bk, dh) @ dout^T (dh, bq); dst = pt * (dpt - D) */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bk, (int)bq, (int)dh, 1.0f, vb,
+              (int)ldv, dob, (int)ldo, 0.0f, dst, (int)bq);
+  for (int64_t c = 0; c < bk; c++) {
+    const float *pr = pt + c * bq;
+    float *dr = dst + c * bq;
+    for (int64_t r = 0; r < bq; r++) dr[r] = pr[r] * (dr[r] - drow[r]);
   }
+  /* dk (bk, dh) += scale * dst (bk, bq) @ q (bq, dh) */
+  if (want_dkv)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bk, (int)dh, (int)bq,
+                a->scale, dst, (int)bq, qb, (int)ldq, 1.0f, g->dk + kvrow * dh, (int)ldkv);
   /* dq (bq, dh) += scale * ds (bq, bk) @ k (bk, dh) */
-  if (want_dq)
+  if (want_dq) {
+    transpose(ds, dst, bk, bq);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)dh, (int)bk,
                 a->scale, ds, (int)bk, kb, (int)ldk, 1.0f, g->dq + orow * dh, (int)ldo);
-  /* dk (bk, dh) += scale * ds^T (bk, bq) @ q (bq, dh) */
-  if (want_dkv)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bk, (int)dh, (int)bq, a->scale,
-                ds, (int)bk, qb, (int)ldq, 1.0f, g->dk + kvrow * dh, (int)ldkv);
+  }
 }
 
 /* Every query block of head h against the key block j0 (bk keys). */
-static void grad_key_block(const tt_attention_args *a, const grad_bufs *g, float *p,
+static void grad_key_block(const tt_attention_args *a, const grad_bufs *g, float *scratch,
                            int64_t b, int64_t h, int64_t j0, int64_t bk, int want_dq) {
   const int64_t bq = block_q(a->dh);
   for (int64_t i0 = 0; i0 < a->tq; i0 += bq) {
     int64_t nq = min64(bq, a->tq - i0), q_lo, q_hi;
     pos_range(a->q_pos, i0, nq, &q_lo, &q_hi);
     int vis = block_visibility(a, q_lo, q_hi, j0, bk);
-    if (vis != BLOCK_HIDDEN) grad_block(a, g, p, b, h, i0, nq, j0, bk, vis, want_dq, 1);
+    if (vis != BLOCK_HIDDEN) grad_block(a, g, scratch, b, h, i0, nq, j0, bk, vis, want_dq, 1);
   }
 }
 
 /* dq of the query block i0 (nq rows) of head h against every key block. */
-static void grad_query_block(const tt_attention_args *a, const grad_bufs *g, float *p,
+static void grad_query_block(const tt_attention_args *a, const grad_bufs *g, float *scratch,
                              int64_t b, int64_t h, int64_t i0, int64_t nq) {
   int64_t q_lo, q_hi;
   pos_range(a->q_pos, i0, nq, &q_lo, &q_hi);
   for (int64_t j0 = 0; j0 < a->tk; j0 += BLOCK_K) {
     int64_t bk = min64(BLOCK_K, a->tk - j0);
     int vis = block_visibility(a, q_lo, q_hi, j0, bk);
-    if (vis != BLOCK_HIDDEN) grad_block(a, g, p, b, h, i0, nq, j0, bk, vis, 1, 0);
+    if (vis != BLOCK_HIDDEN) grad_block(a, g, scratch, b, h, i0, nq, j0, bk, vis, 1, 0);
   }
 }
 
@@ -336,7 +380,7 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
                               const float *dout, float *dq, float *dk, float *dv,
                               float *workspace) {
   const int64_t dh = a->dh, hq = a->hq, tq = a->tq, group = a->hq / a->hkv;
-  const int64_t bq = block_q(dh), scratch = backward_scratch(bq);
+  const int64_t bq = block_q(dh), per_thread = backward_scratch(bq);
   const int64_t rows = a->batch * tq * hq, nkv = a->batch * a->hkv;
   float *delta = workspace, *scratch0 = workspace + a->batch * hq * tq;
   const int nthr = omp_get_max_threads();
@@ -362,13 +406,13 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
     /* One task per (batch, kv head): it owns every gradient row it writes. */
 #pragma omp parallel num_threads(nthr) if (parallel)
     {
-      float *p = scratch0 + omp_get_thread_num() * scratch;
+      float *scratch = scratch0 + omp_get_thread_num() * per_thread;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < nkv; t++) {
         int64_t b = t / a->hkv, hk = t % a->hkv;
         for (int64_t j0 = 0; j0 < a->tk; j0 += BLOCK_K)
           for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-            grad_key_block(a, &g, p, b, h, j0, min64(BLOCK_K, a->tk - j0), 1);
+            grad_key_block(a, &g, scratch, b, h, j0, min64(BLOCK_K, a->tk - j0), 1);
       }
     }
     return 0;
@@ -377,20 +421,20 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
   const int64_t nkb = cdiv(a->tk, BLOCK_K), nqb = cdiv(tq, bq), nbh = a->batch * hq;
 #pragma omp parallel num_threads(nthr) if (parallel)
   {
-    float *p = scratch0 + omp_get_thread_num() * scratch;
+    float *scratch = scratch0 + omp_get_thread_num() * per_thread;
     /* dk, dv: (batch, kv head, key block) tasks, the first key blocks (most work) first;
     ** the dq pass below is independent of it, so threads move on without waiting */
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t t = 0; t < nkv * nkb; t++) {
       int64_t j0 = (t / nkv) * BLOCK_K, b = (t % nkv) / a->hkv, hk = (t % nkv) % a->hkv;
       for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-        grad_key_block(a, &g, p, b, h, j0, min64(BLOCK_K, a->tk - j0), 0);
+        grad_key_block(a, &g, scratch, b, h, j0, min64(BLOCK_K, a->tk - j0), 0);
     }
     /* dq: (batch, query head, query block) tasks, the last query blocks first */
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < nbh * nqb; t++) {
       int64_t i0 = (nqb - 1 - t / nbh) * bq, bh = t % nbh;
-      grad_query_block(a, &g, p, bh / hq, bh % hq, i0, min64(bq, tq - i0));
+      grad_query_block(a, &g, scratch, bh / hq, bh % hq, i0, min64(bq, tq - i0));
     }
   }
   return 0;

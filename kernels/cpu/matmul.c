@@ -31,7 +31,8 @@ static int cpu_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, f
     if (k == 0) {
       /* An empty product: C = beta * C, and beta 0 must not read C (it may hold NaN). */
       for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < n; j++) ci[r * ldc + j] = beta == 0.0f ? 0.0f : beta * ci[r * ldc + j];
+        for (int64_t j = 0; j < n; j++)
+          ci[r * ldc + j] = beta == 0.0f ? 0.0f : beta * ci[r * ldc + j];
       continue;
     }
     cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, a + i * stride_a,

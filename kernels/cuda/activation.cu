@@ -55,7 +55,7 @@ __global__ void swiglu_bwd(float *dgate, float *dup, const float *dy, const floa
 #define LAUNCH(kernel, n, ...)                                                       \
   do {                                                                               \
     if ((n) == 0) return 0;                                                          \
-    kernel<<<tt_cuda_blocks((n), 256), 256, 0, tt_cuda_stream()>>>(__VA_ARGS__);     \
+    kernel<<<tt_cuda_blocks((n), 256), 256, 0, tt_cuda_cur_stream()>>>(__VA_ARGS__);     \
     TT_CU_LAUNCHED(#kernel);                                                         \
     return 0;                                                                        \
   } while (0)
@@ -80,3 +80,5 @@ static int swiglu_backward(float *dgate, float *dup, const float *dy, const floa
 extern "C" const tt_activation_kernels tt_activation_cuda = {
   silu_forward, silu_backward, gelu_forward, gelu_backward, swiglu_forward, swiglu_backward,
 };
+
+TT_CUDA_FAMILY(activation)

@@ -32,7 +32,7 @@ __global__ void unscale_kernel(T *g, int64_t n, float inv, flags *f) {
 template <typename Launch>
 static int with_flags(flags *host, Launch &&launch) {
   flags *dev = NULL;
-  cudaStream_t s = tt_cuda_stream();
+  cudaStream_t s = tt_cuda_cur_stream();
   *host = flags{0u, 0};
   TT_CU(cudaMallocAsync((void **)&dev, sizeof(flags), s));
   cudaError_t e = cudaMemsetAsync(dev, 0, sizeof(flags), s);
@@ -54,7 +54,7 @@ extern "C" int tt_cuda_unscale_check(void *data, int dtype, int64_t n, float inv
   int rc = tt_cuda_dispatch_float("unscale grads", dtype, [&](auto *tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     return with_flags(&f, [&](flags *dev) {
-      unscale_kernel<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(
+      unscale_kernel<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
           (T *)data, n, inv_scale, dev);
     });
   });
@@ -105,7 +105,7 @@ extern "C" int tt_cuda_fp8_quantize(const void *x, int x_dtype, int64_t n, float
   int rc = tt_cuda_dispatch_float("fp8 quantize", x_dtype, [&](auto *tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     return with_flags(&f, [&](flags *dev) {
-      quantize_kernel<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(
+      quantize_kernel<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
           (const T *)x, n, scale, fp8_dtype, fake, out, dev);
     });
   });
@@ -126,8 +126,10 @@ __global__ void dequantize_kernel(const __nv_fp8_storage_t *q, int dtype, int64_
 extern "C" int tt_cuda_fp8_dequantize(const void *q, int fp8_dtype, int64_t n, float scale,
                                       float *out) {
   if (n == 0) return 0;
-  dequantize_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(
+  dequantize_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
       (const __nv_fp8_storage_t *)q, fp8_dtype, n, 1.0f / scale, out);
   TT_CU_LAUNCHED("dequantize_kernel");
   return 0;
 }
+
+TT_CUDA_FAMILY(cast)

@@ -53,7 +53,7 @@ __global__ void binary_kernel(int op, float *out, const float *a, const float *b
 static int binary(int op, float *out, const float *a, const float *b, const tt_bcast *bc) {
   int64_t n = bcast_numel(bc);
   if (n == 0) return 0;
-  binary_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(op, out, a, b, *bc, n);
+  binary_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(op, out, a, b, *bc, n);
   TT_CU_LAUNCHED("binary_kernel");
   return 0;
 }
@@ -83,7 +83,7 @@ static int binary_backward(int op, float *ga, float *gb, const float *g, const f
            "binary_backward: only mul and div need a kernel (op %d)", op);
   int64_t n = bcast_numel(bc);
   if (n == 0 || (!ga && !gb)) return 0;
-  binary_backward_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(
+  binary_backward_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
       op, ga, gb, g, a, b, *bc, n);
   TT_CU_LAUNCHED("binary_backward_kernel");
   return 0;
@@ -97,7 +97,7 @@ __global__ void affine_kernel(float *out, const float *a, int64_t n, float mul, 
 
 static int affine(float *out, const float *a, int64_t n, float mul, float add) {
   if (n == 0) return 0;
-  affine_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(out, a, n, mul, add);
+  affine_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(out, a, n, mul, add);
   TT_CU_LAUNCHED("affine_kernel");
   return 0;
 }
@@ -114,7 +114,7 @@ __global__ void axpy_kernel(float *a, float alpha, const float *b, tt_bcast bc, 
 static int axpy(float *a, float alpha, const float *b, const tt_bcast *bc) {
   int64_t n = bcast_numel(bc);
   if (n == 0) return 0;
-  axpy_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(a, alpha, b, *bc, n);
+  axpy_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(a, alpha, b, *bc, n);
   TT_CU_LAUNCHED("axpy_kernel");
   return 0;
 }
@@ -122,3 +122,5 @@ static int axpy(float *a, float alpha, const float *b, const tt_bcast *bc) {
 extern "C" const tt_elementwise_kernels tt_elementwise_cuda = {
   binary, binary_backward, affine, axpy,
 };
+
+TT_CUDA_FAMILY(elementwise)

@@ -37,20 +37,20 @@ static int embedding_forward(float *out, const float *weight, const void *ids, i
                              int64_t n, int64_t V, int64_t D) {
   if (n == 0) return 0;
   unsigned long long *bad_dev = NULL, bad = ~0ull;
-  TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, tt_cuda_stream()));
+  TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, tt_cuda_cur_stream()));
   int rc = -1;
   int64_t blocks = n < 65535 ? n : 65535;
   int threads = D >= 256 ? 256 : (int)((D + 31) / 32 * 32);
   cudaError_t e = cudaMemcpyAsync(bad_dev, &bad, sizeof bad, cudaMemcpyHostToDevice,
-                                  tt_cuda_stream());
+                                  tt_cuda_cur_stream());
   if (e == cudaSuccess) {
-    embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_stream()>>>(out, weight, ids,
+    embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(out, weight, ids,
                                                                      ids_i64, n, V, D, bad_dev);
     e = cudaGetLastError();
   }
   if (e == cudaSuccess)
-    e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, tt_cuda_stream());
-  if (e == cudaSuccess) e = cudaStreamSynchronize(tt_cuda_stream());
+    e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, tt_cuda_cur_stream());
+  if (e == cudaSuccess) e = cudaStreamSynchronize(tt_cuda_cur_stream());
   if (e != cudaSuccess) {
     tt_cu_fail(e, "embedding_fwd", __FILE__, __LINE__);
   } else if (bad != ~0ull) {
@@ -64,7 +64,7 @@ static int embedding_forward(float *out, const float *weight, const void *ids, i
   } else {
     rc = 0;
   }
-  cudaFreeAsync(bad_dev, tt_cuda_stream());
+  cudaFreeAsync(bad_dev, tt_cuda_cur_stream());
   return rc;
 }
 
@@ -82,7 +82,7 @@ static int embedding_backward(float *dweight, const float *dout, const void *ids
                               int ids_i64, int64_t n, int64_t V, int64_t D) {
   (void)V;
   if (n == 0 || D == 0) return 0;
-  embedding_bwd<<<(unsigned)((D + 127) / 128), 128, 0, tt_cuda_stream()>>>(
+  embedding_bwd<<<(unsigned)((D + 127) / 128), 128, 0, tt_cuda_cur_stream()>>>(
       dweight, dout, ids, ids_i64, n, D);
   TT_CU_LAUNCHED("embedding_bwd");
   return 0;
@@ -91,3 +91,5 @@ static int embedding_backward(float *dweight, const float *dout, const void *ids
 extern "C" const tt_embedding_kernels tt_embedding_cuda = {
   embedding_forward, embedding_backward,
 };
+
+TT_CUDA_FAMILY(embedding)

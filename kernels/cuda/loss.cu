@@ -63,7 +63,7 @@ __global__ void ce_mean(float *loss, float *count_out, const float *row_loss,
 
 static int ce_forward(float *loss, float *row_stats, const float *logits, const void *targets,
                       int tgt_i64, int64_t ignore_index, int64_t N, int64_t V) {
-  cudaStream_t st = tt_cuda_stream();
+  cudaStream_t st = tt_cuda_cur_stream();
   if (N == 0) {
     TT_CU(cudaMemsetAsync(loss, 0, sizeof(float), st));
     return 0;
@@ -115,7 +115,7 @@ static int ce_backward(float *dlogits, const float *dloss, const float *logits,
                        const float *row_stats, const void *targets, int tgt_i64,
                        int64_t ignore_index, int64_t N, int64_t V) {
   if (N == 0) return 0;
-  cudaStream_t st = tt_cuda_stream();
+  cudaStream_t st = tt_cuda_cur_stream();
   float *count = NULL;
   TT_CU(cudaMallocAsync((void **)&count, sizeof(float), st));
   ce_mean<<<1, 1024, 0, st>>>(NULL, count, NULL, targets, tgt_i64, ignore_index, N);
@@ -130,3 +130,5 @@ static int ce_backward(float *dlogits, const float *dloss, const float *logits,
 extern "C" const tt_loss_kernels tt_loss_cuda = {
   ce_forward, ce_backward,
 };
+
+TT_CUDA_FAMILY(loss)

@@ -60,7 +60,7 @@ static int rmsnorm_forward(float *out, float *rstd, const float *x, const float 
                            int64_t N, int64_t D, float eps) {
   if (N == 0) return 0;
   TT_CHECK(N <= 0x7fffffff, "rmsnorm: %lld rows is too many for one launch", (long long)N);
-  rms_fwd<<<(unsigned)N, NORM_THREADS, 0, tt_cuda_stream()>>>(out, rstd, x, weight, D, eps);
+  rms_fwd<<<(unsigned)N, NORM_THREADS, 0, tt_cuda_cur_stream()>>>(out, rstd, x, weight, D, eps);
   TT_CU_LAUNCHED("rms_fwd");
   return 0;
 }
@@ -69,11 +69,11 @@ static int rmsnorm_backward(float *dx, float *dweight, const float *dout, const 
                             const float *weight, const float *rstd, int64_t N, int64_t D) {
   if (N == 0) return 0;
   if (dx) {
-    rms_bwd_dx<<<(unsigned)N, NORM_THREADS, 0, tt_cuda_stream()>>>(dx, dout, x, weight, rstd, D);
+    rms_bwd_dx<<<(unsigned)N, NORM_THREADS, 0, tt_cuda_cur_stream()>>>(dx, dout, x, weight, rstd, D);
     TT_CU_LAUNCHED("rms_bwd_dx");
   }
   if (dweight && weight) {
-    norm_bwd_params<<<(unsigned)((D + 127) / 128), 128, 0, tt_cuda_stream()>>>(
+    norm_bwd_params<<<(unsigned)((D + 127) / 128), 128, 0, tt_cuda_cur_stream()>>>(
         dweight, NULL, dout, x, NULL, rstd, N, D);
     TT_CU_LAUNCHED("norm_bwd_params");
   }
@@ -125,7 +125,7 @@ static int layernorm_forward(float *out, float *mean, float *rstd, const float *
                              float eps) {
   if (N == 0) return 0;
   TT_CHECK(N <= 0x7fffffff, "layernorm: %lld rows is too many for one launch", (long long)N);
-  ln_fwd<<<(unsigned)N, NORM_THREADS, 0, tt_cuda_stream()>>>(out, mean, rstd, x, weight, bias,
+  ln_fwd<<<(unsigned)N, NORM_THREADS, 0, tt_cuda_cur_stream()>>>(out, mean, rstd, x, weight, bias,
                                                              D, eps);
   TT_CU_LAUNCHED("ln_fwd");
   return 0;
@@ -136,12 +136,12 @@ static int layernorm_backward(float *dx, float *dweight, float *dbias, const flo
                               const float *rstd, int64_t N, int64_t D) {
   if (N == 0) return 0;
   if (dx) {
-    ln_bwd_dx<<<(unsigned)N, NORM_THREADS, 0, tt_cuda_stream()>>>(dx, dout, x, weight, mean,
+    ln_bwd_dx<<<(unsigned)N, NORM_THREADS, 0, tt_cuda_cur_stream()>>>(dx, dout, x, weight, mean,
                                                                   rstd, D);
     TT_CU_LAUNCHED("ln_bwd_dx");
   }
   if (dweight || dbias) {
-    norm_bwd_params<<<(unsigned)((D + 127) / 128), 128, 0, tt_cuda_stream()>>>(
+    norm_bwd_params<<<(unsigned)((D + 127) / 128), 128, 0, tt_cuda_cur_stream()>>>(
         weight ? dweight : NULL, dbias, dout, x, mean, rstd, N, D);
     TT_CU_LAUNCHED("norm_bwd_params");
   }
@@ -151,3 +151,5 @@ static int layernorm_backward(float *dx, float *dweight, float *dbias, const flo
 extern "C" const tt_norm_kernels tt_norm_cuda = {
   rmsnorm_forward, rmsnorm_backward, layernorm_forward, layernorm_backward,
 };
+
+TT_CUDA_FAMILY(norm)

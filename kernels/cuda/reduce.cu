@@ -43,10 +43,10 @@ static int sum(float *out, const float *x, int64_t outer, int64_t r, int64_t inn
                float scale) {
   if (outer * inner == 0) return 0;
   if (inner == 1 && outer <= 0x7fffffff) {
-    sum_rows<<<(unsigned)outer, ROW_THREADS, 0, tt_cuda_stream()>>>(out, x, r, scale);
+    sum_rows<<<(unsigned)outer, ROW_THREADS, 0, tt_cuda_cur_stream()>>>(out, x, r, scale);
     TT_CU_LAUNCHED("sum_rows");
   } else {
-    sum_cols<<<tt_cuda_blocks(outer * inner, 256), 256, 0, tt_cuda_stream()>>>(out, x, outer, r,
+    sum_cols<<<tt_cuda_blocks(outer * inner, 256), 256, 0, tt_cuda_cur_stream()>>>(out, x, outer, r,
                                                                                inner, scale);
     TT_CU_LAUNCHED("sum_cols");
   }
@@ -65,7 +65,7 @@ static int sum_backward(float *gx, const float *g, int64_t outer, int64_t r, int
                         float scale) {
   int64_t n = outer * r * inner;
   if (n == 0) return 0;
-  sum_bwd<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(gx, g, outer, r, inner, scale);
+  sum_bwd<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(gx, g, outer, r, inner, scale);
   TT_CU_LAUNCHED("sum_bwd");
   return 0;
 }
@@ -124,10 +124,10 @@ static int max_(float *out, int64_t *idx, const float *x, int64_t outer, int64_t
   TT_CHECK(r >= 1, "max: reducing an empty dim");
   if (outer * inner == 0) return 0;
   if (inner == 1 && outer <= 0x7fffffff) {
-    max_rows<<<(unsigned)outer, ROW_THREADS, 0, tt_cuda_stream()>>>(out, idx, x, r);
+    max_rows<<<(unsigned)outer, ROW_THREADS, 0, tt_cuda_cur_stream()>>>(out, idx, x, r);
     TT_CU_LAUNCHED("max_rows");
   } else {
-    max_cols<<<tt_cuda_blocks(outer * inner, 256), 256, 0, tt_cuda_stream()>>>(out, idx, x,
+    max_cols<<<tt_cuda_blocks(outer * inner, 256), 256, 0, tt_cuda_cur_stream()>>>(out, idx, x,
                                                                                outer, r, inner);
     TT_CU_LAUNCHED("max_cols");
   }
@@ -146,7 +146,7 @@ static int max_backward(float *gx, const float *g, const int64_t *idx, int64_t o
                         int64_t r, int64_t inner) {
   int64_t n = outer * r * inner;
   if (n == 0) return 0;
-  max_bwd<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(gx, g, idx, outer, r, inner);
+  max_bwd<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(gx, g, idx, outer, r, inner);
   TT_CU_LAUNCHED("max_bwd");
   return 0;
 }
@@ -182,10 +182,10 @@ __global__ void softmax_cols(float *y, const float *x, int64_t outer, int64_t r,
 static int softmax(float *y, const float *x, int64_t outer, int64_t r, int64_t inner) {
   if (outer * r * inner == 0) return 0;
   if (inner == 1 && outer <= 0x7fffffff) {
-    softmax_rows<<<(unsigned)outer, ROW_THREADS, 0, tt_cuda_stream()>>>(y, x, r);
+    softmax_rows<<<(unsigned)outer, ROW_THREADS, 0, tt_cuda_cur_stream()>>>(y, x, r);
     TT_CU_LAUNCHED("softmax_rows");
   } else {
-    softmax_cols<<<tt_cuda_blocks(outer * inner, 256), 256, 0, tt_cuda_stream()>>>(y, x, outer,
+    softmax_cols<<<tt_cuda_blocks(outer * inner, 256), 256, 0, tt_cuda_cur_stream()>>>(y, x, outer,
                                                                                    r, inner);
     TT_CU_LAUNCHED("softmax_cols");
   }
@@ -217,10 +217,10 @@ static int softmax_backward(float *gx, const float *g, const float *y, int64_t o
                             int64_t r, int64_t inner) {
   if (outer * r * inner == 0) return 0;
   if (inner == 1 && outer <= 0x7fffffff) {
-    softmax_bwd_rows<<<(unsigned)outer, ROW_THREADS, 0, tt_cuda_stream()>>>(gx, g, y, r);
+    softmax_bwd_rows<<<(unsigned)outer, ROW_THREADS, 0, tt_cuda_cur_stream()>>>(gx, g, y, r);
     TT_CU_LAUNCHED("softmax_bwd_rows");
   } else {
-    softmax_bwd_cols<<<tt_cuda_blocks(outer * inner, 256), 256, 0, tt_cuda_stream()>>>(
+    softmax_bwd_cols<<<tt_cuda_blocks(outer * inner, 256), 256, 0, tt_cuda_cur_stream()>>>(
         gx, g, y, outer, r, inner);
     TT_CU_LAUNCHED("softmax_bwd_cols");
   }
@@ -230,3 +230,5 @@ static int softmax_backward(float *gx, const float *g, const float *y, int64_t o
 extern "C" const tt_reduce_kernels tt_reduce_cuda = {
   sum, sum_backward, max_, max_backward, softmax, softmax_backward,
 };
+
+TT_CUDA_FAMILY(reduce)

@@ -45,7 +45,7 @@ static int table(float *tab, const void *positions, int pos_i64, int64_t T, int6
                  double theta) {
   int64_t n = T * (Dh / 2);
   if (n == 0) return 0;
-  rope_table<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(tab, positions, pos_i64, T,
+  rope_table<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(tab, positions, pos_i64, T,
                                                                    Dh, theta);
   TT_CU_LAUNCHED("rope_table");
   return 0;
@@ -55,7 +55,7 @@ static int rotate(float *out, const float *x, const float *tab, int64_t B, int64
                   int64_t H, int64_t Dh, int interleaved, float sign) {
   int64_t n = B * T * H * (Dh / 2);
   if (n == 0) return 0;
-  rope_rotate<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_stream()>>>(out, x, tab, B, T, H, Dh,
+  rope_rotate<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(out, x, tab, B, T, H, Dh,
                                                                     interleaved, sign);
   TT_CU_LAUNCHED("rope_rotate");
   return 0;
@@ -74,3 +74,5 @@ static int backward(float *dx, const float *dout, const float *tab, int64_t B, i
 extern "C" const tt_rope_kernels tt_rope_cuda = {
   table, forward, backward,
 };
+
+TT_CUDA_FAMILY(rope)

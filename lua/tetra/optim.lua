@@ -149,24 +149,30 @@ end
 -- -- Schedules -------------------------------------------------------------------------
 
 -- Returns lr(step) for 1-based optimizer steps. cfg: lr, warmup_steps (0), steps (total),
--- min_lr (0), schedule ("cosine" or "constant").
---   warmup:   lr * step / warmup_steps for step <= warmup_steps
---   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * progress)) / 2, progress 0 -> 1
---             from the end of warmup to `steps`; min_lr after that
+-- min_lr (0), schedule ("cosine", "linear" or "constant").
+--   warmup:   lr * step / warmup_steps for step <= warmup_steps, then with progress p
+--             going 0 -> 1 from the end of warmup to `steps`:
+--   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
+--   linear:   lr + (min_lr - lr) * p
 --   constant: lr
+local decays = {
+  cosine = function(lr, min_lr, p) return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p)) end,
+  linear = function(lr, min_lr, p) return lr + (min_lr - lr) * p end,
+  constant = function(lr) return lr end,
+}
+
 function optim.schedule(cfg)
   local lr, warmup = cfg.lr, cfg.warmup_steps or 0
   local min_lr, total = cfg.min_lr or 0.0, cfg.steps
-  local kind = cfg.schedule or "cosine"
-  if kind ~= "cosine" and kind ~= "constant" then
-    error("optim.schedule: unknown schedule '" .. tostring(kind) ..
-          "' (expected cosine or constant)", 2)
+  local decay = decays[cfg.schedule or "cosine"]
+  if not decay then
+    error("optim.schedule: unknown schedule '" .. tostring(cfg.schedule) ..
+          "' (expected cosine, linear or constant)", 2)
   end
   return function(step)
     if warmup > 0 and step <= warmup then return lr * step / warmup end
-    if kind == "constant" or not total or total <= warmup then return lr end
-    local progress = math.min(1.0, (step - warmup) / (total - warmup))
-    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if not total or total <= warmup then return lr end
+    return decay(lr, min_lr, math.min(1.0, (step - warmup) / (total - warmup)))
   end
 end
 

@@ -68,10 +68,31 @@ local function borrow(p)
 end
 M.borrow = borrow
 
--- Checks `status` and wraps the tensor left in pout. The public wrappers call it in
--- tail position, so the default level 2 is the user's line; nested callers pass 3.
-local function take(status, level)
-  if status ~= 0 then error(ffi.string(C.tt_last_error()), level or 2) end
+-- The error level of the innermost caller outside the tetra library, so that a failing
+-- op reports the user's line (tail calls make fixed levels unreliable).
+local function user_level()
+  local level = 3
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info then return 1 end
+    if info.what ~= "C" and not info.source:find("/lua/tetra/", 1, true) then return level - 1 end
+    level = level + 1
+  end
+end
+
+-- Raises msg at the user's line.
+local function raise(msg)
+  error(msg, user_level())
+end
+M.raise = raise
+
+local function raise_engine_error()
+  raise(ffi.string(C.tt_last_error()))
+end
+
+-- Checks `status` and wraps the tensor left in pout.
+local function take(status)
+  if status ~= 0 then raise_engine_error() end
   local p = pout[0]
   pout[0] = nil
   return wrap(p)
@@ -79,7 +100,7 @@ end
 M.take = take
 
 local function check(status)
-  if status ~= 0 then error(ffi.string(C.tt_last_error()), 3) end
+  if status ~= 0 then raise_engine_error() end
 end
 
 function M.is_tensor(x)
@@ -98,7 +119,7 @@ function M.dtype(d)
   if d == nil then return C.TT_F32 end
   if type(d) == "number" then return d end
   local id = C.tt_dtype_from_name(dtype_alias[d] or d)
-  if id < 0 then error("unknown dtype '" .. tostring(d) .. "' (f32, bf16, f16, e4m3, e5m2, i32, i64)", 3) end
+  if id < 0 then raise("unknown dtype '" .. tostring(d) .. "' (f32, bf16, f16, e4m3, e5m2, i32, i64)") end
   return id
 end
 
@@ -107,7 +128,7 @@ function M.device(d)
   if type(d) == "number" then return d end
   if d == "cuda" then return 0 end
   local n = type(d) == "string" and d:match("^cuda:(%d+)$")
-  if not n then error("unknown device '" .. tostring(d) .. "' (cpu, cuda, cuda:N)", 3) end
+  if not n then raise("unknown device '" .. tostring(d) .. "' (cpu, cuda, cuda:N)") end
   return tonumber(n)
 end
 
@@ -132,7 +153,7 @@ local function parse_shape(...)
       n = i
     end
   end
-  if n > 8 then error("at most 8 dims", 3) end
+  if n > 8 then raise("at most 8 dims") end
   if type(opts) == "string" then opts = { dtype = opts } end
   return shape_buf, n, opts or {}
 end
@@ -160,50 +181,50 @@ end
 
 function M.empty(...)
   local s, n, o = parse_shape(...)
-  return finish(take(C.tt_tensor_empty(s, n, M.dtype(o.dtype), M.device(o.device), pout), 3), o)
+  return finish(take(C.tt_tensor_empty(s, n, M.dtype(o.dtype), M.device(o.device), pout)), o)
 end
 
 function M.zeros(...)
   local s, n, o = parse_shape(...)
-  return finish(take(C.tt_tensor_zeros(s, n, M.dtype(o.dtype), M.device(o.device), pout), 3), o)
+  return finish(take(C.tt_tensor_zeros(s, n, M.dtype(o.dtype), M.device(o.device), pout)), o)
 end
 
 function M.ones(...)
   local s, n, o = parse_shape(...)
-  return finish(take(C.tt_tensor_full(s, n, M.dtype(o.dtype), M.device(o.device), 1, pout), 3), o)
+  return finish(take(C.tt_tensor_full(s, n, M.dtype(o.dtype), M.device(o.device), 1, pout)), o)
 end
 
 -- tetra.full({2, 3}, 7.5, opts)
 function M.full(shape, value, opts)
   local s, n, o = parse_shape(shape, opts)
-  return finish(take(C.tt_tensor_full(s, n, M.dtype(o.dtype), M.device(o.device), value, pout), 3), o)
+  return finish(take(C.tt_tensor_full(s, n, M.dtype(o.dtype), M.device(o.device), value, pout)), o)
 end
 
 local function to_device(t, o)
   local dev = M.device(o.device)
   local dt = o.dtype and M.dtype(o.dtype)
-  if dt and dt ~= t._dtype then t = take(C.tt_cast(t, dt, pout), 3) end
-  if dev ~= C.TT_CPU then t = take(C.tt_to_device(t, dev, pout), 3) end
+  if dt and dt ~= t._dtype then t = take(C.tt_cast(t, dt, pout)) end
+  if dev ~= C.TT_CPU then t = take(C.tt_to_device(t, dev, pout)) end
   return finish(t, o)
 end
 
 -- Normal(mean, std) f32; opts: mean, std, dtype, device, requires_grad.
 function M.randn(...)
   local s, n, o = parse_shape(...)
-  return to_device(take(C.tt_tensor_randn(s, n, o.mean or 0, o.std or 1, pout), 3), o)
+  return to_device(take(C.tt_tensor_randn(s, n, o.mean or 0, o.std or 1, pout)), o)
 end
 
 -- Uniform [lo, hi) f32; opts: lo, hi, dtype, device, requires_grad.
 function M.rand(...)
   local s, n, o = parse_shape(...)
-  return to_device(take(C.tt_tensor_rand(s, n, o.lo or 0, o.hi or 1, pout), 3), o)
+  return to_device(take(C.tt_tensor_rand(s, n, o.lo or 0, o.hi or 1, pout)), o)
 end
 
 -- Integers in [lo, hi): tetra.randint(lo, hi, {shape}, opts); dtype default i64.
 function M.randint(lo, hi, shape, opts)
   local s, n, o = parse_shape(shape, opts)
-  local t = take(C.tt_tensor_randint(s, n, lo, hi, M.dtype(o.dtype or "i64"), pout), 3)
-  if o.device then t = take(C.tt_to_device(t, M.device(o.device), pout), 3) end
+  local t = take(C.tt_tensor_randint(s, n, lo, hi, M.dtype(o.dtype or "i64"), pout))
+  if o.device then t = take(C.tt_to_device(t, M.device(o.device), pout)) end
   return t
 end
 
@@ -219,14 +240,14 @@ function M.arange(a, b, c, d)
   end
   if type(opts) == "string" then opts = { dtype = opts } end
   opts = opts or {}
-  if step == 0 then error("arange: step must not be 0", 2) end
+  if step == 0 then raise("arange: step must not be 0") end
   local n = math.max(0, math.ceil((stop - start) / step))
   local integral = start % 1 == 0 and stop % 1 == 0 and step % 1 == 0
   local vals = ffi.new("double[?]", math.max(n, 1))
   for i = 0, n - 1 do vals[i] = start + i * step end
   shape_buf[0] = n
   local dt = M.dtype(opts.dtype or (integral and "i64" or "f32"))
-  return to_device(take(C.tt_tensor_from_f64(vals, shape_buf, 1, dt, pout), 3),
+  return to_device(take(C.tt_tensor_from_f64(vals, shape_buf, 1, dt, pout)),
                    { device = opts.device, requires_grad = opts.requires_grad })
 end
 
@@ -239,26 +260,26 @@ function M.from_table(tbl, opts)
     shape[#shape + 1] = #node
     node = node[1]
   end
-  if #shape > 8 then error("from_table: at most 8 dims", 2) end
+  if #shape > 8 then raise("from_table: at most 8 dims") end
   local numel = 1
   for _, s in ipairs(shape) do numel = numel * s end
   local vals = ffi.new("double[?]", math.max(numel, 1))
   local k = 0
   local function fill(x, d)
     if d > #shape then
-      if type(x) ~= "number" then error("from_table: expected a number, got " .. type(x), 4) end
+      if type(x) ~= "number" then raise("from_table: expected a number, got " .. type(x)) end
       vals[k] = x
       k = k + 1
       return
     end
     if type(x) ~= "table" or #x ~= shape[d] then
-      error("from_table: ragged table (dim " .. (d - 1) .. " should have " .. shape[d] .. " entries)", 4)
+      raise("from_table: ragged table (dim " .. (d - 1) .. " should have " .. shape[d] .. " entries)")
     end
     for i = 1, shape[d] do fill(x[i], d + 1) end
   end
   fill(tbl, 1)
   for i, s in ipairs(shape) do shape_buf[i - 1] = s end
-  return to_device(take(C.tt_tensor_from_f64(vals, shape_buf, #shape, M.dtype(opts.dtype), pout), 3),
+  return to_device(take(C.tt_tensor_from_f64(vals, shape_buf, #shape, M.dtype(opts.dtype), pout)),
                    { device = opts.device, requires_grad = opts.requires_grad })
 end
 
@@ -323,7 +344,7 @@ local function norm_dim(t, d)
   local nd = t._ndim
   if d < 0 then d = d + nd end
   if d < 0 or d >= nd then
-    error(("dim %d out of range for a %d-dim tensor"):format(d, nd), 3)
+    raise(("dim %d out of range for a %d-dim tensor"):format(d, nd))
   end
   return d
 end
@@ -352,7 +373,7 @@ end
 
 function methods.item(t)
   if C.tt_tensor_numel(t) ~= 1 then
-    error("item(): tensor has " .. tonumber(C.tt_tensor_numel(t)) .. " elements, expected 1", 2)
+    raise("item(): tensor has " .. tonumber(C.tt_tensor_numel(t)) .. " elements, expected 1")
   end
   return C.tt_tensor_get(host_copy(t), 0)
 end
@@ -418,8 +439,8 @@ function methods.select(t, dim, i)
   dim = norm_dim(t, dim)
   local size = tonumber(t._shape[dim])
   if i < 0 then i = i + size end
-  if i < 0 or i >= size then error(("index %d out of range for size %d"):format(i, size), 2) end
-  local sl = take(C.tt_narrow(t, dim, i, 1, pout), 3)
+  if i < 0 or i >= size then raise(("index %d out of range for size %d"):format(i, size)) end
+  local sl = take(C.tt_narrow(t, dim, i, 1, pout))
   local s = methods.shape(sl)
   table.remove(s, dim + 1)
   for k, v in ipairs(s) do shape_buf[k - 1] = v end
@@ -488,7 +509,7 @@ end
 function M.sub(a, b)
   if type(b) == "number" then return take(C.tt_add_scalar(a, -b, pout)) end
   if type(a) == "number" then
-    local neg = take(C.tt_scale(b, -1, pout), 3)
+    local neg = take(C.tt_scale(b, -1, pout))
     return take(C.tt_add_scalar(neg, a, pout))
   end
   return take(C.tt_sub(a, b, pout))
@@ -667,7 +688,7 @@ local mt = {
       if t._ndim == 1 then
         local n = tonumber(t._shape[0])
         local i = k < 0 and k + n or k
-        if i < 0 or i >= n then error(("index %d out of range for size %d"):format(k, n), 2) end
+        if i < 0 or i >= n then raise(("index %d out of range for size %d"):format(k, n)) end
         return C.tt_tensor_get(host_copy(t), i)
       end
       return methods.select(t, 0, k)
@@ -680,11 +701,11 @@ local mt = {
     if type(k) == "number" and t._ndim == 1 then
       local n = tonumber(t._shape[0])
       local i = k < 0 and k + n or k
-      if i < 0 or i >= n then error(("index %d out of range for size %d"):format(k, n), 2) end
+      if i < 0 or i >= n then raise(("index %d out of range for size %d"):format(k, n)) end
       check(C.tt_tensor_set(t, i, v))
       return
     end
-    error("cannot set field '" .. tostring(k) .. "' of a tensor", 2)
+    raise("cannot set field '" .. tostring(k) .. "' of a tensor")
   end,
   __add = M.add, __sub = M.sub, __mul = M.mul, __div = M.div,
   __unm = function(a) return take(C.tt_scale(a, -1, pout)) end,

@@ -38,13 +38,52 @@ local shape2 = ffi.new("int64_t[2]")
 local pout = require("tetra.tensor").pout
 local take = require("tetra.tensor").take
 
+-- A well-mixed 64-bit seed for (seed, step, stream) (splitmix64 finaliser): nearby
+-- inputs give unrelated generator states.
+function train.mix_seed(seed, step, stream)
+  local x = ffi.new("uint64_t", seed) * 0x9E3779B97F4A7C15ULL + ffi.new("uint64_t", step)
+  x = x * 0xBF58476D1CE4E5B9ULL + ffi.new("uint64_t", stream or 0)
+  x = bit.bxor(x, bit.rshift(x, 30)) * 0xBF58476D1CE4E5B9ULL
+  x = bit.bxor(x, bit.rshift(x, 27)) * 0x94D049BB133111EBULL
+  return bit.bxor(x, bit.rshift(x, 31))
+end
+
 function MockData:batch(step, batch_size, seq_len, split)
   local saved = C.tt_rng_state()
-  C.tt_manual_seed(self.seed * 1000003 + step * 2 + (split == "val" and 1 or 0))
+  C.tt_manual_seed(train.mix_seed(self.seed, step, split == "val" and 1 or 0))
   shape2[0], shape2[1] = batch_size, seq_len + 1
   local status = C.tt_tensor_randint(shape2, 2, 0, self.vocab_size, C.TT_I64, pout)
   C.tt_rng_set_state(saved)
   return take(status, 2)
+end
+
+local function read_text(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("data.input_path: cannot read " .. path .. ": " .. tostring(err), 0) end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- The data source cfg.data asks for, and its tokenizer (nil for mock data):
+--   data.mock = true        random tokens from train.seed
+--   data.input_path = FILE  a text file (or comma-separated files), byte-level tokens;
+--                           needs model.vocab_size >= 256
+function train.data_source(cfg)
+  local d = cfg.data or {}
+  local seed = d.seed or cfg.train.seed or 0
+  if d.mock then return train.mock_data(cfg.model.vocab_size, seed), nil end
+  if not d.input_path or d.input_path == "" then
+    error("data: set data.input_path to a text file, or data.mock=true", 0)
+  end
+  local bytetok = require("tetra.bytetok")
+  if cfg.model.vocab_size < bytetok.vocab_size then
+    error(string.format("model.vocab_size (%d) must be at least %d for byte-level text",
+      cfg.model.vocab_size, bytetok.vocab_size), 0)
+  end
+  local texts = {}
+  for path in tostring(d.input_path):gmatch("[^,]+") do texts[#texts + 1] = read_text(path) end
+  return bytetok.dataset(table.concat(texts, "\n"), { seed = seed }), bytetok
 end
 
 -- tokens (b, T + 1) -> inputs (b, T), targets (b, T), both contiguous.
@@ -114,7 +153,8 @@ end
 -- opts: tokenizer (encode/decode, for samples), on_step(record).
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
-  local t = cfg.train
+  local t, o = cfg.train, cfg.optim or {}
+  if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
   C.tt_manual_seed(t.seed or 0)
   local params = model:named_parameters()
   local tensors = {}
@@ -124,11 +164,17 @@ function train.setup(cfg, model, data, opts)
   local accum, local_batch, micro = check_batch(cfg, dp)
   local seq_len = cfg.model.seq_len
 
+  local optimizer
+  if o.name == "sgd" then
+    optimizer = optim.SGD(params, { lr = t.lr, momentum = o.momentum,
+                                    weight_decay = t.weight_decay })
+  else
+    optimizer = optim.AdamW(params, { lr = t.lr, beta1 = o.beta1, beta2 = o.beta2,
+                                      eps = o.eps, weight_decay = t.weight_decay })
+  end
   local env = {
-    cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp,
+    cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,
     tokenizer = opts.tokenizer, rank = mesh.rank or 0,
-    optimizer = optim.AdamW(params, { lr = t.lr, beta1 = t.beta1, beta2 = t.beta2,
-                                      eps = t.eps, weight_decay = t.weight_decay }),
     schedule = optim.schedule({ lr = t.lr, min_lr = t.min_lr, warmup_steps = t.warmup_steps,
                                 steps = t.steps, schedule = t.lr_schedule }),
     step_count = 0, tokens_seen = 0,
@@ -176,9 +222,9 @@ function train.setup(cfg, model, data, opts)
              data_wait_s = data_wait }
   end
 
-  -- Mean loss over n_batches held-out batches (default train.eval_batches), no tape.
+  -- Mean loss over n_batches held-out batches (default train.eval_steps), no tape.
   function env.evaluate(n_batches)
-    n_batches = n_batches or t.eval_batches or 4
+    n_batches = n_batches or t.eval_steps or 4
     return F.no_grad(function()
       local sum = 0.0
       for i = 1, n_batches do
@@ -262,54 +308,69 @@ end
 
 -- -- The loop ----------------------------------------------------------------------------
 
--- Runs cfg.train.steps optimizer steps: progress on rank 0 (one updating line on a
--- terminal, a line every log.interval steps otherwise), the metrics file, eval every
--- train.eval_every steps and at the end. Returns { first_loss, last_loss, eval_loss,
--- records, elapsed_s }.
+-- Prints a continuation of `prompt` (a string; default train.prompt or a newline) on
+-- rank 0, using env.tokenizer (nothing to print without one) and train.sample_tokens,
+-- temperature, top_k, seed.
+function train.print_sample(env, prompt)
+  local t = env.cfg.train
+  if env.rank ~= 0 or not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
+  local tok = env.tokenizer
+  prompt = prompt or t.prompt or "\n"
+  local ids = env.generate(tok.encode(prompt), { max_new_tokens = t.sample_tokens,
+    temperature = t.temperature, top_k = t.top_k, seed = t.seed })
+  io.stdout:write("--- sample (", #ids, " tokens, temperature ", tostring(t.temperature),
+                  ", top-k ", tostring(t.top_k), ") ---\n", prompt, tok.decode(ids),
+                  "\n---\n")
+  io.stdout:flush()
+end
+
+-- Runs cfg.train.steps optimizer steps. Rank 0 shows progress (log.progress): one
+-- updating line on a terminal, otherwise a line every log.every steps; every step goes
+-- to log.metrics_file. Eval loss every train.eval_every steps and at the end; a text
+-- sample every train.sample_every steps and at the end (when the data has a tokenizer).
+-- Returns { first_loss, last_loss, eval_loss, records, elapsed_s }.
 function train.run(env)
   local cfg = env.cfg
-  local total = cfg.train.steps
+  local t, log = cfg.train, cfg.log or {}
+  local total = t.steps
   local is_main = env.rank == 0
-  local writer = metrics.open(is_main and cfg.log and cfg.log.metrics_file or nil)
-  local tty = is_main and metrics.stdout_is_terminal()
-  local interval = cfg.log and cfg.log.interval or 10
-  local eval_every = cfg.train.eval_every or 0
+  local writer = metrics.open(is_main and log.metrics_file or nil)
+  local show = is_main and log.progress ~= false
+  local tty = show and metrics.stdout_is_terminal()
+  local every = log.every or 1
+  local eval_every, sample_every = t.eval_every or 0, t.sample_every or 0
   local records, started = {}, metrics.now()
   local avg_step
   for step = 1, total do
     local r = env.step()
-    -- The first steps include warm-up effects (allocator, page faults): an average over
-    -- the recent steps gives a steadier ETA.
+    -- The first steps pay for warm-up (allocator, page faults): a moving average of the
+    -- step time gives a steadier ETA.
     avg_step = avg_step and (0.9 * avg_step + 0.1 * r.step_time_s) or r.step_time_s
     if eval_every > 0 and (step % eval_every == 0 or step == total) then
       r.eval_loss = env.evaluate()
     end
     writer:write(r)
     records[#records + 1] = { step = r.step, loss = r.loss, eval_loss = r.eval_loss }
-    if is_main then
+    if show then
       local line = metrics.progress_line(r, total, avg_step * (total - step))
       if tty then
         io.stdout:write("\r\27[K", line, (step == total or r.eval_loss) and "\n" or "")
         io.stdout:flush()
-      elseif step == 1 or step % interval == 0 or step == total or r.eval_loss then
+      elseif step == 1 or step % every == 0 or step == total or r.eval_loss then
         io.stdout:write(line, "\n")
         io.stdout:flush()
       end
     end
+    if sample_every > 0 and step % sample_every == 0 and step ~= total then
+      train.print_sample(env)
+    end
   end
   writer:close()
-  return { first_loss = records[1] and records[1].loss, last_loss = records[#records].loss,
-           eval_loss = records[#records].eval_loss, records = records,
-           elapsed_s = metrics.now() - started }
-end
-
--- Prints a sample continuation of `prompt` (a string) with env.tokenizer, on rank 0.
-function train.print_sample(env, prompt, opts)
-  if env.rank ~= 0 or not env.tokenizer then return end
-  local tok = env.tokenizer
-  local ids = env.generate(tok.encode(prompt), opts)
-  io.stdout:write("\n--- sample ---\n", prompt, tok.decode(ids), "\n--------------\n")
-  io.stdout:flush()
+  train.print_sample(env)
+  return { first_loss = records[1] and records[1].loss,
+           last_loss = records[#records] and records[#records].loss,
+           eval_loss = records[#records] and records[#records].eval_loss,
+           records = records, elapsed_s = metrics.now() - started }
 end
 
 return train

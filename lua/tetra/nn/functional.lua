@@ -116,4 +116,9 @@ end
 
 F.no_grad = T.no_grad
 
+-- Backward from a scalar loss: accumulates .grad of the leaves and frees the tape.
+function F.backward(loss)
+  if C.tt_backward(loss) ~= 0 then error(ffi.string(C.tt_last_error()), 2) end
+end
+
 return F

@@ -1,0 +1,417 @@
+/*
+** ops_matmul.c — batched matmul with optional transposes and bias, and linear.
+**
+** Every operand is described as a logical matrix with two strides (mat below) plus one
+** stride per leading (batch) dim. A matrix whose column stride is 1 goes to BLAS as is;
+** one whose row stride is 1 (a transposed view) goes as the stored matrix with the
+** trans flag flipped; only a matrix with neither is copied. Batches are folded into a
+** single GEMM when the layout allows:
+**   - B shared by every batch (linear, or matmul with a 2-D b): the batch dims join the
+**     rows of A and C, so x (B, T, K) @ w^T is one (B*T, K) x (K, N) product;
+**   - a shared result (the gradient of a shared B): the batch dims join the contracted
+**     dim, so dW = sum_b G_b^T X_b is one (N, B*T) x (B*T, K) product;
+** otherwise the leading dims are merged where possible and run as a strided batch.
+*/
+#include "matmul.h"
+#include "tt_internal.h"
+
+/* -- Matrix views -------------------------------------------------------------------- */
+
+/* Element (i, j) of the matrix at batch index (l_0, ..) is
+** data[sum_l l_d * ls[d] + i * sr + j * sc]; ls[d] == 0 on every dim: shared. */
+typedef struct mat {
+  float *data;
+  int64_t rows, cols, sr, sc;
+  int64_t ls[TT_MAX_DIMS];
+} mat;
+
+/* The leading (batch) dims common to every operand of one product. */
+typedef struct lead_dims {
+  int n;
+  int64_t shape[TT_MAX_DIMS];
+} lead_dims;
+
+/* The matrix in the last two dims of t (the last dim alone, as one row, when t is 1-D),
+** transposed when `trans`. Leading strides come from t when it has `nlead` leading dims,
+** else they are 0 (a 2-D operand shared by every batch). */
+static mat mat_of(tt_tensor *t, int trans, int nlead) {
+  mat m;
+  const int nd = t->ndim;
+  m.data = tt_tensor_data(t);
+  if (nd == 1) {
+    m.rows = 1;
+    m.cols = t->shape[0];
+    m.sr = t->shape[0];
+    m.sc = t->stride[0];
+  } else {
+    m.rows = t->shape[nd - 2];
+    m.cols = t->shape[nd - 1];
+    m.sr = t->stride[nd - 2];
+    m.sc = t->stride[nd - 1];
+  }
+  if (trans) {
+    int64_t v = m.rows;
+    m.rows = m.cols;
+    m.cols = v;
+    v = m.sr;
+    m.sr = m.sc;
+    m.sc = v;
+  }
+  for (int l = 0; l < nlead; l++) m.ls[l] = nd - 2 >= nlead ? t->stride[l] : 0;
+  return m;
+}
+
+static mat mat_t(mat m) {
+  int64_t v = m.rows;
+  m.rows = m.cols;
+  m.cols = v;
+  v = m.sr;
+  m.sr = m.sc;
+  m.sc = v;
+  return m;
+}
+
+/* How BLAS reads m: row-major with leading dim *ld, transposed when *trans. 0 when the
+** strides fit neither form (the caller copies). */
+static int blas_form(const mat *m, int *trans, int64_t *ld) {
+  const int64_t r1 = m->rows > 1 ? m->rows : 1, c1 = m->cols > 1 ? m->cols : 1;
+  if (m->rows == 0 || m->cols == 0) {
+    *trans = 0;
+    *ld = c1;
+    return 1;
+  }
+  if ((m->sc == 1 || m->cols == 1) && (m->rows == 1 || m->sr >= c1)) {
+    *trans = 0;
+    *ld = m->rows == 1 ? c1 : m->sr;
+    return 1;
+  }
+  if ((m->sr == 1 || m->rows == 1) && (m->cols == 1 || m->sc >= r1)) {
+    *trans = 1;
+    *ld = m->cols == 1 ? r1 : m->sc;
+    return 1;
+  }
+  return 0;
+}
+
+static int blas_ok(const mat *m) {
+  int t;
+  int64_t ld;
+  return blas_form(m, &t, &ld);
+}
+
+/* True when the leading dims of L followed by one matrix dim (size n, stride s) are a
+** single uniformly strided dim, so the batch can be folded into that matrix dim. */
+static int folds(const lead_dims *L, const int64_t *ls, int64_t n, int64_t s) {
+  int64_t size = n, stride = s;
+  for (int l = L->n - 1; l >= 0; l--) {
+    if (ls[l] != size * stride) return 0;
+    size = L->shape[l];
+    stride = ls[l];
+  }
+  return 1;
+}
+
+static int is_shared(const lead_dims *L, const mat *m) {
+  for (int l = 0; l < L->n; l++)
+    if (m->ls[l] != 0) return 0;
+  return 1;
+}
+
+/* -- Running a product --------------------------------------------------------------- */
+
+/* `batch` products C_i = alpha x_i y_i + beta C_i, operand i at element offset
+** o + i * bs from each base. */
+static int gemm_one(const tt_matmul_kernels *k, const mat *c, const mat *x, const mat *y,
+                    int64_t oc, int64_t ox, int64_t oy, int64_t batch, int64_t bc, int64_t bx,
+                    int64_t by, float alpha, float beta) {
+  int tx = 0, ty = 0, tc = 0;
+  int64_t ldx = 0, ldy = 0, ldc = 0;
+  if (!blas_form(x, &tx, &ldx) || !blas_form(y, &ty, &ldy) || !blas_form(c, &tc, &ldc) || tc)
+    return tt_set_error("matmul: internal error: an operand is not in a BLAS layout");
+  return k->gemm(tx, ty, x->rows, y->cols, x->cols, alpha, x->data + ox, ldx, bx,
+                 y->data + oy, ldy, by, beta, c->data + oc, ldc, bc, batch);
+}
+
+/* Offsets of batch index `flat` (row-major over the first n dims of L) in each operand. */
+static void batch_offsets(const lead_dims *L, int n, int64_t flat, const mat *c,
+                          const mat *x, const mat *y, int64_t *oc, int64_t *ox, int64_t *oy) {
+  *oc = *ox = *oy = 0;
+  for (int l = n - 1; l >= 0; l--) {
+    const int64_t i = flat % L->shape[l];
+    flat /= L->shape[l];
+    *oc += i * c->ls[l];
+    *ox += i * x->ls[l];
+    *oy += i * y->ls[l];
+  }
+}
+
+/* C = alpha * x y + beta * C over the leading dims L, where x is (m, k), y (k, n) and
+** C (m, n) per batch. A shared C (all leading strides 0) receives the sum over batches.
+** x and y must already be BLAS-readable; C must be row-major. */
+static int run_product(const tt_matmul_kernels *k, const lead_dims *Lin, mat c, mat x, mat y,
+                       float alpha, float beta) {
+  /* Size-1 leading dims carry no information: drop them. */
+  lead_dims L = {0, {0}};
+  int64_t nb = 1;
+  for (int l = 0; l < Lin->n; l++) {
+    nb *= Lin->shape[l];
+    if (Lin->shape[l] == 1) continue;
+    c.ls[L.n] = c.ls[l];
+    x.ls[L.n] = x.ls[l];
+    y.ls[L.n] = y.ls[l];
+    L.shape[L.n++] = Lin->shape[l];
+  }
+  if (c.rows == 0 || c.cols == 0) return 0;
+  if (L.n == 0 || nb == 0) {
+    if (nb == 0 && !is_shared(&L, &c)) return 0;
+    /* nb == 0 with a shared C: an empty sum, which the kernel writes for k = 0. */
+    if (nb == 0) x.cols = y.rows = 0;
+    return gemm_one(k, &c, &x, &y, 0, 0, 0, 1, 0, 0, 0, alpha, beta);
+  }
+
+  if (is_shared(&L, &c)) {
+    /* Sum over batches: fold them into the contracted dim when both operands allow. */
+    if (folds(&L, x.ls, x.cols, x.sc) && folds(&L, y.ls, y.rows, y.sr)) {
+      mat x2 = x, y2 = y;
+      x2.cols *= nb;
+      y2.rows *= nb;
+      if (blas_ok(&x2) && blas_ok(&y2))
+        return gemm_one(k, &c, &x2, &y2, 0, 0, 0, 1, 0, 0, 0, alpha, beta);
+    }
+    for (int64_t b = 0; b < nb; b++) {
+      int64_t oc, ox, oy;
+      batch_offsets(&L, L.n, b, &c, &x, &y, &oc, &ox, &oy);
+      TT_TRY(gemm_one(k, &c, &x, &y, oc, ox, oy, 1, 0, 0, 0, alpha, b == 0 ? beta : 1.0f));
+    }
+    return 0;
+  }
+
+  if (is_shared(&L, &y) && folds(&L, x.ls, x.rows, x.sr) && folds(&L, c.ls, c.rows, c.sr)) {
+    mat x2 = x, c2 = c;
+    x2.rows *= nb;
+    c2.rows *= nb;
+    if (blas_ok(&x2) && blas_ok(&c2))
+      return gemm_one(k, &c2, &x2, &y, 0, 0, 0, 1, 0, 0, 0, alpha, beta);
+  }
+
+  /* Strided batch: merge neighbouring leading dims that stay uniform in all three
+  ** operands; the innermost becomes the kernel's batch, the rest are looped here. */
+  lead_dims M = {1, {L.shape[0]}};
+  mat cm = c, xm = x, ym = y;
+  for (int l = 1; l < L.n; l++) {
+    const int j = M.n - 1;
+    if (cm.ls[j] == L.shape[l] * c.ls[l] && xm.ls[j] == L.shape[l] * x.ls[l] &&
+        ym.ls[j] == L.shape[l] * y.ls[l]) {
+      M.shape[j] *= L.shape[l];
+    } else {
+      M.shape[M.n++] = L.shape[l];
+    }
+    cm.ls[M.n - 1] = c.ls[l];
+    xm.ls[M.n - 1] = x.ls[l];
+    ym.ls[M.n - 1] = y.ls[l];
+  }
+  const int last = M.n - 1;
+  const int64_t inner = M.shape[last];
+  for (int64_t b = 0; b < nb / inner; b++) {
+    int64_t oc, ox, oy;
+    batch_offsets(&M, last, b, &cm, &xm, &ym, &oc, &ox, &oy);
+    TT_TRY(gemm_one(k, &cm, &xm, &ym, oc, ox, oy, inner, cm.ls[last], xm.ls[last],
+                    ym.ls[last], alpha, beta));
+  }
+  return 0;
+}
+
+/* -- Forward and backward ------------------------------------------------------------ */
+
+static int matmul_table(const char *op, int device, const tt_matmul_kernels **pk) {
+  const tt_matmul_kernels *k = TT_KERNELS(tt_matmul, device);
+  if (!k || !k->gemm || !k->bias_fill || !k->bias_backward) return tt_no_kernel(op, device);
+  *pk = k;
+  return 0;
+}
+
+static int contiguous_nograd(tt_tensor *t, tt_tensor **out) {
+  if (tt_tensor_is_contiguous(t)) {
+    tt_tensor_retain(t);
+    *out = t;
+    return 0;
+  }
+  TT_TRY(tt_tensor_empty(t->shape, t->ndim, t->dtype, t->device, out));
+  if (tt_copy_(*out, t) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* t retained when BLAS can read its matrices as they are, else a contiguous copy. */
+static int blas_operand(tt_tensor *t, int nlead, tt_tensor **out) {
+  mat m = mat_of(t, 0, nlead);
+  if (blas_ok(&m)) {
+    tt_tensor_retain(t);
+    *out = t;
+    return 0;
+  }
+  return contiguous_nograd(t, out);
+}
+
+static lead_dims lead_of(const tt_tensor *t, int nlead) {
+  lead_dims L = {nlead, {0}};
+  for (int l = 0; l < nlead; l++) L.shape[l] = t->shape[l];
+  return L;
+}
+
+/* inputs: a, b, bias (may be NULL); saved[0], saved[1]: the BLAS-readable a and b the
+** forward used (copies only when a or b was not readable). i[0], i[1]: trans_a, trans_b;
+** i[2]: the number of leading dims. */
+static int matmul_backward(tt_node *node, tt_tensor *g) {
+  tt_tensor *a = node->inputs[0], *b = node->inputs[1], *bias = node->inputs[2];
+  tt_tensor *as = node->saved[0], *bs = node->saved[1];
+  const int ta = (int)node->i[0], tb = (int)node->i[1], nlead = (int)node->i[2];
+  const tt_matmul_kernels *k = NULL;
+  TT_TRY(matmul_table(node->name, g->device, &k));
+  tt_tensor *gu = NULL, *ga = NULL, *gb = NULL, *gbias = NULL;
+  TT_TRY(blas_operand(g, nlead, &gu));
+  int st = 0;
+  const lead_dims L = lead_of(g, nlead);
+  const mat G = mat_of(gu, 0, nlead);
+  const mat A = mat_of(as, ta, nlead), B = mat_of(bs, tb, nlead);
+
+  if (st == 0 && tt_needs_grad(a)) {
+    /* dA = G B^T (M, K); stored transposed, dA^T = B G^T (K, M). */
+    st = tt_tensor_empty(a->shape, a->ndim, TT_F32, a->device, &ga);
+    if (st == 0) {
+      const mat C = mat_of(ga, 0, nlead);
+      st = ta ? run_product(k, &L, C, B, mat_t(G), 1.0f, 0.0f)
+              : run_product(k, &L, C, G, mat_t(B), 1.0f, 0.0f);
+    }
+    if (st == 0) st = tt_accumulate_grad(a, ga);
+  }
+  if (st == 0 && tt_needs_grad(b)) {
+    /* dB = A^T G (K, N); stored transposed, dB^T = G^T A (N, K). A 2-D b is shared, so
+    ** its C has zero leading strides and receives the sum over batches. */
+    st = tt_tensor_empty(b->shape, b->ndim, TT_F32, b->device, &gb);
+    if (st == 0) {
+      const mat C = mat_of(gb, 0, nlead);
+      st = tb ? run_product(k, &L, C, mat_t(G), A, 1.0f, 0.0f)
+              : run_product(k, &L, C, mat_t(A), G, 1.0f, 0.0f);
+    }
+    if (st == 0) st = tt_accumulate_grad(b, gb);
+  }
+  if (st == 0 && tt_needs_grad(bias)) {
+    tt_tensor *gc = NULL;
+    st = contiguous_nograd(gu, &gc);
+    if (st == 0) st = tt_tensor_empty(bias->shape, 1, TT_F32, bias->device, &gbias);
+    if (st == 0) {
+      const int64_t n = bias->shape[0];
+      const int64_t rows = n ? tt_tensor_numel(gc) / n : 0;
+      st = k->bias_backward(tt_tensor_data(gbias), tt_tensor_data(gc), rows, n);
+    }
+    if (st == 0) st = tt_accumulate_grad(bias, gbias);
+    tt_tensor_release(gc);
+  }
+  tt_tensor_release(gbias);
+  tt_tensor_release(gb);
+  tt_tensor_release(ga);
+  tt_tensor_release(gu);
+  return st;
+}
+
+/* out (lead..., M, N) = op(a) op(b) + bias. With allow_row, a may be 1-D: one row. */
+static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
+                       tt_tensor *bias, int ta, int tb, tt_tensor **out) {
+  char sa[160], sb[160], sc[160];
+  if (!out) return tt_set_error("%s: out is NULL", op);
+  *out = NULL;
+  TT_CHECK(a && b, "%s: %s is NULL", op, a ? "b" : "a");
+  TT_TRY(tt_check_dtype(op, "a", a, TT_F32));
+  TT_TRY(tt_check_dtype(op, "b", b, TT_F32));
+  if (bias) TT_TRY(tt_check_dtype(op, "bias", bias, TT_F32));
+  tt_tensor *in[3] = {a, b, bias};
+  TT_TRY(tt_check_same_device(op, in, 3));
+  tt_shape_str(a->shape, a->ndim, sa, sizeof sa);
+  tt_shape_str(b->shape, b->ndim, sb, sizeof sb);
+  TT_CHECK(a->ndim >= 2 || (a->ndim == 1 && allow_row),
+           "%s: a is %s; expected at least 2 dims", op, sa);
+  const int nlead = a->ndim >= 2 ? a->ndim - 2 : 0;
+  TT_CHECK(b->ndim == 2 || (b->ndim == a->ndim && a->ndim > 2),
+           "%s: b is %s; expected 2 dims, or the %d dims of a %s", op, sb, a->ndim, sa);
+  for (int l = 0; l < nlead && b->ndim > 2; l++)
+    TT_CHECK(a->shape[l] == b->shape[l],
+             "%s: batch dims differ: a is %s, b is %s (dim %d: %lld vs %lld)", op, sa, sb, l,
+             (long long)a->shape[l], (long long)b->shape[l]);
+  const int64_t ar = a->ndim >= 2 ? a->shape[a->ndim - 2] : 1, ac = a->shape[a->ndim - 1];
+  const int64_t m = ta ? ac : ar, ka = ta ? ar : ac;
+  const int64_t br = b->shape[b->ndim - 2], bc = b->shape[b->ndim - 1];
+  const int64_t kb = tb ? bc : br, n = tb ? br : bc;
+  TT_CHECK(ka == kb, "%s: inner dims differ: a is %s%s, b is %s%s (%lld vs %lld)", op, sa,
+           ta ? " transposed" : "", sb, tb ? " transposed" : "", (long long)ka, (long long)kb);
+  if (bias) {
+    tt_shape_str(bias->shape, bias->ndim, sc, sizeof sc);
+    TT_CHECK(bias->ndim == 1 && bias->shape[0] == n, "%s: bias is %s; expected [%lld]", op,
+             sc, (long long)n);
+  }
+  const tt_matmul_kernels *k = NULL;
+  TT_TRY(matmul_table(op, a->device, &k));
+
+  int64_t shape[TT_MAX_DIMS];
+  int ndim = 0;
+  for (int l = 0; l < nlead; l++) shape[ndim++] = a->shape[l];
+  if (a->ndim >= 2) shape[ndim++] = m;
+  shape[ndim++] = n;
+
+  tt_tensor *o = NULL, *au = NULL, *bu = NULL, *biasc = NULL;
+  int st = tt_tensor_empty(shape, ndim, TT_F32, a->device, &o);
+  if (st == 0) st = blas_operand(a, nlead, &au);
+  if (st == 0) st = blas_operand(b, nlead, &bu);
+  float beta = 0.0f;
+  if (st == 0 && bias && tt_tensor_numel(o) > 0) {
+    st = contiguous_nograd(bias, &biasc);
+    if (st == 0)
+      st = k->bias_fill(tt_tensor_data(o), tt_tensor_data(biasc), tt_tensor_numel(o) / n, n,
+                        n);
+    beta = 1.0f;
+  }
+  if (st == 0) {
+    const lead_dims L = lead_of(a, nlead);
+    st = run_product(k, &L, mat_of(o, 0, nlead), mat_of(au, ta, nlead), mat_of(bu, tb, nlead),
+                     1.0f, beta);
+  }
+  if (st == 0 && tt_should_record(in, 3)) {
+    tt_node *node = tt_record(op, matmul_backward, o, in, 3);
+    if (!node) {
+      st = -1;
+    } else {
+      tt_node_save(node, au);
+      tt_node_save(node, bu);
+      node->i[0] = ta;
+      node->i[1] = tb;
+      node->i[2] = nlead;
+    }
+  }
+  tt_tensor_release(biasc);
+  tt_tensor_release(bu);
+  tt_tensor_release(au);
+  if (st != 0) {
+    tt_tensor_release(o);
+    return -1;
+  }
+  *out = o;
+  return 0;
+}
+
+int tt_matmul(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a, int trans_b,
+              tt_tensor **out) {
+  return matmul_impl("tt_matmul", 0, a, b, bias, trans_a != 0, trans_b != 0, out);
+}
+
+int tt_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_tensor **out) {
+  char sx[160], sw[160];
+  TT_CHECK(x && w, "tt_linear: %s is NULL", x ? "w" : "x");
+  TT_CHECK(x->ndim >= 1 && w->ndim == 2 && x->shape[x->ndim - 1] == w->shape[1],
+           "tt_linear: x is %s and w is %s; expected x (..., in) and w (out, in)",
+           tt_shape_str(x->shape, x->ndim, sx, sizeof sx),
+           tt_shape_str(w->shape, w->ndim, sw, sizeof sw));
+  return matmul_impl("tt_linear", 1, x, w, bias, 0, 1, out);
+}

@@ -1,0 +1,45 @@
+/*
+** tetra_io.h — safetensors files (engine/safetensors.c).
+**
+** Format (huggingface/safetensors): 8 bytes little-endian header length N, N bytes of
+** JSON { name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+** "__metadata__": {string: string} }, then the raw little-endian tensor bytes, offsets
+** relative to the end of the header. Dtypes: F32, BF16, F16, F8_E4M3, F8_E5M2, I32, I64.
+**
+** Flat C only: lua/tetra/ffi.lua feeds this header to ffi.cdef.
+*/
+#ifndef TETRA_IO_H
+#define TETRA_IO_H
+#include "tetra.h"
+
+/* An open file: the header is parsed, the data is memory-mapped. */
+typedef struct tt_safetensors tt_safetensors;
+
+int tt_safetensors_open(const char *path, tt_safetensors **out);
+void tt_safetensors_close(tt_safetensors *f);    /* NULL is fine */
+
+/* Tensors in header order. */
+int tt_safetensors_count(const tt_safetensors *f);
+const char *tt_safetensors_name(const tt_safetensors *f, int i);   /* NULL out of range */
+int tt_safetensors_find(const tt_safetensors *f, const char *name); /* index, or -1 (no error set) */
+/* Shape and dtype of tensor i. shape has room for TT_MAX_DIMS entries. The dtype is a
+** tt_dtype, or -1 for a file dtype Tetra has no type for (F64, U8 ...). */
+int tt_safetensors_info(const tt_safetensors *f, int i, int *dtype, int64_t *shape, int *ndim);
+/* A new contiguous CPU tensor holding tensor `name` in its file dtype. */
+int tt_safetensors_read(const tt_safetensors *f, const char *name, tt_tensor **out);
+/* Copies tensor `name` into dst (same number of elements and shape; any dtype: casts;
+** any device). */
+int tt_safetensors_read_into(const tt_safetensors *f, const char *name, tt_tensor *dst);
+
+/* "__metadata__" entries. */
+int tt_safetensors_metadata_count(const tt_safetensors *f);
+const char *tt_safetensors_metadata_key(const tt_safetensors *f, int i);
+const char *tt_safetensors_metadata_get(const tt_safetensors *f, const char *key); /* NULL if absent */
+
+/* Writes n tensors (any strides, any device) and n_meta metadata pairs (may be 0 / NULL)
+** to path: written to "path.tmp", fsynced, then renamed over path. */
+int tt_safetensors_save(const char *path, const char *const *names,
+                        tt_tensor *const *tensors, int n, const char *const *meta_keys,
+                        const char *const *meta_values, int n_meta);
+
+#endif

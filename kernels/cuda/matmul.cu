@@ -1,0 +1,201 @@
+/*
+** matmul.cu — CUDA kernels of the matmul family (kernels/matmul.h) through cuBLASLt, and
+** the general cuBLASLt entry point (tt_cuda_lt_gemm, engine/cuda/tt_cuda_ops.h) that the
+** bf16 / fp16 paths (fp32 accumulation, bias epilogue) and FP8 (per-tensor scales) use.
+**
+** The engine's matrices are row-major, cuBLASLt's column-major. A row-major (m, n) matrix
+** is the column-major (n, m) matrix with the same leading dimension, so
+**   C = op(A) op(B)  (row-major)   is   C^T = op(B)^T op(A)^T  (column-major):
+** the operands swap places, keep their trans flags, and m and n swap.
+*/
+#include "cuda/tt_cuda.h"
+#include "cuda/tt_cuda_ops.h"
+extern "C" {
+#include "matmul.h"
+}
+
+static cudaDataType_t lt_type(int dtype) {
+  switch (dtype) {
+    case TT_BF16: return CUDA_R_16BF;
+    case TT_F16: return CUDA_R_16F;
+    case TT_E4M3: return CUDA_R_8F_E4M3;
+    case TT_E5M2: return CUDA_R_8F_E5M2;
+    default: return CUDA_R_32F;
+  }
+}
+
+/* Column-major D (rows, cols) = alpha op(X) op(Y) + beta C, batched; see the header. */
+typedef struct lt_call {
+  cublasOperation_t op_x, op_y;
+  int64_t rows, cols, k;
+  const void *x; int64_t ldx, stride_x; int x_dtype;
+  const void *y; int64_t ldy, stride_y; int y_dtype;
+  void *c; int64_t ldc, stride_c; int c_dtype;
+  int64_t batch;
+  float alpha, beta;
+  const void *bias;                   /* (rows), c's dtype or f32; NULL: no epilogue */
+  const float *x_scale, *y_scale;     /* device scalars for fp8 operands, or NULL */
+  int tf32;                           /* allow tf32 for f32 operands */
+} lt_call;
+
+static int lt_layout(cublasLtMatrixLayout_t *l, int dtype, int64_t r, int64_t c, int64_t ld,
+                     int64_t batch, int64_t stride) {
+  TT_CU(cublasLtMatrixLayoutCreate(l, lt_type(dtype), (uint64_t)r, (uint64_t)c, ld));
+  if (batch > 1) {
+    int32_t b = (int32_t)batch;
+    TT_CU(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b));
+    TT_CU(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                           &stride, sizeof stride));
+  }
+  return 0;
+}
+
+/* The body of lt_run, with the descriptors owned by the caller (freed there). */
+static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
+                       cublasLtMatrixLayout_t *lx, cublasLtMatrixLayout_t *ly,
+                       cublasLtMatrixLayout_t *lc, cublasLtMatmulPreference_t *pref) {
+  cublasLtHandle_t h;
+  void *ws;
+  size_t ws_bytes;
+  TT_TRY(tt_cuda_blaslt(&h, &ws, &ws_bytes));
+  int fp32_in = q->x_dtype == TT_F32 && q->y_dtype == TT_F32;
+  cublasComputeType_t compute = fp32_in && q->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                   : CUBLAS_COMPUTE_32F;
+  TT_CU(cublasLtMatmulDescCreate(desc, compute, CUDA_R_32F));
+  TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &q->op_x,
+                                       sizeof q->op_x));
+  TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &q->op_y,
+                                       sizeof q->op_y));
+  if (q->bias) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cudaDataType_t bt = q->c_dtype == TT_F32 ? CUDA_R_32F : lt_type(q->c_dtype);
+    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &q->bias,
+                                         sizeof q->bias));
+    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                         sizeof bt));
+  }
+  if (q->x_scale)
+    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                         &q->x_scale, sizeof q->x_scale));
+  if (q->y_scale)
+    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                         &q->y_scale, sizeof q->y_scale));
+  int tx = q->op_x == CUBLAS_OP_T, ty = q->op_y == CUBLAS_OP_T;
+  TT_TRY(lt_layout(lx, q->x_dtype, tx ? q->k : q->rows, tx ? q->rows : q->k, q->ldx, q->batch,
+                   q->stride_x));
+  TT_TRY(lt_layout(ly, q->y_dtype, ty ? q->cols : q->k, ty ? q->k : q->cols, q->ldy, q->batch,
+                   q->stride_y));
+  TT_TRY(lt_layout(lc, q->c_dtype, q->rows, q->cols, q->ldc, q->batch, q->stride_c));
+  TT_CU(cublasLtMatmulPreferenceCreate(pref));
+  TT_CU(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &ws_bytes, sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  TT_CU(cublasLtMatmulAlgoGetHeuristic(h, *desc, *lx, *ly, *lc, *lc, *pref, 1, &heur, &found));
+  TT_CHECK(found > 0, "cuBLASLt: no algorithm for a %lldx%lldx%lld GEMM (%s x %s -> %s)",
+           (long long)q->rows, (long long)q->cols, (long long)q->k, tt_dtype_name(q->x_dtype),
+           tt_dtype_name(q->y_dtype), tt_dtype_name(q->c_dtype));
+  TT_CU(cublasLtMatmul(h, *desc, &q->alpha, q->x, *lx, q->y, *ly, &q->beta, q->c, *lc, q->c,
+                       *lc, &heur.algo, ws, ws_bytes, tt_cuda_cur_stream()));
+  return 0;
+}
+
+static int lt_run(const lt_call *q) {
+  cublasLtMatmulDesc_t desc = NULL;
+  cublasLtMatrixLayout_t lx = NULL, ly = NULL, lc = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  int rc = lt_run_with(q, &desc, &lx, &ly, &lc, &pref);
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (ly) cublasLtMatrixLayoutDestroy(ly);
+  if (lx) cublasLtMatrixLayoutDestroy(lx);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  return rc;
+}
+
+/* Row-major C (m, n) = alpha op(A) op(B) + beta C, the row-major -> column-major swap. */
+extern "C" int tt_cuda_lt_gemm(const tt_cuda_gemm_args *g) {
+  if (g->m == 0 || g->n == 0 || g->batch == 0) return 0;
+  lt_call q;
+  memset(&q, 0, sizeof q);
+  q.op_x = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  q.op_y = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  q.rows = g->n;
+  q.cols = g->m;
+  q.k = g->k;
+  q.x = g->b; q.ldx = g->ldb; q.stride_x = g->stride_b; q.x_dtype = g->b_dtype;
+  q.y = g->a; q.ldy = g->lda; q.stride_y = g->stride_a; q.y_dtype = g->a_dtype;
+  q.c = g->c; q.ldc = g->ldc; q.stride_c = g->stride_c; q.c_dtype = g->c_dtype;
+  q.batch = g->batch;
+  q.alpha = g->alpha;
+  q.beta = g->beta;
+  q.bias = g->bias;
+  q.x_scale = g->b_scale;
+  q.y_scale = g->a_scale;
+  q.tf32 = g->allow_tf32;
+  return lt_run(&q);
+}
+
+static int gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb,
+                int64_t stride_b, float beta, float *c, int64_t ldc, int64_t stride_c,
+                int64_t batch) {
+  if (k == 0) {
+    /* An empty sum: C = beta C (beta 0 clears, whatever C held). */
+    TT_CHECK(beta == 0 || beta == 1, "gemm: k = 0 with beta %g is not supported", beta);
+    if (beta == 0)
+      for (int64_t i = 0; i < batch; i++)
+        TT_CU(cudaMemset2DAsync(c + i * stride_c, (size_t)ldc * sizeof(float), 0,
+                                (size_t)n * sizeof(float), (size_t)m, tt_cuda_cur_stream()));
+    return 0;
+  }
+  tt_cuda_gemm_args g;
+  memset(&g, 0, sizeof g);
+  g.trans_a = trans_a; g.trans_b = trans_b;
+  g.m = m; g.n = n; g.k = k;
+  g.a = a; g.lda = lda; g.stride_a = stride_a; g.a_dtype = TT_F32;
+  g.b = b; g.ldb = ldb; g.stride_b = stride_b; g.b_dtype = TT_F32;
+  g.c = c; g.ldc = ldc; g.stride_c = stride_c; g.c_dtype = TT_F32;
+  g.batch = batch;
+  g.alpha = alpha;
+  g.beta = beta;
+  return tt_cuda_lt_gemm(&g);
+}
+
+__global__ void bias_fill_kernel(float *c, const float *bias, int64_t rows, int64_t n,
+                                 int64_t ldc) {
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < rows * n;
+       k += (int64_t)gridDim.x * blockDim.x)
+    c[(k / n) * ldc + k % n] = bias[k % n];
+}
+
+static int bias_fill(float *c, const float *bias, int64_t rows, int64_t n, int64_t ldc) {
+  if (rows * n == 0) return 0;
+  bias_fill_kernel<<<tt_cuda_blocks(rows * n, 256), 256, 0, tt_cuda_cur_stream()>>>(c, bias, rows,
+                                                                                n, ldc);
+  TT_CU_LAUNCHED("bias_fill_kernel");
+  return 0;
+}
+
+/* Column sums, each thread one column, rows in order: deterministic. */
+__global__ void bias_grad_kernel(float *gbias, const float *g, int64_t rows, int64_t n) {
+  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  float s = 0;
+  for (int64_t i = 0; i < rows; i++) s += g[i * n + j];
+  gbias[j] = s;
+}
+
+static int bias_backward(float *gbias, const float *g, int64_t rows, int64_t n) {
+  if (n == 0) return 0;
+  bias_grad_kernel<<<(unsigned)((n + 127) / 128), 128, 0, tt_cuda_cur_stream()>>>(gbias, g, rows, n);
+  TT_CU_LAUNCHED("bias_grad_kernel");
+  return 0;
+}
+
+extern "C" const tt_matmul_kernels tt_matmul_cuda = {
+  gemm, bias_fill, bias_backward,
+};
+
+TT_CUDA_FAMILY(matmul)

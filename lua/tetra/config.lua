@@ -1,0 +1,661 @@
+-- tetra.config: the configuration schema, presets, merging and validation.
+--
+-- A config is a table of sections (train, parallel, data, model, optim, checkpoint, log,
+-- dist), each a table of keys. Precedence, lowest first:
+--   schema defaults < recipe defaults < model preset < YAML file < --set key=value
+-- The preset (llama-7b, gpt2-124m ...) is named by train.model_name or model.name and
+-- fills model.* keys the YAML and --set leave alone.
+--
+-- Validation runs before anything is allocated. Every problem is a config error naming
+-- the key and the fix; unknown keys suggest the nearest known one. Modules add their own
+-- keys with config.register(section, keys) or by dropping a file in lua/tetra/schema/
+-- that returns { section = { key = spec } }; cross-key rules go through
+-- config.register_check(fn).
+
+local host = require("tetra.host")
+
+local M = {}
+
+-- -- Errors --------------------------------------------------------------------------
+
+local ConfigError = {}
+ConfigError.__index = ConfigError
+ConfigError.__tostring = function(e) return e.message end
+
+-- Raises a config error; main.c prints its message without a traceback.
+function M.error(fmt, ...)
+  error(setmetatable({ message = "config error: " .. fmt:format(...), user = true }, ConfigError), 0)
+end
+
+function M.is_error(e) return getmetatable(e) == ConfigError end
+
+-- -- Schema --------------------------------------------------------------------------
+-- A key spec: { type = "int"|"num"|"bool"|"str"|"enum"|"list"|"any", default = v,
+--               min = n, values = {...} (enum), doc = "..." }
+
+local function int(default, min, doc) return { type = "int", default = default, min = min, doc = doc } end
+local function num(default, min, doc) return { type = "num", default = default, min = min, doc = doc } end
+local function bool(default, doc) return { type = "bool", default = default, doc = doc } end
+local function str(default, doc) return { type = "str", default = default, doc = doc } end
+local function enum(default, values, doc) return { type = "enum", default = default, values = values, doc = doc } end
+local function list(doc) return { type = "list", doc = doc } end
+local function any(default, doc) return { type = "any", default = default, doc = doc } end
+
+M.schema = {
+  train = {
+    model_name = str(nil, "preset: llama-7b, llama-1b, llama-tiny, gpt2-124m, gpt2-tiny"),
+    recipe = str(nil, "recipe name (recipes/NAME.lua) or path; default from the preset family"),
+    precision = enum("fp32", { "fp32", "bf16", "fp16", "fp8" }),
+    batch_size = int(8, 1, "global batch in sequences per optimizer step"),
+    gradient_accumulation_steps = int(1, 1, "micro-batches per optimizer step and DP rank"),
+    steps = int(100, 0, "optimizer steps"),
+    lr = num(3e-4, 0, "peak learning rate"),
+    lr_schedule = enum("cosine", { "cosine", "constant", "linear" }),
+    warmup_steps = int(0, 0),
+    min_lr = num(0, 0, "learning rate at the end of the decay"),
+    weight_decay = num(0.1, 0),
+    max_grad_norm = num(1.0, 0, "0 disables clipping"),
+    seed = int(1234, 0),
+    eval_every = int(0, 0, "0 disables evaluation"),
+    eval_steps = int(10, 1),
+    sample_every = int(0, 0, "generate a text sample every N steps (0: at the end only)"),
+    sample_tokens = int(64, 0),
+    temperature = num(0.8, 0),
+    top_k = int(40, 0),
+    prompt = str(nil),
+    threads = int(0, 0, "CPU threads (0: OMP_NUM_THREADS or all cores)"),
+    micro_batch_size = int(nil, 1, "derived: batch_size / (gradient_accumulation_steps x data_parallel_size)"),
+  },
+  parallel = {
+    data_parallel_size = int(1, 1),
+    tensor_parallel_size = int(1, 1),
+    pipeline_parallel_size = int(1, 1),
+    context_parallel_size = int(1, 1),
+    virtual_pipeline_size = int(1, 1, "virtual stages per rank (interleaved 1F1B)"),
+    zero_stage = int(0, 0),
+    order = str("tp-cp-dp-pp", "mesh order, fastest-varying first"),
+    pipeline_schedule = enum("1f1b", { "gpipe", "1f1b", "interleaved_1f1b" }),
+    pipeline_stages = list("explicit layer counts per stage"),
+    sequence_parallel = bool(false),
+  },
+  data = {
+    input_path = any(nil, "file, glob or list of them"),
+    eval_path = any(nil),
+    vocab_file = str(nil),
+    merges_file = str(nil),
+    tokenizer = str("byte", "byte, or a tokenizer file"),
+    online_tokenization = bool(true),
+    shuffle_buffer_size = int(10000, 0),
+    num_workers = int(2, 0),
+    mock = bool(false, "random tokens instead of a corpus (benchmarks)"),
+    num_streams = int(1, 1),
+    datasets = list("[{path = ..., weight = ...}, ...]"),
+    prefetch = int(4, 1),
+    seed = int(nil, 0),
+  },
+  model = {
+    name = str(nil, "preset name, same as train.model_name"),
+    family = enum(nil, { "llama", "gpt2" }),
+    dim = int(nil, 1),
+    n_layers = int(nil, 1),
+    n_heads = int(nil, 1),
+    n_kv_heads = int(nil, 1),
+    vocab_size = int(nil, 1),
+    seq_len = int(nil, 1),
+    ffn_hidden = int(nil, 1),
+    norm_eps = num(1e-5, 0),
+    rope_theta = num(10000, 0),
+    tie_embeddings = bool(nil),
+    init_std = num(0.02, 0),
+  },
+  optim = {
+    name = enum("adamw", { "adamw", "sgd" }),
+    beta1 = num(0.9, 0),
+    beta2 = num(0.95, 0),
+    eps = num(1e-8, 0),
+    momentum = num(0.9, 0),
+  },
+  checkpoint = {
+    dir = str(nil),
+    every = int(0, 0, "0 disables periodic saves"),
+    keep = int(3, 0),
+    async = bool(false),
+    resume = any(false, "true / \"auto\" (latest in dir) / a checkpoint path"),
+    load_path = str(nil),
+  },
+  log = {
+    metrics_file = str(nil),
+    every = int(1, 1),
+    log_file = str(nil),
+    progress = bool(true),
+    prometheus_port = int(0, 0),
+  },
+  dist = {
+    timeout_s = num(600, 0),
+    bucket_mb = num(25, 0),
+  },
+}
+
+local checks = {}
+
+-- Adds keys to a section (creating it). keys: { name = spec } where spec is a table
+-- made like the ones above, or a plain default value (type taken from it).
+function M.register(section, keys)
+  local sec = M.schema[section] or {}
+  M.schema[section] = sec
+  for name, spec in pairs(keys) do
+    if type(spec) ~= "table" or not spec.type then
+      local t = type(spec)
+      spec = { default = spec,
+               type = t == "number" and "num" or t == "boolean" and "bool" or t == "string" and "str" or "any" }
+    end
+    sec[name] = spec
+  end
+end
+
+-- fn(cfg) raises through config.error when the merged config is impossible.
+function M.register_check(fn) checks[#checks + 1] = fn end
+
+local schema_dirs_loaded = false
+local function load_schema_dir()
+  if schema_dirs_loaded then return end
+  schema_dirs_loaded = true
+  local dir = host.root .. "/lua/tetra/schema"
+  if not host.is_dir(dir) then return end
+  for _, f in ipairs(host.listdir(dir) or {}) do
+    local name = f:match("^(.-)%.lua$")
+    if name then
+      local ext = require("tetra.schema." .. name)
+      for section, keys in pairs(ext) do M.register(section, keys) end
+    end
+  end
+end
+
+-- -- Presets (published shapes) ------------------------------------------------------
+
+M.presets = {
+  -- Llama 2 7B (Touvron et al. 2023).
+  ["llama-7b"] = { family = "llama", dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 32,
+                   vocab_size = 32000, seq_len = 4096, ffn_hidden = 11008, norm_eps = 1e-5,
+                   rope_theta = 10000, tie_embeddings = false },
+  -- Llama 3.2 1B.
+  ["llama-1b"] = { family = "llama", dim = 2048, n_layers = 16, n_heads = 32, n_kv_heads = 8,
+                   vocab_size = 128256, seq_len = 2048, ffn_hidden = 8192, norm_eps = 1e-5,
+                   rope_theta = 500000, tie_embeddings = true },
+  -- The benchmark model: trains in minutes on 2 CPU cores.
+  ["llama-tiny"] = { family = "llama", dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
+                     vocab_size = 4096, seq_len = 256, ffn_hidden = 768, norm_eps = 1e-5,
+                     rope_theta = 10000, tie_embeddings = false },
+  -- GPT-2 small (Radford et al. 2019).
+  ["gpt2-124m"] = { family = "gpt2", dim = 768, n_layers = 12, n_heads = 12, n_kv_heads = 12,
+                    vocab_size = 50257, seq_len = 1024, ffn_hidden = 3072, norm_eps = 1e-5,
+                    tie_embeddings = true },
+  ["gpt2-tiny"] = { family = "gpt2", dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
+                    vocab_size = 4096, seq_len = 256, ffn_hidden = 1024, norm_eps = 1e-5,
+                    tie_embeddings = true },
+}
+
+-- -- Helpers -------------------------------------------------------------------------
+
+local function deep_copy(v)
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = deep_copy(x) end
+  return out
+end
+M.copy = deep_copy
+
+-- Merges `over` into a copy of `base`: sections and keys of `over` win; lists replace.
+function M.merge(base, over)
+  local out = deep_copy(base or {})
+  for section, keys in pairs(over or {}) do
+    if type(keys) == "table" and type(out[section]) == "table" and #keys == 0 then
+      for k, v in pairs(keys) do out[section][k] = deep_copy(v) end
+    else
+      out[section] = deep_copy(keys)
+    end
+  end
+  return out
+end
+
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+
+local function edit_distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+-- "did you mean" for an unknown key: the closest key of the same section, or the same
+-- key name in another section.
+local function suggest(section, key)
+  local best, best_d = nil, math.huge
+  local sec = M.schema[section]
+  if sec then
+    for _, k in ipairs(sorted_keys(sec)) do
+      local d = edit_distance(key, k)
+      if d < best_d then best, best_d = section .. "." .. k, d end
+    end
+    if best_d > math.max(2, math.floor(#key / 3)) then best = nil end
+  end
+  if not best then
+    for _, s in ipairs(sorted_keys(M.schema)) do
+      if M.schema[s][key] then best = s .. "." .. key; break end
+    end
+  end
+  return best and (" (did you mean '" .. best .. "'?)") or ""
+end
+
+local function suggest_section(name)
+  local best, best_d = nil, math.huge
+  for _, s in ipairs(sorted_keys(M.schema)) do
+    local d = edit_distance(name, s)
+    if d < best_d then best, best_d = s, d end
+  end
+  if best_d <= 2 then return " (did you mean '" .. best .. "'?)" end
+  return " (sections: " .. table.concat(sorted_keys(M.schema), ", ") .. ")"
+end
+
+local function show(v)
+  if type(v) == "string" then return ("'%s'"):format(v) end
+  if type(v) == "table" then return "a table" end
+  return tostring(v)
+end
+
+-- Parses a --set value: numbers, booleans, null and [flow, lists] as YAML reads them,
+-- anything else as the string itself.
+function M.parse_value(text)
+  if text == "" then return "" end
+  local v = host.parse_yaml(text)
+  if type(v) == "table" and not text:match("^%s*[%[{]") then return text end
+  if v == nil and not (text == "null" or text == "~" or text == "nil") then return text end
+  return v
+end
+
+-- "train.batch_size=8" -> section, key, value
+function M.parse_set(kv)
+  local path, value = kv:match("^([^=]+)=(.*)$")
+  if not path then M.error("--set needs key=value, got '%s'", kv) end
+  local section, key = path:match("^([%w_]+)%.([%w_]+)$")
+  if not section then
+    M.error("--set key '%s' must look like section.key (e.g. train.batch_size)", path)
+  end
+  return section, key, M.parse_value(value)
+end
+
+-- Applies a list of "k=v" strings to a copy of cfg.
+function M.apply_sets(cfg, sets)
+  cfg = deep_copy(cfg or {})
+  for _, kv in ipairs(sets or {}) do
+    local section, key, value = M.parse_set(kv)
+    cfg[section] = cfg[section] or {}
+    if type(cfg[section]) ~= "table" then M.error("'%s' is not a section", section) end
+    cfg[section][key] = value
+  end
+  return cfg
+end
+
+-- -- Validation ----------------------------------------------------------------------
+
+local function check_key(section, key, v, spec)
+  local name = section .. "." .. key
+  local t = spec.type
+  if t == "int" or t == "num" then
+    if type(v) ~= "number" or (t == "int" and v % 1 ~= 0) then
+      M.error("%s must be %s, got %s", name, t == "int" and "an integer" or "a number", show(v))
+    end
+    if spec.min and v < spec.min then
+      M.error("%s must be >= %s, got %s", name, tostring(spec.min), show(v))
+    end
+  elseif t == "bool" then
+    if type(v) ~= "boolean" then M.error("%s must be true or false, got %s", name, show(v)) end
+  elseif t == "str" then
+    if type(v) ~= "string" then M.error("%s must be a string, got %s", name, show(v)) end
+  elseif t == "enum" then
+    local ok = false
+    for _, x in ipairs(spec.values) do ok = ok or x == v end
+    if not ok then
+      M.error("%s must be one of %s, got %s", name, table.concat(spec.values, ", "), show(v))
+    end
+  elseif t == "list" then
+    if type(v) ~= "table" then M.error("%s must be a list, got %s", name, show(v)) end
+  end
+end
+
+local function divides(cfg, a_name, b_name, why)
+  local sa, ka = a_name:match("^(.-)%.(.*)$")
+  local sb, kb = b_name:match("^(.-)%.(.*)$")
+  local a, b = cfg[sa][ka], cfg[sb][kb]
+  if a and b and b % a ~= 0 then
+    M.error("%s (%s) must divide %s (%s)%s", a_name, tostring(a), b_name, tostring(b), why or "")
+  end
+end
+
+-- The number of processes this job runs on (1 outside mpirun).
+function M.world_size()
+  for _, var in ipairs({ "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE" }) do
+    local v = tonumber(os.getenv(var) or "")
+    if v then return v end
+  end
+  return 1
+end
+
+local function check_layout(cfg, world)
+  local p = cfg.parallel
+  local need = p.data_parallel_size * p.tensor_parallel_size * p.pipeline_parallel_size *
+               p.context_parallel_size
+  if world and world ~= need then
+    M.error("this layout needs %d processes (data %d x tensor %d x pipeline %d x context %d) " ..
+            "but %d %s running: run it with `mpirun -np %d tetra run ...`, or change " ..
+            "parallel.*_parallel_size so that their product is %d",
+            need, p.data_parallel_size, p.tensor_parallel_size, p.pipeline_parallel_size,
+            p.context_parallel_size, world, world == 1 and "is" or "are", need, world)
+  end
+  local dims = {}
+  for d in p.order:gmatch("[^-]+") do dims[#dims + 1] = d end
+  table.sort(dims)
+  if table.concat(dims, "-") ~= "cp-dp-pp-tp" then
+    M.error("parallel.order must name tp, cp, dp and pp once each (e.g. 'tp-cp-dp-pp'), got '%s'", p.order)
+  end
+  if p.pipeline_schedule == "interleaved_1f1b" and p.virtual_pipeline_size < 2 then
+    M.error("parallel.pipeline_schedule=interleaved_1f1b needs parallel.virtual_pipeline_size >= 2")
+  end
+  if p.zero_stage > 1 then
+    M.error("parallel.zero_stage must be 0 or 1, got %d", p.zero_stage)
+  end
+  if p.pipeline_stages then
+    if #p.pipeline_stages ~= p.pipeline_parallel_size * p.virtual_pipeline_size then
+      M.error("parallel.pipeline_stages has %d entries, expected one per stage (%d)",
+              #p.pipeline_stages, p.pipeline_parallel_size * p.virtual_pipeline_size)
+    end
+  end
+  local t = cfg.train
+  local per_step = t.gradient_accumulation_steps * p.data_parallel_size
+  if t.batch_size % per_step ~= 0 then
+    M.error("train.batch_size (%d) must be a multiple of train.gradient_accumulation_steps x " ..
+            "parallel.data_parallel_size (%d x %d = %d)", t.batch_size,
+            t.gradient_accumulation_steps, p.data_parallel_size, per_step)
+  end
+end
+
+local function check_model(cfg)
+  local m, p = cfg.model, cfg.parallel
+  for _, k in ipairs({ "dim", "n_layers", "n_heads", "vocab_size", "seq_len" }) do
+    if m[k] == nil then
+      M.error("model.%s is not set: pick a preset with train.model_name (%s) or set model.%s",
+              k, table.concat(sorted_keys(M.presets), ", "), k)
+    end
+  end
+  if m.dim % m.n_heads ~= 0 then
+    M.error("model.n_heads (%d) must divide model.dim (%d): head dim = dim / n_heads", m.n_heads, m.dim)
+  end
+  if m.n_heads % m.n_kv_heads ~= 0 then
+    M.error("model.n_kv_heads (%d) must divide model.n_heads (%d) (grouped-query attention)",
+            m.n_kv_heads, m.n_heads)
+  end
+  if m.family == "llama" and (m.dim / m.n_heads) % 2 ~= 0 then
+    M.error("model.dim / model.n_heads (%d) must be even for rotary embeddings", m.dim / m.n_heads)
+  end
+  local tp = " for tensor parallelism"
+  divides(cfg, "parallel.tensor_parallel_size", "model.n_heads", tp)
+  divides(cfg, "parallel.tensor_parallel_size", "model.n_kv_heads", tp)
+  divides(cfg, "parallel.tensor_parallel_size", "model.ffn_hidden", tp)
+  divides(cfg, "parallel.tensor_parallel_size", "model.vocab_size", " for the vocab-parallel embedding")
+  if p.sequence_parallel then
+    divides(cfg, "parallel.tensor_parallel_size", "model.seq_len", " with sequence parallelism")
+  end
+  local chunks = 2 * p.context_parallel_size
+  if p.context_parallel_size > 1 and m.seq_len % chunks ~= 0 then
+    M.error("model.seq_len (%d) must be a multiple of 2 x parallel.context_parallel_size (%d)",
+            m.seq_len, chunks)
+  end
+  local stages = p.pipeline_parallel_size * p.virtual_pipeline_size
+  if m.n_layers < stages then
+    M.error("model.n_layers (%d) must be at least the number of pipeline stages " ..
+            "(parallel.pipeline_parallel_size x virtual_pipeline_size = %d)", m.n_layers, stages)
+  end
+  if p.pipeline_stages then
+    local sum = 0
+    for _, n in ipairs(p.pipeline_stages) do sum = sum + n end
+    if sum ~= m.n_layers then
+      M.error("parallel.pipeline_stages adds up to %d layers, model.n_layers is %d", sum, m.n_layers)
+    end
+  end
+end
+
+-- Fills model keys that follow from others (family rules).
+local function derive_model(m)
+  if m.n_heads and not m.n_kv_heads then m.n_kv_heads = m.n_heads end
+  if m.dim and not m.ffn_hidden then
+    if m.family == "gpt2" then
+      m.ffn_hidden = 4 * m.dim
+    else
+      -- Llama: 2/3 of 4*dim, rounded up to a multiple of 256.
+      m.ffn_hidden = 256 * math.ceil(math.floor(8 * m.dim / 3) / 256)
+    end
+  end
+  if m.tie_embeddings == nil then m.tie_embeddings = m.family == "gpt2" end
+end
+
+-- Checks every key of cfg against the schema and fills defaults. Returns cfg.
+-- opts.world_size: the process count to check the layout against (false: skip).
+function M.validate(cfg, opts)
+  opts = opts or {}
+  load_schema_dir()
+  for _, section in ipairs(sorted_keys(cfg)) do
+    local keys = cfg[section]
+    if not M.schema[section] then
+      M.error("unknown section '%s'%s", tostring(section), suggest_section(tostring(section)))
+    end
+    if type(keys) ~= "table" then
+      M.error("'%s' must be a section of key: value pairs, got %s", section, show(keys))
+    end
+    for _, key in ipairs(sorted_keys(keys)) do
+      if not M.schema[section][key] then
+        M.error("unknown key '%s.%s'%s", section, tostring(key), suggest(section, tostring(key)))
+      end
+    end
+  end
+  for section, spec_keys in pairs(M.schema) do
+    cfg[section] = cfg[section] or {}
+    for key, spec in pairs(spec_keys) do
+      local v = cfg[section][key]
+      if v == nil then
+        cfg[section][key] = deep_copy(spec.default)
+      else
+        check_key(section, key, v, spec)
+      end
+    end
+  end
+  if cfg.model.dim or cfg.model.n_layers or cfg.model.n_heads then
+    derive_model(cfg.model)
+    check_model(cfg)
+  end
+  local world = opts.world_size
+  if world == nil then world = M.world_size() end
+  check_layout(cfg, world or nil)
+  if cfg.train.min_lr > cfg.train.lr then
+    M.error("train.min_lr (%g) must not exceed train.lr (%g)", cfg.train.min_lr, cfg.train.lr)
+  end
+  if cfg.train.warmup_steps > cfg.train.steps and cfg.train.steps > 0 then
+    M.error("train.warmup_steps (%d) must not exceed train.steps (%d)",
+            cfg.train.warmup_steps, cfg.train.steps)
+  end
+  local micro = cfg.train.batch_size /
+    (cfg.train.gradient_accumulation_steps * cfg.parallel.data_parallel_size)
+  if cfg.train.micro_batch_size and cfg.train.micro_batch_size ~= micro then
+    M.error("train.micro_batch_size (%d) disagrees with train.batch_size / (gradient_accumulation_steps " ..
+            "x data_parallel_size) = %g: set train.batch_size instead", cfg.train.micro_batch_size, micro)
+  end
+  cfg.train.micro_batch_size = micro
+  for _, fn in ipairs(checks) do fn(cfg) end
+  return cfg
+end
+
+-- Keys a recipe's defaults introduce become known keys of their section.
+local function register_defaults(defaults)
+  for section, keys in pairs(defaults or {}) do
+    if type(keys) == "table" then
+      local sec = M.schema[section] or {}
+      M.schema[section] = sec
+      for key, v in pairs(keys) do
+        if not sec[key] then
+          local t = type(v)
+          sec[key] = { type = t == "number" and "num" or t == "boolean" and "bool" or
+                              t == "string" and "str" or "any" }
+        end
+      end
+    end
+  end
+end
+
+local function preset_name(cfg)
+  return (cfg.train and cfg.train.model_name) or (cfg.model and cfg.model.name)
+end
+
+-- Builds the final config, validated. The preset sits just below the layer that names
+-- it: named by the YAML or --set, it overrides the recipe defaults' model keys; named by
+-- the recipe defaults, those defaults' own model keys win over it.
+-- parts: { defaults = tbl, yaml = tbl, sets = {"k=v", ...}, world_size = n | false }
+function M.build(parts)
+  load_schema_dir()
+  register_defaults(parts.defaults)
+  local user = M.apply_sets(parts.yaml or {}, parts.sets)
+  local defaults = parts.defaults or {}
+  local name = preset_name(user)
+  local named_by_user = name ~= nil
+  name = name or preset_name(defaults)
+  local merged
+  if name then
+    local preset = M.presets[name]
+    if not preset then
+      M.error("unknown model preset '%s' (train.model_name): choose one of %s, or set model.* keys",
+              tostring(name), table.concat(sorted_keys(M.presets), ", "))
+    end
+    if named_by_user then
+      merged = M.merge(M.merge(defaults, { model = preset }), user)
+    else
+      merged = M.merge(M.merge({ model = preset }, defaults), user)
+    end
+  else
+    merged = M.merge(defaults, user)
+  end
+  return M.validate(merged, { world_size = parts.world_size })
+end
+
+-- -- Loading files -------------------------------------------------------------------
+
+function M.load_yaml(path)
+  local t, err = host.load_yaml(path)
+  if err then M.error("%s", err) end
+  if t ~= nil and type(t) ~= "table" then M.error("%s: expected a mapping of sections", path) end
+  return t or {}
+end
+
+local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
+
+-- Finds a recipe by name ("llama" -> recipes/llama.lua) or path.
+function M.find_recipe(name, base_dir)
+  local candidates = {}
+  if name:find("/", 1, true) or name:match("%.lua$") then
+    candidates = { name, base_dir .. "/" .. name }
+  else
+    candidates = { host.root .. "/recipes/" .. name .. ".lua", host.source_dir .. "/recipes/" .. name .. ".lua" }
+  end
+  for _, p in ipairs(candidates) do
+    local f = io.open(p)
+    if f then f:close(); return p end
+  end
+  M.error("train.recipe: recipe '%s' not found (looked at %s)", name, table.concat(candidates, ", "))
+end
+
+local function load_recipe(path)
+  local chunk, err = loadfile(path)
+  if not chunk then error(err, 0) end
+  return chunk()
+end
+
+-- Loads FILE (a Lua recipe or a YAML config) and builds its config.
+-- Returns recipe (table, or nil for a plain script that already ran), cfg.
+function M.load(file, sets, opts)
+  opts = opts or {}
+  if file:match("%.ya?ml$") then
+    local yaml = M.load_yaml(file)
+    local name = yaml.train and yaml.train.recipe
+    if not name then
+      local preset = M.presets[preset_name(M.apply_sets(yaml, sets)) or ""]
+      name = preset and preset.family or "llama"
+    end
+    local recipe = load_recipe(M.find_recipe(name, dirname(file)))
+    if type(recipe) ~= "table" then M.error("recipe '%s' did not return a recipe table", name) end
+    return recipe, M.build({ defaults = recipe.defaults, yaml = yaml, sets = sets,
+                             world_size = opts.world_size })
+  end
+  local recipe = load_recipe(file)
+  if type(recipe) ~= "table" or not (recipe.run or recipe.setup) then return nil, nil end
+  return recipe, M.build({ defaults = recipe.defaults, sets = sets, world_size = opts.world_size })
+end
+
+-- Only one rank prints a config error (every rank would find the same one).
+local function is_rank0()
+  for _, var in ipairs({ "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK" }) do
+    local v = tonumber(os.getenv(var) or "")
+    if v then return v == 0 end
+  end
+  return true
+end
+
+-- `tetra run FILE [--set k=v]...`; returns the exit code.
+function M.run_file(file, sets)
+  local ok, recipe, cfg = pcall(M.load, file, sets)
+  if not ok then
+    if M.is_error(recipe) then
+      if is_rank0() then io.stderr:write("tetra: ", recipe.message, "\n") end
+      return 1
+    end
+    error(recipe, 0)
+  end
+  if not recipe then
+    if sets and #sets > 0 then
+      io.stderr:write("tetra: warning: --set ignored: ", file, " is not a recipe (it returned no table with run)\n")
+    end
+    return 0
+  end
+  if not recipe.run then M.error("recipe %s has no run(cfg) function", file) end
+  local rc = recipe.run(cfg)
+  if type(rc) == "number" then return rc end
+  return 0
+end
+
+-- The config as YAML-ish text (for logs and the REPL).
+function M.dump(cfg)
+  local lines = {}
+  for _, section in ipairs(sorted_keys(cfg)) do
+    lines[#lines + 1] = section .. ":"
+    for _, key in ipairs(sorted_keys(cfg[section])) do
+      local v = cfg[section][key]
+      if type(v) == "table" then
+        local parts = {}
+        for _, x in ipairs(v) do parts[#parts + 1] = type(x) == "table" and "{...}" or tostring(x) end
+        v = "[" .. table.concat(parts, ", ") .. "]"
+      end
+      lines[#lines + 1] = ("  %s: %s"):format(key, tostring(v))
+    end
+  end
+  return table.concat(lines, "\n")
+end
+
+return M

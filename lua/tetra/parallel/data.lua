@@ -1,0 +1,157 @@
+-- tetra.parallel.data: data parallelism.
+--
+--   local ddp = tetra.parallel.data.wrap(params, mesh, cfg)
+--   ddp:attach_optimizer(opt)          -- once, after creating the optimizer (ZeRO-1)
+--   per optimizer step:
+--     ddp:begin_step()
+--     local mine = ddp:batch_slice(global_batch)   -- this DP rank's rows
+--     for each micro-batch: ddp:before_backward(is_last); loss:backward()
+--     ddp:finish_grads()               -- grads hold the average over the DP group
+--     opt:clip_grad_norm(max)          -- (ZeRO-1: the global norm, from the shards)
+--     ddp:optimizer_step(opt)
+--
+-- Each DP rank computes the gradient of its rows; the average over ranks is the
+-- gradient of the whole global batch, so the run follows the single-process loss curve.
+-- The averaging is done by the C reducer (engine/dist/reducer.c): gradients are packed
+-- into buckets of cfg.dist.bucket_mb (default 25) that start reducing while backward
+-- still runs, armed only for the last micro-batch of an accumulation.
+-- With cp > 1 the gradients are averaged over dp x cp (the ranks that hold the same
+-- parameters).
+--
+-- ZeRO-1 (cfg.parallel.zero_stage = 1): buckets are reduce-scattered; each rank keeps
+-- AdamW moments for its 1/n share of every bucket only, updates that share of the
+-- parameters in place, and the shares are all-gathered after the step. The fp32
+-- parameters themselves are the master weights on CPU.
+local ffi = require("ffi")
+local tffi = require("tetra.ffi")
+tffi.cdef_header("dist/tetra_dist.h")
+local tensor = require("tetra.tensor")
+
+local C = ffi.C
+local data = {}
+
+local function check(status)
+  if status ~= 0 then error(ffi.string(C.tt_last_error()), 3) end
+end
+
+local DDP = {}
+DDP.__index = DDP
+
+function data.wrap(params, mesh, cfg)
+  cfg = cfg or {}
+  local p, d = cfg.parallel or {}, cfg.dist or {}
+  local group = mesh.cp.size > 1 and mesh.dpcp or mesh.dp
+  local self = setmetatable({ params = params, mesh = mesh, group = group,
+                              dp_rank = mesh.dp.rank, dp_size = mesh.dp.size,
+                              zero_stage = p.zero_stage or 0, step = 0,
+                              exposed_comm_s = 0.0 }, DDP)
+  if self.zero_stage ~= 0 and self.zero_stage ~= 1 then
+    error("parallel.zero_stage = " .. tostring(self.zero_stage) ..
+          ": only 0 and 1 are implemented", 2)
+  end
+  if group.size > 1 then
+    local arr = tensor.tensor_array(params)
+    local box = ffi.new("tt_dist_reducer *[1]")
+    check(C.tt_dist_reducer_new(group._c, arr, #params, d.bucket_mb or 25.0,
+                                self.zero_stage, box))
+    self._reducer = ffi.gc(box[0], C.tt_dist_reducer_free)
+    self.num_buckets = C.tt_dist_reducer_num_buckets(box[0])
+  end
+  return self
+end
+
+function DDP:begin_step()
+  self.step = self.step + 1
+  C.tt_dist_set_step(self.step)
+end
+
+-- Rows [r * B / dp, (r + 1) * B / dp) of a global batch (B, ...) for DP rank r: a view.
+function DDP:batch_slice(t)
+  if self.dp_size == 1 then return t end
+  local rows = t:size(0)
+  if rows % self.dp_size ~= 0 then
+    error(string.format("global batch of %d rows does not divide by " ..
+                        "parallel.data_parallel_size %d", rows, self.dp_size), 2)
+  end
+  local n = rows / self.dp_size
+  return t:narrow(0, self.dp_rank * n, n)
+end
+
+-- Arms the reducer for the last micro-batch only: earlier micro-batches just accumulate.
+function DDP:before_backward(is_last)
+  if self._reducer then C.tt_dist_reducer_arm(self._reducer, is_last and 1 or 0) end
+end
+
+function DDP:finish_grads()
+  if not self._reducer then return end
+  check(C.tt_dist_reducer_finish(self._reducer))
+  self.exposed_comm_s = C.tt_dist_reducer_exposed_s(self._reducer)
+end
+
+-- Mean of a per-rank number over the DP group (the logged loss is the global mean).
+function DDP:all_reduce_mean(x)
+  return self.group:mean(x)
+end
+
+local function zeros_like(t)
+  local dims = {}
+  for i = 0, t._ndim - 1 do dims[#dims + 1] = tonumber(t._shape[i]) end
+  return tensor.zeros(dims)
+end
+
+-- The global gradient norm under ZeRO-1, from every rank's shards; clips the shard
+-- gradients by min(1, max_norm / (norm + 1e-6)) like tt_clip_grad_norm.
+function DDP:_zero_clip_grad_norm(max_norm)
+  local sq = ffi.new("double[1]")
+  check(C.tt_dist_reducer_grad_sq_norm(self._reducer, sq))
+  local norm = math.sqrt(sq[0])
+  if max_norm and max_norm > 0 then
+    local coef = max_norm / (norm + 1e-6)
+    if coef < 1.0 then
+      for _, s in ipairs(self._shards) do
+        local g = s.grad
+        if g then check(C.tt_copy_(g, tensor.scale(g, coef))) end
+      end
+    end
+  end
+  return norm
+end
+
+-- ZeRO-1: the optimizer keeps state for this rank's shards only. Replaces opt.params
+-- (and its moments) by the shard views and routes opt:clip_grad_norm through the
+-- global norm. Must run before the optimizer's first step. No-op without ZeRO-1.
+function DDP:attach_optimizer(opt)
+  if self.zero_stage ~= 1 or not self._reducer or self._opt == opt then return end
+  if (opt.step_count or 0) > 0 then
+    error("ddp:attach_optimizer: the optimizer has already stepped; attach it first", 2)
+  end
+  local r = self._reducer
+  local shards, names, m, v = {}, {}, {}, {}
+  for i = 0, C.tt_dist_reducer_num_shards(r) - 1 do
+    local s = tensor.borrow(C.tt_dist_reducer_shard(r, i))
+    shards[#shards + 1] = s
+    names[#names + 1] = (opt.names and opt.names[C.tt_dist_reducer_shard_param(r, i) + 1] or
+                         "param") .. ".shard"
+    m[#m + 1], v[#v + 1] = zeros_like(s), zeros_like(s)
+  end
+  self._shards = shards
+  opt.params, opt.names, opt.m, opt.v = shards, names, m, v
+  opt:_build_groups()
+  local ddp = self
+  opt.clip_grad_norm = function(_, max_norm) return ddp:_zero_clip_grad_norm(max_norm) end
+  self._opt = opt
+end
+
+-- One optimizer update; with ZeRO-1 each rank updates its shards and the updated
+-- parameters are all-gathered.
+function DDP:optimizer_step(opt, lr)
+  if self.zero_stage == 1 and self._reducer then
+    self:attach_optimizer(opt)
+    opt:step(lr)
+    check(C.tt_dist_reducer_gather_params(self._reducer))
+  else
+    opt:step(lr)
+  end
+end
+
+return data

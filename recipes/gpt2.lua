@@ -1,0 +1,87 @@
+-- GPT-2 (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners").
+--
+--   tokens -> token embedding (wte) + learned position embedding (wpe)
+--          -> n_layers x [ LayerNorm -> attention -> +residual
+--                          LayerNorm -> GELU MLP (4x) -> +residual ]
+--          -> LayerNorm -> logits through wte (tied input/output embedding)
+-- Attention: multi-head, causal, no rotary embedding; every linear layer has a bias.
+-- GELU is the tanh approximation GPT-2 was trained with. Init: Normal(0, 0.02), biases 0,
+-- residual output projections (attn.wo, mlp.c_proj) 0.02 / sqrt(2 * n_layers).
+--
+--   tetra run recipes/gpt2.lua --set model.model_name=gpt2-124m
+local tetra = require("tetra")
+local nn, train = tetra.nn, tetra.train
+local F = nn.functional
+
+local GPT2 = nn.Module:extend("GPT2")
+
+function GPT2:init(c)
+  local std = c.init_std or 0.02
+  local out_std = nn.residual_std(c.n_layers, std)
+  self:add("wte", nn.Embedding(c.vocab_size, c.dim, { std = std }))
+  self:add("wpe", nn.Embedding(c.seq_len, c.dim, { std = std }))
+  self:add("h", nn.ModuleList())
+  for _ = 1, c.n_layers do
+    self.h:append(nn.TransformerBlock {
+      { "ln_1", nn.LayerNorm(c.dim, c.norm_eps) },
+      { "attn", nn.Attention { dim = c.dim, n_heads = c.n_heads, rope = false, bias = true,
+                               std = std, out_std = out_std } },
+      { "ln_2", nn.LayerNorm(c.dim, c.norm_eps) },
+      { "mlp", nn.GeluMLP { dim = c.dim, hidden = c.ffn_hidden, std = std,
+                            out_std = out_std } },
+    })
+  end
+  self:add("ln_f", nn.LayerNorm(c.dim, c.norm_eps))
+  self.positions = {}   -- T -> i64 tensor 0..T-1, built once per length
+end
+
+-- ids: (B, T) int -> logits: (B, T, vocab_size)
+function GPT2:forward(ids)
+  local T = tonumber(ids._shape[1])
+  local pos = self.positions[T]
+  if not pos then
+    pos = F.arange_i64(T)
+    self.positions[T] = pos
+  end
+  local tok, p = self.wte(ids), self.wpe(pos)       -- (B, T, D), (T, D)
+  local x = F.add(tok, p)
+  F.free(tok); F.free(p)
+  local h = self.h(x)
+  F.free(x)
+  local n = self.ln_f(h)
+  F.free(h)
+  local logits = F.linear(n, self.wte.weight)
+  F.free(n)
+  return logits
+end
+
+local recipe = {
+  name = "gpt2",
+  Model = GPT2,
+  defaults = {
+    model = { vocab_size = 4096, dim = 256, n_layers = 4, n_heads = 4, ffn_hidden = 1024,
+              seq_len = 256, norm_eps = 1e-5, tie_embeddings = true, init_std = 0.02 },
+    train = { steps = 50, batch_size = 8, lr = 6e-4, min_lr = 6e-5, warmup_steps = 10,
+              lr_schedule = "cosine", weight_decay = 0.1, max_grad_norm = 1.0 },
+    optim = { name = "adamw", beta1 = 0.9, beta2 = 0.95, eps = 1e-8 },
+    data = { mock = true },
+  },
+}
+
+function recipe.setup(cfg)
+  local data, tokenizer = train.data_source(cfg)
+  local model = GPT2(cfg.model)
+  return train.setup(cfg, model, data, { tokenizer = tokenizer })
+end
+
+function recipe.run(cfg)
+  local env = recipe.setup(cfg)
+  if env.rank == 0 then
+    print(string.format("gpt2: %.2fM parameters, %d layers, dim %d, seq %d, batch %d",
+      env.model:num_params() / 1e6, cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len,
+      cfg.train.batch_size))
+  end
+  return train.run(env)
+end
+
+return recipe

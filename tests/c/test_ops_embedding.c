@@ -1,0 +1,126 @@
+/*
+** test_ops_embedding.c — token embedding lookup and its scatter-add backward against
+** float64 loops; repeated ids; bitwise determinism across thread counts; bad ids.
+*/
+#include "tt_test.h"
+
+typedef struct { int64_t n, V, D; } emb_ctx;   /* n ids, weight (V, D) */
+
+/* in[0]: weight (V, D), in[1]: ids (n) as doubles -> out (n, D) */
+static void emb_ref(double *const *in, double *out, void *ctx) {
+  emb_ctx *c = ctx;
+  for (int64_t i = 0; i < c->n; i++) {
+    int64_t id = (int64_t)in[1][i];
+    for (int64_t j = 0; j < c->D; j++) out[i * c->D + j] = in[0][id * c->D + j];
+  }
+}
+
+static int emb_op(tt_tensor **in, tt_tensor **out, void *ctx) {
+  (void)ctx;
+  return tt_embedding(in[0], in[1], out);
+}
+
+Test(embedding, forward_contiguous_and_strided) {
+  int64_t wshape[2] = {11, 13}, ishape[3] = {2, 3, 5};
+  for (int variant = 0; variant < 4; variant++) {
+    int strided = variant & 1, dtype = variant & 2 ? TT_I64 : TT_I32;
+    tt_tensor *in[2] = {strided ? tt_test_rand_strided(wshape, 2, 7) : tt_test_rand(wshape, 2, 7),
+                        tt_test_index(ishape, 3, 11, dtype, 8 + variant)};
+    emb_ctx c = {30, 11, 13};
+    tt_test_check_forward(emb_op, emb_ref, in, 2, &c, 0.0, 0.0);
+    tt_tensor *y = NULL;
+    cr_assert(tt_embedding(in[0], in[1], &y) == 0, "%s", tt_last_error());
+    cr_assert(y->ndim == 4 && y->shape[0] == 2 && y->shape[1] == 3 && y->shape[2] == 5 &&
+              y->shape[3] == 13);
+    tt_tensor_release(y);
+    tt_tensor_release(in[0]);
+    tt_tensor_release(in[1]);
+  }
+}
+
+/* ids given as a transposed (non-contiguous) view: rows follow the view's logical order. */
+Test(embedding, strided_ids) {
+  int64_t wshape[2] = {9, 5}, ishape[2] = {3, 7};
+  tt_tensor *w = tt_test_rand(wshape, 2, 1), *ids = tt_test_index(ishape, 2, 9, TT_I64, 2);
+  tt_tensor *idt = NULL;
+  cr_assert(tt_transpose(ids, 0, 1, &idt) == 0);
+  cr_assert(!tt_tensor_is_contiguous(idt));
+  tt_tensor *in[2] = {w, idt};
+  emb_ctx c = {21, 9, 5};
+  tt_test_check_forward(emb_op, emb_ref, in, 2, &c, 0.0, 0.0);
+  tt_tensor_release(idt);
+  tt_tensor_release(ids);
+  tt_tensor_release(w);
+}
+
+/* Few rows, many ids: most rows are hit several times, so the scatter-add must sum. */
+Test(embedding, backward_repeated_ids) {
+  int64_t wshape[2] = {7, 9}, ishape[2] = {5, 7};
+  int check[2] = {1, 0};
+  for (int strided = 0; strided < 2; strided++) {
+    tt_tensor *in[2] = {strided ? tt_test_rand_strided(wshape, 2, 3) : tt_test_rand(wshape, 2, 3),
+                        tt_test_index(ishape, 2, 7, TT_I32, 4)};
+    emb_ctx c = {35, 7, 9};
+    tt_test_check_backward(emb_op, emb_ref, in, 2, check, &c, 1e-6, 1e-6);
+    tt_tensor_release(in[0]);
+    tt_tensor_release(in[1]);
+  }
+}
+
+/* Threaded backward (n * D above the grain) equals the float64 scatter-add, and the bits
+** do not depend on the thread count. */
+static tt_tensor *embedding_grad(tt_tensor *w, tt_tensor *ids, tt_tensor *up) {
+  tt_tensor *y = NULL, *g = NULL;
+  tt_zero_grad(w);
+  cr_assert(tt_set_requires_grad(w, 1) == 0);
+  cr_assert(tt_embedding(w, ids, &y) == 0, "%s", tt_last_error());
+  cr_assert(tt_backward_with(y, up) == 0, "%s", tt_last_error());
+  cr_assert(tt_clone(w->grad, &g) == 0);
+  tt_tensor_release(y);
+  return g;
+}
+
+Test(embedding, backward_threaded_deterministic) {
+  int64_t V = 257, D = 67, n = 1031;
+  int64_t wshape[2] = {V, D}, ishape[1] = {n}, yshape[2] = {n, D};
+  tt_tensor *w = tt_test_rand(wshape, 2, 5), *ids = tt_test_index(ishape, 1, V, TT_I64, 6);
+  tt_tensor *up = tt_test_rand(yshape, 2, 7);
+  int keep = tt_get_num_threads();
+  tt_set_num_threads(1);
+  tt_tensor *g1 = embedding_grad(w, ids, up);
+  tt_set_num_threads(2);
+  tt_tensor *g2 = embedding_grad(w, ids, up);
+  tt_set_num_threads(keep);
+  cr_assert(memcmp(tt_tensor_data(g1), tt_tensor_data(g2), sizeof(float) * V * D) == 0,
+            "gradient differs between 1 and 2 threads");
+  double *want = calloc((size_t)(V * D), sizeof(double));
+  const float *u = tt_tensor_data(up);
+  const int64_t *id = tt_tensor_data(ids);
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = 0; j < D; j++) want[id[i] * D + j] += u[i * D + j];
+  tt_test_assert_close(g2, want, V * D, 1e-5, 1e-6, "threaded embedding gradient");
+  free(want);
+  tt_tensor_release(g1);
+  tt_tensor_release(g2);
+  tt_tensor_release(up);
+  tt_tensor_release(ids);
+  tt_tensor_release(w);
+}
+
+Test(embedding, rejects_bad_arguments) {
+  int64_t wshape[2] = {5, 3}, ishape[1] = {4}, w1[1] = {5};
+  tt_tensor *w = tt_test_rand(wshape, 2, 1), *ids = tt_test_index(ishape, 1, 5, TT_I32, 2);
+  tt_tensor *wflat = tt_test_rand(w1, 1, 3), *fids = tt_test_rand(ishape, 1, 4), *y = NULL;
+  tt_test_assert_error(tt_embedding(w, fids, &y), "embedding: ids must be i32 or i64, got f32");
+  tt_test_assert_error(tt_embedding(wflat, ids, &y), "embedding: weight f32[5] cpu must be 2-D");
+  tt_test_assert_error(tt_embedding(ids, ids, &y), "embedding: weight must be f32");
+  ((int32_t *)tt_tensor_data(ids))[2] = 5;
+  tt_test_assert_error(tt_embedding(w, ids, &y), "id 5 at position 2 is outside the vocabulary [0, 5)");
+  ((int32_t *)tt_tensor_data(ids))[2] = -1;
+  tt_test_assert_error(tt_embedding(w, ids, &y), "id -1 at position 2");
+  cr_assert_null(y);
+  tt_tensor_release(w);
+  tt_tensor_release(ids);
+  tt_tensor_release(wflat);
+  tt_tensor_release(fids);
+}

@@ -1,0 +1,43 @@
+#!/bin/bash
+# The REPL with stdin not a terminal: expressions print, statements continue across
+# lines, errors do not end the session, each command is timed; -i loads a recipe.
+TETRA=${1:?usage: repl.sh /path/to/tetra}
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+out=$(printf '%s\n' '1 + 2' 'x = 20' 'for i = 1, 2 do' '  x = x + i' 'end' 'x' \
+  'error("oops")' 'nil_function()' '"still here"' '{a = 1, b = {2, 3}}' \
+  'tetra.ones(2) * 3' | "$TETRA" 2>&1); rc=$?
+[ $rc -eq 0 ] || fail "REPL exited $rc"
+lines=$(grep -v '^(' <<<"$out")   # results without the timing lines
+expected=$'3\n23\nerror: oops\nerror: stdin:1: attempt to call global \'nil_function\' (a nil value)'
+grep -qF "$expected" <<<"$(grep -v -e '^stack traceback' -e '^	' <<<"$lines")" || fail "results were: $out"
+grep -q '^still here$' <<<"$out" || fail "session did not survive errors: $out"
+grep -q '^{a = 1, b = {2, 3}}$' <<<"$out" || fail "table not printed: $out"
+grep -q '^\[3\.0000, 3\.0000\]$' <<<"$out" || fail "tensor not printed: $out"
+n_timed=$(grep -cE '^\([0-9.]+ (us|ms|s)\)$' <<<"$out")
+[ "$n_timed" -eq 9 ] || fail "expected 9 timed commands, saw $n_timed: $out"
+
+out=$(printf '%s\n' 'for i = 1, 3 do' | "$TETRA" 2>&1)
+grep -q "incomplete statement" <<<"$out" || fail "unterminated input not reported: $out"
+
+# -i with a recipe: its setup's model and config are in scope, helpers work.
+if [ -f "$SRC/recipes/tiny.lua" ]; then
+  out=$(printf '%s\n' 'cfg.model.dim' 'model:num_params() > 0' 'probe()' \
+    'inspect(model.tok_embeddings)' 'train_steps(1)' | "$TETRA" -i "$SRC/recipes/tiny.lua" \
+    --set model.dim=32 2>&1); rc=$?
+  [ $rc -eq 0 ] || fail "-i exited $rc: $out"
+  grep -q '^32$' <<<"$out" || fail "--set did not reach the session config: $out"
+  grep -q '^true$' <<<"$out" || fail "model not in scope: $out"
+  grep -qE '^loss [0-9.]+ on ' <<<"$out" || fail "probe() printed no loss: $out"
+  grep -qE 'output +\[' <<<"$out" || fail "inspect() showed no activation: $out"
+  grep -qE 'grad norm [0-9]' <<<"$out" || fail "inspect() showed no grad norm: $out"
+  grep -qE '^step 1 +loss' <<<"$out" || fail "train_steps() printed no step: $out"
+fi
+
+out=$("$TETRA" -i /nonexistent/recipe.lua </dev/null 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "-i on a missing file exited $rc"
+
+[ $fails -eq 0 ] && echo "repl: all checks passed"
+exit $((fails > 0))

@@ -1,0 +1,9 @@
+# Shell tests of the tetra binary's command line: each tests/cli/*.sh runs as
+# `bash SCRIPT /path/to/tetra` (exit 77 = skipped).
+file(GLOB TETRA_CLI_TESTS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.sh)
+foreach(script ${TETRA_CLI_TESTS})
+  get_filename_component(name ${script} NAME_WE)
+  add_test(NAME cli/${name} COMMAND bash ${script} $<TARGET_FILE:tetra>)
+  set_tests_properties(cli/${name} PROPERTIES
+    ENVIRONMENT "OMP_NUM_THREADS=2;TETRA_HISTORY=" SKIP_RETURN_CODE 77 TIMEOUT 120)
+endforeach()

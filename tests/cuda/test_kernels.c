@@ -1,0 +1,307 @@
+/*
+** test_kernels.c — every CUDA op against its CPU twin, forward and backward, on fresh
+** random inputs of odd sizes. Before each GPU run the allocator's cache is filled with
+** NaN blocks of the sizes the op will ask for, so an output element the kernel forgets to
+** write shows up as NaN. Tolerances are relative L2 errors for f32 (1e-5, looser where
+** the GPU sums in another order over long rows).
+**
+** Without a GPU the program exits 77 before running anything: ctest reports "Not Run".
+*/
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include "tt_internal.h"
+#include "tetra_amp.h"
+#include "tetra_cuda.h"
+
+enum { GPU = 0, MAX_IN = 6 };
+
+typedef int (*op_fn)(tt_tensor **in, tt_tensor **out, const void *ctx);
+
+static tt_tensor *randn(const int64_t *shape, int ndim, double std) {
+  tt_tensor *t = NULL;
+  cr_assert_eq(tt_tensor_randn(shape, ndim, 0.0, std, &t), 0, "%s", tt_last_error());
+  return t;
+}
+
+static tt_tensor *to_dev(tt_tensor *t, int device) {
+  tt_tensor *o = NULL;
+  cr_assert_eq(tt_to_device(t, device, &o), 0, "%s", tt_last_error());
+  return o;
+}
+
+/* Puts NaN-filled blocks of n floats into the GPU allocator's cache. */
+static void poison(int64_t n) {
+  if (n <= 0) return;
+  tt_tensor *t = NULL;
+  cr_assert_eq(tt_tensor_full(&n, 1, TT_F32, GPU, NAN, &t), 0, "%s", tt_last_error());
+  tt_tensor_release(t);
+}
+
+/* ||gpu - cpu|| / ||cpu||; fails on NaN. */
+static double rel_err(tt_tensor *gpu, tt_tensor *cpu) {
+  tt_tensor *h = to_dev(gpu, TT_CPU);
+  int64_t n = tt_tensor_numel(cpu);
+  cr_assert_eq(tt_tensor_numel(h), n);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double a = tt_tensor_get(h, i), b = tt_tensor_get(cpu, i);
+    cr_assert(!isnan(a), "element %lld was not written (NaN)", (long long)i);
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  tt_tensor_release(h);
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Runs fn on CPU inputs and on their GPU copies; compares the output, then the grads of
+** the float inputs marked in grad_mask after a backward from the same random upstream. */
+static void check_op(const char *name, op_fn fn, const void *ctx, tt_tensor **cpu_in,
+                     int n_in, unsigned grad_mask, double tol) {
+  tt_tensor *gpu_in[MAX_IN] = {0}, *out_c = NULL, *out_g = NULL;
+  for (int i = 0; i < n_in; i++) {
+    if (!cpu_in[i]) continue;
+    gpu_in[i] = to_dev(cpu_in[i], GPU);
+    if (grad_mask & (1u << i)) {
+      cr_assert_eq(tt_set_requires_grad(cpu_in[i], 1), 0);
+      cr_assert_eq(tt_set_requires_grad(gpu_in[i], 1), 0);
+    }
+  }
+  cr_assert_eq(fn(cpu_in, &out_c, ctx), 0, "%s cpu: %s", name, tt_last_error());
+  int64_t n_out = tt_tensor_numel(out_c);
+  for (int i = 0; i < 4; i++) poison(n_out);
+  cr_assert_eq(fn(gpu_in, &out_g, ctx), 0, "%s cuda: %s", name, tt_last_error());
+  double e = rel_err(out_g, out_c);
+  cr_assert(e <= tol, "%s forward: relative error %g > %g", name, e, tol);
+  if (grad_mask) {
+    tt_tensor *g = randn(out_c->shape, out_c->ndim, 1.0), *gg = to_dev(g, GPU);
+    cr_assert_eq(tt_backward_with(out_c, g), 0, "%s cpu backward: %s", name, tt_last_error());
+    for (int i = 0; i < n_in; i++)
+      if (cpu_in[i]) for (int k = 0; k < 2; k++) poison(tt_tensor_numel(cpu_in[i]));
+    cr_assert_eq(tt_backward_with(out_g, gg), 0, "%s cuda backward: %s", name, tt_last_error());
+    for (int i = 0; i < n_in; i++) {
+      if (!(grad_mask & (1u << i))) continue;
+      cr_assert_not_null(gpu_in[i]->grad, "%s: no grad for input %d on cuda", name, i);
+      double eg = rel_err(gpu_in[i]->grad, cpu_in[i]->grad);
+      cr_assert(eg <= tol, "%s backward, input %d: relative error %g > %g", name, i, eg, tol);
+    }
+    tt_tensor_release(g);
+    tt_tensor_release(gg);
+  }
+  tt_tensor_release(out_c);
+  tt_tensor_release(out_g);
+  for (int i = 0; i < n_in; i++) tt_tensor_release(gpu_in[i]);
+}
+
+/* -- Ops under test ----------------------------------------------------------------- */
+
+static int op_add(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_add(in[0], in[1], out); }
+static int op_mul(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_mul(in[0], in[1], out); }
+static int op_div(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_div(in[0], in[1], out); }
+static int op_silu(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_silu(in[0], out); }
+static int op_gelu(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_gelu(in[0], out); }
+static int op_swiglu(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_swiglu(in[0], in[1], out); }
+static int op_sum1(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; int d = 1; return tt_sum(in[0], &d, 1, 0, out); }
+static int op_sum_last(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; int d = -1; return tt_sum(in[0], &d, 1, 1, out); }
+static int op_max(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; int d = -1; return tt_max(in[0], &d, 1, 0, out); }
+static int op_softmax(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_softmax(in[0], -1, out); }
+static int op_softmax0(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_softmax(in[0], 0, out); }
+static int op_linear(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_linear(in[0], in[1], in[2], out); }
+static int op_matmul_tt(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_matmul(in[0], in[1], NULL, 1, 1, out); }
+static int op_embedding(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_embedding(in[0], in[1], out); }
+static int op_rmsnorm(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_rmsnorm(in[0], in[1], 1e-5, out); }
+static int op_layernorm(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_layernorm(in[0], in[1], in[2], 1e-5, out); }
+static int op_rope(tt_tensor **in, tt_tensor **out, const void *c) { return tt_rope(in[0], NULL, 10000.0, *(const int *)c, out); }
+static int op_attention(tt_tensor **in, tt_tensor **out, const void *c) { return tt_attention(in[0], in[1], in[2], *(const int *)c, 0.0, out); }
+static int op_ce(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_cross_entropy(in[0], in[1], -100, out); }
+static int op_cast_bf16(tt_tensor **in, tt_tensor **out, const void *c) {
+  (void)c;
+  tt_tensor *h = NULL;
+  if (tt_cast(in[0], TT_BF16, &h)) return -1;
+  int rc = tt_cast(h, TT_F32, out);
+  tt_tensor_release(h);
+  return rc;
+}
+static int op_transpose_contig(tt_tensor **in, tt_tensor **out, const void *c) {
+  (void)c;
+  tt_tensor *t = NULL;
+  if (tt_transpose(in[0], 0, 2, &t)) return -1;
+  int rc = tt_contiguous(t, out);
+  tt_tensor_release(t);
+  return rc;
+}
+
+/* -- Tests -------------------------------------------------------------------------- */
+
+Test(cuda, elementwise) {
+  int64_t sa[3] = {3, 37, 129}, sb[2] = {37, 1}, sc[3] = {3, 37, 129};
+  tt_tensor *in[2] = {randn(sa, 3, 1.0), randn(sb, 2, 1.0)};
+  check_op("add (broadcast)", op_add, NULL, in, 2, 3u, 1e-6);
+  check_op("mul (broadcast)", op_mul, NULL, in, 2, 3u, 1e-6);
+  tt_tensor *d[2] = {randn(sa, 3, 1.0), NULL};
+  tt_tensor_rand(sc, 3, 0.5, 2.0, &d[1]);
+  check_op("div", op_div, NULL, d, 2, 3u, 1e-6);
+  for (int i = 0; i < 2; i++) { tt_tensor_release(in[i]); tt_tensor_release(d[i]); }
+}
+
+Test(cuda, activations) {
+  int64_t s[2] = {33, 1001};
+  tt_tensor *in[2] = {randn(s, 2, 2.0), randn(s, 2, 1.0)};
+  check_op("silu", op_silu, NULL, in, 1, 1u, 1e-5);
+  check_op("gelu", op_gelu, NULL, in, 1, 1u, 1e-5);
+  check_op("swiglu", op_swiglu, NULL, in, 2, 3u, 1e-5);
+  for (int i = 0; i < 2; i++) tt_tensor_release(in[i]);
+}
+
+Test(cuda, reductions) {
+  int64_t s[3] = {5, 77, 301};
+  tt_tensor *x = randn(s, 3, 1.0);
+  check_op("sum dim 1", op_sum1, NULL, &x, 1, 1u, 1e-5);
+  check_op("sum last keepdim", op_sum_last, NULL, &x, 1, 1u, 1e-5);
+  check_op("max last", op_max, NULL, &x, 1, 1u, 0);
+  check_op("softmax last", op_softmax, NULL, &x, 1, 1u, 1e-5);
+  check_op("softmax dim 0", op_softmax0, NULL, &x, 1, 1u, 1e-5);
+  tt_tensor_release(x);
+}
+
+Test(cuda, matmul) {
+  int64_t xs[3] = {3, 41, 67}, ws[2] = {53, 67}, bs[1] = {53};
+  tt_tensor *in[3] = {randn(xs, 3, 1.0), randn(ws, 2, 0.1), randn(bs, 1, 0.1)};
+  check_op("linear + bias", op_linear, NULL, in, 3, 7u, 1e-5);
+  int64_t as[2] = {67, 41}, b2[2] = {29, 67};
+  tt_tensor *t[2] = {randn(as, 2, 1.0), randn(b2, 2, 1.0)};
+  check_op("matmul a^T b^T", op_matmul_tt, NULL, t, 2, 3u, 1e-5);
+  for (int i = 0; i < 3; i++) tt_tensor_release(in[i]);
+  for (int i = 0; i < 2; i++) tt_tensor_release(t[i]);
+}
+
+Test(cuda, embedding) {
+  int64_t ws[2] = {97, 67}, is[2] = {3, 45};
+  tt_tensor *in[2] = {randn(ws, 2, 1.0), NULL};
+  cr_assert_eq(tt_tensor_randint(is, 2, 0, 97, TT_I64, &in[1]), 0);
+  check_op("embedding (i64 ids, repeats)", op_embedding, NULL, in, 2, 1u, 1e-6);
+  tt_tensor_release(in[1]);
+  cr_assert_eq(tt_tensor_randint(is, 2, 0, 10, TT_I32, &in[1]), 0);
+  check_op("embedding (i32 ids, many repeats)", op_embedding, NULL, in, 2, 1u, 1e-6);
+  for (int i = 0; i < 2; i++) tt_tensor_release(in[i]);
+}
+
+Test(cuda, norms) {
+  int64_t xs[3] = {2, 19, 333}, ws[1] = {333};
+  tt_tensor *in[3] = {randn(xs, 3, 2.0), randn(ws, 1, 1.0), randn(ws, 1, 1.0)};
+  check_op("rmsnorm", op_rmsnorm, NULL, in, 2, 3u, 1e-5);
+  check_op("layernorm", op_layernorm, NULL, in, 3, 7u, 1e-5);
+  for (int i = 0; i < 3; i++) tt_tensor_release(in[i]);
+}
+
+Test(cuda, rope) {
+  int64_t xs[4] = {2, 23, 3, 34};
+  tt_tensor *x = randn(xs, 4, 1.0);
+  for (int inter = 0; inter < 2; inter++) check_op("rope", op_rope, &inter, &x, 1, 1u, 1e-5);
+  tt_tensor_release(x);
+}
+
+Test(cuda, attention_gqa) {
+  int64_t qs[4] = {2, 37, 6, 40}, ks[4] = {2, 37, 2, 40};
+  tt_tensor *in[3] = {randn(qs, 4, 1.0), randn(ks, 4, 1.0), randn(ks, 4, 1.0)};
+  for (int causal = 0; causal < 2; causal++)
+    check_op(causal ? "attention causal gqa" : "attention gqa", op_attention, &causal, in, 3, 7u,
+             2e-5);
+  for (int i = 0; i < 3; i++) tt_tensor_release(in[i]);
+}
+
+Test(cuda, cross_entropy) {
+  int64_t ls[2] = {29, 1003}, ts[1] = {29};
+  tt_tensor *in[2] = {randn(ls, 2, 3.0), NULL};
+  cr_assert_eq(tt_tensor_randint(ts, 1, 0, 1003, TT_I64, &in[1]), 0);
+  tt_tensor_set(in[1], 3, -100);   /* ignored row */
+  check_op("cross_entropy", op_ce, NULL, in, 2, 1u, 1e-5);
+  for (int i = 0; i < 2; i++) tt_tensor_release(in[i]);
+}
+
+Test(cuda, casts_and_copies) {
+  int64_t s[3] = {7, 9, 11};
+  tt_tensor *x = randn(s, 3, 10.0);
+  check_op("cast f32 -> bf16 -> f32", op_cast_bf16, NULL, &x, 1, 1u, 0);
+  check_op("transpose + contiguous", op_transpose_contig, NULL, &x, 1, 1u, 0);
+  tt_tensor_release(x);
+}
+
+Test(cuda, adamw_and_grad_norm) {
+  int64_t s[1] = {10007};
+  tt_tensor *p[2], *m[2], *v[2], *g;
+  for (int d = 0; d < 2; d++) {
+    tt_manual_seed(11);
+    tt_tensor *p0 = randn(s, 1, 1.0);
+    g = randn(s, 1, 0.1);
+    p[d] = to_dev(p0, d ? GPU : TT_CPU);
+    tt_tensor *gd = to_dev(g, d ? GPU : TT_CPU);
+    cr_assert_eq(tt_set_requires_grad(p[d], 1), 0);
+    cr_assert_eq(tt_accumulate_grad(p[d], gd), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_tensor_zeros(s, 1, TT_F32, d ? GPU : TT_CPU, &m[d]), 0);
+    cr_assert_eq(tt_tensor_zeros(s, 1, TT_F32, d ? GPU : TT_CPU, &v[d]), 0);
+    tt_tensor_release(p0); tt_tensor_release(g); tt_tensor_release(gd);
+  }
+  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+  double norms[2];
+  for (int d = 0; d < 2; d++) {
+    cr_assert_eq(tt_grad_norm(&p[d], 1, &norms[d]), 0, "%s", tt_last_error());
+    for (int step = 1; step <= 3; step++)
+      cr_assert_eq(tt_adamw_step(&p[d], &m[d], &v[d], 1, &cfg, step), 0, "%s", tt_last_error());
+  }
+  cr_assert_float_eq(norms[1], norms[0], 1e-9 * norms[0]);
+  cr_assert(rel_err(p[1], p[0]) < 1e-6);
+  cr_assert(rel_err(v[1], v[0]) < 1e-6);
+  for (int d = 0; d < 2; d++) { tt_tensor_release(p[d]); tt_tensor_release(m[d]); tt_tensor_release(v[d]); }
+}
+
+Test(cuda, fp8_and_loss_scaler) {
+  int64_t s[2] = {61, 129};
+  tt_tensor *x = randn(s, 2, 4.0), *xg = to_dev(x, GPU);
+  tt_tensor *fc = NULL, *fg = NULL;
+  double ac = 0, ag = 0;
+  for (int k = 0; k < 2; k++) {
+    int dt = k ? TT_E5M2 : TT_E4M3;
+    poison(61 * 129);
+    cr_assert_eq(tt_fp8_fake_quantize(x, dt, 20.0, &fc, &ac), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_fp8_fake_quantize(xg, dt, 20.0, &fg, &ag), 0, "%s", tt_last_error());
+    cr_assert_float_eq(ag, ac, 1e-6 * ac);
+    cr_assert(rel_err(fg, fc) == 0, "fp8 rounding differs between cpu and cuda");
+    tt_tensor_release(fc); tt_tensor_release(fg);
+  }
+  /* Unscale on the GPU: same values as on the CPU, and the inf check. */
+  tt_tensor *p = NULL;
+  cr_assert_eq(tt_tensor_zeros(s, 2, TT_F32, GPU, &p), 0);
+  cr_assert_eq(tt_set_requires_grad(p, 1), 0);
+  cr_assert_eq(tt_accumulate_grad(p, xg), 0);
+  int found = -1;
+  cr_assert_eq(tt_grads_unscale_check(&p, 1, 0.25, &found), 0, "%s", tt_last_error());
+  cr_assert_eq(found, 0);
+  tt_tensor *want = NULL;
+  cr_assert_eq(tt_scale(x, 0.25, &want), 0);
+  cr_assert(rel_err(p->grad, want) == 0);
+  tt_tensor *bad = NULL, *badg = NULL;
+  cr_assert_eq(tt_tensor_full(s, 2, TT_F32, TT_CPU, INFINITY, &bad), 0);
+  badg = to_dev(bad, GPU);
+  cr_assert_eq(tt_accumulate_grad(p, badg), 0);
+  cr_assert_eq(tt_grads_unscale_check(&p, 1, 1.0, &found), 0, "%s", tt_last_error());
+  cr_assert_eq(found, 1);
+  tt_tensor_release(x); tt_tensor_release(xg); tt_tensor_release(p); tt_tensor_release(want);
+  tt_tensor_release(bad); tt_tensor_release(badg);
+}
+
+/* Criterion's own main, run only when a GPU is there. */
+int main(int argc, char *argv[]) {
+  if (tt_cuda_init() != 0) {
+    printf("SKIP: %s\n", tt_last_error());
+    return 77;
+  }
+  char info[256];
+  if (tt_cuda_device_info(tt_cuda_current_device(), info, sizeof info) == 0)
+    printf("cuda:%d %s\n", tt_cuda_current_device(), info);
+  struct criterion_test_set *tests = criterion_initialize();
+  int rc = 0;
+  if (criterion_handle_args(argc, argv, true)) rc = !criterion_run_all_tests(tests);
+  criterion_finalize(tests);
+  return rc;
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Data parallelism on 2 ranks with 2 micro-batches of gradient accumulation per
+# step against one process without accumulation (same global batch).
+# The tiny Llama recipe, 20 steps in fp32 with gradient clipping active, must follow the
+# single-process loss curve within 1e-5 relative at every step (tools/compare_loss).
+# Usage: bash dp2_accum_parity.sh /path/to/tetra   (exit 77: skipped)
+set -u
+tetra="${1:?usage: $0 /path/to/tetra}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+[ -f "$root/recipes/tiny.lua" ] || { echo "skipped: recipes/tiny.lua is missing"; exit 77; }
+command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
+exec "$root/tools/compare_loss" --tetra "$tetra" --np 2 --layout parallel.data_parallel_size=2 --layout train.gradient_accumulation_steps=2 --tol 1e-5 \
+  "$root/recipes/tiny.lua" --set train.steps=20 --set train.max_grad_norm=0.5

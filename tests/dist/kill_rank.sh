@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The watchdog: 4 ranks all-reduce in a loop (hang_worker.lua); at step 10 rank 2 dies
+# (SIGKILL, with mpirun told not to tear the job down itself) or hangs (SIGSTOP). Every
+# other rank must report "watchdog: all_reduce on group dp ... at step 10" and the job
+# must end within dist.timeout_s plus a margin: no rank left hanging.
+# Usage: bash kill_rank.sh /path/to/tetra   (exit 77: skipped)
+set -u
+tetra="${1:?usage: $0 /path/to/tetra}"
+here="$(cd "$(dirname "$0")" && pwd)"
+command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
+timeout_s=4
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+failed=0
+
+run_case() {   # signal, extra mpirun args
+  local sig="$1"; shift
+  local start end rc
+  start=$(date +%s)
+  TT_HANG_SIGNAL="$sig" TT_TIMEOUT="$timeout_s" timeout 120 \
+    mpirun --oversubscribe "$@" -np 4 -x TT_HANG_SIGNAL -x TT_TIMEOUT \
+    "$tetra" run "$here/hang_worker.lua" >"$log" 2>&1
+  rc=$?
+  end=$(date +%s)
+  local reports
+  reports=$(grep -c "watchdog: all_reduce on group dp .* at step 10 has not completed" "$log")
+  echo "SIG$sig: exit $rc after $((end - start)) s, $reports watchdog reports"
+  grep "watchdog:" "$log" | head -n 3
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+    echo "FAIL: SIG$sig: the job did not abort (exit $rc)"; failed=1
+  fi
+  if [ $((end - start)) -gt $((timeout_s + 20)) ]; then
+    echo "FAIL: SIG$sig: took $((end - start)) s, over dist.timeout_s + 20"; failed=1
+  fi
+  # Every survivor reports, unless the launcher killed the job before its deadline.
+  if [ "$reports" -lt 1 ]; then
+    echo "FAIL: SIG$sig: no watchdog report"; sed -n '1,20p' "$log"; failed=1
+  fi
+}
+
+run_case KILL --mca orte_abort_on_non_zero_status 0
+run_case STOP
+exit $failed

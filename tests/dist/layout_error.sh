@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# A layout whose product differs from the number of processes is one error line, printed
+# once (by rank 0), that says what was launched and what the layout needs; the job exits
+# non-zero without hanging.
+# Usage: bash layout_error.sh /path/to/tetra   (exit 77: skipped)
+set -u
+tetra="${1:?usage: $0 /path/to/tetra}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+[ -f "$root/recipes/tiny.lua" ] || { echo "skipped: recipes/tiny.lua is missing"; exit 77; }
+command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
+out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
+        --set parallel.data_parallel_size=3 --set train.batch_size=6 2>&1)"
+rc=$?
+echo "$out" | grep "needs"
+n=$(echo "$out" | grep -c "needs 3 processes")
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
+  echo "FAIL: exit $rc, the layout message appeared $n times (want once):"
+  echo "$out" | head -n 20
+  exit 1
+fi
