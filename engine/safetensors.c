@@ -483,7 +483,7 @@ static int lookup(const tt_safetensors *f, const char *name, const st_entry **pe
 }
 
 int tt_safetensors_read(const tt_safetensors *f, const char *name, tt_tensor **out) {
-  const st_entry *e;
+  const st_entry *e = NULL;
   TT_TRY(lookup(f, name, &e));
   tt_tensor *t;
   TT_TRY(tt_tensor_empty(e->shape, e->ndim, e->dtype, TT_CPU, &t));
@@ -493,7 +493,7 @@ int tt_safetensors_read(const tt_safetensors *f, const char *name, tt_tensor **o
 }
 
 int tt_safetensors_read_into(const tt_safetensors *f, const char *name, tt_tensor *dst) {
-  const st_entry *e;
+  const st_entry *e = NULL;
   TT_TRY(lookup(f, name, &e));
   int same = e->ndim == dst->ndim;
   for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == dst->shape[d];

@@ -70,6 +70,7 @@ local recipe = {
 
 function recipe.setup(cfg)
   local data, tokenizer = train.data_source(cfg)
+  tetra.manual_seed(cfg.train.seed)   -- the initial weights depend on the seed only
   local model = GPT2(cfg.model)
   return train.setup(cfg, model, data, { tokenizer = tokenizer })
 end

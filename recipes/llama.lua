@@ -68,6 +68,7 @@ local recipe = {
 
 function recipe.setup(cfg)
   local data, tokenizer = train.data_source(cfg)
+  tetra.manual_seed(cfg.train.seed)   -- the initial weights depend on the seed only
   local model = Llama(cfg.model)
   return train.setup(cfg, model, data, { tokenizer = tokenizer })
 end

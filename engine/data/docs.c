@@ -137,6 +137,10 @@ void tt_doc_reader_rewind(tt_doc_reader *r) {
   r->file = f;
   r->off = f < fs->n ? r->start - fs->starts[f] : 0;
   r->need_align = r->off > 0;
+  /* The open file's position is wherever reading stopped: reopen at the new place. */
+  if (r->f) fclose(r->f);
+  r->f = NULL;
+  r->open_file = -1;
 }
 
 void tt_doc_reader_free(tt_doc_reader *r) {

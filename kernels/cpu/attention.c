@@ -9,6 +9,11 @@
 ** score block per thread. Key blocks that the causal mask hides entirely are skipped, and
 ** blocks that it shows entirely skip the per-element mask.
 **
+** K (and V for the backward) are first copied transposed, head-major (B, Hkv, Dh, Tk), into
+** the workspace, so that Q K^T and dO V^T are NN products: OpenBLAS serves NN and TN
+** products of this size from its small-matrix kernels, but packs NT ones, about 1.5 times
+** slower.
+**
 ** The backward recomputes P block by block from lse (FlashAttention-2). Each (batch,
 ** kv head) task owns dK and dV of its head and dQ of the query heads in its group, so the
 ** threads never write the same row. When there are too few such tasks to keep every thread
@@ -88,24 +93,6 @@ static void mask_block(const tt_attention_args *a, float *s, int64_t bq, int64_t
   }
 }
 
-/* st: (bk, bq), the transposed scores of keys j0.. against queries i0..; hidden ones
-** become -inf. */
-static void mask_block_t(const tt_attention_args *a, float *st, int64_t bq, int64_t bk,
-                         int64_t i0, int64_t j0) {
-  for (int64_t c = 0; c < bk; c++) {
-    float *row = st + c * bq;
-    int64_t kp = pos_at(a->k_pos, j0 + c);
-    if (!a->q_pos) {
-      /* queries at 0..T-1: the ones that cannot see this key are a prefix of the row */
-      int64_t end = kp - i0 < bq ? kp - i0 : bq;
-      for (int64_t r = 0; r < end; r++) row[r] = -INFINITY;
-    } else {
-      for (int64_t r = 0; r < bq; r++)
-        if (kp > a->q_pos[i0 + r]) row[r] = -INFINITY;
-    }
-  }
-}
-
 /* -- Row helpers (AVX2 where the build has it; plain loops otherwise) ----------------- */
 
 static float row_max(const float *x, int64_t n) {
@@ -175,28 +162,29 @@ static float row_exp(float *x, int64_t n, float shift) {
   return sum;
 }
 
-/* x = exp(x - shift) elementwise (shift: (n)), with hidden (-inf) entries exactly 0. */
-static void row_exp_shifted(float *x, const float *shift, int64_t n) {
-  int64_t i = 0;
-#ifdef __AVX2__
-  const __m256 ninf = _mm256_set1_ps(-INFINITY);
-  for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_loadu_ps(x + i);
-    __m256 e = exp8(_mm256_sub_ps(v, _mm256_loadu_ps(shift + i)));
-    _mm256_storeu_ps(x + i, _mm256_andnot_ps(_mm256_cmp_ps(v, ninf, _CMP_EQ_OQ), e));
-  }
-#endif
-  for (; i < n; i++) x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - shift[i]);
-}
-
-/* dst (cols, rows) = src (rows, cols)^T */
-static void transpose(float *dst, const float *src, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
-}
-
 static void row_scale(float *x, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* -- Head-major transposed copies -------------------------------------------------- */
+
+/* xt (B, Hkv, Dh, Tk) = x (B, Tk, Hkv, Dh) transposed per head; x strided (stride: B, T,
+** H). */
+static void transpose_heads(const tt_attention_args *a, const float *x, const int64_t *stride,
+                            float *xt, int parallel) {
+  const int64_t nkv = a->batch * a->hkv, tk = a->tk, dh = a->dh;
+#pragma omp parallel for if (parallel)
+  for (int64_t t = 0; t < nkv; t++) {
+    const float *src = x + (t / a->hkv) * stride[0] + (t % a->hkv) * stride[2];
+    float *dst = xt + t * dh * tk;
+    /* 8 rows of x at a time: their cache lines stay hot while each d writes 8 floats (rows
+    ** often sit a multiple of 4 KiB apart, so more would compete for the same L1 set) */
+    for (int64_t j0 = 0; j0 < tk; j0 += 8) {
+      const int64_t nj = min64(8, tk - j0);
+      for (int64_t d = 0; d < dh; d++)
+        for (int64_t j = j0; j < j0 + nj; j++) dst[d * tk + j] = src[j * stride[1] + d];
+    }
+  }
 }
 
 /* -- Forward -------------------------------------------------------------------------- */
@@ -204,18 +192,20 @@ static void row_scale(float *x, int64_t n, float s) {
 /* Per-thread scratch of the forward: s (bq, BLOCK_K), m (bq), l (bq). */
 static int64_t forward_scratch(int64_t bq) { return bq * BLOCK_K + 2 * bq; }
 
+/* Workspace of the forward: k^T (B, Hkv, Dh, Tk), then the per-thread scratch. */
 static int64_t attention_forward_workspace(const tt_attention_args *a) {
-  return (int64_t)omp_get_max_threads() * forward_scratch(block_q(a->dh));
+  return a->batch * a->hkv * a->dh * a->tk +
+         (int64_t)omp_get_max_threads() * forward_scratch(block_q(a->dh));
 }
 
-/* Output rows i0 .. i0 + bq - 1 of query head h in batch b. */
-static void forward_rows(const tt_attention_args *a, const float *q, const float *k,
+/* Output rows i0 .. i0 + bq - 1 of query head h in batch b. kt: k^T (B, Hkv, Dh, Tk). */
+static void forward_rows(const tt_attention_args *a, const float *q, const float *kt,
                          const float *v, float *out, float *lse, float *s, int64_t b,
                          int64_t h, int64_t i0, int64_t bq) {
   const int64_t dh = a->dh, hk = h / (a->hq / a->hkv), ldo = a->hq * dh;
-  const int64_t ldq = a->q_stride[1], ldk = a->k_stride[1], ldv = a->v_stride[1];
+  const int64_t ldq = a->q_stride[1], ldv = a->v_stride[1], tk = a->tk;
   const float *qb = q + b * a->q_stride[0] + i0 * ldq + h * a->q_stride[2];
-  const float *kh = k + b * a->k_stride[0] + hk * a->k_stride[2];
+  const float *kth = kt + (b * a->hkv + hk) * dh * tk;
   const float *vh = v + b * a->v_stride[0] + hk * a->v_stride[2];
   float *ob = out + ((b * a->tq + i0) * a->hq + h) * dh;
   float *m = s + bq * BLOCK_K, *l = m + bq;
@@ -232,8 +222,8 @@ static void forward_rows(const tt_attention_args *a, const float *q, const float
     const int vis = block_visibility(a, q_lo, q_hi, j0, bk);
     if (vis == BLOCK_HIDDEN) continue;
     /* s (bq, bk) = scale * q (bq, dh) @ k^T (dh, bk) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bq, (int)bk, (int)dh,
-                a->scale, qb, (int)ldq, kh + j0 * ldk, (int)ldk, 0.0f, s, (int)bk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)bk, (int)dh,
+                a->scale, qb, (int)ldq, kth + j0, (int)tk, 0.0f, s, (int)bk);
     if (vis == BLOCK_PARTIAL) mask_block(a, s, bq, bk, i0, j0);
     for (int64_t r = 0; r < bq; r++) {
       float *row = s + r * bk;
@@ -271,15 +261,17 @@ static int attention_forward(const tt_attention_args *a, const float *q, const f
   const int nthr = omp_get_max_threads();
   const int parallel = nthr > 1 && ntasks > 1 &&
                        (double)nbh * a->tq * a->tk * a->dh > TT_PARALLEL_GRAIN;
+  float *kt = workspace, *scratch0 = kt + a->batch * a->hkv * a->dh * a->tk;
+  transpose_heads(a, k, a->k_stride, kt, parallel);
 #pragma omp parallel num_threads(nthr) if (parallel)
   {
-    float *s = workspace + omp_get_thread_num() * scratch;
+    float *s = scratch0 + omp_get_thread_num() * scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < ntasks; t++) {
       /* Under a causal mask the last query blocks see the most keys: hand them out first. */
       int64_t qb = nqb - 1 - t / nbh, bh = t % nbh;
       int64_t i0 = qb * bq;
-      forward_rows(a, q, k, v, out, lse, s, bh / a->hq, bh % a->hq, i0,
+      forward_rows(a, q, kt, v, out, lse, s, bh / a->hq, bh % a->hq, i0,
                    min64(bq, a->tq - i0));
     }
   }
@@ -289,89 +281,86 @@ static int attention_forward(const tt_attention_args *a, const float *q, const f
 /* -- Backward ------------------------------------------------------------------------- */
 
 typedef struct grad_bufs {
-  const float *q, *k, *v, *dout, *lse, *delta;
+  const float *q, *k, *kt, *vt, *dout, *lse, *delta;   /* kt, vt: (B, Hkv, Dh, Tk) */
   float *dq, *dk, *dv;
 } grad_bufs;
 
-/* Per-thread scratch of the backward: pt, dst (BLOCK_K, bq) and ds (bq, BLOCK_K). */
-static int64_t backward_scratch(int64_t bq) { return 3 * bq * BLOCK_K; }
+/* Per-thread scratch of the backward: p and ds, both (bq, BLOCK_K). */
+static int64_t backward_scratch(int64_t bq) { return 2 * bq * BLOCK_K; }
 
+/* Workspace of the backward: delta (B, Hq, Tq), k^T and v^T (B, Hkv, Dh, Tk), then the
+** per-thread scratch. */
 static int64_t attention_backward_workspace(const tt_attention_args *a) {
-  return a->batch * a->hq * a->tq +
+  return a->batch * a->hq * a->tq + 2 * a->batch * a->hkv * a->dh * a->tk +
          (int64_t)omp_get_max_threads() * backward_scratch(block_q(a->dh));
 }
 
 /* Gradient contributions of one (query block, key block) pair of query head h in batch b:
-** queries i0 .. i0 + bq - 1, keys j0 .. j0 + bk - 1. The block is built transposed (keys
-** along rows) so that the products summing over queries, dV += P^T dO and dK += dS^T Q,
-** are plain NN products, and dQ needs one explicit transpose of dS: OpenBLAS serves NN
-** and NT shapes of this size from its small-matrix kernels, but packs TN ones, at about
-** half the speed. */
-static void grad_block(const tt_attention_args *a, const grad_bufs *g, float *scratch,
-                       int64_t b, int64_t h, int64_t i0, int64_t bq, int64_t j0, int64_t bk,
-                       int vis, int want_dq, int want_dkv) {
+** queries i0 .. i0 + bq - 1, keys j0 .. j0 + bk - 1. */
+static void grad_block(const tt_attention_args *a, const grad_bufs *g, float *p, int64_t b,
+                       int64_t h, int64_t i0, int64_t bq, int64_t j0, int64_t bk, int vis,
+                       int want_dq, int want_dkv) {
   const int64_t dh = a->dh, hk = h / (a->hq / a->hkv);
-  const int64_t ldq = a->q_stride[1], ldk = a->k_stride[1], ldv = a->v_stride[1];
+  const int64_t ldq = a->q_stride[1], ldk = a->k_stride[1], tk = a->tk;
   const int64_t ldo = a->hq * dh, ldkv = a->hkv * dh;
   const float *qb = g->q + b * a->q_stride[0] + i0 * ldq + h * a->q_stride[2];
   const float *kb = g->k + b * a->k_stride[0] + j0 * ldk + hk * a->k_stride[2];
-  const float *vb = g->v + b * a->v_stride[0] + j0 * ldv + hk * a->v_stride[2];
+  const float *ktb = g->kt + (b * a->hkv + hk) * dh * tk + j0;
+  const float *vtb = g->vt + (b * a->hkv + hk) * dh * tk + j0;
   const int64_t orow = (b * a->tq + i0) * a->hq + h, kvrow = (b * a->tk + j0) * a->hkv + hk;
   const float *dob = g->dout + orow * dh;
   const float *lrow = g->lse + (b * a->hq + h) * a->tq + i0;
   const float *drow = g->delta + (b * a->hq + h) * a->tq + i0;
-  float *pt = scratch, *dst = pt + bq * BLOCK_K, *ds = dst + bq * BLOCK_K;
+  float *ds = p + bq * BLOCK_K;
 
-  /* pt (bk, bq) = exp(scale * k q^T - lse), lse along the rows */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bk, (int)bq, (int)dh, a->scale,
-              kb, (int)ldk, qb, (int)ldq, 0.0f, pt, (int)bq);
-  if (vis == BLOCK_PARTIAL) mask_block_t(a, pt, bq, bk, i0, j0);
-  for (int64_t c = 0; c < bk; c++) row_exp_shifted(pt + c * bq, lrow, bq);
-  /* dv (bk, dh) += pt (bk, bq) @ dout (bq, dh) */
+  /* p (bq, bk) = exp(scale * q k^T - lse) */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)bk, (int)dh,
+              a->scale, qb, (int)ldq, ktb, (int)tk, 0.0f, p, (int)bk);
+  if (vis == BLOCK_PARTIAL) mask_block(a, p, bq, bk, i0, j0);
+  for (int64_t r = 0; r < bq; r++) row_exp(p + r * bk, bk, lrow[r]);
+  /* dv (bk, dh) += p^T (bk, bq) @ dout (bq, dh) */
   if (want_dkv)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bk, (int)dh, (int)bq, 1.0f,
-                pt, (int)bq, dob, (int)ldo, 1.0f, g->dv + kvrow * dh, (int)ldkv);
-  /* dpt (bk, bq) = v (bk, dh) @ dout^T (dh, bq); dst = pt * (dpt - D) */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)bk, (int)bq, (int)dh, 1.0f, vb,
-              (int)ldv, dob, (int)ldo, 0.0f, dst, (int)bq);
-  for (int64_t c = 0; c < bk; c++) {
-    const float *pr = pt + c * bq;
-    float *dr = dst + c * bq;
-    for (int64_t r = 0; r < bq; r++) dr[r] = pr[r] * (dr[r] - drow[r]);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bk, (int)dh, (int)bq, 1.0f, p,
+                (int)bk, dob, (int)ldo, 1.0f, g->dv + kvrow * dh, (int)ldkv);
+  /* dp (bq, bk) = dout (bq, dh) @ v^T (dh, bk); ds = p * (dp - D) */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)bk, (int)dh, 1.0f,
+              dob, (int)ldo, vtb, (int)tk, 0.0f, ds, (int)bk);
+  for (int64_t r = 0; r < bq; r++) {
+    const float *pr = p + r * bk;
+    float *dr = ds + r * bk, d = drow[r];
+    for (int64_t c = 0; c < bk; c++) dr[c] = pr[c] * (dr[c] - d);
   }
-  /* dk (bk, dh) += scale * dst (bk, bq) @ q (bq, dh) */
-  if (want_dkv)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bk, (int)dh, (int)bq,
-                a->scale, dst, (int)bq, qb, (int)ldq, 1.0f, g->dk + kvrow * dh, (int)ldkv);
   /* dq (bq, dh) += scale * ds (bq, bk) @ k (bk, dh) */
-  if (want_dq) {
-    transpose(ds, dst, bk, bq);
+  if (want_dq)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)dh, (int)bk,
                 a->scale, ds, (int)bk, kb, (int)ldk, 1.0f, g->dq + orow * dh, (int)ldo);
-  }
+  /* dk (bk, dh) += scale * ds^T (bk, bq) @ q (bq, dh) */
+  if (want_dkv)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)bk, (int)dh, (int)bq, a->scale,
+                ds, (int)bk, qb, (int)ldq, 1.0f, g->dk + kvrow * dh, (int)ldkv);
 }
 
 /* Every query block of head h against the key block j0 (bk keys). */
-static void grad_key_block(const tt_attention_args *a, const grad_bufs *g, float *scratch,
+static void grad_key_block(const tt_attention_args *a, const grad_bufs *g, float *p,
                            int64_t b, int64_t h, int64_t j0, int64_t bk, int want_dq) {
   const int64_t bq = block_q(a->dh);
   for (int64_t i0 = 0; i0 < a->tq; i0 += bq) {
     int64_t nq = min64(bq, a->tq - i0), q_lo, q_hi;
     pos_range(a->q_pos, i0, nq, &q_lo, &q_hi);
     int vis = block_visibility(a, q_lo, q_hi, j0, bk);
-    if (vis != BLOCK_HIDDEN) grad_block(a, g, scratch, b, h, i0, nq, j0, bk, vis, want_dq, 1);
+    if (vis != BLOCK_HIDDEN) grad_block(a, g, p, b, h, i0, nq, j0, bk, vis, want_dq, 1);
   }
 }
 
 /* dq of the query block i0 (nq rows) of head h against every key block. */
-static void grad_query_block(const tt_attention_args *a, const grad_bufs *g, float *scratch,
+static void grad_query_block(const tt_attention_args *a, const grad_bufs *g, float *p,
                              int64_t b, int64_t h, int64_t i0, int64_t nq) {
   int64_t q_lo, q_hi;
   pos_range(a->q_pos, i0, nq, &q_lo, &q_hi);
   for (int64_t j0 = 0; j0 < a->tk; j0 += BLOCK_K) {
     int64_t bk = min64(BLOCK_K, a->tk - j0);
     int vis = block_visibility(a, q_lo, q_hi, j0, bk);
-    if (vis != BLOCK_HIDDEN) grad_block(a, g, scratch, b, h, i0, nq, j0, bk, vis, 1, 0);
+    if (vis != BLOCK_HIDDEN) grad_block(a, g, p, b, h, i0, nq, j0, bk, vis, 1, 0);
   }
 }
 
@@ -380,12 +369,14 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
                               const float *dout, float *dq, float *dk, float *dv,
                               float *workspace) {
   const int64_t dh = a->dh, hq = a->hq, tq = a->tq, group = a->hq / a->hkv;
-  const int64_t bq = block_q(dh), per_thread = backward_scratch(bq);
+  const int64_t bq = block_q(dh), scratch = backward_scratch(bq);
   const int64_t rows = a->batch * tq * hq, nkv = a->batch * a->hkv;
-  float *delta = workspace, *scratch0 = workspace + a->batch * hq * tq;
+  const int64_t kv_size = nkv * dh * a->tk;
+  float *delta = workspace, *kt = delta + a->batch * hq * tq, *vt = kt + kv_size;
+  float *scratch0 = vt + kv_size;
   const int nthr = omp_get_max_threads();
   const int parallel = nthr > 1 && (double)rows * a->tk * dh > TT_PARALLEL_GRAIN;
-  grad_bufs g = {q, k, v, dout, lse, delta, dq, dk, dv};
+  grad_bufs g = {q, k, kt, vt, dout, lse, delta, dq, dk, dv};
 
   /* delta (B, Hq, Tq) = rowsum(dout * out); out and dout rows are (b, t, h) */
 #pragma omp parallel for if (parallel)
@@ -396,6 +387,8 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
     int64_t b = r / (tq * hq), t = (r / hq) % tq, h = r % hq;
     delta[(b * hq + h) * tq + t] = acc;
   }
+  transpose_heads(a, k, a->k_stride, kt, parallel);
+  transpose_heads(a, v, a->v_stride, vt, parallel);
   if (rows > 0) memset(dq, 0, (size_t)(rows * dh) * sizeof(float));
   if (nkv * a->tk > 0) {
     memset(dk, 0, (size_t)(nkv * a->tk * dh) * sizeof(float));
@@ -406,13 +399,13 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
     /* One task per (batch, kv head): it owns every gradient row it writes. */
 #pragma omp parallel num_threads(nthr) if (parallel)
     {
-      float *scratch = scratch0 + omp_get_thread_num() * per_thread;
+      float *p = scratch0 + omp_get_thread_num() * scratch;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t t = 0; t < nkv; t++) {
         int64_t b = t / a->hkv, hk = t % a->hkv;
         for (int64_t j0 = 0; j0 < a->tk; j0 += BLOCK_K)
           for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-            grad_key_block(a, &g, scratch, b, h, j0, min64(BLOCK_K, a->tk - j0), 1);
+            grad_key_block(a, &g, p, b, h, j0, min64(BLOCK_K, a->tk - j0), 1);
       }
     }
     return 0;
@@ -421,20 +414,20 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
   const int64_t nkb = cdiv(a->tk, BLOCK_K), nqb = cdiv(tq, bq), nbh = a->batch * hq;
 #pragma omp parallel num_threads(nthr) if (parallel)
   {
-    float *scratch = scratch0 + omp_get_thread_num() * per_thread;
+    float *p = scratch0 + omp_get_thread_num() * scratch;
     /* dk, dv: (batch, kv head, key block) tasks, the first key blocks (most work) first;
     ** the dq pass below is independent of it, so threads move on without waiting */
 #pragma omp for schedule(dynamic, 1) nowait
     for (int64_t t = 0; t < nkv * nkb; t++) {
       int64_t j0 = (t / nkv) * BLOCK_K, b = (t % nkv) / a->hkv, hk = (t % nkv) % a->hkv;
       for (int64_t h = hk * group; h < (hk + 1) * group; h++)
-        grad_key_block(a, &g, scratch, b, h, j0, min64(BLOCK_K, a->tk - j0), 0);
+        grad_key_block(a, &g, p, b, h, j0, min64(BLOCK_K, a->tk - j0), 0);
     }
     /* dq: (batch, query head, query block) tasks, the last query blocks first */
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < nbh * nqb; t++) {
       int64_t i0 = (nqb - 1 - t / nbh) * bq, bh = t % nbh;
-      grad_query_block(a, &g, scratch, bh / hq, bh % hq, i0, min64(bq, tq - i0));
+      grad_query_block(a, &g, p, bh / hq, bh % hq, i0, min64(bq, tq - i0));
     }
   }
   return 0;

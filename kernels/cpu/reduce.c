@@ -9,7 +9,6 @@
 */
 #include "reduce.h"
 #include "tt_internal.h"
-#include <math.h>
 #include <omp.h>
 
 /* Columns handled together by one task of a column kernel. */
@@ -86,21 +85,29 @@ static int cpu_sum_backward(float *gx, const float *g, int64_t outer, int64_t r,
 /* v replaces the running maximum m when larger, or when v is the first NaN. */
 static inline int max_takes(float v, float m) { return v > m || (v != v && m == m); }
 
+/* Index of the first maximum of row (r), a NaN counting as the maximum. A vectorised
+** pass finds the value; a second one finds where it first occurs. */
+static int64_t row_argmax(const float *row, int64_t r) {
+  float m = row[0];
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (int64_t k = 0; k < r; k++) {
+    m = row[k] > m ? row[k] : m;
+    nan |= row[k] != row[k];
+  }
+  for (int64_t k = 0; k < r; k++)
+    if (nan ? row[k] != row[k] : row[k] == m) return k;
+  return 0;
+}
+
 static int cpu_max(float *out, int64_t *idx, const float *x, int64_t outer, int64_t r,
                    int64_t inner) {
   const int64_t work = outer * r * inner;
   if (inner == 1) {
 #pragma omp parallel for if (work > TT_PARALLEL_GRAIN) schedule(static)
     for (int64_t o = 0; o < outer; o++) {
-      const float *row = x + o * r;
-      float m = row[0];
-      int64_t at = 0;
-      for (int64_t k = 1; k < r; k++)
-        if (max_takes(row[k], m)) {
-          m = row[k];
-          at = k;
-        }
-      out[o] = m;
+      const int64_t at = row_argmax(x + o * r, r);
+      out[o] = x[o * r + at];
       idx[o] = at;
     }
     return 0;
@@ -143,14 +150,35 @@ static int cpu_max_backward(float *gx, const float *g, const int64_t *idx, int64
 
 /* -- Softmax ------------------------------------------------------------------------- */
 
+/* e^x for x <= 0 (arguments of a softmax after subtracting the max), written so the
+** compiler vectorises it (no branches, no library call): x = n ln2 + f with
+** |f| <= ln2 / 2, e^f from its degree-7 Taylor polynomial (relative error below 2e-8),
+** 2^n built in the exponent bits. Arguments under -87 give e^-87 (~1.6e-38), not 0. */
+static inline float exp_nonpos(float x) {
+  x = __builtin_fmaxf(x, -87.0f);
+  /* Adding and subtracting 1.5 * 2^23 rounds to the nearest integer. */
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float f = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
+  float p = 1.0f / 5040.0f;
+  p = p * f + 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+  return p * scale.f;
+}
+
 static void softmax_row(float *restrict y, const float *restrict x, int64_t r) {
   float m = x[0];
-  for (int64_t k = 1; k < r; k++) m = x[k] > m ? x[k] : m;
+#pragma omp simd reduction(max : m)
+  for (int64_t k = 0; k < r; k++) m = x[k] > m ? x[k] : m;
+  for (int64_t k = 0; k < r; k++) y[k] = exp_nonpos(x[k] - m);
   double s = 0.0;
-  for (int64_t k = 0; k < r; k++) {
-    y[k] = expf(x[k] - m);
-    s += y[k];
-  }
+#pragma omp simd reduction(+ : s)
+  for (int64_t k = 0; k < r; k++) s += y[k];
   const float inv = (float)(1.0 / s);
   for (int64_t k = 0; k < r; k++) y[k] *= inv;
 }
@@ -182,7 +210,7 @@ static int cpu_softmax(float *y, const float *x, int64_t outer, int64_t r, int64
       }
     for (int64_t k = 0; k < r; k++)
       for (int64_t j = 0; j < n; j++) {
-        const float e = expf(x[base + k * inner + j] - m[j]);
+        const float e = exp_nonpos(x[base + k * inner + j] - m[j]);
         y[base + k * inner + j] = e;
         s[j] += e;
       }

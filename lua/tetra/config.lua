@@ -29,6 +29,11 @@ end
 
 function M.is_error(e) return getmetatable(e) == ConfigError end
 
+-- A user-facing error printed as it is (a missing or unparsable file).
+local function file_error(msg)
+  error(setmetatable({ message = msg, user = true }, ConfigError), 0)
+end
+
 -- -- Schema --------------------------------------------------------------------------
 -- A key spec: { type = "int"|"num"|"bool"|"str"|"enum"|"list"|"any", default = v,
 --               min = n, values = {...} (enum), doc = "..." }
@@ -584,7 +589,7 @@ end
 
 local function load_recipe(path)
   local chunk, err = loadfile(path)
-  if not chunk then error(err, 0) end
+  if not chunk then file_error(err) end
   return chunk()
 end
 

@@ -15,7 +15,9 @@ local tetra = {
 
 -- Tensor functions: tetra.zeros(...) is tensor.zeros(...).
 for k, v in pairs(tensor) do
-  if type(v) == "function" and k ~= "take" and k ~= "wrap" and k ~= "borrow" then tetra[k] = v end
+  if type(v) == "function" and k ~= "take" and k ~= "wrap" and k ~= "borrow" and k ~= "raise" then
+    tetra[k] = v
+  end
 end
 
 local submodules = {

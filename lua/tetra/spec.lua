@@ -10,6 +10,7 @@
 --   expect(v).never.to_be(x) negates any matcher. `expect(v):to_be(x)` works too.
 -- Each failure prints its test path, message and location; the run ends with the line
 -- "N passed, N failed". Exit status: 0 when everything passed, 1 otherwise.
+-- `tetra test -v` lists each test and its time; `-f TEXT` runs the matching tests only.
 
 local host = require("tetra.host")
 
@@ -260,11 +261,11 @@ local function spec_files(paths)
   return files
 end
 
--- Runs the spec files; returns passed, failed (also printed).
-function M.run(paths, out)
-  out = out or io.stdout
+-- Runs the spec files; returns passed, failed (also printed). opts: verbose, filter.
+function M.run(paths, out, opts)
+  out, opts = out or io.stdout, opts or {}
   local passed, failed = 0, 0
-  local verbose = os.getenv("TETRA_SPEC_VERBOSE") == "1"
+  local verbose = opts.verbose or os.getenv("TETRA_SPEC_VERBOSE") == "1"
   local function fail(where, err)
     failed = failed + 1
     out:write(("FAIL %s\n  %s\n"):format(where, err.message:gsub("\n", "\n  ")))
@@ -284,6 +285,7 @@ function M.run(paths, out)
         fail(file, { message = "no tests found" })
       end
       for _, test in ipairs(registry) do
+        if opts.filter and not full_name(test):find(opts.filter, 1, true) then goto continue end
         local t0 = host.now()
         local tok, terr = run_test(test)
         if tok then
@@ -292,6 +294,7 @@ function M.run(paths, out)
         else
           fail(file .. ": " .. full_name(test), terr)
         end
+        ::continue::
       end
     end
     out:flush()
@@ -301,8 +304,24 @@ function M.run(paths, out)
   return passed, failed
 end
 
-function M.main(paths)
-  local _, failed = M.run(paths)
+-- `tetra test [-v] [-f TEXT] PATH...`: -v lists every test with its time and prints
+-- tracebacks; -f runs only tests whose full name contains TEXT.
+function M.main(args)
+  local paths, opts = {}, {}
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "-v" or a == "--verbose" then
+      opts.verbose = true
+    elseif a == "-f" or a == "--filter" then
+      i = i + 1
+      opts.filter = args[i]
+    else
+      paths[#paths + 1] = a
+    end
+    i = i + 1
+  end
+  local _, failed = M.run(paths, nil, opts)
   return failed == 0 and 0 or 1
 end
 

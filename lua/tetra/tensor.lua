@@ -35,9 +35,23 @@ local stats = ffi.new("tt_alloc_stats")
 local gc_baseline = 0
 local wraps = 0
 
+-- Device memory counts too when this binary has CUDA and a GPU (resolved once).
+local has_cuda = nil
+local function cuda_present()
+  if has_cuda == nil then
+    has_cuda = pcall(tffi.cdef_header, "tetra_cuda.h") and tffi.has_symbol("tt_cuda_device_count")
+               and C.tt_cuda_device_count() > 0
+  end
+  return has_cuda
+end
+
 local function live_bytes()
   C.tt_alloc_stats_get(C.TT_CPU, stats)
-  return tonumber(stats.live_bytes)
+  local live = tonumber(stats.live_bytes)
+  if cuda_present() and C.tt_alloc_stats_get(C.tt_cuda_current_device(), stats) == 0 then
+    live = live + tonumber(stats.live_bytes)
+  end
+  return live
 end
 
 local function nudge_gc()
@@ -644,6 +658,13 @@ local function body(t)
   local strides = {}
   local acc = 1
   for d = #shape, 1, -1 do strides[d] = acc; acc = acc * shape[d] end
+  -- Two passes: the first finds the widest number so the columns line up.
+  local width = 0
+  local function cell(v)
+    local str = fmt_number(v, integral)
+    if #str > width then width = #str end
+    return (" "):rep(width - #str) .. str
+  end
   local function rows(d, base, indent)
     local n = shape[d]
     local idx = {}
@@ -659,7 +680,7 @@ local function body(t)
       if i == false then
         parts[#parts + 1] = "..."
       elseif d == #shape then
-        parts[#parts + 1] = fmt_number(C.tt_tensor_get(h, base + i), integral)
+        parts[#parts + 1] = cell(C.tt_tensor_get(h, base + i))
       else
         parts[#parts + 1] = rows(d + 1, base + i * strides[d], indent .. " ")
       end
@@ -667,6 +688,7 @@ local function body(t)
     local sep = d == #shape and ", " or (",\n" .. indent .. " ")
     return "[" .. table.concat(parts, sep) .. "]"
   end
+  rows(1, 0, "")
   return rows(1, 0, "")
 end
 

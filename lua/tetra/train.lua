@@ -122,7 +122,8 @@ single.__index = single
 function single.begin_step() end
 function single.before_backward() end
 function single.finish_grads() end
-function single.optimizer_step(_, opt) opt:step() end
+function single.attach_optimizer() end
+function single.optimizer_step(_, opt, lr) opt:step(lr) end
 function single.batch_slice(_, t) return t end
 
 local function distributed(cfg, params)
@@ -155,7 +156,6 @@ function train.setup(cfg, model, data, opts)
   opts = opts or {}
   local t, o = cfg.train, cfg.optim or {}
   if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
-  C.tt_manual_seed(t.seed or 0)
   local params = model:named_parameters()
   local tensors = {}
   for i, np in ipairs(params) do tensors[i] = np[2] end
@@ -172,6 +172,7 @@ function train.setup(cfg, model, data, opts)
     optimizer = optim.AdamW(params, { lr = t.lr, beta1 = o.beta1, beta2 = o.beta2,
                                       eps = o.eps, weight_decay = t.weight_decay })
   end
+  ddp:attach_optimizer(optimizer)   -- ZeRO-1 keeps this rank's optimizer shard only
   local env = {
     cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,
     tokenizer = opts.tokenizer, rank = mesh.rank or 0,
@@ -210,8 +211,7 @@ function train.setup(cfg, model, data, opts)
     ddp:finish_grads()
     local grad_norm = env.optimizer:clip_grad_norm(t.max_grad_norm)
     local lr = env.schedule(step)
-    env.optimizer.lr = lr
-    ddp:optimizer_step(env.optimizer)
+    ddp:optimizer_step(env.optimizer, lr)
     model:zero_grad()
     env.step_count = step
     local tokens = t.batch_size * seq_len

@@ -125,7 +125,8 @@ static tt_tensor *position_tensor(const int64_t *pos, int64_t n, int dtype) {
 
 static int op_attention(tt_tensor **in, tt_tensor **out, void *ctx) {
   const attn_case *c = ctx;
-  if (!c->q_pos && !c->k_pos) return tt_attention(in[0], in[1], in[2], c->causal, c->scale, out);
+  if (!c->q_pos && !c->k_pos)
+    return tt_attention(in[0], in[1], in[2], c->causal, c->scale, out);
   tt_tensor *qp = c->q_pos ? position_tensor(c->q_pos, c->tq, c->pos_dtype) : NULL;
   tt_tensor *kp = c->k_pos ? position_tensor(c->k_pos, c->tk, c->pos_dtype) : NULL;
   int rc = tt_attention_ex(in[0], in[1], in[2], qp, kp, c->causal, c->scale, out);

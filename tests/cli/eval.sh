@@ -8,7 +8,7 @@ out=$("$TETRA" -e 'print(1 + 1)'); [ "$out" = "2" ] || fail "-e printed '$out'"
 out=$("$TETRA" -e 'print(arg[0], arg[1], arg[2], #arg)' foo bar)
 [ "$out" = "$(printf -- '-e\tfoo\tbar\t2')" ] || fail "arg table was '$out'"
 # The library loads and computes: sum of 0..9 through an engine tensor.
-out=$("$TETRA" -e 'local t = require("tetra"); print(t.arange(10):sum():item())')
+out=$("$TETRA" -e 'local t = require("tetra"); print(t.arange(0, 10, 1, "f32"):sum():item())')
 [ "$out" = "45" ] || fail "tensor sum printed '$out'"
 
 err=$("$TETRA" -e 'error("kaboom")' 2>&1 >/dev/null); rc=$?

@@ -7,7 +7,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TETRA" -e '
 local tetra = require("tetra")
 local w = tetra.from_table({ { 1.5, -2, 3 }, { 4, 5.25, -6 } })
-tetra.io.save(arg[1], { w = w, wt = w:transpose(0, 1), ids = tetra.arange(4) * 1,
+tetra.io.save(arg[1], { w = w, wt = w:transpose(0, 1), ids = tetra.arange(4),
                         half = w:to("f16") }, { epoch = "3" })' "$tmp/t.safetensors" || exit 1
 "$PY" - "$tmp/t.safetensors" <<'PY' || exit 1
 import sys, json, struct
