@@ -101,7 +101,7 @@ static int validate(tt_tensor *q, tt_tensor *k, tt_tensor *v, tt_tensor **out) {
   return 0;
 }
 
-/* -- Backward ------------------------------------------------------------------------- */
+/* -- Backward ----------------------------------------------------------------------- */
 
 /* saved: q, k, v (kernel-ready), lse, then q_pos and k_pos when given (i[1], i[2] hold
 ** their slots or -1); f[0] scale, i[0] causal. */
@@ -142,7 +142,7 @@ done:
   return rc;
 }
 
-/* -- Forward -------------------------------------------------------------------------- */
+/* -- Forward ------------------------------------------------------------------------ */
 
 int tt_attention_ex(tt_tensor *q, tt_tensor *k, tt_tensor *v, tt_tensor *q_pos,
                     tt_tensor *k_pos, int causal, double scale, tt_tensor **out) {

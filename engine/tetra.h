@@ -166,5 +166,7 @@ uint8_t tt_float_to_fp8(float x, int dtype);   /* dtype TT_E4M3 or TT_E5M2 */
 float tt_fp8_to_float(uint8_t v, int dtype);
 
 #include "tetra_ops.h"
+#include "tetra_amp.h"
+#include "tetra_cuda.h"
 
 #endif

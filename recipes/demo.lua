@@ -70,7 +70,7 @@ function recipe.setup(cfg)
   local data = bytetok.dataset(text, { seed = cfg.data.seed or cfg.train.seed })
   tetra.manual_seed(cfg.train.seed)
   local model = llama.Model(cfg.model)
-  local env = train.setup(cfg, model, data, { tokenizer = bytetok })
+  local env = train.setup(cfg, model, data, { tokenizer = bytetok.tokenizer })
   env.corpus_bytes = #text
   return env
 end

@@ -387,7 +387,7 @@ static int encode_word(const tt_bpe *bpe, tt_bpe_cache *c, const uint8_t *w, siz
     if (id >= 0) s[m++] = id;
   }
   m = m <= SCAN_MAX ? merge_scan(bpe, s, m) : merge_heap(bpe, s, m);
-  if (m < 0) return -1;
+  if (m <= 0) return m;
   TT_TRY(tt_ids_reserve(out, (size_t)m));
   memcpy(out->data + out->len, s, (size_t)m * sizeof *s);
   out->len += (size_t)m;
@@ -403,6 +403,7 @@ static int encode_word_cached(const tt_bpe *bpe, tt_bpe_cache *c, const uint8_t 
     cache_slot *sl = &c->slots[i];
     if (sl->hash == 0) break;
     if (sl->hash == h && sl->key_len == n && memcmp(c->keys.data + sl->key_off, w, n) == 0) {
+      if (sl->n_ids == 0) return 0;
       TT_TRY(tt_ids_reserve(out, sl->n_ids));
       memcpy(out->data + out->len, c->ids.data + sl->ids_off, sl->n_ids * sizeof(int32_t));
       out->len += sl->n_ids;
@@ -427,7 +428,7 @@ static int encode_word_cached(const tt_bpe *bpe, tt_bpe_cache *c, const uint8_t 
   sl->n_ids = (uint16_t)k;
   memcpy(c->keys.data + c->keys.len, w, n);
   c->keys.len += n;
-  memcpy(c->ids.data + c->ids.len, out->data + before, k * sizeof(int32_t));
+  if (k) memcpy(c->ids.data + c->ids.len, out->data + before, k * sizeof(int32_t));
   c->ids.len += k;
   c->used++;
   return 0;
@@ -490,7 +491,7 @@ int tt_bpe_encode_with(const tt_bpe *bpe, tt_bpe_cache *cache, const char *text,
   tt_ids *v = &cache->seg;
   v->len = 0;
   TT_TRY(tt_bpe_encode_append(bpe, cache, text, len, allow_special, v));
-  memcpy(ids, v->data, (v->len < cap ? v->len : cap) * sizeof(int32_t));
+  if (v->len && cap) memcpy(ids, v->data, (v->len < cap ? v->len : cap) * sizeof(int32_t));
   *n_out = v->len;
   return 0;
 }

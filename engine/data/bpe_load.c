@@ -329,10 +329,12 @@ int tt_bpe_load_tiktoken_text(const char *path, const char *text, size_t len, tt
     line++;
     if (n > 0 && s[n - 1] == '\r') n--;
     if (n == 0) continue;
+    /* Parsed within the line: the text need not be NUL-terminated. */
     const char *sp = memchr(s, ' ', n);
-    char *end;
-    long rank = sp ? strtol(sp + 1, &end, 10) : -1;
-    if (!sp || rank < 0 || rank >= (1L << 30) || end != s + n) {
+    long rank = sp && sp + 1 < s + n ? 0 : -1;
+    for (const char *d = sp ? sp + 1 : s + n; d < s + n && rank >= 0; d++)
+      rank = *d >= '0' && *d <= '9' && rank < (1L << 30) ? rank * 10 + (*d - '0') : -1;
+    if (!sp || rank < 0 || rank >= (1L << 30)) {
       tt_set_error("%s:%d: expected \"<base64 token> <rank>\"", path, line);
       goto fail;
     }

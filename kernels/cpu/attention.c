@@ -9,10 +9,11 @@
 ** score block per thread. Key blocks that the causal mask hides entirely are skipped, and
 ** blocks that it shows entirely skip the per-element mask.
 **
-** K (and V for the backward) are first copied transposed, head-major (B, Hkv, Dh, Tk), into
-** the workspace, so that Q K^T and dO V^T are NN products: OpenBLAS serves NN and TN
-** products of this size from its small-matrix kernels, but packs NT ones, about 1.5 times
-** slower.
+** K (and V for the backward) are first copied into the workspace as transposed key blocks,
+** (B, Hkv, key block, Dh, BLOCK_K), so that Q K^T and dO V^T are NN products: OpenBLAS
+** serves NN and TN products of this size from its small-matrix kernels without packing,
+** but packs NT ones, about 1.5 times slower. Keeping each block's rows BLOCK_K floats
+** apart (not Tk) matters for the same reason: unpacked rows 4 KiB apart share L1 sets.
 **
 ** The backward recomputes P block by block from lse (FlashAttention-2). Each (batch,
 ** kv head) task owns dK and dV of its head and dQ of the query heads in its group, so the
@@ -44,7 +45,7 @@ static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t pos_at(const int64_t *pos, int64_t i) { return pos ? pos[i] : i; }
 
-/* -- Masking -------------------------------------------------------------------------- */
+/* -- Masking ------------------------------------------------------------------------ */
 
 /* Smallest and largest position among [start, start + n), n >= 1. */
 static void pos_range(const int64_t *pos, int64_t start, int64_t n, int64_t *lo,
@@ -93,7 +94,7 @@ static void mask_block(const tt_attention_args *a, float *s, int64_t bq, int64_t
   }
 }
 
-/* -- Row helpers (AVX2 where the build has it; plain loops otherwise) ----------------- */
+/* -- Row helpers (AVX2 where the build has it; plain loops otherwise) --------------- */
 
 static float row_max(const float *x, int64_t n) {
   int64_t i = 0;
@@ -166,46 +167,55 @@ static void row_scale(float *x, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
-/* -- Head-major transposed copies -------------------------------------------------- */
+/* -- Transposed key blocks ---------------------------------------------------------- */
 
-/* xt (B, Hkv, Dh, Tk) = x (B, Tk, Hkv, Dh) transposed per head; x strided (stride: B, T,
-** H). */
-static void transpose_heads(const tt_attention_args *a, const float *x, const int64_t *stride,
-                            float *xt, int parallel) {
-  const int64_t nkv = a->batch * a->hkv, tk = a->tk, dh = a->dh;
+/* Floats of one transposed copy of k or v: (B, Hkv, key blocks, Dh, BLOCK_K); the columns
+** past Tk in the last block are never read. */
+static int64_t blocked_size(const tt_attention_args *a) {
+  return a->batch * a->hkv * cdiv(a->tk, BLOCK_K) * a->dh * BLOCK_K;
+}
+
+/* The transposed key block (Dh, BLOCK_K) of head hk in batch b that starts at key j0. */
+static const float *key_block(const tt_attention_args *a, const float *xt, int64_t b,
+                              int64_t hk, int64_t j0) {
+  return xt + ((b * a->hkv + hk) * cdiv(a->tk, BLOCK_K) + j0 / BLOCK_K) * a->dh * BLOCK_K;
+}
+
+/* xt (B, Hkv, key blocks, Dh, BLOCK_K) = x (B, Tk, Hkv, Dh) (strides: B, T, H) blocked and
+** transposed. */
+static void transpose_blocks(const tt_attention_args *a, const float *x,
+                             const int64_t *stride, float *xt, int parallel) {
+  const int64_t nkb = cdiv(a->tk, BLOCK_K), dh = a->dh;
 #pragma omp parallel for if (parallel)
-  for (int64_t t = 0; t < nkv; t++) {
-    const float *src = x + (t / a->hkv) * stride[0] + (t % a->hkv) * stride[2];
-    float *dst = xt + t * dh * tk;
-    /* 8 rows of x at a time: their cache lines stay hot while each d writes 8 floats (rows
-    ** often sit a multiple of 4 KiB apart, so more would compete for the same L1 set) */
-    for (int64_t j0 = 0; j0 < tk; j0 += 8) {
-      const int64_t nj = min64(8, tk - j0);
+  for (int64_t t = 0; t < a->batch * a->hkv * nkb; t++) {
+    const int64_t bh = t / nkb, j0 = (t % nkb) * BLOCK_K, nj = min64(BLOCK_K, a->tk - j0);
+    const float *src = x + (bh / a->hkv) * stride[0] + (bh % a->hkv) * stride[2];
+    float *dst = xt + t * dh * BLOCK_K;
+    /* 8 keys at a time: their rows stay in cache while each d writes 8 floats */
+    for (int64_t c0 = 0; c0 < nj; c0 += 8)
       for (int64_t d = 0; d < dh; d++)
-        for (int64_t j = j0; j < j0 + nj; j++) dst[d * tk + j] = src[j * stride[1] + d];
-    }
+        for (int64_t c = c0; c < min64(c0 + 8, nj); c++)
+          dst[d * BLOCK_K + c] = src[(j0 + c) * stride[1] + d];
   }
 }
 
-/* -- Forward -------------------------------------------------------------------------- */
+/* -- Forward ------------------------------------------------------------------------ */
 
 /* Per-thread scratch of the forward: s (bq, BLOCK_K), m (bq), l (bq). */
 static int64_t forward_scratch(int64_t bq) { return bq * BLOCK_K + 2 * bq; }
 
-/* Workspace of the forward: k^T (B, Hkv, Dh, Tk), then the per-thread scratch. */
+/* Workspace of the forward: the transposed key blocks of k, then the per-thread scratch. */
 static int64_t attention_forward_workspace(const tt_attention_args *a) {
-  return a->batch * a->hkv * a->dh * a->tk +
-         (int64_t)omp_get_max_threads() * forward_scratch(block_q(a->dh));
+  return blocked_size(a) + (int64_t)omp_get_max_threads() * forward_scratch(block_q(a->dh));
 }
 
-/* Output rows i0 .. i0 + bq - 1 of query head h in batch b. kt: k^T (B, Hkv, Dh, Tk). */
+/* Output rows i0 .. i0 + bq - 1 of query head h in batch b. kt: k's transposed blocks. */
 static void forward_rows(const tt_attention_args *a, const float *q, const float *kt,
                          const float *v, float *out, float *lse, float *s, int64_t b,
                          int64_t h, int64_t i0, int64_t bq) {
   const int64_t dh = a->dh, hk = h / (a->hq / a->hkv), ldo = a->hq * dh;
-  const int64_t ldq = a->q_stride[1], ldv = a->v_stride[1], tk = a->tk;
+  const int64_t ldq = a->q_stride[1], ldv = a->v_stride[1];
   const float *qb = q + b * a->q_stride[0] + i0 * ldq + h * a->q_stride[2];
-  const float *kth = kt + (b * a->hkv + hk) * dh * tk;
   const float *vh = v + b * a->v_stride[0] + hk * a->v_stride[2];
   float *ob = out + ((b * a->tq + i0) * a->hq + h) * dh;
   float *m = s + bq * BLOCK_K, *l = m + bq;
@@ -223,7 +233,8 @@ static void forward_rows(const tt_attention_args *a, const float *q, const float
     if (vis == BLOCK_HIDDEN) continue;
     /* s (bq, bk) = scale * q (bq, dh) @ k^T (dh, bk) */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)bk, (int)dh,
-                a->scale, qb, (int)ldq, kth + j0, (int)tk, 0.0f, s, (int)bk);
+                a->scale, qb, (int)ldq, key_block(a, kt, b, hk, j0), BLOCK_K, 0.0f, s,
+                (int)bk);
     if (vis == BLOCK_PARTIAL) mask_block(a, s, bq, bk, i0, j0);
     for (int64_t r = 0; r < bq; r++) {
       float *row = s + r * bk;
@@ -261,8 +272,8 @@ static int attention_forward(const tt_attention_args *a, const float *q, const f
   const int nthr = omp_get_max_threads();
   const int parallel = nthr > 1 && ntasks > 1 &&
                        (double)nbh * a->tq * a->tk * a->dh > TT_PARALLEL_GRAIN;
-  float *kt = workspace, *scratch0 = kt + a->batch * a->hkv * a->dh * a->tk;
-  transpose_heads(a, k, a->k_stride, kt, parallel);
+  float *kt = workspace, *scratch0 = kt + blocked_size(a);
+  transpose_blocks(a, k, a->k_stride, kt, parallel);
 #pragma omp parallel num_threads(nthr) if (parallel)
   {
     float *s = scratch0 + omp_get_thread_num() * scratch;
@@ -278,20 +289,20 @@ static int attention_forward(const tt_attention_args *a, const float *q, const f
   return 0;
 }
 
-/* -- Backward ------------------------------------------------------------------------- */
+/* -- Backward ----------------------------------------------------------------------- */
 
 typedef struct grad_bufs {
-  const float *q, *k, *kt, *vt, *dout, *lse, *delta;   /* kt, vt: (B, Hkv, Dh, Tk) */
+  const float *q, *k, *kt, *vt, *dout, *lse, *delta;   /* kt, vt: transposed key blocks */
   float *dq, *dk, *dv;
 } grad_bufs;
 
 /* Per-thread scratch of the backward: p and ds, both (bq, BLOCK_K). */
 static int64_t backward_scratch(int64_t bq) { return 2 * bq * BLOCK_K; }
 
-/* Workspace of the backward: delta (B, Hq, Tq), k^T and v^T (B, Hkv, Dh, Tk), then the
-** per-thread scratch. */
+/* Workspace of the backward: delta (B, Hq, Tq), the transposed key blocks of k and v, then
+** the per-thread scratch. */
 static int64_t attention_backward_workspace(const tt_attention_args *a) {
-  return a->batch * a->hq * a->tq + 2 * a->batch * a->hkv * a->dh * a->tk +
+  return a->batch * a->hq * a->tq + 2 * blocked_size(a) +
          (int64_t)omp_get_max_threads() * backward_scratch(block_q(a->dh));
 }
 
@@ -301,12 +312,11 @@ static void grad_block(const tt_attention_args *a, const grad_bufs *g, float *p,
                        int64_t h, int64_t i0, int64_t bq, int64_t j0, int64_t bk, int vis,
                        int want_dq, int want_dkv) {
   const int64_t dh = a->dh, hk = h / (a->hq / a->hkv);
-  const int64_t ldq = a->q_stride[1], ldk = a->k_stride[1], tk = a->tk;
+  const int64_t ldq = a->q_stride[1], ldk = a->k_stride[1];
   const int64_t ldo = a->hq * dh, ldkv = a->hkv * dh;
   const float *qb = g->q + b * a->q_stride[0] + i0 * ldq + h * a->q_stride[2];
   const float *kb = g->k + b * a->k_stride[0] + j0 * ldk + hk * a->k_stride[2];
-  const float *ktb = g->kt + (b * a->hkv + hk) * dh * tk + j0;
-  const float *vtb = g->vt + (b * a->hkv + hk) * dh * tk + j0;
+  const float *ktb = key_block(a, g->kt, b, hk, j0), *vtb = key_block(a, g->vt, b, hk, j0);
   const int64_t orow = (b * a->tq + i0) * a->hq + h, kvrow = (b * a->tk + j0) * a->hkv + hk;
   const float *dob = g->dout + orow * dh;
   const float *lrow = g->lse + (b * a->hq + h) * a->tq + i0;
@@ -315,7 +325,7 @@ static void grad_block(const tt_attention_args *a, const grad_bufs *g, float *p,
 
   /* p (bq, bk) = exp(scale * q k^T - lse) */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)bk, (int)dh,
-              a->scale, qb, (int)ldq, ktb, (int)tk, 0.0f, p, (int)bk);
+              a->scale, qb, (int)ldq, ktb, BLOCK_K, 0.0f, p, (int)bk);
   if (vis == BLOCK_PARTIAL) mask_block(a, p, bq, bk, i0, j0);
   for (int64_t r = 0; r < bq; r++) row_exp(p + r * bk, bk, lrow[r]);
   /* dv (bk, dh) += p^T (bk, bq) @ dout (bq, dh) */
@@ -324,7 +334,7 @@ static void grad_block(const tt_attention_args *a, const grad_bufs *g, float *p,
                 (int)bk, dob, (int)ldo, 1.0f, g->dv + kvrow * dh, (int)ldkv);
   /* dp (bq, bk) = dout (bq, dh) @ v^T (dh, bk); ds = p * (dp - D) */
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)bq, (int)bk, (int)dh, 1.0f,
-              dob, (int)ldo, vtb, (int)tk, 0.0f, ds, (int)bk);
+              dob, (int)ldo, vtb, BLOCK_K, 0.0f, ds, (int)bk);
   for (int64_t r = 0; r < bq; r++) {
     const float *pr = p + r * bk;
     float *dr = ds + r * bk, d = drow[r];
@@ -371,7 +381,7 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
   const int64_t dh = a->dh, hq = a->hq, tq = a->tq, group = a->hq / a->hkv;
   const int64_t bq = block_q(dh), scratch = backward_scratch(bq);
   const int64_t rows = a->batch * tq * hq, nkv = a->batch * a->hkv;
-  const int64_t kv_size = nkv * dh * a->tk;
+  const int64_t kv_size = blocked_size(a);
   float *delta = workspace, *kt = delta + a->batch * hq * tq, *vt = kt + kv_size;
   float *scratch0 = vt + kv_size;
   const int nthr = omp_get_max_threads();
@@ -387,8 +397,8 @@ static int attention_backward(const tt_attention_args *a, const float *q, const 
     int64_t b = r / (tq * hq), t = (r / hq) % tq, h = r % hq;
     delta[(b * hq + h) * tq + t] = acc;
   }
-  transpose_heads(a, k, a->k_stride, kt, parallel);
-  transpose_heads(a, v, a->v_stride, vt, parallel);
+  transpose_blocks(a, k, a->k_stride, kt, parallel);
+  transpose_blocks(a, v, a->v_stride, vt, parallel);
   if (rows > 0) memset(dq, 0, (size_t)(rows * dh) * sizeof(float));
   if (nkv * a->tk > 0) {
     memset(dk, 0, (size_t)(nkv * a->tk * dh) * sizeof(float));

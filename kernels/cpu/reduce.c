@@ -150,32 +150,53 @@ static int cpu_max_backward(float *gx, const float *g, const int64_t *idx, int64
 
 /* -- Softmax ------------------------------------------------------------------------- */
 
-/* e^x for x <= 0 (arguments of a softmax after subtracting the max), written so the
-** compiler vectorises it (no branches, no library call): x = n ln2 + f with
-** |f| <= ln2 / 2, e^f from its degree-7 Taylor polynomial (relative error below 2e-8),
-** 2^n built in the exponent bits. Arguments under -87 give e^-87 (~1.6e-38), not 0. */
-static inline float exp_nonpos(float x) {
-  x = __builtin_fmaxf(x, -87.0f);
+/* e^x for eight x <= 0 at once (softmax arguments after subtracting the max), in GCC
+** vector extensions so it vectorises on any target: x = n ln2 + f with |f| <= ln2 / 2,
+** e^f from its degree-7 Taylor polynomial (relative error below 2e-8), 2^n built in the
+** exponent bits. Arguments under -87 give e^-87 (~1.6e-38) instead of smaller values. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8f exp8_nonpos(v8f x) {
+  const v8f lo = {-87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f};
+  const v8i under = x < lo;
+  x = (v8f)(((v8i)lo & under) | ((v8i)x & ~under));
   /* Adding and subtracting 1.5 * 2^23 rounds to the nearest integer. */
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float f = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
-  float p = 1.0f / 5040.0f;
-  p = p * f + 1.0f / 720.0f;
+  const v8f n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const v8f f = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
+  v8f p = f * (1.0f / 5040.0f) + 1.0f / 720.0f;
   p = p * f + 1.0f / 120.0f;
   p = p * f + 1.0f / 24.0f;
   p = p * f + 1.0f / 6.0f;
   p = p * f + 0.5f;
   p = p * f + 1.0f;
   p = p * f + 1.0f;
-  union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
-  return p * scale.f;
+  const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+  return p * (v8f)bits;
+}
+
+/* y (n) = e^(x - m), x - m <= 0 (y may be x); the tail goes through a padded block. */
+static void exp_shifted(float *y, const float *x, float m, int64_t n) {
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    v8f v;
+    memcpy(&v, x + k, sizeof v);
+    v = exp8_nonpos(v - m);
+    memcpy(y + k, &v, sizeof v);
+  }
+  if (k < n) {
+    v8f v = {0};
+    memcpy(&v, x + k, sizeof(float) * (size_t)(n - k));
+    v = exp8_nonpos(v - m);
+    memcpy(y + k, &v, sizeof(float) * (size_t)(n - k));
+  }
 }
 
 static void softmax_row(float *restrict y, const float *restrict x, int64_t r) {
   float m = x[0];
 #pragma omp simd reduction(max : m)
   for (int64_t k = 0; k < r; k++) m = x[k] > m ? x[k] : m;
-  for (int64_t k = 0; k < r; k++) y[k] = exp_nonpos(x[k] - m);
+  exp_shifted(y, x, m, r);
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (int64_t k = 0; k < r; k++) s += y[k];
@@ -208,12 +229,13 @@ static int cpu_softmax(float *y, const float *x, int64_t outer, int64_t r, int64
         const float v = x[base + k * inner + j];
         m[j] = v > m[j] ? v : m[j];
       }
-    for (int64_t k = 0; k < r; k++)
-      for (int64_t j = 0; j < n; j++) {
-        const float e = exp_nonpos(x[base + k * inner + j] - m[j]);
-        y[base + k * inner + j] = e;
-        s[j] += e;
-      }
+    for (int64_t k = 0; k < r; k++) {
+      float *restrict yk = y + base + k * inner;
+      const float *restrict xk = x + base + k * inner;
+      for (int64_t j = 0; j < n; j++) yk[j] = xk[j] - m[j];
+      exp_shifted(yk, yk, 0.0f, n);
+      for (int64_t j = 0; j < n; j++) s[j] += yk[j];
+    }
     for (int64_t j = 0; j < n; j++) m[j] = (float)(1.0 / s[j]);
     for (int64_t k = 0; k < r; k++)
       for (int64_t j = 0; j < n; j++) y[base + k * inner + j] *= m[j];

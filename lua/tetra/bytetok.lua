@@ -26,6 +26,14 @@ function bytetok.decode(ids)
   return table.concat(chars)
 end
 
+-- The same as a tokenizer object, with the method calls tetra.data's BPE tokenizers take:
+-- tok:encode(text), tok:decode(ids), tok:vocab_size().
+bytetok.tokenizer = {
+  encode = function(_, text) return bytetok.encode(text) end,
+  decode = function(_, ids) return bytetok.decode(ids) end,
+  vocab_size = function() return bytetok.vocab_size end,
+}
+
 -- -- Dataset ---------------------------------------------------------------------------
 
 local Dataset = {}

@@ -89,15 +89,18 @@ local function rename_tensor_fields(src)
     end))
 end
 
--- Returns the header's text with includes inlined (each header once) and preprocessor
--- lines removed.
-local function expand(path, out)
+-- Appends the header's lines to `out` with includes inlined (each header once) and
+-- preprocessor lines removed; `added` collects the headers marked declared. Conditional
+-- blocks are kept whole (both branches), except C++/CUDA-only ones, so public headers
+-- must not declare things conditionally.
+local function expand(path, out, added)
   local key = header_key(path)
   if declared[key] then return end
   declared[key] = true
+  added[#added + 1] = key
   local src = assert(read_file(path))
   local dir = dirname(path)
-  local skip = 0        -- depth inside a skipped #if block
+  local skip = 0        -- depth of the #if block being skipped (0: none)
   local depth = 0       -- depth of #if blocks overall, to match #endif
   for line in (src .. "\n"):gmatch("([^\n]*)\n") do
     local directive = line:match("^%s*#%s*(%a+)")
@@ -115,7 +118,7 @@ local function expand(path, out)
         if name then
           local inc = find_header(name, dir)
           if not inc then error("tetra.ffi: " .. path .. " includes \"" .. name .. "\", not found", 0) end
-          expand(inc, out)
+          expand(inc, out, added)
         end
       end
     elseif skip == 0 then
@@ -133,15 +136,18 @@ function M.cdef_header(name)
           table.concat(header_roots(), ", ") .. " (set TETRA_HOME)", 2)
   end
   if declared[header_key(path)] then return M end
-  local out = {}
-  expand(path, out)
-  local src = rename_tensor_fields(table.concat(out, "\n"))
-  local ok, err = pcall(ffi.cdef, src)
-  if not ok then error("tetra.ffi: ffi.cdef of " .. path .. " failed: " .. tostring(err), 2) end
+  local out, added = {}, {}
+  local ok, err = pcall(expand, path, out, added)
+  if ok then ok, err = pcall(ffi.cdef, rename_tensor_fields(table.concat(out, "\n"))) end
+  if not ok then
+    for _, key in ipairs(added) do declared[key] = nil end
+    error("tetra.ffi: ffi.cdef of " .. path .. " failed: " .. tostring(err), 2)
+  end
   return M
 end
 
--- True when the running binary exports `sym` (optional modules, e.g. CUDA).
+-- True when `sym` is declared (cdef_header its header first) and the running binary
+-- exports it (optional modules, e.g. CUDA).
 function M.has_symbol(sym)
   return (pcall(function() return ffi.C[sym] end))
 end

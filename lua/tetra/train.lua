@@ -66,9 +66,12 @@ local function read_text(path)
 end
 
 -- The data source cfg.data asks for, and its tokenizer (nil for mock data):
---   data.mock = true        random tokens from train.seed
---   data.input_path = FILE  a text file (or comma-separated files), byte-level tokens;
---                           needs model.vocab_size >= 256
+--   data.mock = true         random tokens from data.seed / train.seed
+--   data.tokenizer = "byte"  (the default) the text of data.input_path (a path, a comma
+--                            list or a Lua list of paths) in memory, one token per byte;
+--                            needs model.vocab_size >= 256
+--   otherwise                tetra.data's pipeline (BPE from data.tokenizer or
+--                            data.vocab_file + data.merges_file)
 function train.data_source(cfg)
   local d = cfg.data or {}
   local seed = d.seed or cfg.train.seed or 0
@@ -76,14 +79,24 @@ function train.data_source(cfg)
   if not d.input_path or d.input_path == "" then
     error("data: set data.input_path to a text file, or data.mock=true", 0)
   end
-  local bytetok = require("tetra.bytetok")
-  if cfg.model.vocab_size < bytetok.vocab_size then
-    error(string.format("model.vocab_size (%d) must be at least %d for byte-level text",
-      cfg.model.vocab_size, bytetok.vocab_size), 0)
+  if (d.tokenizer == nil or d.tokenizer == "byte") and not d.vocab_file then
+    local bytetok = require("tetra.bytetok")
+    if cfg.model.vocab_size < bytetok.vocab_size then
+      error(string.format("model.vocab_size (%d) must be at least %d for byte-level text",
+        cfg.model.vocab_size, bytetok.vocab_size), 0)
+    end
+    local paths, texts = d.input_path, {}
+    if type(paths) ~= "table" then
+      paths = {}
+      for p in tostring(d.input_path):gmatch("[^,]+") do paths[#paths + 1] = p end
+    end
+    for i, p in ipairs(paths) do texts[i] = read_text(p) end
+    return bytetok.dataset(table.concat(texts, "\n"), { seed = seed }), bytetok.tokenizer
   end
-  local texts = {}
-  for path in tostring(d.input_path):gmatch("[^,]+") do texts[#texts + 1] = read_text(path) end
-  return bytetok.dataset(table.concat(texts, "\n"), { seed = seed }), bytetok
+  local data = require("tetra.data")
+  local tok = d.vocab_file and data.tokenizer(d.vocab_file, d.merges_file)
+              or data.tokenizer(d.tokenizer)
+  return data.source(cfg), tok
 end
 
 -- tokens (b, T + 1) -> inputs (b, T), targets (b, T), both contiguous.
@@ -316,10 +329,10 @@ function train.print_sample(env, prompt)
   if env.rank ~= 0 or not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
   local tok = env.tokenizer
   prompt = prompt or t.prompt or "\n"
-  local ids = env.generate(tok.encode(prompt), { max_new_tokens = t.sample_tokens,
+  local ids = env.generate(tok:encode(prompt), { max_new_tokens = t.sample_tokens,
     temperature = t.temperature, top_k = t.top_k, seed = t.seed })
   io.stdout:write("--- sample (", #ids, " tokens, temperature ", tostring(t.temperature),
-                  ", top-k ", tostring(t.top_k), ") ---\n", prompt, tok.decode(ids),
+                  ", top-k ", tostring(t.top_k), ") ---\n", prompt, tok:decode(ids),
                   "\n---\n")
   io.stdout:flush()
 end

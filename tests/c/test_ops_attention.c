@@ -195,7 +195,7 @@ static void check_backward_analytic(const attn_case *c, tt_tensor **in) {
   tt_tensor_release(out);
 }
 
-/* -- Forward -------------------------------------------------------------------------- */
+/* -- Forward ------------------------------------------------------------------------ */
 
 Test(attention, forward_causal_gqa_t13) {
   attn_case c = {.b = 2, .tq = 13, .tk = 13, .hq = 4, .hkv = 2, .dh = 8, .causal = 1};
@@ -303,7 +303,7 @@ Test(attention, forward_t101_dh128) {
   release_inputs(in);
 }
 
-/* -- Backward ------------------------------------------------------------------------- */
+/* -- Backward ----------------------------------------------------------------------- */
 
 Test(attention, backward_causal_gqa_t13) {
   attn_case c = {.b = 2, .tq = 13, .tk = 13, .hq = 4, .hkv = 2, .dh = 8, .causal = 1};
@@ -368,7 +368,7 @@ Test(attention, backward_many_blocks_both_paths) {
   tt_set_num_threads(keep);
 }
 
-/* -- Errors --------------------------------------------------------------------------- */
+/* -- Errors ------------------------------------------------------------------------- */
 
 Test(attention, rejects_bad_arguments) {
   int64_t qs[4] = {2, 5, 4, 8}, ks[4] = {2, 5, 3, 8}, good_ks[4] = {2, 5, 2, 8};

@@ -202,7 +202,9 @@ end
 -- -- Hooks ---------------------------------------------------------------------------
 
 -- fn(module, output, inputs...) runs after every forward; a non-nil return replaces the
--- output. Returns a handle whose :remove() unregisters the hook.
+-- output. Returns a handle whose remove() unregisters the hook. Layers free their
+-- intermediates as soon as they are consumed, so a hook that keeps an activation must
+-- keep F.detach(output) (shares the storage) or a clone, never `output` itself.
 function Module:register_forward_hook(fn)
   local hooks = rawget(self, "_hooks")
   if not hooks then
