@@ -16,7 +16,7 @@ static const tt_activation_kernels *act_kernels(int device) {
   return TT_KERNELS(tt_activation, device);
 }
 
-/* -- SiLU and GELU: y = f(x), x any shape ------------------------------------------------ */
+/* -- SiLU and GELU: y = f(x), x any shape ------------------------------------------- */
 
 static int unary_backward(tt_node *node, tt_tensor *grad_out) {
   int kind = (int)node->i[0];

@@ -18,13 +18,21 @@ static int kernel_ready(const tt_tensor *t) {
   return t->stride[3] == 1 && (t->shape[1] <= 1 || t->stride[1] >= t->shape[3]);
 }
 
+/* t itself, or a contiguous copy. The copy is not recorded on the tape: the attention node
+** adds its gradients straight into t. */
 static int ready_input(tt_tensor *t, tt_tensor **out) {
   if (kernel_ready(t)) {
     tt_tensor_retain(t);
     *out = t;
     return 0;
   }
-  return tt_contiguous(t, out);
+  TT_TRY(tt_tensor_empty(t->shape, t->ndim, TT_F32, t->device, out));
+  if (tt_copy_(*out, t) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
 }
 
 /* Positions as a contiguous i64 tensor (or NULL when not given). */

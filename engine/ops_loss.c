@@ -1,6 +1,6 @@
 /*
-** ops_loss.c — tt_cross_entropy: logits (..., V) and targets (...) give the scalar mean of
-** -log softmax(logits)[target] over the targets that are not ignore_index. When every
+** ops_loss.c — tt_cross_entropy: logits (..., V) and targets (...) give the scalar mean
+** of -log softmax(logits)[target] over the targets that are not ignore_index. When every
 ** target is ignored the loss is 0 and the backward gives a zero gradient, so a batch made
 ** only of padding cannot poison the weights with NaN.
 **

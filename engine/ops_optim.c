@@ -21,8 +21,9 @@ static int check_state(const char *op, const char *what, int i, const tt_tensor 
   for (int d = 0; ok && d < p->ndim; d++) ok = state->shape[d] == p->shape[d];
   if (!ok)
     return tt_set_error("%s: %s[%d] %s must be a contiguous f32 tensor shaped like "
-                        "params[%d] %s", op, what, i, tt_tensor_describe(state, a, sizeof a),
-                        i, tt_tensor_describe(p, b, sizeof b));
+                        "params[%d] %s", op, what, i,
+                        tt_tensor_describe(state, a, sizeof a), i,
+                        tt_tensor_describe(p, b, sizeof b));
   return 0;
 }
 
@@ -66,7 +67,8 @@ int tt_adamw_step(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *cons
     TT_TRY(check_state(op, "m", i, params[i], m[i]));
     TT_TRY(check_state(op, "v", i, params[i], v[i]));
   }
-  double bc1 = 1.0 - pow(cfg->beta1, (double)step), bc2 = 1.0 - pow(cfg->beta2, (double)step);
+  double bc1 = 1.0 - pow(cfg->beta1, (double)step);
+  double bc2 = 1.0 - pow(cfg->beta2, (double)step);
   for (int i = 0; i < n; i++) {
     tt_tensor *p = params[i], *g = NULL;
     if (!p->grad) continue;

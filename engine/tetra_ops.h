@@ -69,7 +69,8 @@ int tt_attention_ex(tt_tensor *q, tt_tensor *k, tt_tensor *v, tt_tensor *q_pos,
 
 /* -- Loss (kernels/cpu/loss.c) ------------------------------------------------------ */
 /* logits: (..., V) f32, targets: (...) i32/i64. Mean over targets != ignore_index.
-** Fused: the softmax is never stored; backward recomputes it row by row. out: scalar. */
+** Fused: the softmax is never stored; backward recomputes it row by row. out: scalar.
+** All targets ignored: loss 0 and zero gradient. */
 int tt_cross_entropy(tt_tensor *logits, tt_tensor *targets, int64_t ignore_index,
                      tt_tensor **out);
 

@@ -6,8 +6,10 @@
 --
 -- Corpus (Debian packages, installed by the setup): every fortune cookie file of
 -- `fortunes` (/usr/share/games/fortunes) and the King James Bible of `bible-kjv-text`
--- (read through its `bible` command). Tokens are bytes (vocab 256); the last 5% of the
--- text is held out for the eval loss.
+-- (read through its `bible` command); the last 5% of each is held out for the eval loss.
+-- Tokens: a byte-level BPE vocabulary of demo.vocab_size trained on the training text
+-- when the run starts (under a second), through tetra.data's loader; or, with
+-- --set demo.tokenizer=byte, one token per byte. Files go to demo.work_dir.
 local tetra = require("tetra")
 local train, bytetok = tetra.train, require("tetra.bytetok")
 
@@ -24,35 +26,70 @@ local function read_command(cmd)
   return s or ""
 end
 
--- The fortune files (plain text; the .dat / .u8 indexes skipped) and the whole KJV.
+-- Training and held-out text: the fortune files (the .dat / .u8 indexes skipped) and the
+-- whole KJV, each split 95 / 5.
 local function corpus()
-  local parts = {}
+  local fortunes = {}
   for name in read_command("ls -1 " .. FORTUNES):gmatch("[^\n]+") do
     if not name:match("%.dat$") and not name:match("%.u8$") then
       local f = io.open(FORTUNES .. "/" .. name, "rb")
       if f then
         -- "%" lines separate fortunes; a blank line reads better in samples.
-        local text = (f:read("*a") or ""):gsub("\n%%\n", "\n\n")
+        fortunes[#fortunes + 1] = (f:read("*a") or ""):gsub("\n%%\n", "\n\n")
         f:close()
-        parts[#parts + 1] = text
       end
     end
   end
-  parts[#parts + 1] = read_command("bible Gen1:1-Rev22:21")
-  local text = table.concat(parts, "\n")
-  if #text < 100000 then
+  local parts = { table.concat(fortunes, "\n"), read_command("bible Gen1:1-Rev22:21") }
+  if #parts[1] + #parts[2] < 100000 then
     error("demo: corpus not found. Install the Debian packages fortunes and " ..
           "bible-kjv-text (tools/setup does), or train on your own text with " ..
           "`tetra run recipes/llama.lua --set data.mock=false --set data.input_path=FILE " ..
           "--set model.vocab_size=256`", 0)
   end
-  return text
+  local train_text, val_text = {}, {}
+  for i, text in ipairs(parts) do
+    local cut = math.floor(#text * 0.95)
+    train_text[i], val_text[i] = text:sub(1, cut), text:sub(cut + 1)
+  end
+  return table.concat(train_text, "\n"), table.concat(val_text, "\n")
+end
+
+local function write_file(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+-- The data source and tokenizer of cfg.demo.tokenizer ("bpe" or "byte"); sets
+-- model.vocab_size to the tokenizer's.
+local function demo_data(cfg, train_text, val_text)
+  local d = cfg.demo
+  if d.tokenizer == "byte" then
+    cfg.model.vocab_size = bytetok.vocab_size
+    -- The held-out text goes last: bytetok.dataset holds out the tail of its text.
+    local text = train_text .. val_text
+    local data = bytetok.dataset(text, { seed = cfg.data.seed or cfg.train.seed,
+                                         val_fraction = #val_text / #text })
+    return data, bytetok.tokenizer
+  end
+  assert(d.tokenizer == "bpe", "demo.tokenizer must be bpe or byte")
+  assert(os.execute("mkdir -p '" .. d.work_dir .. "'"), "demo: cannot create " .. d.work_dir)
+  local train_path, val_path = d.work_dir .. "/train.txt", d.work_dir .. "/val.txt"
+  write_file(train_path, train_text)
+  write_file(val_path, val_text)
+  tetra.data.train_tokenizer({ train_path }, d.vocab_size, d.work_dir)
+  cfg.data.input_path, cfg.data.val_path = train_path, val_path
+  cfg.data.tokenizer = d.work_dir .. "/tokenizer.json"
+  local tok = tetra.data.tokenizer(cfg.data.tokenizer)
+  cfg.model.vocab_size = tok:vocab_size()
+  return tetra.data.source(cfg), tok
 end
 
 local recipe = {
   name = "demo",
   defaults = {
-    model = { vocab_size = 256, dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
+    model = { vocab_size = 2048, dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
               ffn_hidden = 768, seq_len = 128, norm_eps = 1e-5, rope_theta = 10000.0,
               tie_embeddings = false, init_std = 0.02 },
     train = { steps = 300, batch_size = 16, lr = 2e-3, min_lr = 2e-4, warmup_steps = 20,
@@ -62,16 +99,17 @@ local recipe = {
     optim = { name = "adamw", beta1 = 0.9, beta2 = 0.95, eps = 1e-8 },
     data = { mock = false },
     log = { every = 10 },
+    demo = { tokenizer = "bpe", vocab_size = 2048, work_dir = "runs/demo" },
   },
 }
 
 function recipe.setup(cfg)
-  local text = corpus()
-  local data = bytetok.dataset(text, { seed = cfg.data.seed or cfg.train.seed })
+  local train_text, val_text = corpus()
+  local data, tok = demo_data(cfg, train_text, val_text)
   tetra.manual_seed(cfg.train.seed)
   local model = llama.Model(cfg.model)
-  local env = train.setup(cfg, model, data, { tokenizer = bytetok.tokenizer })
-  env.corpus_bytes = #text
+  local env = train.setup(cfg, model, data, { tokenizer = tok })
+  env.corpus_bytes = #train_text + #val_text
   return env
 end
 
@@ -79,8 +117,9 @@ function recipe.run(cfg)
   local env = recipe.setup(cfg)
   local m, t = cfg.model, cfg.train
   if env.rank == 0 then
-    print(string.format("demo: %.1f MB of text (fortunes + King James Bible), byte tokens",
-                        env.corpus_bytes / 1e6))
+    print(string.format("demo: %.1f MB of text (fortunes + King James Bible), %s tokens, " ..
+                        "vocab %d", env.corpus_bytes / 1e6, cfg.demo.tokenizer,
+                        m.vocab_size))
     print(string.format("model: Llama, %.2fM parameters (%d layers, dim %d, %d heads), " ..
                         "seq %d, batch %d, %d steps", env.model:num_params() / 1e6,
                         m.n_layers, m.dim, m.n_heads, m.seq_len, t.batch_size, t.steps))

@@ -6,7 +6,8 @@
 ** library, though: without the strong references below, libtetra_cuda.a would contribute
 ** only the objects something else happened to need, and the ops would report "not
 ** implemented on cuda". tt_cuda_init calls tt_cuda_kernels_linked, which the binary
-** references strongly, so every family comes along.
+** references strongly, so every family comes along. Files without a kernel table (cast,
+** matmul_lowp) are anchored through their family name alone.
 */
 #include "cuda/tt_cuda.h"
 extern "C" {
@@ -24,7 +25,7 @@ extern "C" {
 
 #define FAMILIES(X) \
   X(elementwise) X(activation) X(reduce) X(matmul) X(embedding) X(norm) X(rope) \
-  X(attention) X(loss) X(optim) X(cast)
+  X(attention) X(loss) X(optim) X(cast) X(matmul_lowp)
 
 #define DECLARE(fam) extern "C" const char tt_cuda_family_##fam[];
 FAMILIES(DECLARE)
@@ -37,7 +38,7 @@ int tt_cuda_kernels_linked(void) {
   const void *const tables[] = {
     &tt_elementwise_cuda, &tt_activation_cuda, &tt_reduce_cuda, &tt_matmul_cuda,
     &tt_embedding_cuda, &tt_norm_cuda, &tt_rope_cuda, &tt_attention_cuda, &tt_loss_cuda,
-    &tt_optim_cuda, names[10],
+    &tt_optim_cuda, names[10], names[11],
   };
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
     TT_CHECK(tables[i] != NULL, "cuda: the kernel table of %s is not linked in", names[i]);

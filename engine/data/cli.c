@@ -4,6 +4,7 @@
 */
 #include "bpe_internal.h"
 #include <errno.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *tokenizer_usage =
@@ -19,7 +20,10 @@ static const char *tokenizer_usage =
   "                        FILES...\n"
   "      learns a byte-level BPE vocabulary; writes DIR/tokenizer.json, vocab.json and\n"
   "      merges.txt. Special tokens default to <|endoftext|>.\n"
-  "  tetra tokenizer info (--tokenizer FILE | --vocab FILE --merges FILE)\n";
+  "  tetra tokenizer info (--tokenizer FILE | --vocab FILE --merges FILE)\n"
+  "  tetra tokenizer bench (--tokenizer FILE | --vocab FILE --merges FILE) [--repeat N] FILE\n"
+  "      encodes FILE as one text on one thread (a cold word cache each time); prints\n"
+  "      the best MB/s and the id count.\n";
 
 static const char *data_usage =
   "usage:\n"
@@ -170,6 +174,43 @@ static int cmd_info(const tok_args *a) {
   return 0;
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmd_bench(const tok_args *a, const char *file, int repeat) {
+  tt_bpe *bpe = NULL;
+  tt_buf in = {0};
+  tt_ids ids = {0};
+  int rc = -1;
+  double best = 1e30;
+  if (!file) {
+    tt_set_error("bench needs an input file");
+    goto done;
+  }
+  if (load_tokenizer(a, &bpe) != 0 || read_input(file, &in) != 0) goto done;
+  for (int r = 0; r < repeat; r++) {
+    tt_bpe_cache *cache;
+    if (tt_bpe_cache_new(&cache) != 0) goto done;
+    ids.len = 0;
+    double t0 = now_s();
+    int bad = tt_bpe_encode_append(bpe, cache, in.data, in.len, 0, &ids);
+    double dt = now_s() - t0;
+    tt_bpe_cache_free(cache);
+    if (bad) goto done;
+    if (dt < best) best = dt;
+  }
+  printf("%.2f MB/s %zu ids %zu bytes %.4f s\n", (double)in.len / 1e6 / best, ids.len, in.len, best);
+  rc = 0;
+done:
+  tt_bpe_free(bpe);
+  tt_buf_free(&in);
+  tt_ids_free(&ids);
+  return rc;
+}
+
 static int parse_int(const char *cmd, const char *opt, const char *v, long long lo, long long *out) {
   char *end;
   errno = 0;
@@ -196,7 +237,7 @@ int tt_tokenizer_cli(int argc, char **argv) {
   const char *sub = argv[1];
   tok_args a = {0};
   const char *out_dir = NULL, *file = NULL;
-  long long vocab_size = 0, threads = default_threads();
+  long long vocab_size = 0, threads = default_threads(), repeat = 3;
   int whole = 0, allow_special = 1;
   tt_buf specials = {0};
   const char **files = calloc((size_t)argc, sizeof *files);
@@ -214,6 +255,9 @@ int tt_tokenizer_cli(int argc, char **argv) {
     } else if (!strcmp(o, "--threads")) {
       if (parse_int("tokenizer", o, v, 1, &threads)) goto done;
       i++;
+    } else if (!strcmp(o, "--repeat")) {
+      if (parse_int("tokenizer", o, v, 1, &repeat)) goto done;
+      i++;
     } else if (!strcmp(o, "--special") && v) {
       if (tt_buf_append(&specials, v, strlen(v) + 1)) goto done;
       i++;
@@ -229,6 +273,8 @@ int tt_tokenizer_cli(int argc, char **argv) {
     rc = cmd_encode(&a, file, whole, allow_special) ? report("tokenizer encode") : 0;
   } else if (!strcmp(sub, "decode") && n_files <= 1) {
     rc = cmd_decode(&a, file) ? report("tokenizer decode") : 0;
+  } else if (!strcmp(sub, "bench") && n_files == 1) {
+    rc = cmd_bench(&a, file, (int)repeat) ? report("tokenizer bench") : 0;
   } else if (!strcmp(sub, "info")) {
     rc = cmd_info(&a) ? report("tokenizer info") : 0;
   } else if (!strcmp(sub, "train")) {

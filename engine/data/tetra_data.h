@@ -80,7 +80,7 @@ typedef struct tt_data_config {
   int64_t seq_len;             /* sequences hold seq_len + 1 tokens */
   int64_t global_batch;        /* rows per step over all data-parallel ranks */
   int dp_rank, dp_size;
-  int num_streams;             /* 0: one per global row */
+  int num_streams;             /* must divide global_batch; 0: gcd(global_batch, 8) */
   int64_t shuffle_buffer;      /* sequences per stream; 0 = no shuffle */
   uint64_t seed;
   int num_workers;             /* tokenizer threads; 0: 2 */

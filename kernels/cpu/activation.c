@@ -5,9 +5,6 @@
 ** static chunks and GCC vectorises the body (tt_vexpf is branch-free). f32 throughout;
 ** the expressions keep their relative error near 1e-7.
 */
-/* With trapping math GCC will not if-convert the two float compares of tt_vexpf's clamp,
-** and the loops stay scalar (5-10x slower). The engine never reads FP exception flags. */
-#pragma GCC optimize("no-trapping-math")
 #include "activation.h"
 #include "tt_internal.h"
 

@@ -8,9 +8,6 @@
 ** each row from its saved logsumexp while writing the gradient: no (N, V) probability
 ** tensor ever exists besides the gradient itself.
 */
-/* With trapping math GCC will not if-convert the two float compares of tt_vexpf's clamp,
-** and the loops stay scalar (5-10x slower). The engine never reads FP exception flags. */
-#pragma GCC optimize("no-trapping-math")
 #include "loss.h"
 #include "activation.h"   /* tt_vexpf */
 #include "tt_internal.h"
@@ -54,8 +51,9 @@ static float row_logsumexp(const float *x, int64_t V) {
 }
 
 /* logits: (N, V), targets: (N), row_stats: (2, N), loss: (1) */
-static int ce_forward(float *loss, float *row_stats, const float *logits, const void *targets,
-                      int tgt_i64, int64_t ignore_index, int64_t N, int64_t V) {
+static int ce_forward(float *loss, float *row_stats, const float *logits,
+                      const void *targets, int tgt_i64, int64_t ignore_index, int64_t N,
+                      int64_t V) {
   int64_t count = 0;
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
   int dtype = tgt_i64 ? TT_I64 : TT_I32;

@@ -5,7 +5,9 @@
 ** inner == 1 (reducing the last dims: each output is a dense row) and inner > 1
 ** (reducing leading or middle dims, e.g. a bias gradient: columns). Rows are summed
 ** with an `omp simd` double reduction; columns run over blocks of `inner` with one
-** double accumulator per column, so the loop over a block vectorises.
+** double accumulator per column, so the loop over a block vectorises. Row maxima and the
+** softmax exponential are written with 8-lane vector types, since compilers do not
+** vectorise a NaN-aware max or a libm expf on their own.
 */
 #include "reduce.h"
 #include "tt_internal.h"
@@ -13,6 +15,42 @@
 
 /* Columns handled together by one task of a column kernel. */
 enum { COL_BLOCK = 256 };
+
+/* Eight-lane vectors (GCC/clang vector extensions; lowered to whatever the target has)
+** for the loops compilers will not vectorise on their own: max and exp. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* Largest of x (n >= 1); *has_nan set when x holds a NaN (the result is then
+** meaningless). */
+static float row_max(const float *x, int64_t n, int *has_nan) {
+  int64_t k = 0;
+  float m = x[0];
+  int nan = 0;
+  if (n >= 8) {
+    v8f acc;
+    v8i bad = {0};
+    memcpy(&acc, x, sizeof acc);
+    for (k = 8; k + 8 <= n; k += 8) {
+      v8f v;
+      memcpy(&v, x + k, sizeof v);
+      const v8i gt = v > acc;
+      acc = (v8f)(((v8i)v & gt) | ((v8i)acc & ~gt));
+      bad |= v != v;
+    }
+    bad |= acc != acc;
+    for (int j = 0; j < 8; j++) {
+      m = acc[j] > m ? acc[j] : m;
+      nan |= bad[j] != 0;
+    }
+  }
+  for (; k < n; k++) {
+    m = x[k] > m ? x[k] : m;
+    nan |= x[k] != x[k];
+  }
+  *has_nan = nan;
+  return m;
+}
 
 /* Column block size giving at least two tasks per thread when there is enough work. */
 static int64_t col_block(int64_t outer, int64_t inner) {
@@ -88,13 +126,8 @@ static inline int max_takes(float v, float m) { return v > m || (v != v && m == 
 /* Index of the first maximum of row (r), a NaN counting as the maximum. A vectorised
 ** pass finds the value; a second one finds where it first occurs. */
 static int64_t row_argmax(const float *row, int64_t r) {
-  float m = row[0];
   int nan = 0;
-#pragma omp simd reduction(max : m) reduction(| : nan)
-  for (int64_t k = 0; k < r; k++) {
-    m = row[k] > m ? row[k] : m;
-    nan |= row[k] != row[k];
-  }
+  const float m = row_max(row, r, &nan);
   for (int64_t k = 0; k < r; k++)
     if (nan ? row[k] != row[k] : row[k] == m) return k;
   return 0;
@@ -154,9 +187,6 @@ static int cpu_max_backward(float *gx, const float *g, const int64_t *idx, int64
 ** vector extensions so it vectorises on any target: x = n ln2 + f with |f| <= ln2 / 2,
 ** e^f from its degree-7 Taylor polynomial (relative error below 2e-8), 2^n built in the
 ** exponent bits. Arguments under -87 give e^-87 (~1.6e-38) instead of smaller values. */
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
 static inline v8f exp8_nonpos(v8f x) {
   const v8f lo = {-87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f};
   const v8i under = x < lo;
@@ -193,9 +223,9 @@ static void exp_shifted(float *y, const float *x, float m, int64_t n) {
 }
 
 static void softmax_row(float *restrict y, const float *restrict x, int64_t r) {
-  float m = x[0];
-#pragma omp simd reduction(max : m)
-  for (int64_t k = 0; k < r; k++) m = x[k] > m ? x[k] : m;
+  /* A NaN in the row turns the sum, hence the whole row, into NaN. */
+  int nan = 0;
+  const float m = row_max(x, r, &nan);
   exp_shifted(y, x, m, r);
   double s = 0.0;
 #pragma omp simd reduction(+ : s)

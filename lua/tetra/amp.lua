@@ -10,8 +10,12 @@
 --
 -- The parameters stay f32 in every mode (master weights, and the optimizer state beside
 -- them). What changes is what the Linear layers compute with:
---   bf16 / fp16  x and W rounded to that dtype on the way in (tt_cast there and back, a
---                differentiable pair, so the gradient flows to the f32 master weight);
+--   bf16 / fp16  x and W rounded to that dtype on the way in. On CUDA tensors the GEMMs
+--                themselves run in that dtype on the tensor cores with fp32 sums
+--                (tt_cuda_linear_lowp, engine/cuda/tetra_cuda_lowp.h): the op rounds its
+--                operands once, keeps the rounded copies for backward and hands the f32
+--                master weight an f32 gradient. On CPU the rounding is emulated with
+--                tt_cast there and back (a differentiable pair) around an f32 GEMM;
 --   fp8          tt_fp8_linear: x and W in e4m3, the output gradient in e5m2, each with a
 --                delayed per-tensor scale from an amax history (engine/fp8.c);
 --   fp16 also    a dynamic loss scaler: the loss is scaled up before backward, the grads
@@ -115,13 +119,31 @@ local function round_trip(x, dtype)
   return y
 end
 
-local function half_forward(dtype)
-  return function(self, x)
-    local xr, wr = round_trip(x, dtype), round_trip(self.weight, dtype)
-    local y = take(C.tt_linear(xr, wr, self.bias, pout))
-    for _, t in ipairs({ xr, wr }) do ffi.gc(t, nil); C.tt_tensor_release(t) end
-    return y
+-- True when the binary has the CUDA low-precision GEMMs (a CUDA build).
+local has_lowp = nil
+local function cuda_lowp()
+  if has_lowp == nil then
+    has_lowp = pcall(tffi.cdef_header, "cuda/tetra_cuda_lowp.h")
+               and tffi.has_symbol("tt_cuda_linear_lowp") or false
   end
+  return has_lowp
+end
+
+-- y = x W^T + b with x and W rounded to dtype (TT_BF16 / TT_F16): tensor-core GEMMs on
+-- CUDA, the rounding emulated around an f32 GEMM on CPU. Gradients reach x, W and b in
+-- their own dtypes.
+local function half_linear(x, w, bias, dtype)
+  if x._device ~= C.TT_CPU and cuda_lowp() then
+    return take(C.tt_cuda_linear_lowp(x, w, bias, dtype, pout))
+  end
+  local xr, wr = round_trip(x, dtype), round_trip(w, dtype)
+  local y = take(C.tt_linear(xr, wr, bias, pout))
+  for _, t in ipairs({ xr, wr }) do ffi.gc(t, nil); C.tt_tensor_release(t) end
+  return y
+end
+
+local function half_forward(dtype)
+  return function(self, x) return half_linear(x, self.weight, self.bias, dtype) end
 end
 
 -- Each layer owns its scaling state (three amax histories); the closure keeps it alive
@@ -164,6 +186,15 @@ function amp.wrap(model, cfg)
     end
   end
   return ctx
+end
+
+-- x W^T + b at the context's precision, for GEMMs outside a Linear module (a language
+-- model head that reuses the embedding matrix): bf16 / fp16 as the Linear layers compute
+-- them; fp32 and fp8 a plain f32 tt_linear.
+function Context:linear(x, w, bias)
+  if self.precision == "bf16" then return half_linear(x, w, bias, C.TT_BF16) end
+  if self.precision == "fp16" then return half_linear(x, w, bias, C.TT_F16) end
+  return take(C.tt_linear(x, w, bias, pout))
 end
 
 function Context:scale_loss(loss)

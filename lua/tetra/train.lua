@@ -230,9 +230,14 @@ function train.setup(cfg, model, data, opts)
     local tokens = t.batch_size * seq_len
     env.tokens_seen = env.tokens_seen + tokens
     local dt = metrics.now() - t0
-    return { step = step, loss = dp_mean(loss_sum / accum), lr = lr, grad_norm = grad_norm,
-             tokens = env.tokens_seen, tokens_per_s = tokens / dt, step_time_s = dt,
-             data_wait_s = data_wait }
+    local r = { step = step, loss = dp_mean(loss_sum / accum), lr = lr,
+                grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
+                step_time_s = dt, data_wait_s = data_wait }
+    if data.stats then   -- tetra.data's loader reports its own throughput and queue
+      local s = data:stats()
+      r.loader_tokens_per_s, r.loader_queue_depth = s.tokens_per_s, s.queue_depth
+    end
+    return r
   end
 
   -- Mean loss over n_batches held-out batches (default train.eval_steps), no tape.

@@ -368,6 +368,25 @@ Test(attention, backward_many_blocks_both_paths) {
   tt_set_num_threads(keep);
 }
 
+/* One node per call, copies of strided inputs included; none without grad mode. */
+Test(attention, records_one_node) {
+  attn_case c = {.b = 1, .tq = 5, .tk = 5, .hq = 2, .hkv = 1, .dh = 8, .causal = 1};
+  tt_tensor *in[3], *out = NULL;
+  make_inputs(&c, 1, 20, in);
+  for (int i = 0; i < 3; i++) cr_assert(tt_set_requires_grad(in[i], 1) == 0);
+  tt_tape_clear();
+  cr_assert(op_attention(in, &out, &c) == 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tape_size(), 1);
+  tt_tape_clear();
+  tt_tensor_release(out);
+  tt_set_grad_enabled(0);
+  cr_assert(op_attention(in, &out, &c) == 0, "%s", tt_last_error());
+  tt_set_grad_enabled(1);
+  cr_assert_eq(tt_tape_size(), 0);
+  tt_tensor_release(out);
+  release_inputs(in);
+}
+
 /* -- Errors ------------------------------------------------------------------------- */
 
 Test(attention, rejects_bad_arguments) {

@@ -251,6 +251,34 @@ Test(reduce, softmax_large_values_stable) {
   tt_test_assert_close(o, want, 3, 1e-6, 1e-7, "softmax");
   tt_tensor_release(o);
   tt_tensor_release(x);
+  /* A wide spread (the vectorised exp over its whole range, with a tail block). */
+  const double w[11] = {0, -0.3, -1, -5.5, -20, -50, -86, -88, -200, 3, 2.5};
+  const int64_t s11[1] = {11};
+  cr_assert(tt_tensor_from_f64(w, s11, 1, TT_F32, &x) == 0);
+  cr_assert(tt_softmax(x, 0, &o) == 0);
+  double z11 = 0, want11[11];
+  for (int i = 0; i < 11; i++) z11 += exp(w[i] - 3);
+  for (int i = 0; i < 11; i++) want11[i] = exp(w[i] - 3) / z11;
+  tt_test_assert_close(o, want11, 11, 2e-6, 1e-30, "softmax spread");
+  tt_tensor_release(o);
+  tt_tensor_release(x);
+}
+
+Test(reduce, max_propagates_nan) {
+  const double v[4] = {1, NAN, 3, NAN};
+  const int64_t s[1] = {4};
+  tt_tensor *x = NULL, *o = NULL, *w = NULL;
+  cr_assert(tt_tensor_from_f64(v, s, 1, TT_F32, &x) == 0);
+  cr_assert(tt_set_requires_grad(x, 1) == 0);
+  cr_assert(tt_max(x, NULL, 0, 0, &o) == 0);
+  cr_assert(isnan(tt_tensor_get(o, 0)));
+  cr_assert(tt_tensor_full(NULL, 0, TT_F32, TT_CPU, 1.0, &w) == 0);
+  cr_assert(tt_backward_with(o, w) == 0, "%s", tt_last_error());
+  const double want[4] = {0, 1, 0, 0};
+  tt_test_assert_close(x->grad, want, 4, 0, 0, "grad to the first NaN");
+  tt_tensor_release(o);
+  tt_tensor_release(w);
+  tt_tensor_release(x);
 }
 
 /* -- reduce_to_shape ----------------------------------------------------------------- */

@@ -1,0 +1,261 @@
+/*
+** test_lowp.c — the bf16 / fp16 GEMMs of engine/cuda/matmul_lowp.cu against an f32 CPU
+** reference computed on the same rounded values.
+**
+** A product of two bf16 (or fp16) numbers is exact in f32, so the GPU result, summed in
+** fp32 on the tensor cores, differs from "round the operands on the CPU, then an f32
+** GEMM" only in the order of the sums: with f32 outputs the relative L2 error stays near
+** 1e-6 (tolerance 1e-5). Backward rounds the output gradient the same way; the bias
+** gradient is the column sum of the unrounded gradient. With a bf16 output (bf16
+** activations in) the tolerance is that of one bf16 rounding, 8e-3. Inputs are fresh
+** random values of odd sizes, outputs poisoned (NaN blocks in the allocator's cache)
+** before each GPU run.
+**
+** Without a GPU the program exits 77 before running anything: ctest reports "Not Run".
+*/
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include "tt_internal.h"
+#include "tetra_cuda.h"
+#include "cuda/tetra_cuda_lowp.h"
+
+enum { GPU = 0 };
+
+static tt_tensor *randn(const int64_t *shape, int ndim, double std) {
+  tt_tensor *t = NULL;
+  cr_assert_eq(tt_tensor_randn(shape, ndim, 0.0, std, &t), 0, "%s", tt_last_error());
+  return t;
+}
+
+static tt_tensor *to_dev(tt_tensor *t, int device) {
+  tt_tensor *o = NULL;
+  cr_assert_eq(tt_to_device(t, device, &o), 0, "%s", tt_last_error());
+  return o;
+}
+
+static tt_tensor *cast(tt_tensor *t, int dtype) {
+  tt_tensor *o = NULL;
+  cr_assert_eq(tt_cast(t, dtype, &o), 0, "%s", tt_last_error());
+  return o;
+}
+
+/* t rounded to dtype and back to f32, as a fresh leaf (CPU). */
+static tt_tensor *rounded(tt_tensor *t, int dtype) {
+  tt_set_grad_enabled(0);
+  tt_tensor *low = cast(t, dtype), *r = cast(low, TT_F32);
+  tt_set_grad_enabled(1);
+  tt_tensor_release(low);
+  return r;
+}
+
+static void poison(int64_t n) {
+  if (n <= 0) return;
+  tt_tensor *t = NULL;
+  cr_assert_eq(tt_tensor_full(&n, 1, TT_F32, GPU, NAN, &t), 0, "%s", tt_last_error());
+  tt_tensor_release(t);
+}
+
+/* ||gpu - ref|| / ||ref||, gpu of any dtype and device; fails on NaN. */
+static double rel_err(tt_tensor *gpu, tt_tensor *ref) {
+  tt_tensor *h = to_dev(gpu, TT_CPU);
+  int64_t n = tt_tensor_numel(ref);
+  cr_assert_eq(tt_tensor_numel(h), n);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double a = tt_tensor_get(h, i), b = tt_tensor_get(ref, i);
+    cr_assert(!isnan(a), "element %lld was not written (NaN)", (long long)i);
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  tt_tensor_release(h);
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Column sums of g (rows, n), the reference bias gradient. */
+static tt_tensor *column_sums(tt_tensor *g, int64_t n) {
+  tt_tensor *o = NULL;
+  cr_assert_eq(tt_tensor_zeros(&n, 1, TT_F32, TT_CPU, &o), 0);
+  const int64_t total = tt_tensor_numel(g);
+  double *s = calloc((size_t)n, sizeof *s);
+  cr_assert_not_null(s);
+  for (int64_t i = 0; i < total; i++) s[i % n] += tt_tensor_get(g, i);
+  for (int64_t j = 0; j < n; j++) tt_tensor_set(o, j, s[j]);
+  free(s);
+  return o;
+}
+
+typedef struct lowp_case {
+  const char *name;
+  int ta, tb;
+  int in_dtype;      /* dtype a is given in on the GPU (b and bias stay f32); out has it */
+  int compute;
+  int view_a;        /* a is the transpose of the stored leaf (a strided view) */
+  double tol;        /* for outputs and gradients in in_dtype; f32 ones use 1e-5 */
+} lowp_case;
+
+static tt_tensor *maybe_view(tt_tensor *leaf, int view) {
+  tt_tensor *v = NULL;
+  if (!view) {
+    tt_tensor_retain(leaf);
+    return leaf;
+  }
+  cr_assert_eq(tt_transpose(leaf, -1, -2, &v), 0, "%s", tt_last_error());
+  return v;
+}
+
+/* a_store, b, bias (may be NULL): CPU f32; a = a_store, or its transpose with view_a.
+** Checks the output and the gradients of a_store, b and bias. */
+static void check_case(const lowp_case *c, tt_tensor *a_store, tt_tensor *b, tt_tensor *bias) {
+  const double tol32 = 1e-5;
+  const double tol_in = c->in_dtype == TT_F32 ? tol32 : c->tol;
+  /* Reference leaves: the values the GPU multiplies. */
+  tt_tensor *a_in = rounded(a_store, c->in_dtype);
+  tt_tensor *ar = rounded(a_in, c->compute), *br = rounded(b, c->compute);
+  tt_tensor *biasr = bias ? rounded(bias, c->in_dtype) : NULL;
+  cr_assert_eq(tt_set_requires_grad(ar, 1), 0);
+  cr_assert_eq(tt_set_requires_grad(br, 1), 0);
+  tt_tensor *av = maybe_view(ar, c->view_a), *ref = NULL;
+  cr_assert_eq(tt_matmul(av, br, NULL, c->ta, c->tb, &ref), 0, "%s", tt_last_error());
+  tt_tensor *g = randn(ref->shape, ref->ndim, 1.0);
+  tt_tensor *g_in = rounded(g, c->in_dtype), *gr = rounded(g_in, c->compute);
+  cr_assert_eq(tt_backward_with(ref, gr), 0, "%s", tt_last_error());
+
+  /* GPU: a given in in_dtype, b and bias f32. */
+  tt_tensor *a_dev32 = to_dev(a_store, GPU), *ag = cast(a_dev32, c->in_dtype);
+  tt_tensor *bg = to_dev(b, GPU), *biasg = bias ? to_dev(bias, GPU) : NULL;
+  cr_assert_eq(tt_set_requires_grad(ag, 1), 0);
+  cr_assert_eq(tt_set_requires_grad(bg, 1), 0);
+  if (biasg) cr_assert_eq(tt_set_requires_grad(biasg, 1), 0);
+  tt_tensor *agv = maybe_view(ag, c->view_a), *out = NULL;
+  for (int i = 0; i < 3; i++) poison(tt_tensor_numel(ref));
+  cr_assert_eq(tt_cuda_matmul_lowp(agv, bg, biasg, c->ta, c->tb, c->compute, &out), 0,
+               "%s: %s", c->name, tt_last_error());
+  cr_assert_eq(out->dtype, c->in_dtype, "%s: output dtype %s", c->name,
+               tt_dtype_name(out->dtype));
+  /* The bias enters after the products: add it to the reference here. */
+  tt_tensor *want = NULL;
+  if (biasr) cr_assert_eq(tt_add(ref, biasr, &want), 0);
+  else { tt_tensor_retain(ref); want = ref; }
+  double e = rel_err(out, want);
+  cr_assert(e <= tol_in, "%s forward: relative error %g > %g", c->name, e, tol_in);
+
+  tt_tensor *gd = to_dev(g_in, GPU), *gdc = cast(gd, c->in_dtype);
+  for (int i = 0; i < 3; i++) poison(tt_tensor_numel(a_store) + tt_tensor_numel(b));
+  cr_assert_eq(tt_backward_with(out, gdc), 0, "%s backward: %s", c->name, tt_last_error());
+  cr_assert_not_null(ag->grad, "%s: no grad for a", c->name);
+  cr_assert_not_null(bg->grad, "%s: no grad for b", c->name);
+  cr_assert_eq(ag->grad->dtype, c->in_dtype);
+  cr_assert_eq(bg->grad->dtype, TT_F32);
+  double ea = rel_err(ag->grad, ar->grad), eb = rel_err(bg->grad, br->grad);
+  cr_assert(ea <= tol_in, "%s grad a: relative error %g > %g", c->name, ea, tol_in);
+  cr_assert(eb <= tol32, "%s grad b: relative error %g > %g", c->name, eb, tol32);
+  if (biasg) {
+    tt_tensor *gbias = column_sums(g_in, bias->shape[0]);
+    double eg = rel_err(biasg->grad, gbias);
+    cr_assert(eg <= tol32, "%s grad bias: relative error %g > %g", c->name, eg, tol32);
+    tt_tensor_release(gbias);
+  }
+  tt_tensor *all[] = {a_in, ar, br, biasr, av, ref, g, g_in, gr, a_dev32, ag, bg, biasg,
+                      agv, out, want, gd, gdc};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+Test(cuda_lowp, casts_match_the_cpu) {
+  int64_t s[3] = {5, 7, 333};
+  tt_tensor *x = randn(s, 3, 30.0), *xd = to_dev(x, GPU);
+  const int dtypes[2] = {TT_BF16, TT_F16};
+  for (int k = 0; k < 2; k++) {
+    tt_tensor *want = cast(x, dtypes[k]), *got = NULL, *view = NULL, *got_v = NULL;
+    poison(5 * 7 * 333);
+    cr_assert_eq(tt_cuda_cast_contiguous(xd, dtypes[k], &got), 0, "%s", tt_last_error());
+    cr_assert(rel_err(got, want) == 0, "%s rounding differs from the cpu", tt_dtype_name(dtypes[k]));
+    /* A strided view goes through the strided copy and must give the same values. */
+    tt_tensor *wantv = NULL, *wv = NULL;
+    cr_assert_eq(tt_transpose(xd, 0, 2, &view), 0);
+    cr_assert_eq(tt_cuda_cast_contiguous(view, dtypes[k], &got_v), 0, "%s", tt_last_error());
+    cr_assert(tt_tensor_is_contiguous(got_v));
+    cr_assert_eq(tt_transpose(want, 0, 2, &wv), 0);
+    cr_assert_eq(tt_contiguous(wv, &wantv), 0);
+    cr_assert(rel_err(got_v, wantv) == 0, "strided %s cast differs", tt_dtype_name(dtypes[k]));
+    tt_tensor *all[] = {want, got, view, got_v, wantv, wv};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+  }
+  tt_tensor_release(x);
+  tt_tensor_release(xd);
+}
+
+Test(cuda_lowp, linear_f32_master_weights) {
+  /* x (3, 41, 67) @ w (53, 67)^T + bias: the Linear of train.precision = bf16. */
+  int64_t xs[3] = {3, 41, 67}, ws[2] = {53, 67}, bs[1] = {53};
+  tt_tensor *x = randn(xs, 3, 1.0), *w = randn(ws, 2, 0.1), *bias = randn(bs, 1, 0.1);
+  lowp_case c = {"linear bf16", 0, 1, TT_F32, TT_BF16, 0, 0};
+  check_case(&c, x, w, bias);
+  lowp_case h = {"linear fp16", 0, 1, TT_F32, TT_F16, 0, 0};
+  check_case(&h, x, w, NULL);
+  tt_tensor_release(x); tt_tensor_release(w); tt_tensor_release(bias);
+}
+
+Test(cuda_lowp, linear_bf16_activations) {
+  int64_t xs[3] = {2, 37, 96}, ws[2] = {45, 96}, bs[1] = {45};
+  tt_tensor *x = randn(xs, 3, 1.0), *w = randn(ws, 2, 0.1), *bias = randn(bs, 1, 0.1);
+  lowp_case c = {"linear bf16 in/out", 0, 1, TT_BF16, TT_BF16, 0, 8e-3};
+  check_case(&c, x, w, bias);
+  tt_tensor_release(x); tt_tensor_release(w); tt_tensor_release(bias);
+}
+
+Test(cuda_lowp, transposes_and_views) {
+  int64_t as[2] = {67, 41}, bs[2] = {29, 67};
+  tt_tensor *a = randn(as, 2, 1.0), *b = randn(bs, 2, 1.0);
+  lowp_case tt = {"matmul a^T b^T", 1, 1, TT_F32, TT_BF16, 0, 0};
+  check_case(&tt, a, b, NULL);
+  /* a passed as the (41, 67) transposed view of the stored (67, 41): a strided operand. */
+  lowp_case v = {"matmul view(a) b^T", 0, 1, TT_F32, TT_BF16, 1, 0};
+  check_case(&v, a, b, NULL);
+  tt_tensor_release(a); tt_tensor_release(b);
+}
+
+Test(cuda_lowp, batched) {
+  /* b with a's leading dims: a strided batch. */
+  int64_t as[4] = {2, 3, 19, 33}, bs[4] = {2, 3, 33, 17};
+  tt_tensor *a = randn(as, 4, 1.0), *b = randn(bs, 4, 1.0);
+  lowp_case c = {"batched matmul", 0, 0, TT_F32, TT_BF16, 0, 0};
+  check_case(&c, a, b, NULL);
+  /* A 2-D b shared by the batches of a transposed a: dB sums the batches. */
+  int64_t a2s[3] = {4, 33, 19}, b2s[2] = {17, 33};
+  tt_tensor *a2 = randn(a2s, 3, 1.0), *b2 = randn(b2s, 2, 1.0);
+  lowp_case s = {"shared b, a^T", 1, 1, TT_F32, TT_BF16, 0, 0};
+  check_case(&s, a2, b2, NULL);
+  lowp_case n = {"shared b, a", 0, 0, TT_F32, TT_BF16, 0, 0};
+  int64_t a3s[3] = {4, 19, 33}, b3s[2] = {33, 17};
+  tt_tensor *a3 = randn(a3s, 3, 1.0), *b3 = randn(b3s, 2, 1.0);
+  check_case(&n, a3, b3, NULL);
+  tt_tensor *all[] = {a, b, a2, b2, a3, b3};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+Test(cuda_lowp, errors_name_the_problem) {
+  int64_t s[2] = {3, 4};
+  tt_tensor *cpu = randn(s, 2, 1.0), *dev = to_dev(cpu, GPU), *out = NULL;
+  cr_assert_eq(tt_cuda_matmul_lowp(cpu, cpu, NULL, 0, 1, TT_BF16, &out), -1);
+  cr_assert(strstr(tt_last_error(), "cpu") != NULL, "%s", tt_last_error());
+  cr_assert_eq(tt_cuda_matmul_lowp(dev, dev, NULL, 0, 1, TT_F32, &out), -1);
+  cr_assert(strstr(tt_last_error(), "compute dtype") != NULL, "%s", tt_last_error());
+  cr_assert_eq(tt_cuda_matmul_lowp(dev, dev, NULL, 0, 0, TT_BF16, &out), -1);
+  cr_assert(strstr(tt_last_error(), "inner dims") != NULL, "%s", tt_last_error());
+  tt_tensor_release(cpu);
+  tt_tensor_release(dev);
+}
+
+/* Criterion's own main, run only when a GPU is there. */
+int main(int argc, char *argv[]) {
+  if (tt_cuda_init() != 0) {
+    printf("SKIP: %s\n", tt_last_error());
+    return 77;
+  }
+  struct criterion_test_set *tests = criterion_initialize();
+  int rc = 0;
+  if (criterion_handle_args(argc, argv, true)) rc = !criterion_run_all_tests(tests);
+  criterion_finalize(tests);
+  return rc;
+}

@@ -1,0 +1,17 @@
+# GPU end-to-end tests: shell scripts given the tetra binary; exit 77 (no GPU, or a build
+# without CUDA) counts as skipped. The Criterion programs tests/cuda/test_*.c are
+# registered by the top CMakeLists.
+file(GLOB TETRA_CUDA_SCRIPTS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.sh)
+foreach(script ${TETRA_CUDA_SCRIPTS})
+  get_filename_component(name ${script} NAME_WE)
+  add_test(NAME cuda/${name} COMMAND bash ${script} $<TARGET_FILE:tetra>)
+  set_tests_properties(cuda/${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+                       ENVIRONMENT "OMP_NUM_THREADS=2")
+endforeach()
+
+# The GPU benchmark of tools/gpu-check, built here (with the engine's warning flags) so
+# that the CUDA build compiles it in CI too.
+if(TETRA_HAVE_CUDA)
+  add_executable(gpu_bench ${CMAKE_SOURCE_DIR}/tools/bench/gpu_bench.c)
+  target_link_libraries(gpu_bench PRIVATE tetra_engine CUDA::cublas)
+endif()
