@@ -50,6 +50,16 @@ static int lt_layout(cublasLtMatrixLayout_t *l, int dtype, int64_t r, int64_t c,
   return 0;
 }
 
+/* The largest power of two (at most 256) dividing the address of every matrix of a
+** batch. */
+static uint32_t lt_alignment(const void *p, int64_t stride, int dtype, int64_t batch) {
+  uintptr_t bits = (uintptr_t)p;
+  if (batch > 1) bits |= (uintptr_t)(stride * (int64_t)tt_dtype_size(dtype));
+  uint32_t a = 256;
+  while (a > 1 && (bits & (a - 1))) a >>= 1;
+  return a;
+}
+
 /* The body of lt_run, with the descriptors owned by the caller (freed there). */
 static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
                        cublasLtMatrixLayout_t *lx, cublasLtMatrixLayout_t *ly,
@@ -90,6 +100,18 @@ static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
   TT_CU(cublasLtMatmulPreferenceCreate(pref));
   TT_CU(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &ws_bytes, sizeof ws_bytes));
+  /* The heuristic assumes 256-byte aligned matrices unless told otherwise, and may then
+  ** pick a kernel that faults on a view's data (a narrow, a batch offset, a row of an
+  ** odd-sized matrix): state each operand's real alignment. */
+  const uint32_t align[4] = {lt_alignment(q->x, q->stride_x, q->x_dtype, q->batch),
+                             lt_alignment(q->y, q->stride_y, q->y_dtype, q->batch),
+                             lt_alignment(q->c, q->stride_c, q->c_dtype, q->batch),
+                             lt_alignment(q->c, q->stride_c, q->c_dtype, q->batch)};
+  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; i++)
+    TT_CU(cublasLtMatmulPreferenceSetAttribute(*pref, align_attr[i], &align[i], sizeof align[i]));
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
   TT_CU(cublasLtMatmulAlgoGetHeuristic(h, *desc, *lx, *ly, *lc, *lc, *pref, 1, &heur, &found));
