@@ -97,11 +97,7 @@ static int float_input(const char *op, tt_tensor *x, tt_tensor **out) {
   TT_CHECK(x != NULL, "%s: input is NULL", op);
   TT_CHECK(x->dtype == TT_F32 || x->dtype == TT_BF16 || x->dtype == TT_F16,
            "%s: input has dtype %s (want f32, bf16 or f16)", op, tt_dtype_name(x->dtype));
-  int grad = tt_is_grad_enabled();
-  tt_set_grad_enabled(0);
-  int rc = tt_contiguous(x, out);
-  tt_set_grad_enabled(grad);
-  return rc;
+  return tt_contiguous_nograd(x, out);
 }
 
 static int quantize_into(const char *op, tt_tensor *x, int dtype, double scale, int fake,
@@ -151,11 +147,7 @@ int tt_fp8_dequantize(tt_tensor *q, double scale, tt_tensor **out) {
   TT_CHECK(scale > 0 && isfinite(scale), "fp8_dequantize: scale must be positive, got %g",
            scale);
   tt_tensor *qc = NULL, *x = NULL;
-  int grad = tt_is_grad_enabled();
-  tt_set_grad_enabled(0);
-  int rc = tt_contiguous(q, &qc);
-  tt_set_grad_enabled(grad);
-  TT_TRY(rc);
+  TT_TRY(tt_contiguous_nograd(q, &qc));
   if (tt_tensor_empty(qc->shape, qc->ndim, TT_F32, qc->device, &x)) goto fail;
   int64_t n = tt_tensor_numel(qc);
   if (tt_device_is_cuda(qc->device)) {

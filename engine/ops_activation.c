@@ -28,7 +28,7 @@ static int unary_backward(tt_node *node, tt_tensor *grad_out) {
   if (!bwd) return tt_no_kernel(node->name, xc->device);
   tt_tensor *g = NULL, *dx = NULL;
   int rc = -1;
-  if (tt_contiguous(grad_out, &g) != 0 || tt_empty_like(xc, &dx) != 0) goto done;
+  if (tt_contiguous_nograd(grad_out, &g) != 0 || tt_empty_like(xc, &dx) != 0) goto done;
   if (bwd(tt_tensor_data(dx), tt_tensor_data(g), tt_tensor_data(xc), tt_tensor_numel(xc)))
     goto done;
   rc = tt_accumulate_grad(x, dx);
@@ -48,7 +48,7 @@ static int unary_op(int kind, tt_tensor *x, tt_tensor **out) {
   if (!fwd) return tt_no_kernel(op, x->device);
 
   tt_tensor *xc = NULL, *y = NULL;
-  if (tt_contiguous(x, &xc) != 0 || tt_empty_like(xc, &y) != 0) goto fail;
+  if (tt_contiguous_nograd(x, &xc) != 0 || tt_empty_like(xc, &y) != 0) goto fail;
   if (fwd(tt_tensor_data(y), tt_tensor_data(xc), tt_tensor_numel(xc)) != 0) goto fail;
   if (tt_should_record(&x, 1)) {
     tt_node *node = tt_record(op, unary_backward, y, &x, 1);
@@ -79,7 +79,7 @@ static int swiglu_backward(tt_node *node, tt_tensor *grad_out) {
   if (!k || !k->swiglu_backward) return tt_no_kernel(node->name, gc->device);
   tt_tensor *g = NULL, *dgate = NULL, *dup = NULL;
   int rc = -1;
-  if (tt_contiguous(grad_out, &g) != 0) goto done;
+  if (tt_contiguous_nograd(grad_out, &g) != 0) goto done;
   if (need_gate && tt_empty_like(gc, &dgate) != 0) goto done;
   if (need_up && tt_empty_like(uc, &dup) != 0) goto done;
   if (k->swiglu_backward(dgate ? tt_tensor_data(dgate) : NULL,
@@ -114,7 +114,7 @@ int tt_swiglu(tt_tensor *gate, tt_tensor *up, tt_tensor **out) {
   if (!k || !k->swiglu_forward) return tt_no_kernel("swiglu", gate->device);
 
   tt_tensor *gc = NULL, *uc = NULL, *y = NULL;
-  if (tt_contiguous(gate, &gc) != 0 || tt_contiguous(up, &uc) != 0 ||
+  if (tt_contiguous_nograd(gate, &gc) != 0 || tt_contiguous_nograd(up, &uc) != 0 ||
       tt_empty_like(gc, &y) != 0)
     goto fail;
   if (k->swiglu_forward(tt_tensor_data(y), tt_tensor_data(gc), tt_tensor_data(uc),

@@ -130,7 +130,7 @@ static int attention_backward(tt_node *node, tt_tensor *grad_out) {
   int rc = -1;
   int64_t nws = kern->backward_workspace(&a);
   nws = nws > 0 ? nws : 1;
-  if (tt_contiguous(grad_out, &dout) != 0) goto done;
+  if (tt_contiguous_nograd(grad_out, &dout) != 0) goto done;
   if (tt_empty_like(node->out, &grads[0]) != 0 || tt_empty_like(k, &grads[1]) != 0 ||
       tt_empty_like(v, &grads[2]) != 0)
     goto done;

@@ -55,23 +55,6 @@ static void bcast_build(tt_bcast *bc, const int64_t *shape, int ndim, const tt_t
   bc->ndim = n;
 }
 
-/* Contiguous version of t without recording on the tape (the op records its own node
-** against the original input): t itself, retained, when already contiguous. */
-static int contiguous_nograd(tt_tensor *t, tt_tensor **out) {
-  if (tt_tensor_is_contiguous(t)) {
-    tt_tensor_retain(t);
-    *out = t;
-    return 0;
-  }
-  TT_TRY(tt_tensor_empty(t->shape, t->ndim, t->dtype, t->device, out));
-  if (tt_copy_(*out, t) != 0) {
-    tt_tensor_release(*out);
-    *out = NULL;
-    return -1;
-  }
-  return 0;
-}
-
 static int check_f32(const char *op, const char *arg, const tt_tensor *t) {
   if (!t) return tt_set_error("%s: %s is NULL", op, arg);
   return tt_check_dtype(op, arg, t, TT_F32);
@@ -84,7 +67,7 @@ static int accumulate_reduced(const tt_elementwise_kernels *k, tt_tensor *t, tt_
   tt_tensor *r = NULL, *rc = NULL, *neg = NULL;
   int st = tt_reduce_to_shape(g, t->shape, t->ndim, &r);
   if (st == 0 && negate) {
-    st = contiguous_nograd(r, &rc);
+    st = tt_contiguous_nograd(r, &rc);
     if (st == 0) st = tt_empty_like(rc, &neg);
     if (st == 0)
       st = k->affine(tt_tensor_data(neg), tt_tensor_data(rc), tt_tensor_numel(rc), -1.0f, 0.0f);
@@ -113,7 +96,7 @@ static int binary_backward(tt_node *node, tt_tensor *g) {
   }
   if (!k->binary_backward) return tt_no_kernel(binary_names[op], g->device);
   tt_tensor *gc = NULL, *ga = NULL, *gb = NULL;
-  int st = contiguous_nograd(g, &gc);
+  int st = tt_contiguous_nograd(g, &gc);
   if (st == 0 && need_a) st = tt_empty_like(gc, &ga);
   if (st == 0 && need_b) st = tt_empty_like(gc, &gb);
   if (st == 0) {
@@ -189,7 +172,7 @@ static int affine_backward(tt_node *node, tt_tensor *g) {
   const tt_elementwise_kernels *k = NULL;
   TT_TRY(ew_table("tt_scale", g->device, &k));
   tt_tensor *gc = NULL, *ga = NULL;
-  int st = contiguous_nograd(g, &gc);
+  int st = tt_contiguous_nograd(g, &gc);
   if (st == 0) st = tt_empty_like(gc, &ga);
   if (st == 0)
     st = k->affine(tt_tensor_data(ga), tt_tensor_data(gc), tt_tensor_numel(gc),
@@ -208,7 +191,7 @@ static int affine_op(const char *name, int is_scale, tt_tensor *a, double s, tt_
   TT_TRY(ew_table(name, a->device, &k));
   if (!k->affine) return tt_no_kernel(name, a->device);
   tt_tensor *ac = NULL, *o = NULL;
-  TT_TRY(contiguous_nograd(a, &ac));
+  TT_TRY(tt_contiguous_nograd(a, &ac));
   int st = tt_empty_like(ac, &o);
   if (st == 0)
     st = k->affine(tt_tensor_data(o), tt_tensor_data(ac), tt_tensor_numel(ac),
@@ -260,7 +243,7 @@ int tt_axpy_(tt_tensor *a, double alpha, const tt_tensor *b) {
 
   /* The kernel updates a contiguous destination; a strided `a` goes through a copy. */
   tt_tensor *dst = NULL;
-  TT_TRY(contiguous_nograd(a, &dst));
+  TT_TRY(tt_contiguous_nograd(a, &dst));
   tt_bcast bc;
   bcast_build(&bc, a->shape, a->ndim, dst, b);
   int st = k->axpy(tt_tensor_data(dst), (float)alpha, tt_tensor_data(b), &bc);

@@ -13,7 +13,7 @@ static int embedding_backward(tt_node *node, tt_tensor *grad_out) {
   if (!k || !k->backward) return tt_no_kernel(node->name, weight->device);
   tt_tensor *g = NULL, *dw = NULL;
   int rc = -1;
-  if (tt_contiguous(grad_out, &g) != 0 || tt_zeros_like(weight, &dw) != 0) goto done;
+  if (tt_contiguous_nograd(grad_out, &g) != 0 || tt_zeros_like(weight, &dw) != 0) goto done;
   if (k->backward(tt_tensor_data(dw), tt_tensor_data(g), tt_tensor_data(ids),
                   ids->dtype == TT_I64, tt_tensor_numel(ids), weight->shape[0],
                   weight->shape[1]) != 0)
@@ -45,7 +45,7 @@ int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out) {
   for (int d = 0; d < ids->ndim; d++) shape[d] = ids->shape[d];
   shape[ids->ndim] = weight->shape[1];
   tt_tensor *wc = NULL, *idc = NULL, *y = NULL;
-  if (tt_contiguous(weight, &wc) != 0 || tt_contiguous(ids, &idc) != 0 ||
+  if (tt_contiguous_nograd(weight, &wc) != 0 || tt_contiguous_nograd(ids, &idc) != 0 ||
       tt_tensor_empty(shape, ids->ndim + 1, TT_F32, weight->device, &y) != 0)
     goto fail;
   if (k->forward(tt_tensor_data(y), tt_tensor_data(wc), tt_tensor_data(idc),

@@ -19,7 +19,7 @@ static int ce_backward(tt_node *node, tt_tensor *grad_out) {
   int64_t V = lc->shape[lc->ndim - 1], N = tt_tensor_numel(tc);
   tt_tensor *g = NULL, *dl = NULL;
   int rc = -1;
-  if (tt_contiguous(grad_out, &g) != 0 || tt_empty_like(lc, &dl) != 0) goto done;
+  if (tt_contiguous_nograd(grad_out, &g) != 0 || tt_empty_like(lc, &dl) != 0) goto done;
   if (k->ce_backward(tt_tensor_data(dl), tt_tensor_data(g), tt_tensor_data(lc),
                      tt_tensor_data(stats), tt_tensor_data(tc), tc->dtype == TT_I64,
                      node->i[0], N, V) != 0)
@@ -55,7 +55,7 @@ int tt_cross_entropy(tt_tensor *logits, tt_tensor *targets, int64_t ignore_index
   int64_t stats_shape[2] = {2, N};
 
   tt_tensor *lc = NULL, *tc = NULL, *stats = NULL, *loss = NULL;
-  if (tt_contiguous(logits, &lc) != 0 || tt_contiguous(targets, &tc) != 0 ||
+  if (tt_contiguous_nograd(logits, &lc) != 0 || tt_contiguous_nograd(targets, &tc) != 0 ||
       tt_tensor_empty(stats_shape, 2, TT_F32, logits->device, &stats) != 0 ||
       tt_tensor_empty(NULL, 0, TT_F32, logits->device, &loss) != 0)
     goto fail;

@@ -223,25 +223,30 @@ static int run_product(const tt_matmul_kernels *k, const lead_dims *Lin, mat c, 
 
 /* -- Forward and backward ------------------------------------------------------------ */
 
+/* bf16 / fp16 operands on a GPU: tensor-core GEMMs with fp32 sums, rounded copies kept
+** for backward (engine/cuda/matmul_lowp.cu). Weak: NULL in a build without CUDA. */
+int tt_cuda_matmul_lowp(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a,
+                        int trans_b, int compute_dtype, tt_tensor **out) __attribute__((weak));
+int tt_cuda_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int compute_dtype,
+                        tt_tensor **out) __attribute__((weak));
+
+static int is_half(int dtype) { return dtype == TT_BF16 || dtype == TT_F16; }
+
+/* a or b in bf16 / fp16: the low-precision CUDA op, computing in that dtype. */
+static int matmul_lowp(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
+                       tt_tensor *bias, int ta, int tb, tt_tensor **out) {
+  const int dt = is_half(a->dtype) ? a->dtype : b->dtype;
+  TT_CHECK(tt_device_is_cuda(a->device) && tt_cuda_matmul_lowp && tt_cuda_linear_lowp,
+           "%s: %s operands need a CUDA device (cast them to f32 on the cpu)", op,
+           tt_dtype_name(dt));
+  if (allow_row) return tt_cuda_linear_lowp(a, b, bias, dt, out);
+  return tt_cuda_matmul_lowp(a, b, bias, ta, tb, dt, out);
+}
+
 static int matmul_table(const char *op, int device, const tt_matmul_kernels **pk) {
   const tt_matmul_kernels *k = TT_KERNELS(tt_matmul, device);
   if (!k || !k->gemm || !k->bias_fill || !k->bias_backward) return tt_no_kernel(op, device);
   *pk = k;
-  return 0;
-}
-
-static int contiguous_nograd(tt_tensor *t, tt_tensor **out) {
-  if (tt_tensor_is_contiguous(t)) {
-    tt_tensor_retain(t);
-    *out = t;
-    return 0;
-  }
-  TT_TRY(tt_tensor_empty(t->shape, t->ndim, t->dtype, t->device, out));
-  if (tt_copy_(*out, t) != 0) {
-    tt_tensor_release(*out);
-    *out = NULL;
-    return -1;
-  }
   return 0;
 }
 
@@ -253,7 +258,7 @@ static int blas_operand(tt_tensor *t, int nlead, tt_tensor **out) {
     *out = t;
     return 0;
   }
-  return contiguous_nograd(t, out);
+  return tt_contiguous_nograd(t, out);
 }
 
 static lead_dims lead_of(const tt_tensor *t, int nlead) {
@@ -301,7 +306,7 @@ static int matmul_backward(tt_node *node, tt_tensor *g) {
   }
   if (st == 0 && tt_needs_grad(bias)) {
     tt_tensor *gc = NULL;
-    st = contiguous_nograd(gu, &gc);
+    st = tt_contiguous_nograd(gu, &gc);
     if (st == 0) st = tt_tensor_empty(bias->shape, 1, TT_F32, bias->device, &gbias);
     if (st == 0) {
       const int64_t n = bias->shape[0];
@@ -325,6 +330,8 @@ static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
   if (!out) return tt_set_error("%s: out is NULL", op);
   *out = NULL;
   TT_CHECK(a && b, "%s: %s is NULL", op, a ? "b" : "a");
+  if (is_half(a->dtype) || is_half(b->dtype))
+    return matmul_lowp(op, allow_row, a, b, bias, ta, tb, out);
   TT_TRY(tt_check_dtype(op, "a", a, TT_F32));
   TT_TRY(tt_check_dtype(op, "b", b, TT_F32));
   if (bias) TT_TRY(tt_check_dtype(op, "bias", bias, TT_F32));
@@ -367,7 +374,7 @@ static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
   if (st == 0) st = blas_operand(b, nlead, &bu);
   float beta = 0.0f;
   if (st == 0 && bias && tt_tensor_numel(o) > 0) {
-    st = contiguous_nograd(bias, &biasc);
+    st = tt_contiguous_nograd(bias, &biasc);
     if (st == 0)
       st = k->bias_fill(tt_tensor_data(o), tt_tensor_data(biasc), tt_tensor_numel(o) / n, n,
                         n);

@@ -47,8 +47,8 @@ static int rmsnorm_backward(tt_node *node, tt_tensor *grad_out) {
   int64_t D = xc->shape[xc->ndim - 1], N = tt_tensor_numel(xc) / D;
   tt_tensor *g = NULL, *wc = NULL, *dx = NULL, *dw = NULL;
   int rc = -1;
-  if (tt_contiguous(grad_out, &g) != 0) goto done;
-  if (weight && tt_contiguous(weight, &wc) != 0) goto done;
+  if (tt_contiguous_nograd(grad_out, &g) != 0) goto done;
+  if (weight && tt_contiguous_nograd(weight, &wc) != 0) goto done;
   if (need_x && tt_empty_like(xc, &dx) != 0) goto done;
   if (need_w && tt_empty_like(wc, &dw) != 0) goto done;
   if (k->rmsnorm_backward(dx ? tt_tensor_data(dx) : NULL, dw ? tt_tensor_data(dw) : NULL,
@@ -74,7 +74,7 @@ int tt_rmsnorm(tt_tensor *x, tt_tensor *weight, double eps, tt_tensor **out) {
   int64_t D = x->shape[x->ndim - 1], N = tt_tensor_numel(x) / D;
 
   tt_tensor *xc = NULL, *wc = NULL, *y = NULL, *rstd = NULL;
-  if (tt_contiguous(x, &xc) != 0 || (weight && tt_contiguous(weight, &wc) != 0) ||
+  if (tt_contiguous_nograd(x, &xc) != 0 || (weight && tt_contiguous_nograd(weight, &wc) != 0) ||
       tt_empty_like(xc, &y) != 0 || tt_tensor_empty(&N, 1, TT_F32, x->device, &rstd) != 0)
     goto fail;
   if (k->rmsnorm_forward(tt_tensor_data(y), tt_tensor_data(rstd), tt_tensor_data(xc),
@@ -114,8 +114,8 @@ static int layernorm_backward(tt_node *node, tt_tensor *grad_out) {
   int64_t D = xc->shape[xc->ndim - 1], N = tt_tensor_numel(xc) / D;
   tt_tensor *g = NULL, *wc = NULL, *dx = NULL, *dw = NULL, *db = NULL;
   int rc = -1;
-  if (tt_contiguous(grad_out, &g) != 0) goto done;
-  if (weight && tt_contiguous(weight, &wc) != 0) goto done;
+  if (tt_contiguous_nograd(grad_out, &g) != 0) goto done;
+  if (weight && tt_contiguous_nograd(weight, &wc) != 0) goto done;
   if (need_x && tt_empty_like(xc, &dx) != 0) goto done;
   if (need_w && tt_empty_like(wc, &dw) != 0) goto done;
   if (need_b && tt_empty_like(bias, &db) != 0) goto done;
@@ -148,8 +148,8 @@ int tt_layernorm(tt_tensor *x, tt_tensor *weight, tt_tensor *bias, double eps,
   int64_t stats_shape[2] = {2, N};
 
   tt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *y = NULL, *stats = NULL;
-  if (tt_contiguous(x, &xc) != 0 || (weight && tt_contiguous(weight, &wc) != 0) ||
-      (bias && tt_contiguous(bias, &bc) != 0) || tt_empty_like(xc, &y) != 0 ||
+  if (tt_contiguous_nograd(x, &xc) != 0 || (weight && tt_contiguous_nograd(weight, &wc) != 0) ||
+      (bias && tt_contiguous_nograd(bias, &bc) != 0) || tt_empty_like(xc, &y) != 0 ||
       tt_tensor_empty(stats_shape, 2, TT_F32, x->device, &stats) != 0)
     goto fail;
   float *mean = tt_tensor_data(stats);

@@ -74,7 +74,7 @@ int tt_adamw_step(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *cons
     if (!p->grad) continue;
     const tt_optim_kernels *k = TT_KERNELS(tt_optim, p->device);
     if (!k || !k->adamw) return tt_no_kernel(op, p->device);
-    TT_TRY(tt_contiguous(p->grad, &g));
+    TT_TRY(tt_contiguous_nograd(p->grad, &g));
     int rc = k->adamw(tt_tensor_data(p), tt_tensor_data(g), tt_tensor_data(m[i]),
                       tt_tensor_data(v[i]), tt_tensor_numel(p), (float)cfg->lr,
                       (float)cfg->beta1, (float)cfg->beta2, (float)cfg->eps,
@@ -106,7 +106,7 @@ int tt_sgd_step(tt_tensor *const *params, tt_tensor *const *momentum, int n, dou
     if (!p->grad) continue;
     const tt_optim_kernels *k = TT_KERNELS(tt_optim, p->device);
     if (!k || !k->sgd) return tt_no_kernel(op, p->device);
-    TT_TRY(tt_contiguous(p->grad, &g));
+    TT_TRY(tt_contiguous_nograd(p->grad, &g));
     int rc = k->sgd(tt_tensor_data(p), tt_tensor_data(g),
                     mu != 0.0 ? tt_tensor_data(momentum[i]) : NULL, tt_tensor_numel(p),
                     (float)lr, (float)mu, (float)weight_decay);
@@ -134,7 +134,7 @@ int tt_grad_norm(tt_tensor *const *params, int n, double *out) {
     if (!params[i]->grad) continue;
     const tt_optim_kernels *k = TT_KERNELS(tt_optim, params[i]->device);
     if (!k || !k->sum_squares) return tt_no_kernel(op, params[i]->device);
-    TT_TRY(tt_contiguous(params[i]->grad, &g));
+    TT_TRY(tt_contiguous_nograd(params[i]->grad, &g));
     double s = 0.0;
     int rc = k->sum_squares(tt_tensor_data(g), tt_tensor_numel(g), &s);
     tt_tensor_release(g);
@@ -162,7 +162,7 @@ int tt_clip_grad_norm(tt_tensor *const *params, int n, double max_norm, double *
     if (!grad) continue;
     const tt_optim_kernels *k = TT_KERNELS(tt_optim, grad->device);
     if (!k || !k->scale) return tt_no_kernel(op, grad->device);
-    TT_TRY(tt_contiguous(grad, &g));
+    TT_TRY(tt_contiguous_nograd(grad, &g));
     int rc = k->scale(tt_tensor_data(g), tt_tensor_numel(g), (float)coef);
     if (rc == 0 && g != grad) rc = tt_copy_(grad, g);
     tt_tensor_release(g);

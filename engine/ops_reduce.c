@@ -83,34 +83,17 @@ static int parse_dims(const char *op, const tt_tensor *x, const int *dims, int n
   return 0;
 }
 
-/* A contiguous copy of t (or t retained when already contiguous) that records nothing:
-** the op records its own node against the original input. */
-static int contiguous_nograd(tt_tensor *t, tt_tensor **out) {
-  if (tt_tensor_is_contiguous(t)) {
-    tt_tensor_retain(t);
-    *out = t;
-    return 0;
-  }
-  TT_TRY(tt_tensor_empty(t->shape, t->ndim, t->dtype, t->device, out));
-  if (tt_copy_(*out, t) != 0) {
-    tt_tensor_release(*out);
-    *out = NULL;
-    return -1;
-  }
-  return 0;
-}
-
 /* x laid out as the plan's (outer, r, inner) block: x itself when possible, else a
 ** contiguous copy of the permuted view. */
 static int plan_input(tt_tensor *x, const reduce_plan *p, tt_tensor **out) {
-  if (!p->permuted) return contiguous_nograd(x, out);
+  if (!p->permuted) return tt_contiguous_nograd(x, out);
   tt_tensor *v = tt_tensor_header_alias(x);
   if (!v) return -1;
   for (int d = 0; d < x->ndim; d++) {
     v->shape[d] = x->shape[p->perm[d]];
     v->stride[d] = x->stride[p->perm[d]];
   }
-  int st = contiguous_nograd(v, out);
+  int st = tt_contiguous_nograd(v, out);
   tt_tensor_release(v);
   return st;
 }
@@ -172,7 +155,7 @@ static int sum_backward(tt_node *node, tt_tensor *g) {
   TT_TRY(reduce_table(node->name, g->device, &k));
   if (!k->sum_backward) return tt_no_kernel(node->name, g->device);
   tt_tensor *gc = NULL, *gx = NULL, *gv = NULL;
-  int st = contiguous_nograd(g, &gc);
+  int st = tt_contiguous_nograd(g, &gc);
   if (st == 0) st = plan_empty(x, p, &gx);
   if (st == 0 && tt_tensor_numel(gx) > 0)
     st = k->sum_backward(tt_tensor_data(gx), tt_tensor_data(gc), p->outer, p->r, p->inner,
@@ -275,7 +258,7 @@ static int max_backward(tt_node *node, tt_tensor *g) {
   TT_TRY(reduce_table("tt_max", g->device, &k));
   if (!k->max_backward) return tt_no_kernel("tt_max", g->device);
   tt_tensor *gc = NULL, *gx = NULL, *gv = NULL;
-  int st = contiguous_nograd(g, &gc);
+  int st = tt_contiguous_nograd(g, &gc);
   if (st == 0) st = plan_empty(x, p, &gx);
   if (st == 0 && tt_tensor_numel(gx) > 0)
     st = k->max_backward(tt_tensor_data(gx), tt_tensor_data(gc), tt_tensor_data(idx),
@@ -347,7 +330,7 @@ static int softmax_backward(tt_node *node, tt_tensor *g) {
   TT_TRY(reduce_table("tt_softmax", g->device, &k));
   if (!k->softmax_backward) return tt_no_kernel("tt_softmax", g->device);
   tt_tensor *gc = NULL, *gx = NULL;
-  int st = contiguous_nograd(g, &gc);
+  int st = tt_contiguous_nograd(g, &gc);
   if (st == 0) st = tt_empty_like(y, &gx);
   if (st == 0 && tt_tensor_numel(gx) > 0)
     st = k->softmax_backward(tt_tensor_data(gx), tt_tensor_data(gc), tt_tensor_data(y),
@@ -374,7 +357,7 @@ int tt_softmax(tt_tensor *x, int dim, tt_tensor **out) {
   for (int i = d + 1; i < x->ndim; i++) inner *= x->shape[i];
 
   tt_tensor *xin = NULL, *y = NULL;
-  TT_TRY(contiguous_nograd(x, &xin));
+  TT_TRY(tt_contiguous_nograd(x, &xin));
   int st = tt_empty_like(xin, &y);
   if (st == 0 && tt_tensor_numel(y) > 0)
     st = k->softmax(tt_tensor_data(y), tt_tensor_data(xin), outer, x->shape[d], inner);

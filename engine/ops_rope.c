@@ -14,7 +14,7 @@ static int rope_backward(tt_node *node, tt_tensor *grad_out) {
   if (!k || !k->backward) return tt_no_kernel(node->name, x->device);
   tt_tensor *g = NULL, *dx = NULL;
   int rc = -1;
-  if (tt_contiguous(grad_out, &g) != 0 || tt_empty_like(g, &dx) != 0) goto done;
+  if (tt_contiguous_nograd(grad_out, &g) != 0 || tt_empty_like(g, &dx) != 0) goto done;
   if (k->backward(tt_tensor_data(dx), tt_tensor_data(g), tt_tensor_data(table),
                   x->shape[0], x->shape[1], x->shape[2], x->shape[3],
                   (int)node->i[0]) != 0)
@@ -51,7 +51,7 @@ int tt_rope(tt_tensor *x, tt_tensor *positions, double theta, int interleaved,
 
   int64_t table_shape[3] = {2, T, Dh / 2};
   tt_tensor *xc = NULL, *pc = NULL, *table = NULL, *y = NULL;
-  if (tt_contiguous(x, &xc) != 0 || (positions && tt_contiguous(positions, &pc) != 0) ||
+  if (tt_contiguous_nograd(x, &xc) != 0 || (positions && tt_contiguous_nograd(positions, &pc) != 0) ||
       tt_tensor_empty(table_shape, 3, TT_F32, x->device, &table) != 0 ||
       tt_empty_like(xc, &y) != 0)
     goto fail;

@@ -76,6 +76,11 @@ int tt_reduce_to_shape(tt_tensor *g, const int64_t *shape, int ndim, tt_tensor *
 /* New contiguous tensor like t (same shape/dtype/device), uninitialised. */
 int tt_empty_like(const tt_tensor *t, tt_tensor **out);
 int tt_zeros_like(const tt_tensor *t, tt_tensor **out);
+/* Contiguous version of t that records nothing on the tape: t itself (retained) when it
+** already is. For ops that copy an input only to feed their kernel and record their own
+** node against the original input (tt_contiguous would add a clone node whose copy stays
+** alive until backward). */
+int tt_contiguous_nograd(tt_tensor *t, tt_tensor **out);
 /* Broadcast shape of a and b into shape/ndim, or an error naming `op`. */
 int tt_broadcast_shape(const char *op, const tt_tensor *a, const tt_tensor *b,
                        int64_t *shape, int *ndim);

@@ -233,6 +233,21 @@ int tt_clone(tt_tensor *t, tt_tensor **out) {
   return finish("clone", identity_backward, t, c, NULL, out);
 }
 
+int tt_contiguous_nograd(tt_tensor *t, tt_tensor **out) {
+  if (tt_tensor_is_contiguous(t)) {
+    tt_tensor_retain(t);
+    *out = t;
+    return 0;
+  }
+  TT_TRY(tt_empty_like(t, out));
+  if (tt_copy_(*out, t) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
 int tt_contiguous(tt_tensor *t, tt_tensor **out) {
   if (tt_tensor_is_contiguous(t)) {
     tt_tensor_retain(t);
