@@ -88,17 +88,14 @@ function optim.AdamW(params, cfg)
   return self
 end
 
--- Splits the parameters into a decayed and an undecayed group of C arrays. Call again
--- after replacing params/m/v (ZeRO-1 keeps only its shards); decay (optional) then says
--- for each new entry whether it is weight-decayed, since a flat shard no longer shows
--- the dims of the parameter it came from.
-function AdamW:_build_groups(decay)
+-- Splits the parameters into a decayed (2-D and up) and an undecayed group of C arrays.
+-- Call again after replacing params/m/v (ZeRO-1 keeps only its shards, shaped (1, k) for
+-- matrices so that they stay in the decayed group).
+function AdamW:_build_groups()
   local groups = { { wd = self.weight_decay, p = {}, m = {}, v = {} },
                    { wd = 0.0, p = {}, m = {}, v = {} } }
   for i, p in ipairs(self.params) do
-    local decayed = p._ndim >= 2
-    if decay then decayed = decay[i] end
-    local g = decayed and groups[1] or groups[2]
+    local g = p._ndim >= 2 and groups[1] or groups[2]
     g.p[#g.p + 1], g.m[#g.m + 1], g.v[#g.v + 1] = p, self.m[i], self.v[i]
   end
   self.groups = {}

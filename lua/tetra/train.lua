@@ -158,13 +158,13 @@ local function check_batch(cfg, dp)
       "parallel.data_parallel_size (%d) x train.gradient_accumulation_steps (%d)",
       t.batch_size, dp, accum), 0)
   end
-  return accum, t.batch_size / dp, t.batch_size / (dp * accum)
+  return accum, t.batch_size / (dp * accum)
 end
 
 -- Builds the training environment: env.model, env.optimizer, env.data, env.cfg, env.mesh,
 -- env.ddp, env.schedule, env.step() (one optimizer step, returns its metrics record),
 -- env.evaluate([n_batches]) and env.generate(prompt_ids, opts).
--- opts: tokenizer (encode/decode, for samples), on_step(record).
+-- opts: tokenizer (tok:encode(text), tok:decode(ids); for samples).
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
   local t, o = cfg.train, cfg.optim or {}
@@ -174,7 +174,7 @@ function train.setup(cfg, model, data, opts)
   for i, np in ipairs(params) do tensors[i] = np[2] end
   local mesh, ddp = distributed(cfg, tensors)
   local dp = cfg.parallel and cfg.parallel.data_parallel_size or 1
-  local accum, local_batch, micro = check_batch(cfg, dp)
+  local accum, micro = check_batch(cfg, dp)
   local seq_len = cfg.model.seq_len
 
   local optimizer
@@ -240,13 +240,15 @@ function train.setup(cfg, model, data, opts)
     return r
   end
 
-  -- Mean loss over n_batches held-out batches (default train.eval_steps), no tape.
+  -- Mean loss over n_batches held-out global batches (default train.eval_steps), no
+  -- tape. Mock and byte data give the same batches at every evaluation; a tetra.data
+  -- source reads on through data.val_path.
   function env.evaluate(n_batches)
     n_batches = n_batches or t.eval_steps or 4
     return F.no_grad(function()
       local sum = 0.0
       for i = 1, n_batches do
-        local global = data:batch(i, local_batch * dp, seq_len, "val")
+        local global = data:batch(i, t.batch_size, seq_len, "val")
         local mine = ddp:batch_slice(global)
         local loss = train.loss(model, mine)
         sum = sum + F.item(loss)

@@ -185,6 +185,29 @@ describe("training loop", function()
     expect(summary.last_loss < 2.5).to_be(true)
   end)
 
+  it("trains through tetra.data with a BPE vocabulary trained on the text", function()
+    local dir = tmpname("_bpe")
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local text = dir .. "/text.txt"
+    local f = assert(io.open(text, "w"))
+    for i = 1, 300 do f:write("the cat sat on the mat, said the dog number ", i % 9, ".\n") end
+    f:close()
+    tetra.data.train_tokenizer({ text }, 300, dir)
+    local cfg = tiny_cfg({ "data.mock=false", "data.input_path=" .. text, "train.steps=25",
+                           "data.tokenizer=" .. dir .. "/tokenizer.json", "train.lr=1e-2",
+                           "model.vocab_size=300", "train.sample_tokens=0" })
+    local data, tok = train.data_source(cfg)
+    expect(tok:decode(tok:encode("the cat sat"))).to_be("the cat sat")
+    local env = tiny.setup(cfg)
+    local first = env.step().loss
+    local last
+    for _ = 2, 25 do last = env.step().loss end
+    os.execute("rm -rf '" .. dir .. "'")
+    expect(first).to_be_near(math.log(300), 0.1)
+    expect(last < first - 2).to_be(true)
+    expect(data).never.to_be_nil()
+  end)
+
   it("generates greedily and with top-k sampling", function()
     local env = tiny.setup(tiny_cfg())
     local a = env.generate({ 1, 2, 3 }, { max_new_tokens = 5, temperature = 0 })
