@@ -359,7 +359,14 @@ int tt_to_device(tt_tensor *t, int device, tt_tensor **out) {
 
 static uint64_t tt_rng = 0x853c49e6748fea9bULL;
 
-void tt_manual_seed(uint64_t seed) { tt_rng = seed * 0x9e3779b97f4a7c15ULL + 0x853c49e6748fea9bULL; }
+/* The seed goes through the splitmix64 finaliser so that nearby seeds give unrelated
+** streams (a plain affine map would make seed s+1 the stream of s shifted by one draw). */
+void tt_manual_seed(uint64_t seed) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  tt_rng = z ^ (z >> 31);
+}
 uint64_t tt_rng_state(void) { return tt_rng; }
 void tt_rng_set_state(uint64_t state) { tt_rng = state; }
 

@@ -1,12 +1,15 @@
 -- tetra.amp: training precision (train.precision = fp32 | bf16 | fp16 | fp8).
 --
---   local amp = tetra.amp
---   local ctx = amp.wrap(model, cfg)          -- rewires the model's Linear layers
---   ...
---   local loss = ctx:scale_loss(loss)          -- fp16: loss * scale; others: loss
---   F.backward(loss)
---   local skipped = ctx:step(params, function() optimizer:step() end)
---   record.loss_scale, record.skipped = ctx:metrics()
+-- tetra.train drives it (train.setup wraps the model, env.step runs the sequence below);
+-- a hand-written loop does the same:
+--   local ctx = amp.wrap(model, cfg)           -- rewires the model's Linear layers
+--   per step:
+--     F.backward(ctx:scale_loss(loss))         -- fp16: loss * scale; others: loss itself
+--     local found = ctx:unscale(opt.params, dp_group)  -- fp16: grads / scale, inf/NaN?
+--     local norm = not found and opt:clip_grad_norm(max_norm)   -- clip AFTER unscaling
+--     if ctx:update(found or norm ~= norm or norm == math.huge) then -- skip, back off
+--     else opt:step(lr) end
+--     record.loss_scale, record.skipped = ctx:scale(), ...
 --
 -- The parameters stay f32 in every mode (master weights, and the optimizer state beside
 -- them). What changes is what the Linear layers compute with:
@@ -19,8 +22,11 @@
 --   fp8          tt_fp8_linear: x and W in e4m3, the output gradient in e5m2, each with a
 --                delayed per-tensor scale from an amax history (engine/fp8.c);
 --   fp16 also    a dynamic loss scaler: the loss is scaled up before backward, the grads
---                unscaled and checked before the optimizer, and a step with inf/NaN grads
---                skipped while the scale backs off.
+--                unscaled and checked before clipping and the optimizer, and a step with
+--                inf/NaN grads skipped while the scale backs off.
+-- GEMMs outside a Linear module (a language-model head that reuses a weight matrix) go
+-- through amp.linear(model, x, w, b), which uses the context amp.wrap attached to the
+-- model (model.amp) or a plain f32 linear.
 -- On CPU these are exact emulations of the rounding; on CUDA the same code runs on the
 -- device kernels.
 local ffi = require("ffi")
@@ -159,9 +165,19 @@ end
 local Context = {}
 Context.__index = Context
 
--- Rewires model's Linear layers for cfg.train.precision (or cfg.precision, or a string)
--- and returns the step context. fp8 options: train.fp8_history (16), train.fp8_margin (0).
--- fp16 scaler options: train.loss_scale = { init_scale = ..., growth_interval = ... }.
+-- The scaler options from flat train.* keys (config.lua): loss_scale_init,
+-- loss_scale_growth_factor, loss_scale_backoff, loss_scale_growth_interval; the C
+-- defaults (torch.cuda.amp's) where unset.
+local function scaler_options(t)
+  return { init_scale = t.loss_scale_init, growth_factor = t.loss_scale_growth_factor,
+           backoff_factor = t.loss_scale_backoff,
+           growth_interval = t.loss_scale_growth_interval }
+end
+
+-- Rewires model's Linear layers for cfg.train.precision (or cfg.precision, or a string),
+-- attaches the context to the model (model.amp) and returns it. Wrapping a model again
+-- at the same precision returns its context; at another precision is an error.
+-- fp8 options: train.fp8_history (16), train.fp8_margin (0); fp16: scaler_options.
 function amp.wrap(model, cfg)
   local t = type(cfg) == "table" and (cfg.train or cfg) or {}
   local precision = type(cfg) == "string" and cfg or t.precision or "fp32"
@@ -169,8 +185,18 @@ function amp.wrap(model, cfg)
     error("train.precision: unknown value '" .. tostring(precision) ..
           "' (use fp32, bf16, fp16 or fp8)", 2)
   end
-  local ctx = setmetatable({ precision = precision, layers = 0, fp8_states = {} }, Context)
-  if precision == "fp16" then ctx.scaler = amp.scaler(t.loss_scale) end
+  local old = rawget(model, "amp")
+  if old then
+    if old.precision ~= precision then
+      error("amp.wrap: the model is already wrapped for " .. old.precision ..
+            ", cannot switch to " .. precision, 2)
+    end
+    return old
+  end
+  local ctx = setmetatable({ precision = precision, layers = 0, fp8_states = {},
+                             skipped_steps = 0 }, Context)
+  if precision == "fp16" then ctx.scaler = amp.scaler(scaler_options(t)) end
+  rawset(model, "amp", ctx)
   if precision == "fp32" then return ctx end
   for _, nm in ipairs(model:named_modules()) do
     local m = nm[2]
@@ -197,27 +223,67 @@ function Context:linear(x, w, bias)
   return take(C.tt_linear(x, w, bias, pout))
 end
 
+-- x W^T + b through model's context (amp.wrap), or a plain f32 linear for a model that
+-- was never wrapped: what a model's forward calls for a head outside a Linear module.
+function amp.linear(model, x, w, bias)
+  local ctx = rawget(model, "amp")
+  if ctx then return ctx:linear(x, w, bias) end
+  return take(C.tt_linear(x, w, bias, pout))
+end
+
 function Context:scale_loss(loss)
   if self.scaler then return self.scaler:scale_loss(loss) end
   return loss
 end
 
--- Runs optimizer_fn unless the (fp16) scaler finds overflowed grads; true when skipped.
--- Without a scaler the grads are still checked: a non-finite gradient skips the step.
-function Context:step(params, optimizer_fn)
-  if self.scaler then return self.scaler:step(params, optimizer_fn) end
-  local arr, n = param_array(params)
-  local found = ffi.new("int[1]")
-  tffi.check(C.tt_grads_unscale_check(arr, n, 1.0, found), 2)
-  if found[0] ~= 0 then return true end
-  optimizer_fn()
-  return false
+-- 1 without a scaler.
+function Context:scale()
+  return self.scaler and self.scaler:scale() or 1.0
 end
 
--- loss_scale (1 without a scaler) and skipped steps so far, for the metrics record.
+-- fp16: divides the grads of params by the loss scale in place and returns true when one
+-- held inf or NaN. With a DP `group` (a tetra.dist group; nil or size 1 for one process)
+-- the flag is all-reduced (max) so that every rank reaches the same verdict, also when
+-- each holds a different shard of the grads (ZeRO-1). Other precisions: false, no work
+-- (their non-finite grads show in the gradient norm, which is the same on every rank).
+function Context:unscale(params, group)
+  if not self.scaler then return false end
+  local found = self.scaler:unscale(params)
+  if group and group.size > 1 then
+    local flag = T.from_table({ found and 1 or 0 })
+    group:all_reduce(flag, "max")
+    found = C.tt_tensor_get(flag, 0) ~= 0
+  end
+  return found
+end
+
+-- Ends a step: `found` true (inf/NaN grads) skips it and, with a scaler, backs the
+-- scale off; a clean step may grow the scale. Returns true when the optimizer step must
+-- be skipped.
+function Context:update(found)
+  local skip
+  if self.scaler then skip = self.scaler:update(found) else skip = found and true or false end
+  if skip then self.skipped_steps = self.skipped_steps + 1 end
+  return skip
+end
+
+-- unscale, clip_fn() (may be nil; returns the gradient norm), optimizer_fn() unless the
+-- grads overflowed, update: one step of a hand-written loop. Returns skipped, norm.
+function Context:step(params, optimizer_fn, clip_fn, group)
+  local found = self:unscale(params, group)
+  local norm = 0 / 0
+  if not found and clip_fn then
+    norm = clip_fn()
+    found = norm ~= norm or norm == math.huge
+  end
+  local skipped = self:update(found)
+  if not skipped then optimizer_fn() end
+  return skipped, norm
+end
+
+-- loss_scale (1 without a scaler) and steps skipped so far, for the metrics record.
 function Context:metrics()
-  if self.scaler then return self.scaler:scale(), self.scaler:skipped_steps() end
-  return 1.0, 0
+  return self:scale(), self.skipped_steps
 end
 
 return amp

@@ -11,7 +11,6 @@
 -- and ZeRO-1 sharding read and replace it).
 local ffi = require("ffi")
 local C = require("tetra.ffi").C
-local F = require("tetra.nn.functional")
 
 local optim = {}
 
@@ -38,10 +37,12 @@ local function carray(list)
   return arr
 end
 
+local pout = require("tetra.tensor").pout
+local take = require("tetra.tensor").take
+
+-- f32 zeros shaped like t on t's device: the optimizer state lives beside its parameter.
 local function zeros_like(t)
-  local dims = {}
-  for d = 0, t._ndim - 1 do dims[d + 1] = tonumber(t._shape[d]) end
-  return F.zeros(dims)
+  return take(C.tt_tensor_zeros(t._shape, t._ndim, C.TT_F32, t._device, pout), 3)
 end
 
 -- The parameters as a C array, with their Lua references kept alive by the optimizer.

@@ -4,10 +4,20 @@
 --   train.run(env)                              -- steps, eval, progress, sample
 --
 -- One optimizer step (env.step):
---   global batch (train.batch_size sequences) -> this rank's rows (ddp:batch_slice)
---   -> train.gradient_accumulation_steps micro-batches: forward, loss / accum, backward
---   -> ddp:finish_grads() (grads now hold the DP average) -> clip to max_grad_norm
---   -> AdamW with the scheduled lr -> zero grads -> one metrics record.
+--   global batch (train.batch_size sequences) -> train.device -> this rank's rows
+--   (ddp:batch_slice) -> train.gradient_accumulation_steps micro-batches: forward,
+--   loss / accum (x the loss scale under fp16), backward
+--   -> ddp:finish_grads() (grads now hold the DP average)
+--   -> fp16: grads / loss scale, inf/NaN check agreed over the DP group
+--   -> clip to max_grad_norm (after unscaling) -> AdamW with the scheduled lr, unless the
+--      grads were not finite: then the step is skipped (and the fp16 scale backs off)
+--   -> zero grads -> one metrics record (with loss_scale and skipped).
+--
+-- train.precision (fp32, bf16, fp16, fp8) goes through tetra.amp: train.setup calls
+-- amp.wrap(model, cfg). train.device (cpu, cuda, cuda:N): the model is built on the CPU
+-- by the recipe (so a seed gives the same initial weights on every device), then
+-- train.setup moves its parameters; the optimizer state is created beside them and each
+-- batch is moved as it is drawn.
 --
 -- A data source is any object with `:batch(step, batch_size, seq_len, split)` returning
 -- int64 tokens (batch_size, seq_len + 1) for that step (split "train" or "val"); it must
@@ -18,6 +28,8 @@ local C = require("tetra.ffi").C
 local F = require("tetra.nn.functional")
 local optim = require("tetra.optim")
 local metrics = require("tetra.metrics")
+local amp = require("tetra.amp")
+local tffi = require("tetra.ffi")
 
 local train = {}
 
@@ -148,6 +160,62 @@ local function distributed(cfg, params)
   return mesh, tetra.parallel.data.wrap(params, mesh, cfg)
 end
 
+-- -- Device --------------------------------------------------------------------------
+
+-- A user-facing error: the tetra binary prints the message alone, without a traceback.
+local function user_error(msg)
+  error(setmetatable({ message = msg, user = true },
+                     { __tostring = function(e) return e.message end }), 0)
+end
+
+-- The engine device id for train.device: C.TT_CPU for "cpu" (or nil); for "cuda" /
+-- "cuda:N" starts the CUDA backend (tt_cuda_init picks this rank's GPU; "cuda:N" then
+-- selects N). Raises "no CUDA device: ..." when the binary has no CUDA or finds no GPU.
+function train.device(name)
+  if name == nil or name == "cpu" then return C.TT_CPU end
+  local n = name == "cuda" and -1 or tonumber(tostring(name):match("^cuda:(%d+)$"))
+  if not n then
+    user_error("train.device: unknown device '" .. tostring(name) .. "' (cpu, cuda or cuda:N)")
+  end
+  if not (pcall(tffi.cdef_header, "tetra_cuda.h") and tffi.has_symbol("tt_cuda_init")) then
+    user_error("no CUDA device: this tetra was built without CUDA (train.device=" ..
+               name .. "; rebuild with -DTETRA_CUDA=ON or use train.device=cpu)")
+  end
+  if C.tt_cuda_init() ~= 0 then user_error(ffi.string(C.tt_last_error())) end
+  if n >= 0 and C.tt_cuda_set_device(n) ~= 0 then user_error(ffi.string(C.tt_last_error())) end
+  return C.tt_cuda_current_device()
+end
+
+-- Moves every parameter of model to device `dev` (an engine device id) as a new leaf
+-- that requires grad, replacing it in its module. A tensor shared by two modules (tied
+-- embeddings) becomes one shared copy. Call before building the optimizer.
+function train.to_device(model, dev)
+  local moved = {}
+  for _, nm in ipairs(model:named_modules()) do
+    local m = nm[2]
+    for _, name in ipairs(m._param_names) do
+      local p = m[name]
+      if p ~= nil and p._device ~= dev then
+        local key = tostring(ffi.cast("uintptr_t", ffi.cast("void *", p)))
+        if not moved[key] then
+          local d = take(C.tt_to_device(p, dev, pout))
+          tffi.check(C.tt_set_requires_grad(d, 1))
+          moved[key] = d
+        end
+        m[name] = moved[key]
+      end
+    end
+  end
+end
+
+-- t on device dev (t itself when it is there already; the original is freed otherwise).
+local function to_dev(t, dev)
+  if t._device == dev then return t end
+  local d = take(C.tt_to_device(t, dev, pout))
+  free(t)
+  return d
+end
+
 -- -- Setup -------------------------------------------------------------------------------
 
 local function check_batch(cfg, dp)
@@ -169,6 +237,9 @@ function train.setup(cfg, model, data, opts)
   opts = opts or {}
   local t, o = cfg.train, cfg.optim or {}
   if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
+  local dev = train.device(t.device)
+  if dev ~= C.TT_CPU then train.to_device(model, dev) end
+  local ctx = amp.wrap(model, cfg)
   local params = model:named_parameters()
   local tensors = {}
   for i, np in ipairs(params) do tensors[i] = np[2] end
@@ -188,7 +259,7 @@ function train.setup(cfg, model, data, opts)
   ddp:attach_optimizer(optimizer)   -- ZeRO-1 keeps this rank's optimizer shard only
   local env = {
     cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,
-    tokenizer = opts.tokenizer, rank = mesh.rank or 0,
+    tokenizer = opts.tokenizer, rank = mesh.rank or 0, amp = ctx, device = dev,
     schedule = optim.schedule({ lr = t.lr, min_lr = t.min_lr, warmup_steps = t.warmup_steps,
                                 steps = t.steps, schedule = t.lr_schedule }),
     step_count = 0, tokens_seen = 0,
@@ -200,11 +271,18 @@ function train.setup(cfg, model, data, opts)
     return x
   end
 
+  -- The DP group whose ranks must agree on skipping a step (nil: one process).
+  local dp_group = ddp.group
+
+  -- opts.on_grads(env, step), when given, runs once the grads are complete (after
+  -- ddp:finish_grads, before unscaling and clipping): tests inject overflows there.
+  local on_grads = opts.on_grads
+
   function env.step()
     local step = env.step_count + 1
     local t0 = metrics.now()
     ddp:begin_step()
-    local global = data:batch(step, t.batch_size, seq_len, "train")
+    local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
     local mine = ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
     local loss_sum = 0.0
@@ -213,18 +291,29 @@ function train.setup(cfg, model, data, opts)
       local loss = train.loss(model, tokens)
       if tokens ~= mine then free(tokens) end
       loss_sum = loss_sum + F.item(loss)
-      local scaled = accum > 1 and F.scale(loss, 1.0 / accum) or loss
+      local mean = accum > 1 and F.scale(loss, 1.0 / accum) or loss
+      local scaled = ctx:scale_loss(mean)             -- fp16: x loss scale
       ddp:before_backward(m == accum - 1)
       F.backward(scaled)
-      if scaled ~= loss then free(scaled) end
+      if scaled ~= mean then free(scaled) end
+      if mean ~= loss then free(mean) end
       free(loss)
     end
     if mine ~= global then free(mine) end
     free(global)
     ddp:finish_grads()
-    local grad_norm = env.optimizer:clip_grad_norm(t.max_grad_norm)
+    if on_grads then on_grads(env, step) end
+    -- Under ZeRO-1 env.optimizer.params are this rank's grad shards: those are unscaled
+    -- and checked, and the verdict agreed over the DP group.
+    local found = ctx:unscale(env.optimizer.params, dp_group)
+    local grad_norm = 0 / 0
+    if not found then
+      grad_norm = env.optimizer:clip_grad_norm(t.max_grad_norm)
+      found = grad_norm ~= grad_norm or grad_norm == math.huge
+    end
+    local skipped = ctx:update(found)
     local lr = env.schedule(step)
-    ddp:optimizer_step(env.optimizer, lr)
+    if not skipped then ddp:optimizer_step(env.optimizer, lr) end
     model:zero_grad()
     env.step_count = step
     local tokens = t.batch_size * seq_len
@@ -232,7 +321,8 @@ function train.setup(cfg, model, data, opts)
     local dt = metrics.now() - t0
     local r = { step = step, loss = dp_mean(loss_sum / accum), lr = lr,
                 grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
-                step_time_s = dt, data_wait_s = data_wait }
+                step_time_s = dt, data_wait_s = data_wait,
+                loss_scale = ctx:scale(), skipped = skipped }
     if data.stats then   -- tetra.data's loader reports its own throughput and queue
       local s = data:stats()
       r.loader_tokens_per_s, r.loader_queue_depth = s.tokens_per_s, s.queue_depth
@@ -248,7 +338,7 @@ function train.setup(cfg, model, data, opts)
     return F.no_grad(function()
       local sum = 0.0
       for i = 1, n_batches do
-        local global = data:batch(i, t.batch_size, seq_len, "val")
+        local global = to_dev(data:batch(i, t.batch_size, seq_len, "val"), dev)
         local mine = ddp:batch_slice(global)
         local loss = train.loss(model, mine)
         sum = sum + F.item(loss)

@@ -2,11 +2,9 @@
 -- formulas, schedules against their closed forms, gradient accumulation against one big
 -- batch, the metrics contract, data determinism, generation, and a short real run whose
 -- loss must fall.
-local ffi = require("ffi")
 local tetra = require("tetra")
-local nn, optim, train, metrics = tetra.nn, tetra.optim, tetra.train, tetra.metrics
+local optim, train, metrics = tetra.optim, tetra.train, tetra.metrics
 local bytetok = require("tetra.bytetok")
-local F = nn.functional
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")

@@ -20,7 +20,7 @@ M.Attention = Attention
 -- cfg: dim, n_heads, n_kv_heads (default n_heads), head_dim (default dim / n_heads),
 -- bias (default false), rope (default true), rope_theta (10000), rope_interleaved
 -- (default false: rotate-half, as in Hugging Face Llama), std (0.02), out_std (std of the
--- residual output projection, default std), names (default {"wq","wk","wv","wo"}).
+-- residual output projection wo, default std).
 function Attention:init(cfg)
   local n_heads = cfg.n_heads
   local n_kv = cfg.n_kv_heads or n_heads
@@ -38,29 +38,26 @@ function Attention:init(cfg)
   self:add("wo", Linear(n_heads * hd, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std }))
 end
 
+-- proj(x) viewed as n heads: (B, T, n, Dh), rotated when `rotate`.
+local function heads(self, proj, x, n, rotate, positions)
+  local flat = proj(x)                                                -- (B, T, n*Dh)
+  local h = F.view(flat, { tonumber(x._shape[0]), tonumber(x._shape[1]), n, self.head_dim })
+  free(flat)
+  if not rotate then return h end
+  local r = F.rope(h, self.rope_theta, positions, self.rope_interleaved)
+  free(h)
+  return r
+end
+
 -- x: (B, T, D); positions: (T) index tensor or nil for 0..T-1 -> (B, T, D)
 function Attention:forward(x, positions)
-  local B, T = tonumber(x._shape[0]), tonumber(x._shape[1])
-  local H, Hkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-
-  local function heads(proj, n, rotate)
-    local flat = proj(x)                         -- (B, T, n*Dh)
-    local h = F.view(flat, { B, T, n, hd })      -- (B, T, n, Dh), same storage
-    free(flat)
-    if rotate then
-      local r = F.rope(h, self.rope_theta, positions, self.rope_interleaved)
-      free(h)
-      return r
-    end
-    return h
-  end
-
-  local q = heads(self.wq, H, self.rope)
-  local k = heads(self.wk, Hkv, self.rope)
-  local v = heads(self.wv, Hkv, false)
-  local o = F.causal_attention(q, k, v, positions)  -- (B, T, H, Dh)
+  local q = heads(self, self.wq, x, self.n_heads, self.rope, positions)
+  local k = heads(self, self.wk, x, self.n_kv_heads, self.rope, positions)
+  local v = heads(self, self.wv, x, self.n_kv_heads, false, positions)
+  local o = F.causal_attention(q, k, v, positions)                    -- (B, T, H, Dh)
   free(q); free(k); free(v)
-  local flat = F.view(o, { B, T, H * hd })
+  local flat = F.view(o, { tonumber(x._shape[0]), tonumber(x._shape[1]),
+                           self.n_heads * self.head_dim })
   free(o)
   local y = self.wo(flat)
   free(flat)
