@@ -50,12 +50,12 @@ function GPT2:forward(ids)
   F.free(x)
   local n = self.ln_f(h)
   F.free(h)
-  local logits = F.linear(n, self.wte.weight)
+  local logits = tetra.amp.linear(self, n, self.wte.weight)   -- at train.precision
   F.free(n)
   return logits
 end
 
-local recipe = {
+return train.recipe {
   name = "gpt2",
   Model = GPT2,
   defaults = {
@@ -67,22 +67,3 @@ local recipe = {
     data = { mock = true },
   },
 }
-
-function recipe.setup(cfg)
-  local data, tokenizer = train.data_source(cfg)
-  tetra.manual_seed(cfg.train.seed)   -- the initial weights depend on the seed only
-  local model = GPT2(cfg.model)
-  return train.setup(cfg, model, data, { tokenizer = tokenizer })
-end
-
-function recipe.run(cfg)
-  local env = recipe.setup(cfg)
-  if env.rank == 0 then
-    print(string.format("gpt2: %.2fM parameters, %d layers, dim %d, seq %d, batch %d",
-      env.model:num_params() / 1e6, cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len,
-      cfg.train.batch_size))
-  end
-  return train.run(env)
-end
-
-return recipe

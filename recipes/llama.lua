@@ -47,12 +47,12 @@ function Llama:forward(ids)
   local n = self.norm(h)
   F.free(h)
   local head = self.output and self.output.weight or self.tok_embeddings.weight
-  local logits = F.linear(n, head)
+  local logits = tetra.amp.linear(self, n, head)   -- at train.precision
   F.free(n)
   return logits
 end
 
-local recipe = {
+return train.recipe {
   name = "llama",
   Model = Llama,
   defaults = {
@@ -65,22 +65,3 @@ local recipe = {
     data = { mock = true },
   },
 }
-
-function recipe.setup(cfg)
-  local data, tokenizer = train.data_source(cfg)
-  tetra.manual_seed(cfg.train.seed)   -- the initial weights depend on the seed only
-  local model = Llama(cfg.model)
-  return train.setup(cfg, model, data, { tokenizer = tokenizer })
-end
-
-function recipe.run(cfg)
-  local env = recipe.setup(cfg)
-  if env.rank == 0 then
-    print(string.format("llama: %.2fM parameters, %d layers, dim %d, seq %d, batch %d",
-      env.model:num_params() / 1e6, cfg.model.n_layers, cfg.model.dim, cfg.model.seq_len,
-      cfg.train.batch_size))
-  end
-  return train.run(env)
-end
-
-return recipe

@@ -7,7 +7,9 @@
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local llama = dofile(here .. "/llama.lua")
 
-local recipe = {
+local train = require("tetra").train
+
+return train.recipe {
   name = "tiny",
   Model = llama.Model,
   defaults = {
@@ -19,8 +21,4 @@ local recipe = {
     optim = { name = "adamw", beta1 = 0.9, beta2 = 0.95, eps = 1e-8 },
     data = { mock = true },
   },
-  setup = llama.setup,
-  run = llama.run,
 }
-
-return recipe

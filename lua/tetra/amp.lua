@@ -2,14 +2,14 @@
 --
 -- tetra.train drives it (train.setup wraps the model, env.step runs the sequence below);
 -- a hand-written loop does the same:
---   local ctx = amp.wrap(model, cfg)           -- rewires the model's Linear layers
+--   local ctx = amp.wrap(model, cfg)             -- rewires the model's Linear layers
 --   per step:
---     F.backward(ctx:scale_loss(loss))         -- fp16: loss * scale; others: loss itself
---     local found = ctx:unscale(opt.params, dp_group)  -- fp16: grads / scale, inf/NaN?
---     local norm = not found and opt:clip_grad_norm(max_norm)   -- clip AFTER unscaling
---     if ctx:update(found or norm ~= norm or norm == math.huge) then -- skip, back off
---     else opt:step(lr) end
---     record.loss_scale, record.skipped = ctx:scale(), ...
+--     F.backward(ctx:scale_loss(loss))           -- fp16: loss * scale; others: loss
+--     local skipped, norm = ctx:step(opt.params, -- fp16: grads / scale, inf/NaN check
+--       function() opt:step(lr) end,             -- run unless the grads were not finite
+--       function() return opt:clip_grad_norm(max_norm) end,  -- clipping AFTER unscaling
+--       dp_group)                                -- the verdict agreed over DP ranks
+--     record.loss_scale, record.skipped = ctx:scale(), skipped
 --
 -- The parameters stay f32 in every mode (master weights, and the optimizer state beside
 -- them). What changes is what the Linear layers compute with:

@@ -51,6 +51,13 @@ M.schema = {
     model_name = str(nil, "preset: llama-7b, llama-1b, llama-tiny, gpt2-124m, gpt2-tiny"),
     recipe = str(nil, "recipe name (recipes/NAME.lua) or path; default from the preset family"),
     precision = enum("fp32", { "fp32", "bf16", "fp16", "fp8" }),
+    device = str("cpu", "cpu, cuda (this rank's GPU) or cuda:N"),
+    loss_scale_init = num(65536, 1, "fp16: initial dynamic loss scale"),
+    loss_scale_growth_factor = num(2, 1, "fp16: scale growth after loss_scale_growth_interval clean steps"),
+    loss_scale_backoff = num(0.5, 0, "fp16: scale factor on a step with inf/NaN grads (< 1)"),
+    loss_scale_growth_interval = int(2000, 1, "fp16: clean steps between scale growths"),
+    fp8_history = int(16, 1, "fp8: amax history length of the delayed scaling"),
+    fp8_margin = int(0, 0, "fp8: headroom in powers of two"),
     batch_size = int(8, 1, "global batch in sequences per optimizer step"),
     gradient_accumulation_steps = int(1, 1, "micro-batches per optimizer step and DP rank"),
     steps = int(100, 0, "optimizer steps"),
@@ -498,6 +505,13 @@ function M.validate(cfg, opts)
   if cfg.train.warmup_steps > cfg.train.steps and cfg.train.steps > 0 then
     M.error("train.warmup_steps (%d) must not exceed train.steps (%d)",
             cfg.train.warmup_steps, cfg.train.steps)
+  end
+  local device = cfg.train.device
+  if device ~= "cpu" and device ~= "cuda" and not device:match("^cuda:%d+$") then
+    M.error("train.device must be cpu, cuda or cuda:N, got %s", show(device))
+  end
+  if cfg.train.loss_scale_backoff >= 1 then
+    M.error("train.loss_scale_backoff must be below 1, got %s", show(cfg.train.loss_scale_backoff))
   end
   local micro = cfg.train.batch_size /
     (cfg.train.gradient_accumulation_steps * cfg.parallel.data_parallel_size)

@@ -41,9 +41,11 @@ local pout = require("tetra.tensor").pout
 local take = require("tetra.tensor").take
 
 -- f32 zeros shaped like t on t's device: the optimizer state lives beside its parameter.
+-- (Also used by ZeRO-1 for the moments of its parameter shards.)
 local function zeros_like(t)
   return take(C.tt_tensor_zeros(t._shape, t._ndim, C.TT_F32, t._device, pout), 3)
 end
+optim.state_like = zeros_like
 
 -- The parameters as a C array, with their Lua references kept alive by the optimizer.
 local function base(params)

@@ -230,9 +230,16 @@ local function check_batch(cfg, dp)
 end
 
 -- Builds the training environment: env.model, env.optimizer, env.data, env.cfg, env.mesh,
--- env.ddp, env.schedule, env.step() (one optimizer step, returns its metrics record),
--- env.evaluate([n_batches]) and env.generate(prompt_ids, opts).
--- opts: tokenizer (tok:encode(text), tok:decode(ids); for samples).
+-- env.ddp, env.schedule, env.amp (the tetra.amp context of train.precision), env.device
+-- (the engine device id of train.device), env.step() (one optimizer step, returns its
+-- metrics record), env.evaluate([n_batches]) and env.generate(prompt_ids, opts).
+-- The model's parameters move to train.device here (build the model on the CPU).
+-- opts: tokenizer (tok:encode(text), tok:decode(ids); for samples); on_grads(env, step)
+-- (see env.step).
+-- Metrics record of a step: step, loss, lr, grad_norm (before clipping; nil on a skipped
+-- step), tokens, tokens_per_s, step_time_s, data_wait_s, loss_scale (the fp16 scale after
+-- this step's update; 1 in other precisions), skipped (true when inf/NaN grads skipped
+-- the optimizer step).
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
   local t, o = cfg.train, cfg.optim or {}
@@ -303,18 +310,16 @@ function train.setup(cfg, model, data, opts)
     free(global)
     ddp:finish_grads()
     if on_grads then on_grads(env, step) end
-    -- Under ZeRO-1 env.optimizer.params are this rank's grad shards: those are unscaled
-    -- and checked, and the verdict agreed over the DP group.
-    local found = ctx:unscale(env.optimizer.params, dp_group)
-    local grad_norm = 0 / 0
-    if not found then
-      grad_norm = env.optimizer:clip_grad_norm(t.max_grad_norm)
-      found = grad_norm ~= grad_norm or grad_norm == math.huge
-    end
-    local skipped = ctx:update(found)
+    -- fp16: unscale, then check (the verdict agreed over the DP group), then clip; the
+    -- optimizer steps unless the grads were not finite. Under ZeRO-1
+    -- env.optimizer.params are this rank's grad shards: those are the ones unscaled.
     local lr = env.schedule(step)
-    if not skipped then ddp:optimizer_step(env.optimizer, lr) end
+    local opt = env.optimizer
+    local skipped, grad_norm = ctx:step(opt.params,
+      function() ddp:optimizer_step(opt, lr) end,
+      function() return opt:clip_grad_norm(t.max_grad_norm) end, dp_group)
     model:zero_grad()
+    if dev ~= C.TT_CPU then tffi.check(C.tt_cuda_synchronize()) end  -- the step's real time
     env.step_count = step
     local tokens = t.batch_size * seq_len
     env.tokens_seen = env.tokens_seen + tokens
@@ -394,6 +399,8 @@ function train.generate(model, prompt_ids, opts)
   local n_new = opts.max_new_tokens or 64
   local seq_len = assert(opts.seq_len, "generate: opts.seq_len is required")
   math.randomseed(opts.seed or 0)
+  local first_param = model:parameters()[1]
+  local dev = first_param and first_param._device or C.TT_CPU  -- the model's device
   local ids = {}
   for i, id in ipairs(prompt_ids) do ids[i] = id end
   local out = {}
@@ -404,7 +411,8 @@ function train.generate(model, prompt_ids, opts)
       local x = F.empty({ 1, T }, C.TT_I64)
       local p = ffi.cast("int64_t *", C.tt_tensor_data(x))
       for j = 0, T - 1 do p[j] = ids[first + j] end
-      local logits = model(x)                           -- (1, T, V), contiguous
+      x = to_dev(x, dev)
+      local logits = to_dev(model(x), C.TT_CPU)         -- (1, T, V), contiguous
       local V = tonumber(logits._shape[2])
       local last = ffi.cast("float *", C.tt_tensor_data(logits)) + (T - 1) * V
       local id = sample(last, V, opts.temperature or 0.8, opts.top_k or 40)
@@ -438,7 +446,8 @@ end
 -- updating line on a terminal, otherwise a line every log.every steps; every step goes
 -- to log.metrics_file. Eval loss every train.eval_every steps and at the end; a text
 -- sample every train.sample_every steps and at the end (when the data has a tokenizer).
--- Returns { first_loss, last_loss, eval_loss, records, elapsed_s }.
+-- Returns { first_loss, last_loss, eval_loss, records (step, loss, eval_loss,
+-- step_time_s, skipped), elapsed_s }.
 function train.run(env)
   local cfg = env.cfg
   local t, log = cfg.train, cfg.log or {}
@@ -460,13 +469,19 @@ function train.run(env)
       r.eval_loss = env.evaluate()
     end
     writer:write(r)
-    records[#records + 1] = { step = r.step, loss = r.loss, eval_loss = r.eval_loss }
+    records[#records + 1] = { step = r.step, loss = r.loss, eval_loss = r.eval_loss,
+                              step_time_s = r.step_time_s, skipped = r.skipped }
     if show then
       local line = metrics.progress_line(r, total, avg_step * (total - step))
+      if r.skipped then   -- kept on its own line on a terminal too
+        line = line .. " | SKIPPED: inf/NaN grads" ..
+               (env.amp.scaler and string.format(", loss scale now %g", r.loss_scale) or "")
+      end
       if tty then
-        io.stdout:write("\r\27[K", line, (step == total or r.eval_loss) and "\n" or "")
+        io.stdout:write("\r\27[K", line,
+                        (step == total or r.eval_loss or r.skipped) and "\n" or "")
         io.stdout:flush()
-      elseif step == 1 or step % every == 0 or step == total or r.eval_loss then
+      elseif step == 1 or step % every == 0 or step == total or r.eval_loss or r.skipped then
         io.stdout:write(line, "\n")
         io.stdout:flush()
       end
@@ -481,6 +496,33 @@ function train.run(env)
            last_loss = records[#records] and records[#records].loss,
            eval_loss = records[#records] and records[#records].eval_loss,
            records = records, elapsed_s = metrics.now() - started }
+end
+
+-- -- Recipes -----------------------------------------------------------------------------
+
+-- The recipe table for a model class (see recipes/llama.lua): setup(cfg) builds the data
+-- source, seeds the RNG (so the initial weights depend on the seed only), builds
+-- spec.Model(cfg.model) and the training state; run(cfg) reports the model's size on rank
+-- 0 and trains.
+function train.recipe(spec)
+  local recipe = { name = spec.name, Model = spec.Model, defaults = spec.defaults }
+  function recipe.setup(cfg)
+    local data, tokenizer = train.data_source(cfg)
+    C.tt_manual_seed(cfg.train.seed or 0)
+    local model = spec.Model(cfg.model)
+    return train.setup(cfg, model, data, { tokenizer = tokenizer })
+  end
+  function recipe.run(cfg)
+    local env = recipe.setup(cfg)
+    if env.rank == 0 then
+      local m = cfg.model
+      print(string.format("%s: %.2fM parameters, %d layers, dim %d, seq %d, batch %d",
+        spec.name, env.model:num_params() / 1e6, m.n_layers, m.dim, m.seq_len,
+        cfg.train.batch_size))
+    end
+    return train.run(env)
+  end
+  return recipe
 end
 
 return train

@@ -93,11 +93,7 @@ function DDP:all_reduce_mean(x)
   return self.group:mean(x)
 end
 
-local function zeros_like(t)
-  local dims = {}
-  for i = 0, t._ndim - 1 do dims[#dims + 1] = tonumber(t._shape[i]) end
-  return tensor.zeros(dims)
-end
+local zeros_like = require("tetra.optim").state_like   -- on the shard's device
 
 -- The global gradient norm under ZeRO-1, from every rank's shards; clips the shard
 -- gradients by min(1, max_norm / (norm + 1e-6)) like tt_clip_grad_norm.
