@@ -16,5 +16,7 @@ for t in "${targets[@]}"; do
     -I"$root/engine" -I"$root/kernels" "$root/tools/fuzz/$t.c" "${srcs[@]}" -lpthread -o "$out/$t"
   mkdir -p "$out/corpus_$t"
   echo "== $t ($secs s)"
-  "$out/$t" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 "$out/corpus_$t"
+  # Crash inputs land in build-fuzz/ (artifact_prefix), never in the work tree.
+  "$out/$t" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 \
+    -artifact_prefix="$out/" "$out/corpus_$t"
 done
