@@ -13,6 +13,6 @@ endif()
 foreach(np 1 2 4)
   if(TEST dist/comm_check_np${np})
     set_tests_properties(dist/comm_check_np${np} PROPERTIES TIMEOUT 120 ENVIRONMENT
-      "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+      "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMP_NUM_THREADS=1;OMPI_MCA_rmaps_base_oversubscribe=1;ASAN_OPTIONS=detect_leaks=0:abort_on_error=1")
   endif()
 endforeach()
