@@ -127,13 +127,11 @@ M.schema = {
     eps = num(1e-8, 0),
     momentum = num(0.9, 0),
   },
-  checkpoint = {
-    dir = str(nil),
-    every = int(0, 0, "0 disables periodic saves"),
-    keep = int(3, 0),
-    async = bool(false),
-    resume = any(false, "true / \"auto\" (latest in dir) / a checkpoint path"),
-    load_path = str(nil),
+  checkpoint = {   -- lua/tetra/checkpoint.lua
+    dir = str(nil, "checkpoint directory (unset: no checkpoints)"),
+    every = int(0, 0, "save every N steps and at the last step (0: no periodic saves)"),
+    keep = int(2, 0, "checkpoints kept in dir, newest first (0: all)"),
+    resume = any(false, "true / \"auto\" (dir/latest, if any) / a checkpoint path"),
   },
   log = {
     metrics_file = str(nil),
@@ -520,6 +518,15 @@ function M.validate(cfg, opts)
             "x data_parallel_size) = %g: set train.batch_size instead", cfg.train.micro_batch_size, micro)
   end
   cfg.train.micro_batch_size = micro
+  local ck = cfg.checkpoint
+  if (ck.every > 0 or ck.resume == true or ck.resume == "auto") and not ck.dir then
+    M.error("checkpoint.%s needs checkpoint.dir (where checkpoints go)",
+            ck.every > 0 and "every" or "resume")
+  end
+  local r = ck.resume
+  if not (type(r) == "boolean" or (type(r) == "string" and r ~= "")) then
+    M.error("checkpoint.resume must be true, false, \"auto\" or a checkpoint path, got %s", show(r))
+  end
   for _, fn in ipairs(checks) do fn(cfg) end
   return cfg
 end

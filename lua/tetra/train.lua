@@ -29,6 +29,7 @@ local F = require("tetra.nn.functional")
 local optim = require("tetra.optim")
 local metrics = require("tetra.metrics")
 local amp = require("tetra.amp")
+local checkpoint = require("tetra.checkpoint")
 local tffi = require("tetra.ffi")
 
 local train = {}
@@ -361,6 +362,9 @@ function train.setup(cfg, model, data, opts)
     return train.generate(model, prompt_ids, gen_opts)
   end
 
+  -- checkpoint.resume: model, optimizer, step, RNG, data and scaler state from a
+  -- checkpoint (env.resumed_from names it); the next env.step() continues after it.
+  checkpoint.resume(env)
   return env
 end
 
@@ -453,14 +457,23 @@ function train.run(env)
   local t, log = cfg.train, cfg.log or {}
   local total = t.steps
   local is_main = env.rank == 0
+  -- A resumed run keeps the records up to its checkpoint (read before the file reopens).
+  local earlier = is_main and env.resumed_from and
+                  checkpoint.metrics_before(log.metrics_file, env.step_count) or {}
   local writer = metrics.open(is_main and log.metrics_file or nil)
+  for _, r in ipairs(earlier) do writer:write(r) end
   local show = is_main and log.progress ~= false
   local tty = show and metrics.stdout_is_terminal()
   local every = log.every or 1
   local eval_every, sample_every = t.eval_every or 0, t.sample_every or 0
   local records, started = {}, metrics.now()
   local avg_step
-  for step = 1, total do
+  if show and env.resumed_from then
+    io.stdout:write(string.format("resumed from %s at step %d; continuing at step %d of %d\n",
+                                  env.resumed_from, env.step_count, env.step_count + 1, total))
+    io.stdout:flush()
+  end
+  for step = env.step_count + 1, total do
     local r = env.step()
     -- The first steps pay for warm-up (allocator, page faults): a moving average of the
     -- step time gives a steadier ETA.
@@ -486,6 +499,7 @@ function train.run(env)
         io.stdout:flush()
       end
     end
+    if checkpoint.due(cfg, step, total) then checkpoint.save(env) end
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       train.print_sample(env)
     end
