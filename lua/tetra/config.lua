@@ -136,9 +136,8 @@ M.schema = {
   log = {
     metrics_file = str(nil),
     every = int(1, 1),
-    log_file = str(nil),
+    log_file = str(nil, "per-rank text log; {rank} is replaced by the rank"),
     progress = bool(true),
-    prometheus_port = int(0, 0),
   },
   dist = {
     timeout_s = num(600, 0),

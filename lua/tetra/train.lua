@@ -452,11 +452,27 @@ end
 -- sample every train.sample_every steps and at the end (when the data has a tokenizer).
 -- Returns { first_loss, last_loss, eval_loss, records (step, loss, eval_loss,
 -- step_time_s, skipped), elapsed_s }.
+-- log.log_file: every rank appends its own progress lines (a line per step, plain text)
+-- to this path, with "{rank}" replaced by the rank; without the placeholder a multi-rank
+-- run adds ".rank<N>" so ranks never share a file.
+local function open_rank_log(path, rank, size)
+  if not path or path == "" then return nil end
+  if path:find("{rank}", 1, true) then
+    path = path:gsub("{rank}", tostring(rank))
+  elseif size > 1 then
+    path = path .. ".rank" .. rank
+  end
+  local f, err = io.open(path, "a")
+  if not f then error("log.log_file: cannot open " .. path .. ": " .. tostring(err), 0) end
+  return f
+end
+
 function train.run(env)
   local cfg = env.cfg
   local t, log = cfg.train, cfg.log or {}
   local total = t.steps
   local is_main = env.rank == 0
+  local rank_log = open_rank_log(log.log_file, env.rank, env.mesh.size or 1)
   -- A resumed run keeps the records up to its checkpoint (read before the file reopens).
   local earlier = is_main and env.resumed_from and
                   checkpoint.metrics_before(log.metrics_file, env.step_count) or {}
@@ -484,12 +500,19 @@ function train.run(env)
     writer:write(r)
     records[#records + 1] = { step = r.step, loss = r.loss, eval_loss = r.eval_loss,
                               step_time_s = r.step_time_s, skipped = r.skipped }
-    if show then
-      local line = metrics.progress_line(r, total, avg_step * (total - step))
+    local line
+    if show or rank_log then
+      line = metrics.progress_line(r, total, avg_step * (total - step))
       if r.skipped then   -- kept on its own line on a terminal too
         line = line .. " | SKIPPED: inf/NaN grads" ..
                (env.amp.scaler and string.format(", loss scale now %g", r.loss_scale) or "")
       end
+    end
+    if rank_log then
+      rank_log:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), line, "\n")
+      rank_log:flush()
+    end
+    if show then
       if tty then
         io.stdout:write("\r\27[K", line,
                         (step == total or r.eval_loss or r.skipped) and "\n" or "")
@@ -505,6 +528,7 @@ function train.run(env)
     end
   end
   writer:close()
+  if rank_log then rank_log:close() end
   train.print_sample(env)
   return { first_loss = records[1] and records[1].loss,
            last_loss = records[#records] and records[#records].loss,

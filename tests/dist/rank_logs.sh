@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# log.log_file: each rank writes its own text log ({rank} in the path, or .rank<N> added
+# when there is no placeholder), one line per step with that rank's loss, while only
+# rank 0 prints progress. The DP ranks average the same global loss, so the lines agree.
+# Usage: bash rank_logs.sh /path/to/tetra   (exit 77: skipped)
+set -u
+tetra="${1:?usage: $0 /path/to/tetra}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
+        --set parallel.data_parallel_size=2 --set train.steps=3 \
+        --set "log.log_file=$tmp/run-{rank}.log" 2>&1)" || fail "run failed: $out"
+for r in 0 1; do
+  [ -f "$tmp/run-$r.log" ] || fail "no log for rank $r"
+  [ "$(wc -l < "$tmp/run-$r.log")" -eq 3 ] || fail "rank $r log has $(wc -l < "$tmp/run-$r.log") lines, want 3"
+done
+loss0="$(sed -E 's/.*loss ([0-9.]+).*/\1/' "$tmp/run-0.log" | tr '\n' ' ')"
+loss1="$(sed -E 's/.*loss ([0-9.]+).*/\1/' "$tmp/run-1.log" | tr '\n' ' ')"
+[ "$loss0" = "$loss1" ] || fail "ranks logged different losses: '$loss0' vs '$loss1'"
+[ "$(echo "$out" | grep -oE 'step +3/3' | wc -l)" -eq 1 ] || fail "progress not printed exactly once: $out"
+
+timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
+  --set parallel.data_parallel_size=2 --set train.steps=2 \
+  --set "log.log_file=$tmp/plain.log" >/dev/null 2>&1 || fail "run without placeholder failed"
+[ -f "$tmp/plain.log.rank0" ] && [ -f "$tmp/plain.log.rank1" ] || fail "no .rank<N> files: $(ls "$tmp")"
+echo "rank logs ok: $loss0"
