@@ -660,7 +660,20 @@ function M.run_file(file, sets)
     return 0
   end
   if not recipe.run then M.error("recipe %s has no run(cfg) function", file) end
-  local rc = recipe.run(cfg)
+  -- Config errors found while the recipe sets up (layout checks in tetra.train) are the
+  -- same on every rank: printed once, like the ones found while loading.
+  -- Other errors keep the traceback of where they happened.
+  local ran, rc = xpcall(recipe.run, function(e)
+    if M.is_error(e) or (type(e) == "table" and e.user) then return e end
+    return { message = debug.traceback(tostring(e), 2), user = true }
+  end, cfg)
+  if not ran then
+    if M.is_error(rc) then
+      if is_rank0() then io.stderr:write("tetra: ", rc.message, "\n") end
+      return 1
+    end
+    error(rc, 0)
+  end
   if type(rc) == "number" then return rc end
   return 0
 end

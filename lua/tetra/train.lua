@@ -241,8 +241,24 @@ end
 -- step), tokens, tokens_per_s, step_time_s, data_wait_s, loss_scale (the fp16 scale after
 -- this step's update; 1 in other precisions), skipped (true when inf/NaN grads skipped
 -- the optimizer step).
+-- The mesh and the collectives know all four dimensions, but the training loop only
+-- splits work over data parallelism so far: a tensor, pipeline or context size above 1
+-- would silently run full replicas, so it is refused.
+local function check_layout(cfg)
+  local p = cfg.parallel or {}
+  for _, dim in ipairs({ "tensor", "pipeline", "context" }) do
+    local size = p[dim .. "_parallel_size"] or 1
+    if size > 1 then
+      require("tetra.config").error("parallel.%s_parallel_size=%d: the training loop does " ..
+        "not split models over %s parallelism yet; use data parallelism " ..
+        "(parallel.data_parallel_size) and set it to 1", dim, size, dim)
+    end
+  end
+end
+
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
+  check_layout(cfg)
   local t, o = cfg.train, cfg.optim or {}
   if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
   local dev = train.device(t.device)
