@@ -13,26 +13,8 @@
 **
 ** Without a GPU the program exits 77 before running anything: ctest reports "Not Run".
 */
-#include <criterion/criterion.h>
-#include <math.h>
-#include <stdio.h>
-#include "tt_internal.h"
-#include "tetra_cuda.h"
+#include "cuda_test.h"
 #include "cuda/tetra_cuda_lowp.h"
-
-enum { GPU = 0 };
-
-static tt_tensor *randn(const int64_t *shape, int ndim, double std) {
-  tt_tensor *t = NULL;
-  cr_assert_eq(tt_tensor_randn(shape, ndim, 0.0, std, &t), 0, "%s", tt_last_error());
-  return t;
-}
-
-static tt_tensor *to_dev(tt_tensor *t, int device) {
-  tt_tensor *o = NULL;
-  cr_assert_eq(tt_to_device(t, device, &o), 0, "%s", tt_last_error());
-  return o;
-}
 
 static tt_tensor *cast(tt_tensor *t, int dtype) {
   tt_tensor *o = NULL;
@@ -47,29 +29,6 @@ static tt_tensor *rounded(tt_tensor *t, int dtype) {
   tt_set_grad_enabled(1);
   tt_tensor_release(low);
   return r;
-}
-
-static void poison(int64_t n) {
-  if (n <= 0) return;
-  tt_tensor *t = NULL;
-  cr_assert_eq(tt_tensor_full(&n, 1, TT_F32, GPU, NAN, &t), 0, "%s", tt_last_error());
-  tt_tensor_release(t);
-}
-
-/* ||gpu - ref|| / ||ref||, gpu of any dtype and device; fails on NaN. */
-static double rel_err(tt_tensor *gpu, tt_tensor *ref) {
-  tt_tensor *h = to_dev(gpu, TT_CPU);
-  int64_t n = tt_tensor_numel(ref);
-  cr_assert_eq(tt_tensor_numel(h), n);
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double a = tt_tensor_get(h, i), b = tt_tensor_get(ref, i);
-    cr_assert(!isnan(a), "element %lld was not written (NaN)", (long long)i);
-    num += (a - b) * (a - b);
-    den += b * b;
-  }
-  tt_tensor_release(h);
-  return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* Column sums of g (rows, n), the reference bias gradient. */
@@ -245,17 +204,4 @@ Test(cuda_lowp, errors_name_the_problem) {
   cr_assert(strstr(tt_last_error(), "inner dims") != NULL, "%s", tt_last_error());
   tt_tensor_release(cpu);
   tt_tensor_release(dev);
-}
-
-/* Criterion's own main, run only when a GPU is there. */
-int main(int argc, char *argv[]) {
-  if (tt_cuda_init() != 0) {
-    printf("SKIP: %s\n", tt_last_error());
-    return 77;
-  }
-  struct criterion_test_set *tests = criterion_initialize();
-  int rc = 0;
-  if (criterion_handle_args(argc, argv, true)) rc = !criterion_run_all_tests(tests);
-  criterion_finalize(tests);
-  return rc;
 }

@@ -1,0 +1,69 @@
+/*
+** cuda_test.h — what the CUDA tests share: moving tensors to the GPU, poisoning the
+** allocator's cache with NaN blocks (so an output element a kernel forgets to write shows
+** up as NaN), the relative L2 error against a CPU reference, and a Criterion main that
+** exits 77 (ctest: "Not Run") when there is no GPU.
+*/
+#ifndef TT_CUDA_TEST_H
+#define TT_CUDA_TEST_H
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include "tt_internal.h"
+#include "tetra_cuda.h"
+
+enum { GPU = 0 };
+
+static inline tt_tensor *randn(const int64_t *shape, int ndim, double std) {
+  tt_tensor *t = NULL;
+  cr_assert_eq(tt_tensor_randn(shape, ndim, 0.0, std, &t), 0, "%s", tt_last_error());
+  return t;
+}
+
+static inline tt_tensor *to_dev(tt_tensor *t, int device) {
+  tt_tensor *o = NULL;
+  cr_assert_eq(tt_to_device(t, device, &o), 0, "%s", tt_last_error());
+  return o;
+}
+
+/* Puts NaN-filled blocks of n floats into the GPU allocator's cache. */
+static inline void poison(int64_t n) {
+  if (n <= 0) return;
+  tt_tensor *t = NULL;
+  cr_assert_eq(tt_tensor_full(&n, 1, TT_F32, GPU, NAN, &t), 0, "%s", tt_last_error());
+  tt_tensor_release(t);
+}
+
+/* ||gpu - ref|| / ||ref||, gpu of any dtype and device; fails on NaN. */
+static inline double rel_err(tt_tensor *gpu, tt_tensor *ref) {
+  tt_tensor *h = to_dev(gpu, TT_CPU);
+  int64_t n = tt_tensor_numel(ref);
+  cr_assert_eq(tt_tensor_numel(h), n);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double a = tt_tensor_get(h, i), b = tt_tensor_get(ref, i);
+    cr_assert(!isnan(a), "element %lld was not written (NaN)", (long long)i);
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  tt_tensor_release(h);
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Criterion's own main, run only when a GPU is there. */
+int main(int argc, char *argv[]) {
+  if (tt_cuda_init() != 0) {
+    printf("SKIP: %s\n", tt_last_error());
+    return 77;
+  }
+  char info[256];
+  if (tt_cuda_device_info(tt_cuda_current_device(), info, sizeof info) == 0)
+    printf("cuda:%d %s\n", tt_cuda_current_device(), info);
+  struct criterion_test_set *tests = criterion_initialize();
+  int rc = 0;
+  if (criterion_handle_args(argc, argv, true)) rc = !criterion_run_all_tests(tests);
+  criterion_finalize(tests);
+  return rc;
+}
+
+#endif
