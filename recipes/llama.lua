@@ -9,6 +9,10 @@
 -- No biases anywhere. Init: Normal(0, 0.02); the two residual output projections of each
 -- block (attention.wo, feed_forward.w2) use 0.02 / sqrt(2 * n_layers).
 -- Parameter names follow Meta's checkpoints (tok_embeddings, layers.N.attention.wq, ...).
+-- Tensor parallelism (parallel.tensor_parallel_size > 1, tetra.parallel.tensor): the
+-- embedding and the head split the vocabulary, attention splits heads, the MLP splits
+-- hidden units, norms are replicated; each rank holds its slices of the single-process
+-- weights for the same seed, and the loss is the vocab-parallel cross-entropy.
 --
 --   tetra run recipes/llama.lua --set model.dim=512 --set train.steps=100
 local tetra = require("tetra")
@@ -16,30 +20,45 @@ local nn, train = tetra.nn, tetra.train
 local F = nn.functional
 
 local Llama = nn.Module:extend("Llama")
+Llama.supports_tensor_parallel = true
 
-function Llama:init(c)
+-- c: cfg.model; par: { tp = mesh.tp } to split the model over that group (size > 1).
+function Llama:init(c, par)
   local std = c.init_std or 0.02
   local out_std = nn.residual_std(c.n_layers, std)
-  self:add("tok_embeddings", nn.Embedding(c.vocab_size, c.dim, { std = std }))
+  local g = par and par.tp and par.tp.size > 1 and par.tp or nil
+  local tp = g and tetra.parallel.tensor
+  local Attention, SwiGLU = nn.Attention, nn.SwiGLU
+  if g then
+    self.tensor_parallel = g
+    Attention, SwiGLU = tp.Attention, tp.SwiGLU
+    self:add("tok_embeddings", tp.VocabParallelEmbedding(c.vocab_size, c.dim,
+                                                         { std = std, group = g }))
+  else
+    self:add("tok_embeddings", nn.Embedding(c.vocab_size, c.dim, { std = std }))
+  end
   self:add("layers", nn.ModuleList())
   for _ = 1, c.n_layers do
     self.layers:append(nn.TransformerBlock {
       { "attention_norm", nn.RMSNorm(c.dim, c.norm_eps) },
-      { "attention", nn.Attention { dim = c.dim, n_heads = c.n_heads,
-                                    n_kv_heads = c.n_kv_heads, rope_theta = c.rope_theta,
-                                    std = std, out_std = out_std } },
+      { "attention", Attention { dim = c.dim, n_heads = c.n_heads,
+                                 n_kv_heads = c.n_kv_heads, rope_theta = c.rope_theta,
+                                 std = std, out_std = out_std, group = g } },
       { "ffn_norm", nn.RMSNorm(c.dim, c.norm_eps) },
-      { "feed_forward", nn.SwiGLU { dim = c.dim, hidden = c.ffn_hidden, std = std,
-                                    out_std = out_std } },
+      { "feed_forward", SwiGLU { dim = c.dim, hidden = c.ffn_hidden, std = std,
+                                 out_std = out_std, group = g } },
     })
   end
   self:add("norm", nn.RMSNorm(c.dim, c.norm_eps))
   if not c.tie_embeddings then
-    self:add("output", nn.Linear(c.dim, c.vocab_size, { std = std }))
+    self:add("output", g and tp.ColumnParallelLinear(c.dim, c.vocab_size,
+                                                     { std = std, group = g })
+                       or nn.Linear(c.dim, c.vocab_size, { std = std }))
   end
 end
 
--- ids: (B, T) int -> logits: (B, T, vocab_size)
+-- ids: (B, T) int -> logits: (B, T, vocab_size); under tensor parallelism this rank's
+-- vocabulary columns (B, T, vocab_size / tp), from self.tok_embeddings.vocab_start.
 function Llama:forward(ids)
   local x = self.tok_embeddings(ids)
   local h = self.layers(x)
@@ -47,9 +66,28 @@ function Llama:forward(ids)
   local n = self.norm(h)
   F.free(h)
   local head = self.output and self.output.weight or self.tok_embeddings.weight
+  if self.tensor_parallel then   -- the head is column-parallel (vocabulary rows split)
+    local nc = self.tensor_parallel:copy_to_group(n)
+    F.free(n)
+    n = nc
+  end
   local logits = tetra.amp.linear(self, n, head)   -- at train.precision
   F.free(n)
   return logits
+end
+
+-- Mean cross-entropy of forward's logits against targets (B, T) (train.loss uses it).
+function Llama:cross_entropy(logits, targets)
+  if not self.tensor_parallel then return F.cross_entropy(logits, targets) end
+  return tetra.parallel.tensor.vocab_parallel_cross_entropy(logits, targets,
+    self.tensor_parallel, self.tok_embeddings.vocab_start)
+end
+
+-- The full (..., vocab_size) logits from forward's (gathered over the tensor-parallel
+-- group; generation uses it).
+function Llama:full_logits(logits)
+  if not self.tensor_parallel then return logits end
+  return self.tensor_parallel:gather_from_group(logits, -1)
 end
 
 return train.recipe {

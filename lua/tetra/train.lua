@@ -130,11 +130,14 @@ local function rows(t, first, n)
   return c
 end
 
--- Mean cross-entropy of model on tokens (b, T + 1); the logits are freed at once.
+-- Mean cross-entropy of model on tokens (b, T + 1); the logits are freed at once. A
+-- model with a cross_entropy(logits, targets) method computes its own (a tensor-parallel
+-- model's logits hold this rank's vocabulary columns only).
 function train.loss(model, tokens)
   local ids, targets = train.inputs_targets(tokens)
   local logits = model(ids)                       -- (b, T, V)
-  local loss = F.cross_entropy(logits, targets)
+  local loss = model.cross_entropy and model:cross_entropy(logits, targets)
+               or F.cross_entropy(logits, targets)
   free(logits); free(ids); free(targets)
   return loss
 end
@@ -241,24 +244,45 @@ end
 -- step), tokens, tokens_per_s, step_time_s, data_wait_s, loss_scale (the fp16 scale after
 -- this step's update; 1 in other precisions), skipped (true when inf/NaN grads skipped
 -- the optimizer step).
--- The mesh and the collectives know all four dimensions, but the training loop only
--- splits work over data parallelism so far: a tensor, pipeline or context size above 1
--- would silently run full replicas, so it is refused.
-local function check_layout(cfg)
+-- The mesh and the collectives know all four dimensions; the training loop splits work
+-- over data and tensor parallelism. A pipeline or context size above 1 would silently
+-- run full replicas, so it is refused. Tensor parallelism needs a model built split
+-- (model.tensor_parallel: the recipe's Model has supports_tensor_parallel), fp32 on the
+-- CPU, no ZeRO-1 and no checkpoints (those assume every rank holds whole parameters).
+local function check_layout(cfg, model)
   local p = cfg.parallel or {}
-  for _, dim in ipairs({ "tensor", "pipeline", "context" }) do
+  local cerr = require("tetra.config").error
+  for _, dim in ipairs({ "pipeline", "context" }) do
     local size = p[dim .. "_parallel_size"] or 1
     if size > 1 then
-      require("tetra.config").error("parallel.%s_parallel_size=%d: the training loop does " ..
-        "not split models over %s parallelism yet; use data parallelism " ..
-        "(parallel.data_parallel_size) and set it to 1", dim, size, dim)
+      cerr("parallel.%s_parallel_size=%d: the training loop does " ..
+        "not split models over %s parallelism yet; use data or tensor parallelism " ..
+        "(parallel.data_parallel_size, parallel.tensor_parallel_size) and set it to 1",
+        dim, size, dim)
     end
   end
+  local tp = p.tensor_parallel_size or 1
+  if tp <= 1 then return end
+  local why
+  if not model.tensor_parallel then
+    why = "this model is not split over tensor parallelism (its recipe's Model does not " ..
+          "support it)"
+  elseif (cfg.train.precision or "fp32") ~= "fp32" then
+    why = "train.precision must be fp32"
+  elseif cfg.train.device and cfg.train.device ~= "cpu" then
+    why = "train.device must be cpu"
+  elseif (p.zero_stage or 0) ~= 0 then
+    why = "parallel.zero_stage must be 0"
+  elseif cfg.checkpoint and ((cfg.checkpoint.dir and cfg.checkpoint.dir ~= "" and
+          (cfg.checkpoint.every or 0) > 0) or checkpoint.resume_path(cfg)) then
+    why = "checkpoints are not sharded over tensor parallelism yet"
+  end
+  if why then cerr("parallel.tensor_parallel_size=%d: %s", tp, why) end
 end
 
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
-  check_layout(cfg)
+  check_layout(cfg, model)
   local t, o = cfg.train, cfg.optim or {}
   if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
   local dev = train.device(t.device)
@@ -281,6 +305,9 @@ function train.setup(cfg, model, data, opts)
                                       eps = o.eps, weight_decay = t.weight_decay })
   end
   ddp:attach_optimizer(optimizer)   -- ZeRO-1 keeps this rank's optimizer shard only
+  if model.tensor_parallel then      -- clip by the norm of the whole (unsplit) model
+    require("tetra.parallel.tensor").attach_optimizer(optimizer, model, mesh.tp)
+  end
   local env = {
     cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,
     tokenizer = opts.tokenizer, rank = mesh.rank or 0, amp = ctx, device = dev,
@@ -432,7 +459,13 @@ function train.generate(model, prompt_ids, opts)
       local p = ffi.cast("int64_t *", C.tt_tensor_data(x))
       for j = 0, T - 1 do p[j] = ids[first + j] end
       x = to_dev(x, dev)
-      local logits = to_dev(model(x), C.TT_CPU)         -- (1, T, V), contiguous
+      local y = model(x)
+      if model.full_logits then                        -- tensor parallel: gathered
+        local full = model:full_logits(y)
+        if full ~= y then free(y) end
+        y = full
+      end
+      local logits = to_dev(y, C.TT_CPU)               -- (1, T, V), contiguous
       local V = tonumber(logits._shape[2])
       local last = ffi.cast("float *", C.tt_tensor_data(logits)) + (T - 1) * V
       local id = sample(last, V, opts.temperature or 0.8, opts.top_k or 40)
@@ -449,13 +482,17 @@ end
 -- Prints a continuation of `prompt` (a string; default train.prompt or a newline) on
 -- rank 0, using env.tokenizer (nothing to print without one) and train.sample_tokens,
 -- temperature, top_k, seed.
+-- A tensor-parallel model generates on every rank (its forward is collective); rank 0
+-- prints.
 function train.print_sample(env, prompt)
   local t = env.cfg.train
-  if env.rank ~= 0 or not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
+  if not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
+  if env.rank ~= 0 and not env.model.tensor_parallel then return end
   local tok = env.tokenizer
   prompt = prompt or t.prompt or "\n"
   local ids = env.generate(tok:encode(prompt), { max_new_tokens = t.sample_tokens,
     temperature = t.temperature, top_k = t.top_k, seed = t.seed })
+  if env.rank ~= 0 then return end
   io.stdout:write("--- sample (", #ids, " tokens, temperature ", tostring(t.temperature),
                   ", top-k ", tostring(t.top_k), ") ---\n", prompt, tok:decode(ids),
                   "\n---\n")
@@ -556,23 +593,30 @@ end
 
 -- The recipe table for a model class (see recipes/llama.lua): setup(cfg) builds the data
 -- source, seeds the RNG (so the initial weights depend on the seed only), builds
--- spec.Model(cfg.model) and the training state; run(cfg) reports the model's size on rank
--- 0 and trains.
+-- spec.Model(cfg.model, par) and the training state; run(cfg) reports the model's size
+-- on rank 0 and trains. With parallel.tensor_parallel_size > 1, par = { tp = mesh.tp }
+-- (a Model with supports_tensor_parallel builds its split layers from it).
 function train.recipe(spec)
   local recipe = { name = spec.name, Model = spec.Model, defaults = spec.defaults }
   function recipe.setup(cfg)
     local data, tokenizer = train.data_source(cfg)
+    local par
+    if (cfg.parallel and cfg.parallel.tensor_parallel_size or 1) > 1 and
+       spec.Model.supports_tensor_parallel then
+      par = { tp = require("tetra").dist.init(cfg).tp }
+    end
     C.tt_manual_seed(cfg.train.seed or 0)
-    local model = spec.Model(cfg.model)
+    local model = spec.Model(cfg.model, par)
     return train.setup(cfg, model, data, { tokenizer = tokenizer })
   end
   function recipe.run(cfg)
     local env = recipe.setup(cfg)
     if env.rank == 0 then
       local m = cfg.model
-      print(string.format("%s: %.2fM parameters, %d layers, dim %d, seq %d, batch %d",
-        spec.name, env.model:num_params() / 1e6, m.n_layers, m.dim, m.seq_len,
-        cfg.train.batch_size))
+      print(string.format("%s: %.2fM parameters%s, %d layers, dim %d, seq %d, batch %d",
+        spec.name, env.model:num_params() / 1e6,
+        env.model.tensor_parallel and " on this tensor-parallel rank" or "", m.n_layers,
+        m.dim, m.seq_len, cfg.train.batch_size))
     end
     return train.run(env)
   end

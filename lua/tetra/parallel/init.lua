@@ -2,8 +2,11 @@
 -- the groups of tetra.dist's mesh.
 --   tetra.parallel.data   data parallelism: bucketed gradient averaging overlapped with
 --                         backward, ZeRO-1 (lua/tetra/parallel/data.lua)
--- Submodules load on first use (tetra.parallel.tensor, .pipeline, .context join here
--- as lua/tetra/parallel/<name>.lua).
+--   tetra.parallel.tensor Megatron tensor parallelism: column/row-parallel linears,
+--                         vocab-parallel embedding and cross-entropy
+--                         (lua/tetra/parallel/tensor.lua)
+-- Submodules load on first use (.pipeline and .context will join here as
+-- lua/tetra/parallel/<name>.lua).
 local parallel = {}
 
 -- Sizes of the four dimensions from cfg.parallel, 1 where unset.
