@@ -13,6 +13,10 @@
 -- embedding and the head split the vocabulary, attention splits heads, the MLP splits
 -- hidden units, norms are replicated; each rank holds its slices of the single-process
 -- weights for the same seed, and the loss is the vocab-parallel cross-entropy.
+-- Context parallelism (parallel.context_parallel_size > 1, tetra.parallel.context): every
+-- rank holds the whole model and two chunks of each sequence; attention gathers the keys
+-- and values of the other chunks (the training loop slices the tokens and passes their
+-- positions to forward).
 --
 --   tetra run recipes/llama.lua --set model.dim=512 --set train.steps=100
 local tetra = require("tetra")
@@ -21,14 +25,21 @@ local F = nn.functional
 
 local Llama = nn.Module:extend("Llama")
 Llama.supports_tensor_parallel = true
+Llama.supports_context_parallel = true
 
--- c: cfg.model; par: { tp = mesh.tp } to split the model over that group (size > 1).
+-- c: cfg.model; par: { tp = mesh.tp } to split the model over that group, { cp = mesh.cp }
+-- to split sequences over that one (size > 1).
 function Llama:init(c, par)
   local std = c.init_std or 0.02
   local out_std = nn.residual_std(c.n_layers, std)
   local g = par and par.tp and par.tp.size > 1 and par.tp or nil
   local tp = g and tetra.parallel.tensor
   local Attention, SwiGLU = nn.Attention, nn.SwiGLU
+  local cpg = par and par.cp and par.cp.size > 1 and par.cp or nil
+  if cpg then
+    self.context_parallel = cpg
+    Attention = tetra.parallel.context.Attention
+  end
   if g then
     self.tensor_parallel = g
     Attention, SwiGLU = tp.Attention, tp.SwiGLU
@@ -43,7 +54,7 @@ function Llama:init(c, par)
       { "attention_norm", nn.RMSNorm(c.dim, c.norm_eps) },
       { "attention", Attention { dim = c.dim, n_heads = c.n_heads,
                                  n_kv_heads = c.n_kv_heads, rope_theta = c.rope_theta,
-                                 std = std, out_std = out_std, group = g } },
+                                 std = std, out_std = out_std, group = g or cpg } },
       { "ffn_norm", nn.RMSNorm(c.dim, c.norm_eps) },
       { "feed_forward", SwiGLU { dim = c.dim, hidden = c.ffn_hidden, std = std,
                                  out_std = out_std, group = g } },
@@ -59,9 +70,11 @@ end
 
 -- ids: (B, T) int -> logits: (B, T, vocab_size); under tensor parallelism this rank's
 -- vocabulary columns (B, T, vocab_size / tp), from self.tok_embeddings.vocab_start.
-function Llama:forward(ids)
+-- positions: (T) i64, the positions of ids in their sequences (context parallelism:
+-- this rank's chunks); nil for 0..T-1.
+function Llama:forward(ids, positions)
   local x = self.tok_embeddings(ids)
-  local h = self.layers(x)
+  local h = self.layers(x, positions)
   F.free(x)
   local n = self.norm(h)
   F.free(h)

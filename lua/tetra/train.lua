@@ -5,7 +5,8 @@
 --
 -- One optimizer step (env.step):
 --   global batch (train.batch_size sequences) -> train.device -> this rank's rows
---   (ddp:batch_slice) -> train.gradient_accumulation_steps micro-batches: forward,
+--   (ddp:batch_slice) -> train.gradient_accumulation_steps micro-batches (a
+--   context-parallel model takes this rank's chunks of each sequence): forward,
 --   loss / accum (x the loss scale under fp16), backward
 --   -> ddp:finish_grads() (grads now hold the DP average)
 --   -> fp16: grads / loss scale, inf/NaN check agreed over the DP group
@@ -132,13 +133,21 @@ end
 
 -- Mean cross-entropy of model on tokens (b, T + 1); the logits are freed at once. A
 -- model with a cross_entropy(logits, targets) method computes its own (a tensor-parallel
--- model's logits hold this rank's vocabulary columns only).
+-- model's logits hold this rank's vocabulary columns only). A context-parallel model
+-- (model.context_parallel: its cp group) sees this rank's chunks of each sequence only,
+-- with their positions; the loss is then the mean over those tokens.
 function train.loss(model, tokens)
-  local ids, targets = train.inputs_targets(tokens)
-  local logits = model(ids)                       -- (b, T, V)
+  local ids, targets, positions
+  if model.context_parallel then
+    ids, targets, positions = require("tetra.parallel.context").slice(tokens,
+                                                                      model.context_parallel)
+  else
+    ids, targets = train.inputs_targets(tokens)
+  end
+  local logits = model(ids, positions)            -- (b, T, V)
   local loss = model.cross_entropy and model:cross_entropy(logits, targets)
                or F.cross_entropy(logits, targets)
-  free(logits); free(ids); free(targets)
+  free(logits); free(ids); free(targets); free(positions)
   return loss
 end
 
@@ -245,22 +254,51 @@ end
 -- this step's update; 1 in other precisions), skipped (true when inf/NaN grads skipped
 -- the optimizer step).
 -- The mesh and the collectives know all four dimensions; the training loop splits work
--- over data and tensor parallelism. A pipeline or context size above 1 would silently
--- run full replicas, so it is refused. Tensor parallelism needs a model built split
+-- over data, tensor and context parallelism. A pipeline size above 1 would silently run
+-- full replicas, so it is refused. Tensor parallelism needs a model built split
 -- (model.tensor_parallel: the recipe's Model has supports_tensor_parallel), fp32 on the
 -- CPU, no ZeRO-1 and no checkpoints (those assume every rank holds whole parameters).
+-- Context parallelism needs a model whose attention gathers over the cp group
+-- (model.context_parallel: supports_context_parallel), model.seq_len divisible by 2 x cp,
+-- fp32 on the CPU, no tensor parallelism, no ZeRO-1 and no checkpoints (none of them
+-- tested with it yet).
+local function check_context(cfg, model, cp)
+  local p = cfg.parallel or {}
+  local cerr = require("tetra.config").error
+  local why
+  if not model.context_parallel then
+    why = "this model does not split sequences over context parallelism (its recipe's " ..
+          "Model does not support it)"
+  elseif (p.tensor_parallel_size or 1) > 1 then
+    why = "parallel.tensor_parallel_size must be 1"
+  elseif cfg.model.seq_len % (2 * cp) ~= 0 then
+    why = string.format("model.seq_len (%d) must be divisible by 2 x " ..
+                        "parallel.context_parallel_size (%d)", cfg.model.seq_len, 2 * cp)
+  elseif (cfg.train.precision or "fp32") ~= "fp32" then
+    why = "train.precision must be fp32"
+  elseif cfg.train.device and cfg.train.device ~= "cpu" then
+    why = "train.device must be cpu"
+  elseif (p.zero_stage or 0) ~= 0 then
+    why = "parallel.zero_stage must be 0"
+  elseif cfg.checkpoint and ((cfg.checkpoint.dir and cfg.checkpoint.dir ~= "" and
+          (cfg.checkpoint.every or 0) > 0) or checkpoint.resume_path(cfg)) then
+    why = "checkpoints are not supported with context parallelism yet"
+  end
+  if why then cerr("parallel.context_parallel_size=%d: %s", cp, why) end
+end
+
 local function check_layout(cfg, model)
   local p = cfg.parallel or {}
   local cerr = require("tetra.config").error
-  for _, dim in ipairs({ "pipeline", "context" }) do
-    local size = p[dim .. "_parallel_size"] or 1
-    if size > 1 then
-      cerr("parallel.%s_parallel_size=%d: the training loop does " ..
-        "not split models over %s parallelism yet; use data or tensor parallelism " ..
-        "(parallel.data_parallel_size, parallel.tensor_parallel_size) and set it to 1",
-        dim, size, dim)
-    end
+  local pp = p.pipeline_parallel_size or 1
+  if pp > 1 then
+    cerr("parallel.pipeline_parallel_size=%d: the training loop does " ..
+      "not split models over pipeline parallelism yet; use data, tensor or context " ..
+      "parallelism (parallel.data_parallel_size, parallel.tensor_parallel_size, " ..
+      "parallel.context_parallel_size) and set it to 1", pp)
   end
+  local cp = p.context_parallel_size or 1
+  if cp > 1 then check_context(cfg, model, cp) end
   local tp = p.tensor_parallel_size or 1
   if tp <= 1 then return end
   local why
@@ -595,15 +633,20 @@ end
 -- source, seeds the RNG (so the initial weights depend on the seed only), builds
 -- spec.Model(cfg.model, par) and the training state; run(cfg) reports the model's size
 -- on rank 0 and trains. With parallel.tensor_parallel_size > 1, par = { tp = mesh.tp }
--- (a Model with supports_tensor_parallel builds its split layers from it).
+-- (a Model with supports_tensor_parallel builds its split layers from it); with
+-- parallel.context_parallel_size > 1, par.cp = mesh.cp (supports_context_parallel).
 function train.recipe(spec)
   local recipe = { name = spec.name, Model = spec.Model, defaults = spec.defaults }
   function recipe.setup(cfg)
     local data, tokenizer = train.data_source(cfg)
     local par
-    if (cfg.parallel and cfg.parallel.tensor_parallel_size or 1) > 1 and
-       spec.Model.supports_tensor_parallel then
+    local p = cfg.parallel or {}
+    if (p.tensor_parallel_size or 1) > 1 and spec.Model.supports_tensor_parallel then
       par = { tp = require("tetra").dist.init(cfg).tp }
+    end
+    if (p.context_parallel_size or 1) > 1 and spec.Model.supports_context_parallel then
+      par = par or {}
+      par.cp = require("tetra").dist.init(cfg).cp
     end
     C.tt_manual_seed(cfg.train.seed or 0)
     local model = spec.Model(cfg.model, par)

@@ -88,7 +88,8 @@ function DDP:finish_grads()
   self.exposed_comm_s = C.tt_dist_reducer_exposed_s(self._reducer)
 end
 
--- Mean of a per-rank number over the DP group (the logged loss is the global mean).
+-- Mean of a per-rank number over the reduction group (dp, or dp x cp under context
+-- parallelism): the logged loss is the global mean.
 function DDP:all_reduce_mean(x)
   return self.group:mean(x)
 end

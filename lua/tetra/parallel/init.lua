@@ -5,8 +5,11 @@
 --   tetra.parallel.tensor Megatron tensor parallelism: column/row-parallel linears,
 --                         vocab-parallel embedding and cross-entropy
 --                         (lua/tetra/parallel/tensor.lua)
--- Submodules load on first use (.pipeline and .context will join here as
--- lua/tetra/parallel/<name>.lua).
+--   tetra.parallel.context context parallelism: sequences cut into 2 cp chunks, K/V
+--                         gathered over the cp group in attention
+--                         (lua/tetra/parallel/context.lua)
+-- Submodules load on first use (.pipeline will join here as
+-- lua/tetra/parallel/pipeline.lua).
 local parallel = {}
 
 -- Sizes of the four dimensions from cfg.parallel, 1 where unset.

@@ -1,0 +1,157 @@
+-- tetra.parallel.context: context (sequence) parallelism over the mesh's cp group.
+--
+--   local cp = tetra.parallel.context
+--   cp.chunk_positions(T, size, rank)     -- positions (0-based) of a rank's tokens
+--   local ids, targets, pos = cp.slice(tokens, mesh.cp)
+--                                         -- (B, T + 1) -> this rank's (B, T / cp) each
+--                                         -- and their positions (T / cp) i64
+--   cp.Attention{ ..., group = mesh.cp }  -- nn.Attention over the whole sequence
+--
+-- The sequence of T tokens is cut into 2 cp chunks of T / (2 cp); rank r holds chunks r
+-- and 2 cp - 1 - r. Under a causal mask the later chunk costs more work than the earlier
+-- one, so pairing an early chunk with a late one gives every rank the same work.
+-- Attention rotates q and k (RoPE) at the true positions of this rank's tokens, then
+-- all-gathers k and v over the group (sp_gather: backward reduce-scatters dK and dV, so
+-- each rank receives the sum of every rank's gradient for its own keys) and attends with
+-- the positions of the gathered keys: key j is visible to query i when k_pos[j] <=
+-- q_pos[i], exactly the single-process causal mask. Everything outside attention works
+-- per token and needs no communication.
+--
+-- Loss and gradients: each rank's loss is the mean over its B x T / cp tokens; every
+-- rank holds as many tokens, so the mean of those over the group is the mean over all
+-- B x T tokens. Parameters are replicated over cp: tetra.parallel.data averages the
+-- gradients over dp x cp (mesh.dpcp), which gives the gradient of that global mean.
+local ffi = require("ffi")
+local C = require("tetra.ffi").C
+local F = require("tetra.nn.functional")
+local tensor = require("tetra.tensor")
+local transformer = require("tetra.nn.transformer")
+
+local free = F.free
+local M = {}
+
+-- A user error raised once (by rank 0) when every rank hits it alike.
+local function fail(fmt, ...)
+  require("tetra.dist").fail(string.format(fmt, ...))
+end
+
+-- The length of one chunk of a T-token sequence over `size` ranks.
+function M.chunk_len(T, size)
+  if T % (2 * size) ~= 0 then
+    fail("context parallelism: model.seq_len (%d) must be divisible by 2 x " ..
+         "parallel.context_parallel_size (%d)", T, 2 * size)
+  end
+  return T / (2 * size)
+end
+
+-- Positions (a Lua array, 0-based) of rank `rank`'s T / size tokens: chunk rank, then
+-- chunk 2 size - 1 - rank.
+function M.chunk_positions(T, size, rank)
+  local L = M.chunk_len(T, size)
+  local pos = {}
+  for _, c in ipairs({ rank, 2 * size - 1 - rank }) do
+    for i = 0, L - 1 do pos[#pos + 1] = c * L + i end
+  end
+  return pos
+end
+
+-- A (n) i64 tensor from a Lua array of positions.
+local function index_tensor(list)
+  local t = F.empty({ #list }, C.TT_I64)
+  local p = ffi.cast("int64_t *", C.tt_tensor_data(t))
+  for i, v in ipairs(list) do p[i - 1] = v end
+  return t
+end
+
+-- tokens: (B, T + 1) i32/i64 on the CPU -> ids (B, T / cp) and targets (B, T / cp) i64
+-- (the tokens at this rank's positions and the ones after them) and those positions as a
+-- (T / cp) i64 tensor.
+function M.slice(tokens, group)
+  local B, T = tonumber(tokens._shape[0]), tonumber(tokens._shape[1]) - 1
+  local pos = M.chunk_positions(T, group.size, group.rank)
+  local n = #pos
+  local tc = F.contiguous(tokens)
+  local src = C.tt_tensor_data(tc)
+  local i64 = tc._dtype == C.TT_I64
+  local s64, s32 = ffi.cast("int64_t *", src), ffi.cast("int32_t *", src)
+  local ids, targets = F.empty({ B, n }, C.TT_I64), F.empty({ B, n }, C.TT_I64)
+  local di = ffi.cast("int64_t *", C.tt_tensor_data(ids))
+  local dt = ffi.cast("int64_t *", C.tt_tensor_data(targets))
+  for b = 0, B - 1 do
+    local row = b * (T + 1)
+    for j = 0, n - 1 do
+      local at = row + pos[j + 1]
+      if i64 then
+        di[b * n + j], dt[b * n + j] = s64[at], s64[at + 1]
+      else
+        di[b * n + j], dt[b * n + j] = s32[at], s32[at + 1]
+      end
+    end
+  end
+  if tc ~= tokens then free(tc) end
+  return ids, targets, index_tensor(pos)
+end
+
+-- -- Attention -------------------------------------------------------------------------
+
+local Attention = transformer.Attention:extend("ContextParallelAttention")
+M.Attention = Attention
+
+-- cfg: as nn.Attention's, plus group (the cp group). Same parameters, drawn in the same
+-- order, replicated over the group.
+function Attention:init(cfg)
+  local g = assert(cfg.group, "context-parallel Attention: cfg.group is required")
+  transformer.Attention.init(self, cfg)
+  self.group = g
+  self._k_pos = {}   -- local length -> positions of the gathered keys (T) i64
+end
+
+-- The positions of the keys gathered from every rank (rank order, each rank's two
+-- chunks), for local sequences of n tokens.
+function Attention:key_positions(n)
+  local kp = self._k_pos[n]
+  if not kp then
+    local g, all = self.group, {}
+    for r = 0, g.size - 1 do
+      for _, p in ipairs(M.chunk_positions(n * g.size, g.size, r)) do all[#all + 1] = p end
+    end
+    kp = index_tensor(all)
+    self._k_pos[n] = kp
+  end
+  return kp
+end
+
+-- proj(x) viewed as n heads: (B, T, n, Dh), rotated at `positions` when `rotate`.
+local function heads(self, proj, x, n, rotate, positions)
+  local flat = proj(x)                                                -- (B, T, n*Dh)
+  local h = F.view(flat, { tonumber(x._shape[0]), tonumber(x._shape[1]), n, self.head_dim })
+  free(flat)
+  if not rotate then return h end
+  local r = F.rope(h, self.rope_theta, positions, self.rope_interleaved)
+  free(h)
+  return r
+end
+
+-- x: (B, n, D) this rank's tokens; positions: (n) their positions (from M.slice) ->
+-- (B, n, D). Without positions x is a whole sequence on one rank (generation): plain
+-- causal attention, no communication.
+function Attention:forward(x, positions)
+  if positions == nil then return transformer.Attention.forward(self, x) end
+  local B, n = tonumber(x._shape[0]), tonumber(x._shape[1])
+  local q = heads(self, self.wq, x, self.n_heads, self.rope, positions)
+  local kl = heads(self, self.wk, x, self.n_kv_heads, self.rope, positions)
+  local vl = heads(self, self.wv, x, self.n_kv_heads, false, positions)
+  local k = self.group:sp_gather(kl, 1)                     -- (B, n * cp, Hkv, Dh)
+  local v = self.group:sp_gather(vl, 1)
+  free(kl); free(vl)
+  local o = tensor.take(C.tt_attention_ex(q, k, v, positions, self:key_positions(n), 1, 0,
+                                          tensor.pout))           -- (B, n, H, Dh)
+  free(q); free(k); free(v)
+  local flat = F.view(o, { B, n, self.n_heads * self.head_dim })
+  free(o)
+  local y = self.wo(flat)
+  free(flat)
+  return y
+end
+
+return M
