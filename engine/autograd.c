@@ -5,9 +5,11 @@
 ** function, retained inputs, output and saved tensors) to one global tape. Creation order
 ** is a topological order, so backward walks the tape from the end: a node runs once its
 ** output's gradient is complete, adds into its inputs' gradients, and is freed at once,
-** which releases its saved activations as early as possible. Leaves keep .grad across
-** calls (gradient accumulation) until zeroed; intermediate gradients are dropped as soon
-** as their node has run.
+** which releases its saved activations as early as possible. Only the nodes reachable
+** from the root run (and leave the tape): other graphs recorded on the same tape, such as
+** pipeline micro-batches waiting for their own backward, stay until their turn or until
+** tt_tape_clear. Leaves keep .grad across calls (gradient accumulation) until zeroed;
+** intermediate gradients are dropped as soon as their node has run.
 */
 #include "tt_internal.h"
 
@@ -130,18 +132,27 @@ int tt_accumulate_grad(tt_tensor *t, tt_tensor *g) {
   return 0;
 }
 
-/* Leaves that will receive gradients count their pending uses so that the grad-ready
-** hook fires as soon as the last contribution has been added. */
-static void count_leaf_uses(int delta) {
-  for (int64_t i = 0; i < tt_tape_len; i++) {
+/* Marks the nodes reachable from root (reach[i] = 1) and counts, in every tensor that
+** requires grad, its uses by reachable nodes (tape_uses). Reverse creation order is
+** topological: when node i is visited, every reachable consumer of its output has been
+** counted already, so the node is reachable iff its output is root or has uses. Other
+** graphs on the tape (micro-batches still waiting for their backward) are left alone. */
+static void mark_reachable(const tt_tensor *root, unsigned char *reach) {
+  for (int64_t i = tt_tape_len - 1; i >= 0; i--) {
     tt_node *node = tt_tape[i];
+    reach[i] = node->out == root || node->out->tape_uses > 0;
+    if (!reach[i]) continue;
     for (int k = 0; k < node->n_inputs; k++) {
       tt_tensor *in = node->inputs[k];
-      if (in && in->is_leaf && in->requires_grad) in->tape_uses += delta;
+      if (in && in->requires_grad) in->tape_uses++;
     }
   }
 }
 
+/* Runs the reachable nodes in reverse order, freeing each once it ran; the unreachable
+** ones keep their order at the front of the tape. A leaf's grad-ready hook fires when
+** its last reachable use has added its contribution. After an error the whole tape is
+** dropped and the use counts reset. */
 int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
   char a[160], b[160];
   TT_CHECK(root->requires_grad, "backward: the tensor does not require grad (no recorded op "
@@ -151,12 +162,15 @@ int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
            "backward: gradient shape %s differs from the tensor's %s",
            tt_shape_str(grad_root->shape, grad_root->ndim, a, sizeof a),
            tt_shape_str(root->shape, root->ndim, b, sizeof b));
+  unsigned char *reach = calloc((size_t)(tt_tape_len > 0 ? tt_tape_len : 1), 1);
+  TT_CHECK(reach, "backward: out of host memory (%lld tape nodes)", (long long)tt_tape_len);
   int saved_mode = tt_grad_enabled;
   tt_grad_enabled = 0;
   int rc = tt_accumulate_grad(root, grad_root);
-  if (tt_grad_hook) count_leaf_uses(+1);
+  mark_reachable(root, reach);
   for (int64_t i = tt_tape_len - 1; i >= 0 && rc == 0; i--) {
     tt_node *node = tt_tape[i];
+    if (!reach[i]) continue;
     tt_tensor *g = node->out->grad;
     if (g) {
       rc = node->backward(node, g);
@@ -164,21 +178,28 @@ int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
       tt_tensor_release(node->out->grad);
       node->out->grad = NULL;
     }
-    if (tt_grad_hook) {
-      for (int k = 0; k < node->n_inputs; k++) {
-        tt_tensor *in = node->inputs[k];
-        if (in && in->is_leaf && in->requires_grad && --in->tape_uses == 0 && rc == 0)
-          tt_grad_hook(in, tt_grad_hook_ud);
-      }
+    for (int k = 0; k < node->n_inputs; k++) {
+      tt_tensor *in = node->inputs[k];
+      if (!in || !in->requires_grad) continue;
+      if (--in->tape_uses == 0 && in->is_leaf && tt_grad_hook && rc == 0)
+        tt_grad_hook(in, tt_grad_hook_ud);
     }
     node_free(node);
-    tt_tape_len = i;
+    tt_tape[i] = NULL;
   }
-  /* After an error, the rest of the tape is dropped and counters reset. */
+  int64_t n = 0;
   for (int64_t i = 0; i < tt_tape_len; i++)
-    for (int k = 0; k < tt_tape[i]->n_inputs; k++)
-      if (tt_tape[i]->inputs[k]) tt_tape[i]->inputs[k]->tape_uses = 0;
-  tt_tape_clear();
+    if (tt_tape[i]) tt_tape[n++] = tt_tape[i];
+  tt_tape_len = n;
+  if (rc != 0) {
+    for (int64_t i = 0; i < tt_tape_len; i++) {
+      tt_tape[i]->out->tape_uses = 0;
+      for (int k = 0; k < tt_tape[i]->n_inputs; k++)
+        if (tt_tape[i]->inputs[k]) tt_tape[i]->inputs[k]->tape_uses = 0;
+    }
+    tt_tape_clear();
+  }
+  free(reach);
   if (!root->is_leaf) {
     tt_tensor_release(root->grad);
     root->grad = NULL;

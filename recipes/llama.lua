@@ -17,6 +17,9 @@
 -- rank holds the whole model and two chunks of each sequence; attention gathers the keys
 -- and values of the other chunks (the training loop slices the tokens and passes their
 -- positions to forward).
+-- Pipeline parallelism (parallel.pipeline_parallel_size > 1, tetra.parallel.pipeline):
+-- every rank builds the whole model, then keeps its stage's blocks (the first stage the
+-- embedding, the last one the final norm and the head) and runs embed / layers / head.
 --
 --   tetra run recipes/llama.lua --set model.dim=512 --set train.steps=100
 local tetra = require("tetra")
@@ -26,6 +29,7 @@ local F = nn.functional
 local Llama = nn.Module:extend("Llama")
 Llama.supports_tensor_parallel = true
 Llama.supports_context_parallel = true
+Llama.supports_pipeline_parallel = true
 
 -- c: cfg.model; par: { tp = mesh.tp } to split the model over that group, { cp = mesh.cp }
 -- to split sequences over that one (size > 1).
@@ -73,11 +77,24 @@ end
 -- positions: (T) i64, the positions of ids in their sequences (context parallelism:
 -- this rank's chunks); nil for 0..T-1.
 function Llama:forward(ids, positions)
-  local x = self.tok_embeddings(ids)
+  local x = self:embed(ids)
   local h = self.layers(x, positions)
   F.free(x)
-  local n = self.norm(h)
+  local logits = self:head(h)
   F.free(h)
+  return logits
+end
+
+-- The two ends of forward, which pipeline stages (tetra.parallel.pipeline) run apart:
+-- embed on the first stage, head on the last, the blocks of self.layers in between.
+-- ids (B, T) -> (B, T, dim).
+function Llama:embed(ids)
+  return self.tok_embeddings(ids)
+end
+
+-- h (B, T, dim), the last block's output -> logits (as forward's).
+function Llama:head(h)
+  local n = self.norm(h)
   local head = self.output and self.output.weight or self.tok_embeddings.weight
   if self.tensor_parallel then   -- the head is column-parallel (vocabulary rows split)
     local nc = self.tensor_parallel:copy_to_group(n)

@@ -8,6 +8,8 @@
 --   (ddp:batch_slice) -> train.gradient_accumulation_steps micro-batches (a
 --   context-parallel model takes this rank's chunks of each sequence): forward,
 --   loss / accum (x the loss scale under fp16), backward
+--   (pipeline parallelism: tetra.parallel.pipeline runs the micro-batches through the
+--   stages instead, on the GPipe or 1F1B schedule)
 --   -> ddp:finish_grads() (grads now hold the DP average)
 --   -> fp16: grads / loss scale, inf/NaN check agreed over the DP group
 --   -> clip to max_grad_norm (after unscaling) -> AdamW with the scheduled lr, unless the
@@ -254,14 +256,47 @@ end
 -- this step's update; 1 in other precisions), skipped (true when inf/NaN grads skipped
 -- the optimizer step).
 -- The mesh and the collectives know all four dimensions; the training loop splits work
--- over data, tensor and context parallelism. A pipeline size above 1 would silently run
--- full replicas, so it is refused. Tensor parallelism needs a model built split
+-- over data, tensor, context and pipeline parallelism. Tensor parallelism needs a model built split
 -- (model.tensor_parallel: the recipe's Model has supports_tensor_parallel), fp32 on the
 -- CPU, no ZeRO-1 and no checkpoints (those assume every rank holds whole parameters).
 -- Context parallelism needs a model whose attention gathers over the cp group
 -- (model.context_parallel: supports_context_parallel), model.seq_len divisible by 2 x cp,
 -- fp32 on the CPU, no tensor parallelism, no ZeRO-1 and no checkpoints (none of them
--- tested with it yet).
+-- tested with it yet). Pipeline parallelism needs a model that runs as stages
+-- (supports_pipeline_parallel: embed, layers, head), no tied embeddings (the embedding
+-- and the head would sit on different stages), the gpipe or 1f1b schedule, fp32 on the
+-- CPU, no tensor or context parallelism, no ZeRO-1 and no checkpoints; data parallelism
+-- works per stage.
+local function check_pipeline(cfg, model, pp)
+  local p = cfg.parallel or {}
+  local cerr = require("tetra.config").error
+  local schedule = p.pipeline_schedule or "1f1b"
+  local why
+  if not (model.embed and model.head and model.layers) then
+    why = "this model does not run as pipeline stages (its recipe's Model does not " ..
+          "support it)"
+  elseif (p.tensor_parallel_size or 1) > 1 then
+    why = "parallel.tensor_parallel_size must be 1"
+  elseif (p.context_parallel_size or 1) > 1 then
+    why = "parallel.context_parallel_size must be 1"
+  elseif cfg.model.tie_embeddings then
+    why = "model.tie_embeddings must be false (the embedding and the head sit on " ..
+          "different stages)"
+  elseif schedule ~= "gpipe" and schedule ~= "1f1b" then
+    why = "parallel.pipeline_schedule must be gpipe or 1f1b, got " .. tostring(schedule)
+  elseif (cfg.train.precision or "fp32") ~= "fp32" then
+    why = "train.precision must be fp32"
+  elseif cfg.train.device and cfg.train.device ~= "cpu" then
+    why = "train.device must be cpu"
+  elseif (p.zero_stage or 0) ~= 0 then
+    why = "parallel.zero_stage must be 0"
+  elseif cfg.checkpoint and ((cfg.checkpoint.dir and cfg.checkpoint.dir ~= "" and
+          (cfg.checkpoint.every or 0) > 0) or checkpoint.resume_path(cfg)) then
+    why = "checkpoints are not sharded over pipeline stages yet"
+  end
+  if why then cerr("parallel.pipeline_parallel_size=%d: %s", pp, why) end
+end
+
 local function check_context(cfg, model, cp)
   local p = cfg.parallel or {}
   local cerr = require("tetra.config").error
@@ -291,12 +326,7 @@ local function check_layout(cfg, model)
   local p = cfg.parallel or {}
   local cerr = require("tetra.config").error
   local pp = p.pipeline_parallel_size or 1
-  if pp > 1 then
-    cerr("parallel.pipeline_parallel_size=%d: the training loop does " ..
-      "not split models over pipeline parallelism yet; use data, tensor or context " ..
-      "parallelism (parallel.data_parallel_size, parallel.tensor_parallel_size, " ..
-      "parallel.context_parallel_size) and set it to 1", pp)
-  end
+  if pp > 1 then check_pipeline(cfg, model, pp) end
   local cp = p.context_parallel_size or 1
   if cp > 1 then check_context(cfg, model, cp) end
   local tp = p.tensor_parallel_size or 1
@@ -326,6 +356,11 @@ function train.setup(cfg, model, data, opts)
   local dev = train.device(t.device)
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
   local ctx = amp.wrap(model, cfg)
+  local pipe   -- pipeline parallelism: the model keeps this stage's part only
+  if (cfg.parallel and cfg.parallel.pipeline_parallel_size or 1) > 1 then
+    pipe = require("tetra.parallel.pipeline").split(model, require("tetra").dist.init(cfg).pp,
+                                                    cfg)
+  end
   local params = model:named_parameters()
   local tensors = {}
   for i, np in ipairs(params) do tensors[i] = np[2] end
@@ -346,6 +381,7 @@ function train.setup(cfg, model, data, opts)
   if model.tensor_parallel then      -- clip by the norm of the whole (unsplit) model
     require("tetra.parallel.tensor").attach_optimizer(optimizer, model, mesh.tp)
   end
+  if pipe then pipe:attach_optimizer(optimizer) end   -- clip by the norm over every stage
   local env = {
     cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,
     tokenizer = opts.tokenizer, rank = mesh.rank or 0, amp = ctx, device = dev,
@@ -375,18 +411,22 @@ function train.setup(cfg, model, data, opts)
     local mine = ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
     local loss_sum = 0.0
-    for m = 0, accum - 1 do
-      local tokens = rows(mine, m * micro, micro)
-      local loss = train.loss(model, tokens)
-      if tokens ~= mine then free(tokens) end
-      loss_sum = loss_sum + F.item(loss)
-      local mean = accum > 1 and F.scale(loss, 1.0 / accum) or loss
-      local scaled = ctx:scale_loss(mean)             -- fp16: x loss scale
-      ddp:before_backward(m == accum - 1)
-      F.backward(scaled)
-      if scaled ~= mean then free(scaled) end
-      if mean ~= loss then free(mean) end
-      free(loss)
+    if pipe then   -- every micro-batch through the stages (tetra.parallel.pipeline)
+      loss_sum = pipe:train_step(mine, accum, ddp)
+    else
+      for m = 0, accum - 1 do
+        local tokens = rows(mine, m * micro, micro)
+        local loss = train.loss(model, tokens)
+        if tokens ~= mine then free(tokens) end
+        loss_sum = loss_sum + F.item(loss)
+        local mean = accum > 1 and F.scale(loss, 1.0 / accum) or loss
+        local scaled = ctx:scale_loss(mean)             -- fp16: x loss scale
+        ddp:before_backward(m == accum - 1)
+        F.backward(scaled)
+        if scaled ~= mean then free(scaled) end
+        if mean ~= loss then free(mean) end
+        free(loss)
+      end
     end
     if mine ~= global then free(mine) end
     free(global)
@@ -401,6 +441,7 @@ function train.setup(cfg, model, data, opts)
       function() ddp:optimizer_step(opt, lr) end,
       function() return opt:clip_grad_norm(t.max_grad_norm) end, dp_group)
     model:zero_grad()
+    C.tt_tape_clear()   -- drops any recorded branch no backward reached
     if dev ~= C.TT_CPU then tffi.check(C.tt_cuda_synchronize()) end  -- the step's real time
     env.step_count = step
     local tokens = t.batch_size * seq_len
@@ -427,9 +468,13 @@ function train.setup(cfg, model, data, opts)
       for i = 1, n_batches do
         local global = to_dev(data:batch(i, t.batch_size, seq_len, "val"), dev)
         local mine = ddp:batch_slice(global)
-        local loss = train.loss(model, mine)
-        sum = sum + F.item(loss)
-        free(loss)
+        if pipe then
+          sum = sum + pipe:forward_loss(mine)
+        else
+          local loss = train.loss(model, mine)
+          sum = sum + F.item(loss)
+          free(loss)
+        end
         if mine ~= global then free(mine) end
         free(global)
       end
@@ -525,6 +570,11 @@ end
 function train.print_sample(env, prompt)
   local t = env.cfg.train
   if not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
+  if env.model.pipeline then   -- generation does not run across pipeline stages yet
+    if env.rank == 0 then print("(no sample: generation does not run across pipeline stages)")
+    end
+    return
+  end
   if env.rank ~= 0 and not env.model.tensor_parallel then return end
   local tok = env.tokenizer
   prompt = prompt or t.prompt or "\n"
@@ -658,7 +708,8 @@ function train.recipe(spec)
       local m = cfg.model
       print(string.format("%s: %.2fM parameters%s, %d layers, dim %d, seq %d, batch %d",
         spec.name, env.model:num_params() / 1e6,
-        env.model.tensor_parallel and " on this tensor-parallel rank" or "", m.n_layers,
+        env.model.tensor_parallel and " on this tensor-parallel rank" or
+        env.model.pipeline and " on this pipeline stage" or "", m.n_layers,
         m.dim, m.seq_len, cfg.train.batch_size))
     end
     return train.run(env)

@@ -1,7 +1,8 @@
 /*
 ** Autograd: view backward against finite differences, a two-layer network end to end
 ** through the tape against a float64 reference, gradient accumulation, no-grad mode,
-** detach, the grad-ready hook and the tape being freed after backward.
+** detach, the grad-ready hook, the tape being freed after backward, and interleaved
+** graphs (pipeline micro-batches) backpropagated one at a time.
 */
 #include "tt_test.h"
 
@@ -212,4 +213,63 @@ Test(autograd, grad_ready_hook_fires_once_per_leaf_when_complete) {
   }
   tt_tensor *all[] = {in[0], in[1], in[2], in[3], loss, extra, total, s};
   for (int i = 0; i < 8; i++) tt_tensor_release(all[i]);
+}
+
+/* Two graphs recorded interleaved on one tape, as pipeline micro-batches are (every
+** forward, then every backward): the backward of the second runs its own nodes only and
+** leaves the first's on the tape, and each gives the gradients it gives when run alone;
+** the grad-ready hook fires once per leaf per backward. */
+static void interleaved_nets(tt_tensor *const *x, tt_tensor *const *p, tt_tensor **loss) {
+  tt_tensor *h[2], *a[2], *o[2], *sq[2];
+  for (int g = 0; g < 2; g++) cr_assert(tt_linear(x[g], p[0], p[1], &h[g]) == 0);
+  for (int g = 0; g < 2; g++) cr_assert(tt_silu(h[g], &a[g]) == 0);
+  for (int g = 0; g < 2; g++) cr_assert(tt_linear(a[g], p[2], NULL, &o[g]) == 0);
+  for (int g = 0; g < 2; g++) cr_assert(tt_mul(o[g], o[g], &sq[g]) == 0);
+  for (int g = 0; g < 2; g++) cr_assert(tt_mean(sq[g], NULL, 0, 0, &loss[g]) == 0);
+  for (int g = 0; g < 2; g++) {
+    tt_tensor_release(h[g]);
+    tt_tensor_release(a[g]);
+    tt_tensor_release(o[g]);
+    tt_tensor_release(sq[g]);
+  }
+}
+
+Test(autograd, interleaved_graphs_backward_separately) {
+  int64_t sx[2] = {N, D_IN}, s1[2] = {D_H, D_IN}, sb[1] = {D_H}, s2[2] = {D_OUT, D_H};
+  tt_tensor *x[2] = {tt_test_rand(sx, 2, 30), tt_test_rand(sx, 2, 31)};
+  tt_tensor *p[3] = {tt_test_rand(s1, 2, 32), tt_test_rand(sb, 1, 33), tt_test_rand(s2, 2, 34)};
+  int64_t np[3] = {D_H * D_IN, D_H, D_OUT * D_H};
+  double alone[2][3][D_H * D_IN];
+  for (int i = 0; i < 3; i++) tt_set_requires_grad(p[i], 1);
+  for (int g = 0; g < 2; g++) {   /* each graph on its own */
+    tt_tensor *in[4] = {x[g], p[0], p[1], p[2]}, *loss = NULL;
+    cr_assert(op_net(in, &loss, NULL) == 0);
+    cr_assert(tt_backward(loss) == 0, "%s", tt_last_error());
+    for (int i = 0; i < 3; i++) {
+      cr_assert(tt_tensor_to_f64(p[i]->grad, alone[g][i]) == 0);
+      tt_zero_grad(p[i]);
+    }
+    tt_tensor_release(loss);
+  }
+  tt_tensor *loss[2];
+  interleaved_nets(x, p, loss);
+  cr_assert_eq(tt_tape_size(), 10);
+  hook_log log = {0};
+  for (int i = 0; i < 3; i++) log.leaves[i] = p[i];
+  tt_set_grad_ready_hook(on_ready, &log);
+  for (int g = 1; g >= 0; g--) {
+    log.calls = 0;
+    cr_assert(tt_backward(loss[g]) == 0, "%s", tt_last_error());
+    cr_assert_eq(tt_tape_size(), 5 * g, "graph %d: %lld nodes left on the tape", g,
+                 (long long)tt_tape_size());
+    cr_assert_eq(log.calls, 3);
+    for (int i = 0; i < 3; i++) {
+      tt_test_assert_close(p[i]->grad, alone[g][i], np[i], 1e-6, 1e-7, "interleaved gradient");
+      cr_assert_eq(p[i]->tape_uses, 0);
+      tt_zero_grad(p[i]);
+    }
+  }
+  tt_set_grad_ready_hook(NULL, NULL);
+  tt_tensor *all[] = {x[0], x[1], p[0], p[1], p[2], loss[0], loss[1]};
+  for (int i = 0; i < 7; i++) tt_tensor_release(all[i]);
 }

@@ -19,14 +19,14 @@ if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
   exit 1
 fi
 
-# A pipeline size above 1 is refused (once, by rank 0) until the training loop splits
-# models over it, rather than running silent full replicas.
+# Pipeline parallelism runs in fp32 only: another precision is refused once, by rank 0.
 out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
-        --set parallel.pipeline_parallel_size=2 --set train.steps=2 2>&1)"
+        --set parallel.pipeline_parallel_size=2 --set train.precision=bf16 \
+        --set train.steps=2 2>&1)"
 rc=$?
-n=$(echo "$out" | grep -c "does not split models over pipeline parallelism")
+n=$(echo "$out" | grep -c "pipeline_parallel_size=2: train.precision must be fp32")
 if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
-  echo "FAIL: pipeline_parallel_size=2: exit $rc, the message appeared $n times (want once):"
+  echo "FAIL: pipeline_parallel_size=2 in bf16: exit $rc, the message appeared $n times (want once):"
   echo "$out" | head -n 20
   exit 1
 fi

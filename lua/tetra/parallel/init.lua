@@ -8,8 +8,10 @@
 --   tetra.parallel.context context parallelism: sequences cut into 2 cp chunks, K/V
 --                         gathered over the cp group in attention
 --                         (lua/tetra/parallel/context.lua)
--- Submodules load on first use (.pipeline will join here as
--- lua/tetra/parallel/pipeline.lua).
+--   tetra.parallel.pipeline pipeline parallelism: blocks split into stages, GPipe and
+--                         1F1B schedules over point-to-point send/recv
+--                         (lua/tetra/parallel/pipeline.lua)
+-- Submodules load on first use.
 local parallel = {}
 
 -- Sizes of the four dimensions from cfg.parallel, 1 where unset.
