@@ -244,6 +244,81 @@ local function check_batch(cfg, dp)
   return accum, t.batch_size / (dp * accum)
 end
 
+-- The mesh and the collectives know all four dimensions, and the training loop splits
+-- work over each of them. Tensor parallelism needs a model built split (its recipe's
+-- Model has supports_tensor_parallel), context parallelism a model whose attention gathers
+-- over the cp group (supports_context_parallel) and model.seq_len divisible by 2 x cp,
+-- pipeline parallelism a model that runs as stages (embed, layers, head), untied
+-- embeddings (they would sit on different stages) and the gpipe or 1f1b schedule. Their
+-- first versions combine only with data parallelism, in fp32 on the CPU, without ZeRO-1 or
+-- checkpoints; anything else stops the run with one line saying what to change.
+-- What each dimension needs beyond the shared limits: nil when fine, else why not.
+local function pipeline_needs(cfg, model)
+  local p = cfg.parallel or {}
+  local schedule = p.pipeline_schedule or "1f1b"
+  if not (model.embed and model.head and model.layers) then
+    return "this model does not run as pipeline stages (its recipe's Model does not " ..
+           "support it)"
+  elseif (p.tensor_parallel_size or 1) > 1 then
+    return "parallel.tensor_parallel_size must be 1"
+  elseif (p.context_parallel_size or 1) > 1 then
+    return "parallel.context_parallel_size must be 1"
+  elseif cfg.model.tie_embeddings then
+    return "model.tie_embeddings must be false (the embedding and the head sit on " ..
+           "different stages)"
+  elseif schedule ~= "gpipe" and schedule ~= "1f1b" then
+    return "parallel.pipeline_schedule must be gpipe or 1f1b, got " .. tostring(schedule)
+  end
+end
+
+local function context_needs(cfg, model)
+  local p = cfg.parallel or {}
+  local cp = p.context_parallel_size
+  if not model.context_parallel then
+    return "this model does not split sequences over context parallelism (its recipe's " ..
+           "Model does not support it)"
+  elseif (p.tensor_parallel_size or 1) > 1 then
+    return "parallel.tensor_parallel_size must be 1"
+  elseif cfg.model.seq_len % (2 * cp) ~= 0 then
+    return string.format("model.seq_len (%d) must be divisible by 2 x " ..
+                         "parallel.context_parallel_size (%d)", cfg.model.seq_len, 2 * cp)
+  end
+end
+
+local function tensor_needs(_, model)
+  if not model.tensor_parallel then
+    return "this model is not split over tensor parallelism (its recipe's Model does not " ..
+           "support it)"
+  end
+end
+
+-- Limits the first versions of pipeline, context and tensor parallelism share.
+local function shared_limits(cfg, dim)
+  local p, t, ck = cfg.parallel or {}, cfg.train, cfg.checkpoint
+  if (t.precision or "fp32") ~= "fp32" then return "train.precision must be fp32"
+  elseif t.device and t.device ~= "cpu" then return "train.device must be cpu"
+  elseif (p.zero_stage or 0) ~= 0 then return "parallel.zero_stage must be 0"
+  elseif ck and ((ck.dir and ck.dir ~= "" and (ck.every or 0) > 0) or
+                 checkpoint.resume_path(cfg)) then
+    return "checkpoints are not sharded over " .. dim .. " parallelism yet"
+  end
+end
+
+local function check_layout(cfg, model)
+  local p = cfg.parallel or {}
+  for _, d in ipairs({ { "pipeline", pipeline_needs }, { "context", context_needs },
+                       { "tensor", tensor_needs } }) do
+    local dim, needs = d[1], d[2]
+    local size = p[dim .. "_parallel_size"] or 1
+    if size > 1 then
+      local why = needs(cfg, model) or shared_limits(cfg, dim)
+      if why then
+        require("tetra.config").error("parallel.%s_parallel_size=%d: %s", dim, size, why)
+      end
+    end
+  end
+end
+
 -- Builds the training environment: env.model, env.optimizer, env.data, env.cfg, env.mesh,
 -- env.ddp, env.schedule, env.amp (the tetra.amp context of train.precision), env.device
 -- (the engine device id of train.device), env.step() (one optimizer step, returns its
@@ -255,99 +330,6 @@ end
 -- step), tokens, tokens_per_s, step_time_s, data_wait_s, loss_scale (the fp16 scale after
 -- this step's update; 1 in other precisions), skipped (true when inf/NaN grads skipped
 -- the optimizer step).
--- The mesh and the collectives know all four dimensions; the training loop splits work
--- over data, tensor, context and pipeline parallelism. Tensor parallelism needs a model built split
--- (model.tensor_parallel: the recipe's Model has supports_tensor_parallel), fp32 on the
--- CPU, no ZeRO-1 and no checkpoints (those assume every rank holds whole parameters).
--- Context parallelism needs a model whose attention gathers over the cp group
--- (model.context_parallel: supports_context_parallel), model.seq_len divisible by 2 x cp,
--- fp32 on the CPU, no tensor parallelism, no ZeRO-1 and no checkpoints (none of them
--- tested with it yet). Pipeline parallelism needs a model that runs as stages
--- (supports_pipeline_parallel: embed, layers, head), no tied embeddings (the embedding
--- and the head would sit on different stages), the gpipe or 1f1b schedule, fp32 on the
--- CPU, no tensor or context parallelism, no ZeRO-1 and no checkpoints; data parallelism
--- works per stage.
-local function check_pipeline(cfg, model, pp)
-  local p = cfg.parallel or {}
-  local cerr = require("tetra.config").error
-  local schedule = p.pipeline_schedule or "1f1b"
-  local why
-  if not (model.embed and model.head and model.layers) then
-    why = "this model does not run as pipeline stages (its recipe's Model does not " ..
-          "support it)"
-  elseif (p.tensor_parallel_size or 1) > 1 then
-    why = "parallel.tensor_parallel_size must be 1"
-  elseif (p.context_parallel_size or 1) > 1 then
-    why = "parallel.context_parallel_size must be 1"
-  elseif cfg.model.tie_embeddings then
-    why = "model.tie_embeddings must be false (the embedding and the head sit on " ..
-          "different stages)"
-  elseif schedule ~= "gpipe" and schedule ~= "1f1b" then
-    why = "parallel.pipeline_schedule must be gpipe or 1f1b, got " .. tostring(schedule)
-  elseif (cfg.train.precision or "fp32") ~= "fp32" then
-    why = "train.precision must be fp32"
-  elseif cfg.train.device and cfg.train.device ~= "cpu" then
-    why = "train.device must be cpu"
-  elseif (p.zero_stage or 0) ~= 0 then
-    why = "parallel.zero_stage must be 0"
-  elseif cfg.checkpoint and ((cfg.checkpoint.dir and cfg.checkpoint.dir ~= "" and
-          (cfg.checkpoint.every or 0) > 0) or checkpoint.resume_path(cfg)) then
-    why = "checkpoints are not sharded over pipeline stages yet"
-  end
-  if why then cerr("parallel.pipeline_parallel_size=%d: %s", pp, why) end
-end
-
-local function check_context(cfg, model, cp)
-  local p = cfg.parallel or {}
-  local cerr = require("tetra.config").error
-  local why
-  if not model.context_parallel then
-    why = "this model does not split sequences over context parallelism (its recipe's " ..
-          "Model does not support it)"
-  elseif (p.tensor_parallel_size or 1) > 1 then
-    why = "parallel.tensor_parallel_size must be 1"
-  elseif cfg.model.seq_len % (2 * cp) ~= 0 then
-    why = string.format("model.seq_len (%d) must be divisible by 2 x " ..
-                        "parallel.context_parallel_size (%d)", cfg.model.seq_len, 2 * cp)
-  elseif (cfg.train.precision or "fp32") ~= "fp32" then
-    why = "train.precision must be fp32"
-  elseif cfg.train.device and cfg.train.device ~= "cpu" then
-    why = "train.device must be cpu"
-  elseif (p.zero_stage or 0) ~= 0 then
-    why = "parallel.zero_stage must be 0"
-  elseif cfg.checkpoint and ((cfg.checkpoint.dir and cfg.checkpoint.dir ~= "" and
-          (cfg.checkpoint.every or 0) > 0) or checkpoint.resume_path(cfg)) then
-    why = "checkpoints are not supported with context parallelism yet"
-  end
-  if why then cerr("parallel.context_parallel_size=%d: %s", cp, why) end
-end
-
-local function check_layout(cfg, model)
-  local p = cfg.parallel or {}
-  local cerr = require("tetra.config").error
-  local pp = p.pipeline_parallel_size or 1
-  if pp > 1 then check_pipeline(cfg, model, pp) end
-  local cp = p.context_parallel_size or 1
-  if cp > 1 then check_context(cfg, model, cp) end
-  local tp = p.tensor_parallel_size or 1
-  if tp <= 1 then return end
-  local why
-  if not model.tensor_parallel then
-    why = "this model is not split over tensor parallelism (its recipe's Model does not " ..
-          "support it)"
-  elseif (cfg.train.precision or "fp32") ~= "fp32" then
-    why = "train.precision must be fp32"
-  elseif cfg.train.device and cfg.train.device ~= "cpu" then
-    why = "train.device must be cpu"
-  elseif (p.zero_stage or 0) ~= 0 then
-    why = "parallel.zero_stage must be 0"
-  elseif cfg.checkpoint and ((cfg.checkpoint.dir and cfg.checkpoint.dir ~= "" and
-          (cfg.checkpoint.every or 0) > 0) or checkpoint.resume_path(cfg)) then
-    why = "checkpoints are not sharded over tensor parallelism yet"
-  end
-  if why then cerr("parallel.tensor_parallel_size=%d: %s", tp, why) end
-end
-
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
   check_layout(cfg, model)
