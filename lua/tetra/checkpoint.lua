@@ -10,6 +10,18 @@
 --                             in the metadata (rank 0; not under ZeRO-1)
 --   rank_00003.safetensors    under ZeRO-1: rank 3's moments for the parameter shards it
 --                             owns (resume needs the same layout)
+--   shard_00003.safetensors   under tensor, pipeline or context parallelism instead of
+--                             model.safetensors and optim.safetensors: the parameter slices
+--                             rank 3 holds and their AdamW m / v (SGD: momentum), written by
+--                             the ranks of data- and context-parallel rank 0 (replicated
+--                             parameters by tensor-parallel rank 0 alone)
+--   index.json                with the shards: { tensors = { NAME = { shape = global shape,
+--                             shards = { { file =, dim =, offset =, length = } } } } } for
+--                             every parameter and moment (dim 0-based; a whole tensor is
+--                             one shard with offset 0 and the full length of dim 0); a
+--                             load assembles each rank's slices for its own layout from it,
+--                             so a checkpoint written with TP=2 resumes on one process or
+--                             with PP=2 (and a whole-parameter one under TP or PP)
 --   rank_00003.loader         the tetra.data loader state of rank 3 (binary), when the
 --                             data source has one (mock and byte data are functions of
 --                             the step: nothing to record)
@@ -25,6 +37,7 @@ local C = require("tetra.ffi").C
 local host = require("tetra.host")
 local st = require("tetra.io")
 local metrics = require("tetra.metrics")
+local F = require("tetra.nn.functional")
 
 local M = {}
 
@@ -277,6 +290,111 @@ local function optim_entries(opt)
   return out
 end
 
+-- -- Sharded layout (tensor, pipeline, context parallelism) ----------------------------
+
+local function group_size(g) return g and g.size or 1 end
+local function group_rank(g) return g and g.rank or 0 end
+
+-- Whether parameters are split over ranks (tensor, pipeline parallelism) or held by
+-- several ranks of one model replica (context parallelism): then each rank writes the
+-- slices it holds, with index.json.
+local function split_layout(env)
+  local m = env.mesh
+  return group_size(m.tp) > 1 or group_size(m.pp) > 1 or group_size(m.cp) > 1
+end
+
+local function tensor_shape(t)
+  local s = {}
+  for d = 0, t._ndim - 1 do s[d + 1] = tonumber(t._shape[d]) end
+  return s
+end
+
+-- This rank's parameters as an array of { name =, tensor =, shape = the whole
+-- parameter's shape, dim =, offset =, length = (the 0-based dim and the range of it the
+-- tensor holds), split = true when tensor parallelism splits it }. Tensor parallelism
+-- splits a parameter its module lists in _tp_sharded into equal parts in rank order: a
+-- row-parallel layer's weight (the module has local_in) along its input dim 1, every
+-- other one along dim 0.
+local function local_slices(model)
+  local split = {}
+  for _, nm in ipairs(model:named_modules()) do
+    local prefix, m = nm[1], nm[2]
+    for name in pairs(m._tp_sharded or {}) do
+      split[prefix == "" and name or prefix .. "." .. name] =
+        { dim = (name == "weight" and m.local_in) and 1 or 0, group = m.group }
+    end
+  end
+  local out = {}
+  for i, np in ipairs(model:named_parameters()) do
+    local name, t = np[1], np[2]
+    local shape, s = tensor_shape(t), split[np[1]]
+    local e = { name = name, tensor = t, shape = shape, dim = 0, offset = 0, length = shape[1] }
+    if s and s.group.size > 1 then
+      local len = shape[s.dim + 1]
+      e.dim, e.offset, e.length, e.split = s.dim, s.group.rank * len, len, true
+      e.shape = { unpack(shape) }
+      e.shape[s.dim + 1] = len * s.group.size
+    end
+    out[i] = e
+  end
+  return out
+end
+
+local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end
+
+-- Writes this rank's shard file and its part of the index (shard_NNNNN.json, merged into
+-- index.json by rank 0) into tmp, when this rank writes one.
+local function save_shards(env, tmp, rank, meta)
+  local mesh, opt = env.mesh, env.optimizer
+  if group_rank(mesh.dp) ~= 0 or group_rank(mesh.cp) ~= 0 then return end
+  local slot = {}
+  for i, name in ipairs(opt.names) do slot[name] = i end
+  local file = shard_name(rank)
+  local entries, index = {}, {}
+  for _, e in ipairs(local_slices(env.model)) do
+    if e.split or group_rank(mesh.tp) == 0 then
+      local i = slot[e.name]
+      local list = { { e.name, e.tensor } }
+      if opt.m then
+        list[2], list[3] = { "m." .. e.name, opt.m[i] }, { "v." .. e.name, opt.v[i] }
+      else
+        list[2] = { "momentum." .. e.name, opt.buffers[i] }
+      end
+      for _, kt in ipairs(list) do
+        entries[#entries + 1] = kt
+        index[kt[1]] = { shape = e.shape, shards = { { file = file, dim = e.dim,
+                                                       offset = e.offset, length = e.length } } }
+      end
+    end
+  end
+  st.save(tmp .. "/" .. file, entries, meta)
+  write_file(tmp .. string.format("/shard_%05d.json", rank), encode(index) .. "\n")
+end
+
+-- Rank 0, once every rank wrote: merges the shard_NNNNN.json parts in tmp into index.json.
+local function merge_index(tmp)
+  local parts = {}
+  for _, e in ipairs(host.listdir(tmp) or {}) do
+    if e:match("^shard_%d+%.json$") then parts[#parts + 1] = e end
+  end
+  table.sort(parts)
+  local tensors = {}
+  for _, part in ipairs(parts) do
+    local text = read_file(tmp .. "/" .. part)
+    for key, entry in pairs(M.decode_json(text)) do
+      local have = tensors[key]
+      if not have then
+        tensors[key] = entry
+      else
+        for _, s in ipairs(entry.shards) do have.shards[#have.shards + 1] = s end
+      end
+    end
+    local ok, err = os.remove(tmp .. "/" .. part)
+    if not ok then fail("checkpoint: cannot remove %s: %s", part, tostring(err)) end
+  end
+  write_file(tmp .. "/index.json", encode({ format = 1, tensors = tensors }) .. "\n")
+end
+
 -- -- Save ----------------------------------------------------------------------------
 
 -- Writes checkpoint.dir/step_NNNNNN for env's current step on every rank (collective
@@ -298,9 +416,11 @@ function M.save(env)
   local opt = env.optimizer
   local optim_meta = { step_count = tostring(opt.step_count),
                        kind = opt.m and "adamw" or "sgd" }
+  local split = split_layout(env)
   if sharded(env) then
     st.save(rank_file(tmp, rank, "safetensors"), optim_entries(opt), optim_meta)
   end
+  if split then save_shards(env, tmp, rank, optim_meta) end
   local data_step
   if env.data.state then
     local s = env.data:state()
@@ -308,13 +428,16 @@ function M.save(env)
     data_step = s.step
   end
   if rank == 0 then
-    st.save(tmp .. "/model.safetensors", env.model:named_parameters())
-    if not sharded(env) then st.save(tmp .. "/optim.safetensors", optim_entries(opt), optim_meta) end
+    if not split then
+      st.save(tmp .. "/model.safetensors", env.model:named_parameters())
+      if not sharded(env) then st.save(tmp .. "/optim.safetensors", optim_entries(opt), optim_meta) end
+    end
     local scaler = env.amp and env.amp.scaler
     write_file(tmp .. "/state.json", encode({
       format = 1, step = step, tokens_seen = env.tokens_seen,
       rng = u64_hex(C.tt_rng_state()), world_size = world_size(env),
       zero_sharded = sharded(env), optimizer = optim_meta.kind,
+      optimizer_step = opt.step_count, sharded_params = split or nil,
       scaler = scaler and scaler:state_dict() or nil,
       data = data_step and { step = data_step } or nil,
       config = env.cfg,
@@ -323,6 +446,7 @@ function M.save(env)
   barrier(env)   -- every rank's files are on disk
 
   if rank == 0 then
+    if split then merge_index(tmp) end
     fsync_path(tmp)
     if exists(final) then remove_tree(final) end
     local ok, err = os.rename(tmp, final)
@@ -357,12 +481,6 @@ end
 -- -- Load ----------------------------------------------------------------------------
 
 local function shape_text(s) return "[" .. table.concat(s, ", ") .. "]" end
-
-local function tensor_shape(t)
-  local s = {}
-  for d = 0, t._ndim - 1 do s[d + 1] = tonumber(t._shape[d]) end
-  return s
-end
 
 local function open_file(path)
   if not exists(path) then fail("checkpoint: %s is missing (incomplete checkpoint?)", path) end
@@ -408,6 +526,113 @@ local function read_entries(path, entries, what)
   return meta
 end
 
+-- The tensors of checkpoint `path` as index.json lists them: { NAME = { shape =,
+-- shards = {...} } }; for a checkpoint written whole by rank 0 (no index.json), one
+-- whole-tensor shard per entry of model.safetensors and optim.safetensors.
+local function load_index(path)
+  local text = read_file(path .. "/index.json")
+  if text then
+    local ok, idx = pcall(M.decode_json, text)
+    if not ok or type(idx) ~= "table" or type(idx.tensors) ~= "table" then
+      fail("checkpoint: %s/index.json is corrupt (%s)", path, ok and "no tensors" or tostring(idx))
+    end
+    return idx.tensors
+  end
+  local tensors = {}
+  for _, file in ipairs({ "model.safetensors", "optim.safetensors" }) do
+    local f = open_file(path .. "/" .. file)
+    for _, name in ipairs(f:names()) do
+      local shape = f:info(name).shape
+      tensors[name] = { shape = shape, shards = { { file = file, dim = 0, offset = 0,
+                                                    length = shape[1] } } }
+    end
+    f:close()
+  end
+  return tensors
+end
+
+-- The box { lo = {...}, hi = {...} } (per dim, 0-based bounds) that a tensor of the whole
+-- shape `shape` holding [offset, offset + length) of `dim` covers.
+local function box(shape, dim, offset, length)
+  local lo, hi = {}, {}
+  for d = 1, #shape do lo[d], hi[d] = 0, shape[d] end
+  lo[dim + 1], hi[dim + 1] = offset, offset + length
+  return { lo = lo, hi = hi }
+end
+
+-- t narrowed to [lo - base.lo, hi - base.lo) in every dim (a view; t itself when whole).
+local function sub(t, base, lo, hi)
+  local v = t
+  for d = 1, #lo do
+    if lo[d] ~= base.lo[d] or hi[d] ~= base.hi[d] then
+      local n = F.narrow(v, d - 1, lo[d] - base.lo[d], hi[d] - lo[d])
+      if v ~= t then F.free(v) end
+      v = n
+    end
+  end
+  return v
+end
+
+-- Fills t, this rank's slice e (see local_slices) of checkpoint tensor `key`, from the
+-- shards that hold parts of it. files: path -> open file (a cache the caller closes).
+local function assemble(path, tensors, files, key, e, t)
+  local entry = tensors[key]
+  if not entry then fail("checkpoint %s has no tensor '%s' (the model has it)", path, key) end
+  if shape_text(entry.shape) ~= shape_text(e.shape) then
+    fail("checkpoint %s: tensor '%s' has shape %s in the checkpoint but %s in the model",
+         path, key, shape_text(entry.shape), shape_text(e.shape))
+  end
+  local want = box(e.shape, e.dim, e.offset, e.length)
+  local covered, needed = 0, 1
+  for d = 1, #e.shape do needed = needed * (want.hi[d] - want.lo[d]) end
+  for _, s in ipairs(entry.shards) do
+    local have = box(entry.shape, s.dim, s.offset, s.length)
+    local lo, hi, n = {}, {}, 1
+    for d = 1, #e.shape do
+      lo[d] = math.max(want.lo[d], have.lo[d])
+      hi[d] = math.min(want.hi[d], have.hi[d])
+      n = n * math.max(0, hi[d] - lo[d])
+    end
+    if n > 0 then
+      local file = path .. "/" .. s.file
+      files[file] = files[file] or open_file(file)
+      local ok, src = pcall(files[file].read, files[file], key)
+      if not ok then fail("checkpoint %s: cannot read tensor '%s': %s", file, key, tostring(src)) end
+      local from, to = sub(src, have, lo, hi), sub(t, want, lo, hi)
+      require("tetra.ffi").check(C.tt_copy_(to, from))
+      if from ~= src then F.free(from) end
+      if to ~= t then F.free(to) end
+      F.free(src)
+      covered = covered + n
+    end
+  end
+  if covered ~= needed then
+    fail("checkpoint %s: the shards of tensor '%s' do not cover this rank's part of it",
+         path, key)
+  end
+end
+
+-- Loads the parameters and optimizer moments of this rank's layout from the shards (or
+-- the whole tensors) of checkpoint `path`.
+local function load_sharded(env, path)
+  local tensors, opt, files = load_index(path), env.optimizer, {}
+  local slot = {}
+  for i, name in ipairs(opt.names) do slot[name] = i end
+  require("tetra.tensor").no_grad(function()
+    for _, e in ipairs(local_slices(env.model)) do
+      local i = slot[e.name]
+      assemble(path, tensors, files, e.name, e, e.tensor)
+      if opt.m then
+        assemble(path, tensors, files, "m." .. e.name, e, opt.m[i])
+        assemble(path, tensors, files, "v." .. e.name, e, opt.v[i])
+      else
+        assemble(path, tensors, files, "momentum." .. e.name, e, opt.buffers[i])
+      end
+    end
+  end)
+  for _, f in pairs(files) do f:close() end
+end
+
 -- The checkpoint directory `path` names: itself, or the one its `latest` file names.
 local function resolve(path)
   if not exists(path .. "/state.json") then
@@ -440,10 +665,15 @@ function M.load(env, path)
          opt.m and "adamw" or "sgd")
   end
 
-  read_entries(path .. "/model.safetensors", env.model:named_parameters(), "model")
-  local opt_path = sharded(env) and rank_file(path, rank, "safetensors") or path .. "/optim.safetensors"
-  local meta = read_entries(opt_path, optim_entries(opt), "optimizer")
-  opt.step_count = tonumber(meta.step_count) or state.step
+  if sharded(env) or not (split_layout(env) or state.sharded_params) then
+    read_entries(path .. "/model.safetensors", env.model:named_parameters(), "model")
+    local opt_path = sharded(env) and rank_file(path, rank, "safetensors") or path .. "/optim.safetensors"
+    local meta = read_entries(opt_path, optim_entries(opt), "optimizer")
+    opt.step_count = tonumber(meta.step_count) or state.step
+  else   -- this rank's slices, from whichever layout wrote them
+    load_sharded(env, path)
+    opt.step_count = tonumber(state.optimizer_step) or state.step
+  end
 
   local scaler = env.amp and env.amp.scaler
   if scaler and type(state.scaler) == "table" then scaler:load_state_dict(state.scaler) end

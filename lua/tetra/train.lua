@@ -250,8 +250,9 @@ end
 -- over the cp group (supports_context_parallel) and model.seq_len divisible by 2 x cp,
 -- pipeline parallelism a model that runs as stages (embed, layers, head), untied
 -- embeddings (they would sit on different stages) and the gpipe or 1f1b schedule. Their
--- first versions combine only with data parallelism, in fp32 on the CPU, without ZeRO-1 or
--- checkpoints; anything else stops the run with one line saying what to change.
+-- first versions combine only with data parallelism, in fp32 on the CPU, without ZeRO-1
+-- (checkpoints are written as per-rank shards, tetra.checkpoint); anything else stops the
+-- run with one line saying what to change.
 -- What each dimension needs beyond the shared limits: nil when fine, else why not.
 local function pipeline_needs(cfg, model)
   local p = cfg.parallel or {}
@@ -293,14 +294,11 @@ local function tensor_needs(_, model)
 end
 
 -- Limits the first versions of pipeline, context and tensor parallelism share.
-local function shared_limits(cfg, dim)
-  local p, t, ck = cfg.parallel or {}, cfg.train, cfg.checkpoint
+local function shared_limits(cfg)
+  local p, t = cfg.parallel or {}, cfg.train
   if (t.precision or "fp32") ~= "fp32" then return "train.precision must be fp32"
   elseif t.device and t.device ~= "cpu" then return "train.device must be cpu"
   elseif (p.zero_stage or 0) ~= 0 then return "parallel.zero_stage must be 0"
-  elseif ck and ((ck.dir and ck.dir ~= "" and (ck.every or 0) > 0) or
-                 checkpoint.resume_path(cfg)) then
-    return "checkpoints are not sharded over " .. dim .. " parallelism yet"
   end
 end
 
@@ -311,7 +309,7 @@ local function check_layout(cfg, model)
     local dim, needs = d[1], d[2]
     local size = p[dim .. "_parallel_size"] or 1
     if size > 1 then
-      local why = needs(cfg, model) or shared_limits(cfg, dim)
+      local why = needs(cfg, model) or shared_limits(cfg)
       if why then
         require("tetra.config").error("parallel.%s_parallel_size=%d: %s", dim, size, why)
       end
