@@ -8,49 +8,26 @@ tetra="${1:?usage: $0 /path/to/tetra}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 [ -f "$root/recipes/tiny.lua" ] || { echo "skipped: recipes/tiny.lua is missing"; exit 77; }
 command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
-out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
-        --set parallel.data_parallel_size=3 --set train.batch_size=6 2>&1)"
-rc=$?
-echo "$out" | grep "needs"
-n=$(echo "$out" | grep -c "needs 3 processes")
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
-  echo "FAIL: exit $rc, the layout message appeared $n times (want once):"
-  echo "$out" | head -n 20
-  exit 1
-fi
+# refused_once WHAT MESSAGE --set ...: a 2-rank run that must fail (no hang) with MESSAGE
+# printed exactly once (by rank 0).
+refused_once() {
+  local what="$1" msg="$2"
+  shift 2
+  local out rc n
+  out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" "$@" 2>&1)"
+  rc=$?
+  n=$(echo "$out" | grep -c "$msg")
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
+    echo "FAIL: $what: exit $rc, the message appeared $n times (want once):"
+    echo "$out" | head -n 20
+    exit 1
+  fi
+}
 
-# Pipeline parallelism runs in fp32 only: another precision is refused once, by rank 0.
-out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
-        --set parallel.pipeline_parallel_size=2 --set train.precision=bf16 \
-        --set train.steps=2 2>&1)"
-rc=$?
-n=$(echo "$out" | grep -c "pipeline_parallel_size=2: train.precision must be fp32")
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
-  echo "FAIL: pipeline_parallel_size=2 in bf16: exit $rc, the message appeared $n times (want once):"
-  echo "$out" | head -n 20
-  exit 1
-fi
-
-# Context parallelism runs in fp32 only: another precision is refused once, by rank 0.
-out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
-        --set parallel.context_parallel_size=2 --set train.precision=bf16 \
-        --set train.steps=2 2>&1)"
-rc=$?
-n=$(echo "$out" | grep -c "context_parallel_size=2: train.precision must be fp32")
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
-  echo "FAIL: context_parallel_size=2 in bf16: exit $rc, the message appeared $n times (want once):"
-  echo "$out" | head -n 20
-  exit 1
-fi
-
-# Tensor parallelism runs in fp32 only: another precision is refused once, by rank 0.
-out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
-        --set parallel.tensor_parallel_size=2 --set train.precision=bf16 \
-        --set train.steps=2 2>&1)"
-rc=$?
-n=$(echo "$out" | grep -c "tensor_parallel_size=2: train.precision must be fp32")
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
-  echo "FAIL: tensor_parallel_size=2 in bf16: exit $rc, the message appeared $n times (want once):"
-  echo "$out" | head -n 20
-  exit 1
-fi
+refused_once "data_parallel_size=3 on 2 ranks" "needs 3 processes" \
+  --set parallel.data_parallel_size=3 --set train.batch_size=6
+# Pipeline, context and tensor parallelism run in fp32 only for now.
+for dim in pipeline context tensor; do
+  refused_once "${dim}_parallel_size=2 in bf16" "${dim}_parallel_size=2: train.precision must be fp32" \
+    --set parallel.${dim}_parallel_size=2 --set train.precision=bf16 --set train.steps=2
+done

@@ -38,8 +38,9 @@ function Attention:init(cfg)
   self:add("wo", Linear(n_heads * hd, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std }))
 end
 
--- proj(x) viewed as n heads: (B, T, n, Dh), rotated when `rotate`.
-local function heads(self, proj, x, n, rotate, positions)
+-- proj(x) viewed as n heads: (B, T, n, Dh), rotated at `positions` when `rotate`
+-- (shared with the context-parallel Attention, a subclass).
+function Attention:heads(proj, x, n, rotate, positions)
   local flat = proj(x)                                                -- (B, T, n*Dh)
   local h = F.view(flat, { tonumber(x._shape[0]), tonumber(x._shape[1]), n, self.head_dim })
   free(flat)
@@ -51,9 +52,9 @@ end
 
 -- x: (B, T, D); positions: (T) index tensor or nil for 0..T-1 -> (B, T, D)
 function Attention:forward(x, positions)
-  local q = heads(self, self.wq, x, self.n_heads, self.rope, positions)
-  local k = heads(self, self.wk, x, self.n_kv_heads, self.rope, positions)
-  local v = heads(self, self.wv, x, self.n_kv_heads, false, positions)
+  local q = self:heads(self.wq, x, self.n_heads, self.rope, positions)
+  local k = self:heads(self.wk, x, self.n_kv_heads, self.rope, positions)
+  local v = self:heads(self.wv, x, self.n_kv_heads, false, positions)
   local o = F.causal_attention(q, k, v, positions)                    -- (B, T, H, Dh)
   free(q); free(k); free(v)
   local flat = F.view(o, { tonumber(x._shape[0]), tonumber(x._shape[1]),

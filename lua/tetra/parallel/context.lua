@@ -121,26 +121,15 @@ function Attention:key_positions(n)
   return kp
 end
 
--- proj(x) viewed as n heads: (B, T, n, Dh), rotated at `positions` when `rotate`.
-local function heads(self, proj, x, n, rotate, positions)
-  local flat = proj(x)                                                -- (B, T, n*Dh)
-  local h = F.view(flat, { tonumber(x._shape[0]), tonumber(x._shape[1]), n, self.head_dim })
-  free(flat)
-  if not rotate then return h end
-  local r = F.rope(h, self.rope_theta, positions, self.rope_interleaved)
-  free(h)
-  return r
-end
-
 -- x: (B, n, D) this rank's tokens; positions: (n) their positions (from M.slice) ->
 -- (B, n, D). Without positions x is a whole sequence on one rank (generation): plain
 -- causal attention, no communication.
 function Attention:forward(x, positions)
   if positions == nil then return transformer.Attention.forward(self, x) end
   local B, n = tonumber(x._shape[0]), tonumber(x._shape[1])
-  local q = heads(self, self.wq, x, self.n_heads, self.rope, positions)
-  local kl = heads(self, self.wk, x, self.n_kv_heads, self.rope, positions)
-  local vl = heads(self, self.wv, x, self.n_kv_heads, false, positions)
+  local q = self:heads(self.wq, x, self.n_heads, self.rope, positions)
+  local kl = self:heads(self.wk, x, self.n_kv_heads, self.rope, positions)
+  local vl = self:heads(self.wv, x, self.n_kv_heads, false, positions)
   local k = self.group:sp_gather(kl, 1)                     -- (B, n * cp, Hkv, Dh)
   local v = self.group:sp_gather(vl, 1)
   free(kl); free(vl)
