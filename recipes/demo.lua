@@ -108,7 +108,7 @@ function recipe.setup(cfg)
   local data, tok = demo_data(cfg, train_text, val_text)
   tetra.manual_seed(cfg.train.seed)
   local model = llama.Model(cfg.model)
-  local env = train.setup(cfg, model, data, { tokenizer = tok })
+  local env = train.setup(cfg, model, data, { tokenizer = tok, plan = llama.plan })
   env.corpus_bytes = #train_text + #val_text
   return env
 end

@@ -9,6 +9,8 @@
 -- residual output projections (attn.wo, mlp.c_proj) 0.02 / sqrt(2 * n_layers).
 --
 --   tetra run recipes/gpt2.lua --set model.model_name=gpt2-124m
+-- Parallelism is not this file's business: recipes/plans/gpt2.lua says how
+-- tetra.parallel splits this model.
 local tetra = require("tetra")
 local nn, train = tetra.nn, tetra.train
 local F = nn.functional
@@ -32,32 +34,50 @@ function GPT2:init(c)
     })
   end
   self:add("ln_f", nn.LayerNorm(c.dim, c.norm_eps))
+  -- The head reads the token embedding's matrix (tied); it stays out of FP8.
+  self:add("lm_head", nn.Linear(c.dim, c.vocab_size, { weight = self.wte.weight, fp8 = false }))
   self.positions = {}   -- T -> i64 tensor 0..T-1, built once per length
 end
 
--- ids: (B, T) int -> logits: (B, T, vocab_size)
-function GPT2:forward(ids)
-  local T = tonumber(ids._shape[1])
-  local pos = self.positions[T]
+-- The three parts of forward; pipeline stages run them apart.
+-- ids (B, T), positions (T) or nil for 0..T-1 -> (B, T, D)
+function GPT2:embed(ids, positions)
+  local pos = positions
   if not pos then
-    pos = F.arange_i64(T)
+    local T = tonumber(ids._shape[1])
+    pos = self.positions[T] or F.arange_i64(T)
     self.positions[T] = pos
   end
   local tok, p = self.wte(ids), self.wpe(pos)       -- (B, T, D), (T, D)
   local x = F.add(tok, p)
   F.free(tok); F.free(p)
-  local h = self.h(x)
-  F.free(x)
+  return x
+end
+
+-- h (B, T, D), the last block's output -> logits (B, T, vocab_size)
+function GPT2:head(h)
   local n = self.ln_f(h)
-  F.free(h)
-  local logits = tetra.amp.linear(self, n, self.wte.weight)   -- at train.precision
+  local logits = self.lm_head(n)
   F.free(n)
   return logits
 end
 
+-- ids: (B, T) int; positions as embed's -> logits: (B, T, vocab_size)
+function GPT2:forward(ids, positions)
+  local x = self:embed(ids, positions)
+  local h = self.h(x, positions)
+  F.free(x)
+  local logits = self:head(h)
+  F.free(h)
+  return logits
+end
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+
 return train.recipe {
   name = "gpt2",
   Model = GPT2,
+  plan = dofile(here .. "/plans/gpt2.lua"),
   defaults = {
     model = { vocab_size = 4096, dim = 256, n_layers = 4, n_heads = 4, ffn_hidden = 1024,
               seq_len = 256, norm_eps = 1e-5, tie_embeddings = true, init_std = 0.02 },

@@ -12,6 +12,7 @@ local train = require("tetra").train
 return train.recipe {
   name = "tiny",
   Model = llama.Model,
+  plan = llama.plan,
   defaults = {
     model = { vocab_size = 256, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
               ffn_hidden = 128, seq_len = 32, norm_eps = 1e-5, rope_theta = 10000.0,

@@ -44,6 +44,7 @@ typedef struct {
   int param;
   int bucket;
   int64_t shard_offset;   /* element offset inside the bucket's owned range */
+  int64_t param_offset;   /* element offset inside the flattened parameter */
 } zero_shard;
 
 struct tt_dist_reducer {
@@ -143,7 +144,7 @@ static int make_shards(tt_dist_reducer *r) {
         TT_TRY(rc);
         piece = p2;
       }
-      r->shards[r->n_shards++] = (zero_shard){piece, s->param, b, a - lo};
+      r->shards[r->n_shards++] = (zero_shard){piece, s->param, b, a - lo, a - s->offset};
     }
   }
   return 0;
@@ -368,6 +369,9 @@ tt_tensor *tt_dist_reducer_shard(const tt_dist_reducer *r, int i) {
 }
 int tt_dist_reducer_shard_param(const tt_dist_reducer *r, int i) {
   return i >= 0 && i < r->n_shards ? r->shards[i].param : -1;
+}
+int64_t tt_dist_reducer_shard_offset(const tt_dist_reducer *r, int i) {
+  return i >= 0 && i < r->n_shards ? r->shards[i].param_offset : -1;
 }
 
 /* -- ZeRO-1 ---------------------------------------------------------------------------- */

@@ -184,6 +184,10 @@ double tt_dist_reducer_exposed_s(const tt_dist_reducer *r);
 int tt_dist_reducer_num_shards(const tt_dist_reducer *r);
 tt_tensor *tt_dist_reducer_shard(const tt_dist_reducer *r, int i);   /* borrowed */
 int tt_dist_reducer_shard_param(const tt_dist_reducer *r, int i);
+/* Where shard i starts in its parameter, as an element offset into the flattened
+** parameter (checkpoints rebuild whole optimizer moments from the shards); -1 when out of
+** range. */
+int64_t tt_dist_reducer_shard_offset(const tt_dist_reducer *r, int i);
 /* Sum over this rank's shards of the squared gradient, all-reduced over the group:
 ** the square of the global gradient norm (ZeRO-1). */
 int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out);

@@ -2,7 +2,7 @@
 --
 -- tetra.train drives it (train.setup wraps the model, env.step runs the sequence below);
 -- a hand-written loop does the same:
---   local ctx = amp.wrap(model, cfg)             -- rewires the model's Linear layers
+--   local ctx = amp.wrap(model, cfg)             -- the GEMMs of the model's Linear layers
 --   per step:
 --     F.backward(ctx:scale_loss(loss))           -- fp16: loss * scale; others: loss
 --     local skipped, norm = ctx:step(opt.params, -- fp16: grads / scale, inf/NaN check
@@ -148,17 +148,17 @@ local function half_linear(x, w, bias, dtype)
   return y
 end
 
-local function half_forward(dtype)
-  return function(self, x) return half_linear(x, self.weight, self.bias, dtype) end
+local function half_gemm(dtype)
+  return function(x, w, bias) return half_linear(x, w, bias, dtype) end
 end
 
 -- Each layer owns its scaling state (three amax histories); the closure keeps it alive
 -- for as long as the layer, which outlives every backward of its forwards.
-local function fp8_forward(history, margin)
+local function fp8_gemm(history, margin)
   local st = ffi.new("tt_fp8_linear_state")
   tffi.check(C.tt_fp8_linear_state_init(st, history, margin), 3)
-  return function(self, x)
-    return take(C.tt_fp8_linear(x, self.weight, self.bias, st, pout))
+  return function(x, w, bias)
+    return take(C.tt_fp8_linear(x, w, bias, st, pout))
   end, st
 end
 
@@ -174,7 +174,10 @@ local function scaler_options(t)
            growth_interval = t.loss_scale_growth_interval }
 end
 
--- Rewires model's Linear layers for cfg.train.precision (or cfg.precision, or a string),
+-- Gives each of model's Linear layers (every module with a `gemm`, tensor-parallel ones
+-- included: tetra.parallel wraps forward around the gemm) the GEMM of
+-- cfg.train.precision (or cfg.precision, or a string); a layer built with fp8 = false
+-- (a language-model head) keeps f32 under fp8. Then
 -- attaches the context to the model (model.amp) and returns it. Wrapping a model again
 -- at the same precision returns its context; at another precision is an error.
 -- fp8 options: train.fp8_history (16), train.fp8_margin (0); fp16: scaler_options.
@@ -200,15 +203,16 @@ function amp.wrap(model, cfg)
   if precision == "fp32" then return ctx end
   for _, nm in ipairs(model:named_modules()) do
     local m = nm[2]
-    if m.__name == "Linear" then
-      if precision == "fp8" then
-        local fwd, st = fp8_forward(t.fp8_history or 16, t.fp8_margin or 0)
-        m.forward = fwd
+    if m.gemm then
+      if precision ~= "fp8" then
+        m.gemm = half_gemm(precision == "bf16" and C.TT_BF16 or C.TT_F16)
+        ctx.layers = ctx.layers + 1
+      elseif m.fp8 ~= false then
+        local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0)
+        m.gemm = gemm
         ctx.fp8_states[nm[1]] = st
-      else
-        m.forward = half_forward(precision == "bf16" and C.TT_BF16 or C.TT_F16)
+        ctx.layers = ctx.layers + 1
       end
-      ctx.layers = ctx.layers + 1
     end
   end
   return ctx

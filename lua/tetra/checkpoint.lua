@@ -6,15 +6,16 @@
 --
 -- Layout of DIR/step_000120/ (DIR = checkpoint.dir):
 --   model.safetensors         the parameters (rank 0; every rank holds them all)
---   optim.safetensors         AdamW m / v (SGD: momentum buffers) per parameter, step count
---                             in the metadata (rank 0; not under ZeRO-1)
---   rank_00003.safetensors    under ZeRO-1: rank 3's moments for the parameter shards it
---                             owns (resume needs the same layout)
+--   optim.safetensors         AdamW m.NAME / v.NAME (SGD: momentum.NAME) per parameter,
+--                             step count in the metadata (rank 0). Under ZeRO-1 the ranks
+--                             first put their shards' moments together (an all-reduce over
+--                             the data-parallel group), so the file is the same as without
+--                             it and resumes with or without ZeRO-1, on any rank count
 --   shard_00003.safetensors   under tensor, pipeline or context parallelism instead of
 --                             model.safetensors and optim.safetensors: the parameter slices
---                             rank 3 holds and their AdamW m / v (SGD: momentum), written by
---                             the ranks of data- and context-parallel rank 0 (replicated
---                             parameters by tensor-parallel rank 0 alone)
+--                             rank 3 holds and their moments, written by the ranks of data-
+--                             and context-parallel rank 0, each slice once: by the rank
+--                             whose placement is primary (tetra.parallel)
 --   index.json                with the shards: { tensors = { NAME = { shape = global shape,
 --                             shards = { { file =, dim =, offset =, length = } } } } } for
 --                             every parameter and moment (dim 0-based; a whole tensor is
@@ -258,7 +259,7 @@ local function rank_file(dir, rank, ext) return string.format("%s/rank_%05d.%s",
 
 -- ZeRO-1 across ranks: each rank's optimizer holds only its shards.
 local function sharded(env)
-  return rawget(env.ddp, "_shards") ~= nil
+  return env.ddp.shards ~= nil
 end
 
 local function world_size(env) return env.mesh.size or 1 end
@@ -268,23 +269,61 @@ local function barrier(env)
   if w and w.size > 1 then w:barrier() end
 end
 
--- Names for the optimizer's state tensors, unique even where two ZeRO-1 shards come from
--- one parameter: "m.NAME", "v.NAME" (AdamW) or "momentum.NAME" (SGD).
-local function optim_entries(opt)
-  local seen, out = {}, {}
-  for i, name in ipairs(opt.names) do
-    local key = name
-    if seen[key] then
-      seen[name] = seen[name] + 1
-      key = name .. "#" .. seen[name]
-    else
-      seen[key] = 0
+-- The kinds of optimizer state per parameter: { prefix, list } pairs (the lists follow
+-- opt.params).
+local function state_kinds(opt)
+  if opt.m then return { { "m", opt.m }, { "v", opt.v } } end
+  return { { "momentum", opt.buffers } }
+end
+
+-- This rank's parameters as an array of { name =, tensor =, shape = the whole
+-- parameter's shape, dim =, offset =, length = (the 0-based dim and the range of it the
+-- tensor holds), primary =, state = { m = tensor, v = tensor } (or momentum) }, from
+-- their placements. Under ZeRO-1 each parameter's whole moments are put together from
+-- the shards of every data-parallel rank (collective over that group), else they are the
+-- optimizer's own tensors.
+local function local_slices(env)
+  local opt, entries = env.optimizer, env.par:placements()
+  local out = {}
+  for i, e in ipairs(entries) do
+    local pl = e.placement
+    out[i] = { name = pl.name, tensor = e.tensor, shape = pl.shape, dim = pl.dim,
+               offset = pl.offset, length = pl.length, primary = pl.primary, state = {} }
+  end
+  if not sharded(env) then
+    for _, kind in ipairs(state_kinds(opt)) do
+      for i, t in ipairs(kind[2]) do out[i].state[kind[1]] = t end
     end
-    if opt.m then
-      out[#out + 1] = { "m." .. key, opt.m[i] }
-      out[#out + 1] = { "v." .. key, opt.v[i] }
-    else
-      out[#out + 1] = { "momentum." .. key, opt.buffers[i] }
+    return out
+  end
+  local zeros = require("tetra.optim").state_like
+  for _, kind in ipairs(state_kinds(opt)) do
+    for i, e in ipairs(out) do e.state[kind[1]] = zeros(e.tensor) end
+    for j, s in ipairs(env.ddp.shards) do
+      local full = out[s.param].state[kind[1]]
+      local flat = F.view(full, { full:numel() })
+      local piece = F.narrow(flat, 0, s.offset, s.tensor:numel())
+      local dst = F.view(piece, s.tensor:shape())
+      require("tetra.ffi").check(C.tt_copy_(dst, kind[2][j]))
+      F.free(dst); F.free(piece); F.free(flat)
+    end
+    for _, e in ipairs(out) do env.ddp.group:all_reduce(e.state[kind[1]], "sum") end
+  end
+  return out
+end
+
+-- The { name, tensor } entries of model.safetensors or optim.safetensors from slices.
+local function model_entries(slices)
+  local out = {}
+  for _, e in ipairs(slices) do out[#out + 1] = { e.name, e.tensor } end
+  return out
+end
+
+local function optim_entries(slices)
+  local out = {}
+  for _, e in ipairs(slices) do
+    for _, prefix in ipairs({ "m", "v", "momentum" }) do
+      if e.state[prefix] then out[#out + 1] = { prefix .. "." .. e.name, e.state[prefix] } end
     end
   end
   return out
@@ -292,74 +331,29 @@ end
 
 -- -- Sharded layout (tensor, pipeline, context parallelism) ----------------------------
 
-local function group_size(g) return g and g.size or 1 end
 local function group_rank(g) return g and g.rank or 0 end
 
 -- Whether parameters are split over ranks (tensor, pipeline parallelism) or held by
 -- several ranks of one model replica (context parallelism): then each rank writes the
 -- slices it holds, with index.json.
 local function split_layout(env)
-  local m = env.mesh
-  return group_size(m.tp) > 1 or group_size(m.pp) > 1 or group_size(m.cp) > 1
-end
-
-local function tensor_shape(t)
-  local s = {}
-  for d = 0, t._ndim - 1 do s[d + 1] = tonumber(t._shape[d]) end
-  return s
-end
-
--- This rank's parameters as an array of { name =, tensor =, shape = the whole
--- parameter's shape, dim =, offset =, length = (the 0-based dim and the range of it the
--- tensor holds), split = true when tensor parallelism splits it }. Tensor parallelism
--- splits a parameter its module lists in _tp_sharded into equal parts in rank order: a
--- row-parallel layer's weight (the module has local_in) along its input dim 1, every
--- other one along dim 0.
-local function local_slices(model)
-  local split = {}
-  for _, nm in ipairs(model:named_modules()) do
-    local prefix, m = nm[1], nm[2]
-    for name in pairs(m._tp_sharded or {}) do
-      split[prefix == "" and name or prefix .. "." .. name] =
-        { dim = (name == "weight" and m.local_in) and 1 or 0, group = m.group }
-    end
-  end
-  local out = {}
-  for i, np in ipairs(model:named_parameters()) do
-    local name, t = np[1], np[2]
-    local shape, s = tensor_shape(t), split[np[1]]
-    local e = { name = name, tensor = t, shape = shape, dim = 0, offset = 0, length = shape[1] }
-    if s and s.group.size > 1 then
-      local len = shape[s.dim + 1]
-      e.dim, e.offset, e.length, e.split = s.dim, s.group.rank * len, len, true
-      e.shape = { unpack(shape) }
-      e.shape[s.dim + 1] = len * s.group.size
-    end
-    out[i] = e
-  end
-  return out
+  local l = env.par.layout
+  return l.tp > 1 or l.pp > 1 or l.cp > 1
 end
 
 local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end
 
 -- Writes this rank's shard file and its part of the index (shard_NNNNN.json, merged into
 -- index.json by rank 0) into tmp, when this rank writes one.
-local function save_shards(env, tmp, rank, meta)
-  local mesh, opt = env.mesh, env.optimizer
+local function save_shards(env, slices, tmp, rank, meta)
+  local mesh = env.mesh
   if group_rank(mesh.dp) ~= 0 or group_rank(mesh.cp) ~= 0 then return end
-  local slot = {}
-  for i, name in ipairs(opt.names) do slot[name] = i end
   local file = shard_name(rank)
   local entries, index = {}, {}
-  for _, e in ipairs(local_slices(env.model)) do
-    if e.split or group_rank(mesh.tp) == 0 then
-      local i = slot[e.name]
+  for _, e in ipairs(slices) do
+    if e.primary then
       local list = { { e.name, e.tensor } }
-      if opt.m then
-        list[2], list[3] = { "m." .. e.name, opt.m[i] }, { "v." .. e.name, opt.v[i] }
-      else
-        list[2] = { "momentum." .. e.name, opt.buffers[i] }
-      end
+      for _, kt in ipairs(optim_entries({ e })) do list[#list + 1] = kt end
       for _, kt in ipairs(list) do
         entries[#entries + 1] = kt
         index[kt[1]] = { shape = e.shape, shards = { { file = file, dim = e.dim,
@@ -417,10 +411,8 @@ function M.save(env)
   local optim_meta = { step_count = tostring(opt.step_count),
                        kind = opt.m and "adamw" or "sgd" }
   local split = split_layout(env)
-  if sharded(env) then
-    st.save(rank_file(tmp, rank, "safetensors"), optim_entries(opt), optim_meta)
-  end
-  if split then save_shards(env, tmp, rank, optim_meta) end
+  local slices = local_slices(env)   -- collective under ZeRO-1
+  if split then save_shards(env, slices, tmp, rank, optim_meta) end
   local data_step
   if env.data.state then
     local s = env.data:state()
@@ -429,8 +421,8 @@ function M.save(env)
   end
   if rank == 0 then
     if not split then
-      st.save(tmp .. "/model.safetensors", env.model:named_parameters())
-      if not sharded(env) then st.save(tmp .. "/optim.safetensors", optim_entries(opt), optim_meta) end
+      st.save(tmp .. "/model.safetensors", model_entries(slices))
+      st.save(tmp .. "/optim.safetensors", optim_entries(slices), optim_meta)
     end
     local scaler = env.amp and env.amp.scaler
     write_file(tmp .. "/state.json", encode({
@@ -487,43 +479,6 @@ local function open_file(path)
   local ok, f = pcall(st.open, path)
   if not ok then fail("checkpoint: cannot read %s: %s", path, tostring(f)) end
   return f
-end
-
--- Reads every entry ({ name, tensor } pairs) from the safetensors file at path into its
--- tensor, after checking that the file holds exactly these names with the same shapes.
-local function read_entries(path, entries, what)
-  local f = open_file(path)
-  local wanted = {}
-  for _, e in ipairs(entries) do
-    local name, t = e[1], e[2]
-    wanted[name] = true
-    if not f:has(name) then
-      f:close()
-      fail("checkpoint %s has no tensor '%s' (the %s has it)", path, name, what)
-    end
-    local have, want = f:info(name).shape, tensor_shape(t)
-    if shape_text(have) ~= shape_text(want) then
-      f:close()
-      fail("checkpoint %s: tensor '%s' has shape %s in the checkpoint but %s in the %s",
-           path, name, shape_text(have), shape_text(want), what)
-    end
-  end
-  for _, name in ipairs(f:names()) do
-    if not wanted[name] then
-      f:close()
-      fail("checkpoint %s: tensor '%s' is not in the %s (a different model?)", path, name, what)
-    end
-  end
-  for _, e in ipairs(entries) do
-    local ok, err = pcall(f.read_into, f, e[1], e[2])
-    if not ok then
-      f:close()
-      fail("checkpoint %s: cannot read tensor '%s': %s", path, e[1], tostring(err))
-    end
-  end
-  local meta = f:metadata()
-  f:close()
-  return meta
 end
 
 -- The tensors of checkpoint `path` as index.json lists them: { NAME = { shape =,
@@ -612,21 +567,48 @@ local function assemble(path, tensors, files, key, e, t)
   end
 end
 
--- Loads the parameters and optimizer moments of this rank's layout from the shards (or
--- the whole tensors) of checkpoint `path`.
-local function load_sharded(env, path)
+-- Loads this rank's parameters and optimizer state, in its own layout, from the shards
+-- (or the whole tensors) of checkpoint `path`, whatever layout wrote them. Under ZeRO-1
+-- each parameter's whole moments are read, then this rank's shards of them kept.
+local function load_state(env, path)
   local tensors, opt, files = load_index(path), env.optimizer, {}
-  local slot = {}
-  for i, name in ipairs(opt.names) do slot[name] = i end
+  local kinds, zero = state_kinds(opt), sharded(env)
+  local zeros = require("tetra.optim").state_like
+  local entries = env.par:placements()
+  if env.par.layout.pp == 1 then   -- every parameter of the model is on this rank
+    local known = {}
+    for _, e in ipairs(entries) do
+      known[e.placement.name] = true
+      for _, kind in ipairs(kinds) do known[kind[1] .. "." .. e.placement.name] = true end
+    end
+    for name in pairs(tensors) do
+      if not known[name] then
+        fail("checkpoint %s: tensor '%s' is not in the model or its optimizer state (a " ..
+             "different model or optimizer?)", path, name)
+      end
+    end
+  end
   require("tetra.tensor").no_grad(function()
-    for _, e in ipairs(local_slices(env.model)) do
-      local i = slot[e.name]
-      assemble(path, tensors, files, e.name, e, e.tensor)
-      if opt.m then
-        assemble(path, tensors, files, "m." .. e.name, e, opt.m[i])
-        assemble(path, tensors, files, "v." .. e.name, e, opt.v[i])
-      else
-        assemble(path, tensors, files, "momentum." .. e.name, e, opt.buffers[i])
+    local whole = {}
+    for i, e in ipairs(entries) do
+      local pl = e.placement
+      assemble(path, tensors, files, pl.name, pl, e.tensor)
+      for _, kind in ipairs(kinds) do
+        local target = zero and zeros(e.tensor) or kind[2][i]
+        assemble(path, tensors, files, kind[1] .. "." .. pl.name, pl, target)
+        whole[kind[1]] = whole[kind[1]] or {}
+        whole[kind[1]][i] = target
+      end
+    end
+    if not zero then return end
+    for _, kind in ipairs(kinds) do
+      for j, sh in ipairs(env.ddp.shards) do
+        local full = whole[kind[1]][sh.param]
+        local flat = F.view(full, { full:numel() })
+        local piece = F.narrow(flat, 0, sh.offset, sh.tensor:numel())
+        local src = F.view(piece, sh.tensor:shape())
+        require("tetra.ffi").check(C.tt_copy_(kind[2][j], src))
+        F.free(src); F.free(piece); F.free(flat)
       end
     end
   end)
@@ -654,26 +636,13 @@ function M.load(env, path)
     fail("checkpoint: %s/state.json is corrupt (%s)", path, ok and "no step or rng" or tostring(state))
   end
   local rank = env.rank or 0
-  if state.zero_sharded ~= sharded(env) or (state.zero_sharded and state.world_size ~= world_size(env)) then
-    fail("checkpoint %s was written %s on %d ranks; this run %s on %d ranks: resume with the same layout",
-         path, state.zero_sharded and "with ZeRO-1" or "without ZeRO-1", state.world_size,
-         sharded(env) and "uses ZeRO-1" or "does not use ZeRO-1", world_size(env))
-  end
   local opt = env.optimizer
   if state.optimizer ~= (opt.m and "adamw" or "sgd") then
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),
          opt.m and "adamw" or "sgd")
   end
-
-  if sharded(env) or not (split_layout(env) or state.sharded_params) then
-    read_entries(path .. "/model.safetensors", env.model:named_parameters(), "model")
-    local opt_path = sharded(env) and rank_file(path, rank, "safetensors") or path .. "/optim.safetensors"
-    local meta = read_entries(opt_path, optim_entries(opt), "optimizer")
-    opt.step_count = tonumber(meta.step_count) or state.step
-  else   -- this rank's slices, from whichever layout wrote them
-    load_sharded(env, path)
-    opt.step_count = tonumber(state.optimizer_step) or state.step
-  end
+  load_state(env, path)
+  opt.step_count = tonumber(state.optimizer_step) or state.step
 
   local scaler = env.amp and env.amp.scaler
   if scaler and type(state.scaler) == "table" then scaler:load_state_dict(state.scaler) end

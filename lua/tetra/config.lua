@@ -344,15 +344,6 @@ local function check_key(section, key, v, spec)
   end
 end
 
-local function divides(cfg, a_name, b_name, why)
-  local sa, ka = a_name:match("^(.-)%.(.*)$")
-  local sb, kb = b_name:match("^(.-)%.(.*)$")
-  local a, b = cfg[sa][ka], cfg[sb][kb]
-  if a and b and b % a ~= 0 then
-    M.error("%s (%s) must divide %s (%s)%s", a_name, tostring(a), b_name, tostring(b), why or "")
-  end
-end
-
 -- The number of processes this job runs on (1 outside mpirun).
 function M.world_size()
   for _, var in ipairs({ "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE" }) do
@@ -362,46 +353,8 @@ function M.world_size()
   return 1
 end
 
-local function check_layout(cfg, world)
-  local p = cfg.parallel
-  local need = p.data_parallel_size * p.tensor_parallel_size * p.pipeline_parallel_size *
-               p.context_parallel_size
-  if world and world ~= need then
-    M.error("this layout needs %d processes (data %d x tensor %d x pipeline %d x context %d) " ..
-            "but %d %s running: run it with `mpirun -np %d tetra run ...`, or change " ..
-            "parallel.*_parallel_size so that their product is %d",
-            need, p.data_parallel_size, p.tensor_parallel_size, p.pipeline_parallel_size,
-            p.context_parallel_size, world, world == 1 and "is" or "are", need, world)
-  end
-  local dims = {}
-  for d in p.order:gmatch("[^-]+") do dims[#dims + 1] = d end
-  table.sort(dims)
-  if table.concat(dims, "-") ~= "cp-dp-pp-tp" then
-    M.error("parallel.order must name tp, cp, dp and pp once each (e.g. 'tp-cp-dp-pp'), got '%s'", p.order)
-  end
-  if p.pipeline_schedule == "interleaved_1f1b" and p.virtual_pipeline_size < 2 then
-    M.error("parallel.pipeline_schedule=interleaved_1f1b needs parallel.virtual_pipeline_size >= 2")
-  end
-  if p.zero_stage > 1 then
-    M.error("parallel.zero_stage must be 0 or 1, got %d", p.zero_stage)
-  end
-  if p.pipeline_stages then
-    if #p.pipeline_stages ~= p.pipeline_parallel_size * p.virtual_pipeline_size then
-      M.error("parallel.pipeline_stages has %d entries, expected one per stage (%d)",
-              #p.pipeline_stages, p.pipeline_parallel_size * p.virtual_pipeline_size)
-    end
-  end
-  local t = cfg.train
-  local per_step = t.gradient_accumulation_steps * p.data_parallel_size
-  if t.batch_size % per_step ~= 0 then
-    M.error("train.batch_size (%d) must be a multiple of train.gradient_accumulation_steps x " ..
-            "parallel.data_parallel_size (%d x %d = %d)", t.batch_size,
-            t.gradient_accumulation_steps, p.data_parallel_size, per_step)
-  end
-end
-
 local function check_model(cfg)
-  local m, p = cfg.model, cfg.parallel
+  local m = cfg.model
   for _, k in ipairs({ "dim", "n_layers", "n_heads", "vocab_size", "seq_len" }) do
     if m[k] == nil then
       M.error("model.%s is not set: pick a preset with train.model_name (%s) or set model.%s",
@@ -417,31 +370,6 @@ local function check_model(cfg)
   end
   if m.family == "llama" and (m.dim / m.n_heads) % 2 ~= 0 then
     M.error("model.dim / model.n_heads (%d) must be even for rotary embeddings", m.dim / m.n_heads)
-  end
-  local tp = " for tensor parallelism"
-  divides(cfg, "parallel.tensor_parallel_size", "model.n_heads", tp)
-  divides(cfg, "parallel.tensor_parallel_size", "model.n_kv_heads", tp)
-  divides(cfg, "parallel.tensor_parallel_size", "model.ffn_hidden", tp)
-  divides(cfg, "parallel.tensor_parallel_size", "model.vocab_size", " for the vocab-parallel embedding")
-  if p.sequence_parallel then
-    divides(cfg, "parallel.tensor_parallel_size", "model.seq_len", " with sequence parallelism")
-  end
-  local chunks = 2 * p.context_parallel_size
-  if p.context_parallel_size > 1 and m.seq_len % chunks ~= 0 then
-    M.error("model.seq_len (%d) must be a multiple of 2 x parallel.context_parallel_size (%d)",
-            m.seq_len, chunks)
-  end
-  local stages = p.pipeline_parallel_size * p.virtual_pipeline_size
-  if m.n_layers < stages then
-    M.error("model.n_layers (%d) must be at least the number of pipeline stages " ..
-            "(parallel.pipeline_parallel_size x virtual_pipeline_size = %d)", m.n_layers, stages)
-  end
-  if p.pipeline_stages then
-    local sum = 0
-    for _, n in ipairs(p.pipeline_stages) do sum = sum + n end
-    if sum ~= m.n_layers then
-      M.error("parallel.pipeline_stages adds up to %d layers, model.n_layers is %d", sum, m.n_layers)
-    end
   end
 end
 
@@ -482,6 +410,12 @@ function M.validate(cfg, opts)
     cfg[section] = cfg[section] or {}
     for key, spec in pairs(spec_keys) do
       local v = cfg[section][key]
+      if spec.type == "list" and type(v) == "string" and v:match("^%s*%d+%s*,[%d%s,]*$") then
+        local items = {}   -- --set parallel.pipeline_stages=1,3 (no brackets to quote)
+        for n in v:gmatch("%d+") do items[#items + 1] = tonumber(n) end
+        v = items
+        cfg[section][key] = v
+      end
       if v == nil then
         cfg[section][key] = deep_copy(spec.default)
       else
@@ -495,7 +429,8 @@ function M.validate(cfg, opts)
   end
   local world = opts.world_size
   if world == nil then world = M.world_size() end
-  check_layout(cfg, world or nil)
+  -- Every rule about the parallel layout lives in tetra.parallel.layout.
+  require("tetra.parallel.layout").check(cfg, world or nil)
   if cfg.train.min_lr > cfg.train.lr then
     M.error("train.min_lr (%g) must not exceed train.lr (%g)", cfg.train.min_lr, cfg.train.lr)
   end
@@ -643,14 +578,26 @@ local function is_rank0()
   return true
 end
 
+-- Reports a config error that every rank finds alike: rank 0 prints it; the others give
+-- it time to, since under mpirun the first rank to exit non-zero gets the job killed
+-- (rank 0's exit does that, once the message is out).
+local function report(e)
+  local ffi = require("ffi")
+  if is_rank0() then
+    io.stderr:write("tetra: ", e.message, "\n")
+    io.stderr:flush()
+  else
+    pcall(ffi.cdef, "int poll(void *fds, unsigned long nfds, int timeout);")
+    ffi.C.poll(nil, 0, 10000)
+  end
+  return 1
+end
+
 -- `tetra run FILE [--set k=v]...`; returns the exit code.
 function M.run_file(file, sets)
   local ok, recipe, cfg = pcall(M.load, file, sets)
   if not ok then
-    if M.is_error(recipe) then
-      if is_rank0() then io.stderr:write("tetra: ", recipe.message, "\n") end
-      return 1
-    end
+    if M.is_error(recipe) then return report(recipe) end
     error(recipe, 0)
   end
   if not recipe then
@@ -668,10 +615,7 @@ function M.run_file(file, sets)
     return { message = debug.traceback(tostring(e), 2), user = true }
   end, cfg)
   if not ran then
-    if M.is_error(rc) then
-      if is_rank0() then io.stderr:write("tetra: ", rc.message, "\n") end
-      return 1
-    end
+    if M.is_error(rc) then return report(rc) end
     error(rc, 0)
   end
   if type(rc) == "number" then return rc end

@@ -162,13 +162,26 @@ end
 -- Mean of a Lua number over the group. Each double travels as a (hi, lo) pair of floats
 -- and is summed here in double precision, so the mean does not round to float.
 function Group:mean(x)
+  return self:sum(x) / self.size
+end
+
+-- Sum of a Lua number over the group, in double precision (as mean).
+function Group:sum(x)
   if self.size == 1 then return x end
   local hi = tonumber(ffi.new("float", x))
   local all = take(C.tt_comm_all_gather(self._c, tensor.from_table({ hi, x - hi }), 0, pout),
                    3)
   local sum = 0.0
   for i = 0, 2 * self.size - 1 do sum = sum + C.tt_tensor_get(all, i) end
-  return sum / self.size
+  return sum
+end
+
+-- A new group of the members that pass the same color, ordered by key (collective over
+-- this group); name is what messages call it.
+function Group:split(color, key, name)
+  local box = ffi.new("tt_comm *[1]")
+  check(C.tt_comm_split(self._c, color, key, name, box))
+  return new_group(ffi.gc(box[0], C.tt_comm_free), self)
 end
 
 -- -- Processes -----------------------------------------------------------------------

@@ -600,6 +600,12 @@ for _, name in ipairs({ "silu", "gelu", "swiglu", "sum", "mean", "max", "softmax
   methods[name] = M[name]
 end
 
+-- A string naming the tensor object itself (its address): the same for two references to
+-- one tensor (a parameter shared by two modules), different for two tensors.
+function M.key(t)
+  return tostring(ffi.cast("uintptr_t", ffi.cast("void *", t)))
+end
+
 -- Parameter lists for the fused optimizer kernels: a Lua array of tensors -> tt_tensor*[].
 function M.tensor_array(list)
   return ffi.new("tt_tensor *[?]", math.max(#list, 1), list)

@@ -1,26 +1,25 @@
 -- tetra.train: the training loop recipes share.
 --
---   local env = train.setup(cfg, model, data)   -- optimizer, schedule, DP wrapper, metrics
---   train.run(env)                              -- steps, eval, progress, sample
+--   local env = train.setup(cfg, model, data, { plan = plan })  -- parallelism, precision,
+--                                                               -- optimizer, metrics
+--   train.run(env)                                              -- steps, eval, progress
 --
--- One optimizer step (env.step):
---   global batch (train.batch_size sequences) -> train.device -> this rank's rows
---   (ddp:batch_slice) -> train.gradient_accumulation_steps micro-batches (a
---   context-parallel model takes this rank's chunks of each sequence): forward,
---   loss / accum (x the loss scale under fp16), backward
---   (pipeline parallelism: tetra.parallel.pipeline runs the micro-batches through the
---   stages instead, on the GPipe or 1F1B schedule)
---   -> ddp:finish_grads() (grads now hold the DP average)
---   -> fp16: grads / loss scale, inf/NaN check agreed over the DP group
---   -> clip to max_grad_norm (after unscaling) -> AdamW with the scheduled lr, unless the
---      grads were not finite: then the step is skipped (and the fp16 scale backs off)
+-- One optimizer step (env.step), the same for every layout:
+--   global batch (train.batch_size sequences) -> train.device -> this data-parallel rank's
+--   rows -> the step strategy (tetra.parallel.step: plain, or pipelined over the stages)
+--   runs forward and backward of train.gradient_accumulation_steps micro-batches and
+--   leaves the gradients of the global batch's mean loss in place (x the fp16 scale)
+--   -> fp16: grads / loss scale, inf/NaN check agreed over every rank
+--   -> clip to max_grad_norm by the norm of the whole model (tetra.parallel, from the
+--      parameters' placements) -> AdamW with the scheduled lr, unless the grads were not
+--      finite: then the step is skipped (and the fp16 scale backs off)
 --   -> zero grads -> one metrics record (with loss_scale and skipped).
 --
--- train.precision (fp32, bf16, fp16, fp8) goes through tetra.amp: train.setup calls
--- amp.wrap(model, cfg). train.device (cpu, cuda, cuda:N): the model is built on the CPU
--- by the recipe (so a seed gives the same initial weights on every device), then
--- train.setup moves its parameters; the optimizer state is created beside them and each
--- batch is moved as it is drawn.
+-- The model is built whole on the CPU by the recipe (so a seed gives the same initial
+-- weights on every rank and device); train.setup then applies the layout's parallelism
+-- from the recipe's plan (tetra.parallel.apply), the precision (train.precision through
+-- tetra.amp) and moves the parameters to train.device (cpu, cuda, cuda:N); the optimizer
+-- state is created beside them and each batch is moved as it is drawn.
 --
 -- A data source is any object with `:batch(step, batch_size, seq_len, split)` returning
 -- int64 tokens (batch_size, seq_len + 1) for that step (split "train" or "val"); it must
@@ -124,55 +123,14 @@ function train.inputs_targets(tokens)
   return ids, targets
 end
 
--- Rows [first, first + n) of a (B, ...) tensor, contiguous.
-local function rows(t, first, n)
-  if first == 0 and n == tonumber(t._shape[0]) then return t end
-  local v = F.narrow(t, 0, first, n)
-  local c = F.contiguous(v)
-  free(v)
-  return c
-end
-
--- Mean cross-entropy of model on tokens (b, T + 1); the logits are freed at once. A
--- model with a cross_entropy(logits, targets) method computes its own (a tensor-parallel
--- model's logits hold this rank's vocabulary columns only). A context-parallel model
--- (model.context_parallel: its cp group) sees this rank's chunks of each sequence only,
--- with their positions; the loss is then the mean over those tokens.
+-- Mean cross-entropy of an unsplit model on tokens (b, T + 1); the logits are freed at
+-- once. (A split model's loss is its step strategy's: tetra.parallel.step.)
 function train.loss(model, tokens)
-  local ids, targets, positions
-  if model.context_parallel then
-    ids, targets, positions = require("tetra.parallel.context").slice(tokens,
-                                                                      model.context_parallel)
-  else
-    ids, targets = train.inputs_targets(tokens)
-  end
-  local logits = model(ids, positions)            -- (b, T, V)
-  local loss = model.cross_entropy and model:cross_entropy(logits, targets)
-               or F.cross_entropy(logits, targets)
-  free(logits); free(ids); free(targets); free(positions)
+  local ids, targets = train.inputs_targets(tokens)
+  local logits = model(ids)                         -- (b, T, V)
+  local loss = F.cross_entropy(logits, targets)
+  free(logits); free(ids); free(targets)
   return loss
-end
-
--- -- Distributed ---------------------------------------------------------------------
-
--- The DP wrapper from tetra.parallel when that library is installed; otherwise the
--- single-process equivalent (every hook a no-op).
-local single = {}
-single.__index = single
-function single.begin_step() end
-function single.before_backward() end
-function single.finish_grads() end
-function single.attach_optimizer() end
-function single.optimizer_step(_, opt, lr) opt:step(lr) end
-function single.batch_slice(_, t) return t end
-
-local function distributed(cfg, params)
-  if not package.searchpath("tetra.dist", package.path) then
-    return { rank = 0, size = 1 }, setmetatable({}, single)
-  end
-  local tetra = require("tetra")
-  local mesh = tetra.dist.init(cfg)
-  return mesh, tetra.parallel.data.wrap(params, mesh, cfg)
 end
 
 -- -- Device --------------------------------------------------------------------------
@@ -233,90 +191,6 @@ end
 
 -- -- Setup -------------------------------------------------------------------------------
 
-local function check_batch(cfg, dp)
-  local t = cfg.train
-  local accum = t.gradient_accumulation_steps or 1
-  if t.batch_size % (dp * accum) ~= 0 then
-    error(string.format("train.batch_size (%d) must be divisible by " ..
-      "parallel.data_parallel_size (%d) x train.gradient_accumulation_steps (%d)",
-      t.batch_size, dp, accum), 0)
-  end
-  return accum, t.batch_size / (dp * accum)
-end
-
--- The mesh and the collectives know all four dimensions, and the training loop splits
--- work over each of them. Tensor parallelism needs a model built split (its recipe's
--- Model has supports_tensor_parallel), context parallelism a model whose attention gathers
--- over the cp group (supports_context_parallel) and model.seq_len divisible by 2 x cp,
--- pipeline parallelism a model that runs as stages (embed, layers, head), untied
--- embeddings (they would sit on different stages) and the gpipe or 1f1b schedule. Their
--- first versions combine only with data parallelism, in fp32 on the CPU, without ZeRO-1
--- (checkpoints are written as per-rank shards, tetra.checkpoint); anything else stops the
--- run with one line saying what to change.
--- What each dimension needs beyond the shared limits: nil when fine, else why not.
-local function pipeline_needs(cfg, model)
-  local p = cfg.parallel or {}
-  local schedule = p.pipeline_schedule or "1f1b"
-  if not (model.embed and model.head and model.layers) then
-    return "this model does not run as pipeline stages (its recipe's Model does not " ..
-           "support it)"
-  elseif (p.tensor_parallel_size or 1) > 1 then
-    return "parallel.tensor_parallel_size must be 1"
-  elseif (p.context_parallel_size or 1) > 1 then
-    return "parallel.context_parallel_size must be 1"
-  elseif cfg.model.tie_embeddings then
-    return "model.tie_embeddings must be false (the embedding and the head sit on " ..
-           "different stages)"
-  elseif schedule ~= "gpipe" and schedule ~= "1f1b" then
-    return "parallel.pipeline_schedule must be gpipe or 1f1b, got " .. tostring(schedule)
-  end
-end
-
-local function context_needs(cfg, model)
-  local p = cfg.parallel or {}
-  local cp = p.context_parallel_size
-  if not model.context_parallel then
-    return "this model does not split sequences over context parallelism (its recipe's " ..
-           "Model does not support it)"
-  elseif (p.tensor_parallel_size or 1) > 1 then
-    return "parallel.tensor_parallel_size must be 1"
-  elseif cfg.model.seq_len % (2 * cp) ~= 0 then
-    return string.format("model.seq_len (%d) must be divisible by 2 x " ..
-                         "parallel.context_parallel_size (%d)", cfg.model.seq_len, 2 * cp)
-  end
-end
-
-local function tensor_needs(_, model)
-  if not model.tensor_parallel then
-    return "this model is not split over tensor parallelism (its recipe's Model does not " ..
-           "support it)"
-  end
-end
-
--- Limits the first versions of pipeline, context and tensor parallelism share.
-local function shared_limits(cfg)
-  local p, t = cfg.parallel or {}, cfg.train
-  if (t.precision or "fp32") ~= "fp32" then return "train.precision must be fp32"
-  elseif t.device and t.device ~= "cpu" then return "train.device must be cpu"
-  elseif (p.zero_stage or 0) ~= 0 then return "parallel.zero_stage must be 0"
-  end
-end
-
-local function check_layout(cfg, model)
-  local p = cfg.parallel or {}
-  for _, d in ipairs({ { "pipeline", pipeline_needs }, { "context", context_needs },
-                       { "tensor", tensor_needs } }) do
-    local dim, needs = d[1], d[2]
-    local size = p[dim .. "_parallel_size"] or 1
-    if size > 1 then
-      local why = needs(cfg, model) or shared_limits(cfg)
-      if why then
-        require("tetra.config").error("parallel.%s_parallel_size=%d: %s", dim, size, why)
-      end
-    end
-  end
-end
-
 -- Builds the training environment: env.model, env.optimizer, env.data, env.cfg, env.mesh,
 -- env.ddp, env.schedule, env.amp (the tetra.amp context of train.precision), env.device
 -- (the engine device id of train.device), env.step() (one optimizer step, returns its
@@ -330,23 +204,28 @@ end
 -- the optimizer step).
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
-  check_layout(cfg, model)
   local t, o = cfg.train, cfg.optim or {}
   if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
+  local parallel = require("tetra.parallel")
+  -- A config built in code has not met tetra.config's checks: the layout's are cheap.
+  require("tetra.parallel.layout").check(cfg, require("tetra.config").world_size())
+  local lay = parallel.layout(cfg)
+  local dist = require("tetra.dist")
+  local mesh = dist.init(cfg)
+  if (lay.tp > 1 or lay.cp > 1 or lay.pp > 1) and not opts.plan then
+    dist.fail("this model has no parallel plan, so it runs with data parallelism only: " ..
+              "set parallel.tensor/context/pipeline_parallel_size to 1, or give " ..
+              "train.setup a plan (recipes/plans/llama.lua is one)")
+  end
+  local par = parallel.apply(model, opts.plan, mesh, cfg)
+  local ctx = amp.wrap(model, cfg)
   local dev = train.device(t.device)
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
-  local ctx = amp.wrap(model, cfg)
-  local pipe   -- pipeline parallelism: the model keeps this stage's part only
-  if (cfg.parallel and cfg.parallel.pipeline_parallel_size or 1) > 1 then
-    pipe = require("tetra.parallel.pipeline").split(model, require("tetra").dist.init(cfg).pp,
-                                                    cfg)
-  end
-  local params = model:named_parameters()
-  local tensors = {}
-  for i, np in ipairs(params) do tensors[i] = np[2] end
-  local mesh, ddp = distributed(cfg, tensors)
-  local dp = cfg.parallel and cfg.parallel.data_parallel_size or 1
-  local accum, micro = check_batch(cfg, dp)
+  par.device = dev
+  local params, tensors = {}, {}
+  for i, e in ipairs(par:placements()) do params[i], tensors[i] = { e.name, e.tensor }, e.tensor end
+  local ddp = parallel.data.wrap(tensors, mesh, cfg)
+  local accum = t.gradient_accumulation_steps or 1
   local seq_len = cfg.model.seq_len
 
   local optimizer
@@ -358,29 +237,28 @@ function train.setup(cfg, model, data, opts)
                                       eps = o.eps, weight_decay = t.weight_decay })
   end
   ddp:attach_optimizer(optimizer)   -- ZeRO-1 keeps this rank's optimizer shard only
-  if model.tensor_parallel then      -- clip by the norm of the whole (unsplit) model
-    require("tetra.parallel.tensor").attach_optimizer(optimizer, model, mesh.tp)
+  -- The norm of the whole model: local unless some parameters are split or sharded.
+  local shards = ddp.shards
+  local clip
+  if par:global_norm() or shards then
+    clip = function(max_norm) return par:clip_grad_norm(optimizer, max_norm, shards) end
+  else
+    clip = function(max_norm) return optimizer:clip_grad_norm(max_norm) end
   end
-  if pipe then pipe:attach_optimizer(optimizer) end   -- clip by the norm over every stage
+  local strategy = require("tetra.parallel.step").new(par, ddp, ctx, cfg)
   local env = {
     cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,
-    tokenizer = opts.tokenizer, rank = mesh.rank or 0, amp = ctx, device = dev,
+    par = par, tokenizer = opts.tokenizer, rank = mesh.rank or 0, amp = ctx, device = dev,
     schedule = optim.schedule({ lr = t.lr, min_lr = t.min_lr, warmup_steps = t.warmup_steps,
                                 steps = t.steps, schedule = t.lr_schedule }),
     step_count = 0, tokens_seen = 0,
   }
 
-  -- Average of a per-rank scalar over the DP group (the logged loss is the global mean).
-  local function dp_mean(x)
-    if ddp.all_reduce_mean then return ddp:all_reduce_mean(x) end
-    return x
-  end
+  -- The logged loss is the mean over the ranks that hold different tokens (dp x cp).
+  local function global_mean(x) return mesh.dpcp:mean(x) end
 
-  -- The DP group whose ranks must agree on skipping a step (nil: one process).
-  local dp_group = ddp.group
-
-  -- opts.on_grads(env, step), when given, runs once the grads are complete (after
-  -- ddp:finish_grads, before unscaling and clipping): tests inject overflows there.
+  -- opts.on_grads(env, step), when given, runs once the grads are complete (after the
+  -- data-parallel averaging, before unscaling and clipping): tests inject overflows there.
   local on_grads = opts.on_grads
 
   function env.step()
@@ -390,36 +268,18 @@ function train.setup(cfg, model, data, opts)
     local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
     local mine = ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
-    local loss_sum = 0.0
-    if pipe then   -- every micro-batch through the stages (tetra.parallel.pipeline)
-      loss_sum = pipe:train_step(mine, accum, ddp)
-    else
-      for m = 0, accum - 1 do
-        local tokens = rows(mine, m * micro, micro)
-        local loss = train.loss(model, tokens)
-        if tokens ~= mine then free(tokens) end
-        loss_sum = loss_sum + F.item(loss)
-        local mean = accum > 1 and F.scale(loss, 1.0 / accum) or loss
-        local scaled = ctx:scale_loss(mean)             -- fp16: x loss scale
-        ddp:before_backward(m == accum - 1)
-        F.backward(scaled)
-        if scaled ~= mean then free(scaled) end
-        if mean ~= loss then free(mean) end
-        free(loss)
-      end
-    end
+    local loss_sum = strategy:forward_backward(mine, accum)
     if mine ~= global then free(mine) end
     free(global)
-    ddp:finish_grads()
     if on_grads then on_grads(env, step) end
-    -- fp16: unscale, then check (the verdict agreed over the DP group), then clip; the
+    -- fp16: unscale, then check (the verdict agreed over every rank), then clip; the
     -- optimizer steps unless the grads were not finite. Under ZeRO-1
     -- env.optimizer.params are this rank's grad shards: those are the ones unscaled.
     local lr = env.schedule(step)
     local opt = env.optimizer
     local skipped, grad_norm = ctx:step(opt.params,
       function() ddp:optimizer_step(opt, lr) end,
-      function() return opt:clip_grad_norm(t.max_grad_norm) end, dp_group)
+      function() return clip(t.max_grad_norm) end, mesh.world)
     model:zero_grad()
     C.tt_tape_clear()   -- drops any recorded branch no backward reached
     if dev ~= C.TT_CPU then tffi.check(C.tt_cuda_synchronize()) end  -- the step's real time
@@ -427,9 +287,10 @@ function train.setup(cfg, model, data, opts)
     local tokens = t.batch_size * seq_len
     env.tokens_seen = env.tokens_seen + tokens
     local dt = metrics.now() - t0
-    local r = { step = step, loss = dp_mean(loss_sum / accum), lr = lr,
+    local r = { step = step, loss = global_mean(loss_sum / accum), lr = lr,
                 grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
                 step_time_s = dt, data_wait_s = data_wait,
+                exposed_comm_s = ddp.exposed_comm_s,
                 loss_scale = ctx:scale(), skipped = skipped }
     if data.stats then   -- tetra.data's loader reports its own throughput and queue
       local s = data:stats()
@@ -448,23 +309,21 @@ function train.setup(cfg, model, data, opts)
       for i = 1, n_batches do
         local global = to_dev(data:batch(i, t.batch_size, seq_len, "val"), dev)
         local mine = ddp:batch_slice(global)
-        if pipe then
-          sum = sum + pipe:forward_loss(mine)
-        else
-          local loss = train.loss(model, mine)
-          sum = sum + F.item(loss)
-          free(loss)
-        end
+        sum = sum + strategy:eval_loss(mine)
         if mine ~= global then free(mine) end
         free(global)
       end
-      return dp_mean(sum / n_batches)
+      return global_mean(sum / n_batches)
     end)
   end
+
+  -- Bytes of this rank's parameters, gradients and optimizer state.
+  env.memory = par:memory(optimizer)
 
   function env.generate(prompt_ids, gen_opts)
     gen_opts = gen_opts or {}
     gen_opts.seq_len = gen_opts.seq_len or seq_len
+    gen_opts.par = par
     return train.generate(model, prompt_ids, gen_opts)
   end
 
@@ -503,7 +362,8 @@ end
 
 -- Continues prompt_ids (array of token ids) by opts.max_new_tokens (64) tokens, feeding
 -- the last opts.seq_len tokens each time (no KV cache: models here are small).
--- opts: temperature (0.8), top_k (40), seed (0), seq_len. Returns the new ids (array).
+-- opts: temperature (0.8), top_k (40), seed (0), seq_len, par (the model's applied
+-- parallelism: a tensor-parallel head's logits are gathered). Returns the new ids (array).
 function train.generate(model, prompt_ids, opts)
   opts = opts or {}
   local n_new = opts.max_new_tokens or 64
@@ -523,8 +383,8 @@ function train.generate(model, prompt_ids, opts)
       for j = 0, T - 1 do p[j] = ids[first + j] end
       x = to_dev(x, dev)
       local y = model(x)
-      if model.full_logits then                        -- tensor parallel: gathered
-        local full = model:full_logits(y)
+      if opts.par then                                 -- tensor parallel: gathered
+        local full = opts.par:full_logits(y)
         if full ~= y then free(y) end
         y = full
       end
@@ -550,12 +410,15 @@ end
 function train.print_sample(env, prompt)
   local t = env.cfg.train
   if not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
-  if env.model.pipeline then   -- generation does not run across pipeline stages yet
-    if env.rank == 0 then print("(no sample: generation does not run across pipeline stages)")
+  local par = env.par
+  if par.stage or par.sequence then   -- a forward of any length on every stage: not yet
+    if env.rank == 0 then
+      print("(no sample: generation does not run across pipeline stages or with " ..
+            "sequence parallelism yet)")
     end
     return
   end
-  if env.rank ~= 0 and not env.model.tensor_parallel then return end
+  if env.rank ~= 0 and par.layout.tp == 1 then return end
   local tok = env.tokenizer
   prompt = prompt or t.prompt or "\n"
   local ids = env.generate(tok:encode(prompt), { max_new_tokens = t.sample_tokens,
@@ -661,36 +524,28 @@ end
 
 -- The recipe table for a model class (see recipes/llama.lua): setup(cfg) builds the data
 -- source, seeds the RNG (so the initial weights depend on the seed only), builds
--- spec.Model(cfg.model, par) and the training state; run(cfg) reports the model's size
--- on rank 0 and trains. With parallel.tensor_parallel_size > 1, par = { tp = mesh.tp }
--- (a Model with supports_tensor_parallel builds its split layers from it); with
--- parallel.context_parallel_size > 1, par.cp = mesh.cp (supports_context_parallel).
+-- spec.Model(cfg.model) whole and the training state, which applies spec.plan (the
+-- model's parallel plan, recipes/plans/) for the layout; run(cfg) reports the model's
+-- size and this rank's memory on rank 0 and trains.
 function train.recipe(spec)
-  local recipe = { name = spec.name, Model = spec.Model, defaults = spec.defaults }
+  local recipe = { name = spec.name, Model = spec.Model, plan = spec.plan,
+                   defaults = spec.defaults }
   function recipe.setup(cfg)
     local data, tokenizer = train.data_source(cfg)
-    local par
-    local p = cfg.parallel or {}
-    if (p.tensor_parallel_size or 1) > 1 and spec.Model.supports_tensor_parallel then
-      par = { tp = require("tetra").dist.init(cfg).tp }
-    end
-    if (p.context_parallel_size or 1) > 1 and spec.Model.supports_context_parallel then
-      par = par or {}
-      par.cp = require("tetra").dist.init(cfg).cp
-    end
     C.tt_manual_seed(cfg.train.seed or 0)
-    local model = spec.Model(cfg.model, par)
-    return train.setup(cfg, model, data, { tokenizer = tokenizer })
+    local model = spec.Model(cfg.model)
+    return train.setup(cfg, model, data, { tokenizer = tokenizer, plan = spec.plan })
   end
   function recipe.run(cfg)
     local env = recipe.setup(cfg)
     if env.rank == 0 then
-      local m = cfg.model
+      local m, mem = cfg.model, env.memory
+      local split = env.mesh.size > 1 and " on this rank" or ""
       print(string.format("%s: %.2fM parameters%s, %d layers, dim %d, seq %d, batch %d",
-        spec.name, env.model:num_params() / 1e6,
-        env.model.tensor_parallel and " on this tensor-parallel rank" or
-        env.model.pipeline and " on this pipeline stage" or "", m.n_layers,
-        m.dim, m.seq_len, cfg.train.batch_size))
+        spec.name, env.model:num_params() / 1e6, split, m.n_layers, m.dim, m.seq_len,
+        cfg.train.batch_size))
+      print(string.format("memory%s: parameters %.2f MB, gradients %.2f MB, optimizer " ..
+        "state %.2f MB", split, mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6))
     end
     return train.run(env)
   end

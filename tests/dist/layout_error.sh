@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# A layout whose product differs from the number of processes is one error line, printed
-# once (by rank 0), that says what was launched and what the layout needs; the job exits
-# non-zero without hanging.
+# A layout that cannot run is one error line, printed once (by rank 0), that names the
+# sizes and the rule; the job exits non-zero without hanging, before the model is built.
 # Usage: bash layout_error.sh /path/to/tetra   (exit 77: skipped)
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
@@ -26,8 +25,35 @@ refused_once() {
 
 refused_once "data_parallel_size=3 on 2 ranks" "needs 3 processes" \
   --set parallel.data_parallel_size=3 --set train.batch_size=6
-# Pipeline, context and tensor parallelism run in fp32 only for now.
-for dim in pipeline context tensor; do
-  refused_once "${dim}_parallel_size=2 in bf16" "${dim}_parallel_size=2: train.precision must be fp32" \
-    --set parallel.${dim}_parallel_size=2 --set train.precision=bf16 --set train.steps=2
+# Rules tetra.parallel.layout owns, each one line before anything is built.
+refused_once "vocabulary not divisible by tp" "must divide model.vocab_size (255)" \
+  --set parallel.tensor_parallel_size=2 --set model.vocab_size=255
+refused_once "sequence parallelism without tp" "parallel.sequence_parallel=true needs parallel.tensor_parallel_size > 1" \
+  --set parallel.data_parallel_size=2 --set parallel.sequence_parallel=true
+refused_once "interleaved stages" "interleaved stages are not implemented yet" \
+  --set parallel.pipeline_parallel_size=2 --set parallel.pipeline_schedule=interleaved_1f1b \
+  --set parallel.virtual_pipeline_size=2 --set model.n_layers=4
+refused_once "uneven context chunks" "model.seq_len (30) must be a multiple of 2 x parallel.context_parallel_size (4)" \
+  --set parallel.context_parallel_size=2 --set model.seq_len=30
+
+# A refused layout of a big model stops before the model is built: llama-1b (about 1.2B
+# parameters, seconds and gigabytes to build) with tp 2 x pp 2 on 4 ranks and a width
+# tp does not divide (the MLP's hidden units). The message appears once in every one of several runs (rank 0
+# reports it; the other ranks wait for it before exiting).
+for i in 1 2 3 4 5; do
+  start=$(date +%s)
+  out="$(timeout 120 mpirun --oversubscribe -np 4 "$tetra" run "$root/recipes/llama.lua" \
+         --set train.model_name=llama-1b --set parallel.tensor_parallel_size=2 \
+         --set parallel.pipeline_parallel_size=2 --set model.ffn_hidden=5633 2>&1)"
+  rc=$? took=$(( $(date +%s) - start ))
+  n=$(echo "$out" | grep -c "parallel.tensor_parallel_size (2) must divide model.ffn_hidden (5633)")
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ] || [ "$took" -gt 20 ]; then
+    echo "FAIL: llama-1b refused layout, run $i: exit $rc, message $n times (want once), ${took}s:"
+    echo "$out" | head -n 20
+    exit 1
+  fi
+  if echo "$out" | grep -q "parameters"; then
+    echo "FAIL: llama-1b refused layout, run $i: the model was built first:"; echo "$out" | head; exit 1
+  fi
 done
+echo PASS

@@ -2,7 +2,7 @@
 -- parallelism, against hand-written positions; the context-parallel attention without
 -- positions (one rank holding a whole sequence, as in generation) equals nn.Attention.
 -- The gathered attention itself is checked against the single process by
--- tests/dist/cp2_parity.sh and cp2_dp2_parity.sh.
+-- the context-parallel rows of tests/dist/layouts.txt.
 local tetra = require("tetra")
 local cp = require("tetra.parallel.context")
 local F = require("tetra.nn.functional")
@@ -48,14 +48,15 @@ describe("slice", function()
   end)
 end)
 
-describe("Attention", function()
-  it("equals nn.Attention on a whole sequence (no positions) with the same seed", function()
+describe("apply", function()
+  it("leaves attention on a whole sequence (no positions) as nn.Attention computes it", function()
     local cfg = { dim = 16, n_heads = 4, n_kv_heads = 2 }
     tetra.manual_seed(3)
     local ref = tetra.nn.Attention(cfg)
     tetra.manual_seed(3)
-    cfg.group = { size = 2, rank = 0 }
-    local att = cp.Attention(cfg)
+    local att = tetra.nn.Attention(cfg)
+    cp.apply(att, { size = 2, rank = 0 })
+    expect(rawget(att, "attend")).never.to_be_nil()
     local x = tetra.randn({ 2, 8, 16 })
     local a, b = ref(x):tolist(), att(x):tolist()
     local worst = 0.0

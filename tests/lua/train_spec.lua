@@ -227,7 +227,7 @@ describe("training loop", function()
     -- tetra.config rejects this too; train.setup checks again for configs built in code.
     local cfg = tiny_cfg({ "train.gradient_accumulation_steps=4" })
     cfg.train.batch_size = 6
-    expect(function() tiny.setup(cfg) end).to_error("divisible")
+    expect(function() tiny.setup(cfg) end).to_error("must be a multiple of")
   end)
 end)
 

@@ -43,9 +43,10 @@ function F.full(dims, value, dtype)
   return take(C.tt_tensor_full(s, n, dtype or C.TT_F32, C.TT_CPU, value, pout), 3)
 end
 
-function F.empty(dims, dtype)
+-- device: an engine device id (default the CPU).
+function F.empty(dims, dtype, device)
   local s, n = shape_of(dims)
-  return take(C.tt_tensor_empty(s, n, dtype or C.TT_F32, C.TT_CPU, pout), 3)
+  return take(C.tt_tensor_empty(s, n, dtype or C.TT_F32, device or C.TT_CPU, pout), 3)
 end
 
 -- 0, 1, ..., n-1 as an i64 tensor (positions for learned position embeddings).

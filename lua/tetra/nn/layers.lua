@@ -12,19 +12,27 @@ local M = {}
 local Linear = Module:extend("Linear")
 M.Linear = Linear
 
--- opts: bias (default false), std (default 0.02).
+-- opts: bias (default false), std (default 0.02), weight (an existing (out, in) parameter
+-- to share instead of drawing one: a language-model head tied to the embedding), fp8
+-- (default true; false keeps this layer out of FP8 under train.precision=fp8).
 function Linear:init(in_features, out_features, opts)
   opts = opts or {}
   self.in_features, self.out_features = in_features, out_features
-  self:param("weight", F.parameter(F.randn({ out_features, in_features }, opts.std or 0.02)))
+  self:param("weight", opts.weight or
+                       F.parameter(F.randn({ out_features, in_features }, opts.std or 0.02)))
   if opts.bias then
     self:param("bias", F.parameter(F.zeros({ out_features })))
   end
+  if opts.fp8 == false then self.fp8 = false end
 end
+
+-- The GEMM y = x W^T + b every Linear runs: tetra.amp replaces it per layer with one at
+-- the training precision; tetra.parallel wraps forward around it, never replaces it.
+Linear.gemm = F.linear
 
 -- x: (..., in) -> (..., out)
 function Linear:forward(x)
-  return F.linear(x, self.weight, self.bias)
+  return self.gemm(x, self.weight, self.bias)
 end
 
 -- -- Embedding: a lookup table (V, D) -------------------------------------------------

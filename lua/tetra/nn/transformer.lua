@@ -38,11 +38,14 @@ function Attention:init(cfg)
   self:add("wo", Linear(n_heads * hd, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std }))
 end
 
--- proj(x) viewed as n heads: (B, T, n, Dh), rotated at `positions` when `rotate`
--- (shared with the context-parallel Attention, a subclass).
-function Attention:heads(proj, x, n, rotate, positions)
+-- proj(x) viewed as heads: (B, T, n, Dh), n = proj's output features / Dh (so a
+-- projection whose output features are split over ranks yields this rank's heads), rotated
+-- at `positions` when `rotate`.
+function Attention:heads(proj, x, rotate, positions)
   local flat = proj(x)                                                -- (B, T, n*Dh)
-  local h = F.view(flat, { tonumber(x._shape[0]), tonumber(x._shape[1]), n, self.head_dim })
+  local n = tonumber(flat._shape[2]) / self.head_dim
+  local h = F.view(flat, { tonumber(flat._shape[0]), tonumber(flat._shape[1]), n,
+                           self.head_dim })
   free(flat)
   if not rotate then return h end
   local r = F.rope(h, self.rope_theta, positions, self.rope_interleaved)
@@ -50,15 +53,21 @@ function Attention:heads(proj, x, n, rotate, positions)
   return r
 end
 
+-- Causal attention of q (B, T, H, Dh) over k, v (B, T, Hkv, Dh) at `positions` (T) or
+-- 0..T-1 -> (B, T, H, Dh). Context parallelism replaces it per module.
+function Attention:attend(q, k, v, positions)
+  return F.causal_attention(q, k, v, positions)
+end
+
 -- x: (B, T, D); positions: (T) index tensor or nil for 0..T-1 -> (B, T, D)
 function Attention:forward(x, positions)
-  local q = self:heads(self.wq, x, self.n_heads, self.rope, positions)
-  local k = self:heads(self.wk, x, self.n_kv_heads, self.rope, positions)
-  local v = self:heads(self.wv, x, self.n_kv_heads, false, positions)
-  local o = F.causal_attention(q, k, v, positions)                    -- (B, T, H, Dh)
+  local q = self:heads(self.wq, x, self.rope, positions)
+  local k = self:heads(self.wk, x, self.rope, positions)
+  local v = self:heads(self.wv, x, false, positions)
+  local o = self:attend(q, k, v, positions)                           -- (B, T, H, Dh)
   free(q); free(k); free(v)
-  local flat = F.view(o, { tonumber(x._shape[0]), tonumber(x._shape[1]),
-                           self.n_heads * self.head_dim })
+  local flat = F.view(o, { tonumber(o._shape[0]), tonumber(o._shape[1]),
+                           tonumber(o._shape[2]) * self.head_dim })
   free(o)
   local y = self.wo(flat)
   free(flat)

@@ -5,17 +5,18 @@
 --   local ids, targets, pos = cp.slice(tokens, mesh.cp)
 --                                         -- (B, T + 1) -> this rank's (B, T / cp) each
 --                                         -- and their positions (T / cp) i64
---   cp.Attention{ ..., group = mesh.cp }  -- nn.Attention over the whole sequence
+--   cp.apply(attention_module, mesh.cp)   -- its attend gathers keys and values
 --
 -- The sequence of T tokens is cut into 2 cp chunks of T / (2 cp); rank r holds chunks r
 -- and 2 cp - 1 - r. Under a causal mask the later chunk costs more work than the earlier
 -- one, so pairing an early chunk with a late one gives every rank the same work.
--- Attention rotates q and k (RoPE) at the true positions of this rank's tokens, then
--- all-gathers k and v over the group (sp_gather: backward reduce-scatters dK and dV, so
--- each rank receives the sum of every rank's gradient for its own keys) and attends with
--- the positions of the gathered keys: key j is visible to query i when k_pos[j] <=
--- q_pos[i], exactly the single-process causal mask. Everything outside attention works
--- per token and needs no communication.
+-- The model runs on this rank's tokens with their true positions (RoPE rotates q and k
+-- there; learned position embeddings look them up). An attention module of the plan's
+-- `context` list all-gathers k and v over the group (sp_gather: backward reduce-scatters
+-- dK and dV, so each rank receives the sum of every rank's gradient for its own keys) and
+-- attends with the positions of the gathered keys: key j is visible to query i when
+-- k_pos[j] <= q_pos[i], exactly the single-process causal mask. Everything outside
+-- attention works per token and needs no communication.
 --
 -- Loss and gradients: each rank's loss is the mean over its B x T / cp tokens; every
 -- rank holds as many tokens, so the mean of those over the group is the mean over all
@@ -25,7 +26,6 @@ local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local F = require("tetra.nn.functional")
 local tensor = require("tetra.tensor")
-local transformer = require("tetra.nn.transformer")
 
 local free = F.free
 local M = {}
@@ -94,53 +94,40 @@ end
 
 -- -- Attention -------------------------------------------------------------------------
 
-local Attention = transformer.Attention:extend("ContextParallelAttention")
-M.Attention = Attention
-
--- cfg: as nn.Attention's, plus group (the cp group). Same parameters, drawn in the same
--- order, replicated over the group.
-function Attention:init(cfg)
-  local g = assert(cfg.group, "context-parallel Attention: cfg.group is required")
-  transformer.Attention.init(self, cfg)
-  self.group = g
-  self._k_pos = {}   -- local length -> positions of the gathered keys (T) i64
-end
-
 -- The positions of the keys gathered from every rank (rank order, each rank's two
--- chunks), for local sequences of n tokens.
-function Attention:key_positions(n)
-  local kp = self._k_pos[n]
+-- chunks), for local sequences of n tokens; cached per n in `cache`.
+local function key_positions(cache, group, n)
+  local kp = cache[n]
   if not kp then
-    local g, all = self.group, {}
-    for r = 0, g.size - 1 do
-      for _, p in ipairs(M.chunk_positions(n * g.size, g.size, r)) do all[#all + 1] = p end
+    local all = {}
+    for r = 0, group.size - 1 do
+      for _, p in ipairs(M.chunk_positions(n * group.size, group.size, r)) do
+        all[#all + 1] = p
+      end
     end
     kp = index_tensor(all)
-    self._k_pos[n] = kp
+    cache[n] = kp
   end
   return kp
 end
 
--- x: (B, n, D) this rank's tokens; positions: (n) their positions (from M.slice) ->
--- (B, n, D). Without positions x is a whole sequence on one rank (generation): plain
+-- Makes attention module m attend over the whole sequence from this rank's chunks:
+-- q (B, n, H, Dh), k, v (B, n, Hkv, Dh) at `positions` (n, from M.slice) -> (B, n, H, Dh).
+-- Without positions the input is a whole sequence on one rank (generation): plain
 -- causal attention, no communication.
-function Attention:forward(x, positions)
-  if positions == nil then return transformer.Attention.forward(self, x) end
-  local B, n = tonumber(x._shape[0]), tonumber(x._shape[1])
-  local q = self:heads(self.wq, x, self.n_heads, self.rope, positions)
-  local kl = self:heads(self.wk, x, self.n_kv_heads, self.rope, positions)
-  local vl = self:heads(self.wv, x, self.n_kv_heads, false, positions)
-  local k = self.group:sp_gather(kl, 1)                     -- (B, n * cp, Hkv, Dh)
-  local v = self.group:sp_gather(vl, 1)
-  free(kl); free(vl)
-  local o = tensor.take(C.tt_attention_ex(q, k, v, positions, self:key_positions(n), 1, 0,
-                                          tensor.pout))           -- (B, n, H, Dh)
-  free(q); free(k); free(v)
-  local flat = F.view(o, { B, n, self.n_heads * self.head_dim })
-  free(o)
-  local y = self.wo(flat)
-  free(flat)
-  return y
+function M.apply(m, group)
+  local plain, cache = m.attend, {}
+  m.attend = function(self, q, k, v, positions)
+    if positions == nil then return plain(self, q, k, v) end
+    local n = tonumber(q._shape[1])
+    local kg = group:sp_gather(k, 1)                     -- (B, n * cp, Hkv, Dh)
+    local vg = group:sp_gather(v, 1)
+    local o = tensor.take(C.tt_attention_ex(q, kg, vg, positions,
+                                            key_positions(cache, group, n), 1, 0,
+                                            tensor.pout))
+    free(kg); free(vg)
+    return o
+  end
 end
 
 return M

@@ -7,7 +7,6 @@
 --     local mine = ddp:batch_slice(global_batch)   -- this DP rank's rows
 --     for each micro-batch: ddp:before_backward(is_last); loss:backward()
 --     ddp:finish_grads()               -- grads hold the average over the DP group
---     opt:clip_grad_norm(max)          -- (ZeRO-1: the global norm, from the shards)
 --     ddp:optimizer_step(opt)
 --
 -- Each DP rank computes the gradient of its rows; the average over ranks is the
@@ -96,46 +95,29 @@ end
 
 local zeros_like = require("tetra.optim").state_like   -- on the shard's device
 
--- The global gradient norm under ZeRO-1, from every rank's shards; clips the shard
--- gradients by min(1, max_norm / (norm + 1e-6)) like tt_clip_grad_norm.
-function DDP:_zero_clip_grad_norm(max_norm)
-  local sq = ffi.new("double[1]")
-  check(C.tt_dist_reducer_grad_sq_norm(self._reducer, sq))
-  local norm = math.sqrt(sq[0])
-  if max_norm and max_norm > 0 then
-    local coef = max_norm / (norm + 1e-6)
-    if coef < 1.0 then
-      for _, s in ipairs(self._shards) do
-        local g = s.grad
-        if g then check(C.tt_copy_(g, tensor.scale(g, coef))) end
-      end
-    end
-  end
-  return norm
-end
-
 -- ZeRO-1: the optimizer keeps state for this rank's shards only. Replaces opt.params
--- (and its moments) by the shard views and routes opt:clip_grad_norm through the
--- global norm. Must run before the optimizer's first step. No-op without ZeRO-1.
+-- (and its moments) by the shard views; self.shards lists them as { tensor, param (index
+-- into the params given to wrap, 1-based), offset (element offset into that flattened
+-- parameter) }. Must run before the optimizer's first step. No-op without ZeRO-1.
 function DDP:attach_optimizer(opt)
   if self.zero_stage ~= 1 or not self._reducer or self._opt == opt then return end
   if (opt.step_count or 0) > 0 then
     error("ddp:attach_optimizer: the optimizer has already stepped; attach it first", 2)
   end
   local r = self._reducer
-  local shards, names, m, v = {}, {}, {}, {}
+  local shards, views, names, m, v = {}, {}, {}, {}, {}
   for i = 0, C.tt_dist_reducer_num_shards(r) - 1 do
     local s = tensor.borrow(C.tt_dist_reducer_shard(r, i))
-    shards[#shards + 1] = s
-    names[#names + 1] = (opt.names and opt.names[C.tt_dist_reducer_shard_param(r, i) + 1] or
-                         "param") .. ".shard"
+    local param = C.tt_dist_reducer_shard_param(r, i) + 1
+    shards[#shards + 1] = { tensor = s, param = param,
+                            offset = tonumber(C.tt_dist_reducer_shard_offset(r, i)) }
+    views[#views + 1] = s
+    names[#names + 1] = (opt.names and opt.names[param] or "param") .. ".shard"
     m[#m + 1], v[#v + 1] = zeros_like(s), zeros_like(s)
   end
-  self._shards = shards
-  opt.params, opt.names, opt.m, opt.v = shards, names, m, v
+  self.shards = shards
+  opt.params, opt.names, opt.m, opt.v = views, names, m, v
   opt:_build_groups()
-  local ddp = self
-  opt.clip_grad_norm = function(_, max_norm) return ddp:_zero_clip_grad_norm(max_norm) end
   self._opt = opt
 end
 

@@ -1,17 +1,52 @@
--- tetra.parallel: one module per parallel dimension, each readable on its own, built on
--- the groups of tetra.dist's mesh.
---   tetra.parallel.data   data parallelism: bucketed gradient averaging overlapped with
---                         backward, ZeRO-1 (lua/tetra/parallel/data.lua)
---   tetra.parallel.tensor Megatron tensor parallelism: column/row-parallel linears,
---                         vocab-parallel embedding and cross-entropy
---                         (lua/tetra/parallel/tensor.lua)
---   tetra.parallel.context context parallelism: sequences cut into 2 cp chunks, K/V
---                         gathered over the cp group in attention
---                         (lua/tetra/parallel/context.lua)
+-- tetra.parallel: the four parallel dimensions, applied to a built model from its plan.
+--
+--   local par = parallel.apply(model, plan, mesh, cfg)   -- pipeline, tensor, context
+--   par:inputs(tokens)              -- (b, T + 1) -> this rank's ids, targets, positions
+--   par:loss(logits, targets)       -- mean cross-entropy (vocab-parallel under TP)
+--   par:placements()                -- every local parameter with its placement
+--   par:sync_tied_grads()           -- tied copies on different stages: grads summed
+--   par:clip_grad_norm(opt, max, shards)  -- the global norm of the whole model
+--
+-- One module per dimension, each readable on its own, built on tetra.dist's mesh:
+--   tetra.parallel.data     data parallelism: bucketed gradient averaging overlapped with
+--                           backward, ZeRO-1 (data.lua)
+--   tetra.parallel.tensor   Megatron tensor and sequence parallelism: the styles a plan
+--                           names (column, row, vocab, ...) (tensor.lua)
+--   tetra.parallel.context  context parallelism: sequences cut into 2 cp chunks, K/V
+--                           gathered over the cp group in attention (context.lua)
 --   tetra.parallel.pipeline pipeline parallelism: blocks split into stages, GPipe and
---                         1F1B schedules over point-to-point send/recv
---                         (lua/tetra/parallel/pipeline.lua)
--- Submodules load on first use.
+--                           1F1B schedules over send/recv (pipeline.lua)
+--   tetra.parallel.layout   every rule about sizes and combinations, checked before a
+--                           model is built (layout.lua)
+--   tetra.parallel.step     the step strategies: plain and pipelined (step.lua)
+--
+-- A plan (recipes/plans/llama.lua is one) says, by module path ("*" matches one path
+-- component), how a model splits:
+--   tensor   = { { path, style }, ... }   styles of tetra.parallel.tensor
+--   context  = { path, ... }              attention modules that gather over cp
+--   pipeline = { blocks = path, first = { path, ... }, last = { path, ... } }
+--              the blocks list that stages divide, the modules only the first stage
+--              keeps (the embedding) and those only the last one keeps (norm, head)
+-- apply runs the dimensions in one fixed order: pipeline (drop what other stages hold),
+-- tensor (slice what this rank holds), context (attention over the cp group). The model
+-- must have been built whole from the seed on every rank, so every slice is the
+-- single-process weights' and every layout starts where one process does.
+--
+-- Placements. Every local parameter then carries (module._placement, read through
+-- par:placements()) the part of the whole parameter it holds and whether it counts:
+--   name     the parameter's name in the whole model (a tied head's copy on the last
+--            stage is named after the embedding it copies)
+--   shape    the whole parameter's shape; dim, offset, length: the range of dim held
+--   primary  true on the one rank of a group of identical copies that counts it in the
+--            gradient norm and writes it to checkpoints: tp rank 0 of a replicated
+--            parameter; false for a tied copy on the last stage
+--   tied     held on the first and last stage both (gradients summed over them)
+-- The gradient norm, checkpoint shards and ZeRO-1 moments are derived from these, once.
+local ffi = require("ffi")
+local C = require("tetra.ffi").C
+local T = require("tetra.tensor")
+local F = require("tetra.nn.functional")
+
 local parallel = {}
 
 -- Sizes of the four dimensions from cfg.parallel, 1 where unset.
@@ -19,6 +54,292 @@ function parallel.layout(cfg)
   local p = (cfg and cfg.parallel) or {}
   return { tp = p.tensor_parallel_size or 1, cp = p.context_parallel_size or 1,
            dp = p.data_parallel_size or 1, pp = p.pipeline_parallel_size or 1 }
+end
+
+-- -- Plans --------------------------------------------------------------------------------
+
+-- A Lua pattern for a plan path: dots literal, "*" one path component.
+local function path_pattern(path)
+  return "^" .. path:gsub("%.", "%%."):gsub("%*", "[^.]+") .. "$"
+end
+
+-- Array of { path, module } of model's modules that match plan path `path`.
+local function matching(model, path)
+  local pat, out = path_pattern(path), {}
+  for _, nm in ipairs(model:named_modules()) do
+    if nm[1]:match(pat) then out[#out + 1] = nm end
+  end
+  return out
+end
+
+-- Every rank finds a plan's problem alike: reported once (tetra.dist.fail).
+local function plan_error(fmt, ...)
+  require("tetra.dist").fail("plan: " .. string.format(fmt, ...))
+end
+
+-- -- Applying a plan ----------------------------------------------------------------------
+
+local Par = {}
+Par.__index = Par
+
+-- (module path, param name) of every parameter slot of model, in named_parameters
+-- order, duplicates included (a tied head's weight appears under both modules).
+local function slots(model)
+  local out = {}
+  for _, nm in ipairs(model:named_modules()) do
+    local prefix = nm[1] == "" and "" or nm[1] .. "."
+    for _, pname in ipairs(nm[2]._param_names) do
+      local t = nm[2][pname]
+      if t ~= nil then out[#out + 1] = { prefix .. pname, t, nm[2], pname } end
+    end
+  end
+  return out
+end
+
+local function apply_tensor(par, plan, g)
+  local sliced, styled = {}, {}
+  for _, entry in ipairs(plan.tensor or {}) do
+    local path, style = entry[1], entry[2]
+    local found = matching(par.model, path)
+    if #found == 0 and not par.stage then
+      plan_error("tensor entry '%s' matches no module of the model", path)
+    end
+    for _, nm in ipairs(found) do
+      require("tetra.parallel.tensor").apply(nm[2], nm[1], style, g,
+                                             { sequence = par.sequence, sliced = sliced })
+      styled[nm[2]] = true
+    end
+  end
+  -- Sequence parallelism feeds every module between the styled regions a slice of the
+  -- sequence: one holding parameters without a style would train on partial gradients.
+  if par.sequence then
+    for _, nm in ipairs(par.model:named_modules()) do
+      local m = nm[2]
+      if #m._param_names > 0 and not styled[m] then
+        plan_error("under parallel.sequence_parallel every module with parameters needs a " ..
+                   "tensor style; %s has none (a per-token module takes 'sequence')", nm[1])
+      end
+    end
+  end
+  local head
+  for _, entry in ipairs(plan.tensor or {}) do
+    if entry[2] == "vocab_head" then
+      for _, nm in ipairs(matching(par.model, entry[1])) do head = nm[2] end
+    end
+  end
+  par.vocab_head = head and head.vocab_start and head or nil
+end
+
+-- Applies plan to model (built whole on every rank) for the layout of cfg on mesh.
+-- Returns par (see the top of this file).
+function parallel.apply(model, plan, mesh, cfg)
+  plan = plan or {}
+  local lay = parallel.layout(cfg)
+  local p = cfg.parallel or {}
+  local par = setmetatable({ model = model, mesh = mesh, layout = lay, plan = plan,
+                             sequence = p.sequence_parallel and lay.tp > 1 or false,
+                             device = C.TT_CPU }, Par)
+  -- Every slot's name in the whole model (by tensor: a shared tensor's first name).
+  local whole, canonical, count = {}, {}, {}
+  for _, s in ipairs(slots(model)) do
+    local key = T.key(s[2])
+    whole[key] = whole[key] or s[1]
+    canonical[s[1]] = whole[key]
+    count[whole[key]] = (count[whole[key]] or 0) + 1
+  end
+  if lay.pp > 1 then
+    if not plan.pipeline then plan_error("this model's plan has no pipeline entry") end
+    par.stage = require("tetra.parallel.pipeline").split(model, plan.pipeline, mesh.pp, cfg)
+  end
+  if lay.tp > 1 then apply_tensor(par, plan, mesh.tp) end
+  if lay.cp > 1 then
+    for _, path in ipairs(plan.context or {}) do
+      for _, nm in ipairs(matching(model, path)) do
+        require("tetra.parallel.context").apply(nm[2], mesh.cp)
+      end
+    end
+  end
+  -- Placements.
+  local present, local_count = {}, {}
+  local now = slots(model)
+  for _, s in ipairs(now) do present[s[1]] = true end
+  for _, s in ipairs(now) do
+    local name = canonical[s[1]]
+    local_count[name] = (local_count[name] or 0) + 1
+  end
+  local tied = {}
+  for _, s in ipairs(now) do
+    local m, pname, name = s[3], s[4], canonical[s[1]]
+    m._placement = m._placement or {}
+    local pl = m._placement[pname]
+    if not pl then
+      local shape = s[2]:shape()
+      pl = { dim = 0, offset = 0, length = shape[1], shape = shape }
+      m._placement[pname] = pl
+    end
+    pl.name = name
+    pl.tied = count[name] > local_count[name] or nil   -- some copies are on other stages
+    pl.primary = (pl.split or mesh.tp.rank == 0) and present[name] or false
+    if pl.tied and not tied[name] then
+      tied[name] = true
+      tied[#tied + 1] = { name = name, tensor = s[2] }
+    end
+  end
+  par.tied = tied
+  -- The first and last stage sum a tied parameter's gradients (every pp rank joins the
+  -- split; only a model with shared parameters needs the group).
+  local shared = false
+  for _, n in pairs(count) do shared = shared or n > 1 end
+  if lay.pp > 1 and shared then
+    local st = par.stage
+    par.tied_group = mesh.pp:split((st.is_first or st.is_last) and 0 or 1, st.stage, "tied")
+  end
+  return par
+end
+
+-- -- Placements -----------------------------------------------------------------------------
+
+-- Array of { name, tensor, placement } for every local parameter (each tensor once, in
+-- named_parameters order).
+function Par:placements()
+  local out, seen = {}, {}
+  for _, s in ipairs(slots(self.model)) do
+    local key = T.key(s[2])
+    if not seen[key] then
+      seen[key] = true
+      local pl = s[3]._placement and s[3]._placement[s[4]]
+      out[#out + 1] = { name = pl and pl.name or s[1], tensor = s[2], placement = pl or
+                        { dim = 0, offset = 0, length = s[2]:shape()[1], shape = s[2]:shape(),
+                          primary = true, name = s[1] } }
+    end
+  end
+  return out
+end
+
+-- Bytes of this rank's parameters, their gradients and the optimizer state of `opt`.
+function Par:memory(opt)
+  local params, state = 0, 0
+  for _, e in ipairs(self:placements()) do params = params + 4 * e.tensor:numel() end
+  for _, list in ipairs({ opt.m or {}, opt.v or {}, opt.buffers or {} }) do
+    for _, t in ipairs(list) do state = state + 4 * t:numel() end
+  end
+  return { params = params, grads = params, optimizer = state }
+end
+
+-- -- The step ----------------------------------------------------------------------------------
+
+-- This rank's part of tokens (b, T + 1): ids (b, t) and targets (b, t) (t = T / cp), and
+-- their positions in the sequence ((t) i64; nil without context parallelism), on the
+-- device of tokens.
+function Par:inputs(tokens)
+  local ids, targets, positions
+  if self.layout.cp > 1 then
+    local cpu = tokens._device == C.TT_CPU and tokens or
+                T.take(C.tt_to_device(tokens, C.TT_CPU, T.pout))
+    ids, targets, positions = require("tetra.parallel.context").slice(cpu, self.mesh.cp)
+    if cpu ~= tokens then F.free(cpu) end
+    if tokens._device ~= C.TT_CPU then
+      for _, name in ipairs({ "ids", "targets", "positions" }) do
+        local t = ({ ids = ids, targets = targets, positions = positions })[name]
+        local d = T.take(C.tt_to_device(t, tokens._device, T.pout))
+        F.free(t)
+        if name == "ids" then ids = d elseif name == "targets" then targets = d
+        else positions = d end
+      end
+    end
+  else
+    ids, targets = require("tetra.train").inputs_targets(tokens)
+  end
+  return ids, targets, positions
+end
+
+-- The sequence length of the activations between blocks for ids (b, t): t, or t / tp
+-- under sequence parallelism.
+function Par:activation_len(ids)
+  local t = tonumber(ids._shape[1])
+  return self.sequence and t / self.layout.tp or t
+end
+
+-- Mean cross-entropy of logits (b, t, V) (this rank's vocabulary columns under tensor
+-- parallelism) against targets (b, t).
+function Par:loss(logits, targets)
+  local head = self.vocab_head
+  if head then
+    return require("tetra.parallel.tensor").vocab_parallel_cross_entropy(
+      logits, targets, self.mesh.tp, head.vocab_start)
+  end
+  return F.cross_entropy(logits, targets)
+end
+
+-- The full (..., vocab_size) logits of forward's (gathered over the tensor-parallel
+-- group when the head splits the vocabulary).
+function Par:full_logits(logits)
+  if not self.vocab_head then return logits end
+  return self.mesh.tp:gather_from_group(logits, -1)
+end
+
+-- A parameter held by the first and the last stage (a tied embedding and head): each
+-- stage's gradient covers its own use, so the two are summed and both copies step alike.
+function Par:sync_tied_grads()
+  if not self.tied_group then return end
+  local st = self.stage
+  if not (st.is_first or st.is_last) then return end
+  table.sort(self.tied, function(a, b) return a.name < b.name end)
+  for _, e in ipairs(self.tied) do
+    local g = e.tensor.grad
+    if g == nil then error("tied parameter " .. e.name .. " has no gradient after backward", 0) end
+    self.tied_group:all_reduce(g, "sum")
+  end
+end
+
+-- Whether the gradient norm needs the other ranks: some parameters are split or exist
+-- once over several ranks (tensor, pipeline parallelism, ZeRO-1 shards).
+function Par:global_norm()
+  return self.layout.tp > 1 or self.layout.pp > 1
+end
+
+local norm_box = ffi.new("double[1]")
+
+local function sq_norm(list)
+  if #list == 0 then return 0.0 end
+  require("tetra.ffi").check(C.tt_grad_norm(T.tensor_array(list), #list, norm_box), 3)
+  return norm_box[0] * norm_box[0]
+end
+
+-- The gradient norm of the whole model and clipping by it: the squares of the primary
+-- copies (each parameter, or each ZeRO-1 shard of one, once), summed over every rank.
+-- shards: ddp.shards under ZeRO-1 (the optimizer's params are those shards), else nil.
+-- Scales every gradient the optimizer uses by min(1, max_norm / (norm + 1e-6)), as
+-- tt_clip_grad_norm does. Returns the norm.
+function Par:clip_grad_norm(opt, max_norm, shards)
+  local counted = {}
+  if shards then
+    local params = self:placements()
+    for _, s in ipairs(shards) do
+      if params[s.param].placement.primary then counted[#counted + 1] = s.tensor end
+    end
+  else
+    for _, e in ipairs(self:placements()) do
+      if e.placement.primary then counted[#counted + 1] = e.tensor end
+    end
+  end
+  -- Without ZeRO-1 every dp x cp replica holds the same gradients: counted once.
+  local replicas = shards and 1 or self.mesh.dpcp.size
+  local norm = math.sqrt(self.mesh.world:sum(sq_norm(counted)) / replicas)
+  if max_norm and max_norm > 0 and norm == norm and norm < math.huge then
+    local coef = max_norm / (norm + 1e-6)
+    if coef < 1.0 then
+      for _, p in ipairs(opt.params) do
+        local g = p.grad
+        if g ~= nil then
+          local s = T.scale(g, coef)
+          require("tetra.ffi").check(C.tt_copy_(g, s))
+          F.free(s)
+        end
+      end
+    end
+  end
+  return norm
 end
 
 return setmetatable(parallel, {

@@ -1,28 +1,34 @@
 -- tetra.parallel.pipeline: pipeline parallelism over the mesh's pp group.
 --
 --   local pp = tetra.parallel.pipeline
---   pp.stage_layers(n_layers, stages, counts)   -- layers per stage (uniform, or counts)
+--   pp.stage_layers(n_layers, stages, counts)   -- blocks per stage (uniform, or counts)
 --   pp.schedule(kind, stages, stage, n_micro)   -- this stage's ops: { "F"|"B", micro }
---   local pipe = pp.split(model, mesh.pp, cfg)  -- keeps this stage's part of model
---   pipe:train_step(tokens, n_micro, ddp)       -- forward + backward of every micro-batch
---                                               -- -> the summed micro-batch losses
+--   pp.split(model, plan.pipeline, group, cfg)  -- keeps this stage's part of model
+--   local pipe = pp.runner(par, cfg)            -- the pipelined step (tetra.parallel.step)
+--   pipe:train_step(tokens, n_micro, before_backward) -> summed micro-batch losses
 --   pipe:forward_loss(tokens)                   -- no tape: the mean loss of one batch
---   pipe:clip_grad_norm(params, max_norm)       -- the global norm over every stage
 --
 -- Stage s of S holds a contiguous run of the model's blocks (uniformly: n_layers / S
 -- each, the first n_layers % S stages one more; or parallel.pipeline_stages), the first
--- stage the embedding too, the last one the final norm, the head and the loss. The model
--- needs embed(ids) -> (B, T, dim), a ModuleList `layers` and head(h) -> logits (see
--- recipes/llama.lua). Every rank builds the whole model from the same seed, then drops
--- what other stages hold, so each stage's weights equal the single-process ones.
+-- stage the modules of the plan's `first` list (the embedding), the last one those of
+-- `last` (the final norm, the head) and the loss. The model runs as three parts:
+-- model:embed(ids, positions) -> (B, T, dim), the blocks (a ModuleList the plan names,
+-- called with (x, positions)) and model:head(h) -> logits. Every rank builds the whole
+-- model from the same seed, then drops what other stages hold, so each stage's weights
+-- equal the single-process ones. A head that reuses the embedding's matrix (tied) keeps
+-- its copy on the last stage; the gradients of the two copies are summed over the first
+-- and last stage after backward (tetra.parallel), so both take the same update.
 --
--- One optimizer step: every stage sees the same micro-batches. A forward (F) receives
--- the activations (B_micro, T, dim) from the previous stage (the first stage embeds the
--- tokens), runs its blocks and sends the result to the next stage (the last one computes
--- the loss / n_micro). A backward (B) receives the gradient of that result from the next
--- stage (the last one starts from its loss), backpropagates with it and sends the
--- gradient of its received activations back. The tape holds every micro-batch in flight;
--- each backward runs only the nodes of its own micro-batch (engine/autograd.c).
+-- One optimizer step: every stage sees the same micro-batches, sliced the same way for
+-- context parallelism. A forward (F) receives the activations from the previous stage
+-- (the first stage embeds the tokens), runs its blocks and sends the result to the next
+-- stage (the last one computes the loss / n_micro). A backward (B) receives the gradient
+-- of that result from the next stage (the last one starts from its loss), backpropagates
+-- with it and sends the gradient of its received activations back. The tape holds every
+-- micro-batch in flight; each backward runs only the nodes of its own micro-batch
+-- (engine/autograd.c). Under tensor parallelism each tensor-parallel rank talks to its
+-- counterpart (the pp group joins ranks of equal tp, cp and dp coordinates); with
+-- sequence parallelism the activations are this rank's slice of the sequence.
 -- Schedules (parallel.pipeline_schedule):
 --   gpipe  every forward, then every backward in reverse order;
 --   1f1b   stage s runs S - 1 - s forwards ahead, then alternates one forward and one
@@ -99,46 +105,53 @@ local function drop(module, name)
   module._child_names = names
 end
 
+-- Keeps this stage's part of model (built whole from the seed). stages: the plan's
+-- pipeline entry { blocks =, first =, last = }. The kept blocks keep their names (<blocks>.<index in
+-- the whole model>). Returns the stage's description { stage, stages, is_first,
+-- is_last, first_layer, n_layers, blocks (the ModuleList) }.
+function M.split(model, stages, group, cfg)
+  local p = cfg.parallel or {}
+  local S, s = group.size, group.rank
+  local blocks = model:get(stages.blocks)
+  local counts = M.stage_layers(#blocks, S, p.pipeline_stages)
+  local first = 0
+  for i = 1, s do first = first + counts[i] end
+  local kept = {}
+  for i = 1, #blocks do
+    local idx = i - 1
+    if idx >= first and idx < first + counts[s + 1] then
+      kept[#kept + 1] = { tostring(idx), blocks[i] }
+    else
+      blocks[tostring(idx)] = nil
+    end
+    blocks[i] = nil
+  end
+  blocks._child_names = {}
+  for j, nm in ipairs(kept) do
+    blocks[j] = nm[2]
+    blocks._child_names[j] = nm[1]
+  end
+  local info = { stage = s, stages = S, is_first = s == 0, is_last = s == S - 1,
+                 first_layer = first, n_layers = counts[s + 1], blocks = blocks }
+  if not info.is_first then
+    for _, name in ipairs(stages.first or {}) do drop(model, name) end
+  end
+  if not info.is_last then
+    for _, name in ipairs(stages.last or {}) do drop(model, name) end
+  end
+  return info
+end
+
 local Pipeline = {}
 Pipeline.__index = Pipeline
 
--- Keeps this stage's part of model (built whole from the seed) and returns the stage's
--- runner; model.pipeline is set to it. The kept blocks keep their names
--- (layers.<index in the whole model>). cfg: the run's config (model.n_layers,
--- parallel.pipeline_stages, parallel.pipeline_schedule, model.dim, model.seq_len).
-function M.split(model, group, cfg)
-  local p = cfg.parallel or {}
-  local S, s = group.size, group.rank
-  local counts = M.stage_layers(cfg.model.n_layers, S, p.pipeline_stages)
-  local first = 0
-  for i = 1, s do first = first + counts[i] end
-  local layers, kept = model.layers, {}
-  for i = 1, #layers do
-    local idx = i - 1
-    if idx >= first and idx < first + counts[s + 1] then
-      kept[#kept + 1] = { tostring(idx), layers[i] }
-    else
-      layers[tostring(idx)] = nil
-    end
-    layers[i] = nil
-  end
-  layers._child_names = {}
-  for j, nm in ipairs(kept) do
-    layers[j] = nm[2]
-    layers._child_names[j] = nm[1]
-  end
-  local self = setmetatable({ model = model, group = group, stage = s, stages = S,
-                              is_first = s == 0, is_last = s == S - 1,
-                              first_layer = first, n_layers = counts[s + 1],
-                              kind = p.pipeline_schedule or "1f1b",
-                              dim = cfg.model.dim }, Pipeline)
-  if not self.is_first then drop(model, "tok_embeddings") end
-  if not self.is_last then
-    drop(model, "norm")
-    drop(model, "output")
-  end
-  model.pipeline = self
-  return self
+-- The runner of this stage for the applied parallelism `par` (tetra.parallel.apply).
+function M.runner(par, cfg)
+  local st = par.stage
+  return setmetatable({ par = par, model = par.model, group = par.mesh.pp, stage = st.stage,
+                        stages = st.stages, is_first = st.is_first, is_last = st.is_last,
+                        blocks = st.blocks, kind = (cfg.parallel or {}).pipeline_schedule or "1f1b",
+                        dim = cfg.model.dim }, Pipeline)
 end
 
 -- Tags keep each micro-batch's activation and gradient messages apart.
@@ -154,94 +167,84 @@ local function micro_rows(tokens, m, n)
   return c
 end
 
--- The input of this stage for tokens (b, T + 1): the embedded ids on the first stage
--- (and the targets on the last), else the activations received from the previous stage
--- as a leaf that requires grad (its .grad is what goes back). With `record` false the
--- received tensor is a plain leaf (no tape).
-function Pipeline:stage_input(tokens, m, record)
-  if self.is_first or self.is_last then
-    local ids, targets = require("tetra.train").inputs_targets(tokens)
-    if not self.is_last then free(targets); targets = nil end
-    if not self.is_first then
-      free(ids)
-      return self:receive(tokens, m, record), targets
-    end
-    local x = self.model:embed(ids)
-    free(ids)
-    return x, targets
-  end
-  return self:receive(tokens, m, record), nil
-end
-
--- The activations (b, T, dim) of micro-batch m from the previous stage.
-function Pipeline:receive(tokens, m, record)
-  local x = F.empty({ tonumber(tokens._shape[0]), tonumber(tokens._shape[1]) - 1, self.dim },
-                    C.TT_F32)
+-- The activations (b, t, dim) of micro-batch m from the previous stage, t the length of
+-- this rank's part of the sequence (context and sequence parallelism cut it).
+function Pipeline:receive(ids, m, record)
+  local x = F.empty({ tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim },
+                    C.TT_F32, self.par.device)
   self.group:recv(x, self.stage - 1, act_tag(m))
   if record then tffi.check(C.tt_set_requires_grad(x, 1)) end
   return x
 end
 
--- Runs this stage's blocks on x; the last stage returns the mean loss against targets,
--- the others send the result on and return it.
-function Pipeline:stage_output(x, targets, m)
-  local h = self.model.layers(x)
-  if not self.is_last then
-    self.pending[#self.pending + 1] = self.group:send_async(h, self.stage + 1, act_tag(m))
-    return h
+-- Forward of this stage for micro-batch m of tokens (b, T + 1): returns the stage's
+-- input (the received activations, nil on the first stage) and its output (the mean
+-- loss on the last stage; else the activations, already on their way to the next).
+function Pipeline:forward(tokens, m, record)
+  local ids, targets, positions = self.par:inputs(tokens)
+  local x, h
+  if self.is_first then
+    h = self.model:embed(ids, positions)
+  else
+    x = self:receive(ids, m, record)
   end
-  local logits = self.model:head(h)
-  free(h)
-  local loss = self.model:cross_entropy(logits, targets)
+  local y = self.blocks(h or x, positions)
+  if h then free(h) end
+  free(ids); free(positions)
+  if not self.is_last then
+    free(targets)
+    self.pending[#self.pending + 1] = self.group:send_async(y, self.stage + 1, act_tag(m))
+    return x, y
+  end
+  local logits = self.model:head(y)
+  free(y)
+  local loss = self.par:loss(logits, targets)
   free(logits); free(targets)
-  return loss
+  return x, loss
 end
 
 -- Forward and backward of tokens' n_micro micro-batches (the rows of this DP rank),
 -- following the schedule; the parameters' .grad accumulate the gradient of the mean
--- micro-batch loss. ddp:before_backward(is_last) runs before each backward (DP armed
--- for the last one). Returns the sum of the micro-batch losses (the same on every
+-- micro-batch loss, times loss_scale (fp16; 1 otherwise). before_backward(is_last) runs
+-- before each backward. Returns the sum of the micro-batch losses (the same on every
 -- stage: the last one broadcasts it).
-function Pipeline:train_step(tokens, n_micro, ddp)
+function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
   local rows = tonumber(tokens._shape[0]) / n_micro
   local inputs, roots, loss_sum = {}, {}, 0.0
   self.pending = {}
-  local ops = M.schedule(self.kind, self.stages, self.stage, n_micro)
   local n_backward = 0
-  for _, op in ipairs(ops) do
+  for _, op in ipairs(M.schedule(self.kind, self.stages, self.stage, n_micro)) do
     local m = op[2]
     if op[1] == "F" then
       local mb = micro_rows(tokens, m, rows)
-      local x, targets = self:stage_input(mb, m, true)
+      local x, y = self:forward(mb, m, true)
       if mb ~= tokens then free(mb) end
-      local y = self:stage_output(x, targets, m)
       if self.is_last then
         loss_sum = loss_sum + F.item(y)
-        if n_micro > 1 then
-          local mean = F.scale(y, 1.0 / n_micro)
+        local s = (loss_scale or 1.0) / n_micro
+        if s ~= 1.0 then
+          local scaled = F.scale(y, s)
           free(y)
-          y = mean
+          y = scaled
         end
       end
-      if self.is_first then free(x) else inputs[m] = x end
-      roots[m] = y
+      inputs[m], roots[m] = x, y
     else
       n_backward = n_backward + 1
-      ddp:before_backward(n_backward == n_micro)
+      before_backward(n_backward == n_micro)
       local y = roots[m]
       if self.is_last then
         F.backward(y)
       else
-        local g = F.empty({ tonumber(y._shape[0]), tonumber(y._shape[1]), self.dim },
-                          C.TT_F32)
+        local g = F.empty(y:shape(), C.TT_F32, self.par.device)
         self.group:recv(g, self.stage + 1, grad_tag(m))
         tffi.check(C.tt_backward_with(y, g))
         free(g)
       end
       free(y)
       roots[m] = nil
-      if not self.is_first then   -- the handle keeps x.grad alive until the send ends
-        local x = inputs[m]
+      local x = inputs[m]
+      if x then   -- the handle keeps x.grad alive until the send ends
         self.pending[#self.pending + 1] = self.group:send_async(x.grad, self.stage - 1,
                                                                 grad_tag(m))
         free(x)
@@ -269,27 +272,13 @@ end
 function Pipeline:forward_loss(tokens)
   return F.no_grad(function()
     self.pending = {}
-    local x, targets = self:stage_input(tokens, 0, false)
-    local y = self:stage_output(x, targets, 0)
+    local x, y = self:forward(tokens, 0, false)
     local loss = self.is_last and F.item(y) or 0.0
-    free(x)
     for _, h in ipairs(self.pending) do h:wait() end
     self.pending = nil
-    free(y)
+    free(x); free(y)
     return self:share_loss(loss)
   end)
-end
-
--- The gradient norm of the whole model (each stage holds its own parameters: the
--- squares add over the pp group); clips like tt_clip_grad_norm. Returns the norm.
-function Pipeline:clip_grad_norm(params, max_norm)
-  return require("tetra.parallel.tensor").clip_grad_norm(params, {}, self.group, max_norm)
-end
-
--- Routes opt:clip_grad_norm through the norm over every stage.
-function Pipeline:attach_optimizer(opt)
-  local pipe = self
-  opt.clip_grad_norm = function(o, max_norm) return pipe:clip_grad_norm(o.params, max_norm) end
 end
 
 return M

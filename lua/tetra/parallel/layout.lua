@@ -1,0 +1,134 @@
+-- tetra.parallel.layout: every rule about the parallel layout, in one place (the role of
+-- torchtitan's ParallelDims). tetra.config runs it while it validates a config, before
+-- a model is built or anything large allocated; each broken rule is one line naming the
+-- keys, their values and the fix.
+--
+--   layout.check(cfg, world_size)   -- raises the first problem (a config error)
+--   layout.problems(cfg, world_size) -- every problem, as an array of lines
+local M = {}
+
+-- Appends the problem `fmt, ...` to list.
+local function add(list, fmt, ...) list[#list + 1] = string.format(fmt, ...) end
+
+local function sizes(p)
+  return p.tensor_parallel_size or 1, p.context_parallel_size or 1,
+         p.data_parallel_size or 1, p.pipeline_parallel_size or 1
+end
+
+-- The rules of the mesh itself: its size and order, the batch split.
+local function mesh_rules(cfg, world, out)
+  local p, t = cfg.parallel or {}, cfg.train
+  local tp, cp, dp, pp = sizes(p)
+  local need = tp * cp * dp * pp
+  if world and world ~= need then
+    add(out, "this layout needs %d processes (data %d x tensor %d x pipeline %d x context %d) " ..
+        "but %d %s running: run it with `mpirun -np %d tetra run ...`, or change " ..
+        "parallel.*_parallel_size so that their product is %d",
+        need, dp, tp, pp, cp, world, world == 1 and "is" or "are", need, world)
+  end
+  local dims = {}
+  for d in (p.order or "tp-cp-dp-pp"):gmatch("[^-]+") do dims[#dims + 1] = d end
+  table.sort(dims)
+  if table.concat(dims, "-") ~= "cp-dp-pp-tp" then
+    add(out, "parallel.order must name tp, cp, dp and pp once each (e.g. 'tp-cp-dp-pp'), got '%s'",
+        tostring(p.order))
+  end
+  if (p.zero_stage or 0) > 1 then
+    add(out, "parallel.zero_stage must be 0 or 1, got %d", p.zero_stage)
+  end
+  local accum = t.gradient_accumulation_steps or 1
+  if t.batch_size % (accum * dp) ~= 0 then
+    add(out, "train.batch_size (%d) must be a multiple of train.gradient_accumulation_steps x " ..
+        "parallel.data_parallel_size (%d x %d = %d)", t.batch_size, accum, dp, accum * dp)
+  end
+end
+
+-- Tensor and sequence parallelism: what the model's sizes must allow.
+local function tensor_rules(cfg, out)
+  local m, p = cfg.model or {}, cfg.parallel or {}
+  local tp, cp = sizes(p)
+  if p.sequence_parallel and tp == 1 then
+    add(out, "parallel.sequence_parallel=true needs parallel.tensor_parallel_size > 1 " ..
+        "(it splits the sequence over the tensor-parallel ranks)")
+  end
+  if tp == 1 then return end
+  local function divides(key, why)
+    local v = m[key]
+    if v and v % tp ~= 0 then
+      add(out, "parallel.tensor_parallel_size (%d) must divide model.%s (%d)%s", tp, key, v, why)
+    end
+  end
+  divides("n_heads", " for tensor parallelism (attention heads are split)")
+  if m.n_kv_heads and m.n_kv_heads < tp then
+    add(out, "model.n_kv_heads (%d) is below parallel.tensor_parallel_size (%d): key/value " ..
+        "heads would have to be replicated, which is not implemented yet; use at most %d " ..
+        "tensor-parallel ranks", m.n_kv_heads, tp, m.n_kv_heads)
+  else
+    divides("n_kv_heads", " for tensor parallelism (key/value heads are split)")
+  end
+  divides("ffn_hidden", " for tensor parallelism (MLP hidden units are split)")
+  divides("vocab_size", " for the vocab-parallel embedding and head (pad the vocabulary " ..
+          "to a multiple of it)")
+  if p.sequence_parallel and m.seq_len and (m.seq_len / cp) % tp ~= 0 then
+    add(out, "model.seq_len (%d) / parallel.context_parallel_size (%d) must be a multiple of " ..
+        "parallel.tensor_parallel_size (%d) with sequence parallelism", m.seq_len, cp, tp)
+  end
+end
+
+local function context_rules(cfg, out)
+  local m, p = cfg.model or {}, cfg.parallel or {}
+  local _, cp = sizes(p)
+  if cp > 1 and m.seq_len and m.seq_len % (2 * cp) ~= 0 then
+    add(out, "model.seq_len (%d) must be a multiple of 2 x parallel.context_parallel_size (%d)",
+        m.seq_len, 2 * cp)
+  end
+end
+
+local function pipeline_rules(cfg, out)
+  local m, p = cfg.model or {}, cfg.parallel or {}
+  local _, _, _, pp = sizes(p)
+  local v = p.virtual_pipeline_size or 1
+  local schedule = p.pipeline_schedule or "1f1b"
+  if schedule == "interleaved_1f1b" or v > 1 then
+    add(out, "parallel.pipeline_schedule=interleaved_1f1b / virtual_pipeline_size=%d: " ..
+        "interleaved stages are not implemented yet; use pipeline_schedule gpipe or 1f1b " ..
+        "with virtual_pipeline_size 1", v)
+  end
+  if m.n_layers and m.n_layers < pp then
+    add(out, "model.n_layers (%d) must be at least parallel.pipeline_parallel_size (%d): " ..
+        "every stage needs a block", m.n_layers, pp)
+  end
+  if p.pipeline_stages then
+    if #p.pipeline_stages ~= pp then
+      add(out, "parallel.pipeline_stages has %d entries, expected one per stage (%d)",
+          #p.pipeline_stages, pp)
+    end
+    local sum = 0
+    for i, n in ipairs(p.pipeline_stages) do
+      sum = sum + n
+      if n < 1 then add(out, "parallel.pipeline_stages[%d] is %d: every stage needs a block", i, n) end
+    end
+    if m.n_layers and sum ~= m.n_layers then
+      add(out, "parallel.pipeline_stages adds up to %d layers, model.n_layers is %d", sum, m.n_layers)
+    end
+  end
+end
+
+-- Every problem of cfg's layout (an empty array when there is none). world: the number
+-- of processes (nil: not checked).
+function M.problems(cfg, world)
+  local out = {}
+  mesh_rules(cfg, world, out)
+  tensor_rules(cfg, out)
+  context_rules(cfg, out)
+  pipeline_rules(cfg, out)
+  return out
+end
+
+-- Raises the first problem as a config error (tetra.config prints it once, on rank 0).
+function M.check(cfg, world)
+  local problems = M.problems(cfg, world)
+  if #problems > 0 then require("tetra.config").error("%s", problems[1]) end
+end
+
+return M
