@@ -454,6 +454,11 @@ int tt_comm_test(tt_comm_handle *h, int *done) {
   return finish_without_grad(h);
 }
 
+/* Seconds callers spent blocked in tt_comm_wait (every blocking collective waits there). */
+static double g_wait_s = 0.0;
+
+double tt_dist_wait_seconds(void) { return g_wait_s; }
+
 int tt_comm_wait(tt_comm_handle *h) {
   if (h->done) return 0;
   double start = tt_dist_now();
@@ -471,6 +476,7 @@ int tt_comm_wait(tt_comm_handle *h) {
       nanosleep(&ts, NULL);
     }
   }
+  g_wait_s += tt_dist_now() - start;
   return finish_without_grad(h);
 }
 

@@ -49,6 +49,10 @@ void tt_dist_await_abort(double grace_s);
 /* Watchdog deadline for each wait, in seconds (<= 0: wait forever). Default 600. */
 void tt_dist_set_timeout(double seconds);
 double tt_dist_get_timeout(void);
+/* Seconds this process has spent blocked waiting for communication (every blocking
+** collective and tt_comm_wait), since it started: the communication that computation
+** did not hide, pipeline bubbles included. */
+double tt_dist_wait_seconds(void);
 /* The training step the watchdog names in its report. */
 void tt_dist_set_step(int64_t step);
 int64_t tt_dist_get_step(void);

@@ -263,7 +263,7 @@ function train.setup(cfg, model, data, opts)
 
   function env.step()
     local step = env.step_count + 1
-    local t0 = metrics.now()
+    local t0, wait0 = metrics.now(), C.tt_dist_wait_seconds()
     ddp:begin_step()
     local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
     local mine = ddp:batch_slice(global)
@@ -290,7 +290,9 @@ function train.setup(cfg, model, data, opts)
     local r = { step = step, loss = global_mean(loss_sum / accum), lr = lr,
                 grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
                 step_time_s = dt, data_wait_s = data_wait,
-                exposed_comm_s = ddp.exposed_comm_s,
+                exposed_comm_s = C.tt_dist_wait_seconds() - wait0,
+                param_bytes = env.memory.params, grad_bytes = env.memory.grads,
+                optimizer_bytes = env.memory.optimizer,
                 loss_scale = ctx:scale(), skipped = skipped }
     if data.stats then   -- tetra.data's loader reports its own throughput and queue
       local s = data:stats()

@@ -9,8 +9,8 @@ return {
     { "tok_embeddings", "vocab" },
     { "layers.*.attention_norm", "sequence" },
     { "layers.*.attention.wq", "column" },
-    { "layers.*.attention.wk", "column" },
-    { "layers.*.attention.wv", "column" },
+    { "layers.*.attention.wk", "heads_column" },   -- fewer key/value heads than ranks:
+    { "layers.*.attention.wv", "heads_column" },   -- each held by several ranks
     { "layers.*.attention.wo", "row" },
     { "layers.*.ffn_norm", "sequence" },
     { "layers.*.feed_forward.w1", "column" },

@@ -7,13 +7,13 @@ tetra="${1:?usage: $0 /path/to/tetra}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 [ -f "$root/recipes/tiny.lua" ] || { echo "skipped: recipes/tiny.lua is missing"; exit 77; }
 command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
-# refused_once WHAT MESSAGE --set ...: a 2-rank run that must fail (no hang) with MESSAGE
-# printed exactly once (by rank 0).
+# refused_once WHAT MESSAGE --set ...: a run on $NP ranks (default 2) that must fail (no
+# hang) with MESSAGE printed exactly once (by rank 0).
 refused_once() {
   local what="$1" msg="$2"
   shift 2
   local out rc n
-  out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" "$@" 2>&1)"
+  out="$(timeout 120 mpirun --oversubscribe -np "${NP:-2}" "$tetra" run "$root/recipes/tiny.lua" "$@" 2>&1)"
   rc=$?
   n=$(echo "$out" | grep -c "$msg")
   if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
@@ -26,8 +26,9 @@ refused_once() {
 refused_once "data_parallel_size=3 on 2 ranks" "needs 3 processes" \
   --set parallel.data_parallel_size=3 --set train.batch_size=6
 # Rules tetra.parallel.layout owns, each one line before anything is built.
-refused_once "vocabulary not divisible by tp" "must divide model.vocab_size (255)" \
-  --set parallel.tensor_parallel_size=2 --set model.vocab_size=255
+NP=4 refused_once "key/value heads tp does not share out" \
+  "parallel.tensor_parallel_size (4) must be a multiple of model.n_kv_heads (3)" \
+  --set parallel.tensor_parallel_size=4 --set model.n_heads=12 --set model.n_kv_heads=3 --set model.dim=48
 refused_once "sequence parallelism without tp" "parallel.sequence_parallel=true needs parallel.tensor_parallel_size > 1" \
   --set parallel.data_parallel_size=2 --set parallel.sequence_parallel=true
 refused_once "interleaved stages" "interleaved stages are not implemented yet" \

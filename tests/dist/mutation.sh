@@ -83,6 +83,9 @@ mutant tied_sum parallel/init.lua 'self.tied_group:all_reduce(g, "sum")' "local 
 # Sequence parallelism: the norms' weight gradients left partial (not summed over tp).
 mutant sp_partial_grads parallel/tensor.lua "self[name] = g:copy_to_group(p)" "self[name] = F.scale(p, 1.0)" \
   llama_tp2_sp grad_norm
+# A key/value head held by two ranks: their weight gradients not summed.
+mutant kv_copies parallel/tensor.lua "local w = copies:copy_to_group(self.weight)" \
+  "local w = F.scale(self.weight, 1.0)" llama_tp4_kv2 grad_norm
 # Tensor-parallel layers left in f32 under bf16 (amp's GEMM not used).
 mutant tp_precision parallel/tensor.lua "local y = self.gemm(xc, self.weight, self.bias)" \
   "local y = F.linear(xc, self.weight, self.bias)" llama_tp2_bf16 loss

@@ -97,7 +97,7 @@ local function slots(model)
 end
 
 local function apply_tensor(par, plan, g)
-  local sliced, styled = {}, {}
+  local sliced, styled, groups = {}, {}, {}
   for _, entry in ipairs(plan.tensor or {}) do
     local path, style = entry[1], entry[2]
     local found = matching(par.model, path)
@@ -105,8 +105,10 @@ local function apply_tensor(par, plan, g)
       plan_error("tensor entry '%s' matches no module of the model", path)
     end
     for _, nm in ipairs(found) do
+      local parent = par.model:get(nm[1]:match("^(.*)%.[^.]+$") or "")
       require("tetra.parallel.tensor").apply(nm[2], nm[1], style, g,
-                                             { sequence = par.sequence, sliced = sliced })
+        { sequence = par.sequence, sliced = sliced, groups = groups,
+          head_dim = parent and parent.head_dim })
       styled[nm[2]] = true
     end
   end
@@ -179,7 +181,14 @@ function parallel.apply(model, plan, mesh, cfg)
     end
     pl.name = name
     pl.tied = count[name] > local_count[name] or nil   -- some copies are on other stages
-    pl.primary = (pl.split or mesh.tp.rank == 0) and present[name] or false
+    -- Counted once: a slice by the first of the ranks that hold it, a whole parameter by
+    -- tp rank 0, a tied copy not on the stage that owns the parameter.
+    if pl.split then
+      pl.primary = (pl.copy_rank or 0) == 0
+    else
+      pl.primary = mesh.tp.rank == 0
+    end
+    pl.primary = pl.primary and present[name] or false
     if pl.tied and not tied[name] then
       tied[name] = true
       tied[#tied + 1] = { name = name, tensor = s[2] }
@@ -274,8 +283,25 @@ end
 -- The full (..., vocab_size) logits of forward's (gathered over the tensor-parallel
 -- group when the head splits the vocabulary).
 function Par:full_logits(logits)
-  if not self.vocab_head then return logits end
-  return self.mesh.tp:gather_from_group(logits, -1)
+  local head = self.vocab_head
+  if not head then return logits end
+  local pl = head._placement.weight
+  local V, part = pl.shape[1], math.ceil(pl.shape[1] / self.layout.tp)
+  if pl.length == part then return self.mesh.tp:gather_from_group(logits, -1) end
+  -- The last rank holds fewer rows: every rank sends `part` columns (zeros after its
+  -- own), and the whole vocabulary is the first V columns of what arrives.
+  local shape = logits:shape()
+  shape[#shape] = part
+  local padded = F.zeros(shape)
+  local own = F.narrow(padded, #shape - 1, 0, pl.length)
+  require("tetra.ffi").check(C.tt_copy_(own, logits))
+  F.free(own)
+  local all = self.mesh.tp:gather_from_group(padded, -1)
+  F.free(padded)
+  local v = F.narrow(all, #shape - 1, 0, V)
+  local full = F.contiguous(v)
+  F.free(v); F.free(all)
+  return full
 end
 
 -- A parameter held by the first and the last stage (a tied embedding and head): each

@@ -59,16 +59,21 @@ local function tensor_rules(cfg, out)
     end
   end
   divides("n_heads", " for tensor parallelism (attention heads are split)")
-  if m.n_kv_heads and m.n_kv_heads < tp then
-    add(out, "model.n_kv_heads (%d) is below parallel.tensor_parallel_size (%d): key/value " ..
-        "heads would have to be replicated, which is not implemented yet; use at most %d " ..
-        "tensor-parallel ranks", m.n_kv_heads, tp, m.n_kv_heads)
-  else
+  local kv = m.n_kv_heads
+  if kv and kv < tp and tp % kv ~= 0 then
+    add(out, "parallel.tensor_parallel_size (%d) must be a multiple of model.n_kv_heads (%d) " ..
+        "when there are fewer key/value heads than tensor-parallel ranks (each head is " ..
+        "held by tp / n_kv_heads ranks)", tp, kv)
+  elseif kv and kv >= tp then
     divides("n_kv_heads", " for tensor parallelism (key/value heads are split)")
   end
   divides("ffn_hidden", " for tensor parallelism (MLP hidden units are split)")
-  divides("vocab_size", " for the vocab-parallel embedding and head (pad the vocabulary " ..
-          "to a multiple of it)")
+  -- The vocabulary splits in parts of ceil(V / tp) rows: every rank needs one.
+  local V = m.vocab_size
+  if V and (tp - 1) * math.ceil(V / tp) >= V then
+    add(out, "model.vocab_size (%d) is too small for parallel.tensor_parallel_size (%d): " ..
+        "split in parts of %d rows, the last rank would hold none", V, tp, math.ceil(V / tp))
+  end
   if p.sequence_parallel and m.seq_len and (m.seq_len / cp) % tp ~= 0 then
     add(out, "model.seq_len (%d) / parallel.context_parallel_size (%d) must be a multiple of " ..
         "parallel.tensor_parallel_size (%d) with sequence parallelism", m.seq_len, cp, tp)

@@ -8,11 +8,16 @@
 --   column      a Linear whose output features (W rows, bias) are split: x replicated
 --               goes in through copy_to_group (identity forward; backward all-reduces dx,
 --               every rank having used the same x); the output stays split.
+--   heads_column  column-parallel by whole attention heads (key and value projections):
+--               with fewer heads than ranks each head sits on tp / heads ranks, whose
+--               weight gradients (from their own query heads) are summed.
 --   row         a Linear whose input features (W columns) are split: the partial
 --               products are summed by reduce_from_group; the bias (replicated) is added
 --               once, after the sum.
 --   vocab       an Embedding whose rows (the vocabulary) are split: ids outside this
---               rank's rows give 0, and the all-reduce adds the owner's row.
+--               rank's rows give 0, and the all-reduce adds the owner's row. A
+--               vocabulary tp does not divide splits unevenly (the last rank holds fewer
+--               rows): no padding enters the loss.
 --   vocab_head  a language-model head: column-parallel, the logits stay split over the
 --               vocabulary and the loss is the vocab-parallel cross-entropy.
 --   sequence    a per-token module (a norm) that holds replicated weights.
@@ -41,21 +46,25 @@ local M = {}
 
 -- -- Slicing ----------------------------------------------------------------------------
 
--- The part of `n` rows rank `rank` of `size` holds: offset, length.
+-- The part of `n` rows that rank `rank` of `size` holds: offset, length. Equal parts
+-- when size divides n; else (a vocabulary) parts of ceil(n / size) rows, the last rank
+-- holding what is left, so the split logits of all ranks gathered side by side are the
+-- whole vocabulary followed by padding.
 function M.part(n, size, rank)
-  local len = n / size
-  return rank * len, len
+  local len = math.ceil(n / size)
+  local offset = rank * len
+  return offset, math.max(0, math.min(len, n - offset))
 end
 
 -- Rows [offset, offset + length) of param `name` of module m along dim, as a new leaf
 -- parameter; `sliced` (tensor key -> slice) makes a tensor two modules share (a tied
--- embedding and head) one shared slice. Records the placement.
-local function slice_param(m, name, dim, group, sliced)
+-- embedding and head) one shared slice. Records the placement; copy_rank (optional): this
+-- rank's index among the ranks that hold the same slice.
+local function slice_param(m, name, dim, offset, length, sliced, copy_rank)
   local p = m[name]
   if p == nil then return end
   local key = T.key(p)
   local full = p:shape()
-  local offset, length = M.part(full[dim + 1], group.size, group.rank)
   local s = sliced[key]
   if not s then
     s = T.no_grad(function()
@@ -70,7 +79,15 @@ local function slice_param(m, name, dim, group, sliced)
   m[name] = s
   m._placement = m._placement or {}
   m._placement[name] = { dim = dim, offset = offset, length = length, shape = full,
-                         split = true }
+                         split = true, copy_rank = copy_rank }
+end
+
+-- slice_param for this rank's part (M.part) of the group.
+local function split_param(m, name, dim, group, sliced)
+  local p = m[name]
+  if p == nil then return end
+  local offset, length = M.part(p:shape()[dim + 1], group.size, group.rank)
+  slice_param(m, name, dim, offset, length, sliced)
 end
 
 -- The sequence dim of an activation (B, T, D) or (T, D): the one before the features.
@@ -96,6 +113,20 @@ local function column_forward(g, sp)
     local xc = gather_input(g, sp, x)
     local y = self.gemm(xc, self.weight, self.bias)
     free(xc)
+    return y
+  end
+end
+
+-- A column-parallel layer whose slice (a key/value head) several ranks hold: its weights
+-- go through copy_to_group over those ranks (`copies`), so their gradients, each from
+-- the rank's own query heads, are summed.
+local function replicated_column_forward(g, sp, copies)
+  return function(self, x)
+    local xc = gather_input(g, sp, x)
+    local w = copies:copy_to_group(self.weight)
+    local b = self.bias ~= nil and copies:copy_to_group(self.bias) or nil
+    local y = self.gemm(xc, w, b)
+    free(xc); free(w); free(b)
     return y
   end
 end
@@ -198,30 +229,62 @@ end
 
 -- -- Applying a style ----------------------------------------------------------------------
 
-local LINEAR_STYLES = { column = true, row = true, vocab_head = true }
+local LINEAR_STYLES = { column = true, heads_column = true, row = true, vocab_head = true }
 
 -- Applies `style` to module m (its path `path`, for errors) over group g.
--- opts: sequence (sequence parallelism), sliced (shared slices, see slice_param).
+-- opts: sequence (sequence parallelism), sliced (shared slices, see slice_param),
+-- head_dim (of the attention that holds m: heads_column splits whole heads), groups (a
+-- cache of subgroups of g).
 function M.apply(m, path, style, g, opts)
   local sp, sliced = opts.sequence, opts.sliced
   if LINEAR_STYLES[style] and not m.gemm then
     error(string.format("plan: %s is a %s, not a Linear: it cannot be %s-parallel", path,
                         m.__name, style), 0)
   end
-  if style == "column" or style == "vocab_head" then
-    slice_param(m, "weight", 0, g, sliced)
-    slice_param(m, "bias", 0, g, sliced)
+  local function even(n, what)
+    if n % g.size ~= 0 then
+      error(string.format("plan: %s: %s (%d) does not divide by parallel.tensor_parallel_size " ..
+                          "(%d)", path, what, n, g.size), 0)
+    end
+  end
+  if style == "column" then
+    even(m.out_features, "its output features")
+    split_param(m, "weight", 0, g, sliced)
+    split_param(m, "bias", 0, g, sliced)
     m.forward = column_forward(g, sp)
-    if style == "vocab_head" then m.vocab_start = m._placement.weight.offset end
+  elseif style == "heads_column" then
+    local hd = assert(opts.head_dim, "heads_column needs the attention's head_dim")
+    local heads = m.out_features / hd
+    if heads >= g.size then
+      even(heads, "its heads")
+      split_param(m, "weight", 0, g, sliced)
+      split_param(m, "bias", 0, g, sliced)
+      m.forward = column_forward(g, sp)
+    else   -- fewer heads than ranks: each head on size / heads ranks
+      local per = g.size / heads
+      local head = math.floor(g.rank / per)
+      local key = "heads" .. heads
+      opts.groups[key] = opts.groups[key] or g:split(head, g.rank, g.name .. ".kv")
+      local copies = opts.groups[key]
+      slice_param(m, "weight", 0, head * hd, hd, sliced, copies.rank)
+      slice_param(m, "bias", 0, head * hd, hd, sliced, copies.rank)
+      m.forward = replicated_column_forward(g, sp, copies)
+    end
+  elseif style == "vocab_head" then
+    split_param(m, "weight", 0, g, sliced)
+    split_param(m, "bias", 0, g, sliced)
+    m.forward = column_forward(g, sp)
+    m.vocab_start = m._placement.weight.offset
   elseif style == "row" then
-    slice_param(m, "weight", 1, g, sliced)
+    even(m.in_features, "its input features")
+    split_param(m, "weight", 1, g, sliced)
     m.forward = row_forward(g, sp)
   elseif style == "vocab" then
     if m.__name ~= "Embedding" then
       error(string.format("plan: %s is a %s, not an Embedding: it cannot be vocab-parallel",
                           path, m.__name), 0)
     end
-    slice_param(m, "weight", 0, g, sliced)
+    split_param(m, "weight", 0, g, sliced)
     local pl = m._placement.weight
     m.forward = vocab_forward(g, sp, pl.offset, pl.length)
   elseif style == "sequence" then
@@ -229,8 +292,9 @@ function M.apply(m, path, style, g, opts)
   elseif style == "sequence_output" then
     if sp then m.forward = sequence_output_forward(g, m.forward) end
   else
-    error(string.format("plan: unknown tensor-parallel style '%s' for %s (column, row, " ..
-                        "vocab, vocab_head, sequence, sequence_output)", tostring(style), path), 0)
+    error(string.format("plan: unknown tensor-parallel style '%s' for %s (column, " ..
+                        "heads_column, row, vocab, vocab_head, sequence, sequence_output)",
+                        tostring(style), path), 0)
   end
 end
 
