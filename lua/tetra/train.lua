@@ -199,9 +199,13 @@ end
 -- opts: tokenizer (tok:encode(text), tok:decode(ids); for samples); on_grads(env, step)
 -- (see env.step).
 -- Metrics record of a step: step, loss, lr, grad_norm (before clipping; nil on a skipped
--- step), tokens, tokens_per_s, step_time_s, data_wait_s, loss_scale (the fp16 scale after
--- this step's update; 1 in other precisions), skipped (true when inf/NaN grads skipped
--- the optimizer step).
+-- step), tokens, tokens_per_s, step_time_s, data_wait_s, exposed_comm_s (seconds blocked
+-- on communication: what computation did not hide, pipeline bubbles included),
+-- loss_scale (the fp16 scale after this step's update; 1 in other precisions), skipped
+-- (true when inf/NaN grads skipped the optimizer step); this rank's param_bytes,
+-- grad_bytes, optimizer_bytes, peak_bytes (the allocator's high-water mark during the
+-- step) and step_peak_bytes (how far the step rose above what it started with:
+-- activations, gradients, communication buffers).
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
   local t, o = cfg.train, cfg.optim or {}
@@ -261,9 +265,13 @@ function train.setup(cfg, model, data, opts)
   -- data-parallel averaging, before unscaling and clipping): tests inject overflows there.
   local on_grads = opts.on_grads
 
+  local mem = ffi.new("tt_alloc_stats")
   function env.step()
     local step = env.step_count + 1
     local t0, wait0 = metrics.now(), C.tt_dist_wait_seconds()
+    C.tt_alloc_stats_get(dev, mem)
+    local live0 = tonumber(mem.live_bytes)
+    C.tt_alloc_reset_peak(dev)
     ddp:begin_step()
     local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
     local mine = ddp:batch_slice(global)
@@ -280,6 +288,8 @@ function train.setup(cfg, model, data, opts)
     local skipped, grad_norm = ctx:step(opt.params,
       function() ddp:optimizer_step(opt, lr) end,
       function() return clip(t.max_grad_norm) end, mesh.world)
+    C.tt_alloc_stats_get(dev, mem)
+    local peak = tonumber(mem.peak_bytes)
     model:zero_grad()
     C.tt_tape_clear()   -- drops any recorded branch no backward reached
     if dev ~= C.TT_CPU then tffi.check(C.tt_cuda_synchronize()) end  -- the step's real time
@@ -292,7 +302,8 @@ function train.setup(cfg, model, data, opts)
                 step_time_s = dt, data_wait_s = data_wait,
                 exposed_comm_s = C.tt_dist_wait_seconds() - wait0,
                 param_bytes = env.memory.params, grad_bytes = env.memory.grads,
-                optimizer_bytes = env.memory.optimizer,
+                optimizer_bytes = env.memory.optimizer, peak_bytes = peak,
+                step_peak_bytes = peak - live0,
                 loss_scale = ctx:scale(), skipped = skipped }
     if data.stats then   -- tetra.data's loader reports its own throughput and queue
       local s = data:stats()

@@ -31,7 +31,11 @@ NP=4 refused_once "key/value heads tp does not share out" \
   --set parallel.tensor_parallel_size=4 --set model.n_heads=12 --set model.n_kv_heads=3 --set model.dim=48
 refused_once "sequence parallelism without tp" "parallel.sequence_parallel=true needs parallel.tensor_parallel_size > 1" \
   --set parallel.data_parallel_size=2 --set parallel.sequence_parallel=true
-refused_once "interleaved stages" "interleaved stages are not implemented yet" \
+refused_once "virtual stages without the interleaved schedule" \
+  "parallel.virtual_pipeline_size=2 needs parallel.pipeline_schedule=interleaved_1f1b" \
+  --set parallel.pipeline_parallel_size=2 --set parallel.virtual_pipeline_size=2 --set model.n_layers=4
+refused_once "interleaving with micro-batches the stages do not divide" \
+  "train.gradient_accumulation_steps (1, the micro-batches) must be a multiple of parallel.pipeline_parallel_size (2)" \
   --set parallel.pipeline_parallel_size=2 --set parallel.pipeline_schedule=interleaved_1f1b \
   --set parallel.virtual_pipeline_size=2 --set model.n_layers=4
 refused_once "uneven context chunks" "model.seq_len (30) must be a multiple of 2 x parallel.context_parallel_size (4)" \

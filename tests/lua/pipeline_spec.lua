@@ -28,15 +28,17 @@ describe("stage_layers", function()
   end)
 end)
 
--- Runs every stage's ops together: a forward needs the previous stage's forward of that
--- micro-batch, a backward the next stage's backward (the last stage its own forward).
--- Returns the number of rounds, or nil when some stage would wait forever. Also returns
--- the largest number of micro-batches in flight (forward done, backward not) per stage.
-local function simulate(kind, S, M)
+-- Runs every stage's ops together, each stage in its own order (receives block, sends do
+-- not): a forward of virtual stage vs needs the forward of vs - 1, a backward of vs the
+-- backward of vs + 1 (the last one its own forward). Stage s holds virtual stages
+-- s, s + S, ... (v chunks). Returns the number of rounds, or nil when some stage would
+-- wait forever, and per stage the largest number of micro-batch chunks in flight.
+local function simulate(kind, S, M, v)
+  v = v or 1
+  local V = S * v
   local ops, pos, fdone, bdone, peak = {}, {}, {}, {}, {}
-  for s = 0, S - 1 do
-    ops[s], pos[s], fdone[s], bdone[s], peak[s] = pp.schedule(kind, S, s, M), 1, {}, {}, 0
-  end
+  for s = 0, S - 1 do ops[s], pos[s], peak[s] = pp.schedule(kind, S, s, M, v), 1, 0 end
+  for vs = 0, V - 1 do fdone[vs], bdone[vs] = {}, {} end
   local rounds = 0
   while true do
     local finished, moved = true, false
@@ -44,19 +46,22 @@ local function simulate(kind, S, M)
       local op = ops[s][pos[s]]
       if op then
         finished = false
-        local kind_, m = op[1], op[2]
+        local kind_, m, c = op[1], op[2], op[3]
+        local vs = c * S + s
         local ready
         if kind_ == "F" then
-          ready = s == 0 or fdone[s - 1][m]
+          ready = vs == 0 or fdone[vs - 1][m]
         else
-          ready = fdone[s][m] and (s == S - 1 or bdone[s + 1][m])
+          ready = fdone[vs][m] and (vs == V - 1 or bdone[vs + 1][m])
         end
         if ready then
-          if kind_ == "F" then fdone[s][m] = true else bdone[s][m] = true end
+          if kind_ == "F" then fdone[vs][m] = true else bdone[vs][m] = true end
           pos[s], moved = pos[s] + 1, true
           local inflight = 0
-          for i = 0, M - 1 do
-            if fdone[s][i] and not bdone[s][i] then inflight = inflight + 1 end
+          for cc = 0, v - 1 do
+            for i = 0, M - 1 do
+              if fdone[cc * S + s][i] and not bdone[cc * S + s][i] then inflight = inflight + 1 end
+            end
           end
           peak[s] = math.max(peak[s], inflight)
         end
@@ -68,35 +73,38 @@ local function simulate(kind, S, M)
   end
 end
 
+-- Every (micro-batch, chunk) forward and backward exactly once in each stage's ops.
+local function expect_each_once(ops, M, v)
+  local seen = {}
+  for _, op in ipairs(ops) do
+    local key = op[1] .. op[2] .. ":" .. op[3]
+    expect(seen[key]).to_be_nil()
+    seen[key] = true
+  end
+  for m = 0, M - 1 do
+    for c = 0, v - 1 do
+      expect(seen["F" .. m .. ":" .. c] and seen["B" .. m .. ":" .. c]).to_be(true)
+    end
+  end
+end
+
 describe("schedule", function()
   it("gpipe: every forward, then every backward in reverse", function()
-    expect(pp.schedule("gpipe", 2, 0, 3)).to_equal({ { "F", 0 }, { "F", 1 }, { "F", 2 },
-                                                     { "B", 2 }, { "B", 1 }, { "B", 0 } })
+    expect(pp.schedule("gpipe", 2, 0, 3)).to_equal({ { "F", 0, 0 }, { "F", 1, 0 }, { "F", 2, 0 },
+                                                     { "B", 2, 0 }, { "B", 1, 0 }, { "B", 0, 0 } })
   end)
 
   it("1f1b: warm-up forwards, then one forward one backward, then the backwards", function()
-    expect(pp.schedule("1f1b", 3, 0, 4)).to_equal({ { "F", 0 }, { "F", 1 }, { "F", 2 },
-                                                    { "B", 0 }, { "F", 3 }, { "B", 1 },
-                                                    { "B", 2 }, { "B", 3 } })
-    expect(pp.schedule("1f1b", 3, 2, 2)).to_equal({ { "F", 0 }, { "B", 0 }, { "F", 1 },
-                                                    { "B", 1 } })
+    expect(pp.schedule("1f1b", 3, 0, 4)).to_equal({ { "F", 0, 0 }, { "F", 1, 0 }, { "F", 2, 0 },
+                                                    { "B", 0, 0 }, { "F", 3, 0 }, { "B", 1, 0 },
+                                                    { "B", 2, 0 }, { "B", 3, 0 } })
   end)
 
   it("runs each micro-batch once per stage and never deadlocks", function()
     for _, kind in ipairs({ "gpipe", "1f1b" }) do
       for _, sm in ipairs({ { 2, 1 }, { 2, 2 }, { 2, 5 }, { 4, 2 }, { 4, 8 } }) do
         local S, M = sm[1], sm[2]
-        for s = 0, S - 1 do
-          local seen = {}
-          for _, op in ipairs(pp.schedule(kind, S, s, M)) do
-            local key = op[1] .. op[2]
-            expect(seen[key]).to_be_nil()
-            seen[key] = true
-          end
-          for m = 0, M - 1 do
-            expect(seen["F" .. m] and seen["B" .. m]).to_be(true)
-          end
-        end
+        for s = 0, S - 1 do expect_each_once(pp.schedule(kind, S, s, M), M, 1) end
         local rounds, peak = simulate(kind, S, M)
         expect(rounds).never.to_be_nil()
         for s = 0, S - 1 do
@@ -106,8 +114,23 @@ describe("schedule", function()
     end
   end)
 
-  it("refuses an unknown schedule", function()
-    expect(function() pp.schedule("interleaved_1f1b", 2, 0, 2) end).to_error("gpipe or 1f1b")
+  it("interleaved 1f1b: each chunk of each micro-batch once, no deadlock, a smaller bubble", function()
+    for _, svm in ipairs({ { 2, 2, 2 }, { 2, 2, 4 }, { 2, 3, 6 }, { 4, 2, 4 }, { 4, 2, 8 },
+                           { 4, 3, 8 }, { 3, 2, 9 } }) do
+      local S, v, M = svm[1], svm[2], svm[3]
+      for s = 0, S - 1 do expect_each_once(pp.schedule("interleaved_1f1b", S, s, M, v), M, v) end
+      local rounds = simulate("interleaved_1f1b", S, M, v)
+      expect(rounds).never.to_be_nil()
+      -- A round runs one chunk (1 / v of a stage's blocks): 1F1B over whole stages takes
+      -- v rounds per op. Interleaving must take fewer rounds: a bubble v times smaller.
+      local plain = simulate("1f1b", S, M)
+      expect(rounds < plain * v).to_be(true)
+    end
+  end)
+
+  it("refuses an unknown schedule, and interleaving with micro-batches stages do not divide", function()
+    expect(function() pp.schedule("zigzag", 2, 0, 2) end).to_error("gpipe, 1f1b or interleaved_1f1b")
+    expect(function() pp.schedule("interleaved_1f1b", 2, 0, 3, 2) end).to_error("multiple of")
   end)
 end)
 

@@ -90,23 +90,34 @@ local function context_rules(cfg, out)
 end
 
 local function pipeline_rules(cfg, out)
-  local m, p = cfg.model or {}, cfg.parallel or {}
+  local m, p, t = cfg.model or {}, cfg.parallel or {}, cfg.train or {}
   local _, _, _, pp = sizes(p)
   local v = p.virtual_pipeline_size or 1
   local schedule = p.pipeline_schedule or "1f1b"
-  if schedule == "interleaved_1f1b" or v > 1 then
-    add(out, "parallel.pipeline_schedule=interleaved_1f1b / virtual_pipeline_size=%d: " ..
-        "interleaved stages are not implemented yet; use pipeline_schedule gpipe or 1f1b " ..
-        "with virtual_pipeline_size 1", v)
+  if schedule == "interleaved_1f1b" then
+    if v < 2 then
+      add(out, "parallel.pipeline_schedule=interleaved_1f1b needs parallel.virtual_pipeline_size " ..
+          ">= 2 (model chunks per stage)")
+    end
+    local micro = t.gradient_accumulation_steps or 1
+    if pp > 1 and micro % pp ~= 0 then
+      add(out, "parallel.pipeline_schedule=interleaved_1f1b: train.gradient_accumulation_steps " ..
+          "(%d, the micro-batches) must be a multiple of parallel.pipeline_parallel_size (%d)",
+          micro, pp)
+    end
+  elseif v > 1 then
+    add(out, "parallel.virtual_pipeline_size=%d needs parallel.pipeline_schedule=interleaved_1f1b " ..
+        "(%s runs one model chunk per stage)", v, schedule)
   end
-  if m.n_layers and m.n_layers < pp then
-    add(out, "model.n_layers (%d) must be at least parallel.pipeline_parallel_size (%d): " ..
-        "every stage needs a block", m.n_layers, pp)
+  local stages = pp * v
+  if m.n_layers and m.n_layers < stages then
+    add(out, "model.n_layers (%d) must be at least parallel.pipeline_parallel_size x " ..
+        "virtual_pipeline_size (%d): every stage needs a block", m.n_layers, stages)
   end
   if p.pipeline_stages then
-    if #p.pipeline_stages ~= pp then
+    if #p.pipeline_stages ~= stages then
       add(out, "parallel.pipeline_stages has %d entries, expected one per stage (%d)",
-          #p.pipeline_stages, pp)
+          #p.pipeline_stages, stages)
     end
     local sum = 0
     for i, n in ipairs(p.pipeline_stages) do

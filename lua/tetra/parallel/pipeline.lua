@@ -73,11 +73,13 @@ function M.stage_layers(n_layers, stages, counts)
 end
 
 -- The ops of stage `stage` (0-based) of `stages` for n_micro micro-batches: an array of
--- { "F" | "B", micro } (micro 0-based), in the order the stage runs them.
-function M.schedule(kind, stages, stage, n_micro)
+-- { "F" | "B", micro, chunk } (micro and chunk 0-based), in the order the stage runs
+-- them. chunk is the stage's model chunk (always 0 but for interleaved_1f1b, where each
+-- stage holds `virtual` chunks: chunk c of stage s is virtual stage c * stages + s).
+function M.schedule(kind, stages, stage, n_micro, virtual)
   local ops = {}
-  local function fwd(m) ops[#ops + 1] = { "F", m } end
-  local function bwd(m) ops[#ops + 1] = { "B", m } end
+  local function fwd(m, c) ops[#ops + 1] = { "F", m, c or 0 } end
+  local function bwd(m, c) ops[#ops + 1] = { "B", m, c or 0 } end
   if kind == "gpipe" then
     for m = 0, n_micro - 1 do fwd(m) end
     for m = n_micro - 1, 0, -1 do bwd(m) end
@@ -89,8 +91,30 @@ function M.schedule(kind, stages, stage, n_micro)
       bwd(m)
     end
     for m = n_micro - warmup, n_micro - 1 do bwd(m) end
+  elseif kind == "interleaved_1f1b" then
+    -- Megatron's interleaved schedule: micro-batches go through the chunks in groups of
+    -- `stages`; the k-th forward of a stage is micro-batch (k // (stages v)) stages +
+    -- k % stages on chunk (k // stages) % v, its k-th backward the same micro-batch on
+    -- the chunks in reverse. More warm-up forwards than 1F1B, a bubble v times smaller.
+    local v = virtual or 1
+    if n_micro % stages ~= 0 then
+      fail("parallel.pipeline_schedule=interleaved_1f1b: the micro-batches " ..
+           "(train.gradient_accumulation_steps = %d) must be a multiple of " ..
+           "parallel.pipeline_parallel_size (%d)", n_micro, stages)
+    end
+    local total = n_micro * v
+    local function micro(k) return math.floor(k / (stages * v)) * stages + k % stages end
+    local function chunk(k) return math.floor(k / stages) % v end
+    local warmup = math.min(total, (stages - stage - 1) * 2 + (v - 1) * stages)
+    for k = 0, warmup - 1 do fwd(micro(k), chunk(k)) end
+    for i = 0, total - warmup - 1 do
+      fwd(micro(warmup + i), chunk(warmup + i))
+      bwd(micro(i), v - 1 - chunk(i))
+    end
+    for k = total - warmup, total - 1 do bwd(micro(k), v - 1 - chunk(k)) end
   else
-    fail("parallel.pipeline_schedule=%s is not implemented (gpipe or 1f1b)", tostring(kind))
+    fail("parallel.pipeline_schedule=%s is not implemented (gpipe, 1f1b or " ..
+         "interleaved_1f1b)", tostring(kind))
   end
   return ops
 end
@@ -106,21 +130,33 @@ local function drop(module, name)
 end
 
 -- Keeps this stage's part of model (built whole from the seed). stages: the plan's
--- pipeline entry { blocks =, first =, last = }. The kept blocks keep their names (<blocks>.<index in
--- the whole model>). Returns the stage's description { stage, stages, is_first,
--- is_last, first_layer, n_layers, blocks (the ModuleList) }.
+-- pipeline entry { blocks =, first =, last = }. With parallel.virtual_pipeline_size v the
+-- blocks are cut into stages x v runs and this stage keeps runs s, s + stages, ...
+-- (interleaved). The kept blocks keep their names (<blocks>.<index in the whole model>).
+-- Returns the stage's description { stage, stages, virtual, is_first, is_last, blocks
+-- (the ModuleList), chunks (per chunk, a ModuleList runner of its blocks) }.
 function M.split(model, stages, group, cfg)
   local p = cfg.parallel or {}
   local S, s = group.size, group.rank
+  local v = p.virtual_pipeline_size or 1
   local blocks = model:get(stages.blocks)
-  local counts = M.stage_layers(#blocks, S, p.pipeline_stages)
-  local first = 0
-  for i = 1, s do first = first + counts[i] end
-  local kept = {}
+  local counts = M.stage_layers(#blocks, S * v, p.pipeline_stages)
+  local owner, first = {}, 0   -- block index -> chunk of this stage holding it
+  for vs = 0, S * v - 1 do
+    if vs % S == s then
+      for i = first, first + counts[vs + 1] - 1 do owner[i] = math.floor(vs / S) end
+    end
+    first = first + counts[vs + 1]
+  end
+  local kept, chunks = {}, {}
+  local ModuleList = require("tetra.nn.layers").ModuleList
+  for c = 0, v - 1 do chunks[c] = ModuleList() end
   for i = 1, #blocks do
     local idx = i - 1
-    if idx >= first and idx < first + counts[s + 1] then
+    if owner[idx] then
       kept[#kept + 1] = { tostring(idx), blocks[i] }
+      local run = chunks[owner[idx]]
+      run[#run + 1] = blocks[i]   -- a runner only: not registered, its blocks stay in model
     else
       blocks[tostring(idx)] = nil
     end
@@ -131,8 +167,8 @@ function M.split(model, stages, group, cfg)
     blocks[j] = nm[2]
     blocks._child_names[j] = nm[1]
   end
-  local info = { stage = s, stages = S, is_first = s == 0, is_last = s == S - 1,
-                 first_layer = first, n_layers = counts[s + 1], blocks = blocks }
+  local info = { stage = s, stages = S, virtual = v, is_first = s == 0, is_last = s == S - 1,
+                 blocks = blocks, chunks = chunks }
   if not info.is_first then
     for _, name in ipairs(stages.first or {}) do drop(model, name) end
   end
@@ -149,14 +185,15 @@ Pipeline.__index = Pipeline
 function M.runner(par, cfg)
   local st = par.stage
   return setmetatable({ par = par, model = par.model, group = par.mesh.pp, stage = st.stage,
-                        stages = st.stages, is_first = st.is_first, is_last = st.is_last,
-                        blocks = st.blocks, kind = (cfg.parallel or {}).pipeline_schedule or "1f1b",
+                        stages = st.stages, virtual = st.virtual, chunks = st.chunks,
+                        n_virtual = st.stages * st.virtual,
+                        kind = (cfg.parallel or {}).pipeline_schedule or "1f1b",
                         dim = cfg.model.dim }, Pipeline)
 end
 
--- Tags keep each micro-batch's activation and gradient messages apart.
-local function act_tag(m) return 2 * m end
-local function grad_tag(m) return 2 * m + 1 end
+-- Messages are told apart by micro-batch, receiving virtual stage and direction.
+function Pipeline:act_tag(m, vs) return 2 * (m * self.n_virtual + vs) end
+function Pipeline:grad_tag(m, vs) return 2 * (m * self.n_virtual + vs) + 1 end
 
 -- Micro-batch m of tokens (B, T + 1): rows [m n, (m + 1) n), contiguous.
 local function micro_rows(tokens, m, n)
@@ -167,33 +204,31 @@ local function micro_rows(tokens, m, n)
   return c
 end
 
--- The activations (b, t, dim) of micro-batch m from the previous stage, t the length of
--- this rank's part of the sequence (context and sequence parallelism cut it).
-function Pipeline:receive(ids, m, record)
-  local x = F.empty({ tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim },
-                    C.TT_F32, self.par.device)
-  self.group:recv(x, self.stage - 1, act_tag(m))
-  if record then tffi.check(C.tt_set_requires_grad(x, 1)) end
-  return x
-end
-
--- Forward of this stage for micro-batch m of tokens (b, T + 1): returns the stage's
--- input (the received activations, nil on the first stage) and its output (the mean
--- loss on the last stage; else the activations, already on their way to the next).
-function Pipeline:forward(tokens, m, record)
+-- Forward of chunk c of this stage (virtual stage vs = c stages + stage) for micro-batch
+-- m of tokens (b, T + 1): returns the chunk's input (the received activations; nil on
+-- virtual stage 0, which embeds the tokens) and its output (the mean loss on the last
+-- virtual stage; else the activations, already on their way to the next). The
+-- activations are (b, t, dim), t this rank's part of the sequence (context and sequence
+-- parallelism cut it).
+function Pipeline:forward(tokens, m, c, record)
+  local vs = c * self.stages + self.stage
   local ids, targets, positions = self.par:inputs(tokens)
   local x, h
-  if self.is_first then
+  if vs == 0 then
     h = self.model:embed(ids, positions)
   else
-    x = self:receive(ids, m, record)
+    x = F.empty({ tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim },
+                C.TT_F32, self.par.device)
+    self.group:recv(x, (vs - 1) % self.stages, self:act_tag(m, vs))
+    if record then tffi.check(C.tt_set_requires_grad(x, 1)) end
   end
-  local y = self.blocks(h or x, positions)
+  local y = self.chunks[c](h or x, positions)
   if h then free(h) end
   free(ids); free(positions)
-  if not self.is_last then
+  if vs < self.n_virtual - 1 then
     free(targets)
-    self.pending[#self.pending + 1] = self.group:send_async(y, self.stage + 1, act_tag(m))
+    self.pending[#self.pending + 1] = self.group:send_async(y, (vs + 1) % self.stages,
+                                                            self:act_tag(m, vs + 1))
     return x, y
   end
   local logits = self.model:head(y)
@@ -212,14 +247,17 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
   local rows = tonumber(tokens._shape[0]) / n_micro
   local inputs, roots, loss_sum = {}, {}, 0.0
   self.pending = {}
-  local n_backward = 0
-  for _, op in ipairs(M.schedule(self.kind, self.stages, self.stage, n_micro)) do
-    local m = op[2]
+  local ops = M.schedule(self.kind, self.stages, self.stage, n_micro, self.virtual)
+  local n_backward, last_vs = 0, self.n_virtual - 1
+  for _, op in ipairs(ops) do
+    local m, c = op[2], op[3]
+    local vs = c * self.stages + self.stage
+    local key = m * self.virtual + c
     if op[1] == "F" then
       local mb = micro_rows(tokens, m, rows)
-      local x, y = self:forward(mb, m, true)
+      local x, y = self:forward(mb, m, c, true)
       if mb ~= tokens then free(mb) end
-      if self.is_last then
+      if vs == last_vs then
         loss_sum = loss_sum + F.item(y)
         local s = (loss_scale or 1.0) / n_micro
         if s ~= 1.0 then
@@ -228,27 +266,27 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
           y = scaled
         end
       end
-      inputs[m], roots[m] = x, y
+      inputs[key], roots[key] = x, y
     else
       n_backward = n_backward + 1
-      before_backward(n_backward == n_micro)
-      local y = roots[m]
-      if self.is_last then
+      before_backward(n_backward == #ops / 2)
+      local y = roots[key]
+      if vs == last_vs then
         F.backward(y)
       else
         local g = F.empty(y:shape(), C.TT_F32, self.par.device)
-        self.group:recv(g, self.stage + 1, grad_tag(m))
+        self.group:recv(g, (vs + 1) % self.stages, self:grad_tag(m, vs))
         tffi.check(C.tt_backward_with(y, g))
         free(g)
       end
       free(y)
-      roots[m] = nil
-      local x = inputs[m]
+      roots[key] = nil
+      local x = inputs[key]
       if x then   -- the handle keeps x.grad alive until the send ends
-        self.pending[#self.pending + 1] = self.group:send_async(x.grad, self.stage - 1,
-                                                                grad_tag(m))
+        self.pending[#self.pending + 1] = self.group:send_async(x.grad, (vs - 1) % self.stages,
+                                                                self:grad_tag(m, vs - 1))
         free(x)
-        inputs[m] = nil
+        inputs[key] = nil
       end
     end
   end
@@ -272,11 +310,14 @@ end
 function Pipeline:forward_loss(tokens)
   return F.no_grad(function()
     self.pending = {}
-    local x, y = self:forward(tokens, 0, false)
-    local loss = self.is_last and F.item(y) or 0.0
+    local loss = 0.0
+    for c = 0, self.virtual - 1 do
+      local x, y = self:forward(tokens, 0, c, false)
+      if c * self.stages + self.stage == self.n_virtual - 1 then loss = F.item(y) end
+      free(x); free(y)
+    end
     for _, h in ipairs(self.pending) do h:wait() end
     self.pending = nil
-    free(x); free(y)
     return self:share_loss(loss)
   end)
 end

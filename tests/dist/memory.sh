@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# What each rank holds equals its analytic share of the model. The tiny Llama (vocabulary
+# V 256, dim D 64, 2 layers, 4 query heads and 2 key/value heads of 16, MLP hidden 128,
+# untied head) has, in floats: embedding and head V*D = 16384 each; per layer q and o
+# 4096 each, k and v 2048 each, the MLP's three matrices 24576, two norms 128; the final
+# norm 64. Every rank's parameter, gradient (as many) and AdamW state (twice as many, or
+# its ZeRO-1 share) bytes, as the metrics report them, must be those counts x 4 for its
+# layout. Then sequence parallelism must lower a step's peak memory (activations held on
+# 1/tp of the sequence between the tensor-parallel regions) against plain tp 2.
+# Usage: bash memory.sh /path/to/tetra   (exit 77: skipped)
+set -u
+tetra="${1:?usage: $0 /path/to/tetra}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+if ! command -v mpirun >/dev/null; then
+  [ "${CI:-}" = true ] && { echo "FAIL: no mpirun (CI=true)"; exit 1; }
+  echo "skipped: no mpirun"; exit 77
+fi
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
+
+E=16384 LQ=4096 LK=2048 LMLP=24576 NORMS=128 FINAL=64
+LAYER=$((2 * LQ + 2 * LK + LMLP + NORMS))   # 36992
+status=0
+
+# check NAME NP "settings" EXPECT...: EXPECT is "tp:pp:params:optimizer" (floats) per
+# (tp, pp) coordinate; every rank at those coordinates must report exactly that.
+check() {
+  local name="$1" np="$2" settings="$3"; shift 3
+  local sets=() kv
+  for kv in $settings; do sets+=(--set "$kv"); done
+  local cmd=("$tetra" run "$root/tests/dist/memory.lua" --set train.steps=1
+             --set train.warmup_steps=1 "${sets[@]}")
+  [ "$np" -gt 1 ] && cmd=(mpirun --oversubscribe -np "$np" "${cmd[@]}")
+  if ! timeout 120 "${cmd[@]}" >"$work/$name.log" 2>&1; then
+    echo "FAIL: $name: the run failed:"; tail -n 20 "$work/$name.log"; status=1; return
+  fi
+  local n
+  n=$(grep -c '^memory rank' "$work/$name.log")
+  [ "$n" -eq "$np" ] || { echo "FAIL: $name: $n of $np ranks reported"; status=1; return; }
+  local e tp pp params optim before=$status
+  for e in "$@"; do
+    IFS=: read -r tp pp params optim <<<"$e"
+    while read -r _ _ rank _ rtp _ rpp _ p _ g _ o; do
+      [ "$rtp" = "$tp" ] && [ "$rpp" = "$pp" ] || continue
+      if [ "$p" -ne $((4 * params)) ] || [ "$g" -ne $((4 * params)) ] || [ "$o" -ne $((4 * optim)) ]; then
+        echo "FAIL: $name: rank $rank (tp $tp, pp $pp) holds params $p, grads $g, optimizer $o" \
+             "bytes; want $((4 * params)), $((4 * params)), $((4 * optim))"
+        status=1
+      fi
+    done < <(grep '^memory rank' "$work/$name.log")
+  done
+  [ "$status" = "$before" ] && echo "$name: every rank holds its share"
+}
+
+ONE=$((2 * E + 2 * LAYER + FINAL))
+check one 1 "" "0:0:$ONE:$((2 * ONE))"
+# tp 2: matrices halved, norms replicated.
+TP2=$((E / 2 + 2 * ((LAYER - NORMS) / 2 + NORMS) + FINAL + E / 2))
+check tp2 2 "parallel.tensor_parallel_size=2" "0:0:$TP2:$((2 * TP2))" "1:0:$TP2:$((2 * TP2))"
+# pp 2: the first stage the embedding and layer 0, the last layer 1, the norm and the head.
+S0=$((E + LAYER)) S1=$((LAYER + FINAL + E))
+check pp2 2 "parallel.pipeline_parallel_size=2" "0:0:$S0:$((2 * S0))" "0:1:$S1:$((2 * S1))"
+# tp 2 x pp 2.
+T0=$((E / 2 + (LAYER - NORMS) / 2 + NORMS)) T1=$(((LAYER - NORMS) / 2 + NORMS + FINAL + E / 2))
+check tp2_pp2 4 "parallel.tensor_parallel_size=2 parallel.pipeline_parallel_size=2" \
+  "0:0:$T0:$((2 * T0))" "1:0:$T0:$((2 * T0))" "0:1:$T1:$((2 * T1))" "1:1:$T1:$((2 * T1))"
+# dp 2 with ZeRO-1: whole parameters, half of the AdamW state (one bucket, split in two).
+check dp2_zero1 2 "parallel.data_parallel_size=2 parallel.zero_stage=1" "0:0:$ONE:$ONE"
+# tp 4 with 2 key/value heads: q, o and the MLP in quarters, one whole k and v head each.
+TP4=$((E / 4 + 2 * (2 * LQ / 4 + 2 * (LK / 2) + LMLP / 4 + NORMS) + FINAL + E / 4))
+check tp4_kv2 4 "parallel.tensor_parallel_size=4" \
+  "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
+
+# Sequence parallelism: a step's peak on rank 0, longer sequences so activations dominate.
+peak() {
+  mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" --set train.steps=2 \
+    --set train.warmup_steps=1 --set model.seq_len=256 --set parallel.tensor_parallel_size=2 \
+    --set parallel.sequence_parallel="$1" --set log.progress=false \
+    --set log.metrics_file="$work/sp_$1.jsonl" >"$work/sp_$1.log" 2>&1 ||
+    { echo "FAIL: sequence_parallel=$1 run failed:" >&2; tail -n 20 "$work/sp_$1.log" >&2; return 1; }
+  tail -n 1 "$work/sp_$1.jsonl" | sed -E 's/.*"step_peak_bytes":([0-9]+).*/\1/'
+}
+plain=$(peak false) && sp=$(peak true) || exit 1
+echo "step peak on rank 0: tp 2 $plain bytes, with sequence parallelism $sp bytes"
+if [ "$sp" -ge $((plain * 95 / 100)) ]; then
+  echo "FAIL: sequence parallelism does not lower the peak by 5% or more"; status=1
+fi
+[ "$status" = 0 ] && echo PASS
+exit "$status"
