@@ -23,9 +23,11 @@
 --                             load assembles each rank's slices for its own layout from it,
 --                             so a checkpoint written with TP=2 resumes on one process or
 --                             with PP=2 (and a whole-parameter one under TP or PP)
---   rank_00003.loader         the tetra.data loader state of rank 3 (binary), when the
---                             data source has one (mock and byte data are functions of
---                             the step: nothing to record)
+--   loader_dp_00003.bin       the tetra.data loader state of data-parallel rank 3
+--                             (binary; written by its rank of tp, cp and pp rank 0), when
+--                             the data source has one (mock and byte data are functions
+--                             of the step: nothing to record). A resume concatenates
+--                             them all, which restores a loader of any data-parallel size
 --   state.json                step, tokens seen, engine RNG state, loss-scaler state, the
 --                             data source's step, world size, config snapshot
 -- A save writes DIR/.tmp.step_000120/ (every file fsynced), renames it to step_000120,
@@ -255,7 +257,6 @@ end
 
 function M.step_name(step) return string.format("step_%06d", step) end
 
-local function rank_file(dir, rank, ext) return string.format("%s/rank_%05d.%s", dir, rank, ext) end
 
 -- ZeRO-1 across ranks: each rank's optimizer holds only its shards.
 local function sharded(env)
@@ -415,8 +416,10 @@ function M.save(env)
   if split then save_shards(env, slices, tmp, rank, optim_meta) end
   local data_step
   if env.data.state then
-    local s = env.data:state()
-    write_file(rank_file(tmp, rank, "loader"), s.loader)
+    local s, c = env.data:state(), env.mesh.coords or {}
+    if (c.tp or 0) == 0 and (c.cp or 0) == 0 and (c.pp or 0) == 0 then
+      write_file(string.format("%s/loader_dp_%05d.bin", tmp, c.dp or 0), s.loader)
+    end
     data_step = s.step
   end
   if rank == 0 then
@@ -635,7 +638,6 @@ function M.load(env, path)
   if not ok or type(state) ~= "table" or type(state.step) ~= "number" or type(state.rng) ~= "string" then
     fail("checkpoint: %s/state.json is corrupt (%s)", path, ok and "no step or rng" or tostring(state))
   end
-  local rank = env.rank or 0
   local opt = env.optimizer
   if state.optimizer ~= (opt.m and "adamw" or "sgd") then
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),
@@ -651,9 +653,15 @@ function M.load(env, path)
     if type(state.data) ~= "table" then
       fail("checkpoint %s has no data-loader state but this run's data source needs one", path)
     end
-    local blob = read_file(rank_file(path, rank, "loader"))
-    if not blob then fail("checkpoint: %s is missing", rank_file(path, rank, "loader")) end
-    env.data:load_state({ step = state.data.step, loader = blob })
+    local names = {}
+    for _, e in ipairs(host.listdir(path) or {}) do
+      if e:match("^loader_dp_%d+%.bin$") then names[#names + 1] = e end
+    end
+    table.sort(names)
+    if #names == 0 then fail("checkpoint %s has no loader_dp_*.bin files", path) end
+    local blobs = {}
+    for i, name in ipairs(names) do blobs[i] = read_file(path .. "/" .. name) end
+    env.data:load_state({ step = state.data.step, loader = table.concat(blobs) })
   end
   env.step_count = state.step
   env.tokens_seen = state.tokens_seen or 0

@@ -5,7 +5,8 @@
 --   local blob = loader:state(); loader:load_state(blob)   -- exact resume
 --   loader:stats()   -- { tokens_per_s, queue_depth, wait_s, total_wait_s, tokens, ... }
 --
---   local src = tetra.data.source(cfg)   -- for tetra.train: src:batch(step, B, T, split)
+--   local src = tetra.data.source(cfg, mesh.dp) -- for tetra.train: src:batch(step, B, T,
+--                                               -- split), this DP rank's rows
 --   local ids = tetra.data.tokenizer(path):encode("text")
 --
 -- Config keys (cfg.data): input_path (path, glob, comma list or a Lua list), or datasets =
@@ -153,15 +154,19 @@ end
 
 -- -- Data source for tetra.train -----------------------------------------------------------
 
--- An object with :batch(step, batch_size, seq_len, split) -> i64 (batch_size, seq_len + 1)
--- global batches, as tetra.train expects. Steps must come in order (1, 2, ...; after
--- load_state, the step after the saved one). Split "val" reads data.val_path.
+-- An object with :batch(step, batch_size, seq_len, split) -> i64 (batch_size / dp,
+-- seq_len + 1): rows [r B / dp, (r + 1) B / dp) of the global batch for data-parallel rank
+-- r of `dp_group` (nil: one rank, the whole batch), as tetra.train expects from a source
+-- with local_rows set. The loader runs (and tokenizes) only the streams that feed those
+-- rows. Steps must come in order (1, 2, ...; after load_state, the step after the saved
+-- one). Split "val" reads data.val_path.
 local Source = {}
 Source.__index = Source
 
-function data.source(cfg)
-  local self = setmetatable({ cfg = cfg, loaders = {}, next_step = {} }, Source)
-  return self
+function data.source(cfg, dp_group)
+  return setmetatable({ cfg = cfg, loaders = {}, next_step = {}, local_rows = true,
+                        dp_rank = dp_group and dp_group.rank or 0,
+                        dp_size = dp_group and dp_group.size or 1 }, Source)
 end
 
 function Source:loader(split)
@@ -169,7 +174,7 @@ function Source:loader(split)
   if not l then
     local d = self.cfg.data or {}
     if split == "val" and not d.val_path then error("data: split 'val' needs data.val_path", 3) end
-    l = new_loader(self.cfg, 0, 1, split == "val" and d.val_path or nil)
+    l = new_loader(self.cfg, self.dp_rank, self.dp_size, split == "val" and d.val_path or nil)
     self.loaders[split] = l
     self.next_step[split] = 1
   end
@@ -179,6 +184,7 @@ end
 function Source:batch(step, batch_size, seq_len, split)
   split = split or "train"
   local l = self:loader(split)
+  local rows = batch_size / self.dp_size
   if batch_size ~= l.global_batch or seq_len ~= l.seq_len then
     error(("data: batch(%d, %d) but the loader was made for batch %d, seq_len %d"):format(
       batch_size, seq_len, l.global_batch, l.seq_len), 2)
@@ -191,14 +197,14 @@ function Source:batch(step, batch_size, seq_len, split)
   local x, y = l:next_batch()
   local tokens = tensor.wrap((function()
     local out = ffi.new("tt_tensor*[1]")
-    local shape = ffi.new("int64_t[2]", batch_size, seq_len + 1)
+    local shape = ffi.new("int64_t[2]", rows, seq_len + 1)
     check(C.tt_tensor_empty(shape, 2, C.TT_I64, C.TT_CPU, out), 3)
     return out[0]
   end)())
   local dst = ffi.cast("int64_t*", C.tt_tensor_data(tokens))
   local xs = ffi.cast("const int64_t*", C.tt_tensor_data(x))
   local ys = ffi.cast("const int64_t*", C.tt_tensor_data(y))
-  for r = 0, batch_size - 1 do
+  for r = 0, rows - 1 do
     ffi.copy(dst + r * (seq_len + 1), xs + r * seq_len, seq_len * 8)
     dst[r * (seq_len + 1) + seq_len] = ys[r * seq_len + seq_len - 1]
   end
@@ -207,6 +213,8 @@ function Source:batch(step, batch_size, seq_len, split)
   return tokens
 end
 
+-- { step, loader = this rank's loader state }. The states of every data-parallel rank,
+-- concatenated, restore a loader of any data-parallel size.
 function Source:state()
   return { step = self.next_step.train, loader = self:loader("train"):state() }
 end

@@ -24,7 +24,9 @@
 -- A data source is any object with `:batch(step, batch_size, seq_len, split)` returning
 -- int64 tokens (batch_size, seq_len + 1) for that step (split "train" or "val"); it must
 -- depend only on (seed, step, split) so that every rank and every layout sees the same
--- global batch. train.mock_data and tetra.bytetok.dataset are two such sources.
+-- global batch. train.mock_data and tetra.bytetok.dataset are two such sources. A source
+-- with `local_rows` set (tetra.data's) returns this data-parallel rank's rows of the
+-- global batch instead, and reads and tokenizes only those.
 local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local F = require("tetra.nn.functional")
@@ -111,7 +113,7 @@ function train.data_source(cfg)
   local data = require("tetra.data")
   local tok = d.vocab_file and data.tokenizer(d.vocab_file, d.merges_file)
               or data.tokenizer(d.tokenizer)
-  return data.source(cfg), tok
+  return data.source(cfg, require("tetra.dist").init(cfg).dp), tok
 end
 
 -- tokens (b, T + 1) -> inputs (b, T), targets (b, T), both contiguous.
@@ -274,7 +276,7 @@ function train.setup(cfg, model, data, opts)
     C.tt_alloc_reset_peak(dev)
     ddp:begin_step()
     local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
-    local mine = ddp:batch_slice(global)
+    local mine = data.local_rows and global or ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
     local loss_sum = strategy:forward_backward(mine, accum)
     if mine ~= global then free(mine) end
@@ -321,7 +323,7 @@ function train.setup(cfg, model, data, opts)
       local sum = 0.0
       for i = 1, n_batches do
         local global = to_dev(data:batch(i, t.batch_size, seq_len, "val"), dev)
-        local mine = ddp:batch_slice(global)
+        local mine = data.local_rows and global or ddp:batch_slice(global)
         sum = sum + strategy:eval_loss(mine)
         if mine ~= global then free(mine) end
         free(global)

@@ -95,9 +95,10 @@ end
 -- -- Attention -------------------------------------------------------------------------
 
 -- The positions of the keys gathered from every rank (rank order, each rank's two
--- chunks), for local sequences of n tokens; cached per n in `cache`.
-local function key_positions(cache, group, n)
-  local kp = cache[n]
+-- chunks), for local sequences of n tokens, on `device`; cached in `cache`.
+local function key_positions(cache, group, n, device)
+  local key = n .. "@" .. tostring(device)
+  local kp = cache[key]
   if not kp then
     local all = {}
     for r = 0, group.size - 1 do
@@ -106,7 +107,12 @@ local function key_positions(cache, group, n)
       end
     end
     kp = index_tensor(all)
-    cache[n] = kp
+    if device ~= C.TT_CPU then
+      local d = tensor.take(C.tt_to_device(kp, device, tensor.pout))
+      free(kp)
+      kp = d
+    end
+    cache[key] = kp
   end
   return kp
 end
@@ -123,7 +129,7 @@ function M.apply(m, group)
     local kg = group:sp_gather(k, 1)                     -- (B, n * cp, Hkv, Dh)
     local vg = group:sp_gather(v, 1)
     local o = tensor.take(C.tt_attention_ex(q, kg, vg, positions,
-                                            key_positions(cache, group, n), 1, 0,
+                                            key_positions(cache, group, n, q._device), 1, 0,
                                             tensor.pout))
     free(kg); free(vg)
     return o
