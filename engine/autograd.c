@@ -23,6 +23,14 @@ void tt_set_grad_enabled(int enabled) { tt_grad_enabled = enabled != 0; }
 int tt_is_grad_enabled(void) { return tt_grad_enabled; }
 int64_t tt_tape_size(void) { return tt_tape_len; }
 
+static tt_backward_tick_fn tt_tick_hook;
+static void *tt_tick_hook_ud;
+
+void tt_set_backward_tick_hook(tt_backward_tick_fn fn, void *userdata) {
+  tt_tick_hook = fn;
+  tt_tick_hook_ud = userdata;
+}
+
 void tt_set_grad_ready_hook(tt_grad_ready_fn fn, void *userdata) {
   tt_grad_hook = fn;
   tt_grad_hook_ud = userdata;
@@ -186,6 +194,7 @@ int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
     }
     node_free(node);
     tt_tape[i] = NULL;
+    if (tt_tick_hook && rc == 0) tt_tick_hook(tt_tick_hook_ud);
   }
   int64_t n = 0;
   for (int64_t i = 0; i < tt_tape_len; i++)

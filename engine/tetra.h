@@ -155,6 +155,10 @@ int64_t tt_tape_size(void);
 ** parallelism to start reducing gradient buckets while backward still runs). */
 typedef void (*tt_grad_ready_fn)(tt_tensor *leaf, void *userdata);
 void tt_set_grad_ready_hook(tt_grad_ready_fn fn, void *userdata);
+/* Called after each node's backward (data parallelism lets the collectives in flight
+** progress there: MPI moves bytes only inside MPI calls). */
+typedef void (*tt_backward_tick_fn)(void *userdata);
+void tt_set_backward_tick_hook(tt_backward_tick_fn fn, void *userdata);
 
 /* -- Scalar conversions (round-to-nearest-even; fp8 saturates to its max finite) ----- */
 

@@ -289,6 +289,16 @@ static void on_grad_ready(tt_tensor *leaf, void *userdata) {
   tt_set_grad_enabled(prev);
 }
 
+/* Between backward nodes: lets the buckets in flight progress. */
+static void on_backward_tick(void *userdata) {
+  tt_dist_reducer *r = userdata;
+  if (r->failed || r->next_start == 0) return;
+  int prev = tt_is_grad_enabled();
+  tt_set_grad_enabled(0);
+  if (progress(r) != 0) remember_failure(r);
+  tt_set_grad_enabled(prev);
+}
+
 static void reset_step(tt_dist_reducer *r) {
   for (int s = 0; s < r->n_params; s++) r->slots[s].ready = 0;
   for (int b = 0; b < r->n_buckets; b++) {
@@ -305,8 +315,10 @@ int tt_dist_reducer_arm(tt_dist_reducer *r, int armed) {
   if (armed && !r->armed) {
     reset_step(r);
     tt_set_grad_ready_hook(on_grad_ready, r);
+    tt_set_backward_tick_hook(on_backward_tick, r);
   } else if (!armed && r->armed) {
     tt_set_grad_ready_hook(NULL, NULL);
+    tt_set_backward_tick_hook(NULL, NULL);
   }
   r->armed = armed != 0;
   return 0;
