@@ -9,16 +9,7 @@
 # layout.
 # Usage: bash checkpoint_relayout.sh /path/to/tetra   (exit 77: skipped)
 set -u
-tetra="${1:?usage: $0 /path/to/tetra}"
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-[ -f "$root/recipes/tiny.lua" ] || { echo "skipped: recipes/tiny.lua is missing"; exit 77; }
-if ! command -v mpirun >/dev/null; then
-  [ "${CI:-}" = true ] && { echo "FAIL: no mpirun (CI=true)"; exit 1; }
-  echo "skipped: no mpirun"; exit 77
-fi
-export OMP_NUM_THREADS=1
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/prelude.bash"
 recipe="$root/recipes/tiny.lua"
 # 12 steps (the lr schedule depends on train.steps), 4 layers (room for 2 stages), two
 # micro-batches per step (pipelines need them).

@@ -8,18 +8,9 @@
 # steps 7..12 must equal the uninterrupted single-process run.
 # Usage: bash data_layouts.sh /path/to/tetra   (exit 77: skipped)
 set -u
-tetra="${1:?usage: $0 /path/to/tetra}"
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-if ! command -v mpirun >/dev/null; then
-  [ "${CI:-}" = true ] && { echo "FAIL: no mpirun (CI=true)"; exit 1; }
-  echo "skipped: no mpirun"; exit 77
-fi
+source "$(dirname "$0")/prelude.bash"
 text=/usr/share/games/fortunes/computers
 [ -f "$text" ] || { echo "FAIL: $text is missing (tools/setup installs the fortunes package)"; exit 1; }
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-export OMP_NUM_THREADS=1
-cd "$root" || exit 1
 "$tetra" tokenizer train --vocab-size 320 --out "$work/tok" "$text" >"$work/tok.log" 2>&1 ||
   { echo "FAIL: tokenizer training failed:"; cat "$work/tok.log"; exit 1; }
 common=(--set data.mock=false --set data.input_path="$text"

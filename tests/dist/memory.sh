@@ -9,15 +9,7 @@
 # 1/tp of the sequence between the tensor-parallel regions) against plain tp 2.
 # Usage: bash memory.sh /path/to/tetra   (exit 77: skipped)
 set -u
-tetra="${1:?usage: $0 /path/to/tetra}"
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-if ! command -v mpirun >/dev/null; then
-  [ "${CI:-}" = true ] && { echo "FAIL: no mpirun (CI=true)"; exit 1; }
-  echo "skipped: no mpirun"; exit 77
-fi
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
-export OMP_NUM_THREADS=1
+source "$(dirname "$0")/prelude.bash"
 
 E=16384 LQ=4096 LK=2048 LMLP=24576 NORMS=128 FINAL=64
 LAYER=$((2 * LQ + 2 * LK + LMLP + NORMS))   # 36992

@@ -7,15 +7,7 @@
 # turn a case into a silent pass.
 # Usage: bash mutation.sh /path/to/tetra   (exit 77: skipped)
 set -u
-tetra="${1:?usage: $0 /path/to/tetra}"
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-if ! command -v mpirun >/dev/null; then
-  [ "${CI:-}" = true ] && { echo "FAIL: no mpirun (CI=true)"; exit 1; }
-  echo "skipped: no mpirun"; exit 77
-fi
-cd "$root" || exit 1   # the rows name recipes from the repository root
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/prelude.bash"
 table="$root/tests/dist/layouts.txt"
 
 # row NAME -> the compare_loss arguments of that row of the table.

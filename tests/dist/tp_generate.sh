@@ -5,12 +5,7 @@
 # (the split logits gathered back to the whole vocabulary).
 # Usage: bash tp_generate.sh /path/to/tetra   (exit 77: skipped)
 set -u
-tetra="${1:?usage: $0 /path/to/tetra}"
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-if ! command -v mpirun >/dev/null; then
-  [ "${CI:-}" = true ] && { echo "FAIL: no mpirun (CI=true)"; exit 1; }
-  echo "skipped: no mpirun"; exit 77
-fi
+source "$(dirname "$0")/prelude.bash"
 script="$root/tests/dist/tp_generate.lua"
 common=(--set model.vocab_size=255 --set train.warmup_steps=1)
 ids() {   # ids NP settings... -> the "ids: ..." line

@@ -1,0 +1,16 @@
+# Sourced by the multi-rank test scripts (tests/dist/*.sh) after their header comment:
+#   source "$(dirname "$0")/prelude.bash"
+# Sets tetra (the binary, the script's first argument), root (the repository, the
+# working directory from here on) and work (a temporary directory removed on exit); one
+# OpenMP thread per rank. Without mpirun the script is skipped (exit 77), except under
+# CI=true, where that is a failure.
+tetra="${1:?usage: $0 /path/to/tetra}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+if ! command -v mpirun >/dev/null; then
+  [ "${CI:-}" = true ] && { echo "FAIL: no mpirun (CI=true)"; exit 1; }
+  echo "skipped: no mpirun"; exit 77
+fi
+cd "$root" || exit 1
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
