@@ -197,9 +197,11 @@ end
 -- env.ddp, env.schedule, env.amp (the tetra.amp context of train.precision), env.device
 -- (the engine device id of train.device), env.step() (one optimizer step, returns its
 -- metrics record), env.evaluate([n_batches]) and env.generate(prompt_ids, opts).
--- The model's parameters move to train.device here (build the model on the CPU).
--- opts: tokenizer (tok:encode(text), tok:decode(ids); for samples); on_grads(env, step)
--- (see env.step).
+-- The model (built whole, on the CPU) is split for the layout, wrapped for the precision
+-- and moved to train.device here; env.par is tetra.parallel.apply's result.
+-- opts: plan (the model's parallel plan, recipes/plans/; needed for tensor, context or
+-- pipeline parallelism), tokenizer (tok:encode(text), tok:decode(ids); for samples),
+-- on_grads(env, step) (see env.step).
 -- Metrics record of a step: step, loss, lr, grad_norm (before clipping; nil on a skipped
 -- step), tokens, tokens_per_s, step_time_s, data_wait_s, exposed_comm_s (seconds blocked
 -- on communication: what computation did not hide, pipeline bubbles included),

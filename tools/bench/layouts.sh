@@ -10,16 +10,18 @@
 #   tokens/s     median tokens_per_s: the global batch's tokens over the step time
 #   x 1proc      tokens/s over the 1-process run with OMP_NUM_THREADS=1 from this same
 #                invocation (a rank's share of one core, the same as every multi-rank run)
+#   ideal        the best that ratio could be here: min(ranks x threads, cores)
 #   comm ms / %  median exposed_comm_s and its share of the step: time rank 0 sat blocked
 #                on communication that computation did not hide, pipeline bubbles included
 #   p+o MB       rank 0's parameter + optimizer-state bytes (10^6), showing what TP/PP split
 #                and ZeRO-1 shards; grads MB is beside it
 #   loss         the last step's loss: every layout should land near the 1-process one
-# Every multi-rank run gives each rank OMP_NUM_THREADS=1. With more ranks than cores the
-# ranks are oversubscribed (time-shared), so on a small machine the multi-rank rows measure
-# the overhead each dimension adds (communication, bubbles, smaller matmuls, scheduling),
-# not the speedup it would give with a core or GPU per rank: a ratio near 1.0 means the
-# dimension is nearly free, well below 1.0 is its cost.
+# Every multi-rank run gives each rank OMP_NUM_THREADS=1, so the ideal "x 1proc" is
+# min(ranks, cores): with a core per rank (2 ranks on 2 cores) the shortfall from it is the
+# dimension's cost. With more ranks than cores the ranks are oversubscribed (time-shared),
+# so those rows measure the overhead each dimension adds (communication, bubbles, smaller
+# matmuls, scheduling), not the speedup it would give with a core or GPU per rank; their
+# comm column also counts the time a rank waits for a peer that is not running.
 #   tools/bench/layouts.sh [--steps N] [--tetra PATH] [--quick] [--with-16]
 #                          [--timeout S] [--keep] [--set key=value ...]
 #   --steps N    optimizer steps per run (default 10; at least 3, the first 2 are warm-up)
@@ -171,26 +173,27 @@ printf '%s\n' "${results[@]}" | awk -F'|' -v cores="$cores" '
     if ($1 == "1proc-omp1" && $4 != "FAILED") { split($4, s, " "); base = s[3] }
   }
   END {
-    fmt = "%-17s %5s %4s %9s %9s %8s %8s %6s %8s %8s %8s %7s\n"
-    printf fmt, "layout", "ranks", "omp", "step ms", "tokens/s", "x 1proc", "comm ms", "comm%",
+    fmt = "%-17s %5s %4s %9s %9s %8s %6s %8s %6s %8s %8s %8s %7s\n"
+    printf fmt, "layout", "ranks", "omp", "step ms", "tokens/s", "x 1proc", "ideal", "comm ms", "comm%",
       "p+o MB", "grads MB", "loss", "wall s"
     for (i = 1; i <= NR; i++) {
       if (stats[i] == "FAILED") {
-        printf fmt, name[i], ranks[i], thr[i], "FAILED", "-", "-", "-", "-", "-", "-", "-", wall[i]
+        printf fmt, name[i], ranks[i], thr[i], "FAILED", "-", "-", "-", "-", "-", "-", "-", "-", wall[i]
         continue
       }
       split(stats[i], s, " ")
       ratio = base > 0 ? sprintf("%.2f", s[3] / base) : "-"
+      cpus = ranks[i] * thr[i]; ideal = sprintf("%.2f", cpus < cores ? cpus : cores)
       pct = s[2] > 0 ? sprintf("%.0f%%", 100 * s[4] / s[2]) : "-"
       po = (s[5] == "nan" || s[7] == "nan") ? "-" : sprintf("%.2f", (s[5] + s[7]) / 1e6)
       gm = s[6] == "nan" ? "-" : sprintf("%.2f", s[6] / 1e6)
       printf fmt, name[i], ranks[i], thr[i], sprintf("%.1f", 1000 * s[2]), sprintf("%.0f", s[3]),
-        ratio, sprintf("%.1f", 1000 * s[4]), pct, po, gm, sprintf("%.4f", s[8]), wall[i]
+        ratio, ideal, sprintf("%.1f", 1000 * s[4]), pct, po, gm, sprintf("%.4f", s[8]), wall[i]
     }
     print ""
-    print "# x 1proc: tokens/s over the 1proc-omp1 row (1 process, OMP_NUM_THREADS=1); the 1proc-omp" cores \
+    print "# x 1proc: tokens/s over the 1proc-omp1 row (1 process, OMP_NUM_THREADS=1); ideal: min(ranks x omp, " cores " cores); the 1proc-omp" cores \
       " row is the same process using all " cores " cores, for reference"
-    print "# comm: rank 0 blocked on communication (pipeline bubbles included), median per step and % of the step"
+    print "# comm: rank 0 blocked on communication (pipeline bubbles included; when oversubscribed, also peers waiting for a core), median per step and % of the step"
     print "# wall s: the whole run, startup and warm-up steps included"
   }'
 
