@@ -117,13 +117,7 @@ function train.data_source(cfg)
 end
 
 -- tokens (b, T + 1) -> inputs (b, T), targets (b, T), both contiguous.
-function train.inputs_targets(tokens)
-  local T = tonumber(tokens._shape[1]) - 1
-  local a, b = F.narrow(tokens, 1, 0, T), F.narrow(tokens, 1, 1, T)
-  local ids, targets = F.contiguous(a), F.contiguous(b)
-  free(a); free(b)
-  return ids, targets
-end
+train.inputs_targets = F.inputs_targets
 
 -- Mean cross-entropy of an unsplit model on tokens (b, T + 1); the logits are freed at
 -- once. (A split model's loss is its step strategy's: tetra.parallel.step.)

@@ -105,6 +105,16 @@ function F.causal_attention(q, k, v, positions)
   return take(C.tt_attention(q, k, v, 1, 0, pout), 3)
 end
 
+-- tokens (b, T + 1) -> inputs (b, T) and targets (b, T), the tokens after them; both
+-- contiguous.
+function F.inputs_targets(tokens)
+  local T = tonumber(tokens._shape[1]) - 1
+  local a, b = F.narrow(tokens, 1, 0, T), F.narrow(tokens, 1, 1, T)
+  local ids, targets = F.contiguous(a), F.contiguous(b)
+  F.free(a); F.free(b)
+  return ids, targets
+end
+
 -- logits: (..., V), targets: (...) -> scalar mean loss over targets ~= ignore_index.
 function F.cross_entropy(logits, targets, ignore_index)
   return take(C.tt_cross_entropy(logits, targets, ignore_index or -100, pout), 3)

@@ -257,7 +257,7 @@ function Par:inputs(tokens)
       end
     end
   else
-    ids, targets = require("tetra.train").inputs_targets(tokens)
+    ids, targets = F.inputs_targets(tokens)
   end
   return ids, targets, positions
 end
