@@ -1,0 +1,85 @@
+-- tetra.parallel.layout: every rule about the parallel layout, each broken one reported
+-- as one line naming the keys, their values and the fix; a good layout has no problem.
+local layout = require("tetra.parallel.layout")
+
+-- A tiny Llama config with the given parallel sizes and overrides.
+local function cfg(p, model, train)
+  local c = {
+    model = { dim = 64, n_layers = 4, n_heads = 4, n_kv_heads = 2, ffn_hidden = 128,
+              vocab_size = 256, seq_len = 32 },
+    train = { batch_size = 8, gradient_accumulation_steps = 2 },
+    parallel = { order = "tp-cp-dp-pp" },
+  }
+  for k, v in pairs(p or {}) do c.parallel[k] = v end
+  for k, v in pairs(model or {}) do c.model[k] = v end
+  for k, v in pairs(train or {}) do c.train[k] = v end
+  return c
+end
+
+local function one_problem(c, world, pattern)
+  local problems = layout.problems(c, world)
+  expect(#problems).to_be(1)
+  expect(problems[1]).to_match(pattern)
+end
+
+describe("layout.problems", function()
+  it("accepts every dimension at once, with sequence parallelism and interleaving", function()
+    expect(layout.problems(cfg({ tensor_parallel_size = 2, context_parallel_size = 2,
+                                 data_parallel_size = 2, pipeline_parallel_size = 2,
+                                 sequence_parallel = true, zero_stage = 1,
+                                 pipeline_schedule = "interleaved_1f1b",
+                                 virtual_pipeline_size = 2 }), 16)).to_equal({})
+  end)
+
+  it("names the process count a layout needs", function()
+    one_problem(cfg({ tensor_parallel_size = 2, pipeline_parallel_size = 4,
+                      data_parallel_size = 8 }, nil, { batch_size = 16 }), 4,
+                "needs 64 processes %(data 8 x tensor 2 x pipeline 4 x context 1%) but 4 are running")
+  end)
+
+  it("splits heads, MLP units and the vocabulary only as far as they go", function()
+    one_problem(cfg({ tensor_parallel_size = 8 }, { n_heads = 4, n_kv_heads = 4 }), nil,
+                "parallel.tensor_parallel_size %(8%) must divide model.n_heads %(4%)")
+    one_problem(cfg({ tensor_parallel_size = 4 }, { n_heads = 12, n_kv_heads = 3, dim = 48 }),
+                nil, "must be a multiple of model.n_kv_heads %(3%)")
+    one_problem(cfg({ tensor_parallel_size = 2 }, { ffn_hidden = 129 }), nil,
+                "must divide model.ffn_hidden %(129%)")
+    one_problem(cfg({ tensor_parallel_size = 4 }, { vocab_size = 5, n_kv_heads = 4 }), nil,
+                "model.vocab_size %(5%) is too small")
+    -- Fewer key/value heads than ranks, and a vocabulary tp does not divide, are fine.
+    expect(layout.problems(cfg({ tensor_parallel_size = 4 }, { vocab_size = 255 }))).to_equal({})
+  end)
+
+  it("cuts sequences into whole chunks", function()
+    one_problem(cfg({ context_parallel_size = 2 }, { seq_len = 30 }), nil,
+                "model.seq_len %(30%) must be a multiple of 2 x parallel.context_parallel_size %(4%)")
+    one_problem(cfg({ tensor_parallel_size = 4, sequence_parallel = true,
+                      context_parallel_size = 2 }, { seq_len = 12 }), nil,
+                "model.seq_len %(12%) / parallel.context_parallel_size %(2%) must be a multiple")
+    one_problem(cfg({ sequence_parallel = true }), nil,
+                "sequence_parallel=true needs parallel.tensor_parallel_size > 1")
+  end)
+
+  it("gives every stage a block and interleaving what it needs", function()
+    one_problem(cfg({ pipeline_parallel_size = 8 }), nil,
+                "model.n_layers %(4%) must be at least parallel.pipeline_parallel_size")
+    one_problem(cfg({ pipeline_parallel_size = 2, pipeline_stages = { 1, 2 } }), nil,
+                "pipeline_stages adds up to 3 layers, model.n_layers is 4")
+    one_problem(cfg({ pipeline_parallel_size = 2, virtual_pipeline_size = 2 }), nil,
+                "virtual_pipeline_size=2 needs parallel.pipeline_schedule=interleaved_1f1b")
+    one_problem(cfg({ pipeline_parallel_size = 2, pipeline_schedule = "interleaved_1f1b",
+                      virtual_pipeline_size = 2 }, nil, { gradient_accumulation_steps = 3,
+                                                           batch_size = 6 }), nil,
+                "must be a multiple of parallel.pipeline_parallel_size %(2%)")
+  end)
+
+  it("splits the batch into whole micro-batches", function()
+    one_problem(cfg({ data_parallel_size = 2 }, nil, { batch_size = 6 }), nil,
+                "train.batch_size %(6%) must be a multiple")
+  end)
+
+  it("check raises the first problem as a config error", function()
+    expect(function() layout.check(cfg({ context_parallel_size = 3 }), nil) end)
+      .to_error("config error: model.seq_len %(32%) must be a multiple")
+  end)
+end)
