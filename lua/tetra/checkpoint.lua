@@ -593,9 +593,17 @@ local function load_state(env, path)
   end
   require("tetra.tensor").no_grad(function()
     local whole = {}
+    local T = require("tetra.tensor")
     for i, e in ipairs(entries) do
       local pl = e.placement
       assemble(path, tensors, files, pl.name, pl, e.tensor)
+      local total = T.sum(e.tensor)   -- NaN or Inf anywhere makes the sum so
+      local v = total:item()
+      F.free(total)
+      if v ~= v or v == math.huge or v == -math.huge then
+        fail("checkpoint %s: parameter '%s' holds NaN or Inf values (a corrupt or diverged " ..
+             "checkpoint); resume from an earlier one", path, pl.name)
+      end
       for _, kind in ipairs(kinds) do
         local target = zero and zeros(e.tensor) or kind[2][i]
         assemble(path, tensors, files, kind[1] .. "." .. pl.name, pl, target)
@@ -618,11 +626,36 @@ local function load_state(env, path)
   for _, f in pairs(files) do f:close() end
 end
 
+-- The newest complete checkpoint (step_* with a state.json) in directory dir, or nil.
+local function newest_complete(dir)
+  local best, best_step
+  for _, e in ipairs(host.listdir(dir) or {}) do
+    local n = tonumber(e:match("^step_(%d+)$"))
+    if n and exists(dir .. "/" .. e .. "/state.json") and (not best_step or n > best_step) then
+      best, best_step = dir .. "/" .. e, n
+    end
+  end
+  return best
+end
+
+-- The checkpoint dir/latest names; when it names nothing complete, an error that says
+-- which complete checkpoint exists and how to resume from it.
+local function follow_latest(dir, latest)
+  local path = dir .. "/" .. latest:gsub("%s+$", "")
+  if exists(path .. "/state.json") then return path end
+  local other = newest_complete(dir)
+  fail("checkpoint: %s/latest names %s, which is %s; %s", dir, path,
+       host.is_dir(path) and "incomplete (no state.json)" or "missing",
+       other and ("the newest complete checkpoint is " .. other ..
+                  ": resume from it with --set checkpoint.resume=" .. other)
+             or "there is no complete checkpoint in " .. dir)
+end
+
 -- The checkpoint directory `path` names: itself, or the one its `latest` file names.
 local function resolve(path)
   if not exists(path .. "/state.json") then
     local latest = read_file(path .. "/latest")
-    if latest then return path .. "/" .. latest:gsub("%s+$", "") end
+    if latest then return follow_latest(path, latest) end
   end
   return path
 end
@@ -681,7 +714,7 @@ function M.resume_path(cfg)
     if not ck.dir or ck.dir == "" then fail("checkpoint.resume=%s needs checkpoint.dir", tostring(r)) end
     local latest = read_file(ck.dir .. "/latest")
     if not latest then return nil end
-    return ck.dir .. "/" .. latest:gsub("%s+$", "")
+    return follow_latest(ck.dir, latest)
   end
   if type(r) ~= "string" then fail("checkpoint.resume must be true, \"auto\" or a path, got %s", tostring(r)) end
   return r

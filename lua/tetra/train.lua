@@ -442,11 +442,14 @@ function train.print_sample(env, prompt)
 end
 
 -- Runs cfg.train.steps optimizer steps. Rank 0 shows progress (log.progress): one
--- updating line on a terminal, otherwise a line every log.every steps; every step goes
--- to log.metrics_file. Eval loss every train.eval_every steps and at the end; a text
--- sample every train.sample_every steps and at the end (when the data has a tokenizer).
--- Returns { first_loss, last_loss, eval_loss, records (step, loss, eval_loss,
--- step_time_s, skipped), elapsed_s }.
+-- updating line on a terminal (not under mpirun), otherwise a plain line every log.every
+-- steps; every step goes to log.metrics_file. Eval loss every train.eval_every steps and
+-- at the end; a text sample every train.sample_every steps and at the end (when the data
+-- has a tokenizer); a closing summary line (steps, time, tokens/s, loss, eval loss,
+-- checkpoint). Returns { first_loss, last_loss, eval_loss, records (step, loss,
+-- eval_loss, step_time_s, skipped of the last train.records_kept steps), elapsed_s }.
+train.records_kept = 1000
+
 -- log.log_file: every rank appends its own progress lines (a line per step, plain text)
 -- to this path, with "{rank}" replaced by the rank; without the placeholder a multi-rank
 -- run adds ".rank<N>" so ranks never share a file.
@@ -474,14 +477,24 @@ function train.run(env)
   local writer = metrics.open(is_main and log.metrics_file or nil)
   for _, r in ipairs(earlier) do writer:write(r) end
   local show = is_main and log.progress ~= false
-  local tty = show and metrics.stdout_is_terminal()
+  -- Redraw one line only on a terminal of our own: under mpirun stdout is a pseudo-
+  -- terminal Open MPI forwards, often into a file.
+  local tty = show and metrics.stdout_is_terminal() and not require("tetra.dist").launched()
   local every = log.every or 1
   local eval_every, sample_every = t.eval_every or 0, t.sample_every or 0
   local records, started = {}, metrics.now()
+  local summary = { steps = 0, tokens = 0, time_s = 0.0 }
   local avg_step
   if show and env.resumed_from then
-    io.stdout:write(string.format("resumed from %s at step %d; continuing at step %d of %d\n",
-                                  env.resumed_from, env.step_count, env.step_count + 1, total))
+    if env.step_count >= total then
+      io.stdout:write(string.format("resumed from %s at step %d: train.steps is %d, " ..
+                                    "nothing left to train (raise train.steps to go on)\n",
+                                    env.resumed_from, env.step_count, total))
+    else
+      io.stdout:write(string.format("resumed from %s at step %d; continuing at step %d of %d\n",
+                                    env.resumed_from, env.step_count, env.step_count + 1,
+                                    total))
+    end
     io.stdout:flush()
   end
   for step = env.step_count + 1, total do
@@ -493,8 +506,17 @@ function train.run(env)
       r.eval_loss = env.evaluate()
     end
     writer:write(r)
+    -- The most recent train.records_kept steps: memory stays flat on runs of any length.
+    if #records >= train.records_kept then table.remove(records, 1) end
     records[#records + 1] = { step = r.step, loss = r.loss, eval_loss = r.eval_loss,
                               step_time_s = r.step_time_s, skipped = r.skipped }
+    summary.first_loss = summary.first_loss or r.loss
+    summary.steps, summary.tokens = summary.steps + 1, summary.tokens + t.batch_size * cfg.model.seq_len
+    summary.time_s = summary.time_s + r.step_time_s
+    if r.eval_loss then
+      summary.eval_loss = r.eval_loss
+      summary.best_eval = math.min(summary.best_eval or math.huge, r.eval_loss)
+    end
     local line
     if show or rank_log then
       line = metrics.progress_line(r, total, avg_step * (total - step))
@@ -517,18 +539,33 @@ function train.run(env)
         io.stdout:flush()
       end
     end
-    if checkpoint.due(cfg, step, total) then checkpoint.save(env) end
+    if checkpoint.due(cfg, step, total) then summary.checkpoint = checkpoint.save(env) end
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       train.print_sample(env)
     end
   end
   writer:close()
-  if rank_log then rank_log:close() end
   train.print_sample(env)
-  return { first_loss = records[1] and records[1].loss,
-           last_loss = records[#records] and records[#records].loss,
-           eval_loss = records[#records] and records[#records].eval_loss,
-           records = records, elapsed_s = metrics.now() - started }
+  local last = records[#records]
+  if summary.steps > 0 and (show or rank_log) then
+    local line = string.format("done: %d steps in %.1f s, %.0f tokens/s, loss %.4f -> %.4f",
+      summary.steps, metrics.now() - started, summary.tokens / summary.time_s,
+      summary.first_loss, last.loss)
+    if summary.eval_loss then
+      line = line .. string.format(", eval loss %.4f (best %.4f)", summary.eval_loss,
+                                   summary.best_eval)
+    end
+    if summary.checkpoint then line = line .. ", checkpoint " .. summary.checkpoint end
+    if show then
+      io.stdout:write(line, "\n")
+      io.stdout:flush()
+    end
+    if rank_log then rank_log:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), line, "\n") end
+  end
+  if rank_log then rank_log:close() end
+  return { first_loss = summary.first_loss, last_loss = last and last.loss,
+           eval_loss = last and last.eval_loss, records = records,
+           elapsed_s = metrics.now() - started }
 end
 
 -- -- Recipes -----------------------------------------------------------------------------

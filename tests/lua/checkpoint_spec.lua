@@ -211,6 +211,38 @@ describe("checkpoint resume", function()
     end).to_error(ck .. "/state.json is corrupt")
   end)
 
+  it("names the newest complete checkpoint when latest points nowhere", function()
+    local dir = tmpdir()
+    local env = tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.keep=0" }))
+    run_steps(env, 1, 1)
+    checkpoint.save(env)
+    run_steps(env, 2, 2)
+    checkpoint.save(env)   -- latest: step_000002
+    rm_rf(dir .. "/step_000002")
+    expect(function()
+      tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.resume=true" }))
+    end).to_error("latest names " .. dir .. "/step_000002, which is missing; the newest " ..
+                  "complete checkpoint is " .. dir .. "/step_000001: resume from it with " ..
+                  "--set checkpoint.resume=" .. dir .. "/step_000001")
+  end)
+
+  it("refuses NaN weights at load, naming the parameter", function()
+    local dir = tmpdir()
+    local env = tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir }))
+    checkpoint.save(env)
+    local file = dir .. "/step_000000/model.safetensors"
+    local entries = {}
+    for _, np in ipairs(env.model:named_parameters()) do
+      local t = np[2]:detach():contiguous()
+      if np[1] == "norm.weight" then require("tetra.ffi").check(tetra.ffi.C.tt_fill_(t, 0 / 0)) end
+      entries[#entries + 1] = { np[1], t }
+    end
+    require("tetra.io").save(file, entries)
+    expect(function()
+      tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.resume=true" }))
+    end).to_error("parameter 'norm.weight' holds NaN or Inf values")
+  end)
+
   it("starts fresh when resume=true finds no checkpoint yet", function()
     local env = tiny.setup(tiny_cfg({ "checkpoint.dir=" .. tmpdir(), "checkpoint.resume=true" }))
     expect(env.resumed_from).to_be_nil()
