@@ -64,7 +64,8 @@ static int grow_bytes_map(tt_bpe *bpe) {
 }
 
 int tt_bpe_set_token(tt_bpe *bpe, int32_t id, const uint8_t *bytes, size_t len) {
-  if (id < 0 || id >= (1 << 30)) return tt_set_error("token id %d out of range", (int)id);
+  if (id < 0 || id >= TT_BPE_MAX_IDS)
+    return tt_set_error("token id %d out of range (at most %d ids)", (int)id, TT_BPE_MAX_IDS);
   if (len > (1u << 20)) return tt_set_error("token %d is %zu bytes long", (int)id, len);
   if (id >= bpe->ids_cap) {
     int32_t n = bpe->ids_cap ? bpe->ids_cap : 256;

@@ -175,6 +175,11 @@ struct tt_bpe {
   tt_bpe_cache *cache;      /* used by tt_bpe_encode */
 };
 
+/* Ids index tables sized by the largest id (tok_off, tok_len), so one large id in a file
+** must not pick an allocation of gigabytes. Real vocabularies stay far below this (o200k:
+** 200k ids, the largest public ones about 256k). */
+enum { TT_BPE_MAX_IDS = 1 << 24 };
+
 /* Building a tokenizer: tt_bpe_init, then set ids, then pairs, then tt_bpe_finish. */
 int tt_bpe_init(tt_bpe *bpe, int32_t n_ids_hint);
 int tt_bpe_set_token(tt_bpe *bpe, int32_t id, const uint8_t *bytes, size_t len);

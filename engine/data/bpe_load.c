@@ -315,9 +315,72 @@ static int64_t b64_decode(const char *s, size_t n, uint8_t *dst) {
   return o;
 }
 
+/* Real rank files give their N tokens the ranks 0..N-1 (GPT-2, cl100k, o200k), and the id
+** tables are sized by the largest rank. So a rank the file is far too short to reach is
+** refused before anything is sized by it: at most this many ranks per line of the file,
+** and below TT_BPE_MAX_IDS. */
+enum { TIKTOKEN_RANKS_PER_LINE = 16 };
+
+/* Reads one "<base64 token> <rank>" line (without its newline) into bpe; ranks must be below
+** max_rank. *tok (*tok_cap bytes) is the caller's scratch buffer for the decoded token.
+** Messages leave the place to the caller. */
+static int read_rank_line(tt_bpe *bpe, const char *s, size_t n, int64_t max_rank,
+                          int64_t lines, uint8_t **tok, size_t *tok_cap) {
+  const char *sp = memchr(s, ' ', n);
+  if (!sp || sp == s || sp + 1 == s + n)
+    return tt_set_error("expected \"<base64 token> <rank>\"");
+  const char *digits = sp + 1;
+  int nd = (int)(s + n - digits);
+  int64_t rank = 0;
+  for (int i = 0; i < nd; i++) {
+    if (digits[i] < '0' || digits[i] > '9')
+      return tt_set_error("expected \"<base64 token> <rank>\"");
+    /* Stops growing past max_rank, so any number of digits is compared without overflow. */
+    if (rank <= max_rank) rank = rank * 10 + (digits[i] - '0');
+  }
+  if (rank >= max_rank)
+    return tt_set_error("rank %.*s is out of range: a file of %lld lines may use ranks "
+                        "below %lld (%d per line, at most %d)", nd, digits, (long long)lines,
+                        (long long)max_rank, TIKTOKEN_RANKS_PER_LINE, TT_BPE_MAX_IDS - 1);
+  /* The token text is never empty here, so the buffer never shrinks to 0 bytes (which
+  ** realloc may answer by freeing it). Base64 decodes to fewer bytes than its text. */
+  size_t tlen = (size_t)(sp - s);
+  if (tlen > *tok_cap) {
+    uint8_t *t = realloc(*tok, tlen);
+    if (!t) return tt_set_error("out of host memory (tokenizer)");
+    *tok = t;
+    *tok_cap = tlen;
+  }
+  int64_t tl = b64_decode(s, tlen, *tok);
+  if (tl <= 0) return tt_set_error("bad base64 token");
+  return tt_bpe_set_token(bpe, (int32_t)rank, *tok, (size_t)tl);
+}
+
+/* tiktoken merges any two adjacent parts whose concatenation is a token, at that token's
+** rank: enumerate every split of every token into two tokens. */
+static int add_tiktoken_merges(tt_bpe *bpe) {
+  for (int32_t id = 0; id < bpe->n_ids; id++) {
+    int32_t l = bpe->tok_len[id];
+    if (l < 2) continue;
+    const uint8_t *b = (const uint8_t *)bpe->tok_bytes.data + bpe->tok_off[id];
+    for (int32_t k = 1; k < l; k++) {
+      int32_t a = tt_bpe_lookup(bpe, b, (size_t)k), c = tt_bpe_lookup(bpe, b + k, (size_t)(l - k));
+      if (a >= 0 && c >= 0) TT_TRY(tt_bpe_add_pair(bpe, a, c, (uint32_t)id, id));
+    }
+  }
+  return 0;
+}
+
 int tt_bpe_load_tiktoken_text(const char *path, const char *text, size_t len, tt_bpe **out) {
+  int64_t lines = len > 0 && text[len - 1] != '\n';
+  for (const char *p = text; (p = memchr(p, '\n', (size_t)(text + len - p))) != NULL; p++)
+    lines++;
+  /* One id stays free for <|endoftext|>, which follows the last rank. */
+  int64_t max_rank = lines * TIKTOKEN_RANKS_PER_LINE;
+  if (max_rank > TT_BPE_MAX_IDS - 1) max_rank = TT_BPE_MAX_IDS - 1;
   tt_bpe *bpe = NULL;
   uint8_t *tok = NULL;
+  size_t tok_cap = 0;
   if (new_bpe((int32_t)(len / 8), &bpe) != 0) return -1;
   size_t pos = 0;
   int line = 0;
@@ -329,51 +392,26 @@ int tt_bpe_load_tiktoken_text(const char *path, const char *text, size_t len, tt
     line++;
     if (n > 0 && s[n - 1] == '\r') n--;
     if (n == 0) continue;
-    /* Parsed within the line: the text need not be NUL-terminated. */
-    const char *sp = memchr(s, ' ', n);
-    long rank = sp && sp + 1 < s + n ? 0 : -1;
-    for (const char *d = sp ? sp + 1 : s + n; d < s + n && rank >= 0; d++)
-      rank = *d >= '0' && *d <= '9' && rank < (1L << 30) ? rank * 10 + (*d - '0') : -1;
-    if (!sp || rank < 0 || rank >= (1L << 30)) {
-      tt_set_error("%s:%d: expected \"<base64 token> <rank>\"", path, line);
+    if (read_rank_line(bpe, s, n, max_rank, lines, &tok, &tok_cap) != 0) {
+      tt_error_context("%s:%d", path, line);
       goto fail;
     }
-    uint8_t *t = realloc(tok, (size_t)(sp - s));
-    if (!t) {
-      tt_set_error("out of host memory (tokenizer)");
-      goto fail;
-    }
-    tok = t;
-    int64_t tl = b64_decode(s, (size_t)(sp - s), tok);
-    if (tl <= 0) {
-      tt_set_error("%s:%d: bad base64 token", path, line);
-      goto fail;
-    }
-    if (tt_bpe_set_token(bpe, (int32_t)rank, tok, (size_t)tl) != 0) goto fail;
   }
   if (check_nonempty(path, bpe) != 0) goto fail;
-  /* tiktoken merges any two adjacent parts whose concatenation is a token, at that
-  ** token's rank: enumerate every split of every token into two tokens. */
-  for (int32_t id = 0; id < bpe->n_ids; id++) {
-    int32_t l = bpe->tok_len[id];
-    if (l < 2) continue;
-    const uint8_t *b = (const uint8_t *)bpe->tok_bytes.data + bpe->tok_off[id];
-    for (int32_t k = 1; k < l; k++) {
-      int32_t a = tt_bpe_lookup(bpe, b, (size_t)k), c = tt_bpe_lookup(bpe, b + k, (size_t)(l - k));
-      if (a >= 0 && c >= 0 && tt_bpe_add_pair(bpe, a, c, (uint32_t)id, id) != 0) goto fail;
-    }
-  }
   /* tiktoken takes a pre-token that is itself a token as is. */
   bpe->ignore_merges = 1;
-  if (tt_bpe_finish(bpe) != 0) goto fail;
-  if (tt_bpe_add_special(bpe, "<|endoftext|>", bpe->n_ids) != 0) goto fail;
+  if (add_tiktoken_merges(bpe) != 0 || tt_bpe_finish(bpe) != 0 ||
+      tt_bpe_add_special(bpe, "<|endoftext|>", bpe->n_ids) != 0) {
+    tt_error_context("%s", path);
+    goto fail;
+  }
   free(tok);
   *out = bpe;
   return 0;
 fail:
   free(tok);
   tt_bpe_free(bpe);
-  return tt_error_context("%s", path);
+  return -1;
 }
 
 int tt_bpe_load(const char *path, tt_bpe **out) {

@@ -217,6 +217,67 @@ Test(bpe, tiktoken_rank_file) {
   free(dir);
 }
 
+/* The error for a bad tiktoken file names the file and line once ("f:2: ...", not
+** "f: f:2: ..."). */
+static void assert_tiktoken_error(const char *path, int line, const char *needle) {
+  char where[300];
+  snprintf(where, sizeof where, "%s:%d: ", path, line);
+  const char *err = tt_last_error();
+  cr_assert(strncmp(err, where, strlen(where)) == 0, "error '%s' does not start with '%s'", err,
+            where);
+  cr_assert(strstr(err + strlen(where), path) == NULL, "error '%s' names the file twice", err);
+  cr_assert(strstr(err, needle) != NULL, "error '%s' does not contain '%s'", err, needle);
+}
+
+Test(bpe, tiktoken_line_without_a_token_is_an_error) {
+  /* Fuzzer reproducer: " 1" has an empty token. Reading it resized the token buffer to 0
+  ** bytes, which frees it, and the error path freed it again (abort in glibc). */
+  char *dir = temp_dir();
+  char path[256];
+  snprintf(path, sizeof path, "%s/d.tiktoken", dir);
+  write_text(path, "YQ== 0\n 1\n", 10);
+  tt_bpe *bpe = NULL;
+  cr_assert(tt_bpe_load(path, &bpe) != 0);
+  cr_assert_null(bpe);
+  assert_tiktoken_error(path, 2, "expected \"<base64 token> <rank>\"");
+  unlink(path);
+  rmdir(dir);
+  free(dir);
+}
+
+Test(bpe, tiktoken_rank_beyond_the_file_is_refused) {
+  /* Fuzzer reproducer: 15 bytes whose one rank sized the id tables (4 GB for 10^9). Real
+  ** files rank their N tokens 0..N-1; a rank far beyond the file's line count is refused
+  ** before anything is allocated for it. */
+  char *dir = temp_dir();
+  char path[256];
+  snprintf(path, sizeof path, "%s/h.tiktoken", dir);
+  static const char *const huge[] = {"1000000000", "2000000000", "99999999999999999999999"};
+  for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+    char text[64];
+    int n = snprintf(text, sizeof text, "YQ== %s", huge[i]);
+    write_text(path, text, (size_t)n);
+    tt_bpe *bpe = NULL;
+    cr_assert(tt_bpe_load(path, &bpe) != 0, "rank %s accepted", huge[i]);
+    cr_assert_null(bpe);
+    assert_tiktoken_error(path, 1, huge[i]);
+  }
+  /* Within bounds (rank < 16 x lines), a gap is allowed: ids 1-4 are simply unused. */
+  write_text(path, "YQ== 0\nYg== 5\n", 14);
+  tt_bpe *bpe = NULL;
+  cr_assert(tt_bpe_load(path, &bpe) == 0, "%s", tt_last_error());
+  cr_assert_eq(tt_bpe_vocab_size(bpe), 7);
+  cr_assert_eq(tt_bpe_eos_id(bpe), 6);
+  int32_t ids[4];
+  size_t n;
+  cr_assert(tt_bpe_encode(bpe, "ab", 2, 0, ids, 4, &n) == 0);
+  cr_assert(n == 2 && ids[0] == 0 && ids[1] == 5);
+  tt_bpe_free(bpe);
+  unlink(path);
+  rmdir(dir);
+  free(dir);
+}
+
 /* -- Training ----------------------------------------------------------------------- */
 
 Test(bpe, train_first_merge_is_most_frequent_pair_and_roundtrips) {

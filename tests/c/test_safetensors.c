@@ -249,3 +249,37 @@ Test(safetensors, malformed_files_fail_with_a_message) {
   cr_assert(strstr(tt_last_error(), "cannot open"), "%s", tt_last_error());
   unlink(path);
 }
+
+Test(safetensors, shape_overflowing_64_bits_is_refused) {
+  char path[128];
+  tmp_path(path, sizeof path, "overflow");
+  tt_safetensors *f = NULL;
+  float v[2] = {0};
+
+  /* Fuzzer reproducer: 4611686018427387906 f32 elements are 2^64 + 8 bytes, which wrapped
+  ** to the 8 bytes present; reading the tensor then ran far past them. */
+  write_raw(path,
+            "{\"huge\":{\"dtype\":\"F32\",\"shape\":[4611686018427387906],"
+            "\"data_offsets\":[0,8]}}", v, 8);
+  cr_assert_eq(tt_safetensors_open(path, &f), -1);
+  cr_assert_null(f);
+  cr_assert(strstr(tt_last_error(), "tensor 'huge'") && strstr(tt_last_error(), "overflow"),
+            "%s", tt_last_error());
+
+  /* The element count itself wraps: 2^32 * 2^32 * 3 is 0 modulo 2^64, as is its byte size. */
+  write_raw(path,
+            "{\"wrap\":{\"dtype\":\"BF16\",\"shape\":[4294967296,4294967296,3],"
+            "\"data_offsets\":[0,0]}}", NULL, 0);
+  cr_assert_eq(tt_safetensors_open(path, &f), -1);
+  cr_assert(strstr(tt_last_error(), "tensor 'wrap'") && strstr(tt_last_error(), "overflow"),
+            "%s", tt_last_error());
+
+  /* A dtype Tetra cannot load is still listed with its shape, so the shape is checked too. */
+  write_raw(path,
+            "{\"odd\":{\"dtype\":\"F64\",\"shape\":[4294967296,4294967296,3],"
+            "\"data_offsets\":[0,8]}}", v, 8);
+  cr_assert_eq(tt_safetensors_open(path, &f), -1);
+  cr_assert(strstr(tt_last_error(), "tensor 'odd'") && strstr(tt_last_error(), "overflow"),
+            "%s", tt_last_error());
+  unlink(path);
+}

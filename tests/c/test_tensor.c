@@ -112,6 +112,39 @@ Test(tensor, bad_shapes_rejected) {
   tt_tensor_release(t);
 }
 
+Test(tensor, shapes_overflowing_64_bits_are_rejected) {
+  /* Fuzzer reproducer: 2^32 * 2^32 * 3 overflows int64 (undefined behaviour; in practice
+  ** it wrapped to 0 and gave a tensor over a 0-byte buffer). */
+  int64_t wrap[3] = {INT64_C(1) << 32, INT64_C(1) << 32, 3};
+  tt_tensor *x = NULL;
+  tt_test_assert_error(tt_tensor_empty(wrap, 3, TT_F32, TT_CPU, &x), "empty: shape [4294967296, 4294967296, 3] is too large");
+  tt_test_assert_error(tt_tensor_zeros(wrap, 3, TT_F32, TT_CPU, &x), "too large");
+  tt_test_assert_error(tt_tensor_randn(wrap, 3, 0.0, 1.0, &x), "too large");
+  float buf[1];
+  tt_test_assert_error(tt_tensor_from_buffer(buf, wrap, 3, TT_F32, &x), "too large");
+  /* The element count fits but the byte count does not: 2^62 f32 are 2^64 bytes. */
+  int64_t bytes[1] = {INT64_C(1) << 62};
+  tt_test_assert_error(tt_tensor_empty(bytes, 1, TT_F32, TT_CPU, &x), "too large");
+  /* A view or an expand must not give an existing tensor such a shape either: the product
+  ** wrapped to 0, the element count of an empty tensor, or overflowed tt_tensor_numel. */
+  int64_t none[1] = {0}, one[1] = {1}, wrap0[3] = {INT64_C(1) << 32, INT64_C(1) << 32, 4};
+  tt_tensor *e = NULL, *o = NULL;
+  cr_assert(tt_tensor_empty(none, 1, TT_F32, TT_CPU, &e) == 0, "%s", tt_last_error());
+  cr_assert(tt_tensor_zeros(one, 1, TT_F32, TT_CPU, &o) == 0, "%s", tt_last_error());
+  tt_test_assert_error(tt_view(e, wrap0, 3, &x), "view: shape [4294967296, 4294967296, 4] is too large");
+  int64_t infer[3] = {INT64_C(1) << 32, INT64_C(1) << 32, -1};
+  tt_test_assert_error(tt_view(o, infer, 3, &x), "too large");
+  tt_test_assert_error(tt_expand(o, wrap, 3, &x), "expand: shape [4294967296, 4294967296, 3] is too large");
+  /* Empty tensors with large other sizes are fine while their strides fit. */
+  int64_t wide[2] = {0, INT64_C(1) << 40};
+  cr_assert(tt_tensor_empty(wide, 2, TT_F32, TT_CPU, &x) == 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_numel(x), 0);
+  cr_assert_eq(x->stride[0], INT64_C(1) << 40);
+  tt_tensor_release(x);
+  tt_tensor_release(e);
+  tt_tensor_release(o);
+}
+
 /* -- Casts --------------------------------------------------------------------------- */
 
 Test(cast, bf16_round_to_nearest_even) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # log.log_file: each rank writes its own text log ({rank} in the path, or .rank<N> added
-# when there is no placeholder), one line per step with that rank's loss, while only
-# rank 0 prints progress. The DP ranks average the same global loss, so the lines agree.
+# when there is no placeholder), one line per step with that rank's loss and a closing
+# summary line, while only rank 0 prints progress. The DP ranks average the same global
+# loss, so the lines agree.
 # Usage: bash rank_logs.sh /path/to/tetra   (exit 77: skipped)
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
@@ -16,10 +17,12 @@ out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny
         --set "log.log_file=$tmp/run-{rank}.log" 2>&1)" || fail "run failed: $out"
 for r in 0 1; do
   [ -f "$tmp/run-$r.log" ] || fail "no log for rank $r"
-  [ "$(wc -l < "$tmp/run-$r.log")" -eq 3 ] || fail "rank $r log has $(wc -l < "$tmp/run-$r.log") lines, want 3"
+  n=$(grep -c ' step [0-9]*/3 ' "$tmp/run-$r.log")
+  [ "$n" -eq 3 ] || fail "rank $r log has $n step lines, want 3"
+  grep -q ' done: 3 steps ' "$tmp/run-$r.log" || fail "rank $r log has no summary line"
 done
-loss0="$(sed -E 's/.*loss ([0-9.]+).*/\1/' "$tmp/run-0.log" | tr '\n' ' ')"
-loss1="$(sed -E 's/.*loss ([0-9.]+).*/\1/' "$tmp/run-1.log" | tr '\n' ' ')"
+loss0="$(grep ' step ' "$tmp/run-0.log" | sed -E 's/.*loss ([0-9.]+).*/\1/' | tr '\n' ' ')"
+loss1="$(grep ' step ' "$tmp/run-1.log" | sed -E 's/.*loss ([0-9.]+).*/\1/' | tr '\n' ' ')"
 [ "$loss0" = "$loss1" ] || fail "ranks logged different losses: '$loss0' vs '$loss1'"
 [ "$(echo "$out" | grep -oE 'step +3/3' | wc -l)" -eq 1 ] || fail "progress not printed exactly once: $out"
 
