@@ -130,6 +130,10 @@ int tt_dist_init(int force) {
   int already = 0;
   MPI_Initialized(&already);
   if (!already) {
+    /* Every rank on this node: shared memory only, so no rank listens for TCP on every
+    ** interface. The user's own Open MPI settings win. */
+    const char *world = getenv("OMPI_COMM_WORLD_SIZE"), *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (world && local && strcmp(world, local) == 0) setenv("OMPI_MCA_btl", "self,vader", 0);
     int provided = 0;
     /* Only the main thread calls MPI; data workers and comm polling stay on it. */
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
