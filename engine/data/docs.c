@@ -28,6 +28,34 @@ void tt_doc_files_free(tt_doc_files *f) {
   memset(f, 0, sizeof *f);
 }
 
+/* Refuses a file that is not text (a binary handed over as training data would train on
+** garbage, silently): a NUL byte, or UTF-8 that is ill-formed before the last 3 bytes of
+** the sample (a sequence may run past its end), in the first 64 KB. */
+static int sniff_text(const char *path) {
+  enum { SAMPLE = 64 * 1024 };
+  uint8_t *buf = malloc(SAMPLE);
+  if (!buf) return tt_set_error("out of host memory");
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    free(buf);
+    return tt_set_error("%s: %s", path, strerror(errno));
+  }
+  size_t n = fread(buf, 1, SAMPLE, f);
+  fclose(f);
+  int rc = 0;
+  const uint8_t *nul = memchr(buf, 0, n);
+  size_t valid = tt_utf8_valid_prefix(buf, n);
+  if (nul)
+    rc = tt_set_error("%s: not text (a NUL byte at offset %zu): training data must be UTF-8 "
+                      "text or JSONL; use data.datasets with type = \"tokens\" for token shards",
+                      path, (size_t)(nul - buf));
+  else if (valid + 3 < n)
+    rc = tt_set_error("%s: not UTF-8 text (an ill-formed byte at offset %zu): convert it to "
+                      "UTF-8 (iconv) first", path, valid);
+  free(buf);
+  return rc;
+}
+
 /* Size of a token shard in tokens, from its header. */
 static int shard_tokens(const char *path, int64_t *out) {
   tt_token_shard *sh;
@@ -106,6 +134,7 @@ int tt_doc_files_expand(const char *patterns, int type, tt_doc_files *out) {
       out->sizes[i] = (int64_t)st.st_size;
     }
     if (out->sizes[i] == 0) { tt_set_error("%s: empty file", p); goto done; }
+    if (type != TT_DATA_TOKENS && sniff_text(p) != 0) goto done;
     out->starts[i] = out->total;
     out->total += out->sizes[i];
   }

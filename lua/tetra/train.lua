@@ -40,6 +40,12 @@ local train = {}
 
 local free = F.free
 
+-- A user-facing error: the tetra binary prints the message alone, without a traceback.
+local function user_error(msg)
+  error(setmetatable({ message = msg, user = true },
+                     { __tostring = function(e) return e.message end }), 0)
+end
+
 -- -- Data --------------------------------------------------------------------------------
 
 local MockData = {}
@@ -76,9 +82,14 @@ end
 
 local function read_text(path)
   local f, err = io.open(path, "rb")
-  if not f then error("data.input_path: cannot read " .. path .. ": " .. tostring(err), 0) end
+  if not f then user_error("data.input_path: cannot read " .. path .. ": " .. tostring(err)) end
   local s = f:read("*a")
   f:close()
+  local nul = s:find("%z")
+  if nul then   -- a binary handed over as text would train on garbage, silently
+    user_error(string.format("data.input_path: %s is not text (a NUL byte at offset %d)",
+                             path, nul - 1))
+  end
   return s
 end
 
@@ -111,9 +122,18 @@ function train.data_source(cfg)
     return bytetok.dataset(table.concat(texts, "\n"), { seed = seed }), bytetok.tokenizer
   end
   local data = require("tetra.data")
-  local tok = d.vocab_file and data.tokenizer(d.vocab_file, d.merges_file)
-              or data.tokenizer(d.tokenizer)
-  return data.source(cfg, require("tetra.dist").init(cfg).dp), tok
+  local dp = require("tetra.dist").init(cfg).dp
+  -- The tokenizer and the training files open here, before any model is built, and a
+  -- problem with them is one line.
+  local ok, src, tok = pcall(function()
+    local tok = d.vocab_file and data.tokenizer(d.vocab_file, d.merges_file)
+                or data.tokenizer(d.tokenizer)
+    local src = data.source(cfg, dp)
+    src:loader("train")
+    return src, tok
+  end)
+  if not ok then user_error("data: " .. tostring(src):gsub("^[^:]*%.lua:%d+: ", "")) end
+  return src, tok
 end
 
 -- tokens (b, T + 1) -> inputs (b, T), targets (b, T), both contiguous.
@@ -130,12 +150,6 @@ function train.loss(model, tokens)
 end
 
 -- -- Device --------------------------------------------------------------------------
-
--- A user-facing error: the tetra binary prints the message alone, without a traceback.
-local function user_error(msg)
-  error(setmetatable({ message = msg, user = true },
-                     { __tostring = function(e) return e.message end }), 0)
-end
 
 -- The engine device id for train.device: C.TT_CPU for "cpu" (or nil); for "cuda" /
 -- "cuda:N" starts the CUDA backend (tt_cuda_init picks this rank's GPU; "cuda:N" then

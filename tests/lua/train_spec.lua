@@ -120,6 +120,39 @@ describe("data", function()
     end
     expect(bytetok.decode(ds:batch(1, 1, 6, "val"))).to_match("^[a-h]+$")
   end)
+
+  it("refuses a binary or non-UTF-8 training file in one line, before any model", function()
+    local bin = tmpname(".bin")
+    local f = assert(io.open(bin, "wb")); f:write("ELF\0\1\2 not text"); f:close()
+    local latin = tmpname(".txt")
+    f = assert(io.open(latin, "wb")); f:write(string.rep("caf\233 au lait\n", 10)); f:close()
+    local function err_of(sets)
+      local ok, e = pcall(train.data_source, tiny_cfg(sets))
+      expect(ok).to_be(false)
+      expect(type(e) == "table" and e.user).to_be(true)   -- printed alone, no traceback
+      return e.message
+    end
+    local bytes = { "data.mock=false", "data.input_path=" .. bin }
+    expect(err_of(bytes)).to_be("data.input_path: " .. bin .. " is not text (a NUL byte at offset 3)")
+    -- Through the BPE loader (tetra.data): the files are checked when the source opens.
+    local dir = tmpname(".d")
+    os.execute("mkdir -p '" .. dir .. "'")
+    local text = dir .. "/text.txt"
+    f = assert(io.open(text, "w"))
+    for i = 1, 50 do f:write("the cat sat on the mat ", i, "\n") end
+    f:close()
+    tetra.data.train_tokenizer({ text }, 280, dir)
+    local bpe = { "data.mock=false", "data.tokenizer=" .. dir .. "/tokenizer.json",
+                  "model.vocab_size=280" }
+    bpe[4] = "data.input_path=" .. bin
+    expect(err_of(bpe)).to_match("not text %(a NUL byte at offset 3%)")
+    bpe[4] = "data.input_path=" .. latin
+    expect(err_of(bpe)).to_match("not UTF%-8 text %(an ill%-formed byte at offset 3%)")
+    bpe[4] = "data.input_path=" .. text
+    local src = train.data_source(tiny_cfg(bpe))
+    expect(src:batch(1, 8, 32)).to_have_shape({ 8, 33 })
+    os.remove(bin); os.remove(latin); os.execute("rm -rf '" .. dir .. "'")
+  end)
 end)
 
 describe("training loop", function()
