@@ -579,17 +579,21 @@ static int cmd_test(lua_State *L, int argc, char **argv) {
 /* OpenMP workers that spin between parallel regions take the cores from OpenBLAS's own
 ** threads (and from other processes on a shared node): a Llama block's forward+backward
 ** measured 3x slower on 2 busy cores with libgomp's default policy. libgomp reads
-** OMP_WAIT_POLICY when it loads, before main, so when the user has not chosen a policy
-** the binary re-executes itself once with the passive one. */
-static void prefer_passive_openmp(char **argv) {
-  if (getenv("OMP_WAIT_POLICY")) return;
-  setenv("OMP_WAIT_POLICY", "passive", 1);
-  execv("/proc/self/exe", argv);
-  /* exec failed: carry on with the active policy. */
+** OMP_WAIT_POLICY in its constructor, before main; an executable's .preinit_array runs
+** before any shared library's constructor, so the passive policy is chosen there when
+** the user has not chosen one (no re-execution: the process keeps its name, and valgrind
+** runs it). */
+static void prefer_passive_openmp(int argc, char **argv, char **envp) {
+  (void)argc;
+  (void)argv;
+  (void)envp;
+  setenv("OMP_WAIT_POLICY", "passive", 0);
 }
+__attribute__((section(".preinit_array"), used)) static void (*const tt_preinit)(int, char **,
+                                                                                 char **) =
+    prefer_passive_openmp;
 
 int main(int argc, char **argv) {
-  prefer_passive_openmp(argv);
   const char *cmd = argc > 1 ? argv[1] : NULL;
   if (cmd && (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))) {
     fputs(usage_text, stdout);
