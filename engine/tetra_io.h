@@ -42,4 +42,12 @@ int tt_safetensors_save(const char *path, const char *const *names,
                         tt_tensor *const *tensors, int n, const char *const *meta_keys,
                         const char *const *meta_values, int n_meta);
 
+/* -- Checksums (engine/checksum.c) --------------------------------------------------- */
+
+/* CRC-32C of len bytes, continuing from crc (0 to start): crc32c("123456789") is
+** 0xE3069283. */
+uint32_t tt_crc32c(uint32_t crc, const void *data, size_t len);
+/* CRC-32C of a whole file. */
+int tt_crc32c_file(const char *path, uint32_t *out);
+
 #endif

@@ -30,6 +30,9 @@
 --                             them all, which restores a loader of any data-parallel size
 --   state.json                step, tokens seen, engine RNG state, loss-scaler state, the
 --                             data source's step, world size, config snapshot
+--   checksums.json            { FILE = CRC-32C (8 hex digits) } of every other file: each
+--                             rank sums the files it wrote, rank 0 merges them; a load
+--                             checks each file before reading it and names a corrupt one
 -- A save writes DIR/.tmp.step_000120/ (every file fsynced), renames it to step_000120,
 -- then replaces DIR/latest (the directory name, written to a temporary file and renamed)
 -- last; under MPI the ranks meet at a barrier first, so `latest` moves only once all of
@@ -120,6 +123,15 @@ local function replace_file(path, data)
   write_file(tmp, data)
   local ok, err = os.rename(tmp, path)
   if not ok then fail("checkpoint: cannot rename %s to %s: %s", tmp, path, tostring(err)) end
+end
+
+-- CRC-32C of a file, as 8 hex digits.
+local crc_box = ffi.new("uint32_t[1]")
+local function crc_of(path)
+  if C.tt_crc32c_file(path, crc_box) ~= 0 then
+    fail("checkpoint: %s", ffi.string(C.tt_last_error()))
+  end
+  return bit.tohex(tonumber(crc_box[0]), 8)
 end
 
 -- -- JSON (objects, arrays, strings, numbers, booleans, null) --------------------------
@@ -345,7 +357,7 @@ end
 local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end
 
 -- Writes this rank's shard file and its part of the index (shard_NNNNN.json, merged into
--- index.json by rank 0) into tmp, when this rank writes one.
+-- index.json by rank 0) into tmp, when this rank writes one; returns the file's name.
 local function save_shards(env, slices, tmp, rank, meta)
   local mesh = env.mesh
   if group_rank(mesh.dp) ~= 0 or group_rank(mesh.cp) ~= 0 then return end
@@ -364,6 +376,7 @@ local function save_shards(env, slices, tmp, rank, meta)
   end
   st.save(tmp .. "/" .. file, entries, meta)
   write_file(tmp .. string.format("/shard_%05d.json", rank), encode(index) .. "\n")
+  return file
 end
 
 -- Rank 0, once every rank wrote: merges the shard_NNNNN.json parts in tmp into index.json.
@@ -390,6 +403,21 @@ local function merge_index(tmp)
   write_file(tmp .. "/index.json", encode({ format = 1, tensors = tensors }) .. "\n")
 end
 
+-- Rank 0, once every rank wrote: merges the sums_NNNNN.json parts in tmp, with the
+-- checksum of index.json, into checksums.json.
+local function merge_sums(tmp)
+  local sums = {}
+  for _, e in ipairs(host.listdir(tmp) or {}) do
+    if e:match("^sums_%d+%.json$") then
+      for f, c in pairs(M.decode_json(read_file(tmp .. "/" .. e))) do sums[f] = c end
+      local ok, err = os.remove(tmp .. "/" .. e)
+      if not ok then fail("checkpoint: cannot remove %s: %s", e, tostring(err)) end
+    end
+  end
+  if exists(tmp .. "/index.json") then sums["index.json"] = crc_of(tmp .. "/index.json") end
+  write_file(tmp .. "/checksums.json", encode(sums) .. "\n")
+end
+
 -- -- Save ----------------------------------------------------------------------------
 
 -- Writes checkpoint.dir/step_NNNNNN for env's current step on every rank (collective
@@ -413,12 +441,14 @@ function M.save(env)
                        kind = opt.m and "adamw" or "sgd" }
   local split = split_layout(env)
   local slices = local_slices(env)   -- collective under ZeRO-1
-  if split then save_shards(env, slices, tmp, rank, optim_meta) end
+  local wrote = {}   -- the files this rank writes (their checksums)
+  if split then wrote[#wrote + 1] = save_shards(env, slices, tmp, rank, optim_meta) end
   local data_step
   if env.data.state then
     local s, c = env.data:state(), env.mesh.coords or {}
     if (c.tp or 0) == 0 and (c.cp or 0) == 0 and (c.pp or 0) == 0 then
-      write_file(string.format("%s/loader_dp_%05d.bin", tmp, c.dp or 0), s.loader)
+      wrote[#wrote + 1] = string.format("loader_dp_%05d.bin", c.dp or 0)
+      write_file(tmp .. "/" .. wrote[#wrote], s.loader)
     end
     data_step = s.step
   end
@@ -426,7 +456,9 @@ function M.save(env)
     if not split then
       st.save(tmp .. "/model.safetensors", model_entries(slices))
       st.save(tmp .. "/optim.safetensors", optim_entries(slices), optim_meta)
+      wrote[#wrote + 1], wrote[#wrote + 2] = "model.safetensors", "optim.safetensors"
     end
+    wrote[#wrote + 1] = "state.json"
     local scaler = env.amp and env.amp.scaler
     write_file(tmp .. "/state.json", encode({
       format = 1, step = step, tokens_seen = env.tokens_seen,
@@ -438,10 +470,16 @@ function M.save(env)
       config = env.cfg,
     }) .. "\n")
   end
+  if #wrote > 0 then
+    local sums = {}
+    for _, f in ipairs(wrote) do sums[f] = crc_of(tmp .. "/" .. f) end
+    write_file(tmp .. string.format("/sums_%05d.json", rank), encode(sums) .. "\n")
+  end
   barrier(env)   -- every rank's files are on disk
 
   if rank == 0 then
     if split then merge_index(tmp) end
+    merge_sums(tmp)
     fsync_path(tmp)
     if exists(final) then remove_tree(final) end
     local ok, err = os.rename(tmp, final)
@@ -477,8 +515,27 @@ end
 
 local function shape_text(s) return "[" .. table.concat(s, ", ") .. "]" end
 
+-- The checksums of the checkpoint being loaded ({ FILE = crc }, from its checksums.json;
+-- nil for a checkpoint written before checksums) and the files verified so far.
+local sums, verified
+
+-- Checks the file at path against its checksum, once per load.
+local function verify(path)
+  if not sums or verified[path] then return end
+  local name = path:match("[^/]+$")
+  local want = sums[name]
+  if not want then fail("checkpoint: %s is not in its checkpoint's checksums.json", path) end
+  local have = crc_of(path)
+  if have ~= want then
+    fail("checkpoint: %s is corrupt (CRC-32C %s, checksums.json says %s): resume from " ..
+         "another checkpoint", path, have, want)
+  end
+  verified[path] = true
+end
+
 local function open_file(path)
   if not exists(path) then fail("checkpoint: %s is missing (incomplete checkpoint?)", path) end
+  verify(path)
   local ok, f = pcall(st.open, path)
   if not ok then fail("checkpoint: cannot read %s: %s", path, tostring(f)) end
   return f
@@ -490,6 +547,7 @@ end
 local function load_index(path)
   local text = read_file(path .. "/index.json")
   if text then
+    verify(path .. "/index.json")
     local ok, idx = pcall(M.decode_json, text)
     if not ok or type(idx) ~= "table" or type(idx.tensors) ~= "table" then
       fail("checkpoint: %s/index.json is corrupt (%s)", path, ok and "no tensors" or tostring(idx))
@@ -665,8 +723,16 @@ end
 function M.load(env, path)
   path = resolve(path)
   if not host.is_dir(path) then fail("checkpoint: %s is not a checkpoint directory (missing)", path) end
+  local sums_text = read_file(path .. "/checksums.json")
+  sums, verified = nil, {}
+  if sums_text then
+    local ok, t = pcall(M.decode_json, sums_text)
+    if not ok or type(t) ~= "table" then fail("checkpoint: %s/checksums.json is corrupt", path) end
+    sums = t
+  end
   local text = read_file(path .. "/state.json")
   if not text then fail("checkpoint: %s/state.json is missing (incomplete checkpoint?)", path) end
+  verify(path .. "/state.json")
   local ok, state = pcall(M.decode_json, text)
   if not ok or type(state) ~= "table" or type(state.step) ~= "number" or type(state.rng) ~= "string" then
     fail("checkpoint: %s/state.json is corrupt (%s)", path, ok and "no step or rng" or tostring(state))
@@ -693,7 +759,10 @@ function M.load(env, path)
     table.sort(names)
     if #names == 0 then fail("checkpoint %s has no loader_dp_*.bin files", path) end
     local blobs = {}
-    for i, name in ipairs(names) do blobs[i] = read_file(path .. "/" .. name) end
+    for i, name in ipairs(names) do
+      verify(path .. "/" .. name)
+      blobs[i] = read_file(path .. "/" .. name)
+    end
     env.data:load_state({ step = state.data.step, loader = table.concat(blobs) })
   end
   env.step_count = state.step

@@ -238,9 +238,30 @@ describe("checkpoint resume", function()
       entries[#entries + 1] = { np[1], t }
     end
     require("tetra.io").save(file, entries)
+    -- With its checksum the rewritten file is corrupt; without (a checkpoint written
+    -- before checksums, or by a run that diverged) the NaN weights are what is refused.
+    expect(function()
+      tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.resume=true" }))
+    end).to_error("model.safetensors is corrupt (CRC-32C ")
+    os.remove(dir .. "/step_000000/checksums.json")
     expect(function()
       tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.resume=true" }))
     end).to_error("parameter 'norm.weight' holds NaN or Inf values")
+  end)
+
+  it("names a checkpoint file whose bytes changed (CRC-32C)", function()
+    local dir = tmpdir()
+    local env = tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir }))
+    checkpoint.save(env)
+    local file = dir .. "/step_000000/optim.safetensors"
+    local bytes = read(file)
+    local at = #bytes - 100                       -- inside the tensor data
+    local f = assert(io.open(file, "wb"))
+    f:write(bytes:sub(1, at - 1), string.char((bytes:byte(at) + 1) % 256), bytes:sub(at + 1))
+    f:close()
+    expect(function()
+      tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.resume=true" }))
+    end).to_error(file .. " is corrupt (CRC-32C ")
   end)
 
   it("starts fresh when resume=true finds no checkpoint yet", function()
