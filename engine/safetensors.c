@@ -373,14 +373,25 @@ static int check_entries(const tt_safetensors *f) {
                           "the %llu data bytes", f->path, e->name,
                           (unsigned long long)e->begin, (unsigned long long)e->end,
                           (unsigned long long)f->data_size);
-    if (e->dtype < 0) continue;
-    uint64_t numel = 1;
-    for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
-    if (numel * tt_dtype_size(e->dtype) != e->end - e->begin)
+    /* Checked products: a size that wraps modulo 2^64 can match the bytes present (shape
+    ** [2^62 + 2] of F32 "needs" 8 bytes) and reading the tensor would run past them. The
+    ** shape of a dtype Tetra cannot load is checked as well: tt_safetensors_info gives it
+    ** out. */
+    int64_t numel;
+    uint64_t nbytes = 0;
+    if (tt_shape_numel_checked("safetensors", e->shape, e->ndim, &numel) != 0 ||
+        (e->dtype >= 0 && __builtin_mul_overflow((uint64_t)numel,
+                                                 (uint64_t)tt_dtype_size(e->dtype), &nbytes))) {
+      char shape[160];
+      return tt_set_error("safetensors: %s: tensor '%s' has shape %s, whose size overflows "
+                          "64 bits", f->path, e->name,
+                          tt_shape_str(e->shape, e->ndim, shape, sizeof shape));
+    }
+    if (e->dtype >= 0 && nbytes != e->end - e->begin)
       return tt_set_error("safetensors: %s: tensor '%s' has %llu bytes, its shape and dtype "
                           "%s need %llu", f->path, e->name,
                           (unsigned long long)(e->end - e->begin), e->file_dtype,
-                          (unsigned long long)(numel * tt_dtype_size(e->dtype)));
+                          (unsigned long long)nbytes);
   }
   return 0;
 }

@@ -7,11 +7,38 @@
 
 /* -- Headers ------------------------------------------------------------------------- */
 
-static int check_shape(const char *op, const int64_t *shape, int ndim) {
+int tt_shape_numel_checked(const char *op, const int64_t *shape, int ndim, int64_t *numel) {
+  char buf[160];
   TT_CHECK(ndim >= 0 && ndim <= TT_MAX_DIMS, "%s: %d dims requested, at most %d supported",
            op, ndim, TT_MAX_DIMS);
-  for (int i = 0; i < ndim; i++)
+  /* span is the product of the sizes other than 0: the largest contiguous stride (and the
+  ** element count when no size is 0). Checking it, not just the count, keeps the strides
+  ** of an empty tensor such as [0, 2^40, 2^40] from overflowing too. */
+  int64_t span = 1;
+  int empty = 0;
+  for (int i = ndim - 1; i >= 0; i--) {
     TT_CHECK(shape[i] >= 0, "%s: negative size %lld in dim %d", op, (long long)shape[i], i);
+    empty |= shape[i] == 0;
+    TT_CHECK(!__builtin_mul_overflow(span, shape[i] ? shape[i] : 1, &span),
+             "%s: shape %s is too large (its element count overflows 64 bits)", op,
+             tt_shape_str(shape, ndim, buf, sizeof buf));
+  }
+  *numel = empty ? 0 : span;
+  return 0;
+}
+
+/* Bytes of a tensor of `shape` and dtype, checked so that every byte offset fits in int64
+** (tt_tensor_data scales element offsets to bytes in int64). */
+static int shape_nbytes(const char *op, const int64_t *shape, int ndim, int dtype,
+                        size_t *nbytes) {
+  char buf[160];
+  int64_t numel;
+  TT_TRY(tt_shape_numel_checked(op, shape, ndim, &numel));
+  TT_CHECK(dtype >= 0 && dtype < TT_NUM_DTYPES, "%s: unknown dtype %d", op, dtype);
+  TT_CHECK(numel <= INT64_MAX / (int64_t)tt_dtype_size(dtype),
+           "%s: shape %s is too large (%lld %s elements overflow 64 bits of bytes)", op,
+           tt_shape_str(shape, ndim, buf, sizeof buf), (long long)numel, tt_dtype_name(dtype));
+  *nbytes = (size_t)numel * tt_dtype_size(dtype);
   return 0;
 }
 
@@ -63,9 +90,8 @@ int64_t tt_shape_numel(const int64_t *shape, int ndim) {
 }
 
 int tt_tensor_empty(const int64_t *shape, int ndim, int dtype, int device, tt_tensor **out) {
-  TT_TRY(check_shape("empty", shape, ndim));
-  TT_CHECK(dtype >= 0 && dtype < TT_NUM_DTYPES, "empty: unknown dtype %d", dtype);
-  size_t nbytes = (size_t)tt_shape_numel(shape, ndim) * tt_dtype_size(dtype);
+  size_t nbytes;
+  TT_TRY(shape_nbytes("empty", shape, ndim, dtype, &nbytes));
   tt_storage *s = tt_storage_new(nbytes, device);
   if (!s) return -1;
   tt_tensor *t = header_new(s, shape, ndim, dtype);
@@ -102,13 +128,13 @@ int tt_tensor_full(const int64_t *shape, int ndim, int dtype, int device, double
 
 int tt_tensor_from_buffer(void *data, const int64_t *shape, int ndim, int dtype,
                           tt_tensor **out) {
-  TT_TRY(check_shape("from_buffer", shape, ndim));
+  size_t nbytes;
+  TT_TRY(shape_nbytes("from_buffer", shape, ndim, dtype, &nbytes));
   TT_CHECK(data != NULL, "from_buffer: NULL data");
-  TT_CHECK(dtype >= 0 && dtype < TT_NUM_DTYPES, "from_buffer: unknown dtype %d", dtype);
   tt_storage *s = calloc(1, sizeof *s);
   TT_CHECK(s, "out of host memory (storage header)");
   s->data = data;
-  s->nbytes = (size_t)tt_shape_numel(shape, ndim) * tt_dtype_size(dtype);
+  s->nbytes = nbytes;
   s->device = TT_CPU;
   s->refcount = 1;
   s->external = 1;

@@ -101,7 +101,12 @@ static inline int64_t tt_index_at(const void *data, int dtype, int64_t i) {
 /* A new header sharing base's storage and view (offset/shape/strides): a leaf with no
 ** grad. Views start from this and then adjust shape and strides. */
 tt_tensor *tt_tensor_header_alias(tt_tensor *base);
+/* Element count of a tensor's shape. Unchecked: every tensor's shape passed
+** tt_shape_numel_checked when the tensor was made. */
 int64_t tt_shape_numel(const int64_t *shape, int ndim);
+/* Element count of a shape from outside (a file, a user call), or an error naming op when
+** it has a bad dim count, a negative size, or a count or stride that overflows int64. */
+int tt_shape_numel_checked(const char *op, const int64_t *shape, int ndim, int64_t *numel);
 /* Strided/casting copy on a CUDA device; provided by the CUDA backend when built. */
 int tt_cuda_copy_strided(tt_tensor *dst, const tt_tensor *src) __attribute__((weak));
 

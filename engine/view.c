@@ -84,7 +84,7 @@ static int finish(const char *name, tt_backward_fn bw, tt_tensor *in, tt_tensor 
 int tt_view(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out) {
   char a[160], b[160];
   TT_CHECK(ndim >= 0 && ndim <= TT_MAX_DIMS, "view: %d dims, at most %d", ndim, TT_MAX_DIMS);
-  int64_t want[TT_MAX_DIMS], known = 1, n = tt_tensor_numel(t);
+  int64_t want[TT_MAX_DIMS], known, n = tt_tensor_numel(t);
   int infer = -1;
   for (int i = 0; i < ndim; i++) {
     want[i] = shape[i];
@@ -92,18 +92,25 @@ int tt_view(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out) {
       TT_CHECK(infer < 0, "view: only one dimension can be -1 in %s",
                tt_shape_str(shape, ndim, a, sizeof a));
       infer = i;
+      want[i] = 1;
     } else {
       TT_CHECK(shape[i] >= 0, "view: negative size in %s", tt_shape_str(shape, ndim, a, sizeof a));
-      known *= shape[i];
     }
   }
+  /* Checked: a product that wraps could equal n (0 for an empty tensor). With the -1 dim
+  ** taken as 1, known is the product of the others; filling the -1 in gives n elements and
+  ** strides of at most max(n, known), so the final shape needs no second check. */
+  if (tt_shape_numel_checked("view", want, ndim, &known) != 0)
+    return tt_set_error("view: shape %s is too large (its element count overflows 64 bits)",
+                        tt_shape_str(shape, ndim, a, sizeof a));
   if (infer >= 0) {
     TT_CHECK(known > 0 && n % known == 0, "view: cannot infer -1 in %s for %lld elements",
              tt_shape_str(shape, ndim, a, sizeof a), (long long)n);
     want[infer] = n / known;
+    known = n;
   }
-  TT_CHECK(tt_shape_numel(want, ndim) == n, "view: shape %s has %lld elements, tensor %s has %lld",
-           tt_shape_str(want, ndim, a, sizeof a), (long long)tt_shape_numel(want, ndim),
+  TT_CHECK(known == n, "view: shape %s has %lld elements, tensor %s has %lld",
+           tt_shape_str(want, ndim, a, sizeof a), (long long)known,
            tt_shape_str(t->shape, t->ndim, b, sizeof b), (long long)n);
   tt_tensor *base = NULL;
   /* Not viewable without a copy: reshape semantics, through a contiguous copy. */
@@ -212,6 +219,12 @@ int tt_expand(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out) {
     } else {
       goto bad;
     }
+  }
+  /* Expanded dims have stride 0, but the element count must still fit in int64. */
+  int64_t numel;
+  if (tt_shape_numel_checked("expand", v->shape, ndim, &numel) != 0) {
+    tt_tensor_release(v);
+    return -1;
   }
   return finish("expand", expand_backward, t, v, NULL, out);
 bad:

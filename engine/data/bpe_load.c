@@ -339,9 +339,9 @@ static int read_rank_line(tt_bpe *bpe, const char *s, size_t n, int64_t max_rank
     if (rank <= max_rank) rank = rank * 10 + (digits[i] - '0');
   }
   if (rank >= max_rank)
-    return tt_set_error("rank %.*s is out of range: a file of %lld lines may use ranks "
-                        "below %lld (%d per line, at most %d)", nd, digits, (long long)lines,
-                        (long long)max_rank, TIKTOKEN_RANKS_PER_LINE, TT_BPE_MAX_IDS - 1);
+    return tt_set_error("rank %.*s is out of range: ranks number the tokens from 0, and a "
+                        "file of %lld line%s may use ranks below %lld", nd, digits,
+                        (long long)lines, lines == 1 ? "" : "s", (long long)max_rank);
   /* The token text is never empty here, so the buffer never shrinks to 0 bytes (which
   ** realloc may answer by freeing it). Base64 decodes to fewer bytes than its text. */
   size_t tlen = (size_t)(sp - s);

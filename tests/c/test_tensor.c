@@ -117,7 +117,8 @@ Test(tensor, shapes_overflowing_64_bits_are_rejected) {
   ** it wrapped to 0 and gave a tensor over a 0-byte buffer). */
   int64_t wrap[3] = {INT64_C(1) << 32, INT64_C(1) << 32, 3};
   tt_tensor *x = NULL;
-  tt_test_assert_error(tt_tensor_empty(wrap, 3, TT_F32, TT_CPU, &x), "empty: shape [4294967296, 4294967296, 3] is too large");
+  tt_test_assert_error(tt_tensor_empty(wrap, 3, TT_F32, TT_CPU, &x),
+                       "empty: shape [4294967296, 4294967296, 3] is too large");
   tt_test_assert_error(tt_tensor_zeros(wrap, 3, TT_F32, TT_CPU, &x), "too large");
   tt_test_assert_error(tt_tensor_randn(wrap, 3, 0.0, 1.0, &x), "too large");
   float buf[1];
@@ -131,10 +132,13 @@ Test(tensor, shapes_overflowing_64_bits_are_rejected) {
   tt_tensor *e = NULL, *o = NULL;
   cr_assert(tt_tensor_empty(none, 1, TT_F32, TT_CPU, &e) == 0, "%s", tt_last_error());
   cr_assert(tt_tensor_zeros(one, 1, TT_F32, TT_CPU, &o) == 0, "%s", tt_last_error());
-  tt_test_assert_error(tt_view(e, wrap0, 3, &x), "view: shape [4294967296, 4294967296, 4] is too large");
+  tt_test_assert_error(tt_view(e, wrap0, 3, &x),
+                       "view: shape [4294967296, 4294967296, 4] is too large");
   int64_t infer[3] = {INT64_C(1) << 32, INT64_C(1) << 32, -1};
-  tt_test_assert_error(tt_view(o, infer, 3, &x), "too large");
-  tt_test_assert_error(tt_expand(o, wrap, 3, &x), "expand: shape [4294967296, 4294967296, 3] is too large");
+  tt_test_assert_error(tt_view(o, infer, 3, &x),
+                       "view: shape [4294967296, 4294967296, -1] is too large");
+  tt_test_assert_error(tt_expand(o, wrap, 3, &x),
+                       "expand: shape [4294967296, 4294967296, 3] is too large");
   /* Empty tensors with large other sizes are fine while their strides fit. */
   int64_t wide[2] = {0, INT64_C(1) << 40};
   cr_assert(tt_tensor_empty(wide, 2, TT_F32, TT_CPU, &x) == 0, "%s", tt_last_error());
