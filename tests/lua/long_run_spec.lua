@@ -41,7 +41,7 @@ describe("train.run", function()
     expect(#out.records).to_be(1000)   -- the most recent train.records_kept
     -- 2000 steps: the 0.7 KB a step that one record per step kept would be 1400 KB.
     local grew_rss, grew_lua = seen[3000].rss - seen[1000].rss, seen[3000].lua - seen[1000].lua
-    expect(grew_rss < 400).to_be(true)
+    expect(grew_rss < 1000).to_be(true)   -- room for allocator rounding; the leak added 1400
     expect(grew_lua < 200).to_be(true)
   end)
 end)
