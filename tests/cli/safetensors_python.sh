@@ -2,7 +2,11 @@
 # A file written by tetra reads back in Python's safetensors with the same values.
 TETRA=${1:?usage: safetensors_python.sh /path/to/tetra}
 PY=${PYTHON:-python3}
-"$PY" -c 'import numpy, safetensors.numpy' 2>/dev/null || { echo "skip: no python safetensors"; exit 77; }
+if ! "$PY" -c 'import numpy, safetensors.numpy' 2>/dev/null; then
+  echo "no python safetensors in $PY (run tools/setup-python-refs)"
+  [ "${CI:-}" = true ] && exit 1
+  exit 77
+fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$TETRA" -e '
 local tetra = require("tetra")

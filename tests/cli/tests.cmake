@@ -5,5 +5,6 @@ foreach(script ${TETRA_CLI_TESTS})
   get_filename_component(name ${script} NAME_WE)
   add_test(NAME cli/${name} COMMAND bash ${script} $<TARGET_FILE:tetra>)
   set_tests_properties(cli/${name} PROPERTIES
-    ENVIRONMENT "OMP_NUM_THREADS=2;TETRA_HISTORY=" SKIP_RETURN_CODE 77 TIMEOUT 120)
+    ENVIRONMENT "OMP_NUM_THREADS=2;TETRA_HISTORY=;PYTHON=${TETRA_PYTHON3}" SKIP_RETURN_CODE 77
+    TIMEOUT 120)
 endforeach()

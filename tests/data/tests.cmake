@@ -1,8 +1,7 @@
-# Tokenizer parity against the Python references (tokenizers, tiktoken). Each case exits
-# 77 when its reference package (or GPT-2's rank file) is missing: ctest shows it as
-# skipped. tools/setup-python-refs installs the references.
-# python3 from PATH: the interpreter where pip installed the references.
-find_program(TETRA_PYTHON3 NAMES python3)
+# Tokenizer parity against the Python references (tokenizers, tiktoken), run by
+# TETRA_PYTHON3 (the references' venv, CMakeLists.txt). Each case exits 77 when its
+# reference package (or GPT-2's rank file) is missing — ctest shows it as skipped — and 1
+# under CI=true. tools/setup-python-refs installs the references.
 add_executable(tt_tokenizer_driver ${CMAKE_SOURCE_DIR}/tests/data/tokenizer_driver.c)
 target_link_libraries(tt_tokenizer_driver PRIVATE tetra_engine)
 if(TETRA_PYTHON3)
@@ -12,4 +11,8 @@ if(TETRA_PYTHON3)
               --tetra $<TARGET_FILE:tt_tokenizer_driver> --case ${case})
     set_tests_properties(data/tokenizer_parity_${case} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120)
   endforeach()
+else()
+  add_test(NAME data/tokenizer_parity COMMAND sh -c
+    "echo 'no python3: run tools/setup-python-refs'; [ \"$CI\" = true ] && exit 1; exit 77")
+  set_tests_properties(data/tokenizer_parity PROPERTIES SKIP_RETURN_CODE 77)
 endif()
