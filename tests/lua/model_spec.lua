@@ -216,11 +216,23 @@ describe("Attention", function()
     -- With RoPE only relative positions matter, so the last position's output for
     -- [a b c] equals the last output for the same tokens placed at positions 2..4.
     tetra.manual_seed(5)
-    local attn = nn.Attention { dim = 16, n_heads = 2 }
+    -- Weights large enough that the attention weights are far from uniform.
+    local attn = nn.Attention { dim = 16, n_heads = 2, std = 0.5 }
     local x = tetra.randn(1, 3, 16)
     local plain = attn(x)
     local shifted = attn(x, tetra.from_table({ 2, 3, 4 }, { dtype = "i64" }))
     expect(shifted).to_be_close(plain, 1e-4, 1e-6)
+    -- ... and they do matter: the same tokens twice as far apart attend differently
+    -- (without rotation the positions could not change anything).
+    local spread = attn(x, tetra.from_table({ 0, 2, 4 }, { dtype = "i64" }))
+    local a, b = spread:tolist()[1], plain:tolist()[1]
+    local diff = 0
+    for t = 2, 3 do
+      for j = 1, 16 do diff = math.max(diff, math.abs(a[t][j] - b[t][j])) end
+    end
+    expect(diff > 0.1).to_be(true)   -- measured 6.5
+    attn.rope = false
+    expect(attn(x, tetra.from_table({ 0, 2, 4 }, { dtype = "i64" }))).to_be_close(attn(x), 1e-6, 1e-7)
     local no_rope = nn.Attention { dim = 16, n_heads = 2, rope = false }
     expect(no_rope.rope).to_be(false)
   end)
