@@ -226,7 +226,12 @@ void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s) {
            h->what, c->name, members, c->rank, c->size, (long long)g.step, waited_s,
            g.timeout_s);
   if (h->backend == 2) tt_nccl_abort(h->comm);
-  tt_dist_abort(msg, 1);
+  if (!g.mpi_running || g.aborting) tt_dist_abort(msg, 1);
+  /* The other members waited about as long: a moment before the abort lets each of them
+  ** report too, so the log shows every rank that was waiting (and so which one was not). */
+  fprintf(stderr, "tetra: rank %d: %s\n", g_world.rank, msg);
+  fflush(stderr);
+  tt_dist_await_abort(2.0);
 }
 
 /* -- Groups ------------------------------------------------------------------------- */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The watchdog: 4 ranks all-reduce in a loop (hang_worker.lua); at step 10 rank 2 dies
 # (SIGKILL, with mpirun told not to tear the job down itself) or hangs (SIGSTOP). Every
-# other rank must report "watchdog: all_reduce on group dp ... at step 10" and the job
-# must end within dist.timeout_s plus a margin: no rank left hanging.
+# other rank must report "watchdog: all_reduce on group dp ... at step 10" (a reporting
+# rank waits 2 s before aborting the job, so that its peers report too) and the job must
+# end within dist.timeout_s plus a margin: no rank left hanging.
 # Usage: bash kill_rank.sh /path/to/tetra   (exit 77: skipped)
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
@@ -32,9 +33,15 @@ run_case() {   # signal, extra mpirun args
   if [ $((end - start)) -gt $((timeout_s + 20)) ]; then
     echo "FAIL: SIG$sig: took $((end - start)) s, over dist.timeout_s + 20"; failed=1
   fi
-  # Every survivor reports, unless the launcher killed the job before its deadline.
-  if [ "$reports" -lt 1 ]; then
-    echo "FAIL: SIG$sig: no watchdog report"; sed -n '1,20p' "$log"; failed=1
+  # Every survivor (ranks 0, 1 and 3) reports, each once.
+  local r
+  for r in 0 1 3; do
+    if [ "$(grep -c "rank $r: watchdog: all_reduce on group dp .* at step 10" "$log")" -ne 1 ]; then
+      echo "FAIL: SIG$sig: rank $r did not report exactly once"; sed -n '1,20p' "$log"; failed=1
+    fi
+  done
+  if grep -q "rank 2: watchdog" "$log"; then
+    echo "FAIL: SIG$sig: the dead rank 2 reported"; failed=1
   fi
 }
 
