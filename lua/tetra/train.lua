@@ -540,7 +540,7 @@ function train.run(env)
       end
     end
     if rank_log then
-      rank_log:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), line, "\n")
+      rank_log:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "rank ", env.rank, " | ", line, "\n")
       rank_log:flush()
     end
     if show then
@@ -574,7 +574,9 @@ function train.run(env)
       io.stdout:write(line, "\n")
       io.stdout:flush()
     end
-    if rank_log then rank_log:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), line, "\n") end
+    if rank_log then
+      rank_log:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "rank ", env.rank, " | ", line, "\n")
+    end
   end
   if rank_log then rank_log:close() end
   return { first_loss = summary.first_loss, last_loss = last and last.loss,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # log.log_file: each rank writes its own text log ({rank} in the path, or .rank<N> added
-# when there is no placeholder), one line per step with that rank's loss and a closing
-# summary line, while only rank 0 prints progress. The DP ranks average the same global
-# loss, so the lines agree.
+# when there is no placeholder): every line names the rank that wrote it, one per step
+# and a closing summary line, while only rank 0 prints progress. The ranks log the
+# global loss (averaged over them), so their losses agree.
 # Usage: bash rank_logs.sh /path/to/tetra   (exit 77: skipped)
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
@@ -20,6 +20,7 @@ for r in 0 1; do
   n=$(grep -c ' step [0-9]*/3 ' "$tmp/run-$r.log")
   [ "$n" -eq 3 ] || fail "rank $r log has $n step lines, want 3"
   grep -q ' done: 3 steps ' "$tmp/run-$r.log" || fail "rank $r log has no summary line"
+  [ "$(grep -vc "Z rank $r | " "$tmp/run-$r.log")" -eq 0 ] || fail "rank $r log has lines not naming rank $r"
 done
 loss0="$(grep ' step ' "$tmp/run-0.log" | sed -E 's/.*loss ([0-9.]+).*/\1/' | tr '\n' ' ')"
 loss1="$(grep ' step ' "$tmp/run-1.log" | sed -E 's/.*loss ([0-9.]+).*/\1/' | tr '\n' ' ')"

@@ -268,13 +268,25 @@ describe("train.device", function()
     expect(tiny_cfg({}).train.device).to_be("cpu")
   end)
 
-  it("cuda without a GPU fails in train.setup with one clear line", function()
-    if has_gpu then return end   -- tests/cuda/gpu_bf16.sh covers the GPU
-    local ok, err = pcall(tiny.setup, tiny_cfg({ "train.device=cuda" }))
+  -- A device that is not there: cuda on a machine without a GPU, or an index past the
+  -- GPUs of a machine with one.
+  local missing = has_gpu and "cuda:99" or "cuda"
+
+  it("cuda puts the model on the GPU, and a missing device fails with one clear line", function()
+    if has_gpu then
+      local env = tiny.setup(tiny_cfg({ "train.device=cuda" }))
+      expect(env.device ~= C.TT_CPU).to_be(true)
+      for i, p in ipairs(env.optimizer.params) do
+        expect(p._device).to_be(env.device)
+        expect(env.optimizer.m[i]._device).to_be(env.device)
+      end
+    end
+    local ok, err = pcall(tiny.setup, tiny_cfg({ "train.device=" .. missing }))
     expect(ok).to_be(false)
     expect(type(err)).to_be("table")
     expect(err.user).to_be(true)                       -- printed without a traceback
-    expect(err.message).to_match("^no CUDA device: [^\n]+$")
+    expect(err.message).to_match("^[^\n]+$")
+    if not has_gpu then expect(err.message).to_match("^no CUDA device: ") end
   end)
 
   it("cpu keeps parameters, optimizer state and batches on the CPU", function()
@@ -287,18 +299,18 @@ describe("train.device", function()
   end)
 
   it("tetra run exits non-zero with the one line", function()
-    if has_gpu then return end
     ffi.cdef("long tt_precision_spec_readlink(const char *path, char *buf, size_t n) " ..
              "__asm__(\"readlink\");")
     local buf = ffi.new("char[4096]")
     local n = ffi.C.tt_precision_spec_readlink("/proc/self/exe", buf, 4095)
     expect(n > 0).to_be(true)
     local exe = ffi.string(buf, n)
-    local cmd = string.format("'%s' run '%s/../../recipes/tiny.lua' --set train.device=cuda 2>&1; echo \"rc=$?\"",
-                              exe, here)
+    local cmd = string.format("'%s' run '%s/../../recipes/tiny.lua' --set train.device=%s 2>&1; echo \"rc=$?\"",
+                              exe, here, missing)
     local p = io.popen(cmd)
     local out = p:read("*a")
     p:close()
-    expect(out).to_match("^tetra: no CUDA device: [^\n]+\nrc=1\n$")
+    expect(out).to_match("^tetra: [^\n]+\nrc=1\n$")
+    if not has_gpu then expect(out).to_match("^tetra: no CUDA device: ") end
   end)
 end)
