@@ -494,6 +494,16 @@ function M.build(parts)
   load_schema_dir()
   register_defaults(parts.defaults)
   local user = M.apply_sets(parts.yaml or {}, parts.sets)
+  -- Data the user names is what trains: a recipe's default mock tokens give way to
+  -- data.input_path (or data.datasets) from the YAML or --set; asking for both is an error.
+  local ud = user.data
+  if type(ud) == "table" and ((ud.input_path and ud.input_path ~= "") or ud.datasets) then
+    if ud.mock == true then
+      M.error("data.mock=true and data.input_path (or data.datasets) are both set: drop one " ..
+              "(mock trains on random tokens, ignoring the files)")
+    end
+    if ud.mock == nil then ud.mock = false end
+  end
   local defaults = parts.defaults or {}
   local name = preset_name(user)
   local named_by_user = name ~= nil

@@ -610,6 +610,11 @@ function train.recipe(spec)
         cfg.train.batch_size))
       print(string.format("memory%s: parameters %.2f MB, gradients %.2f MB, optimizer " ..
         "state %.2f MB", split, mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6))
+      local d = cfg.data or {}
+      print(d.mock and "data: mock tokens (uniform random; data.mock=true), not text" or
+            "data: " .. tostring(type(d.input_path) == "table" and
+                                 table.concat(d.input_path, ",") or d.input_path or
+                                 "data.datasets"))
     end
     return train.run(env)
   end

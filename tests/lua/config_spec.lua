@@ -178,3 +178,22 @@ describe("validation errors", function()
     expect(cfg.model.n_heads).to_be(32)
   end)
 end)
+
+describe("data the user names", function()
+  local tiny = dofile((debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or ".") ..
+                      "/../../recipes/tiny.lua")
+  it("trains instead of the recipe's mock tokens; both at once is an error", function()
+    local cfg = config.build({ defaults = tiny.defaults, world_size = false })
+    expect(cfg.data.mock).to_be(true)                      -- the recipe's default
+    cfg = config.build({ defaults = tiny.defaults, world_size = false,
+                         sets = { "data.input_path=corpus.txt" } })
+    expect(cfg.data.mock).to_be(false)
+    cfg = config.build({ defaults = tiny.defaults, world_size = false,
+                         yaml = { data = { input_path = "corpus.txt" } } })
+    expect(cfg.data.mock).to_be(false)
+    expect(function()
+      config.build({ defaults = tiny.defaults, world_size = false,
+                     sets = { "data.input_path=corpus.txt", "data.mock=true" } })
+    end).to_error("data.mock=true and data.input_path")
+  end)
+end)
