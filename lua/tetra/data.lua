@@ -9,7 +9,8 @@
 --                                               -- split), this DP rank's rows
 --   local ids = tetra.data.tokenizer(path):encode("text")
 --
--- Config keys (cfg.data): input_path (path, glob, comma list or a Lua list), or datasets =
+-- Config keys (cfg.data): input_path (path, glob, comma list or a Lua list; token shards
+-- when online_tokenization is false), or datasets =
 -- { {path = ..., weight = ..., type = "jsonl"|"text"|"tokens", text_field = ...}, ... };
 -- tokenizer (tokenizer.json or .tiktoken) or vocab_file + merges_file; text_field
 -- ("text"); seq_len (default model.seq_len); num_streams; shuffle_buffer_size; seed
@@ -58,7 +59,10 @@ local function build_config(cfg, dp_rank, dp_size, input_override)
     if ds.type ~= nil and TYPES[ds.type] == nil then
       error(("data.datasets[%d].type: %s (expected jsonl, text or tokens)"):format(i, tostring(ds.type)), 3)
     end
-    s.type = ds.type and TYPES[ds.type] or -1
+    -- data.online_tokenization = false: data.input_path names prepared token shards
+    -- (tetra data prepare), not text.
+    local kind = ds.type or (not d.datasets and d.online_tokenization == false and "tokens")
+    s.type = kind and TYPES[kind] or -1
     local field = ds.text_field or d.text_field
     if field then
       keep[#keep + 1] = field
@@ -74,7 +78,7 @@ local function build_config(cfg, dp_rank, dp_size, input_override)
     keep[#keep + 1] = v
     return v
   end
-  c.tokenizer = str(d.tokenizer)
+  c.tokenizer = d.tokenizer ~= "byte" and str(d.tokenizer) or nil   -- "byte": none
   c.vocab_file = str(d.vocab_file)
   c.merges_file = str(d.merges_file)
   c.seq_len = d.seq_len or (cfg.model and cfg.model.seq_len) or error("data: seq_len unknown (model.seq_len)", 3)

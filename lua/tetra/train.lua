@@ -107,7 +107,8 @@ function train.data_source(cfg)
   if not d.input_path or d.input_path == "" then
     error("data: set data.input_path to a text file, or data.mock=true", 0)
   end
-  if (d.tokenizer == nil or d.tokenizer == "byte") and not d.vocab_file then
+  local offline = d.online_tokenization == false
+  if (d.tokenizer == nil or d.tokenizer == "byte") and not d.vocab_file and not offline then
     local bytetok = require("tetra.bytetok")
     if cfg.model.vocab_size < bytetok.vocab_size then
       error(string.format("model.vocab_size (%d) must be at least %d for byte-level text",
@@ -126,13 +127,23 @@ function train.data_source(cfg)
   -- The tokenizer and the training files open here, before any model is built, and a
   -- problem with them is one line.
   local ok, src, tok = pcall(function()
+    -- Prepared shards need no tokenizer (one, if given, decodes samples).
     local tok = d.vocab_file and data.tokenizer(d.vocab_file, d.merges_file)
-                or data.tokenizer(d.tokenizer)
+                or (d.tokenizer and d.tokenizer ~= "byte" or not offline) and
+                   data.tokenizer(d.tokenizer) or nil
     local src = data.source(cfg, dp)
     src:loader("train")
     return src, tok
   end)
-  if not ok then user_error("data: " .. tostring(src):gsub("^[^:]*%.lua:%d+: ", "")) end
+  if not ok then
+    local msg = "data: " .. tostring(src):gsub("^[^:]*%.lua:%d+: ", "")
+    if offline then
+      msg = msg .. " (data.online_tokenization=false reads prepared token shards: make " ..
+            "them with `tetra data prepare --tokenizer TOKENIZER --out DIR FILES`, then " ..
+            "data.input_path=DIR/*.tok)"
+    end
+    user_error(msg)
+  end
   return src, tok
 end
 

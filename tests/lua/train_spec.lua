@@ -151,6 +151,17 @@ describe("data", function()
     bpe[4] = "data.input_path=" .. text
     local src = train.data_source(tiny_cfg(bpe))
     expect(src:batch(1, 8, 32)).to_have_shape({ 8, 33 })
+    -- data.online_tokenization=false: prepared token shards, or how to make them.
+    local C = require("tetra.ffi").C
+    local files = require("ffi").new("const char *[1]", { text })
+    require("tetra.ffi").check(C.tt_data_prepare(files, 1, dir .. "/tokenizer.json", nil,
+                                                 dir .. "/shards", 100000, 1, 0))
+    local offline = { "data.mock=false", "data.online_tokenization=false",
+                      "model.vocab_size=280", "data.input_path=" .. dir .. "/shards/*.tok" }
+    local shards = train.data_source(tiny_cfg(offline))
+    expect(shards:batch(1, 8, 32)).to_have_shape({ 8, 33 })
+    offline[4] = "data.input_path=" .. text
+    expect(err_of(offline)).to_match("not a token shard .* make them with `tetra data prepare")
     os.remove(bin); os.remove(latin); os.execute("rm -rf '" .. dir .. "'")
   end)
 end)
