@@ -78,9 +78,13 @@ local function build_config(cfg, dp_rank, dp_size, input_override)
     keep[#keep + 1] = v
     return v
   end
-  c.tokenizer = d.tokenizer ~= "byte" and str(d.tokenizer) or nil   -- "byte": none
-  c.vocab_file = str(d.vocab_file)
-  c.merges_file = str(d.merges_file)
+  if d.vocab_file and not d.merges_file then   -- a whole tokenizer (tokenizer.json) file
+    c.tokenizer = str(d.vocab_file)
+  else
+    c.tokenizer = d.tokenizer ~= "byte" and str(d.tokenizer) or nil   -- "byte": none
+    c.vocab_file = str(d.vocab_file)
+    c.merges_file = str(d.merges_file)
+  end
   c.seq_len = d.seq_len or (cfg.model and cfg.model.seq_len) or error("data: seq_len unknown (model.seq_len)", 3)
   c.global_batch = (cfg.train and cfg.train.batch_size) or d.batch_size or error("data: train.batch_size unknown", 3)
   c.dp_rank = dp_rank

@@ -124,6 +124,15 @@ function train.data_source(cfg)
   end
   local data = require("tetra.data")
   local dp = require("tetra.dist").init(cfg).dp
+  -- GPT-2's layout: vocab.json with merges.txt beside it.
+  if d.vocab_file and not d.merges_file and d.vocab_file:match("vocab%.json$") then
+    local merges = d.vocab_file:gsub("vocab%.json$", "merges.txt")
+    local f = io.open(merges, "r")
+    if f then
+      f:close()
+      d.merges_file = merges
+    end
+  end
   -- The tokenizer and the training files open here, before any model is built, and a
   -- problem with them is one line.
   local ok, src, tok = pcall(function()

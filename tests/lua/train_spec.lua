@@ -151,6 +151,14 @@ describe("data", function()
     bpe[4] = "data.input_path=" .. text
     local src = train.data_source(tiny_cfg(bpe))
     expect(src:batch(1, 8, 32)).to_have_shape({ 8, 33 })
+    -- The guide's data.vocab_file: a tokenizer.json, or a vocab.json with merges.txt
+    -- beside it; the same batches as data.tokenizer.
+    local want = train.data_source(tiny_cfg(bpe)):batch(1, 8, 32):tolist()
+    for _, vocab in ipairs({ "tokenizer.json", "vocab.json" }) do
+      local v = { "data.mock=false", "model.vocab_size=280", "data.input_path=" .. text,
+                  "data.vocab_file=" .. dir .. "/" .. vocab }
+      expect(train.data_source(tiny_cfg(v)):batch(1, 8, 32):tolist()).to_equal(want)
+    end
     -- data.online_tokenization=false: prepared token shards, or how to make them.
     local C = require("tetra.ffi").C
     local files = require("ffi").new("const char *[1]", { text })
