@@ -8,3 +8,7 @@ foreach(script ${TETRA_CLI_TESTS})
     ENVIRONMENT "OMP_NUM_THREADS=2;TETRA_HISTORY=;PYTHON=${TETRA_PYTHON3}" SKIP_RETURN_CODE 77
     TIMEOUT 120)
 endforeach()
+# The fuzz smoke test builds four targets with clang before running each for 10 s.
+if(TEST cli/fuzz_smoke)
+  set_tests_properties(cli/fuzz_smoke PROPERTIES TIMEOUT 400)
+endif()
