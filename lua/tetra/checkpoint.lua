@@ -544,6 +544,29 @@ end
 -- The tensors of checkpoint `path` as index.json lists them: { NAME = { shape =,
 -- shards = {...} } }; for a checkpoint written whole by rank 0 (no index.json), one
 -- whole-tensor shard per entry of model.safetensors and optim.safetensors.
+local function count(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v < 2^53 end
+
+-- What is wrong with an index.json entry ({ shape =, shards = { { file =, dim =, offset =,
+-- length = } } }), or nil.
+local function index_entry_problem(entry)
+  if type(entry) ~= "table" or type(entry.shape) ~= "table" or type(entry.shards) ~= "table" then
+    return "no shape or shards"
+  end
+  for _, n in ipairs(entry.shape) do
+    if not count(n) then return "a bad size in its shape" end
+  end
+  if #entry.shape == 0 then return "an empty shape" end
+  for _, sh in ipairs(entry.shards) do
+    if type(sh) ~= "table" or type(sh.file) ~= "string" or not sh.file:match("^[%w_.-]+$") then
+      return "a shard without a file name"
+    end
+    if not (count(sh.dim) and count(sh.offset) and count(sh.length)) or sh.dim >= #entry.shape or
+       sh.offset + sh.length > entry.shape[sh.dim + 1] then
+      return "a shard whose dim, offset or length does not fit the shape"
+    end
+  end
+end
+
 local function load_index(path)
   local text = read_file(path .. "/index.json")
   if text then
@@ -551,6 +574,10 @@ local function load_index(path)
     local ok, idx = pcall(M.decode_json, text)
     if not ok or type(idx) ~= "table" or type(idx.tensors) ~= "table" then
       fail("checkpoint: %s/index.json is corrupt (%s)", path, ok and "no tensors" or tostring(idx))
+    end
+    for name, entry in pairs(idx.tensors) do
+      local why = index_entry_problem(entry)
+      if why then fail("checkpoint: %s/index.json is corrupt (tensor '%s': %s)", path, tostring(name), why) end
     end
     return idx.tensors
   end
@@ -614,6 +641,13 @@ local function assemble(path, tensors, files, key, e, t)
       files[file] = files[file] or open_file(file)
       local ok, src = pcall(files[file].read, files[file], key)
       if not ok then fail("checkpoint %s: cannot read tensor '%s': %s", file, key, tostring(src)) end
+      local stored, claimed = src:shape(), {}
+      for d = 1, #entry.shape do claimed[d] = have.hi[d] - have.lo[d] end
+      if shape_text(stored) ~= shape_text(claimed) then
+        F.free(src)
+        fail("checkpoint %s: tensor '%s' has shape %s in the file but %s in index.json", file,
+             key, shape_text(stored), shape_text(claimed))
+      end
       local from, to = sub(src, have, lo, hi), sub(t, want, lo, hi)
       require("tetra.ffi").check(C.tt_copy_(to, from))
       if from ~= src then F.free(from) end
