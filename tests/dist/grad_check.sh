@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Per-parameter gradients after one step, in several layouts, against one process: every
+# Per-parameter gradients after one step, in every layout of 2, 4 and 8 ranks and in 9
+# with the options (ZeRO-1, SP, tied, interleaved, KV heads on several ranks, an uneven
+# vocabulary, GPT-2), against one process: every
 # slice a rank counts (its placement's primary copies, tests/dist/grad_check.lua) must
 # equal that slice of the single-process gradient, each parameter within 1e-5 relative
 # (L2 of the difference over L2 of the single-process slice, or over 1e-3 of the whole
@@ -24,11 +26,15 @@ check() {
   local sets=() msets=() kv
   for kv in $settings; do sets+=(--set "$kv"); done
   for kv in $model; do msets+=(--set "$kv"); done
-  local ref="$work/$name.ref"
-  mkdir -p "$work/$name" "$ref"
-  if ! "$tetra" run "$recipe" "${common[@]}" "$@" "${msets[@]}" --set grad_check.dir="$ref" \
-       >"$work/$name.ref.log" 2>&1; then
-    echo "FAIL: $name: the single-process run failed:"; tail -n 20 "$work/$name.ref.log"; status=1; return
+  # One single-process reference per model (the same settings give the same gradients).
+  local ref="$work/ref_$(echo "$model $*" | md5sum | cut -c1-12)"
+  mkdir -p "$work/$name"
+  if [ ! -d "$ref" ]; then
+    mkdir -p "$ref"
+    if ! "$tetra" run "$recipe" "${common[@]}" "$@" "${msets[@]}" --set grad_check.dir="$ref" \
+         >"$ref.log" 2>&1; then
+      echo "FAIL: $name: the single-process run failed:"; tail -n 20 "$ref.log"; status=1; return
+    fi
   fi
   if ! timeout 120 mpirun --oversubscribe -np "$np" "$tetra" run "$recipe" "${common[@]}" "$@" \
        "${msets[@]}" "${sets[@]}" --set grad_check.dir="$work/$name" >"$work/$name.log" 2>&1; then
@@ -105,5 +111,16 @@ check tp2_cp2_pp2_zero1 8 "$P.tensor_parallel_size=2 $P.context_parallel_size=2 
 check tp2_pp2_v2_tied 4 "$P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b" "model.tie_embeddings=true"
 check gpt2_tp2_sp_pp2 4 "$P.tensor_parallel_size=2 $P.sequence_parallel=true $P.pipeline_parallel_size=2" "" "${gpt2[@]}"
 check gpt2_tp4_vocab250_dp2_zero1 8 "$P.tensor_parallel_size=4 $P.data_parallel_size=2 $P.zero_stage=1" "model.vocab_size=250" "${gpt2[@]}"
+# Every layout of 2, 4 and 8 ranks over (tp, cp, dp, pp), on a Llama every size divides
+# (as tests/dist/layouts.txt's grid).
+grid="model.n_layers=8 model.n_heads=8 model.n_kv_heads=8 model.ffn_hidden=128 train.batch_size=16"
+for np in 2 4 8; do
+  for tp in 1 2 4 8; do for cp in 1 2 4 8; do for dp in 1 2 4 8; do for pp in 1 2 4 8; do
+    [ $((tp * cp * dp * pp)) -eq "$np" ] || continue
+    check "grid_tp${tp}_cp${cp}_dp${dp}_pp${pp}" "$np" \
+      "$P.tensor_parallel_size=$tp $P.context_parallel_size=$cp $P.data_parallel_size=$dp $P.pipeline_parallel_size=$pp" \
+      "$grid"
+  done; done; done; done
+done
 [ "$status" = 0 ] && echo PASS
 exit "$status"
