@@ -754,7 +754,11 @@ end
 
 -- Loads the checkpoint directory `path` into env (model, optimizer, step, tokens seen,
 -- RNG, loss scaler, data source); the next env.step() is the step after the saved one.
-function M.load(env, path)
+-- Opens checkpoint `path` (or the one its latest names) as far as no model is needed:
+-- its checksums, its state.json (verified and parsed) and every file the checksums list
+-- present. Returns the resolved path and the state. A load starts here, and
+-- M.precheck runs it before a model is built.
+local function open_checkpoint(path)
   path = resolve(path)
   if not host.is_dir(path) then fail("checkpoint: %s is not a checkpoint directory (missing)", path) end
   local sums_text = read_file(path .. "/checksums.json")
@@ -763,6 +767,11 @@ function M.load(env, path)
     local ok, t = pcall(M.decode_json, sums_text)
     if not ok or type(t) ~= "table" then fail("checkpoint: %s/checksums.json is corrupt", path) end
     sums = t
+    for name in pairs(sums) do
+      if type(name) ~= "string" or not exists(path .. "/" .. name) then
+        fail("checkpoint: %s/%s is missing (incomplete checkpoint?)", path, tostring(name))
+      end
+    end
   end
   local text = read_file(path .. "/state.json")
   if not text then fail("checkpoint: %s/state.json is missing (incomplete checkpoint?)", path) end
@@ -771,6 +780,19 @@ function M.load(env, path)
   if not ok or type(state) ~= "table" or type(state.step) ~= "number" or type(state.rng) ~= "string" then
     fail("checkpoint: %s/state.json is corrupt (%s)", path, ok and "no step or rng" or tostring(state))
   end
+  return path, state
+end
+
+-- The checks of the checkpoint checkpoint.resume names that need no model (tetra.train
+-- runs them before building one): one line for a missing, incomplete or corrupt one.
+function M.precheck(cfg)
+  local path = M.resume_path(cfg)
+  if path then open_checkpoint(path) end
+end
+
+function M.load(env, path)
+  local state
+  path, state = open_checkpoint(path)
   local opt = env.optimizer
   if state.optimizer ~= (opt.m and "adamw" or "sgd") then
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),

@@ -616,6 +616,7 @@ function train.recipe(spec)
                    defaults = spec.defaults }
   function recipe.setup(cfg)
     local data, tokenizer = train.data_source(cfg)
+    checkpoint.precheck(cfg)   -- a missing or corrupt checkpoint: before the model
     C.tt_manual_seed(cfg.train.seed or 0)
     local model = spec.Model(cfg.model)
     return train.setup(cfg, model, data, { tokenizer = tokenizer, plan = spec.plan })

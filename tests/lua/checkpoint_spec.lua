@@ -211,6 +211,18 @@ describe("checkpoint resume", function()
     end).to_error(ck .. "/state.json is corrupt")
   end)
 
+  it("checks the checkpoint to resume before any model is built", function()
+    local dir = tmpdir()
+    -- A model whose build would take seconds and gigabytes: the error comes first.
+    local cfg = config.build({ defaults = tiny.defaults, world_size = false, sets = {
+      "train.model_name=llama-1b", "checkpoint.resume=" .. dir .. "/step_000007" } })
+    local t0 = os.clock()
+    local ok, err = pcall(tiny.setup, cfg)
+    expect(ok).to_be(false)
+    expect(err.message).to_match("step_000007 is not a checkpoint directory")
+    expect(os.clock() - t0 < 1).to_be(true)
+  end)
+
   it("names the newest complete checkpoint when latest points nowhere", function()
     local dir = tmpdir()
     local env = tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.keep=0" }))
