@@ -309,18 +309,10 @@ local function local_slices(env)
     end
     return out
   end
-  local zeros = require("tetra.optim").state_like
+  local params = {}
+  for i, e in ipairs(out) do params[i] = e.tensor end
   for _, kind in ipairs(state_kinds(opt)) do
-    for i, e in ipairs(out) do e.state[kind[1]] = zeros(e.tensor) end
-    for j, s in ipairs(env.ddp.shards) do
-      local full = out[s.param].state[kind[1]]
-      local flat = F.view(full, { full:numel() })
-      local piece = F.narrow(flat, 0, s.offset, s.tensor:numel())
-      local dst = F.view(piece, s.tensor:shape())
-      require("tetra.ffi").check(C.tt_copy_(dst, kind[2][j]))
-      F.free(dst); F.free(piece); F.free(flat)
-    end
-    for _, e in ipairs(out) do env.ddp.group:all_reduce(e.state[kind[1]], "sum") end
+    for i, w in ipairs(env.ddp:gather_shards(kind[2], params)) do out[i].state[kind[1]] = w end
   end
   return out
 end
@@ -704,16 +696,7 @@ local function load_state(env, path)
       end
     end
     if not zero then return end
-    for _, kind in ipairs(kinds) do
-      for j, sh in ipairs(env.ddp.shards) do
-        local full = whole[kind[1]][sh.param]
-        local flat = F.view(full, { full:numel() })
-        local piece = F.narrow(flat, 0, sh.offset, sh.tensor:numel())
-        local src = F.view(piece, sh.tensor:shape())
-        require("tetra.ffi").check(C.tt_copy_(kind[2][j], src))
-        F.free(src); F.free(piece); F.free(flat)
-      end
-    end
+    for _, kind in ipairs(kinds) do env.ddp:scatter_to_shards(whole[kind[1]], kind[2]) end
   end)
   for _, f in pairs(files) do f:close() end
 end

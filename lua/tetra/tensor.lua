@@ -600,6 +600,16 @@ for _, name in ipairs({ "silu", "gelu", "swiglu", "sum", "mean", "max", "softmax
   methods[name] = M[name]
 end
 
+-- t on engine device `dev`: t itself when it is there already; otherwise a copy there,
+-- and t is released (the caller hands it over).
+function M.moved(t, dev)
+  if t._device == dev then return t end
+  local d = take(C.tt_to_device(t, dev, pout))
+  ffi.gc(t, nil)
+  C.tt_tensor_release(t)
+  return d
+end
+
 -- A string naming the tensor object itself (its address): the same for two references to
 -- one tensor (a parameter shared by two modules), different for two tensors.
 function M.key(t)

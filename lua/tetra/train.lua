@@ -211,13 +211,7 @@ function train.to_device(model, dev)
   end
 end
 
--- t on device dev (t itself when it is there already; the original is freed otherwise).
-local function to_dev(t, dev)
-  if t._device == dev then return t end
-  local d = take(C.tt_to_device(t, dev, pout))
-  free(t)
-  return d
-end
+local to_dev = require("tetra.tensor").moved
 
 -- -- Setup -------------------------------------------------------------------------------
 

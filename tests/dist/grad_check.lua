@@ -6,7 +6,6 @@
 -- the slice's place in the whole parameter (dim, offset, length) in the metadata. Under
 -- ZeRO-1 the averaged gradients live in the shards: they are put back together first.
 local tetra = require("tetra")
-local ffi = require("ffi")
 local F = tetra.nn.functional
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
@@ -18,27 +17,12 @@ defaults.grad_check = { dir = "", gpt2 = false }
 
 -- The averaged gradient of every local parameter (index-aligned with par:placements()).
 local function whole_grads(env, entries)
-  local shards = env.ddp.shards
-  local out = {}
-  for i, e in ipairs(entries) do
-    if not shards then
-      out[i] = e.tensor.grad
-    else
-      out[i] = F.zeros(e.tensor:shape())
-    end
-  end
-  if shards then
-    for _, s in ipairs(shards) do
-      local full = out[s.param]
-      local flat = F.view(full, { full:numel() })
-      local piece = F.narrow(flat, 0, s.offset, s.tensor:numel())
-      local dst = F.view(piece, s.tensor:shape())
-      tetra.ffi.check(tetra.ffi.C.tt_copy_(dst, s.tensor.grad))
-      F.free(dst); F.free(piece); F.free(flat)
-    end
-    for _, g in ipairs(out) do env.ddp.group:all_reduce(g, "sum") end
-  end
-  return out
+  local params, grads = {}, {}
+  for i, e in ipairs(entries) do params[i], grads[i] = e.tensor, e.tensor.grad end
+  if not env.ddp.shards then return grads end
+  local per_shard = {}
+  for j, sh in ipairs(env.ddp.shards) do per_shard[j] = sh.tensor.grad end
+  return env.ddp:gather_shards(per_shard, params)
 end
 
 local recipe = { name = "grad_check", defaults = defaults }

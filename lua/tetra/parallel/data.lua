@@ -25,6 +25,7 @@ local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("dist/tetra_dist.h")
 local tensor = require("tetra.tensor")
+local F = require("tetra.nn.functional")
 
 local C = ffi.C
 local data = {}
@@ -119,6 +120,42 @@ function DDP:attach_optimizer(opt)
   opt.params, opt.names, opt.m, opt.v = views, names, m, v
   opt:_build_groups()
   self._opt = opt
+end
+
+-- ZeRO-1: the part of `whole` (a tensor shaped like parameter shard.param) that shard
+-- covers, as a view shaped like the shard.
+local function shard_part(whole, shard)
+  local flat = F.view(whole, { whole:numel() })
+  local piece = F.narrow(flat, 0, shard.offset, shard.tensor:numel())
+  local v = F.view(piece, shard.tensor:shape())
+  F.free(piece); F.free(flat)
+  return v
+end
+
+-- ZeRO-1: per-parameter tensors (index-aligned with the params given to wrap) put
+-- together from this rank's per-shard ones (index-aligned with self.shards) and every
+-- other rank's: f32 zeros beside each parameter, each shard copied into its range, then
+-- summed over the group (collective). params: the parameters (for the shapes).
+function DDP:gather_shards(per_shard, params)
+  local whole = {}
+  for i, p in ipairs(params) do whole[i] = zeros_like(p) end
+  for j, sh in ipairs(self.shards) do
+    local dst = shard_part(whole[sh.param], sh)
+    check(C.tt_copy_(dst, per_shard[j]))
+    F.free(dst)
+  end
+  for _, w in ipairs(whole) do self.group:all_reduce(w, "sum") end
+  return whole
+end
+
+-- ZeRO-1, the other way: each of this rank's per-shard tensors filled from its range of
+-- the per-parameter ones.
+function DDP:scatter_to_shards(whole, per_shard)
+  for j, sh in ipairs(self.shards) do
+    local src = shard_part(whole[sh.param], sh)
+    check(C.tt_copy_(per_shard[j], src))
+    F.free(src)
+  end
 end
 
 -- One optimizer update; with ZeRO-1 each rank updates its shards and the updated

@@ -194,6 +194,7 @@ function parallel.apply(model, plan, mesh, cfg)
       tied[#tied + 1] = { name = name, tensor = s[2] }
     end
   end
+  table.sort(tied, function(a, b) return a.name < b.name end)   -- the same order everywhere
   par.tied = tied
   -- The first and last stage sum a tied parameter's gradients (every pp rank joins the
   -- split; only a model with shared parameters needs the group).
@@ -247,15 +248,8 @@ function Par:inputs(tokens)
                 T.take(C.tt_to_device(tokens, C.TT_CPU, T.pout))
     ids, targets, positions = require("tetra.parallel.context").slice(cpu, self.mesh.cp)
     if cpu ~= tokens then F.free(cpu) end
-    if tokens._device ~= C.TT_CPU then
-      for _, name in ipairs({ "ids", "targets", "positions" }) do
-        local t = ({ ids = ids, targets = targets, positions = positions })[name]
-        local d = T.take(C.tt_to_device(t, tokens._device, T.pout))
-        F.free(t)
-        if name == "ids" then ids = d elseif name == "targets" then targets = d
-        else positions = d end
-      end
-    end
+    local dev = tokens._device
+    ids, targets, positions = T.moved(ids, dev), T.moved(targets, dev), T.moved(positions, dev)
   else
     ids, targets = F.inputs_targets(tokens)
   end
@@ -310,7 +304,6 @@ function Par:sync_tied_grads()
   if not self.tied_group then return end
   local st = self.stage
   if not (st.is_first or st.is_last) then return end
-  table.sort(self.tied, function(a, b) return a.name < b.name end)
   for _, e in ipairs(self.tied) do
     local g = e.tensor.grad
     if g == nil then error("tied parameter " .. e.name .. " has no gradient after backward", 0) end
@@ -338,16 +331,21 @@ end
 -- Scales every gradient the optimizer uses by min(1, max_norm / (norm + 1e-6)), as
 -- tt_clip_grad_norm does. Returns the norm.
 function Par:clip_grad_norm(opt, max_norm, shards)
-  local counted = {}
-  if shards then
+  -- The counted tensors stay the same from step to step: listed once.
+  local counted = self._counted
+  if not counted then
+    counted = {}
     local params = self:placements()
-    for _, s in ipairs(shards) do
-      if params[s.param].placement.primary then counted[#counted + 1] = s.tensor end
+    if shards then
+      for _, s in ipairs(shards) do
+        if params[s.param].placement.primary then counted[#counted + 1] = s.tensor end
+      end
+    else
+      for _, e in ipairs(params) do
+        if e.placement.primary then counted[#counted + 1] = e.tensor end
+      end
     end
-  else
-    for _, e in ipairs(self:placements()) do
-      if e.placement.primary then counted[#counted + 1] = e.tensor end
-    end
+    self._counted = counted
   end
   -- Without ZeRO-1 every dp x cp replica holds the same gradients: counted once.
   local replicas = shards and 1 or self.mesh.dpcp.size

@@ -172,13 +172,6 @@ local function local_ids(ids, start, rows)
   return lid, mask
 end
 
-local function to_device(t, dev)
-  if t._device == dev then return t end
-  local d = T.take(C.tt_to_device(t, dev, T.pout))
-  free(t)
-  return d
-end
-
 local function vocab_forward(g, sp, start, rows)
   return function(self, ids)
     local dev = self.weight._device
@@ -186,7 +179,7 @@ local function vocab_forward(g, sp, start, rows)
                 T.take(C.tt_to_device(ids, C.TT_CPU, T.pout))
     local lid, mask = local_ids(cpu, start, rows)
     if cpu ~= ids then free(cpu) end
-    lid, mask = to_device(lid, dev), to_device(mask, dev)
+    lid, mask = T.moved(lid, dev), T.moved(mask, dev)
     local e = F.embedding(self.weight, lid)
     local masked = F.mul(e, mask)
     free(e); free(lid); free(mask)
