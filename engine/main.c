@@ -576,6 +576,35 @@ static int cmd_test(lua_State *L, int argc, char **argv) {
   return call_lua(L, 3);
 }
 
+/* A command name is a plain word ([a-z0-9-]) whose module file is in lua/tetra/cli/
+** ("monitor-config" -> monitor_config.lua). */
+static int is_lua_command(const char *root, const char *name) {
+  size_t n = strlen(name);
+  if (n == 0 || n > 64) return 0;
+  char file[96];
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return 0;
+    file[i] = c == '-' ? '_' : c;
+  }
+  file[n] = '\0';
+  char path[PATH_MAX];
+  int len = snprintf(path, sizeof path, "%s/lua/tetra/cli/%s.lua", root, file);
+  return len > 0 && (size_t)len < sizeof path && file_exists(path);
+}
+
+static int cmd_lua(lua_State *L, int argc, char **argv) {
+  char module[96] = "tetra.cli.";
+  size_t at = strlen(module);
+  for (const char *c = argv[1]; *c && at + 1 < sizeof module; c++) module[at++] = *c == '-' ? '_' : *c;
+  module[at] = '\0';
+  set_arg(L, argv[1], argv + 2, argc - 2);
+  if (!lua_checkstack(L, argc + 8)) return usage_error("%s: too many arguments", argv[1]);
+  push_module_fn(L, module, "main");
+  for (int i = 2; i < argc; i++) lua_pushstring(L, argv[i]);
+  return call_lua(L, 2 + (argc - 2));
+}
+
 /* OpenMP workers that spin between parallel regions take the cores from OpenBLAS's own
 ** threads (and from other processes on a shared node): a Llama block's forward+backward
 ** measured 3x slower on 2 busy cores with libgomp's default policy. libgomp reads
@@ -612,14 +641,14 @@ int main(int argc, char **argv) {
     }
     return cli(argc - 1, argv + 1);
   }
-  enum { CMD_REPL, CMD_RUN, CMD_INTERACTIVE, CMD_EVAL, CMD_TEST } which;
+  enum { CMD_REPL, CMD_RUN, CMD_INTERACTIVE, CMD_EVAL, CMD_TEST, CMD_LUA } which;
   if (!cmd) which = CMD_REPL;
   else if (!strcmp(cmd, "run")) which = CMD_RUN;
   else if (!strcmp(cmd, "-i")) which = CMD_INTERACTIVE;
   else if (!strcmp(cmd, "-e")) which = CMD_EVAL;
   else if (!strcmp(cmd, "test")) which = CMD_TEST;
   else if (cmd[0] == '-') return usage_error("unknown option '%s'", cmd);
-  else return usage_error("unknown command '%s'", cmd);
+  else which = CMD_LUA;
 
   char root[PATH_MAX];
   if (find_root(root)) {
@@ -627,6 +656,10 @@ int main(int argc, char **argv) {
                     "TETRA_HOME to the directory holding lua/ and engine/\n");
     return 1;
   }
+  /* Every other command is a Lua module: `tetra NAME ARGS...` runs
+  ** require("tetra.cli.NAME").main(ARGS...) when lua/tetra/cli/NAME.lua exists. */
+  if (which == CMD_LUA && !is_lua_command(root, cmd))
+    return usage_error("unknown command '%s'", cmd);
   /* A CUDA build on a machine without a GPU is normal: CPU tensors work, and creating a
   ** cuda tensor later reports that no device is there. */
   if (tt_cuda_init && tt_cuda_init() != 0) tt_clear_error();
@@ -645,6 +678,7 @@ int main(int argc, char **argv) {
   case CMD_INTERACTIVE: code = cmd_run(L, argc, argv, 1); break;
   case CMD_EVAL: code = cmd_eval(L, argc, argv); break;
   case CMD_TEST: code = cmd_test(L, argc, argv); break;
+  case CMD_LUA: code = cmd_lua(L, argc, argv); break;
   default:
     push_module_fn(L, "tetra.repl", "main");
     code = call_lua(L, 2);
