@@ -241,6 +241,17 @@ void tt_doc_reader_free(tt_doc_reader *r);
 ** ends with it; 0: end of the range; -1: error. */
 int tt_doc_reader_next(tt_doc_reader *r, const char **text, size_t *len, int *end_doc);
 
+/* Object storage (s3.c). tt_s3_list: the objects matching pattern (s3://b/prefix*glob,
+** '*' not crossing '/'), as s3:// URLs with their sizes (caller frees). tt_s3_fopen: a
+** read-only, seekable FILE over an object of `size` bytes, read in blocks with one block
+** fetched ahead. tt_s3_local_copy: the object in the local cache ($TETRA_S3_CACHE, or
+** $TMPDIR/tetra-s3-cache), downloaded if absent; its path into `path`. */
+int tt_s3_is_url(const char *path);
+int tt_s3_list(const char *pattern, char ***urls, int64_t **sizes, int *n);
+int tt_s3_read(const char *url, int64_t off, void *buf, size_t len);
+FILE *tt_s3_fopen(const char *url, int64_t size);
+int tt_s3_local_copy(const char *url, int64_t size, char *path, size_t cap);
+
 /* Token shards (shards.c): the mapped tokens of shard i of a TT_DATA_TOKENS source. */
 typedef struct tt_token_view {
   const void *data;

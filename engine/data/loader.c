@@ -363,7 +363,8 @@ static int make_streams(tt_data_loader *ld) {
     st->rng = ld->cfg.seed ^ ((uint64_t)(st->index + 1) * 0xd1b54a32d192ed03ull);
     rng_next(&st->rng);
     st->pk = calloc((size_t)ld->n_src, sizeof *st->pk);
-    st->q_cap = ld->cfg.queue_depth > 0 ? ld->cfg.queue_depth : 2 * ld->R;
+    st->q_cap = ld->cfg.queue_depth > 0 ? ld->cfg.queue_depth
+                : (ld->cfg.prefetch_steps > 0 ? ld->cfg.prefetch_steps : 2) * ld->R;
     st->q = malloc((size_t)(st->q_cap * n) * sizeof *st->q);
     if (ld->cfg.shuffle_buffer > 0)
       st->shuf = malloc((size_t)(ld->cfg.shuffle_buffer * n) * sizeof *st->shuf);

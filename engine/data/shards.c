@@ -20,6 +20,20 @@ enum { SHARD_HEADER = 64, SHARD_VERSION = 1 };
 /* -- Reader ------------------------------------------------------------------------- */
 
 int tt_token_shard_open(const char *path, tt_token_shard **out) {
+  char local[4096];
+  if (tt_s3_is_url(path)) {   /* mapped from a local copy of the object */
+    char **urls;
+    int64_t *sizes;
+    int n;
+    TT_TRY(tt_s3_list(path, &urls, &sizes, &n));
+    int64_t size = n == 1 ? sizes[0] : -1;
+    for (int i = 0; i < n; i++) free(urls[i]);
+    free(urls);
+    free(sizes);
+    if (size < 0) return tt_set_error("%s: no such object", path);
+    TT_TRY(tt_s3_local_copy(path, size, local, sizeof local));
+    path = local;
+  }
   int fd = open(path, O_RDONLY);
   if (fd < 0) return tt_set_error("%s: cannot open: %s", path, strerror(errno));
   struct stat st;

@@ -62,7 +62,7 @@ struct tt_tensor;
 
 /* -- Loader ------------------------------------------------------------------------- */
 
-enum { TT_DATA_JSONL = 0, TT_DATA_TEXT = 1, TT_DATA_TOKENS = 2 };
+enum { TT_DATA_JSONL = 0, TT_DATA_TEXT = 1, TT_DATA_TOKENS = 2, TT_DATA_TFRECORD = 3 };
 
 typedef struct tt_data_source {
   const char *paths;       /* paths or globs, separated by ',' or newlines */
@@ -84,7 +84,8 @@ typedef struct tt_data_config {
   int64_t shuffle_buffer;      /* sequences per stream; 0 = no shuffle */
   uint64_t seed;
   int num_workers;             /* tokenizer threads; 0: 2 */
-  int queue_depth;             /* prefetched sequences per stream; 0: 2 steps */
+  int queue_depth;             /* prefetched sequences per stream; 0: prefetch_steps' worth */
+  int prefetch_steps;          /* steps of sequences prefetched per stream; 0: 2 */
   int64_t max_bad_lines;       /* malformed JSONL lines tolerated; < 0: 100 */
   int32_t eos_id;              /* -1: the tokenizer's EOS */
 } tt_data_config;
@@ -131,6 +132,18 @@ int64_t tt_token_shard_size(const tt_token_shard *shard);
 int32_t tt_token_shard_vocab(const tt_token_shard *shard);
 /* Copies tokens [start, start + n) as int32. */
 int tt_token_shard_read(const tt_token_shard *shard, int64_t start, int64_t n, int32_t *dst);
+
+/* -- Object storage (s3.c) ---------------------------------------------------------- */
+
+/* Paths "s3://BUCKET/KEY" (KEY may hold a glob) are read through the S3 API. Settings
+** default to the AWS environment variables; NULL / negative / 0 keep a setting:
+** endpoint (AWS_ENDPOINT_URL), region (AWS_REGION), retries per request (6), seconds
+** before a connection attempt or a stalled transfer is given up and retried (20), bytes
+** per ranged GET, which is also the read-ahead (8 MiB). */
+int tt_s3_configure(const char *endpoint, const char *region, int retries, double timeout_s,
+                    int64_t block_bytes);
+/* Requests sent, retried, and object bytes received, since the start (all threads). */
+void tt_s3_counters(int64_t *requests, int64_t *retries, int64_t *bytes);
 
 /* -- Command line (the tetra binary forwards `tetra tokenizer|data ...`) ------------- */
 

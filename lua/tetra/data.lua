@@ -11,7 +11,9 @@
 --
 -- Config keys (cfg.data): input_path (path, glob, comma list or a Lua list; token shards
 -- when online_tokenization is false), or datasets =
--- { {path = ..., weight = ..., type = "jsonl"|"text"|"tokens", text_field = ...}, ... };
+-- { {path = ..., weight = ..., type = "jsonl"|"text"|"tfrecord"|"tokens", text_field = ...}, ... };
+-- paths may be s3://bucket/prefix/*.jsonl (s3_endpoint, s3_region, s3_retries,
+-- s3_timeout_s, s3_block_mb over the AWS_* environment variables); prefetch (steps);
 -- tokenizer (tokenizer.json or .tiktoken) or vocab_file + merges_file; text_field
 -- ("text"); seq_len (default model.seq_len); num_streams; shuffle_buffer_size; seed
 -- (default train.seed); num_workers; queue_depth; max_bad_lines; eos_id; val_path.
@@ -24,7 +26,8 @@ local tensor = require("tetra.tensor")
 
 local data = {}
 
-local TYPES = { jsonl = C.TT_DATA_JSONL, text = C.TT_DATA_TEXT, tokens = C.TT_DATA_TOKENS }
+local TYPES = { jsonl = C.TT_DATA_JSONL, text = C.TT_DATA_TEXT, tokens = C.TT_DATA_TOKENS,
+                tfrecord = C.TT_DATA_TFRECORD }
 
 local function paths_string(p, key)
   if type(p) == "table" then return table.concat(p, ",") end
@@ -57,7 +60,7 @@ local function build_config(cfg, dp_rank, dp_size, input_override)
     s.paths = p
     s.weight = ds.weight or 1
     if ds.type ~= nil and TYPES[ds.type] == nil then
-      error(("data.datasets[%d].type: %s (expected jsonl, text or tokens)"):format(i, tostring(ds.type)), 3)
+      error(("data.datasets[%d].type: %s (expected jsonl, text, tfrecord or tokens)"):format(i, tostring(ds.type)), 3)
     end
     -- data.online_tokenization = false: data.input_path names prepared token shards
     -- (tetra data prepare), not text.
@@ -69,6 +72,9 @@ local function build_config(cfg, dp_rank, dp_size, input_override)
       s.text_field = field
     end
   end
+  -- s3:// paths: the data.s3_* keys over the AWS environment variables.
+  C.tt_s3_configure(d.s3_endpoint, d.s3_region, d.s3_retries or -1, d.s3_timeout_s or 0,
+                    d.s3_block_mb and math.floor(d.s3_block_mb * 1048576) or 0)
   local c = ffi.new("tt_data_config")
   keep[#keep + 1] = c
   c.sources = srcs
@@ -94,6 +100,7 @@ local function build_config(cfg, dp_rank, dp_size, input_override)
   c.seed = d.seed or (cfg.train and cfg.train.seed) or 1234
   c.num_workers = d.num_workers or 0
   c.queue_depth = d.queue_depth or 0
+  c.prefetch_steps = d.prefetch or 0
   c.max_bad_lines = d.max_bad_lines or -1
   c.eos_id = d.eos_id or -1
   return c, keep
