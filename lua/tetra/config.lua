@@ -108,7 +108,7 @@ M.schema = {
     s3_region = str(nil, "S3 region (default: AWS_REGION, else us-east-1)"),
     s3_retries = int(6, 0, "retries of a failed S3 request (5xx, timeouts, dropped connections)"),
     s3_timeout_s = num(20, 0.1, "seconds before a stalled S3 connection or transfer is retried"),
-    s3_block_mb = num(8, 0.0625, "MiB per ranged S3 read; one block per file is read ahead"),
+    s3_block_mb = num(8, 0.001, "MiB per ranged S3 read; one block per file is read ahead"),
     seed = int(nil, 0),
   },
   model = {

@@ -16,3 +16,8 @@ else()
     "echo 'no python3: run tools/setup-python-refs'; [ \"$CI\" = true ] && exit 1; exit 77")
   set_tests_properties(data/tokenizer_parity PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+
+# s3:// and TFRecord data against a real S3-compatible server (moto, from the venv).
+add_test(NAME data/s3 COMMAND bash ${CMAKE_SOURCE_DIR}/tests/data/s3.sh $<TARGET_FILE:tetra>
+         ${CMAKE_SOURCE_DIR}/.deps/venv/bin/python3)
+set_tests_properties(data/s3 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
