@@ -307,6 +307,15 @@ static int64_t gcd64(int64_t a, int64_t b) {
   return a;
 }
 
+/* The part of a source's byte (token) space this loader reads: [range_lo, range_hi) of it
+** (which = 0: its first byte; 1: its length). A held-out evaluation split is the end of
+** every training source, and the training loader stops before it. */
+static int64_t span(const tt_data_loader *ld, const source *s, int which) {
+  double lo = ld->cfg.range_lo, hi = ld->cfg.range_hi > 0 ? ld->cfg.range_hi : 1.0;
+  int64_t a = (int64_t)((double)s->files.total * lo), b = (int64_t)((double)s->files.total * hi);
+  return which == 0 ? a : b - a;
+}
+
 static int open_sources(tt_data_loader *ld) {
   const tt_data_config *c = &ld->cfg;
   int need_tokenizer = 0;
@@ -332,7 +341,7 @@ static int open_sources(tt_data_loader *ld) {
     s->shards = calloc((size_t)s->files.n, sizeof *s->shards);
     if (!s->shards) return tt_set_error("out of host memory");
     for (int f = 0; f < s->files.n; f++) TT_TRY(tt_token_shard_open(s->files.paths[f], &s->shards[f]));
-    if (s->files.total / ld->S < ld->T + 1)
+    if (span(ld, s, 1) / ld->S < ld->T + 1)
       return tt_set_error("data source %d: %lld tokens are too few for %d streams of seq_len %lld",
                           d + 1, (long long)s->files.total, ld->S, (long long)ld->T);
   }
@@ -373,7 +382,8 @@ static int make_streams(tt_data_loader *ld) {
     for (int d = 0; d < ld->n_src; d++) {
       const source *s = &ld->src[d];
       packer *p = &st->pk[d];
-      int64_t a = s->files.total * st->index / ld->S, b = s->files.total * (st->index + 1) / ld->S;
+      int64_t lo = span(ld, s, 0), n = span(ld, s, 1);
+      int64_t a = lo + n * st->index / ld->S, b = lo + n * (st->index + 1) / ld->S;
       if (s->files.type == TT_DATA_TOKENS) {
         p->tok_start = p->tok_pos = a;
         p->tok_end = b;

@@ -88,6 +88,7 @@ typedef struct tt_data_config {
   int prefetch_steps;          /* steps of sequences prefetched per stream; 0: 2 */
   int64_t max_bad_lines;       /* malformed JSONL lines tolerated; < 0: 100 */
   int32_t eos_id;              /* -1: the tokenizer's EOS */
+  double range_lo, range_hi;   /* the fraction of each source read: [lo, hi); 0, 0: all */
 } tt_data_config;
 
 typedef struct tt_data_loader tt_data_loader;

@@ -47,14 +47,13 @@ local F = require("tetra.nn.functional")
 
 local M = {}
 
-for _, decl in ipairs({ "int mkdir(const char *path, unsigned int mode);",
-                        "int open(const char *path, int flags, ...);",
+for _, decl in ipairs({ "int open(const char *path, int flags, ...);",
                         "int fsync(int fd);", "int close(int fd);",
                         "char *strerror(int errnum);" }) do
   pcall(ffi.cdef, decl)
 end
 
-local O_RDONLY, EEXIST = 0, 17
+local O_RDONLY = 0
 
 -- A user-facing error: the tetra binary prints the message alone.
 local function fail(fmt, ...)
@@ -81,15 +80,7 @@ local function fsync_path(path)
   if rc ~= 0 then fail("checkpoint: fsync %s: %s", path, errno_text()) end
 end
 
-local function mkdir_p(path)
-  local prefix = path:sub(1, 1) == "/" and "" or "."
-  for part in path:gmatch("[^/]+") do
-    prefix = prefix .. "/" .. part
-    if C.mkdir(prefix, 493) ~= 0 and ffi.errno() ~= EEXIST then   -- 0755
-      fail("checkpoint: cannot create directory %s: %s", prefix, errno_text())
-    end
-  end
-end
+local function mkdir_p(path) metrics.mkdir_p(path, "checkpoint.dir") end
 
 local function remove_tree(path)
   if host.is_dir(path) then

@@ -92,7 +92,8 @@ M.schema = {
   },
   data = {
     input_path = any(nil, "file, glob or list of them"),
-    eval_path = any(nil),
+    eval_path = any(nil, "held-out evaluation data (paths like input_path)"),
+    eval_fraction = num(0.01, 0, "without eval_path: the end of each training source held out for evaluation"),
     vocab_file = str(nil),
     merges_file = str(nil),
     tokenizer = str("byte", "byte, or a tokenizer file"),
@@ -436,7 +437,27 @@ function M.validate(cfg, opts)
   local world = opts.world_size
   if world == nil then world = M.world_size() end
   -- Every rule about the parallel layout lives in tetra.parallel.layout.
-  require("tetra.parallel.layout").check(cfg, world or nil)
+  local problems = require("tetra.parallel.layout").problems(cfg, world or nil)
+  if #problems > 0 then
+    local msg = problems[1]
+    -- Started with the wrong process count (the guide's 64-process YAML on one machine),
+    -- nothing runs here anyway: name everything else this machine lacks too.
+    if world and msg:match("^this layout needs %d+ processes") then
+      local missing = require("tetra.preflight").problems(cfg)
+      if #missing > 0 then msg = msg .. "\nalso missing here:\n  " .. table.concat(missing, "\n  ") end
+    end
+    M.error("%s", msg)
+  end
+  if cfg.train.eval_every > 0 and not cfg.data.mock and not cfg.data.eval_path and
+     cfg.data.eval_fraction == 0 and cfg.data.input_path then
+    M.error("train.eval_every (%d) needs held-out data: set data.eval_path, or " ..
+            "data.eval_fraction > 0 to hold out the end of each training source, or " ..
+            "train.eval_every=0", cfg.train.eval_every)
+  end
+  if cfg.data.eval_fraction >= 1 then
+    M.error("data.eval_fraction (%g) must be below 1 (it is the held-out share of each source)",
+            cfg.data.eval_fraction)
+  end
   if cfg.train.min_lr > cfg.train.lr then
     M.error("train.min_lr (%g) must not exceed train.lr (%g)", cfg.train.min_lr, cfg.train.lr)
   end

@@ -16,7 +16,8 @@
 -- s3_timeout_s, s3_block_mb over the AWS_* environment variables); prefetch (steps);
 -- tokenizer (tokenizer.json or .tiktoken) or vocab_file + merges_file; text_field
 -- ("text"); seq_len (default model.seq_len); num_streams; shuffle_buffer_size; seed
--- (default train.seed); num_workers; queue_depth; max_bad_lines; eos_id; val_path.
+-- (default train.seed); num_workers; queue_depth; max_bad_lines; eos_id; eval_path or
+-- eval_fraction (the held-out evaluation data).
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("data/tetra_data.h")
@@ -37,8 +38,22 @@ local function paths_string(p, key)
   return p
 end
 
+-- The fraction of each training source held out for evaluation: with train.eval_every
+-- and no data.eval_path, the end of every source (data.eval_fraction) is read by the
+-- evaluation loader and never by the training one. nil when nothing is held out.
+function data.holdout(cfg)
+  local d, t = cfg.data or {}, cfg.train or {}
+  if (t.eval_every or 0) > 0 and not d.eval_path and not d.mock and (d.eval_fraction or 0) > 0 then
+    return d.eval_fraction
+  end
+end
+
 -- Builds a tt_data_config; `keep` holds the Lua strings and arrays it points into.
-local function build_config(cfg, dp_rank, dp_size, input_override)
+-- opts: input (paths instead of the training sources), range_lo / range_hi (the part
+-- of each source read), num_streams.
+local function build_config(cfg, dp_rank, dp_size, opts)
+  opts = opts or {}
+  local input_override = opts.input
   local d = cfg.data or {}
   local keep = {}
   local list = {}
@@ -95,7 +110,8 @@ local function build_config(cfg, dp_rank, dp_size, input_override)
   c.global_batch = (cfg.train and cfg.train.batch_size) or d.batch_size or error("data: train.batch_size unknown", 3)
   c.dp_rank = dp_rank
   c.dp_size = dp_size
-  c.num_streams = d.num_streams or 0
+  c.num_streams = opts.num_streams or d.num_streams or 0
+  c.range_lo, c.range_hi = opts.range_lo or 0, opts.range_hi or 0
   c.shuffle_buffer = d.shuffle_buffer_size or 0
   c.seed = d.seed or (cfg.train and cfg.train.seed) or 1234
   c.num_workers = d.num_workers or 0
@@ -114,8 +130,8 @@ Loader.__index = Loader
 local box = ffi.new("tt_data_loader*[1]")
 local tbox = ffi.new("tt_tensor*[2]")
 
-local function new_loader(cfg, dp_rank, dp_size, input_override)
-  local c = build_config(cfg, dp_rank, dp_size, input_override)
+local function new_loader(cfg, dp_rank, dp_size, opts)
+  local c = build_config(cfg, dp_rank, dp_size, opts)
   check(C.tt_data_loader_new(c, box), 3)
   local self = setmetatable({}, Loader)
   self.ptr = ffi.gc(box[0], C.tt_data_loader_free)
@@ -128,7 +144,8 @@ end
 -- The loader of this DP rank (mesh.dp: the data-parallel group; nil means one rank).
 function data.loader(cfg, mesh)
   local g = mesh and mesh.dp
-  return new_loader(cfg, g and g.rank or 0, g and g.size or 1)
+  local f = data.holdout(cfg)
+  return new_loader(cfg, g and g.rank or 0, g and g.size or 1, f and { range_hi = 1 - f })
 end
 
 -- inputs, targets: i64 tensors (local_batch, seq_len); targets are inputs shifted by one.
@@ -174,7 +191,7 @@ end
 -- r of `dp_group` (nil: one rank, the whole batch), as tetra.train expects from a source
 -- with local_rows set. The loader runs (and tokenizes) only the streams that feed those
 -- rows. Steps must come in order (1, 2, ...; after load_state, the step after the saved
--- one). Split "val" reads data.val_path.
+-- one). Split "val" reads data.eval_path, or the held-out ends (data.holdout).
 local Source = {}
 Source.__index = Source
 
@@ -188,8 +205,20 @@ function Source:loader(split)
   local l = self.loaders[split]
   if not l then
     local d = self.cfg.data or {}
-    if split == "val" and not d.val_path then error("data: split 'val' needs data.val_path", 3) end
-    l = new_loader(self.cfg, self.dp_rank, self.dp_size, split == "val" and d.val_path or nil)
+    local f = data.holdout(self.cfg)
+    local opts
+    if split == "val" then
+      if d.eval_path then
+        opts = { input = d.eval_path }
+      elseif f then   -- one stream: the held-out ends are small
+        opts = { range_lo = 1 - f, range_hi = 1, num_streams = 1 }
+      else
+        error("data: evaluation needs data.eval_path, or data.eval_fraction > 0 to hold out the end of each training source", 3)
+      end
+    elseif f then
+      opts = { range_hi = 1 - f }
+    end
+    l = new_loader(self.cfg, self.dp_rank, self.dp_size, opts)
     self.loaders[split] = l
     self.next_step[split] = 1
   end

@@ -15,6 +15,8 @@ ffi.cdef [[
 typedef struct tt_metrics_timespec { long tv_sec; long tv_nsec; } tt_metrics_timespec;
 int tt_metrics_clock_gettime(int clk, tt_metrics_timespec *ts) __asm__("clock_gettime");
 int tt_metrics_isatty(int fd) __asm__("isatty");
+int tt_metrics_mkdir(const char *path, unsigned int mode) __asm__("mkdir");
+char *tt_metrics_strerror(int errnum) __asm__("strerror");
 ]]
 
 local ts = ffi.new("tt_metrics_timespec")
@@ -84,14 +86,41 @@ end
 local Writer = {}
 Writer.__index = Writer
 
--- Opens (truncates) `path` for JSON lines. Returns a writer; nil path gives a writer that
--- discards records, so callers need no branches.
+-- An error the tetra binary prints as one line (no traceback): what the user must fix.
+local function user_error(fmt, ...)
+  local msg = fmt:format(...)
+  error(setmetatable({ message = msg, user = true },
+                     { __tostring = function(e) return e.message end }), 0)
+end
+
+-- Creates the folder `path` and its parents (mkdir -p); `who` names the key in errors.
+function metrics.mkdir_p(path, who)
+  local prefix = path:sub(1, 1) == "/" and "" or "."
+  for part in path:gmatch("[^/]+") do
+    prefix = prefix .. "/" .. part
+    if ffi.C.tt_metrics_mkdir(prefix, 493) ~= 0 and ffi.errno() ~= 17 then   -- 0755; EEXIST
+      user_error("%s: cannot create the folder %s: %s", who, prefix,
+                 ffi.string(ffi.C.tt_metrics_strerror(ffi.errno())))
+    end
+  end
+end
+
+-- Opens `path` for writing (mode "w" or "a"), creating its folder; `who` names the key.
+function metrics.open_file(path, mode, who)
+  local dir = path:match("^(.*)/[^/]*$")
+  if dir and dir ~= "" then metrics.mkdir_p(dir, who) end
+  local f, err = io.open(path, mode)
+  if not f then user_error("%s: cannot open %s: %s", who, path, tostring(err)) end
+  return f
+end
+
+-- Opens (truncates) `path` for JSON lines, creating its folder. Returns a writer; nil
+-- path gives a writer that discards records, so callers need no branches.
 function metrics.open(path)
   if not path or path == "" then
     return setmetatable({}, Writer)
   end
-  local f, err = io.open(path, "w")
-  if not f then error("metrics: cannot open " .. path .. ": " .. tostring(err), 2) end
+  local f = metrics.open_file(path, "w", "log.metrics_file")
   return setmetatable({ file = f, path = path }, Writer)
 end
 

@@ -488,9 +488,7 @@ local function open_rank_log(path, rank, size)
   elseif size > 1 then
     path = path .. ".rank" .. rank
   end
-  local f, err = io.open(path, "a")
-  if not f then error("log.log_file: cannot open " .. path .. ": " .. tostring(err), 0) end
-  return f
+  return metrics.open_file(path, "a", "log.log_file")
 end
 
 function train.run(env)
@@ -630,6 +628,11 @@ function train.recipe(spec)
             "data: " .. tostring(type(d.input_path) == "table" and
                                  table.concat(d.input_path, ",") or d.input_path or
                                  "data.datasets"))
+      local held = (cfg.train.eval_every or 0) > 0 and require("tetra.data").holdout(cfg)
+      if held then
+        print(string.format("eval: the last %g%% of each training source, held out " ..
+                            "(data.eval_fraction; data.eval_path names other data)", held * 100))
+      end
     end
     return train.run(env)
   end

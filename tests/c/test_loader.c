@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "data/bpe_internal.h"
 
@@ -426,4 +427,28 @@ Test(loader, bad_sources_give_clear_errors) {
   cr_assert(tt_data_loader_next(ld, x, y) != 0);
   cr_assert(strstr(tt_last_error(), g2), "%s", tt_last_error());
   tt_data_loader_free(ld);
+}
+
+/* A held-out evaluation split: range [0, f) of a source gives only the documents that
+** start there, [f, 1) only the others (here the boundary is the second file's start). */
+Test(loader, ranges_split_a_source_without_overlap) {
+  char pattern[160], a1[160], digits[160];
+  snprintf(pattern, sizeof pattern, "%s/a1.jsonl,%s/digits.jsonl", dir, dir);
+  snprintf(a1, sizeof a1, "%s/a1.jsonl", dir);
+  snprintf(digits, sizeof digits, "%s/digits.jsonl", dir);
+  struct stat st1, st2;
+  cr_assert(stat(a1, &st1) == 0 && stat(digits, &st2) == 0);
+  double cut = (double)st1.st_size / (double)(st1.st_size + st2.st_size);
+  tt_data_source src = {pattern, 1.0, -1, NULL};
+  for (int half = 0; half < 2; half++) {
+    tt_data_config c = base_config(&src, 1);
+    c.range_lo = half ? cut : 0;
+    c.range_hi = half ? 1 : cut;
+    tt_data_loader *ld;
+    cr_assert(tt_data_loader_new(&c, &ld) == 0, "%s", tt_last_error());
+    tt_ids ref = reference_stream(half ? digits : a1, 4);
+    check_packing(ld, &ref, c.seq_len, 12);
+    tt_ids_free(&ref);
+    tt_data_loader_free(ld);
+  }
 }

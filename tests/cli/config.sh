@@ -14,8 +14,9 @@ check_error() {  # expected-substring args...
   grep -qF -- "$want" <<<"$err" || fail "tetra run $*: expected '$want', got: $err"
 }
 
-check_error "config error: this layout needs 64 processes (data 8 x tensor 2 x pipeline 4 x context 1) but 1 is running" \
-  "$SRC/recipes/configs/llama-7b.yaml"
+# (The guide's YAML names what else it misses on more lines: tests/cli/guide_yaml.sh.)
+check_error "config error: this layout needs 2 processes (data 2 x tensor 1 x pipeline 1 x context 1) but 1 is running" \
+  "$SRC/recipes/configs/tiny.yaml" --set parallel.data_parallel_size=2
 check_error "config error: unknown key 'train.batchsize' (did you mean 'train.batch_size'?)" \
   "$SRC/recipes/configs/tiny.yaml" --set train.batchsize=8
 check_error "config error: model.n_kv_heads (3) must divide model.n_heads (4)" \
