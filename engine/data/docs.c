@@ -455,7 +455,7 @@ static int tfrecord_read(tt_doc_reader *r, int64_t off, uint64_t *data_len, int 
     if (probe) return 0;
     return tt_set_error("%s: corrupt TFRecord at byte %lld (length checksum mismatch)", path, (long long)off);
   }
-  if (n > (uint64_t)(size - off - 16)) {
+  if (off + 16 > size || n > (uint64_t)(size - off - 16)) {
     if (probe) return 0;
     return tt_set_error("%s: TFRecord truncated at byte %lld (record of %llu bytes past the end)", path,
                         (long long)off, (unsigned long long)n);

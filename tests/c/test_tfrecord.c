@@ -165,6 +165,24 @@ Test(tfrecord, damaged_records_name_file_and_offset) {
   cr_assert_eq(read_range(&fs, 0, fs.total, &out), -1);
   cr_assert(strstr(tt_last_error(), "short.tfrecord: TFRecord truncated at byte") != NULL, "%s", tt_last_error());
   tt_doc_files_free(&fs);
+  /* A file ending in a header whose length is huge, 3 bytes before the end (found by
+  ** fuzz_tfrecord: the size check wrapped around and asked for 2^51 bytes). */
+  bad.len = 0;
+  tt_buf_append(&bad, file.data, second);
+  {
+    uint8_t h[15] = {0};
+    uint64_t huge = 1ull << 51;
+    memcpy(h, &huge, 8);
+    uint32_t c = masked(h, 8);
+    memcpy(h + 8, &c, 4);
+    tt_buf_append(&bad, h, sizeof h);
+  }
+  write_file("tail.tfrecord", &bad, path, sizeof path);
+  cr_assert(tt_doc_files_expand(path, -1, &fs) == 0, "%s", tt_last_error());
+  cr_assert_eq(read_range(&fs, 0, fs.total, &out), -1);
+  cr_assert(strstr(tt_last_error(), "tail.tfrecord: TFRecord truncated at byte") != NULL, "%s", tt_last_error());
+  cr_assert_eq(read_range(&fs, 5, fs.total, &out), 0, "%s", tt_last_error());   /* no record starts after 5 */
+  tt_doc_files_free(&fs);
   /* Not a TFRecord at all (refused when the source is opened). */
   tt_buf text = {0};
   tt_buf_printf(&text, "just some text, long enough to have a header's worth of bytes\n");

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A short run of every libFuzzer target (tools/fuzz/run.sh, 10 s each, ASan + UBSan): the
-# JSONL reader, the tokenizer file loaders, the encoder, the safetensors reader. A crash
+# JSONL reader, the tokenizer file loaders, the encoder, the safetensors reader, the
+# TFRecord reader. A crash
 # fails the test and leaves its input in build-fuzz/.
 # Usage: bash fuzz_smoke.sh /path/to/tetra   (exit 77: skipped)
 set -u

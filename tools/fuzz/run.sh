@@ -5,7 +5,8 @@
 # Targets: fuzz_jsonl (JSONL reader's JSON), fuzz_tokenizer_file (tokenizer.json and
 # tiktoken loaders), fuzz_encode (pre-tokenizer, encoder, decoder round trip),
 # fuzz_safetensors (the safetensors reader on hostile headers: shapes whose sizes wrap,
-# offsets, dtypes). Executions per second on this 2-core machine: jsonl ~125k, safetensors
+# offsets, dtypes), fuzz_tfrecord (the TFRecord reader: framing, checksums, alignment from
+# any byte, tf.train.Example decoding). Executions per second on this 2-core machine: jsonl ~125k, safetensors
 # ~12k, encode ~6k, tokenizer_file ~3k; a documented run of 10^6 each (2026-12-01, no
 # crash): tools/fuzz/run.sh 400 fuzz_tokenizer_file; tools/fuzz/run.sh 180 fuzz_encode;
 # tools/fuzz/run.sh 120 fuzz_safetensors; tools/fuzz/run.sh 15 fuzz_jsonl.
@@ -16,7 +17,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="$root/build-fuzz"
 mkdir -p "$out"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_jsonl fuzz_tokenizer_file fuzz_encode fuzz_safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_jsonl fuzz_tokenizer_file fuzz_encode fuzz_safetensors fuzz_tfrecord)
 data_srcs=("$root"/engine/data/{unicode,unicode_tables,util,json,bpe,bpe_load}.c "$root/engine/error.c")
 # The tensor engine on the CPU (no MPI, no CUDA): what the safetensors reader builds on.
 engine_srcs=()
@@ -26,6 +27,10 @@ done
 for t in "${targets[@]}"; do
   srcs=("${data_srcs[@]}")
   extra=(-lpthread)
+  if [ "$t" = fuzz_tfrecord ]; then
+    srcs+=("$root"/engine/data/{docs,shards,s3}.c "$root/engine/checksum.c")
+    extra=(-fopenmp -lpthread)
+  fi
   if [ "$t" = fuzz_safetensors ]; then
     srcs=("${engine_srcs[@]}")
     extra=(-fopenmp -I"$root/kernels/cpu" $(pkg-config --cflags --libs openblas) -lm -lpthread)
@@ -33,6 +38,8 @@ for t in "${targets[@]}"; do
   clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -I"$root/engine" -I"$root/kernels" "$root/tools/fuzz/$t.c" "${srcs[@]}" "${extra[@]}" -o "$out/$t"
   mkdir -p "$out/corpus_$t"
+  # A valid file to start from (random bytes rarely pass TFRecord's checksums).
+  [ "$t" = fuzz_tfrecord ] && cp "$root/tests/fixtures/fuzz_seed.tfrecord" "$out/corpus_$t/seed"
   echo "== $t ($secs s)"
   # Crash inputs land in build-fuzz/ (artifact_prefix), never in the work tree.
   "$out/$t" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 \
