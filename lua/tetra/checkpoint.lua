@@ -769,14 +769,8 @@ local function open_checkpoint(path)
   return path, state
 end
 
--- The checks of the checkpoint checkpoint.resume names that need no model (tetra.train
--- runs them before building one): one line for a missing, incomplete or corrupt one.
-function M.precheck(cfg)
-  local path = M.resume_path(cfg)
-  if path then open_checkpoint(path) end
-end
-
-function M.load(env, path)
+-- open_checkpoint for a resume, which a weights-only checkpoint cannot serve.
+local function open_resumable(path)
   local state
   path, state = open_checkpoint(path)
   if state.weights_only then
@@ -784,6 +778,19 @@ function M.load(env, path)
          "from Hugging Face?): start training from it with --set model.init_from=%s, " ..
          "not checkpoint.resume", path, path)
   end
+  return path, state
+end
+
+-- The checks of the checkpoint checkpoint.resume names that need no model (tetra.train
+-- runs them before building one): one line for a missing, incomplete or corrupt one.
+function M.precheck(cfg)
+  local path = M.resume_path(cfg)
+  if path then open_resumable(path) end
+end
+
+function M.load(env, path)
+  local state
+  path, state = open_resumable(path)
   local opt = env.optimizer
   if state.optimizer ~= (opt.m and "adamw" or "sgd") then
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),

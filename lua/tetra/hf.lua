@@ -90,7 +90,9 @@ local function hf_model_config(dir)
           n_heads = int("num_attention_heads"), vocab_size = int("vocab_size"),
           ffn_hidden = int("intermediate_size"), norm_eps = num("rms_norm_eps", 1e-6, 1),
           rope_theta = num("rope_theta", 10000, 1e30),
-          tie_embeddings = c.tie_word_embeddings == true }
+          tie_embeddings = c.tie_word_embeddings == true,
+          -- Not a weight's shape: kept for the way back, never imposed on training.
+          seq_len = int("max_position_embeddings", 2048) }
     m.n_kv_heads = int("num_key_value_heads", m.n_heads)
     refuse("hidden_act", function(v) return v ~= "silu" end, "Tetra's Llama uses SiLU")
     refuse("rope_scaling", function() return true end, "Tetra's RoPE has no scaling")
@@ -391,7 +393,7 @@ local function open_hf(dir)
     if not FLOAT_DTYPES[dt] then
       local ok, err = pcall(f.read, f, name)
       fail("%s: tensor '%s' has dtype %s: expected F32, BF16 or F16", path, name,
-           dt or (not ok and tostring(err):match("dtype (%S+)")) or "unknown")
+           dt or (not ok and tostring(err):match("dtype (%w+)")) or "unknown")
     end
     local ok, t = pcall(f.read, f, name)
     if not ok then fail("%s: tensor '%s': %s", path, name, tostring(t)) end

@@ -1,27 +1,35 @@
 """transformers' side of tests/cli/hf_convert.sh (run with .deps/venv-hf/bin/python3).
 
-  tokens  OUT.safetensors B T VOCAB SEED     random "tokens" (B, T + 1) int64
+Each command takes its arguments once per job, repeated; "-" leaves an optional one out.
+
+  tokens  OUT.safetensors T VOCAB SEED       random "tokens" (3, T + 1) int64
   compare HF_DIR TOKENS TETRA_OUT            from_pretrained(HF_DIR), logits and loss on
                                              TOKENS against Tetra's (TETRA_OUT); prints the
                                              max relative errors; exits 1 past 1e-4
-  random  llama|gpt2|llama-tied OUT [SHARD]  a randomly initialised model saved by
+  random  llama|gpt2|llama-tied OUT SHARD|-  a randomly initialised model saved by
                                              save_pretrained (safetensors; sharded at
                                              SHARD, e.g. 20KB)
   same    A.safetensors B.safetensors        every tensor of A equals B's bit for bit
   meta    HF_DIR META_DIR N_HEADS N_KV       META_DIR's q/k rows are HF_DIR's in Meta's
                                              interleaved order (HF's conversion permute)
+  edit    FILE drop|add|cast NAME DTYPE|-    a damaged copy for the bad-input checks
+  cast    HF_DIR OUT bfloat16|float16        the model saved again in a narrower dtype
 """
+import glob
 import sys
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers.utils import logging
+
+logging.disable_progress_bar()
 
 TOL = 1e-4
 
 
-def tokens(out, b, t, vocab, seed):
+def tokens(out, t, vocab, seed):
     g = torch.Generator().manual_seed(int(seed))
-    save_file({"tokens": torch.randint(0, int(vocab), (int(b), int(t) + 1), generator=g)}, out)
+    save_file({"tokens": torch.randint(0, int(vocab), (3, int(t) + 1), generator=g)}, out)
 
 
 def compare(hf_dir, tokens_path, tetra_out):
@@ -77,10 +85,17 @@ def same(a, b):
     print(f"{len(ta)} tensors bit-identical")
 
 
+def load_folder(path):
+    out = {}
+    for f in glob.glob(path + "/*.safetensors"):
+        out.update(load_file(f))
+    return out
+
+
 def meta(hf_dir, meta_dir, n_heads, n_kv):
     # transformers' convert_llama_weights_to_hf permutes Meta's rows into rotate-half
     # order with view(h, hd/2, 2, dim).transpose(1, 2); Meta's order is its inverse.
-    hf, me = load_file(hf_dir + "/model.safetensors"), load_file(meta_dir + "/model.safetensors")
+    hf, me = load_folder(hf_dir), load_folder(meta_dir)
     checked = 0
     for k, w in hf.items():
         heads = int(n_heads) if "q_proj" in k else int(n_kv) if "k_proj" in k else None
@@ -95,7 +110,34 @@ def meta(hf_dir, meta_dir, n_heads, n_kv):
     print(f"{checked} q/k projections in Meta order")
 
 
+def edit(path, what, name, dtype=None):
+    """Rewrites safetensors file `path` with tensor `name` dropped, added (a copy of the
+    first tensor), or cast to `dtype` (float64, int8, bfloat16, float16)."""
+    t = load_file(path)
+    if what == "drop":
+        del t[name]
+    elif what == "add":
+        t[name] = next(iter(t.values())).clone()
+    else:
+        t[name] = t[name].to(getattr(torch, dtype))
+    save_file(t, path, metadata={"format": "pt"})
+
+
+def cast_model(src, out, dtype):
+    """A folder's model saved again in `dtype` (bfloat16 or float16)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=getattr(torch, dtype))
+    model.save_pretrained(out, safe_serialization=True)
+
+
+# Each command takes its arguments repeated, once per job (one Python start-up for all).
+COMMANDS = {"tokens": (tokens, 4), "compare": (compare, 3), "random": (random_model, 3),
+            "same": (same, 2), "meta": (meta, 4), "edit": (edit, 4), "cast": (cast_model, 3)}
+
 if __name__ == "__main__":
-    cmd, args = sys.argv[1], sys.argv[2:]
-    {"tokens": tokens, "compare": compare, "random": random_model, "same": same,
-     "meta": meta}[cmd](*args)
+    fn, n = COMMANDS[sys.argv[1]]
+    args = sys.argv[2:]
+    if len(args) % n:
+        sys.exit(f"{sys.argv[1]} takes its arguments in groups of {n}")
+    for i in range(0, len(args), n):
+        fn(*[a for a in args[i:i + n] if a != "-"])
