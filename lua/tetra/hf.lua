@@ -303,7 +303,7 @@ local function hf_files(dir)
   end
   if exists(dir .. "/model.safetensors") then
     for _, name in ipairs(open("model.safetensors"):names()) do where[name] = "model.safetensors" end
-    return files, where
+    return files, where, "model.safetensors"
   end
   local path = dir .. "/" .. INDEX
   local text = read_text(path)
@@ -317,6 +317,7 @@ local function hf_files(dir)
   end
   local names = {}
   for name, file in pairs(idx.weight_map) do
+    if type(name) ~= "string" then fail("%s: weight_map must be an object of names", path) end
     if type(file) ~= "string" or not file:match("^[%w_][%w_.%-]*%.safetensors$") or
        file:find("..", 1, true) then
       fail("%s: tensor '%s' maps to %s, which is not a .safetensors file in the folder " ..
@@ -340,7 +341,7 @@ local function hf_files(dir)
       end
     end
   end
-  return files, where
+  return files, where, INDEX
 end
 
 local FLOAT_DTYPES = { f32 = true, bf16 = true, f16 = true }
@@ -352,7 +353,7 @@ local FLOAT_DTYPES = { f32 = true, bf16 = true, f16 = true }
 local function open_hf(dir)
   if not host.is_dir(dir) then fail("%s is not a directory (a Hugging Face model folder)", dir) end
   local m = hf_model_config(dir)
-  local files, where = hf_files(dir)
+  local files, where, listing = hf_files(dir)
   local prefix = (m.family == "gpt2" and not where["transformer.wte.weight"] and
                   where["wte.weight"]) and "" or "transformer."
   local rules = rules_for(m, prefix)
@@ -366,7 +367,8 @@ local function open_hf(dir)
   end
   for _, r in ipairs(rules) do
     if not where[r.hf] then
-      fail("%s: tensor '%s' is missing (config.json's %s model needs it)", dir, r.hf, m.family)
+      fail("%s/%s: tensor '%s' is missing (config.json's %s model needs it)", dir, listing,
+           r.hf, m.family)
     end
     local i, path = info(r.hf)
     local want = hf_shape(r)

@@ -122,7 +122,7 @@ refused "bad_f64/$f: tensor 'transformer.h.1.mlp.c_fc.weight' has dtype F64: exp
 bad i8; ref edit bad_i8/$f cast transformer.wpe.weight int8
 refused "bad_i8/$f: tensor 'transformer.wpe.weight' has dtype I8" "$TETRA" convert --from hf bad_i8 o4
 bad miss; ref edit bad_miss/$f drop transformer.h.0.attn.c_proj.bias -
-refused "bad_miss: tensor 'transformer.h.0.attn.c_proj.bias' is missing" "$TETRA" convert --from hf bad_miss o5
+refused "bad_miss/$f: tensor 'transformer.h.0.attn.c_proj.bias' is missing" "$TETRA" convert --from hf bad_miss o5
 bad extra; ref edit bad_extra/$f add transformer.h.0.attn.rotary.weight -
 refused "bad_extra/$f: tensor 'transformer.h.0.attn.rotary.weight' is not part of a gpt2 model" \
   "$TETRA" convert --from hf bad_extra o6
