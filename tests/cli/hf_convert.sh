@@ -55,6 +55,20 @@ train llama llama "${llama[@]}"
 train llama_tied llama "${llama[@]}" --set model.tie_embeddings=true --set model.rope_theta=5000
 train gpt2 gpt2 --set model.dim=40 --set model.n_heads=5 --set model.n_layers=2 \
   --set model.vocab_size=97 --set model.ffn_hidden=72 --set model.seq_len=16
+# Tensor-parallel checkpoints hold slices: the export puts each parameter together.
+if command -v mpirun >/dev/null; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
+    mpirun --oversubscribe -np 2 "$TETRA" run "$root/recipes/llama.lua" --set train.steps=3 \
+    --set train.batch_size=2 --set train.warmup_steps=1 --set checkpoint.dir=llama_tp \
+    --set checkpoint.every=3 --set parallel.tensor_parallel_size=2 "${llama[@]}" >/dev/null ||
+    fail "training with tensor_parallel_size=2"
+  [ -f llama_tp/step_000003/index.json ] || fail "the tp=2 checkpoint has no index.json"
+  convert --to hf llama_tp hf_llama_tp
+  forward llama llama_tp tetra_llama_tp.st
+  ref compare hf_llama_tp tokens.st tetra_llama_tp.st
+elif [ "${CI:-}" = true ]; then
+  fail "no mpirun (CI=true)"
+fi
 convert --to hf llama hf_llama --max-shard-size 30KB
 [ -f hf_llama/model.safetensors.index.json ] && [ -f hf_llama/model-00007-of-00007.safetensors ] ||
   fail "30KB shards: $(ls hf_llama)"
@@ -137,4 +151,10 @@ rm -rf bad_pickle; mkdir bad_pickle; cp r_gpt2_one/config.json bad_pickle/; echo
 refused "bad_pickle has no model.safetensors.*pickles" "$TETRA" convert --from hf bad_pickle o9
 refused "hf_llama already exists" "$TETRA" convert --from hf r_llama hf_llama
 [ ! -e o1 ] && [ ! -e o1.tmp ] || fail "a refused conversion left output behind"
+for args in "--to gguf llama x" "--from hf r_llama" "--to hf llama x --max-shard-size 5XB" \
+            "--from hf r_llama x --rope-layout gptj" "--to hf llama x --shard"; do
+  # shellcheck disable=SC2086
+  "$TETRA" convert $args >out.txt 2>err.txt; rc=$?
+  [ "$rc" = 2 ] && [ "$(wc -l <err.txt)" = 1 ] || { cat err.txt; fail "convert $args: exit $rc"; }
+done
 echo "hf_convert: ok"

@@ -55,12 +55,12 @@ def random_model(kind, out, shard=None):
     torch.manual_seed(7)
     if kind == "gpt2":
         cfg = GPT2Config(vocab_size=97, n_positions=24, n_embd=40, n_layer=2, n_head=5,
-                         n_inner=72)
+                         n_inner=72, layer_norm_epsilon=1e-4)
         model = GPT2LMHeadModel(cfg)
     else:
         cfg = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=70,
                           num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
-                          max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=5000.0,
+                          max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=5000.0,
                           tie_word_embeddings=kind == "llama-tied")
         model = LlamaForCausalLM(cfg)
     # Norm weights and biases away from their 1 / 0 init, so a swapped one shows.
