@@ -888,6 +888,7 @@ function M.save_weights(path, entries, config, origin)
 end
 
 M.mkdir_p = mkdir_p
+M.remove_tree = remove_tree
 M.write_file = write_file
 M.exists = exists
 M.fail = fail

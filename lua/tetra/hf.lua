@@ -330,7 +330,7 @@ local function hf_files(dir)
     local file = idx.weight_map[name]
     local f = files[file] or open(file)
     if not f:has(name) then
-      fail("%s: %s maps tensor '%s' to %s, which does not hold it", path, INDEX, name, file)
+      fail("%s maps tensor '%s' to %s, which does not hold it", path, name, file)
     end
     where[name] = file
   end
@@ -514,7 +514,7 @@ end
 local function write_hf(out, m, rules, make, max_shard)
   refuse_existing(out)
   local tmp = out .. ".tmp"
-  if exists(tmp) then fail("%s exists (left by an interrupted conversion?): remove it", tmp) end
+  if exists(tmp) then checkpoint.remove_tree(tmp) end   -- left by an interrupted conversion
   checkpoint.mkdir_p(tmp)
   local shards, size = { {} }, 0
   for _, r in ipairs(rules) do
@@ -613,11 +613,11 @@ end
 
 -- Copies the weights of source (model.init_from) into model, built whole from the
 -- matching config: every parameter must be there with its shape.
-function M.init_weights(model, source, opts)
+function M.init_weights(model, source)
   local kind, path = parse_source(source)
   local params
   if kind == "hf" then
-    params = read_hf_params(path, opts)
+    params = read_hf_params(path)
   else
     local w = checkpoint.open_weights(path)
     params = {}
