@@ -46,7 +46,11 @@ refused() {   # PATTERN CMD...
   echo "refused: $(cat err.txt)"
 }
 
-ref tokens tokens.st 16 97 1
+# The Python side runs three times (importing torch takes seconds): the inputs first,
+# every comparison once Tetra has written its side, then the damaged folders.
+ref tokens tokens.st 16 97 1 + random llama r_llama 20KB llama-tied r_llama_tied - \
+  gpt2 r_gpt2 20KB gpt2 r_gpt2_one - + cast r_llama r_llama_bf16 bfloat16 r_gpt2_one r_gpt2_f16 float16
+compares=()
 
 # -- Export -------------------------------------------------------------------------------
 llama=(--set model.dim=48 --set model.n_heads=6 --set model.n_kv_heads=2 --set model.n_layers=2
@@ -65,7 +69,7 @@ if command -v mpirun >/dev/null; then
   [ -f llama_tp/step_000003/index.json ] || fail "the tp=2 checkpoint has no index.json"
   convert --to hf llama_tp hf_llama_tp
   forward llama llama_tp tetra_llama_tp.st
-  ref compare hf_llama_tp tokens.st tetra_llama_tp.st
+  compares+=(hf_llama_tp tokens.st tetra_llama_tp.st)
 elif [ "${CI:-}" = true ]; then
   fail "no mpirun (CI=true)"
 fi
@@ -75,8 +79,8 @@ convert --to hf llama hf_llama --max-shard-size 30KB
 convert --to hf llama_tied/step_000003 hf_llama_tied
 convert --to hf gpt2 hf_gpt2
 for m in llama llama_tied gpt2; do forward "${m%_tied}" "$m" "tetra_$m.st"; done
-ref compare hf_llama tokens.st tetra_llama.st hf_llama_tied tokens.st tetra_llama_tied.st \
-  hf_gpt2 tokens.st tetra_gpt2.st
+compares+=(hf_llama tokens.st tetra_llama.st hf_llama_tied tokens.st tetra_llama_tied.st
+           hf_gpt2 tokens.st tetra_gpt2.st)
 
 # Round trips: every parameter bit for bit.
 convert --from hf hf_llama back_llama
@@ -84,25 +88,23 @@ convert --from hf hf_llama_tied back_llama_tied
 convert --from hf hf_gpt2 back_gpt2
 convert --to hf llama hf_meta --rope-layout meta
 convert --from hf hf_meta back_meta --rope-layout meta
-ref same llama/step_000003/model.safetensors back_llama/model.safetensors \
-  llama_tied/step_000003/model.safetensors back_llama_tied/model.safetensors \
-  gpt2/step_000003/model.safetensors back_gpt2/model.safetensors \
-  llama/step_000003/model.safetensors back_meta/model.safetensors
-ref meta hf_llama hf_meta 6 2
+same=(llama/step_000003/model.safetensors back_llama/model.safetensors
+      llama_tied/step_000003/model.safetensors back_llama_tied/model.safetensors
+      gpt2/step_000003/model.safetensors back_gpt2/model.safetensors
+      llama/step_000003/model.safetensors back_meta/model.safetensors)
 
 # -- Import -------------------------------------------------------------------------------
-ref random llama r_llama 20KB llama-tied r_llama_tied - gpt2 r_gpt2 20KB gpt2 r_gpt2_one -
-ref cast r_llama r_llama_bf16 bfloat16 r_gpt2_one r_gpt2_f16 float16
 for m in llama llama_tied gpt2 llama_bf16 gpt2_f16; do
   recipe=${m%%_*}
   convert --from hf "r_$m" "ck_$m"
   forward "$recipe" "ck_$m" "tetra_ck_$m.st"
   forward "$recipe" "hf:r_$m" "tetra_hf_$m.st"
 done
-ref compare r_llama tokens.st tetra_ck_llama.st r_llama tokens.st tetra_hf_llama.st \
-  r_llama_tied tokens.st tetra_ck_llama_tied.st r_llama_tied tokens.st tetra_hf_llama_tied.st \
-  r_gpt2 tokens.st tetra_ck_gpt2.st r_gpt2 tokens.st tetra_hf_gpt2.st \
-  r_llama_bf16 tokens.st tetra_ck_llama_bf16.st r_gpt2_f16 tokens.st tetra_hf_gpt2_f16.st
+compares+=(r_llama tokens.st tetra_ck_llama.st r_llama tokens.st tetra_hf_llama.st
+           r_llama_tied tokens.st tetra_ck_llama_tied.st r_llama_tied tokens.st tetra_hf_llama_tied.st
+           r_gpt2 tokens.st tetra_ck_gpt2.st r_gpt2 tokens.st tetra_hf_gpt2.st
+           r_llama_bf16 tokens.st tetra_ck_llama_bf16.st r_gpt2_f16 tokens.st tetra_hf_gpt2_f16.st)
+ref compare "${compares[@]}" + same "${same[@]}" + meta hf_llama hf_meta 6 2
 
 # Training starts from the imported weights, the same from hf:DIR and the checkpoint.
 first_loss() {   # SOURCE
@@ -113,7 +115,7 @@ first_loss() {   # SOURCE
 }
 a=$(first_loss hf:r_llama hf); b=$(first_loss ck_llama ck)
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "first loss from hf:DIR ($a) and its checkpoint ($b) differ"
-c=$("$PY" -c "import math; print(math.log(97))")
+c=$("$TETRA" -e 'print(math.log(97))')
 echo "training from r_llama: first loss $a (ln 97 = $c)"
 
 # -- Refused ------------------------------------------------------------------------------
@@ -124,23 +126,23 @@ refused "holds a gpt2 model but recipe llama" \
 refused "weights only.*model.init_from" \
   "$TETRA" run "$root/recipes/llama.lua" --set checkpoint.resume=ck_llama --set model.vocab_size=97 \
   --set model.dim=48 --set model.n_heads=6 --set model.n_kv_heads=2 --set model.ffn_hidden=70
-bad() { rm -rf "bad_$1"; cp -r r_gpt2_one "bad_$1"; }
 f=model.safetensors
-bad trunc; truncate -s -64 bad_trunc/$f
+for b in trunc long f64 i8 miss extra huge; do rm -rf "bad_$b"; cp -r r_gpt2_one "bad_$b"; done
+ref edit bad_f64/$f cast transformer.h.1.mlp.c_fc.weight float64 \
+  bad_i8/$f cast transformer.wpe.weight int8 \
+  bad_miss/$f drop transformer.h.0.attn.c_proj.bias - \
+  bad_extra/$f add transformer.h.0.attn.rotary.weight -
+truncate -s -64 bad_trunc/$f
 refused "bad_trunc/$f: tensor '[^']+'.*outside" "$TETRA" convert --from hf bad_trunc o1
-bad long; head -c 64 /dev/zero >>bad_long/$f
+head -c 64 /dev/zero >>bad_long/$f
 refused "bad_long/$f: 64 bytes follow" "$TETRA" convert --from hf bad_long o2
-bad f64; ref edit bad_f64/$f cast transformer.h.1.mlp.c_fc.weight float64
 refused "bad_f64/$f: tensor 'transformer.h.1.mlp.c_fc.weight' has dtype F64: expected F32, BF16 or F16" \
   "$TETRA" convert --from hf bad_f64 o3
-bad i8; ref edit bad_i8/$f cast transformer.wpe.weight int8
 refused "bad_i8/$f: tensor 'transformer.wpe.weight' has dtype I8" "$TETRA" convert --from hf bad_i8 o4
-bad miss; ref edit bad_miss/$f drop transformer.h.0.attn.c_proj.bias -
 refused "bad_miss/$f: tensor 'transformer.h.0.attn.c_proj.bias' is missing" "$TETRA" convert --from hf bad_miss o5
-bad extra; ref edit bad_extra/$f add transformer.h.0.attn.rotary.weight -
 refused "bad_extra/$f: tensor 'transformer.h.0.attn.rotary.weight' is not part of a gpt2 model" \
   "$TETRA" convert --from hf bad_extra o6
-bad huge; sed -i 's/"n_embd": 40/"n_embd": 1e300/' bad_huge/config.json
+sed -i 's/"n_embd": 40/"n_embd": 1e300/' bad_huge/config.json
 refused "bad_huge/config.json: n_embd must be a positive integer" "$TETRA" convert --from hf bad_huge o7
 rm -rf bad_up; cp -r r_gpt2 bad_up
 sed -i 's/"transformer.wte.weight": "model-[0-9]*-of-[0-9]*.safetensors"/"transformer.wte.weight": "..\/r_gpt2_one\/model.safetensors"/' \

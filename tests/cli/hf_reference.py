@@ -1,6 +1,7 @@
 """transformers' side of tests/cli/hf_convert.sh (run with .deps/venv-hf/bin/python3).
 
-Each command takes its arguments once per job, repeated; "-" leaves an optional one out.
+Each command takes its arguments once per job, repeated; "-" leaves an optional one out;
+"+" starts the next command of the same run (tokens A 16 97 1 + random llama B -).
 
   tokens  OUT.safetensors T VOCAB SEED       random "tokens" (3, T + 1) int64
   compare HF_DIR TOKENS TETRA_OUT            from_pretrained(HF_DIR), logits and loss on
@@ -130,14 +131,27 @@ def cast_model(src, out, dtype):
     model.save_pretrained(out, safe_serialization=True)
 
 
-# Each command takes its arguments repeated, once per job (one Python start-up for all).
+# Each command takes its arguments repeated, once per job; "+" starts another command
+# (one Python start-up for all: importing torch takes seconds).
 COMMANDS = {"tokens": (tokens, 4), "compare": (compare, 3), "random": (random_model, 3),
             "same": (same, 2), "meta": (meta, 4), "edit": (edit, 4), "cast": (cast_model, 3)}
 
+
+def main(argv):
+    commands = [[]]
+    for a in argv:
+        if a == "+":
+            commands.append([])
+        else:
+            commands[-1].append(a)
+    for cmd in commands:
+        fn, n = COMMANDS[cmd[0]]
+        args = cmd[1:]
+        if not args or len(args) % n:
+            sys.exit(f"{cmd[0]} takes its arguments in groups of {n}")
+        for i in range(0, len(args), n):
+            fn(*[a for a in args[i:i + n] if a != "-"])
+
+
 if __name__ == "__main__":
-    fn, n = COMMANDS[sys.argv[1]]
-    args = sys.argv[2:]
-    if len(args) % n:
-        sys.exit(f"{sys.argv[1]} takes its arguments in groups of {n}")
-    for i in range(0, len(args), n):
-        fn(*[a for a in args[i:i + n] if a != "-"])
+    main(sys.argv[1:])
