@@ -107,14 +107,22 @@ compares+=(r_llama tokens.st tetra_ck_llama.st r_llama tokens.st tetra_hf_llama.
 ref compare "${compares[@]}" + same "${same[@]}" + meta hf_llama hf_meta 6 2
 
 # Training starts from the imported weights, the same from hf:DIR and the checkpoint.
-first_loss() {   # SOURCE
-  "$TETRA" run "$root/recipes/llama.lua" --set model.init_from="$1" --set train.steps=2 \
+first_loss() {   # SOURCE TAG [LAUNCHER...]: the first step's loss
+  local source=$1 tag=$2; shift 2
+  "$@" "$TETRA" run "$root/recipes/llama.lua" --set model.init_from="$source" --set train.steps=2 \
     --set train.batch_size=2 --set model.seq_len=16 --set train.warmup_steps=1 \
-    --set log.metrics_file="m_$2.jsonl" >/dev/null || fail "training from $1"
-  sed -n 's/.*"loss":\([-0-9.e]*\).*/\1/p' "m_$2.jsonl" | head -1
+    --set parallel.tensor_parallel_size="${TP:-1}" --set log.metrics_file="m_$tag.jsonl" \
+    >/dev/null || fail "training from $source"
+  sed -n 's/.*"loss":\([-0-9.e]*\).*/\1/p' "m_$tag.jsonl" | head -1
 }
 a=$(first_loss hf:r_llama hf); b=$(first_loss ck_llama ck)
 [ -n "$a" ] && [ "$a" = "$b" ] || fail "first loss from hf:DIR ($a) and its checkpoint ($b) differ"
+if command -v mpirun >/dev/null; then   # the whole model loads, then the plan splits it
+  d=$(TP=2 first_loss hf:r_llama tp2 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      OMP_NUM_THREADS=1 mpirun --oversubscribe -np 2)
+  awk -v a="$a" -v d="$d" 'BEGIN { r = (a - d) / a; exit !(d != "" && r < 1e-6 && r > -1e-6) }' ||
+    fail "first loss from hf:DIR with tensor_parallel_size=2 ($d) is not one process's ($a)"
+fi
 c=$("$TETRA" -e 'print(math.log(97))')
 echo "training from r_llama: first loss $a (ln 97 = $c)"
 
