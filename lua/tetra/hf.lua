@@ -371,6 +371,12 @@ local function open_hf(dir)
            r.hf, m.family)
     end
     local i, path = info(r.hf)
+    if not FLOAT_DTYPES[i.dtype] then
+      local f = files[where[r.hf]]
+      local _, err = pcall(f.read, f, r.hf)   -- refused before any data is read
+      fail("%s: tensor '%s' has dtype %s: expected F32, BF16 or F16", path, r.hf,
+           i.dtype and i.dtype:upper() or tostring(err):match("dtype (%w+)") or "unknown")
+    end
     local want = hf_shape(r)
     if shape_text(i.shape) ~= shape_text(want) then
       fail("%s: tensor '%s' has shape %s but config.json implies %s", path, r.hf,
@@ -378,9 +384,14 @@ local function open_hf(dir)
     end
   end
   local extra_head = false
-  for name in pairs(where) do
+  local names = {}
+  for name in pairs(where) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
     if not wanted[name] and not is_buffer(name) then
-      if name == head and m.tie_embeddings then
+      if name == head and m.tie_embeddings and
+         shape_text(info(head).shape) == shape_text(info(embed).shape) and
+         FLOAT_DTYPES[info(head).dtype] then
         extra_head = true   -- a tied head saved anyway: it must equal the embedding
       else
         fail("%s/%s: tensor '%s' is not part of a %s model as config.json describes it",
@@ -389,14 +400,9 @@ local function open_hf(dir)
     end
   end
   local reader = { model = m, rules = rules, dir = dir }
-  function reader.read_name(name)
+  function reader.read_name(name)   -- a tensor checked above (dtype, shape)
     local f, path = files[where[name]], dir .. "/" .. where[name]
     local dt = f:info(name).dtype
-    if not FLOAT_DTYPES[dt] then
-      local ok, err = pcall(f.read, f, name)
-      fail("%s: tensor '%s' has dtype %s: expected F32, BF16 or F16", path, name,
-           dt or (not ok and tostring(err):match("dtype (%w+)")) or "unknown")
-    end
     local ok, t = pcall(f.read, f, name)
     if not ok then fail("%s: tensor '%s': %s", path, name, tostring(t)) end
     if dt ~= "f32" then t = t:float() end
