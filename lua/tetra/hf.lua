@@ -598,6 +598,11 @@ local function parse_source(source)
   end
   local dir = source:match("^hf:(.+)$")
   if dir then return "hf", dir end
+  if exists(source .. "/config.json") and not exists(source .. "/state.json") and
+     not exists(source .. "/latest") then
+    fail("%s is a Hugging Face folder, not a Tetra checkpoint: write model.init_from=hf:%s",
+         source, source)
+  end
   return "checkpoint", source
 end
 

@@ -129,6 +129,10 @@ echo "training from r_llama: first loss $a (ln 97 = $c)"
 # -- Refused ------------------------------------------------------------------------------
 refused "model.dim=64 contradicts model.init_from=hf:r_llama" \
   "$TETRA" run "$root/recipes/llama.lua" --set model.init_from=hf:r_llama --set model.dim=64
+refused "r_llama is a Hugging Face folder, not a Tetra checkpoint: write model.init_from=hf:r_llama" \
+  "$TETRA" run "$root/recipes/llama.lua" --set model.init_from=r_llama
+refused "model.seq_len=16 contradicts model.init_from=hf:r_gpt2, whose model has seq_len = 24" \
+  "$TETRA" run "$root/recipes/gpt2.lua" --set model.init_from=hf:r_gpt2 --set model.seq_len=16
 refused "holds a gpt2 model but recipe llama" \
   "$TETRA" run "$root/recipes/llama.lua" --set model.init_from=hf:r_gpt2
 refused "weights only.*model.init_from" \
