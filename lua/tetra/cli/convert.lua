@@ -57,7 +57,7 @@ function M.main(...)
     elseif a:sub(1, 1) == "-" and a ~= "-" then
       return usage("unknown option '%s'", a)
     else
-      paths[#paths + 1] = a
+      paths[#paths + 1] = #a > 1 and a:gsub("/+$", "") or a   -- out/ names out
     end
     i = i + 1
   end
