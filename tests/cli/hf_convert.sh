@@ -8,7 +8,8 @@
 #    f16) converted with --from hf, and started directly with model.init_from=hf:DIR,
 #    give transformers' logits and loss; training starts from them;
 #  - export then import gives back every parameter bit for bit (also through
-#    --rope-layout meta, whose q/k rows must be transformers' permutation of Meta's);
+#    --rope-layout meta, whose q/k rows must be transformers' permutation of Meta's), and
+#    import then export every tensor transformers saved;
 #  - bad folders and contradicting settings: one line naming the file and the tensor or
 #    key, non-zero exit.
 TETRA=${1:?usage: hf_convert.sh /path/to/tetra}
@@ -100,6 +101,8 @@ for m in llama llama_tied gpt2 llama_bf16 gpt2_f16; do
   forward "$recipe" "ck_$m" "tetra_ck_$m.st"
   forward "$recipe" "hf:r_$m" "tetra_hf_$m.st"
 done
+# And the other way round: transformers' tensors come back bit for bit.
+for m in llama llama_tied gpt2; do convert --to hf "ck_$m" "rt_$m"; same+=("r_$m" "rt_$m"); done
 compares+=(r_llama tokens.st tetra_ck_llama.st r_llama tokens.st tetra_hf_llama.st
            r_llama_tied tokens.st tetra_ck_llama_tied.st r_llama_tied tokens.st tetra_hf_llama_tied.st
            r_gpt2 tokens.st tetra_ck_gpt2.st r_gpt2 tokens.st tetra_hf_gpt2.st

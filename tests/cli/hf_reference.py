@@ -10,13 +10,15 @@ Each command takes its arguments once per job, repeated; "-" leaves an optional 
   random  llama|gpt2|llama-tied OUT SHARD|-  a randomly initialised model saved by
                                              save_pretrained (safetensors; sharded at
                                              SHARD, e.g. 20KB)
-  same    A.safetensors B.safetensors        every tensor of A equals B's bit for bit
+  same    A B                                every tensor of A equals B's bit for bit (A, B:
+                                             safetensors files or folders of them)
   meta    HF_DIR META_DIR N_HEADS N_KV       META_DIR's q/k rows are HF_DIR's in Meta's
                                              interleaved order (HF's conversion permute)
   edit    FILE drop|add|cast NAME DTYPE|-    a damaged copy for the bad-input checks
   cast    HF_DIR OUT bfloat16|float16        the model saved again in a narrower dtype
 """
 import glob
+import os
 import sys
 
 import torch
@@ -76,7 +78,7 @@ def random_model(kind, out, shard=None):
 
 
 def same(a, b):
-    ta, tb = load_file(a), load_file(b)
+    ta, tb = [load_folder(x) if os.path.isdir(x) else load_file(x) for x in (a, b)]
     if sorted(ta) != sorted(tb):
         sys.exit(f"FAIL: {a} and {b} hold different tensors: {sorted(set(ta) ^ set(tb))}")
     for k in ta:
