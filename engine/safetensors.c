@@ -364,10 +364,14 @@ static int parse_header(tt_safetensors *f, const char *text, size_t len) {
   }
 }
 
-/* Checks every entry's bytes against its shape and the data region. */
+/* Checks every entry's bytes against its shape and the data region, and that the last
+** tensor ends where the file does: bytes beyond it are a damaged or doctored file (the
+** reference implementation refuses them too). */
 static int check_entries(const tt_safetensors *f) {
+  uint64_t last_end = 0;
   for (int i = 0; i < f->n; i++) {
     const st_entry *e = &f->entries[i];
+    if (e->end > last_end) last_end = e->end;
     if (e->end < e->begin || e->end > f->data_size)
       return tt_set_error("safetensors: %s: tensor '%s' data_offsets [%llu, %llu] outside "
                           "the %llu data bytes", f->path, e->name,
@@ -393,6 +397,10 @@ static int check_entries(const tt_safetensors *f) {
                           (unsigned long long)(e->end - e->begin), e->file_dtype,
                           (unsigned long long)nbytes);
   }
+  if (f->n > 0 && last_end != f->data_size)
+    return tt_set_error("safetensors: %s: %llu bytes follow the last tensor's data (the "
+                        "file is longer than its header says: appended or damaged)", f->path,
+                        (unsigned long long)(f->data_size - last_end));
   return 0;
 }
 

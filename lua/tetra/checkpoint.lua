@@ -566,13 +566,16 @@ local function load_index(path)
   end
   local tensors = {}
   for _, file in ipairs({ "model.safetensors", "optim.safetensors" }) do
-    local f = open_file(path .. "/" .. file)
-    for _, name in ipairs(f:names()) do
-      local shape = f:info(name).shape
-      tensors[name] = { shape = shape, shards = { { file = file, dim = 0, offset = 0,
-                                                    length = shape[1] } } }
+    -- A weights-only checkpoint (state.json's weights_only) has no optim.safetensors.
+    if file == "model.safetensors" or exists(path .. "/" .. file) then
+      local f = open_file(path .. "/" .. file)
+      for _, name in ipairs(f:names()) do
+        local shape = f:info(name).shape
+        tensors[name] = { shape = shape, shards = { { file = file, dim = 0, offset = 0,
+                                                      length = shape[1] } } }
+      end
+      f:close()
     end
-    f:close()
   end
   return tensors
 end
@@ -757,16 +760,28 @@ local function open_checkpoint(path)
   return path, state
 end
 
+-- open_checkpoint for a resume, which a weights-only checkpoint cannot serve.
+local function open_resumable(path)
+  local state
+  path, state = open_checkpoint(path)
+  if state.weights_only then
+    fail("checkpoint %s holds weights only (no optimizer, RNG or data state: converted " ..
+         "from Hugging Face?): start training from it with --set model.init_from=%s, " ..
+         "not checkpoint.resume", path, path)
+  end
+  return path, state
+end
+
 -- The checks of the checkpoint checkpoint.resume names that need no model (tetra.train
 -- runs them before building one): one line for a missing, incomplete or corrupt one.
 function M.precheck(cfg)
   local path = M.resume_path(cfg)
-  if path then open_checkpoint(path) end
+  if path then open_resumable(path) end
 end
 
 function M.load(env, path)
   local state
-  path, state = open_checkpoint(path)
+  path, state = open_resumable(path)
   local opt = env.optimizer
   if state.optimizer ~= (opt.m and "adamw" or "sgd") then
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),
@@ -801,6 +816,73 @@ function M.load(env, path)
   env.resumed_from = path
   return path
 end
+
+-- -- Weights alone (tetra convert, model.init_from) -----------------------------------
+
+-- Opens the parameters of checkpoint `path` (or the one its latest names), whatever
+-- layout wrote them, checksums verified. Returns { path =, state = (state.json), names =
+-- (sorted parameter names, no optimizer moments), shape = fn(name) -> the whole shape,
+-- read = fn(name) -> the whole parameter as a new tensor, close = fn() }.
+function M.open_weights(path)
+  local state
+  path, state = open_checkpoint(path)
+  local tensors = load_index(path)
+  local names, moments = {}, { m = true, v = true, momentum = true }
+  for name in pairs(tensors) do
+    if not moments[name:match("^([%w_]+)%.") or ""] then names[#names + 1] = name end
+  end
+  table.sort(names)
+  local files, T = {}, require("tetra.tensor")
+  local w = { path = path, state = state, names = names }
+  function w.shape(name)
+    local e = tensors[name]
+    return e and e.shape
+  end
+  function w.read(name)
+    local e = tensors[name]
+    if not e then fail("checkpoint %s has no tensor '%s'", path, name) end
+    local t = T.empty(e.shape)
+    T.no_grad(function()
+      assemble(path, tensors, files, name,
+               { shape = e.shape, dim = 0, offset = 0, length = e.shape[1] }, t)
+    end)
+    return t
+  end
+  function w.close()
+    for _, f in pairs(files) do f:close() end
+    files = {}
+  end
+  return w
+end
+
+-- Writes a checkpoint directory `path` that holds weights only: model.safetensors
+-- (entries: an array of { name, tensor }), state.json (step 0, weights_only, `config`)
+-- and checksums.json, through a temporary directory renamed into place. Training starts
+-- from it with model.init_from (fresh optimizer, RNG from train.seed); checkpoint.resume
+-- refuses it.
+function M.save_weights(path, entries, config, origin)
+  if exists(path) then fail("%s already exists: choose a new output directory", path) end
+  local tmp = path .. ".tmp"
+  if exists(tmp) then remove_tree(tmp) end
+  mkdir_p(tmp)
+  st.save(tmp .. "/model.safetensors", entries)
+  write_file(tmp .. "/state.json", encode({ format = 1, step = 0, tokens_seen = 0,
+    weights_only = true, rng = u64_hex(C.tt_rng_state()), origin = origin,
+    config = config }) .. "\n")
+  local sums = {}
+  for _, f in ipairs({ "model.safetensors", "state.json" }) do sums[f] = crc_of(tmp .. "/" .. f) end
+  write_file(tmp .. "/checksums.json", encode(sums) .. "\n")
+  fsync_path(tmp)
+  local ok, err = os.rename(tmp, path)
+  if not ok then fail("checkpoint: cannot rename %s to %s: %s", tmp, path, tostring(err)) end
+  return path
+end
+
+M.mkdir_p = mkdir_p
+M.remove_tree = remove_tree
+M.write_file = write_file
+M.exists = exists
+M.fail = fail
 
 -- The checkpoint checkpoint.resume asks for: true / "auto" -> checkpoint.dir/latest
 -- (nil when there is none yet: a fresh start); a path -> that checkpoint (or the

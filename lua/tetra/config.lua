@@ -10,7 +10,8 @@
 -- the key and the fix; unknown keys suggest the nearest known one. Modules add their own
 -- keys with config.register(section, keys) or by dropping a file in lua/tetra/schema/
 -- that returns { section = { key = spec } }; cross-key rules go through
--- config.register_check(fn).
+-- config.register_check(fn), and a model read from elsewhere (model.init_from) through
+-- config.register_model_source(fn).
 
 local host = require("tetra.host")
 
@@ -171,6 +172,11 @@ end
 
 -- fn(cfg) raises through config.error when the merged config is impossible.
 function M.register_check(fn) checks[#checks + 1] = fn end
+
+-- fn(merged, user) fills merged.model from a model the config names (model.init_from)
+-- before validation; user is the YAML and --set layer, whose model keys must agree.
+local model_sources = {}
+function M.register_model_source(fn) model_sources[#model_sources + 1] = fn end
 
 local schema_dirs_loaded = false
 local function load_schema_dir()
@@ -550,6 +556,7 @@ function M.build(parts)
   else
     merged = M.merge(defaults, user)
   end
+  for _, fn in ipairs(model_sources) do fn(merged, user) end
   return M.validate(merged, { world_size = parts.world_size })
 end
 

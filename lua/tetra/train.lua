@@ -610,7 +610,16 @@ function train.recipe(spec)
     local data, tokenizer = train.data_source(cfg)
     checkpoint.precheck(cfg)   -- a missing or corrupt checkpoint: before the model
     C.tt_manual_seed(cfg.train.seed or 0)
+    local source = cfg.model.init_from
+    local hf = source and require("tetra.hf")
+    local family = hf and hf.family_of(spec.Model)
+    if family and cfg.model.family and family ~= cfg.model.family then
+      user_error(string.format("model.init_from=%s holds a %s model but recipe %s builds " ..
+        "a %s: run recipes/%s.lua", source, cfg.model.family, spec.name, family,
+        cfg.model.family))
+    end
     local model = spec.Model(cfg.model)
+    if source then hf.init_weights(model, source) end   -- before the plan splits it
     return train.setup(cfg, model, data, { tokenizer = tokenizer, plan = spec.plan })
   end
   function recipe.run(cfg)

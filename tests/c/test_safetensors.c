@@ -232,6 +232,12 @@ Test(safetensors, malformed_files_fail_with_a_message) {
   cr_assert_eq(tt_safetensors_open(path, &f), -1);
   cr_assert(strstr(tt_last_error(), "need 12"), "%s", tt_last_error());
 
+  /* Bytes after the last tensor (appended to, or a doctored header): refused, as the
+  ** reference implementation refuses them. */
+  write_raw(path, "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", v, 8);
+  cr_assert_eq(tt_safetensors_open(path, &f), -1);
+  cr_assert(strstr(tt_last_error(), "4 bytes follow the last tensor"), "%s", tt_last_error());
+
   /* Broken JSON. */
   write_raw(path, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2", v, 8);
   cr_assert_eq(tt_safetensors_open(path, &f), -1);

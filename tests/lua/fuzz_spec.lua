@@ -3,7 +3,8 @@
 -- index.json / state.json (tetra.checkpoint's JSON reader, then load). Each input is a
 -- valid document with random bytes replaced, inserted or deleted; the outcome must be a
 -- value or one user-facing error (a config or checkpoint message), never a Lua runtime
--- error or a crash. Deterministic: a fixed seed, 1500 inputs per format (a documented
+-- error or a crash. Hugging Face folders (config.json, model.safetensors.index.json)
+-- go through tetra.hf the same way. Deterministic: a fixed seed, 1500 inputs per format (a documented
 -- longer run: TETRA_FUZZ_N=100000 tetra test tests/lua/fuzz_spec.lua).
 local tetra = require("tetra")
 local config = require("tetra.config")
@@ -97,6 +98,38 @@ describe("fuzz", function()
       f = assert(io.open(ck .. "/index.json", "w")); f:write(mutate(index)); f:close()
       local lok, lerr = pcall(checkpoint.load, env, ck)
       if not lok and not user_error(lerr) then bad[#bad + 1] = "index " .. i .. ": " .. tostring(lerr) end
+    end
+    os.execute("rm -rf '" .. dir .. "'")
+    expect(bad).to_equal({})
+  end)
+
+  it("Hugging Face folders: config.json and the shard index, one error or a model", function()
+    local hf = require("tetra.hf")
+    local dir = os.tmpname()
+    os.remove(dir)
+    local env = tiny.setup(config.build({ defaults = tiny.defaults, world_size = false,
+      sets = { "checkpoint.dir=" .. dir .. "/ck", "log.progress=false" } }))
+    local ck = checkpoint.save(env)
+    expect(hf.export(ck, dir .. "/hf", { max_shard_size = 20000 }) > 1).to_be(true)
+    local function read(name) return assert(io.open(dir .. "/hf/" .. name)):read("*a") end
+    local function write(name, text)
+      local f = assert(io.open(dir .. "/hf/" .. name, "w")); f:write(text); f:close()
+    end
+    local cfg_text, index = read("config.json"), read("model.safetensors.index.json")
+    expect(hf.model_config("hf:" .. dir .. "/hf").dim).to_be(64)
+    local bad = {}
+    for i = 1, N do
+      local which = i % 2 == 0 and "config.json" or "model.safetensors.index.json"
+      write("config.json", cfg_text)
+      write("model.safetensors.index.json", index)
+      write(which, mutate(which == "config.json" and cfg_text or index))
+      local ok, err = pcall(hf.model_config, "hf:" .. dir .. "/hf")
+      if not ok and not user_error(err) then bad[#bad + 1] = which .. " " .. i .. ": " .. tostring(err) end
+      if i % 10 == 0 then   -- the whole conversion, on a tenth of them
+        os.execute("rm -rf '" .. dir .. "/out'")
+        local cok, cerr = pcall(hf.import, dir .. "/hf", dir .. "/out")
+        if not cok and not user_error(cerr) then bad[#bad + 1] = "import " .. i .. ": " .. tostring(cerr) end
+      end
     end
     os.execute("rm -rf '" .. dir .. "'")
     expect(bad).to_equal({})
