@@ -249,13 +249,18 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
   self.pending = {}
   local ops = M.schedule(self.kind, self.stages, self.stage, n_micro, self.virtual)
   local n_backward, last_vs = 0, self.n_virtual - 1
+  -- Seconds the forwards computed (receives' waits left out), for the step breakdown.
+  local clock = require("tetra.parallel.step").compute_clock(self.par.device)
+  self.forward_s = 0
   for _, op in ipairs(ops) do
     local m, c = op[2], op[3]
     local vs = c * self.stages + self.stage
     local key = m * self.virtual + c
     if op[1] == "F" then
       local mb = micro_rows(tokens, m, rows)
+      local f0 = clock()
       local x, y = self:forward(mb, m, c, true)
+      self.forward_s = self.forward_s + clock() - f0
       if mb ~= tokens then free(mb) end
       if vs == last_vs then
         loss_sum = loss_sum + F.item(y)
