@@ -56,6 +56,8 @@ static const char usage_text[] =
   "  tetra test PATH...             run Lua spec files (or every *_spec.lua in a dir)\n"
   "  tetra tokenizer ...            tokenizer tools (tetra tokenizer --help)\n"
   "  tetra data ...                 data tools (tetra data --help)\n"
+  "  tetra monitor-config HOSTFILE --port BASE [--np N]\n"
+  "                                 a Prometheus scrape config for a job's ranks\n"
   "  tetra --help | --version\n"
   "\n"
   "Config values: recipe defaults < YAML file < --set key=value (e.g.\n"
