@@ -2,7 +2,7 @@
 # The Prometheus endpoint scraped by a real Prometheus: a 2-rank data-parallel run serves
 # log.prometheus_port (+ local rank) on 127.0.0.1; a prometheus started here (loopback,
 # a temporary directory, free ports, scrape config from `tetra monitor-config`, the alert
-# rules loaded) scrapes every 250 ms; prometheus_check.py then queries its HTTP API:
+# rules loaded) scrapes every 100 ms; prometheus_check.py then queries its HTTP API:
 # every documented series for both ranks with their labels, the step increasing, the
 # loss equal to the metrics file's at the same step, histogram counts = steps, the
 # phases adding up to the step time, collectives timed by op and group, every dashboard
@@ -34,10 +34,10 @@ while True:
 PY
 )
 job=tetra-test
-steps=400
+steps=600
 every=100
 echo "127.0.0.1 slots=2" > "$work/hosts"
-"$tetra" monitor-config "$work/hosts" --port "$base" --np 2 --job "$job" --interval 250ms \
+"$tetra" monitor-config "$work/hosts" --port "$base" --np 2 --job "$job" --interval 100ms \
   > "$work/prometheus.yml" || fail "monitor-config"
 cat >> "$work/prometheus.yml" <<YML
 global:
@@ -54,6 +54,14 @@ for _ in $(seq 100); do
   sleep 0.2
 done
 curl -sf "http://127.0.0.1:$pport/-/ready" >/dev/null || fail "prometheus did not start"
+# Service discovery hands targets to the scrapers in batches (every 5 s): wait until
+# both ranks' targets are scraped (down, for now) before training starts.
+for _ in $(seq 100); do
+  n=$(curl -sf "http://127.0.0.1:$pport/api/v1/targets?state=active" | grep -o '"health":"down"' | wc -l)
+  [ "$n" -ge 2 ] && break
+  sleep 0.2
+done
+[ "$n" -ge 2 ] || fail "prometheus did not start scraping the 2 targets"
 
 start=$(date +%s.%N)
 out="$(TETRA_RESTART_COUNT=2 timeout 240 mpirun --oversubscribe -np 2 -x TETRA_RESTART_COUNT \

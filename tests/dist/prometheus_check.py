@@ -74,7 +74,7 @@ def main():
 
     # Every rank's target was up while the run lasted (honor_labels: up keeps the scrape
     # job's name, which monitor-config set to the job label).
-    up = query_range(base, f"up{{{sel}}}", a.start, end, 0.25)
+    up = query_range(base, f"up{{{sel}}}", a.start, end, 0.1)
     if len(up) != a.ranks:
         fail(f"{len(up)} scrape targets, want {a.ranks}")
     for t in up:
@@ -107,7 +107,7 @@ def main():
 
     # Per rank: the step increases over the scrapes, the loss is finite and equals the
     # metrics file's at that step, the histogram counts equal the step.
-    step = 0.25
+    step = 0.1
     for r in sorted(ranks):
         lab = f'{sel},rank="{r}"'
         series = {}
@@ -199,7 +199,7 @@ def main():
         if not a.gpu and "DCGM_" in e:
             skipped += 1
             continue
-        q = (e.replace("$__rate_interval", "2s").replace('"$job"', f'"{job}"')
+        q = (e.replace("$__rate_interval", "1s").replace('"$job"', f'"{job}"')
               .replace('"$rank"', '"' + "|".join(sorted(ranks)) + '"'))
         if "$" in q:
             fail(f"dashboard expression with an unknown variable: {e}")
