@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The Prometheus endpoint under load and abuse (one process; loopback only):
+#  1. a port already in use: one line naming the address, the error and the key, exit 1,
+#     no traceback; with log.prometheus_required=false a warning and the run completes;
+#  2. hostile clients (stalled mid-request, garbage, a 70 kB request line, answers never
+#     read, POST) while a normal scrape every 50 ms must keep answering and the run must
+#     finish every step;
+#  3. the step time with a scraper at 50 scrapes/s against none, alternating runs, median
+#     step_time_s of each: printed, and it must stay within 10% on this shared machine.
+# Usage: bash prometheus_endpoint.sh /path/to/tetra   (exit 77: skipped)
+set -u
+tetra="${1:?usage: $0 /path/to/tetra}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root" || exit 1
+fail() { echo "FAIL: $*"; exit 1; }
+tmp="$(mktemp -d)"
+held=""
+trap '[ -n "$held" ] && kill $held 2>/dev/null; rm -rf "$tmp"' EXIT
+clients="$root/tests/cli/prometheus_clients.py"
+run() { "$tetra" run recipes/tiny.lua --set train.threads=1 --set log.progress=false "$@"; }
+
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# 1. The port is taken (a listener held by another process).
+port=$(free_port)
+python3 -c "
+import socket, time
+s = socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(1); time.sleep(60)" &
+held=$!
+for _ in $(seq 50); do ss -ltn | grep -q ":$port " && break; sleep 0.1; done
+run --set train.steps=2 --set log.prometheus_port=$port >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 1 ] || fail "port in use: exit $rc, want 1 ($(cat "$tmp/err"))"
+[ "$(wc -l < "$tmp/err")" -eq 1 ] || fail "port in use: want one line on stderr, got: $(cat "$tmp/err")"
+grep -q "cannot serve Prometheus metrics on 127.0.0.1:$port: Address already in use" "$tmp/err" \
+  || fail "port in use: unclear message: $(cat "$tmp/err")"
+grep -q "log.prometheus_required=false" "$tmp/err" || fail "the message names no way out: $(cat "$tmp/err")"
+grep -qi traceback "$tmp/err" && fail "traceback on a taken port"
+run --set train.steps=3 --set log.prometheus_port=$port --set log.prometheus_required=false \
+    --set log.metrics_file="$tmp/m.jsonl" >"$tmp/out" 2>"$tmp/err" \
+  || fail "prometheus_required=false: the run failed: $(cat "$tmp/err")"
+grep -q "warning: rank 0: cannot serve Prometheus metrics on 127.0.0.1:$port" "$tmp/err" \
+  || fail "prometheus_required=false: no warning: $(cat "$tmp/err")"
+[ "$(wc -l < "$tmp/m.jsonl")" -eq 3 ] || fail "prometheus_required=false: not every step ran"
+kill $held; held=""
+echo "port in use: $(cat "$tmp/err")"
+
+# 2. Hostile clients during a run.
+port=$(free_port)
+steps=500
+run --set train.steps=$steps --set log.prometheus_port=$port \
+    --set log.metrics_file="$tmp/hostile.jsonl" >"$tmp/out" 2>"$tmp/err" &
+train=$!
+timeout 60 python3 "$clients" hostile $port 40 || { kill $train; fail "hostile clients"; }
+wait $train || fail "the run failed under hostile clients: $(cat "$tmp/err")"
+[ "$(wc -l < "$tmp/hostile.jsonl")" -eq $steps ] || fail "not every step ran under hostile clients"
+
+# 3. Step time with and without a scraper (alternating; medians).
+median() {
+  python3 -c "
+import json, statistics, sys
+t = [json.loads(l)['step_time_s'] for l in open(sys.argv[1])][10:]
+print(statistics.median(t))" "$1"
+}
+# A model with ~60 ms steps on one thread (OpenBLAS too), so that the comparison is of
+# steps, not of start-up.
+bigger=(--set model.dim=128 --set model.n_layers=4 --set model.seq_len=64 --set model.ffn_hidden=384)
+export OPENBLAS_NUM_THREADS=1
+steps=60
+for i in 1 2 3 4 5 6; do
+  port=$(free_port)
+  if [ $((i % 2)) -eq 1 ]; then
+    run "${bigger[@]}" --set train.steps=$steps --set log.prometheus_port=$port \
+        --set log.metrics_file="$tmp/quiet$i.jsonl" >/dev/null 2>&1 || fail "quiet run"
+    echo "$(median "$tmp/quiet$i.jsonl")" >> "$tmp/quiet"
+  else
+    run "${bigger[@]}" --set train.steps=$steps --set log.prometheus_port=$port \
+        --set log.metrics_file="$tmp/loud$i.jsonl" >/dev/null 2>&1 &
+    train=$!
+    timeout 60 python3 "$clients" scrape $port 50 50 > "$tmp/scraper$i" || { kill $train; fail "scraper"; }
+    wait $train || fail "scraped run"
+    echo "$(median "$tmp/loud$i.jsonl")" >> "$tmp/loud"
+    cat "$tmp/scraper$i"
+  fi
+done
+python3 - "$tmp/quiet" "$tmp/loud" <<'PY' || fail "scraping slowed the step"
+import statistics, sys
+q = statistics.median(float(x) for x in open(sys.argv[1]))
+l = statistics.median(float(x) for x in open(sys.argv[2]))
+change = (l / q - 1) * 100
+print(f"step time: {q * 1e3:.2f} ms without a scraper, {l * 1e3:.2f} ms with 50 scrapes/s ({change:+.1f}%)")
+sys.exit(0 if change < 10 else 1)
+PY
+echo "endpoint ok"
