@@ -58,6 +58,8 @@ static const char usage_text[] =
   "  tetra data ...                 data tools (tetra data --help)\n"
   "  tetra monitor-config HOSTFILE --port BASE [--np N]\n"
   "                                 a Prometheus scrape config for a job's ranks\n"
+  "  tetra trace merge OUT FILE...   one Chrome/Perfetto timeline from the ranks'\n"
+  "                                 traces (log.trace_steps)\n"
   "  tetra --help | --version\n"
   "\n"
   "Config values: recipe defaults < YAML file < --set key=value (e.g.\n"

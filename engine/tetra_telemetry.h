@@ -70,6 +70,22 @@ int tt_prom_start(const char *addr, int port);
 int tt_prom_port(void);
 void tt_prom_stop(void);
 
+/* -- Trace (engine/trace.c) ---------------------------------------------------------- */
+/* While enabled, every collective of a group of more than one rank is recorded with its
+** start and completion (CLOCK_MONOTONIC seconds, tetra.metrics.now's clock) for the
+** Chrome/Perfetto trace tetra.trace writes. */
+typedef struct tt_trace_event {
+  const char *op;      /* "all_reduce", ... (static) */
+  char group[24];
+  double start_s;
+  double end_s;
+} tt_trace_event;
+void tt_trace_set_enabled(int on);
+int tt_trace_enabled(void);
+void tt_trace_collective(const char *op, const char *group, double start_s, double end_s);
+/* Moves up to max recorded events into out (oldest first); returns how many. */
+int tt_trace_take(tt_trace_event *out, int max);
+
 /* -- NVML (loaded at run time; engine/nvml.c) ----------------------------------------- */
 
 /* 1 when libnvidia-ml.so.1 loaded and initialised (tried once). */

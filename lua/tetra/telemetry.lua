@@ -54,6 +54,12 @@ function M.start(cfg, mesh, gpu)
   end
   M.serving = true
   M.port = C.tt_prom_port()
+  if log.prometheus_port == 0 or mesh.rank == 0 then
+    print(string.format("prometheus: rank %d serves http://%s:%d/metrics%s", mesh.rank,
+      log.prometheus_addr or "127.0.0.1", M.port,
+      log.prometheus_port ~= 0 and (mesh.size or 1) > 1 and
+        " (each rank on log.prometheus_port + its local rank)" or ""))
+  end
   return true
 end
 

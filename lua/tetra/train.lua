@@ -37,6 +37,7 @@ local checkpoint = require("tetra.checkpoint")
 local tffi = require("tetra.ffi")
 local telemetry = require("tetra.telemetry")
 local mfu = require("tetra.mfu")
+local trace = require("tetra.trace")
 
 local train = {}
 
@@ -267,6 +268,7 @@ function train.setup(cfg, model, data, opts)
                         mfu.device_name(dev), t.precision or "fp32"))
   end
   telemetry.start(cfg, mesh, dev ~= C.TT_CPU and dev or nil)
+  trace.setup(cfg, mesh)
   local params, tensors = {}, {}
   for i, e in ipairs(par:placements()) do params[i], tensors[i] = { e.name, e.tensor }, e.tensor end
   local ddp = parallel.data.wrap(tensors, mesh, cfg)
@@ -309,6 +311,7 @@ function train.setup(cfg, model, data, opts)
   local mem = ffi.new("tt_alloc_stats")
   function env.step()
     local step = env.step_count + 1
+    trace.begin_step(step)
     local t0, wait0 = metrics.now(), C.tt_dist_wait_seconds()
     C.tt_alloc_stats_get(dev, mem)
     local live0 = tonumber(mem.live_bytes)
@@ -317,6 +320,7 @@ function train.setup(cfg, model, data, opts)
     local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
     local mine = data.local_rows and global or ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
+    trace.span("data_wait", t0, t0 + data_wait, { step = step })
     local clock = require("tetra.parallel.step").compute_clock(dev)
     local fb0 = clock()
     local loss_sum = strategy:forward_backward(mine, accum)
@@ -324,7 +328,7 @@ function train.setup(cfg, model, data, opts)
     free(global)
     local fb = clock() - fb0
     if on_grads then on_grads(env, step) end
-    local opt0 = clock()
+    local opt0, ow0 = clock(), metrics.now()
     -- fp16: unscale, then check (the verdict agreed over every rank), then clip; the
     -- optimizer steps unless the grads were not finite. Under ZeRO-1
     -- env.optimizer.params are this rank's grad shards: those are the ones unscaled.
@@ -338,6 +342,7 @@ function train.setup(cfg, model, data, opts)
     model:zero_grad()
     C.tt_tape_clear()   -- drops any recorded branch no backward reached
     local optimizer_s = clock() - opt0   -- synchronises a GPU: the step's real time
+    trace.span("optimizer", ow0, metrics.now(), { step = step })
     env.step_count = step
     local tokens = t.batch_size * seq_len
     env.tokens_seen = env.tokens_seen + tokens
@@ -363,6 +368,7 @@ function train.setup(cfg, model, data, opts)
       r.mfu = flops_per_token * tokens / dt / (peak_tflops * 1e12 * (mesh.size or 1))
     end
     telemetry.step(r)
+    trace.span("step " .. step, t0, t0 + dt, { loss = r.loss })
     return r
   end
 
@@ -568,7 +574,9 @@ function train.run(env)
       summary.checkpoint = checkpoint.save(env)
       r.checkpoint_s = metrics.now() - c0
       telemetry.checkpoint(r.checkpoint_s)
+      trace.span("checkpoint", c0, c0 + r.checkpoint_s, { step = step })
     end
+    trace.end_step(step, total)
     writer:write(r)
     -- The most recent train.records_kept steps: memory stays flat on runs of any length.
     if #records >= train.records_kept then table.remove(records, 1) end

@@ -40,6 +40,8 @@
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 local F = require("tetra.nn.functional")
+local metrics = require("tetra.metrics")
+local trace = require("tetra.trace")
 
 local C = ffi.C
 local free = F.free
@@ -258,9 +260,10 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
     local key = m * self.virtual + c
     if op[1] == "F" then
       local mb = micro_rows(tokens, m, rows)
-      local f0 = clock()
+      local f0, w0 = clock(), metrics.now()
       local x, y = self:forward(mb, m, c, true)
       self.forward_s = self.forward_s + clock() - f0
+      trace.span("F", w0, metrics.now(), { micro = m, chunk = c })
       if mb ~= tokens then free(mb) end
       if vs == last_vs then
         loss_sum = loss_sum + F.item(y)
@@ -275,6 +278,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
     else
       n_backward = n_backward + 1
       before_backward(n_backward == #ops / 2)
+      local b0 = metrics.now()
       local y = roots[key]
       if vs == last_vs then
         F.backward(y)
@@ -286,6 +290,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
       end
       free(y)
       roots[key] = nil
+      trace.span("B", b0, metrics.now(), { micro = m, chunk = c })
       local x = inputs[key]
       if x then   -- the handle keeps x.grad alive until the send ends
         self.pending[#self.pending + 1] = self.group:send_async(x.grad, (vs - 1) % self.stages,

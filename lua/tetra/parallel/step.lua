@@ -21,6 +21,7 @@
 local F = require("tetra.nn.functional")
 local C = require("tetra.ffi").C
 local metrics = require("tetra.metrics")
+local trace = require("tetra.trace")
 
 local free = F.free
 local M = {}
@@ -90,15 +91,18 @@ function Plain:forward_backward(tokens, n_micro)
   self.forward_s = 0
   for m = 0, n_micro - 1 do
     local mb = micro_rows(tokens, m, rows)
-    local f0 = clock()
+    local f0, w0 = clock(), metrics.now()
     local loss = loss_of(self, mb)
     self.forward_s = self.forward_s + clock() - f0
+    trace.span("forward", w0, metrics.now(), { micro = m })
     if mb ~= tokens then free(mb) end
     sum = sum + F.item(loss)
     local mean = n_micro > 1 and F.scale(loss, 1.0 / n_micro) or loss
     local scaled = self.ctx:scale_loss(mean)             -- fp16: x loss scale
     self.ddp:before_backward(self.overlap and m == n_micro - 1)
+    local b0 = metrics.now()
     F.backward(scaled)
+    trace.span("backward", b0, metrics.now(), { micro = m })
     if scaled ~= mean then free(scaled) end
     if mean ~= loss then free(mean) end
     free(loss)

@@ -1,10 +1,15 @@
 -- Config keys of the observability sinks beyond the metrics file: the Prometheus
--- endpoint (tetra.telemetry) and MFU's device peak (tetra.mfu). docs/monitoring.md
+-- endpoint (tetra.telemetry), the step trace (tetra.trace) and MFU's device peak
+-- (tetra.mfu). docs/monitoring.md
 -- describes them.
 local config = require("tetra.config")
 
 config.register_check(function(cfg)
   local log = cfg.log or {}
+  if log.trace_steps ~= nil then
+    local ok, err = require("tetra.trace").parse_steps(log.trace_steps)
+    if not ok then config.error("%s", err) end
+  end
   if log.prometheus_port == nil then return end
   local tffi = require("tetra.ffi")
   tffi.cdef_header("tetra_telemetry.h")
@@ -31,6 +36,10 @@ return {
     prometheus_job = { type = "str", default = "tetra", doc = "the job label of every series" },
     prometheus_required = { type = "bool", default = true,
       doc = "true: a port that cannot be bound stops the run; false: warn and train on" },
+    trace_steps = { type = "any", doc = "FIRST:LAST (or one step): write a Chrome/Perfetto " ..
+      "trace of those steps, one file per rank (tetra.trace)" },
+    trace_dir = { type = "str", default = "trace", doc = "where log.trace_steps writes " ..
+      "trace-rank<R>.json" },
   },
   train = {
     peak_tflops = { type = "num", min = 0, doc = "per-device dense peak TFLOP/s for MFU " ..
