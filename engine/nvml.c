@@ -10,8 +10,8 @@
 ** so a DCGM user's dashboards and alerts read them unchanged, plus the job's labels and
 ** gpu (the CUDA ordinal this rank uses). Only the HTTP thread calls in here.
 **
-** Not verified on a GPU in this repository's CI (no GPU there); the code paths without
-** NVML are.
+** Not verified on a GPU in this repository's CI (no GPU there): tests/cli/nvml.sh runs
+** it against a library of its own that answers like NVML, and without any NVML.
 */
 #include "tetra_telemetry.h"
 #include "tt_internal.h"
@@ -54,6 +54,7 @@ static struct {
   nvml_return (*event_set_create)(nvml_event_set *);
   nvml_return (*register_events)(nvml_device, unsigned long long, nvml_event_set);
   nvml_return (*event_wait)(nvml_event_set, nvml_event_data *, unsigned int);
+  nvml_return (*event_set_free)(nvml_event_set);
   nvml_device device;
   int device_for;            /* the CUDA ordinal `device` was looked up for */
   nvml_event_set events;     /* NULL when XID events cannot be registered */
@@ -80,6 +81,7 @@ static void load(void) {
   *(void **)&nv.event_set_create = sym(lib, "nvmlEventSetCreate");
   *(void **)&nv.register_events = sym(lib, "nvmlDeviceRegisterEvents");
   *(void **)&nv.event_wait = sym(lib, "nvmlEventSetWait_v2");
+  *(void **)&nv.event_set_free = sym(lib, "nvmlEventSetFree");
   if (!nv.init || !nv.by_index || nv.init() != NVML_SUCCESS) {
     dlclose(lib);
     return;
@@ -142,10 +144,12 @@ int tt_nvml_format(tt_buf *b, const char *labels, int gpu) {
   if (nv.device_for != gpu) {
     if (find_device(gpu, &nv.device) != 0) return 0;
     nv.device_for = gpu;
-    if (nv.event_set_create && nv.register_events && nv.event_wait &&
+    if (nv.event_set_create && nv.register_events && nv.event_wait && nv.event_set_free &&
         nv.event_set_create(&nv.events) == NVML_SUCCESS &&
-        nv.register_events(nv.device, NVML_EVENT_XID_CRITICAL, nv.events) != NVML_SUCCESS)
-      nv.events = NULL;   /* not permitted (containers often forbid it): no XID series */
+        nv.register_events(nv.device, NVML_EVENT_XID_CRITICAL, nv.events) != NVML_SUCCESS) {
+      nv.event_set_free(nv.events);   /* not permitted (containers often forbid it) */
+      nv.events = NULL;
+    }
   }
   char model[96] = "unknown", all[512];
   if (nv.name) nv.name(nv.device, model, sizeof model);
