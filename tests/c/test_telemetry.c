@@ -4,6 +4,9 @@
 ** step (tetra_step, the step histogram's count and +Inf bucket, tokens are written
 ** together under one lock), and the server answers /metrics, 404 and 405 over a real
 ** loopback socket while a client that connected and said nothing is still open.
+** The torn-step check is statistical: it catches a store split over two lock sections
+** taken far apart, not a race whose window is a few nanoseconds (a write of the last
+** record outside the lock passed 239 snapshots unseen).
 */
 #include "tt_test.h"
 #include "tetra_telemetry.h"
