@@ -105,8 +105,13 @@ static int listen_on(const char *addr, int port, int *bound_port) {
                         "is the base port, each rank adds its local rank: pick a free "
                         "range)", addr, port, strerror(err));
   }
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  getsockname(fd, (struct sockaddr *)&ss, &len);
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0 ||
+      getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
+    int err = errno;
+    close(fd);
+    return tt_set_error("prometheus: listening socket on %s:%d: %s", addr, port, strerror(err));
+  }
   *bound_port = ntohs(family == AF_INET ? v4->sin_port : v6->sin6_port);
   return fd;
 }
