@@ -1,8 +1,8 @@
 """Clients for tests/cli/prometheus_endpoint.sh, loopback only, each bounded in time.
 
-  prometheus_clients.py scrape PORT SECONDS HZ
-      scrapes /metrics HZ times a second (one keep-alive connection) until the endpoint
-      goes away or SECONDS pass; prints the number of scrapes and the slowest one.
+  prometheus_clients.py toggle PORT SECONDS HZ WINDOW
+      alternates WINDOW seconds of scraping at HZ with WINDOW seconds of quiet during one
+      run; prints the mean step time of each kind (from the step histogram's sum/count).
   prometheus_clients.py hostile PORT SECONDS
       while the run trains: 20 clients that connect and stall mid-request, 5 that send
       garbage, 2 that send a request and never read the answer, 1 that POSTs, 1 that
@@ -42,28 +42,59 @@ def step_of(text):
     return float(m.group(1)) if m else None
 
 
-def scrape(port, seconds, hz):
+def sums(text):
+    """(tetra_step_seconds_sum, tetra_step_seconds_count) of one scrape."""
+    def get_value(name):
+        m = re.search(r"^" + name + r"\{[^}]*\} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+    return get_value("tetra_step_seconds_sum"), get_value("tetra_step_seconds_count")
+
+
+def toggle(port, seconds, hz, window):
+    """Alternates windows of `window` seconds: scraping at hz, then idle (one scrape at
+    each end). Within one run, so the machine's load changes hit both kinds alike.
+    The mean step time of each kind comes from the step histogram's sum and count."""
     if not wait_up(port, 30):
-        print("scrape: the endpoint never came up")
+        print("toggle: the endpoint never came up")
         return 1
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    n, slowest, end = 0, 0.0, time.monotonic() + seconds
-    while time.monotonic() < end:
-        t0 = time.monotonic()
-        try:
-            c.request("GET", "/metrics")
-            body = c.getresponse().read()
-        except (OSError, http.client.HTTPException):
-            break   # the run ended
-        if b"tetra_step{" not in body:
-            print("scrape: no tetra_step in the answer")
-            return 1
-        n += 1
-        dt = time.monotonic() - t0
-        slowest = max(slowest, dt)
-        time.sleep(max(0.0, 1.0 / hz - dt))
-    print(f"scrapes {n} slowest_ms {slowest * 1e3:.2f}")
-    return 0 if n > 0 else 1
+
+    def scrape_once():
+        c.request("GET", "/metrics")
+        return sums(c.getresponse().read().decode())
+
+    totals = {"loud": [0.0, 0.0], "quiet": [0.0, 0.0]}
+    n, end, loud = 0, time.monotonic() + seconds, False
+    try:
+        first = scrape_once()
+        while time.monotonic() < end:
+            loud = not loud
+            stop = time.monotonic() + window
+            last = first
+            while time.monotonic() < stop:
+                if loud:
+                    last = scrape_once()
+                    n += 1
+                    time.sleep(1.0 / hz)
+                else:
+                    time.sleep(0.01)
+            if not loud:
+                last = scrape_once()
+            kind = totals["loud" if loud else "quiet"]
+            kind[0] += last[0] - first[0]
+            kind[1] += last[1] - first[1]
+            first = last
+    except (OSError, http.client.HTTPException):
+        pass   # the run ended
+    q, l = totals["quiet"], totals["loud"]
+    if q[1] < 20 or l[1] < 20:
+        print(f"toggle: too few steps measured ({q[1]:.0f} quiet, {l[1]:.0f} loud)")
+        return 1
+    quiet_ms, loud_ms = q[0] / q[1] * 1e3, l[0] / l[1] * 1e3
+    print(f"toggle: {n} scrapes; mean step {quiet_ms:.2f} ms over {q[1]:.0f} quiet steps, "
+          f"{loud_ms:.2f} ms over {l[1]:.0f} steps scraped at {hz:.0f}/s "
+          f"({(loud_ms / quiet_ms - 1) * 100:+.1f}%)")
+    return 0
 
 
 def hostile(port, seconds):
@@ -136,6 +167,6 @@ def hostile(port, seconds):
 
 if __name__ == "__main__":
     mode, port = sys.argv[1], int(sys.argv[2])
-    if mode == "scrape":
-        sys.exit(scrape(port, float(sys.argv[3]), float(sys.argv[4])))
+    if mode == "toggle":
+        sys.exit(toggle(port, float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])))
     sys.exit(hostile(port, float(sys.argv[3])))

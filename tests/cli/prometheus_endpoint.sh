@@ -5,8 +5,9 @@
 #  2. hostile clients (stalled mid-request, garbage, a 70 kB request line, answers never
 #     read, POST) while a normal scrape every 50 ms must keep answering and the run must
 #     finish every step;
-#  3. the step time with a scraper at 50 scrapes/s against none, alternating runs, median
-#     step_time_s of each: printed, and it must stay within 10% on this shared machine.
+#  3. the step time while a scraper hammers the endpoint at 50 scrapes/s against quiet
+#     windows of the same run: printed, and it must stay within 15% (the machine is
+#     shared: its load varies more than the endpoint costs).
 # Usage: bash prometheus_endpoint.sh /path/to/tetra   (exit 77: skipped)
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
@@ -57,40 +58,19 @@ timeout 60 python3 "$clients" hostile $port 40 || { kill $train; fail "hostile c
 wait $train || fail "the run failed under hostile clients: $(cat "$tmp/err")"
 [ "$(wc -l < "$tmp/hostile.jsonl")" -eq $steps ] || fail "not every step ran under hostile clients"
 
-# 3. Step time with and without a scraper (alternating; medians).
-median() {
-  python3 -c "
-import json, statistics, sys
-t = [json.loads(l)['step_time_s'] for l in open(sys.argv[1])][10:]
-print(statistics.median(t))" "$1"
-}
-# A model with ~60 ms steps on one thread (OpenBLAS too), so that the comparison is of
-# steps, not of start-up.
-bigger=(--set model.dim=128 --set model.n_layers=4 --set model.seq_len=64 --set model.ffn_hidden=384)
+# 3. Step time with and without a scraper, paired within one run: windows of 1 s
+# scraping at 50/s alternate with 1 s of quiet (the machine's changing load hits both).
+# A model with ~60 ms steps on one thread (OpenBLAS too).
 export OPENBLAS_NUM_THREADS=1
-steps=60
-for i in 1 2 3 4 5 6; do
-  port=$(free_port)
-  if [ $((i % 2)) -eq 1 ]; then
-    run "${bigger[@]}" --set train.steps=$steps --set log.prometheus_port=$port \
-        --set log.metrics_file="$tmp/quiet$i.jsonl" >/dev/null 2>&1 || fail "quiet run"
-    echo "$(median "$tmp/quiet$i.jsonl")" >> "$tmp/quiet"
-  else
-    run "${bigger[@]}" --set train.steps=$steps --set log.prometheus_port=$port \
-        --set log.metrics_file="$tmp/loud$i.jsonl" >/dev/null 2>&1 &
-    train=$!
-    timeout 60 python3 "$clients" scrape $port 50 50 > "$tmp/scraper$i" || { kill $train; fail "scraper"; }
-    wait $train || fail "scraped run"
-    echo "$(median "$tmp/loud$i.jsonl")" >> "$tmp/loud"
-    cat "$tmp/scraper$i"
-  fi
-done
-python3 - "$tmp/quiet" "$tmp/loud" <<'PY' || fail "scraping slowed the step"
-import statistics, sys
-q = statistics.median(float(x) for x in open(sys.argv[1]))
-l = statistics.median(float(x) for x in open(sys.argv[2]))
-change = (l / q - 1) * 100
-print(f"step time: {q * 1e3:.2f} ms without a scraper, {l * 1e3:.2f} ms with 50 scrapes/s ({change:+.1f}%)")
-sys.exit(0 if change < 10 else 1)
-PY
+port=$(free_port)
+run --set model.dim=128 --set model.n_layers=4 --set model.seq_len=64 \
+    --set model.ffn_hidden=384 --set train.steps=240 --set log.prometheus_port=$port \
+    >/dev/null 2>"$tmp/err" &
+train=$!
+timeout 90 python3 "$clients" toggle $port 80 50 1 > "$tmp/toggle" || { kill $train; fail "toggle: $(cat "$tmp/toggle")"; }
+wait $train || fail "the scraped run failed: $(cat "$tmp/err")"
+cat "$tmp/toggle"
+change=$(sed -E 's/.*\(([-+0-9.]+)%\)$/\1/' "$tmp/toggle")
+python3 -c "import sys; sys.exit(0 if float('$change') < 15 else 1)" \
+  || fail "scraping at 50/s slowed the step by $change% (limit 15% on this shared machine)"
 echo "endpoint ok"
