@@ -57,12 +57,27 @@ typedef struct {
   double checkpoint_last_s;
   double checkpoint_total_s;
   uint64_t checkpoint_count;
+  double lock_wait_s;         /* writers' time waiting for g_lock (a scrape copying) */
   int n_comm;
   comm_series comm[MAX_COMM_SERIES];
 } store;
 
 static store g;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static double mono_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Takes g_lock for a writer, counting how long it waited: what scrapes cost training. */
+static void writer_lock(void) {
+  if (pthread_mutex_trylock(&g_lock) == 0) return;
+  double t0 = mono_now();
+  pthread_mutex_lock(&g_lock);
+  g.lock_wait_s += mono_now() - t0;
+}
 
 static double unix_now(void) {
   struct timespec ts;
@@ -119,7 +134,7 @@ void tt_telemetry_step(const tt_step_telemetry *s) {
   double phases[N_PHASES] = {s->data_wait_s,    s->forward_s,   s->backward_s,
                              s->exposed_comm_s, s->optimizer_s, s->other_s};
   double now = unix_now();
-  pthread_mutex_lock(&g_lock);
+  writer_lock();
   g.last = *s;
   g.has_step = 1;
   g.last_step_unix_s = now;
@@ -132,7 +147,7 @@ void tt_telemetry_step(const tt_step_telemetry *s) {
 }
 
 void tt_telemetry_checkpoint(double seconds) {
-  pthread_mutex_lock(&g_lock);
+  writer_lock();
   g.checkpoint_last_s = seconds;
   g.checkpoint_total_s += seconds;
   g.checkpoint_count++;
@@ -141,7 +156,7 @@ void tt_telemetry_checkpoint(double seconds) {
 
 void tt_telemetry_collective(const char *op, const char *group, double seconds) {
   if (!tt_telemetry_enabled()) return;
-  pthread_mutex_lock(&g_lock);
+  writer_lock();
   comm_series *c = NULL;
   for (int i = 0; i < g.n_comm; i++) {
     if (strcmp(g.comm[i].op, op) == 0 && strcmp(g.comm[i].group, group) == 0) {
@@ -276,6 +291,9 @@ static int format_store(tt_buf *b, const store *s) {
                     "Wall time spent saving checkpoints.", L, s->checkpoint_total_s));
   TT_TRY(put_metric(b, "tetra_checkpoint_saves_total", "counter", "Checkpoints saved.", L,
                     (double)s->checkpoint_count));
+  TT_TRY(put_metric(b, "tetra_telemetry_lock_wait_seconds_total", "counter",
+                    "Seconds training waited for the metrics store while a scrape copied it.",
+                    L, s->lock_wait_s));
   if (s->n_comm > 0) {
     TT_TRY(put_header(b, "tetra_collective_seconds", "histogram",
                       "Collective latency from start to completion on this rank, by op "

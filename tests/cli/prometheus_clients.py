@@ -2,7 +2,8 @@
 
   prometheus_clients.py toggle PORT SECONDS HZ WINDOW
       alternates WINDOW seconds of scraping at HZ with WINDOW seconds of quiet during one
-      run; prints the mean step time of each kind (from the step histogram's sum/count).
+      run; prints the mean step time of each kind (from the step histogram's sum/count)
+      and the time training waited for the store's lock, as a share of the steps' time.
   prometheus_clients.py hostile PORT SECONDS
       while the run trains: 20 clients that connect and stall mid-request, 5 that send
       garbage, 2 that send a request and never read the answer, 1 that POSTs, 1 that
@@ -42,12 +43,16 @@ def step_of(text):
     return float(m.group(1)) if m else None
 
 
+def value(text, name):
+    m = re.search(r"^" + name + r"\{[^}]*\} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def sums(text):
-    """(tetra_step_seconds_sum, tetra_step_seconds_count) of one scrape."""
-    def get_value(name):
-        m = re.search(r"^" + name + r"\{[^}]*\} (\S+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
-    return get_value("tetra_step_seconds_sum"), get_value("tetra_step_seconds_count")
+    """(tetra_step_seconds_sum, tetra_step_seconds_count, the store's lock wait) of one
+    scrape."""
+    return (value(text, "tetra_step_seconds_sum"), value(text, "tetra_step_seconds_count"),
+            value(text, "tetra_telemetry_lock_wait_seconds_total"))
 
 
 def toggle(port, seconds, hz, window):
@@ -91,9 +96,12 @@ def toggle(port, seconds, hz, window):
         print(f"toggle: too few steps measured ({q[1]:.0f} quiet, {l[1]:.0f} loud)")
         return 1
     quiet_ms, loud_ms = q[0] / q[1] * 1e3, l[0] / l[1] * 1e3
+    waited, stepped = first[2], first[0]
     print(f"toggle: {n} scrapes; mean step {quiet_ms:.2f} ms over {q[1]:.0f} quiet steps, "
           f"{loud_ms:.2f} ms over {l[1]:.0f} steps scraped at {hz:.0f}/s "
-          f"({(loud_ms / quiet_ms - 1) * 100:+.1f}%)")
+          f"({(loud_ms / quiet_ms - 1) * 100:+.1f}%); training waited "
+          f"{waited * 1e3:.3f} ms for the store in {stepped:.1f} s of steps "
+          f"({waited / stepped * 100:.4f}%)")
     return 0
 
 
