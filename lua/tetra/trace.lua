@@ -108,7 +108,8 @@ local function write()
                                     c.dp or 0, c.tp or 0, c.pp or 0, c.cp or 0) } },
     { name = "process_sort_index", ph = "M", pid = state.rank, tid = COMPUTE,
       args = { sort_index = state.rank } },
-    { name = "thread_name", ph = "M", pid = state.rank, tid = COMPUTE, args = { name = "compute" } },
+    { name = "thread_name", ph = "M", pid = state.rank, tid = COMPUTE,
+      args = { name = "compute" } },
     { name = "thread_name", ph = "M", pid = state.rank, tid = COMM,
       args = { name = "communication" } },
   }

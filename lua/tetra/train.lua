@@ -320,7 +320,7 @@ function train.setup(cfg, model, data, opts)
     local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
     local mine = data.local_rows and global or ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
-    trace.span("data_wait", t0, t0 + data_wait, { step = step })
+    if trace.on then trace.span("data_wait", t0, t0 + data_wait, { step = step }) end
     local clock = require("tetra.parallel.step").compute_clock(dev)
     local fb0 = clock()
     local loss_sum = strategy:forward_backward(mine, accum)
@@ -342,7 +342,7 @@ function train.setup(cfg, model, data, opts)
     model:zero_grad()
     C.tt_tape_clear()   -- drops any recorded branch no backward reached
     local optimizer_s = clock() - opt0   -- synchronises a GPU: the step's real time
-    trace.span("optimizer", ow0, metrics.now(), { step = step })
+    if trace.on then trace.span("optimizer", ow0, metrics.now(), { step = step }) end
     env.step_count = step
     local tokens = t.batch_size * seq_len
     env.tokens_seen = env.tokens_seen + tokens
@@ -368,7 +368,7 @@ function train.setup(cfg, model, data, opts)
       r.mfu = flops_per_token * tokens / dt / (peak_tflops * 1e12 * (mesh.size or 1))
     end
     telemetry.step(r)
-    trace.span("step " .. step, t0, t0 + dt, { loss = r.loss })
+    if trace.on then trace.span("step " .. step, t0, t0 + dt, { loss = r.loss }) end
     return r
   end
 
@@ -574,7 +574,7 @@ function train.run(env)
       summary.checkpoint = checkpoint.save(env)
       r.checkpoint_s = metrics.now() - c0
       telemetry.checkpoint(r.checkpoint_s)
-      trace.span("checkpoint", c0, c0 + r.checkpoint_s, { step = step })
+      if trace.on then trace.span("checkpoint", c0, c0 + r.checkpoint_s, { step = step }) end
     end
     trace.end_step(step, total)
     writer:write(r)

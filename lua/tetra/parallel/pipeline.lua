@@ -263,7 +263,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
       local f0, w0 = clock(), metrics.now()
       local x, y = self:forward(mb, m, c, true)
       self.forward_s = self.forward_s + clock() - f0
-      trace.span("F", w0, metrics.now(), { micro = m, chunk = c })
+      if trace.on then trace.span("F", w0, metrics.now(), { micro = m, chunk = c }) end
       if mb ~= tokens then free(mb) end
       if vs == last_vs then
         loss_sum = loss_sum + F.item(y)
@@ -290,7 +290,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
       end
       free(y)
       roots[key] = nil
-      trace.span("B", b0, metrics.now(), { micro = m, chunk = c })
+      if trace.on then trace.span("B", b0, metrics.now(), { micro = m, chunk = c }) end
       local x = inputs[key]
       if x then   -- the handle keeps x.grad alive until the send ends
         self.pending[#self.pending + 1] = self.group:send_async(x.grad, (vs - 1) % self.stages,

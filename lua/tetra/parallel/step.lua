@@ -19,7 +19,8 @@
 -- (time blocked on communication left out: that is exposed communication); train.lua
 -- counts the rest of forward_backward as backward.
 local F = require("tetra.nn.functional")
-local C = require("tetra.ffi").C
+local tffi = require("tetra.ffi")
+local C = tffi.C
 local metrics = require("tetra.metrics")
 local trace = require("tetra.trace")
 
@@ -61,7 +62,7 @@ end
 function M.compute_clock(device)
   local sync = device ~= nil and device ~= C.TT_CPU
   return function()
-    if sync then require("tetra.ffi").check(C.tt_cuda_synchronize()) end
+    if sync then tffi.check(C.tt_cuda_synchronize()) end
     return metrics.now() - C.tt_dist_wait_seconds()
   end
 end
@@ -94,7 +95,7 @@ function Plain:forward_backward(tokens, n_micro)
     local f0, w0 = clock(), metrics.now()
     local loss = loss_of(self, mb)
     self.forward_s = self.forward_s + clock() - f0
-    trace.span("forward", w0, metrics.now(), { micro = m })
+    if trace.on then trace.span("forward", w0, metrics.now(), { micro = m }) end
     if mb ~= tokens then free(mb) end
     sum = sum + F.item(loss)
     local mean = n_micro > 1 and F.scale(loss, 1.0 / n_micro) or loss
@@ -102,7 +103,7 @@ function Plain:forward_backward(tokens, n_micro)
     self.ddp:before_backward(self.overlap and m == n_micro - 1)
     local b0 = metrics.now()
     F.backward(scaled)
-    trace.span("backward", b0, metrics.now(), { micro = m })
+    if trace.on then trace.span("backward", b0, metrics.now(), { micro = m }) end
     if scaled ~= mean then free(scaled) end
     if mean ~= loss then free(mean) end
     free(loss)
