@@ -7,6 +7,7 @@
 ** what lets a hung peer turn into a clear report instead of a silent hang.
 */
 #include "dist_internal.h"
+#include "tetra_telemetry.h"
 #include <sched.h>
 #include <time.h>
 
@@ -368,6 +369,7 @@ static int handle_new(tt_comm *c, const char *what, tt_comm_handle **out) {
   h->what = what;
   h->scale = 1.0;
   h->req[0] = MPI_REQUEST_NULL;
+  h->started = tt_telemetry_enabled() || tt_trace_enabled() ? tt_dist_now() : 0.0;
   *out = h;
   return 0;
 }
@@ -422,6 +424,13 @@ static int pack_blocks(tt_tensor *src, int dim, tt_tensor *buf) {
 /* Post-processing once the transfer is complete: scale (avg), then move the result from
 ** the work buffer to where the caller expects it. */
 static int handle_finish(tt_comm_handle *h) {
+  /* Latency as this rank saw it, for groups that really communicate (a group of one is a
+  ** local copy). An async operation completes when it is next tested or waited on. */
+  if (h->started > 0.0 && h->comm->size > 1) {
+    double end = tt_dist_now();
+    tt_telemetry_collective(h->what, h->comm->name, end - h->started);
+    if (tt_trace_enabled()) tt_trace_collective(h->what, h->comm->name, h->started, end);
+  }
   int rc = 0;
   if (h->scale != 1.0 && h->work) rc = tt_dist_scale_inplace(h->work, h->scale);
   if (rc == 0 && h->post == TT_POST_COPY_BACK) rc = tt_copy_(h->target, h->work);

@@ -33,6 +33,7 @@ struct tt_comm_handle {
   MPI_Request req[1];
   void *nccl_event;     /* cudaEvent_t recorded after the NCCL call */
   int done;             /* transfer complete and post-processing done */
+  double started;       /* tt_dist_now() at start: the latency telemetry reports */
   tt_post_kind post;
   double scale;         /* multiply the result by this (AVG), 1 otherwise */
   int dim;              /* gather / concat dim for post-processing */

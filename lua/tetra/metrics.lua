@@ -4,7 +4,9 @@
 -- contract read by other tools and tests; add fields, never rename them:
 --   step, loss, lr, grad_norm, tokens, tokens_per_s, step_time_s
 --   (+ eval_loss on eval steps; data_wait_s, loader_tokens_per_s, loader_queue_depth
---    when the data loader reports them; loss_scale, skipped under AMP)
+--    when the data loader reports them; loss_scale, skipped under AMP; the step's phases
+--    data_wait_s, forward_s, backward_s, exposed_comm_s, optimizer_s, other_s, and
+--    checkpoint_s, live_bytes, cached_bytes, mfu: see tetra.train's env.step)
 local ffi = require("ffi")
 
 local metrics = {}
@@ -43,7 +45,8 @@ local function encode_string(s)
   end) .. '"'
 end
 
-local function encode_value(v)
+local encode_value
+function encode_value(v)
   local t = type(v)
   if t == "number" then
     if v ~= v or v == math.huge or v == -math.huge then return "null" end
@@ -55,6 +58,12 @@ local function encode_value(v)
     return encode_string(v)
   elseif v == nil then
     return "null"
+  elseif t == "table" and (#v > 0 or next(v) == nil) then   -- an array
+    local parts = {}
+    for i = 1, #v do parts[i] = encode_value(v[i]) end
+    return "[" .. table.concat(parts, ",") .. "]"
+  elseif t == "table" then
+    return metrics.encode(v)
   end
   return encode_string(tostring(v))
 end
@@ -65,7 +74,7 @@ local FIELD_ORDER = { "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s
 local FIELD_RANK = {}
 for i, k in ipairs(FIELD_ORDER) do FIELD_RANK[k] = i end
 
--- One flat table -> one JSON object on one line.
+-- One table -> one JSON object on one line (nested tables become arrays or objects).
 function metrics.encode(record)
   local keys = {}
   for k in pairs(record) do keys[#keys + 1] = k end

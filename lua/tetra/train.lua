@@ -35,6 +35,9 @@ local metrics = require("tetra.metrics")
 local amp = require("tetra.amp")
 local checkpoint = require("tetra.checkpoint")
 local tffi = require("tetra.ffi")
+local telemetry = require("tetra.telemetry")
+local mfu = require("tetra.mfu")
+local trace = require("tetra.trace")
 
 local train = {}
 
@@ -231,7 +234,12 @@ local to_dev = require("tetra.tensor").moved
 -- (true when inf/NaN grads skipped the optimizer step); this rank's param_bytes,
 -- grad_bytes, optimizer_bytes, peak_bytes (the allocator's high-water mark during the
 -- step) and step_peak_bytes (how far the step rose above what it started with:
--- activations, gradients, communication buffers).
+-- activations, gradients, communication buffers), live_bytes and cached_bytes (after the
+-- optimizer update). The step's time by phase, which add up to step_time_s: data_wait_s,
+-- forward_s and backward_s (computing, waits left out), exposed_comm_s, optimizer_s
+-- (clipping, the update, zeroing; waits left out), other_s. mfu (0-1) when the device's
+-- peak is known (tetra.mfu; train.peak_tflops). train.run adds checkpoint_s (the save
+-- after this step, 0 without one) and eval_loss.
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
   local t, o = cfg.train, cfg.optim or {}
@@ -247,11 +255,20 @@ function train.setup(cfg, model, data, opts)
               "set parallel.tensor/context/pipeline_parallel_size to 1, or give " ..
               "train.setup a plan (recipes/plans/llama.lua is one)")
   end
+  -- MFU counts the FLOPs of the whole model, so they are counted before it is split.
+  local flops_per_token = mfu.flops_per_token(model, cfg.model)
   local par = parallel.apply(model, opts.plan, mesh, cfg)
   local ctx = amp.wrap(model, cfg)
   local dev = train.device(t.device)
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
   par.device = dev
+  local peak_tflops = mfu.peak_tflops(cfg, mfu.device_name(dev))
+  if not peak_tflops and dev ~= C.TT_CPU and mesh.rank == 0 then
+    print(string.format("mfu: no peak known for %s (%s); set train.peak_tflops to report MFU",
+                        mfu.device_name(dev), t.precision or "fp32"))
+  end
+  telemetry.start(cfg, mesh, dev ~= C.TT_CPU and dev or nil)
+  trace.setup(cfg, mesh)
   local params, tensors = {}, {}
   for i, e in ipairs(par:placements()) do params[i], tensors[i] = { e.name, e.tensor }, e.tensor end
   local ddp = parallel.data.wrap(tensors, mesh, cfg)
@@ -294,6 +311,7 @@ function train.setup(cfg, model, data, opts)
   local mem = ffi.new("tt_alloc_stats")
   function env.step()
     local step = env.step_count + 1
+    trace.begin_step(step)
     local t0, wait0 = metrics.now(), C.tt_dist_wait_seconds()
     C.tt_alloc_stats_get(dev, mem)
     local live0 = tonumber(mem.live_bytes)
@@ -302,10 +320,15 @@ function train.setup(cfg, model, data, opts)
     local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
     local mine = data.local_rows and global or ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
+    if trace.on then trace.span("data_wait", t0, t0 + data_wait, { step = step }) end
+    local clock = require("tetra.parallel.step").compute_clock(dev)
+    local fb0 = clock()
     local loss_sum = strategy:forward_backward(mine, accum)
     if mine ~= global then free(mine) end
     free(global)
+    local fb = clock() - fb0
     if on_grads then on_grads(env, step) end
+    local opt0, ow0 = clock(), metrics.now()
     -- fp16: unscale, then check (the verdict agreed over every rank), then clip; the
     -- optimizer steps unless the grads were not finite. Under ZeRO-1
     -- env.optimizer.params are this rank's grad shards: those are the ones unscaled.
@@ -318,15 +341,21 @@ function train.setup(cfg, model, data, opts)
     local peak = tonumber(mem.peak_bytes)
     model:zero_grad()
     C.tt_tape_clear()   -- drops any recorded branch no backward reached
-    if dev ~= C.TT_CPU then tffi.check(C.tt_cuda_synchronize()) end  -- the step's real time
+    local optimizer_s = clock() - opt0   -- synchronises a GPU: the step's real time
+    if trace.on then trace.span("optimizer", ow0, metrics.now(), { step = step }) end
     env.step_count = step
     local tokens = t.batch_size * seq_len
     env.tokens_seen = env.tokens_seen + tokens
     local dt = metrics.now() - t0
+    local exposed = C.tt_dist_wait_seconds() - wait0
+    local forward = strategy.forward_s
     local r = { step = step, loss = global_mean(loss_sum / accum), lr = lr,
                 grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
                 step_time_s = dt, data_wait_s = data_wait,
-                exposed_comm_s = C.tt_dist_wait_seconds() - wait0,
+                exposed_comm_s = exposed, forward_s = forward, backward_s = fb - forward,
+                optimizer_s = optimizer_s,
+                other_s = dt - data_wait - fb - exposed - optimizer_s,
+                live_bytes = tonumber(mem.live_bytes), cached_bytes = tonumber(mem.cached_bytes),
                 param_bytes = env.memory.params, grad_bytes = env.memory.grads,
                 optimizer_bytes = env.memory.optimizer, peak_bytes = peak,
                 step_peak_bytes = peak - live0,
@@ -335,6 +364,11 @@ function train.setup(cfg, model, data, opts)
       local s = data:stats()
       r.loader_tokens_per_s, r.loader_queue_depth = s.tokens_per_s, s.queue_depth
     end
+    if peak_tflops and peak_tflops > 0 then
+      r.mfu = flops_per_token * tokens / dt / (peak_tflops * 1e12 * (mesh.size or 1))
+    end
+    telemetry.step(r)
+    if trace.on then trace.span("step " .. step, t0, t0 + dt, { loss = r.loss }) end
     return r
   end
 
@@ -531,6 +565,16 @@ function train.run(env)
     if eval_every > 0 and (step % eval_every == 0 or step == total) then
       r.eval_loss = env.evaluate()
     end
+    -- Saved before the record is written, so the record says how long the save took.
+    r.checkpoint_s = 0
+    if checkpoint.due(cfg, step, total) then
+      local c0 = metrics.now()
+      summary.checkpoint = checkpoint.save(env)
+      r.checkpoint_s = metrics.now() - c0
+      telemetry.checkpoint(r.checkpoint_s)
+      if trace.on then trace.span("checkpoint", c0, c0 + r.checkpoint_s, { step = step }) end
+    end
+    trace.end_step(step, total)
     writer:write(r)
     -- The most recent train.records_kept steps: memory stays flat on runs of any length.
     if #records >= train.records_kept then table.remove(records, 1) end
@@ -565,7 +609,6 @@ function train.run(env)
         io.stdout:flush()
       end
     end
-    if checkpoint.due(cfg, step, total) then summary.checkpoint = checkpoint.save(env) end
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       train.print_sample(env)
     end

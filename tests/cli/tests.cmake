@@ -12,3 +12,8 @@ endforeach()
 if(TEST cli/fuzz_smoke)
   set_tests_properties(cli/fuzz_smoke PROPERTIES TIMEOUT 400)
 endif()
+# Six training runs side by side (with and without a scraper) and one under hostile
+# clients: about 45 s alone, more on a busy machine.
+if(TEST cli/prometheus_endpoint)
+  set_tests_properties(cli/prometheus_endpoint PROPERTIES TIMEOUT 240)
+endif()

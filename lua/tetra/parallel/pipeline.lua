@@ -40,6 +40,8 @@
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 local F = require("tetra.nn.functional")
+local metrics = require("tetra.metrics")
+local trace = require("tetra.trace")
 
 local C = ffi.C
 local free = F.free
@@ -249,13 +251,19 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
   self.pending = {}
   local ops = M.schedule(self.kind, self.stages, self.stage, n_micro, self.virtual)
   local n_backward, last_vs = 0, self.n_virtual - 1
+  -- Seconds the forwards computed (receives' waits left out), for the step breakdown.
+  local clock = require("tetra.parallel.step").compute_clock(self.par.device)
+  self.forward_s = 0
   for _, op in ipairs(ops) do
     local m, c = op[2], op[3]
     local vs = c * self.stages + self.stage
     local key = m * self.virtual + c
     if op[1] == "F" then
       local mb = micro_rows(tokens, m, rows)
+      local f0, w0 = clock(), metrics.now()
       local x, y = self:forward(mb, m, c, true)
+      self.forward_s = self.forward_s + clock() - f0
+      if trace.on then trace.span("F", w0, metrics.now(), { micro = m, chunk = c }) end
       if mb ~= tokens then free(mb) end
       if vs == last_vs then
         loss_sum = loss_sum + F.item(y)
@@ -270,6 +278,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
     else
       n_backward = n_backward + 1
       before_backward(n_backward == #ops / 2)
+      local b0 = metrics.now()
       local y = roots[key]
       if vs == last_vs then
         F.backward(y)
@@ -281,6 +290,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
       end
       free(y)
       roots[key] = nil
+      if trace.on then trace.span("B", b0, metrics.now(), { micro = m, chunk = c }) end
       local x = inputs[key]
       if x then   -- the handle keeps x.grad alive until the send ends
         self.pending[#self.pending + 1] = self.group:send_async(x.grad, (vs - 1) % self.stages,

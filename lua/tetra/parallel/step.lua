@@ -14,7 +14,15 @@
 -- data-parallel averaging: the gradients are the single process's gradients of the
 -- global batch. Tensor and sequence parallelism need nothing here: their collectives are
 -- differentiable ops inside forward and backward.
+--
+-- After forward_backward, strategy.forward_s holds the seconds its forwards computed
+-- (time blocked on communication left out: that is exposed communication); train.lua
+-- counts the rest of forward_backward as backward.
 local F = require("tetra.nn.functional")
+local tffi = require("tetra.ffi")
+local C = tffi.C
+local metrics = require("tetra.metrics")
+local trace = require("tetra.trace")
 
 local free = F.free
 local M = {}
@@ -28,7 +36,7 @@ Pipelined.__index = Pipelined
 -- par: tetra.parallel.apply's result; ddp: tetra.parallel.data's wrapper; ctx: the
 -- tetra.amp context.
 function M.new(par, ddp, ctx, cfg)
-  local self = { par = par, ddp = ddp, ctx = ctx, model = par.model }
+  local self = { par = par, ddp = ddp, ctx = ctx, model = par.model, forward_s = 0 }
   -- A tied parameter's gradient must be summed over the stages before the reducer
   -- averages it: the reducer then copies every gradient at finish instead of during
   -- backward.
@@ -46,6 +54,17 @@ local function micro_rows(tokens, m, n)
   local c = F.contiguous(v)
   free(v)
   return c
+end
+
+-- A clock for the compute time of a region: wall time minus the time blocked in
+-- collectives. On a GPU the region's kernels are waited for first, so the time is theirs
+-- and not only their launches'.
+function M.compute_clock(device)
+  local sync = device ~= nil and device ~= C.TT_CPU
+  return function()
+    if sync then tffi.check(C.tt_cuda_synchronize()) end
+    return metrics.now() - C.tt_dist_wait_seconds()
+  end
 end
 
 local function finish(self)
@@ -69,15 +88,22 @@ end
 function Plain:forward_backward(tokens, n_micro)
   local rows = tonumber(tokens._shape[0]) / n_micro
   local sum = 0.0
+  local clock = M.compute_clock(self.par.device)
+  self.forward_s = 0
   for m = 0, n_micro - 1 do
     local mb = micro_rows(tokens, m, rows)
+    local f0, w0 = clock(), metrics.now()
     local loss = loss_of(self, mb)
+    self.forward_s = self.forward_s + clock() - f0
+    if trace.on then trace.span("forward", w0, metrics.now(), { micro = m }) end
     if mb ~= tokens then free(mb) end
     sum = sum + F.item(loss)
     local mean = n_micro > 1 and F.scale(loss, 1.0 / n_micro) or loss
     local scaled = self.ctx:scale_loss(mean)             -- fp16: x loss scale
     self.ddp:before_backward(self.overlap and m == n_micro - 1)
+    local b0 = metrics.now()
     F.backward(scaled)
+    if trace.on then trace.span("backward", b0, metrics.now(), { micro = m }) end
     if scaled ~= mean then free(scaled) end
     if mean ~= loss then free(mean) end
     free(loss)
@@ -98,6 +124,7 @@ function Pipelined:forward_backward(tokens, n_micro)
   local sum = self.pipe:train_step(tokens, n_micro, function(is_last)
     ddp:before_backward(overlap and is_last)
   end, self.ctx:scale())
+  self.forward_s = self.pipe.forward_s
   finish(self)
   return sum
 end
