@@ -14,7 +14,20 @@
 --   probe()           one forward + backward on a training batch, recording every
 --                     module's output; leaves the gradients in place for inspect
 --   train_steps(n)    n optimizer steps (default 1), printing loss and speed
+--   full(t)           the whole parameter of which t is a tensor-parallel shard
 --   help()            this list
+--
+-- Ctrl-C stops the running command and returns to the prompt with the session intact:
+-- train_steps stops between two steps, step() after the step it is in; other Lua code
+-- stops where it is. At the prompt Ctrl-C clears the line; Ctrl-D leaves. Tab completes
+-- globals, fields after `.`, methods after `:` (tensors and modules too) and config keys.
+--
+-- Under mpirun (`mpirun -np N tetra -i RECIPE`) the session is SPMD: rank 0 takes the
+-- terminal and reads lines; each line runs on every rank (or the ranks chosen with
+-- `%on 1,3`, `%on tp=0`, `%on all`); what the ranks print and return comes back to rank
+-- 0, identical answers once with their ranks (`[0-3] 2.3145`). Ctrl-C is agreed by all
+-- the ranks running the line at their next safe point (between steps), so no rank is
+-- left inside a collective.
 
 local host = require("tetra.host")
 
@@ -26,9 +39,25 @@ local function is_tensor(v)
   return type(v) == "cdata" and require("tetra.tensor").is_tensor(v)
 end
 
+-- The placement of a tensor that is a model parameter (set by the session when a
+-- recipe's parallelism gave its parameters placements), nil otherwise.
+local placement_of = function() return nil end
+
+local function shard_header(t)
+  local pl = placement_of(t)
+  if not (pl and pl.split) then return nil end
+  local shape = "[" .. table.concat(pl.shape, ", ") .. "]"
+  return ("shard of %s %s: dim %d, [%d, %d) of %d"):format(pl.name or "?", shape, pl.dim,
+    pl.offset, pl.offset + pl.length, pl.shape[pl.dim + 1])
+end
+
 local function pretty(v, depth, seen)
   depth, seen = depth or 0, seen or {}
   if type(v) == "string" then return depth == 0 and v or ("%q"):format(v) end
+  if depth == 0 and is_tensor(v) then
+    local head = shard_header(v)
+    if head then return head .. "\n" .. tostring(v) end
+  end
   if type(v) ~= "table" then return tostring(v) end
   local mt = getmetatable(v)
   if mt and mt.__tostring then return tostring(v) end
@@ -88,8 +117,52 @@ local function module_name(model, mod)
   end
 end
 
+-- -- Interrupts ------------------------------------------------------------------------
+
+local spmd   -- the channel between the ranks when the session runs under mpirun
+
+-- Whether Ctrl-C asked the running command to stop (the request is consumed). Under
+-- mpirun every rank running the command calls this at the same point and gets the same
+-- answer, so they all stop after the same step.
+local function interrupt_requested()
+  if spmd then return spmd:agree_interrupt() end
+  return host.interrupted(true)
+end
+
+-- Runs fn(...) with Ctrl-C only recorded, never raised inside it: a step stopped half-way
+-- would leave gradients and the tape behind (and, under mpirun, ranks in a collective).
+local lua_interruptible = false
+local function set_lua_interruptible(on)
+  lua_interruptible = on
+  host.interrupt_lua(on)
+end
+
+local function uninterrupted(fn, ...)
+  local was = lua_interruptible
+  set_lua_interruptible(false)
+  local res = { pcall(fn, ...) }
+  set_lua_interruptible(was)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+
+-- The recipe's own step() for each session env; env.step is wrapped (see load_into).
+local raw_steps = setmetatable({}, { __mode = "k" })
+
+-- The placement of `t` when it is a parameter of the session's parallel model.
+local function find_placement(env, t)
+  local par = rawget(env, "par")
+  if not (is_tensor(t) and type(par) == "table" and par.placements) then return nil end
+  local T = require("tetra.tensor")
+  local key = T.key(t)
+  for _, e in ipairs(par:placements()) do
+    if T.key(e.tensor) == key then return e.placement end
+  end
+end
+
 local function make_helpers(env)
   local activations = setmetatable({}, { __mode = "k" })
+  placement_of = function(t) return find_placement(env, t) end
 
   function env.help()
     print([[
@@ -97,7 +170,11 @@ inspect(x)       a tensor's statistics, or a module's parameters (norm, grad nor
                  after probe(), its output activation
 probe()          one forward + backward on a training batch; records every module's
                  output and leaves the gradients in place
-train_steps(n)   run n optimizer steps (default 1) and print loss, lr, tokens/s
+train_steps(n)   run n optimizer steps (default 1) and print loss, lr, tokens/s;
+                 Ctrl-C stops it between two steps
+full(t)          the whole parameter of which t is a tensor-parallel shard (every
+                 rank of t's tp group must run it)
+%on 1,3 | %on tp=0 | %on all    (under mpirun) the ranks the next lines run on
 model, optimizer, data, cfg, step()   set up by `tetra -i FILE` when FILE is a recipe
 exit()           leave (or Ctrl-D)]])
   end
@@ -153,16 +230,41 @@ exit()           leave (or Ctrl-D)]])
   end
 
   function env.train_steps(n)
-    if not env.step then error("train_steps() needs step() in scope (start with tetra -i RECIPE)", 2) end
+    local step = raw_steps[env] or env.step
+    if not step then error("train_steps() needs step() in scope (start with tetra -i RECIPE)", 2) end
+    n = n or 1
+    if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
+      error("train_steps(n): n must be a positive whole number, got " .. tostring(n), 2)
+    end
     -- probe() leaves gradients behind; a step must start from zero.
     if env.model and env.model.zero_grad then env.model:zero_grad() end
-    for _ = 1, n or 1 do
-      local r = env.step()
+    for i = 1, n do
+      local r = uninterrupted(step)
       if type(r) == "table" then
-        print(("step %d  loss %.4f  lr %.3g  grad norm %.3g  %.0f tok/s"):format(
-          r.step or 0, r.loss or 0, r.lr or 0, r.grad_norm or 0, r.tokens_per_s or 0))
+        -- Under mpirun the speed differs per rank; loss, lr and norm are global, so the
+        -- ranks' lines group into one.
+        local speed = spmd and "" or ("  %.0f tok/s"):format(r.tokens_per_s or 0)
+        print(("step %d  loss %.4f  lr %.3g  grad norm %.3g%s"):format(
+          r.step or 0, r.loss or 0, r.lr or 0, r.grad_norm or 0, speed))
+      end
+      if i < n and interrupt_requested() then
+        print(("interrupted (Ctrl-C) after %d of %d steps"):format(i, n))
+        return
       end
     end
+  end
+
+  function env.full(t)
+    if not is_tensor(t) then error("full(t): t must be a tensor", 2) end
+    local pl = find_placement(env, t)
+    if not (pl and pl.split) then return t end
+    local T = require("tetra.tensor")
+    return T.no_grad(function()
+      -- Each tp rank writes its rows into zeros; the sum over the group is the whole.
+      local whole = T.zeros(pl.shape, { dtype = t.dtype })
+      whole:narrow(pl.dim, pl.offset, pl.length):copy_(t)
+      return env.mesh.tp:all_reduce(whole, "sum")
+    end)
   end
 end
 
@@ -194,15 +296,46 @@ function M.load_into(env, file, sets)
       env.env = built
     end
   end
+  local raw = rawget(env, "step")
+  if type(raw) == "function" then
+    raw_steps[env] = raw
+    env.step = function(...)
+      local r = uninterrupted(raw, ...)
+      if interrupt_requested() then
+        error({ message = "interrupted (Ctrl-C) after step " ..
+                          tostring(type(r) == "table" and r.step or "?"), user = true }, 0)
+      end
+      return r
+    end
+  end
 end
 
--- -- The loop ------------------------------------------------------------------------
+-- -- Reading chunks --------------------------------------------------------------------
 
 local function history_path()
   local p = os.getenv("TETRA_HISTORY")
   if p then return p ~= "" and p or nil end
   local home = os.getenv("HOME")
   return home and (home .. "/.tetra_history") or nil
+end
+
+-- A parse error that more lines can fix: the chunk stopped inside a block, a call, a
+-- table or a long string. "'=' expected near '<eof>'" is not one: the chunk ended with
+-- an expression where a statement was due (`x = 1; x`), which no next line completes.
+local function is_incomplete(err)
+  return err:match("near '<eof>'$") ~= nil and not err:match("'=' expected near '<eof>'$")
+end
+
+-- "statements; expression": the statements run and the expression's value prints. Tries
+-- each `;` or newline from the end as the place where the expression starts.
+local function compile_with_tail_expression(buf)
+  for i = #buf, 1, -1 do
+    local c = buf:sub(i, i)
+    if (c == ";" or c == "\n") and buf:sub(i + 1):match("%S") then
+      local fn = loadstring(buf:sub(1, i) .. " return " .. buf:sub(i + 1), "=stdin")
+      if fn then return fn end
+    end
+  end
 end
 
 -- Compiles a (possibly partial) chunk: returns fn, or nil + "incomplete", or nil + message.
@@ -212,13 +345,98 @@ local function compile(buf, env)
     local err
     fn, err = loadstring(buf, "=stdin")
     if not fn then
-      if err:match("<eof>.?$") then return nil, "incomplete" end
-      return nil, err
+      fn = compile_with_tail_expression(buf)
+      if not fn then
+        if is_incomplete(err) then return nil, "incomplete" end
+        return nil, err
+      end
     end
   end
   setfenv(fn, env)
   return fn
 end
+
+-- -- Completion ----------------------------------------------------------------------
+
+local KEYWORDS = { "and", "break", "do", "else", "elseif", "end", "false", "for",
+                   "function", "goto", "if", "in", "local", "nil", "not", "or", "repeat",
+                   "return", "then", "true", "until", "while" }
+
+-- Identifier keys of v and of the tables its metatable's __index chain reaches (a
+-- module's class and base classes; _G behind the session env); a tensor's methods.
+-- Functions only when methods_only.
+local function fields_of(v, methods_only)
+  local out, seen = {}, {}
+  local function add(k, val)
+    if type(k) == "string" and k:match("^[%a_][%w_]*$") and not seen[k] and
+       (not methods_only or type(val) == "function") then
+      seen[k] = true
+      out[#out + 1] = k
+    end
+  end
+  if is_tensor(v) then
+    for k, f in pairs(require("tetra.tensor").methods) do add(k, f) end
+    return out
+  end
+  local t = v
+  for _ = 1, 8 do
+    if type(t) ~= "table" then break end
+    for k, val in pairs(t) do add(k, val) end
+    local mt = getmetatable(t)
+    local idx = type(mt) == "table" and rawget(mt, "__index") or nil
+    if idx == t then break end
+    t = idx
+  end
+  return out
+end
+
+-- The value a path such as `model.layers[1].attention` names, by indexing only (nothing
+-- is called); nil when it names nothing.
+local function resolve(env, path)
+  local name, pos = path:match("^([%a_][%w_]*)()")
+  if not name then return nil end
+  local ok, v = pcall(function() return env[name] end)
+  if not ok then return nil end
+  while pos <= #path do
+    local key, nxt = path:match("^%.([%a_][%w_]*)()", pos)
+    if not key then
+      key, nxt = path:match("^%[(%d+)%]()", pos)
+      key = tonumber(key)
+    end
+    if not key then
+      key, nxt = path:match('^%["([^"]*)"%]()', pos)
+    end
+    if key == nil or v == nil then return nil end
+    if type(v) ~= "table" and not is_tensor(v) then return nil end
+    ok, v = pcall(function() return v[key] end)
+    if not ok then return nil end
+    pos = nxt
+  end
+  return v
+end
+
+-- Candidates for the word before the cursor (each a whole replacement of the word).
+function M.completions(env, word)
+  local out = {}
+  local prefix, sep, partial = word:match("^(.*)([%.:])([%w_]*)$")
+  if prefix then
+    local v = resolve(env, prefix)
+    if v == nil then return out end
+    for _, k in ipairs(fields_of(v, sep == ":")) do
+      if k:sub(1, #partial) == partial then out[#out + 1] = prefix .. sep .. k end
+    end
+  else
+    local names = fields_of(env)
+    for _, k in ipairs(KEYWORDS) do names[#names + 1] = k end
+    for _, k in ipairs(names) do
+      if k:sub(1, #word) == word then out[#out + 1] = k end
+    end
+  end
+  table.sort(out)
+  return out
+end
+
+-- -- Running chunks ------------------------------------------------------------------
 
 -- Keeps the traceback up to the user's own chunk.
 local function on_error(err)
@@ -242,23 +460,387 @@ local function format_time(s)
   return ("%.2f s"):format(s)
 end
 
--- Runs one complete chunk and prints its results and time.
-local function execute(fn, out)
-  local t0 = host.now()
+-- Runs one complete chunk; `write` receives what it prints (its results, or "error: ...").
+-- Ctrl-C may stop plain Lua code anywhere (a single process only: under mpirun a rank
+-- stopped alone would leave the others waiting in a collective).
+local function run_chunk(fn, write)
+  host.interrupted(true)
+  set_lua_interruptible(not spmd)
   local res = { xpcall(fn, on_error) }
-  local dt = host.now() - t0
+  set_lua_interruptible(false)
+  host.interrupted(true)
   if not res[1] then
-    out:write("error: ", tostring(res[2]), "\n")
+    write("error: " .. tostring(res[2]) .. "\n")
   else
     local n = table.maxn(res)
     if n > 1 then
       local parts = {}
       for i = 2, n do parts[#parts + 1] = pretty(res[i]) end
-      out:write(table.concat(parts, "\t"), "\n")
+      write(table.concat(parts, "\t") .. "\n")
     end
   end
-  out:write("(", format_time(dt), ")\n")
-  out:flush()
+end
+
+-- -- The SPMD channel (under mpirun) -------------------------------------------------
+
+-- Rank 0 sends every command (a kind and a text) to all ranks and gathers what each
+-- printed. The channel is a group of its own, split from the world, so its messages
+-- never meet the recipe's. Every wait polls instead of blocking under the watchdog: a
+-- rank may sit at the prompt, or run train_steps(10000), far longer than dist.timeout_s.
+local CMD_RUN, CMD_ON, CMD_EXIT = 1, 2, 3
+local TAG_INTERRUPT = 7301
+
+local Channel = {}
+Channel.__index = Channel
+
+local function wait_polling(h, on_poll)
+  local pause = 0.0002
+  while not h:test() do
+    if on_poll then on_poll() end
+    host.sleep(pause)
+    pause = math.min(pause * 2, 0.02)
+  end
+  return h:wait()
+end
+
+local function ints_from_string(s, n)
+  local T = require("tetra.tensor")
+  local t = T.zeros({ math.max(n, 1) }, "i32")
+  local p = t:data_ptr("int32_t *")
+  for i = 1, #s do p[i - 1] = s:byte(i) end
+  return t
+end
+
+local function string_from_ints(t, offset, len)
+  local ffi = require("ffi")
+  local p = t:data_ptr("int32_t *")
+  local buf = ffi.new("char[?]", math.max(len, 1))
+  for i = 0, len - 1 do buf[i] = p[offset + i] end
+  return ffi.string(buf, len)
+end
+
+function Channel.new()
+  local dist = require("tetra.dist")
+  local world = dist.world()
+  local g = world:split(0, world.rank, "repl")
+  local ch = setmetatable({ g = g, rank = g.rank, size = g.size, selected = true,
+                            sel_group = g, on_spec = "all" }, Channel)
+  return ch
+end
+
+-- Rank 0's (kind, text) on every rank.
+function Channel:broadcast(kind, text)
+  local T = require("tetra.tensor")
+  local head = T.zeros({ 2 }, "i32")
+  local hp = head:data_ptr("int32_t *")
+  if self.rank == 0 then hp[0], hp[1] = kind, #text end
+  wait_polling(self.g:broadcast_async(head, 0))
+  kind = hp[0]
+  local len = hp[1]
+  local body = self.rank == 0 and ints_from_string(text, len) or T.zeros({ math.max(len, 1) }, "i32")
+  wait_polling(self.g:broadcast_async(body, 0))
+  return kind, string_from_ints(body, 0, len)
+end
+
+-- Every rank's text, as an array indexed by rank + 1, on rank 0 (nil elsewhere).
+function Channel:gather(text, on_poll)
+  local T = require("tetra.tensor")
+  local len = T.full({ 1 }, #text, { dtype = "i32" })
+  local lens = wait_polling(self.g:all_gather_async(len, 0), on_poll)
+  local lp = lens:data_ptr("int32_t *")
+  local max = 1
+  for r = 0, self.size - 1 do max = math.max(max, lp[r]) end
+  local all = wait_polling(self.g:all_gather_async(ints_from_string(text, max), 0), on_poll)
+  if self.rank ~= 0 then return nil end
+  local out = {}
+  for r = 0, self.size - 1 do out[r + 1] = string_from_ints(all, r * max, lp[r]) end
+  return out
+end
+
+-- Before a line runs: the ranks other than 0 that run it listen for rank 0's interrupt
+-- token (exactly one per line: 1 when Ctrl-C came while rank 0 was only waiting, 0 once
+-- the line is over).
+function Channel:begin_line()
+  self.token_handle = nil
+  if self.rank ~= 0 and self.selected then
+    local T = require("tetra.tensor")
+    self.token = T.zeros({ 1 }, "i32")
+    self.token_handle = self.g:recv_async(self.token, 0, TAG_INTERRUPT)
+  end
+  self.interrupted_seen = false
+end
+
+-- Called by the ranks running the line, all at the same point: whether any of them saw
+-- Ctrl-C (rank 0's flag, or rank 0's token), agreed over the running ranks.
+function Channel:agree_interrupt()
+  local seen = 0
+  if self.rank == 0 then
+    if host.interrupted(true) then seen = 1 end
+  elseif self.token_handle and not self.interrupted_seen and self.token_handle:test() then
+    self.interrupted_seen = true
+    if self.token:data_ptr("int32_t *")[0] ~= 0 then seen = 1 end
+  end
+  local T = require("tetra.tensor")
+  local flag = T.full({ 1 }, seen, { dtype = "i32" })
+  self.sel_group:all_reduce(flag, "max")
+  return flag:data_ptr("int32_t *")[0] ~= 0
+end
+
+-- After the line: rank 0 sends the tokens not sent yet; the others take theirs.
+function Channel:end_line(sent)
+  local T = require("tetra.tensor")
+  if self.rank == 0 then
+    for r = 1, self.size - 1 do
+      if self.members[r + 1] and not sent[r] then
+        wait_polling(self.g:send_async(T.zeros({ 1 }, "i32"), r, TAG_INTERRUPT))
+      end
+    end
+  elseif self.token_handle then
+    wait_polling(self.token_handle)
+    self.token_handle = nil
+  end
+end
+
+-- "1,3", "0-2", "tp=0", "tp=0,dp=1" or "all" -> whether this rank is chosen, or nil +
+-- why the spec is wrong (every rank finds the same problem).
+local function on_spec_selects(spec, rank, size, mesh)
+  if spec == "all" then return true end
+  if spec:match("^[%d%s,%-]+$") then
+    local chosen = false
+    for part in spec:gmatch("[^,]+") do
+      local a, b = part:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
+      if not a then a = part:match("^%s*(%d+)%s*$"); b = a end
+      if not a then return nil, ("%%on: '%s' is not a rank or a range a-b"):format(part) end
+      a, b = tonumber(a), tonumber(b)
+      if b >= size or a > b then
+        return nil, ("%%on: ranks %s are not within 0-%d"):format(part, size - 1)
+      end
+      if rank >= a and rank <= b then chosen = true end
+    end
+    return chosen
+  end
+  local chosen = true
+  for part in spec:gmatch("[^,]+") do
+    local dim, val = part:match("^%s*(%a+)%s*=%s*(%d+)%s*$")
+    if not dim then
+      return nil, ("%%on: '%s' is neither ranks (1,3 or 0-2) nor dim=index (tp=0)"):format(part)
+    end
+    if not (dim == "tp" or dim == "cp" or dim == "dp" or dim == "pp") then
+      return nil, ("%%on: unknown dimension '%s' (tp, cp, dp or pp)"):format(dim)
+    end
+    if not (mesh and mesh.coords) then
+      return nil, "%on " .. part .. ": this session has no mesh (start with tetra -i RECIPE)"
+    end
+    if tonumber(val) >= mesh.layout[dim] then
+      return nil, ("%%on: %s=%s but the layout has %s=%d"):format(dim, val, dim, mesh.layout[dim])
+    end
+    if mesh.coords[dim] ~= tonumber(val) then chosen = false end
+  end
+  return chosen
+end
+
+-- Every rank applies a checked spec: the chosen ones form the group that agrees on
+-- Ctrl-C; rank 0 learns who they are.
+function Channel:select(spec, env)
+  local chosen = on_spec_selects(spec, self.rank, self.size, rawget(env, "mesh"))
+  self.selected = chosen and true or false
+  self.on_spec = spec
+  self.sel_group = spec == "all" and self.g or self.g:split(self.selected and 0 or 1, self.rank, "repl-on")
+  local all = self:gather(self.selected and "1" or "0")
+  if all then
+    self.members = {}
+    for r = 1, self.size do self.members[r] = all[r] == "1" end
+  end
+end
+
+-- "0-3", "0,2", "1-2,5" for a sorted array of ranks.
+local function rank_ranges(ranks)
+  local parts, i = {}, 1
+  while i <= #ranks do
+    local j = i
+    while j < #ranks and ranks[j + 1] == ranks[j] + 1 do j = j + 1 end
+    parts[#parts + 1] = i == j and tostring(ranks[i]) or (ranks[i] .. "-" .. ranks[j])
+    i = j + 1
+  end
+  return table.concat(parts, ",")
+end
+M.rank_ranges = rank_ranges
+
+-- Rank 0's view of one line's answers: identical texts once, labelled with their ranks.
+-- texts[r + 1] is rank r's text; nil for a rank that did not run the line.
+local function group_answers(texts, size)
+  local order, ranks_of = {}, {}
+  for r = 0, size - 1 do
+    local t = texts[r + 1]
+    if t and t ~= "" then
+      if not ranks_of[t] then ranks_of[t] = {}; order[#order + 1] = t end
+      table.insert(ranks_of[t], r)
+    end
+  end
+  local out = {}
+  for _, t in ipairs(order) do
+    local label = "[" .. rank_ranges(ranks_of[t]) .. "] "
+    for line in t:gmatch("([^\n]*)\n?") do
+      if line ~= "" then out[#out + 1] = label .. line end
+    end
+  end
+  return table.concat(out, "\n")
+end
+M.group_answers = group_answers
+
+-- Runs a compiled line on this rank if chosen, capturing what it prints.
+local function run_captured(fn)
+  local buf = {}
+  local function write(s) buf[#buf + 1] = s end
+  local saved_print, saved_write = print, io.write
+  _G.print = function(...)
+    local n, parts = select("#", ...), {}
+    for i = 1, n do parts[i] = tostring((select(i, ...))) end
+    write(table.concat(parts, "\t") .. "\n")
+  end
+  _G.io.write = function(...)
+    for i = 1, select("#", ...) do write(tostring((select(i, ...)))) end
+    return io.stdout
+  end
+  run_chunk(fn, write)
+  _G.print, _G.io.write = saved_print, saved_write
+  return table.concat(buf)
+end
+
+-- -- The loops -----------------------------------------------------------------------
+
+-- One prompt's worth of reading: returns a complete chunk's text and its function, or
+-- nil at end of input. Syntax errors print and reading goes on.
+local function read_chunk(env, out, hist)
+  local buf = nil
+  while true do
+    local line = host.readline(buf and ">> " or "tetra> ")
+    if line == nil then
+      if buf then out("error: incomplete statement at end of input\n") end
+      return nil
+    end
+    if line == false then
+      buf = nil    -- Ctrl-C: the line (and any statement begun) is dropped
+    else
+      if buf then buf = buf .. "\n" .. line else buf = line end
+      if buf:match("^%s*$") then
+        buf = nil
+      elseif buf:match("^%s*%%") then
+        if hist then host.add_history(buf) end
+        return buf
+      else
+        local fn, err = compile(buf, env)
+        if fn then
+          if hist then host.add_history(buf) end
+          return buf, fn
+        elseif err ~= "incomplete" then
+          if hist then host.add_history(buf) end
+          buf = nil
+          out("error: " .. err .. "\n")
+        end
+      end
+    end
+  end
+end
+
+local function stdout_writer(s)
+  io.stdout:write(s)
+  io.stdout:flush()
+end
+
+local function single_loop(env, tty, hist)
+  local done = false
+  env.exit = function() done = true end
+  env.quit = env.exit
+  while not done do
+    local text, fn = read_chunk(env, stdout_writer, hist)
+    if not text then break end
+    if not fn then
+      stdout_writer("error: %-commands (" .. text:match("^%s*(%S*)") .. ") are for " ..
+                    "sessions under mpirun\n")
+    else
+      local t0 = host.now()
+      run_chunk(fn, stdout_writer)
+      stdout_writer("(" .. format_time(host.now() - t0) .. ")\n")
+    end
+  end
+  if tty then stdout_writer("\n") end
+end
+
+-- Rank 0 reads and shows; every rank runs. Rank 0's output goes to the terminal it took
+-- (stdout when it has none: piped sessions), so answers and prompts stay in order.
+local function spmd_loop(env, ch, tty, hist)
+  local done = false
+  env.exit = function() done = true end
+  env.quit = env.exit
+  local out = tty and host.tty_write or stdout_writer
+  while true do
+    local kind, text = CMD_EXIT, ""
+    if ch.rank == 0 then
+      while true do
+        local chunk, fn = read_chunk(env, out, hist)
+        if not chunk then break end
+        if fn then kind, text = CMD_RUN, chunk; break end
+        local cmd, arg = chunk:match("^%s*%%(%S+)%s*(.-)%s*$")
+        if cmd == "on" then
+          if arg == "" then
+            out("%on " .. ch.on_spec .. "\n")
+          else
+            local ok, err = on_spec_selects(arg, 0, ch.size, rawget(env, "mesh"))
+            if ok == nil then out("error: " .. err .. "\n") else kind, text = CMD_ON, arg; break end
+          end
+        else
+          out("error: unknown command %" .. tostring(cmd) .. " (%on RANKS | %on tp=0 | %on all)\n")
+        end
+      end
+    end
+    kind, text = ch:broadcast(kind, text)
+    if kind == CMD_EXIT then break end
+    local t0 = host.now()
+    if kind == CMD_ON then
+      ch:select(text, env)
+      if ch.rank == 0 then
+        local ranks = {}
+        for r = 0, ch.size - 1 do if ch.members[r + 1] then ranks[#ranks + 1] = r end end
+        out("lines run on ranks " .. rank_ranges(ranks) .. "\n")
+      end
+    else
+      ch:begin_line()
+      local answer = "\1"   -- "did not run"
+      if ch.selected then
+        local fn = compile(text, env)
+        answer = run_captured(fn)
+      end
+      local sent = {}
+      local function on_poll()
+        -- Rank 0 waits while others still run: Ctrl-C goes to them as a token.
+        if ch.rank == 0 and host.interrupted(true) then
+          local T = require("tetra.tensor")
+          for r = 1, ch.size - 1 do
+            if ch.members[r + 1] and not sent[r] then
+              sent[r] = true
+              ch.g:send_async(T.ones({ 1 }, "i32"), r, TAG_INTERRUPT):wait()
+            end
+          end
+        end
+      end
+      local all = ch:gather(answer, on_poll)
+      ch:end_line(sent)
+      if all then
+        for r = 1, ch.size do if all[r] == "\1" then all[r] = nil end end
+        local shown = group_answers(all, ch.size)
+        if shown ~= "" then out(shown .. "\n") end
+        out("(" .. format_time(host.now() - t0) .. ")\n")
+      end
+      -- exit() on the ranks that ran it; rank 0 decides for all.
+      if ch.rank == 0 and done then
+        ch:broadcast(CMD_EXIT, "")
+        break
+      end
+    end
+    if ch.rank ~= 0 then done = false end
+  end
+  if tty and ch.rank == 0 then out("\n") end
 end
 
 function M.new_env()
@@ -268,42 +850,41 @@ function M.new_env()
   return env
 end
 
+-- Under mpirun with more than one rank, the channel between them (nil otherwise).
+local function open_channel()
+  local dist = require("tetra.dist")
+  if not dist.launched() or dist.world_size() < 2 then return nil end
+  return Channel.new()
+end
+
 -- Reads and runs commands until end of input or exit(). Returns the exit code.
 function M.loop(env)
-  local out = io.stdout
-  local tty = host.isatty(0)
+  spmd = open_channel()
+  if spmd then
+    spmd.members = {}
+    for r = 1, spmd.size do spmd.members[r] = true end
+    env.rank = rawget(env, "rank") or spmd.rank
+    env.world_size = spmd.size
+  end
+  local rank0 = not spmd or spmd.rank == 0
+  local tty = rank0 and host.isatty(0)
+  -- Under mpirun rank 0's stdin is mpirun's pipe: the terminal is opened directly.
+  if spmd and rank0 and not tty and os.getenv("TETRA_REPL_NO_TTY") ~= "1" then
+    tty = host.take_terminal() and true or false
+  end
+  if tty then host.catch_interrupts() end
   local hist = tty and host.have_libedit and history_path()
   if hist then host.history(hist, "load") end
-  local done = false
-  env.exit = function() done = true end
-  env.quit = env.exit
   if tty then
-    out:write(("tetra %s -- Lua with tensors. help() lists the helpers; Ctrl-D leaves.\n"):format(host.version))
+    host.set_completer(function(word) return M.completions(env, word) end)
+    local where = spmd and (", %d ranks: lines run on all, %%on chooses"):format(spmd.size) or ""
+    local banner = ("tetra %s -- Lua with tensors%s. help() lists the helpers; Ctrl-D leaves.\n")
+                   :format(host.version, where)
+    if spmd then host.tty_write(banner) else stdout_writer(banner) end
   end
-  local buf = nil
-  while not done do
-    local line = host.readline(buf and ">> " or "tetra> ")
-    if not line then break end
-    if buf then buf = buf .. "\n" .. line else buf = line end
-    if buf:match("^%s*$") then
-      buf = nil
-    else
-      local fn, err = compile(buf, env)
-      if fn then
-        if hist then host.add_history(buf) end
-        buf = nil
-        execute(fn, out)
-      elseif err ~= "incomplete" then
-        if hist then host.add_history(buf) end
-        buf = nil
-        out:write("error: ", err, "\n")
-        out:flush()
-      end
-    end
-  end
-  if buf then out:write("error: incomplete statement at end of input\n") end
+  if spmd then spmd_loop(env, spmd, tty, hist) else single_loop(env, tty, hist) end
   if hist then host.history(hist, "save") end
-  if tty then out:write("\n") end
+  if spmd and tty then host.give_back_terminal() end
   return 0
 end
 
