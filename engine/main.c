@@ -367,7 +367,23 @@ static int set_foreground(int fd, pid_t pgrp) {
   return rc;
 }
 
+/* Whether the launcher (our parent, mpirun) reads a terminal: a session piped into mpirun
+** is read from that pipe, not from the terminal it was started in. */
+static int parent_reads_terminal(void) {
+  char link[64], target[PATH_MAX];
+  snprintf(link, sizeof link, "/proc/%d/fd/0", (int)getppid());
+  ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return 0;
+  target[n] = '\0';
+  return !strncmp(target, "/dev/pts/", 9) || !strncmp(target, "/dev/tty", 8);
+}
+
 static int l_take_terminal(lua_State *L) {
+  if (!g_tty_in && !parent_reads_terminal()) {
+    lua_pushnil(L);
+    lua_pushstring(L, "the launcher's input is not a terminal");
+    return 2;
+  }
   if (!g_tty_in) {
     int fd = open("/dev/tty", O_RDWR | O_NOCTTY);
     if (fd < 0) {

@@ -353,6 +353,9 @@ local function compile(buf, env)
     end
   end
   setfenv(fn, env)
+  -- Compiled traces never call debug hooks, so a loop typed at the prompt runs in the
+  -- interpreter, where Ctrl-C can stop it; library code it calls is still compiled.
+  jit.off(fn, true)
   return fn
 end
 
@@ -448,7 +451,8 @@ local function on_error(err)
     if line:find("[builtin#", 1, true) or line:find("[C]:", 1, true) then line = nil end
     if line and not line:match("^stack traceback:") then lines[#lines + 1] = line end
   end
-  if #lines > 0 and not (type(err) == "table" and err.user) then
+  local interrupted = msg:match("interrupted %(Ctrl%-C%)$")
+  if #lines > 0 and not interrupted and not (type(err) == "table" and err.user) then
     msg = msg .. "\nstack traceback:\n" .. table.concat(lines, "\n")
   end
   return msg
@@ -498,7 +502,7 @@ local function wait_polling(h, on_poll)
   while not h:test() do
     if on_poll then on_poll() end
     host.sleep(pause)
-    pause = math.min(pause * 2, 0.02)
+    pause = math.min(pause * 2, 0.005)
   end
   return h:wait()
 end
