@@ -236,22 +236,25 @@ exit()           leave (or Ctrl-D)]])
     if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
       error("train_steps(n): n must be a positive whole number, got " .. tostring(n), 2)
     end
-    -- probe() leaves gradients behind; a step must start from zero.
-    if env.model and env.model.zero_grad then env.model:zero_grad() end
-    for i = 1, n do
-      local r = uninterrupted(step)
-      if type(r) == "table" then
-        -- Under mpirun the speed differs per rank; loss, lr and norm are global, so the
-        -- ranks' lines group into one.
-        local speed = spmd and "" or ("  %.0f tok/s"):format(r.tokens_per_s or 0)
-        print(("step %d  loss %.4f  lr %.3g  grad norm %.3g%s"):format(
-          r.step or 0, r.loss or 0, r.lr or 0, r.grad_norm or 0, speed))
+    -- The whole loop runs with Ctrl-C only recorded: it is honoured between two steps.
+    uninterrupted(function()
+      -- probe() leaves gradients behind; a step must start from zero.
+      if env.model and env.model.zero_grad then env.model:zero_grad() end
+      for i = 1, n do
+        local r = step()
+        if type(r) == "table" then
+          -- Under mpirun the speed differs per rank; loss, lr and norm are global, so the
+          -- ranks' lines group into one.
+          local speed = spmd and "" or ("  %.0f tok/s"):format(r.tokens_per_s or 0)
+          print(("step %d  loss %.4f  lr %.3g  grad norm %.3g%s"):format(
+            r.step or 0, r.loss or 0, r.lr or 0, r.grad_norm or 0, speed))
+        end
+        if i < n and interrupt_requested() then
+          print(("interrupted (Ctrl-C) after %d of %d steps"):format(i, n))
+          return
+        end
       end
-      if i < n and interrupt_requested() then
-        print(("interrupted (Ctrl-C) after %d of %d steps"):format(i, n))
-        return
-      end
-    end
+    end)
   end
 
   function env.full(t)
@@ -299,9 +302,13 @@ function M.load_into(env, file, sets)
   local raw = rawget(env, "step")
   if type(raw) == "function" then
     raw_steps[env] = raw
+    local function step_then_check(...)
+      local r = raw(...)
+      return r, interrupt_requested()
+    end
     env.step = function(...)
-      local r = uninterrupted(raw, ...)
-      if interrupt_requested() then
+      local r, stop = uninterrupted(step_then_check, ...)
+      if stop then
         error({ message = "interrupted (Ctrl-C) after step " ..
                           tostring(type(r) == "table" and r.step or "?"), user = true }, 0)
       end
