@@ -333,30 +333,31 @@ local function is_incomplete(err)
   return err:match("near '<eof>'$") ~= nil and not err:match("'=' expected near '<eof>'$")
 end
 
--- "statements; expression": the statements run and the expression's value prints. Tries
--- each `;` or newline from the end as the place where the expression starts.
+-- "statements; expression": the statements run and the expression's value prints, as
+-- for a lone expression. The split is at the last `;` or newline where both sides are
+-- complete on their own, so one inside a block (`for ... do f(); g() end`) never splits.
 local function compile_with_tail_expression(buf)
   for i = #buf, 1, -1 do
     local c = buf:sub(i, i)
-    if (c == ";" or c == "\n") and buf:sub(i + 1):match("%S") then
-      local fn = loadstring(buf:sub(1, i) .. " return " .. buf:sub(i + 1), "=stdin")
-      if fn then return fn end
+    if c == ";" or c == "\n" then
+      local head, tail = buf:sub(1, i), buf:sub(i + 1)
+      if tail:match("%S") and loadstring("return " .. tail, "=stdin") and
+         loadstring(head, "=stdin") then
+        return loadstring(head .. " return " .. tail, "=stdin")
+      end
     end
   end
 end
 
 -- Compiles a (possibly partial) chunk: returns fn, or nil + "incomplete", or nil + message.
 local function compile(buf, env)
-  local fn = loadstring("return " .. buf, "=stdin")
+  local fn = loadstring("return " .. buf, "=stdin") or compile_with_tail_expression(buf)
   if not fn then
     local err
     fn, err = loadstring(buf, "=stdin")
     if not fn then
-      fn = compile_with_tail_expression(buf)
-      if not fn then
-        if is_incomplete(err) then return nil, "incomplete" end
-        return nil, err
-      end
+      if is_incomplete(err) then return nil, "incomplete" end
+      return nil, err
     end
   end
   setfenv(fn, env)

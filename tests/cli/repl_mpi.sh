@@ -1,0 +1,80 @@
+#!/bin/bash
+# The SPMD REPL in a real terminal (tmux) under `mpirun -np 4`, tiny Llama with tp=2 x
+# dp=2: rank 0 takes the terminal; a line runs on every rank and identical answers come
+# back once with their ranks; %on chooses ranks (by number and by mesh coordinate); an
+# error on one rank names it and the session goes on; Ctrl-C in train_steps(1000) stops
+# every rank after the same step and the next step follows it; a tensor-parallel shard
+# prints with its placement and full() gathers the whole parameter.
+TETRA=${1:?usage: repl_mpi.sh /path/to/tetra}
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+source "$SRC/tests/cli/tmux.bash"
+if ! command -v mpirun >/dev/null; then
+  [ "${CI:-}" = true ] && { echo "FAIL: no mpirun (CI=true)"; exit 1; }
+  echo "skipped: no mpirun"; exit 77
+fi
+
+tmux_start "cd '$SRC' && TETRA_HISTORY= OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 \
+OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 4 '$TETRA' -i recipes/tiny.lua \
+--set parallel.tensor_parallel_size=2 --set parallel.data_parallel_size=2"
+wait_for '4 ranks: lines run on all' 60 || exit 1
+wait_prompt 1
+
+# One line, every rank: identical answers grouped, different ones per rank.
+keys 'cfg.model.dim' Enter
+wait_for '^\[0-3\] 64$' 20
+wait_prompt 2
+keys '"r" .. rank' Enter
+wait_for '^\[3\] r3$' 20
+[ "$(count '^\[[0-3]\] r[0-3]$')" -eq 4 ] || fail "each rank's own answer should show once"
+wait_prompt 3
+
+# Selections: by rank number, by mesh coordinate (tp fastest: dp=1 is ranks 2 and 3).
+keys '%on 1,3' Enter
+wait_for '^lines run on ranks 1,3$' 20
+keys '"s" .. rank' Enter
+wait_for '^\[3\] s3$' 20
+[ "$(count '^\[[0-3]\] s')" -eq 2 ] || fail "%on 1,3 ran on other ranks: $(screen | grep '\] s')"
+wait_prompt 5
+keys '%on dp=1' Enter
+wait_for '^lines run on ranks 2-3$' 20
+keys '"d" .. rank' Enter
+wait_for '^\[3\] d3$' 20
+[ "$(count '^\[[0-3]\] d')" -eq 2 ] || fail "%on dp=1 ran on other ranks"
+wait_prompt 7
+keys '%on all' Enter
+wait_for '^lines run on ranks 0-3$' 20
+wait_prompt 8
+
+# An error on one rank: named, the other ranks answer, the session goes on.
+keys 'if rank == 2 then error("boom") end; return "fine"' Enter
+wait_for '^\[2\] error: stdin:1: boom$' 20
+wait_for '^\[0-1,3\] fine$' 20
+wait_prompt 9
+
+# Ctrl-C during train_steps(1000): every rank stops after the same step.
+keys 'train_steps(1000)' Enter
+sleep 3
+keys C-c
+wait_for '^\[0-3\] interrupted \(Ctrl-C\) after [0-9]+ of 1000 steps$' 60
+n=$(screen | sed -nE 's/^\[0-3\] interrupted \(Ctrl-C\) after ([0-9]+) of 1000 steps$/\1/p')
+wait_prompt 10
+keys 'train_steps(1)' Enter
+wait_for "^\[0-3\] step $((n + 1)) +loss" 30 || fail "the step after the interrupt is not $((n + 1))"
+wait_prompt 11
+
+# A shard prints with its placement; full() gathers it (the same whole on every rank,
+# holding this rank's rows where its placement says).
+keys 'w = model.layers[1].attention.wq.weight; w' Enter
+wait_for '^\[0,2\] shard of layers\.0\.attention\.wq\.weight \[64, 64\]: dim 0, \[0, 32\) of 64$' 20
+wait_for '^\[1,3\] shard of layers\.0\.attention\.wq\.weight \[64, 64\]: dim 0, \[32, 64\) of 64$' 20
+wait_prompt 12
+keys 'g = full(w); d = g:narrow(0, 32 * mesh.coords.tp, 32) - w; ("%d %g %.6f"):format(g:size(0), (d * d):sum():item(), g:sum():item())' Enter
+wait_for '^\[0-3\] 64 0 -?[0-9]+\.[0-9]+$' 20 || fail "full(w) differs between ranks or from w"
+wait_prompt 13
+
+[ "$(count '^EXITED')" -eq 0 ] || fail "the session ended before Ctrl-D"
+keys C-d
+wait_for '^EXITED rc=0$' 30 || fail "Ctrl-D did not end every rank with status 0"
+
+[ $fails -eq 0 ] && echo "repl_mpi: all checks passed"
+exit $((fails > 0))
