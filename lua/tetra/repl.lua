@@ -174,6 +174,8 @@ train_steps(n)   run n optimizer steps (default 1) and print loss, lr, tokens/s;
                  Ctrl-C stops it between two steps
 full(t)          the whole parameter of which t is a tensor-parallel shard (every
                  rank of t's tp group must run it)
+relayout{tp = 2, pp = 2}   the model and optimizer state re-sharded into a new layout
+                 of the same ranks (every rank runs it); training goes on from there
 %on 1,3 | %on tp=0 | %on all    (under mpirun) the ranks the next lines run on
 model, optimizer, data, cfg, step()   set up by `tetra -i FILE` when FILE is a recipe
 exit()           leave (or Ctrl-D)]])
@@ -273,6 +275,26 @@ end
 
 -- -- Loading FILE into the session ---------------------------------------------------
 
+-- env.step as the recipe built it, wrapped: Ctrl-C is honoured after the step, never
+-- inside it.
+local function wrap_step(env)
+  local raw = rawget(env, "step")
+  if type(raw) ~= "function" then return end
+  raw_steps[env] = raw
+  local function step_then_check(...)
+    local r = raw(...)
+    return r, interrupt_requested()
+  end
+  env.step = function(...)
+    local r, stop = uninterrupted(step_then_check, ...)
+    if stop then
+      error({ message = "interrupted (Ctrl-C) after step " ..
+                        tostring(type(r) == "table" and r.step or "?"), user = true }, 0)
+    end
+    return r
+  end
+end
+
 -- Runs FILE with env as its globals; a recipe's setup(cfg) results join env.
 function M.load_into(env, file, sets)
   local config = require("tetra.config")
@@ -299,21 +321,104 @@ function M.load_into(env, file, sets)
       env.env = built
     end
   end
-  local raw = rawget(env, "step")
-  if type(raw) == "function" then
-    raw_steps[env] = raw
-    local function step_then_check(...)
-      local r = raw(...)
-      return r, interrupt_requested()
+  wrap_step(env)
+end
+
+-- -- Live re-layout ----------------------------------------------------------------
+
+local function deep_copy(v)
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = deep_copy(x) end
+  return out
+end
+
+local RELAYOUT_KEYS = { tp = "tensor_parallel_size", cp = "context_parallel_size",
+                        pp = "pipeline_parallel_size", dp = "data_parallel_size" }
+
+local function layout_text(cfg)
+  local p = cfg.parallel or {}
+  return ("tp=%d cp=%d dp=%d pp=%d"):format(p.tensor_parallel_size or 1,
+    p.context_parallel_size or 1, p.data_parallel_size or 1, p.pipeline_parallel_size or 1)
+end
+
+-- A directory every rank names alike (rank 0's pid, agreed over the world).
+local function relayout_dir(mesh)
+  local ffi = require("ffi")
+  pcall(ffi.cdef, "int getpid(void);")
+  local T = require("tetra.tensor")
+  local pid = T.full({ 1 }, mesh.rank == 0 and ffi.C.getpid() or 0, { dtype = "i32" })
+  mesh.world:all_reduce(pid, "max")
+  return ("%s/tetra-relayout-%d"):format(os.getenv("TMPDIR") or "/tmp",
+                                         pid:data_ptr("int32_t *")[0])
+end
+
+local function remove_tree(path)
+  for _, name in ipairs(host.listdir(path) or {}) do
+    local p = path .. "/" .. name
+    if host.is_dir(p) then remove_tree(p) else os.remove(p) end
+  end
+  os.remove(path)
+end
+
+-- relayout{ tp =, pp =, cp =, dp = } (missing: 1; dp: what the world size leaves): the
+-- same model and optimizer state in a new layout of the same ranks. The state goes
+-- through a checkpoint (saved in this layout, loaded into the new one: the reshard path
+-- tetra.checkpoint has for any layout), so training goes on as a run resumed in the new
+-- layout would. Every rank runs it.
+local function add_relayout(env)
+  function env.relayout(spec)
+    if type(spec) ~= "table" then
+      error("relayout{ tp = 2, pp = 2 }: give the new sizes in a table", 2)
     end
-    env.step = function(...)
-      local r, stop = uninterrupted(step_then_check, ...)
-      if stop then
-        error({ message = "interrupted (Ctrl-C) after step " ..
-                          tostring(type(r) == "table" and r.step or "?"), user = true }, 0)
+    local recipe, mesh = rawget(env, "recipe"), rawget(env, "mesh")
+    if not (recipe and recipe.setup and mesh and rawget(env, "optimizer")) then
+      error("relayout() needs the session of a recipe (tetra -i RECIPE)", 2)
+    end
+    for k, v in pairs(spec) do
+      if not RELAYOUT_KEYS[k] then
+        error(("relayout: unknown key '%s' (tp, cp, pp, dp)"):format(tostring(k)), 2)
       end
-      return r
+      if type(v) ~= "number" or v < 1 or v % 1 ~= 0 then
+        error(("relayout: %s must be a positive whole number, got %s"):format(k, tostring(v)), 2)
+      end
     end
+    local world = mesh.size
+    local sizes = { tp = spec.tp or 1, cp = spec.cp or 1, pp = spec.pp or 1 }
+    sizes.dp = spec.dp or math.max(1, math.floor(world / (sizes.tp * sizes.cp * sizes.pp)))
+    local cfg = deep_copy(env.cfg)
+    cfg.parallel = cfg.parallel or {}
+    for k, key in pairs(RELAYOUT_KEYS) do cfg.parallel[key] = sizes[k] end
+    local problems = require("tetra.parallel.layout").problems(cfg, world)
+    if #problems > 0 then
+      error({ message = "relayout: " .. table.concat(problems, "; "), user = true }, 0)
+    end
+    -- The recipe's own env holds the live state (its step() counts in it).
+    local current = rawget(env, "env") or env
+    local checkpoint = require("tetra.checkpoint")
+    local dir = relayout_dir(mesh)
+    local saved_ck = current.cfg.checkpoint
+    current.cfg.checkpoint = { dir = dir, keep = 0 }
+    local ok, path = pcall(checkpoint.save, current)
+    current.cfg.checkpoint = saved_ck
+    if not ok then error(path, 0) end
+    local from = layout_text(env.cfg)
+    cfg.checkpoint = deep_copy(saved_ck) or {}
+    cfg.checkpoint.resume = nil
+    local built
+    ok, built = pcall(function()
+      local b = recipe.setup(cfg)
+      checkpoint.load(b, path)
+      return b
+    end)
+    mesh.world:barrier()
+    if mesh.rank == 0 then remove_tree(dir) end
+    if not ok then error(built, 0) end
+    for k, v in pairs(built) do env[k] = v end
+    env.env, env.cfg = built, cfg
+    wrap_step(env)
+    collectgarbage("collect")
+    print(("relayout: %s -> %s at step %d"):format(from, layout_text(cfg), built.step_count))
   end
 end
 
@@ -859,6 +964,7 @@ function M.new_env()
   local env = setmetatable({}, { __index = _G })
   env.tetra = require("tetra")
   make_helpers(env)
+  add_relayout(env)
   return env
 end
 
