@@ -55,6 +55,7 @@ static const char usage_text[] =
   "  tetra run FILE [--set k=v]...  run a Lua recipe or a YAML config\n"
   "  tetra -i FILE [--set k=v]...   run FILE's setup, then open the REPL with its\n"
   "                                 model, optimizer, data and config in scope\n"
+  "  mpirun -np N tetra -i FILE     one prompt (rank 0's terminal) for every rank\n"
   "  tetra -e CODE [ARG]...         run a Lua chunk\n"
   "  tetra test PATH...             run Lua spec files (or every *_spec.lua in a dir)\n"
   "  tetra tokenizer ...            tokenizer tools (tetra tokenizer --help)\n"

@@ -471,6 +471,7 @@ local function compile(buf, env)
   jit.off(fn, true)
   return fn
 end
+M.compile = compile
 
 -- -- Completion ----------------------------------------------------------------------
 
