@@ -304,6 +304,8 @@ static int l_parse_yaml(lua_State *L) { return l_yaml(L, 0); }
 ** "interrupted" at the next Lua instruction the interpreter runs. */
 static volatile sig_atomic_t g_interrupted = 0;
 static volatile sig_atomic_t g_hook_allowed = 0;
+static volatile sig_atomic_t g_in_readline = 0;
+static int g_newline_fd = -1;   /* the terminal, where the echoed ^C gets its line end */
 static lua_State *g_main_L = NULL;
 
 static void interrupt_hook(lua_State *L, lua_Debug *ar) {
@@ -316,13 +318,22 @@ static void interrupt_hook(lua_State *L, lua_Debug *ar) {
 static void on_sigint(int sig) {
   (void)sig;
   g_interrupted = 1;
+  /* The terminal echoed "^C" where the cursor was; what the command prints next starts
+  ** on a line of its own (write is async-signal-safe). */
+  if (!g_in_readline && g_newline_fd >= 0) {
+    ssize_t w = write(g_newline_fd, "\n", 1);
+    (void)w;
+  }
   if (g_hook_allowed && g_main_L)
     lua_sethook(g_main_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
 /* host.catch_interrupts(): from now on Ctrl-C sets the flag instead of ending the
 ** process. No SA_RESTART, so a blocking read returns and the prompt can start again. */
+static FILE *g_tty_out;
+
 static int l_catch_interrupts(lua_State *L) {
+  g_newline_fd = g_tty_out ? fileno(g_tty_out) : isatty(STDOUT_FILENO) ? STDOUT_FILENO : -1;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigint;
@@ -353,7 +364,7 @@ static int l_interrupt_lua(lua_State *L) {
 ** rank 0's process group the terminal's foreground one, so keys and Ctrl-C reach rank 0
 ** (mpirun, now in the background, stops forwarding stdin). host.give_back_terminal()
 ** returns the foreground to mpirun's group. */
-static FILE *g_tty_in = NULL, *g_tty_out = NULL;
+static FILE *g_tty_in = NULL;
 static pid_t g_saved_fg = -1;
 
 static int set_foreground(int fd, pid_t pgrp) {
@@ -512,7 +523,9 @@ static int l_readline(lua_State *L) {
 #ifdef TETRA_HAVE_LIBEDIT
   if (tty) {
     g_completer_L = L;
+    g_in_readline = 1;
     char *line = readline(prompt);
+    g_in_readline = 0;
     g_completer_L = NULL;
     if (g_interrupted) {
       g_interrupted = 0;

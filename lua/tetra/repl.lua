@@ -15,6 +15,8 @@
 --                     module's output; leaves the gradients in place for inspect
 --   train_steps(n)    n optimizer steps (default 1), printing loss and speed
 --   full(t)           the whole parameter of which t is a tensor-parallel shard
+--   interrupted()     whether Ctrl-C was pressed (a safe point for loops of one's own)
+--   relayout{tp=2}    the same state re-sharded into another layout of the same ranks
 --   help()            this list
 --
 -- Ctrl-C stops the running command and returns to the prompt with the session intact:
@@ -174,6 +176,8 @@ train_steps(n)   run n optimizer steps (default 1) and print loss, lr, tokens/s;
                  Ctrl-C stops it between two steps
 full(t)          the whole parameter of which t is a tensor-parallel shard (every
                  rank of t's tp group must run it)
+interrupted()    whether Ctrl-C was pressed, for loops of your own (under mpirun
+                 agreed by the ranks running the line: all of them must call it)
 relayout{tp = 2, pp = 2}   the model and optimizer state re-sharded into a new layout
                  of the same ranks (every rank runs it); training goes on from there
 %on 1,3 | %on tp=0 | %on all    (under mpirun) the ranks the next lines run on
@@ -258,6 +262,10 @@ exit()           leave (or Ctrl-D)]])
       end
     end)
   end
+
+  -- For a loop of one's own: `while not interrupted() do ... end`. Under mpirun every
+  -- rank running the line must call it alike (the answer is agreed between them).
+  function env.interrupted() return interrupt_requested() end
 
   function env.full(t)
     if not is_tensor(t) then error("full(t): t must be a tensor", 2) end

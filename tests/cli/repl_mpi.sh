@@ -4,7 +4,8 @@
 # back once with their ranks; %on chooses ranks (by number and by mesh coordinate); an
 # error on one rank names it and the session goes on; Ctrl-C in train_steps(1000) stops
 # every rank after the same step and the next step follows it; a tensor-parallel shard
-# prints with its placement and full() gathers the whole parameter.
+# prints with its placement and full() gathers the whole parameter; Ctrl-C reaches ranks
+# running a line that rank 0 does not run; Tab completes on rank 0's terminal.
 TETRA=${1:?usage: repl_mpi.sh /path/to/tetra}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 source "$SRC/tests/cli/tmux.bash"
@@ -71,6 +72,25 @@ wait_prompt 12
 keys 'g = full(w); d = g:narrow(0, 32 * mesh.coords.tp, 32) - w; ("%d %g %.6f"):format(g:size(0), (d * d):sum():item(), g:sum():item())' Enter
 wait_for '^\[0-3\] 64 0 -?[0-9]+\.[0-9]+$' 20 || fail "full(w) differs between ranks or from w"
 wait_prompt 13
+
+# Ctrl-C while rank 0 only waits (it is not among the ranks running the line): it
+# reaches ranks 1-3 as rank 0's token, and they agree on it at interrupted().
+keys '%on 1-3' Enter
+wait_for '^lines run on ranks 1-3$' 20
+keys 'n = 0; while not interrupted() do n = n + 1 end; return "stopped"' Enter
+sleep 2
+keys C-c
+wait_for '^\[1-3\] stopped$' 30 || fail "Ctrl-C did not reach ranks 1-3 while rank 0 waited"
+wait_prompt 14
+keys '%on all' Enter
+wait_for '^lines run on ranks 0-3$' 20
+
+# Tab on rank 0's terminal.
+keys 'cfg.model.vocab_' Tab
+sleep 0.5
+keys Enter
+wait_for '^\[0-3\] 256$' 20 || fail "cfg.model.vocab_<Tab> did not complete under mpirun"
+wait_prompt 16
 
 [ "$(count '^EXITED')" -eq 0 ] || fail "the session ended before Ctrl-D"
 keys C-d
