@@ -305,19 +305,30 @@ static int l_parse_yaml(lua_State *L) { return l_yaml(L, 0); }
 static volatile sig_atomic_t g_interrupted = 0;
 static volatile sig_atomic_t g_hook_allowed = 0;
 static volatile sig_atomic_t g_in_readline = 0;
+static volatile sig_atomic_t g_unanswered = 0;   /* Ctrl-Cs since a safe point took one */
 static int g_newline_fd = -1;   /* the terminal, where the echoed ^C gets its line end */
 static lua_State *g_main_L = NULL;
 
 static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
-  g_interrupted = 0;
+  g_interrupted = g_unanswered = 0;
   luaL_error(L, "interrupted (Ctrl-C)");
 }
 
 static void on_sigint(int sig) {
   (void)sig;
   g_interrupted = 1;
+  /* A command that reaches no safe point (a C call that does not return, a Lua loop
+  ** under mpirun) cannot be stopped in place: the third Ctrl-C in a row ends the
+  ** process, and under mpirun the job with it. */
+  if (!g_in_readline && ++g_unanswered >= 3) {
+    static const char msg[] = "\ntetra: Ctrl-C three times and no safe point reached: ending "
+                              "the session\n";
+    ssize_t w = write(g_newline_fd >= 0 ? g_newline_fd : STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(130);
+  }
   /* The terminal echoed "^C" where the cursor was; what the command prints next starts
   ** on a line of its own (write is async-signal-safe). */
   if (!g_in_readline && g_newline_fd >= 0) {
@@ -345,7 +356,7 @@ static int l_catch_interrupts(lua_State *L) {
 /* host.interrupted([clear]) -> whether Ctrl-C came since the flag was last cleared. */
 static int l_interrupted(lua_State *L) {
   lua_pushboolean(L, g_interrupted != 0);
-  if (lua_toboolean(L, 1)) g_interrupted = 0;
+  if (lua_toboolean(L, 1)) g_interrupted = g_unanswered = 0;
   return 1;
 }
 
@@ -519,7 +530,7 @@ static int l_set_completer(lua_State *L) {
 static int l_readline(lua_State *L) {
   const char *prompt = luaL_optstring(L, 1, "");
   int tty = isatty(STDIN_FILENO) || g_tty_in;
-  g_interrupted = 0;
+  g_interrupted = g_unanswered = 0;
 #ifdef TETRA_HAVE_LIBEDIT
   if (tty) {
     g_completer_L = L;

@@ -937,10 +937,12 @@ local function spmd_loop(env, ch, tty, hist)
         local fn = compile(text, env)
         answer = run_captured(fn)
       end
-      local sent = {}
+      local sent, tokens_sent = {}, false
       local function on_poll()
-        -- Rank 0 waits while others still run: Ctrl-C goes to them as a token.
-        if ch.rank == 0 and host.interrupted(true) then
+        -- Rank 0 waits while others still run: Ctrl-C goes to them as a token, once;
+        -- later ones are left to count towards ending the session (engine/main.c).
+        if ch.rank == 0 and not tokens_sent and host.interrupted(true) then
+          tokens_sent = true
           local T = require("tetra.tensor")
           for r = 1, ch.size - 1 do
             if ch.members[r + 1] and not sent[r] then

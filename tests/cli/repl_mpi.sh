@@ -96,5 +96,17 @@ wait_prompt 16
 keys C-d
 wait_for '^EXITED rc=0$' 30 || fail "Ctrl-D did not end every rank with status 0"
 
+# A line with no safe point cannot be stopped in place under mpirun: the third Ctrl-C
+# ends the job instead of leaving the terminal stuck.
+tmux -L "$tmux_sock" kill-server 2>/dev/null
+tmux_start "cd '$SRC' && TETRA_HISTORY= OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 \
+OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 '$TETRA'"
+wait_for '2 ranks: lines run on all' 60
+keys 'while true do end' Enter
+sleep 1
+for _ in 1 2 3; do keys C-c; sleep 0.3; done
+wait_for 'Ctrl-C three times and no safe point reached' 20
+wait_for '^EXITED rc=[1-9]' 30 || fail "the job did not end after the third Ctrl-C"
+
 [ $fails -eq 0 ] && echo "repl_mpi: all checks passed"
 exit $((fails > 0))
