@@ -187,6 +187,8 @@ exit()           leave (or Ctrl-D)]])
 
   function env.inspect(x)
     if is_tensor(x) then
+      local head = shard_header(x)
+      if head then print(head) end
       print(stats_line(tensor_stats(x)))
       local g = x.grad
       if g then print("grad " .. stats_line(tensor_stats(g))) end
@@ -1011,9 +1013,13 @@ function M.loop(env)
                    :format(host.version, where)
     if spmd then host.tty_write(banner) else stdout_writer(banner) end
   end
-  if spmd then spmd_loop(env, spmd, tty, hist) else single_loop(env, tty, hist) end
+  -- The terminal goes back to mpirun whatever happens in the loop.
+  local ok, err = pcall(function()
+    if spmd then spmd_loop(env, spmd, tty, hist) else single_loop(env, tty, hist) end
+  end)
   if hist then host.history(hist, "save") end
   if spmd and tty then host.give_back_terminal() end
+  if not ok then error(err, 0) end
   return 0
 end
 
