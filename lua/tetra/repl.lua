@@ -239,7 +239,9 @@ exit()           leave (or Ctrl-D)]])
 
   function env.train_steps(n)
     local step = raw_steps[env] or env.step
-    if not step then error("train_steps() needs step() in scope (start with tetra -i RECIPE)", 2) end
+    if not step then
+      error("train_steps() needs step() in scope (start with tetra -i RECIPE)", 2)
+    end
     n = n or 1
     if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
       error("train_steps(n): n must be a positive whole number, got " .. tostring(n), 2)
@@ -665,7 +667,8 @@ function Channel:broadcast(kind, text)
   wait_polling(self.g:broadcast_async(head, 0))
   kind = hp[0]
   local len = hp[1]
-  local body = self.rank == 0 and ints_from_string(text, len) or T.zeros({ math.max(len, 1) }, "i32")
+  local body = self.rank == 0 and ints_from_string(text, len)
+               or T.zeros({ math.max(len, 1) }, "i32")
   wait_polling(self.g:broadcast_async(body, 0))
   return kind, string_from_ints(body, 0, len)
 end
@@ -773,7 +776,8 @@ function Channel:select(spec, env)
   local chosen = on_spec_selects(spec, self.rank, self.size, rawget(env, "mesh"))
   self.selected = chosen and true or false
   self.on_spec = spec
-  self.sel_group = spec == "all" and self.g or self.g:split(self.selected and 0 or 1, self.rank, "repl-on")
+  self.sel_group = spec == "all" and self.g
+                   or self.g:split(self.selected and 0 or 1, self.rank, "repl-on")
   local all = self:gather(self.selected and "1" or "0")
   if all then
     self.members = {}

@@ -69,9 +69,11 @@ keys 'w = model.layers[1].attention.wq.weight; w' Enter
 wait_for '^\[0,2\] shard of layers\.0\.attention\.wq\.weight \[64, 64\]: dim 0, \[0, 32\) of 64$' 20
 wait_for '^\[1,3\] shard of layers\.0\.attention\.wq\.weight \[64, 64\]: dim 0, \[32, 64\) of 64$' 20
 wait_prompt 12
-keys 'g = full(w); d = g:narrow(0, 32 * mesh.coords.tp, 32) - w; ("%d %g %.6f"):format(g:size(0), (d * d):sum():item(), g:sum():item())' Enter
-wait_for '^\[0-3\] 64 0 -?[0-9]+\.[0-9]+$' 20 || fail "full(w) differs between ranks or from w"
+keys 'g = full(w); d = g:narrow(0, 32 * mesh.coords.tp, 32) - w' Enter
 wait_prompt 13
+keys '("%d %g %.6f"):format(g:size(0), (d * d):sum():item(), g:sum():item())' Enter
+wait_for '^\[0-3\] 64 0 -?[0-9]+\.[0-9]+$' 20 || fail "full(w) differs between ranks or from w"
+wait_prompt 14
 
 # Ctrl-C while rank 0 only waits (it is not among the ranks running the line): it
 # reaches ranks 1-3 as rank 0's token, and they agree on it at interrupted().
@@ -81,7 +83,7 @@ keys 'n = 0; while not interrupted() do n = n + 1 end; return "stopped"' Enter
 sleep 2
 keys C-c
 wait_for '^\[1-3\] stopped$' 30 || fail "Ctrl-C did not reach ranks 1-3 while rank 0 waited"
-wait_prompt 14
+wait_prompt 16
 keys '%on all' Enter
 wait_for '^lines run on ranks 0-3$' 20
 
@@ -90,7 +92,7 @@ keys 'cfg.model.vocab_' Tab
 sleep 0.5
 keys Enter
 wait_for '^\[0-3\] 256$' 20 || fail "cfg.model.vocab_<Tab> did not complete under mpirun"
-wait_prompt 16
+wait_prompt 18
 
 [ "$(count '^EXITED')" -eq 0 ] || fail "the session ended before Ctrl-D"
 keys C-d
@@ -99,6 +101,7 @@ wait_for '^EXITED rc=0$' 30 || fail "Ctrl-D did not end every rank with status 0
 # A line with no safe point cannot be stopped in place under mpirun: the third Ctrl-C
 # ends the job instead of leaving the terminal stuck.
 tmux -L "$tmux_sock" kill-server 2>/dev/null
+tmux_sock="$tmux_sock-2"   # a server of its own: the first one may still be shutting down
 tmux_start "cd '$SRC' && TETRA_HISTORY= OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 \
 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 '$TETRA'"
 wait_for '2 ranks: lines run on all' 60

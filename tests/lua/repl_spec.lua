@@ -54,13 +54,16 @@ describe("tetra.repl completions", function()
   it("completes config keys and fields", function()
     expect(repl.completions(env, "cfg.model.vo")).to_equal({ "cfg.model.vocab_size" })
     expect(repl.completions(env, "cfg.")).to_equal({ "cfg.model", "cfg.train" })
-    expect(repl.completions(env, "tetra.rand")).to_equal({ "tetra.rand", "tetra.randint", "tetra.randn" })
+    expect(repl.completions(env, "tetra.rand"))
+      .to_equal({ "tetra.rand", "tetra.randint", "tetra.randn" })
   end)
 
   it("completes tensor and module methods after a colon", function()
     expect(repl.completions(env, "t:su")).to_equal({ "t:sub", "t:sum" })
     local found = false
-    for _, c in ipairs(repl.completions(env, "model:")) do found = found or c == "model:parameters" end
+    for _, c in ipairs(repl.completions(env, "model:")) do
+      found = found or c == "model:parameters"
+    end
     expect(found).to_be(true)
     expect(repl.completions(env, "nothing.here")).to_equal({})
   end)
