@@ -54,7 +54,7 @@ wait_prompt 9
 
 # Ctrl-C during train_steps(1000): every rank stops after the same step.
 keys 'train_steps(1000)' Enter
-sleep 3
+sleep 1.5
 keys C-c
 wait_for '^\[0-3\] interrupted \(Ctrl-C\) after [0-9]+ of 1000 steps$' 60
 n=$(screen | sed -nE 's/^\[0-3\] interrupted \(Ctrl-C\) after ([0-9]+) of 1000 steps$/\1/p')
