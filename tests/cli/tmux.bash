@@ -16,9 +16,10 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 tmux_sock="tetra-test-$$"
 trap 'tmux -L "$tmux_sock" kill-server 2>/dev/null' EXIT
 tmux_start() {
-  tmux -L "$tmux_sock" -f /dev/null new-session -d -s t -x 200 -y 50 \
+  # remain-on-exit keeps the terminal readable when a signal ends the shell too.
+  tmux -L "$tmux_sock" -f /dev/null start-server \; set-option -g remain-on-exit on \; \
+    set-option -g history-limit 100000 \; new-session -d -s t -x 200 -y 50 \
     "$1; echo EXITED rc=\$?; sleep 600" || { echo "FAIL: cannot start tmux"; exit 1; }
-  tmux -L "$tmux_sock" set-option -t t history-limit 100000 >/dev/null
 }
 keys() { tmux -L "$tmux_sock" send-keys -t t "$@"; }
 screen() { tmux -L "$tmux_sock" capture-pane -p -J -S - -t t; }
@@ -27,6 +28,8 @@ wait_for() {
   local deadline=$((SECONDS + ${2:-30}))
   while [ $SECONDS -lt $deadline ]; do
     screen | grep -qE "$1" && return 0
+    # The command ended: what is awaited will not come (fail now, not at the deadline).
+    [[ "$1" != *EXITED* ]] && screen | grep -qE '^EXITED|^Pane is dead' && break
     sleep 0.2
   done
   fail "timed out waiting for /$1/; the terminal shows:"
@@ -40,6 +43,7 @@ wait_prompt() {   # wait_prompt N: until at least N prompts were shown
   local deadline=$((SECONDS + ${2:-30}))
   while [ $SECONDS -lt $deadline ]; do
     [ "$(prompts)" -ge "$1" ] && return 0
+    screen | grep -qE '^EXITED|^Pane is dead' && break
     sleep 0.2
   done
   fail "timed out waiting for prompt $1"

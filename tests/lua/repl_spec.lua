@@ -31,6 +31,10 @@ describe("tetra.repl compile", function()
     expect(fn).to_be_nil()
     expect(err).never.to_be("incomplete")
     expect(select(2, repl.compile("abc def", env))).never.to_be("incomplete")
+    -- An expression where a statement was due: no next line completes it.
+    fn, err = repl.compile("x = 1 y", env)
+    expect(fn).to_be_nil()
+    expect(err).to_be("stdin:1: '=' expected near '<eof>'")
   end)
 
   it("never splits a block at a semicolon inside it", function()
