@@ -122,6 +122,7 @@ end
 -- -- Interrupts ------------------------------------------------------------------------
 
 local spmd   -- the channel between the ranks when the session runs under mpirun
+local live_status   -- f(text): rank 0's one-line progress on its terminal, under mpirun
 
 -- Whether Ctrl-C asked the running command to stop (the request is consumed). Under
 -- mpirun every rank running the command calls this at the same point and gets the same
@@ -258,6 +259,12 @@ exit()           leave (or Ctrl-D)]])
           local speed = spmd and "" or ("  %.0f tok/s"):format(r.tokens_per_s or 0)
           print(("step %d  loss %.4f  lr %.3g  grad norm %.3g%s"):format(
             r.step or 0, r.loss or 0, r.lr or 0, r.grad_norm or 0, speed))
+        end
+        -- Under mpirun the lines come back when the command ends; meanwhile rank 0's
+        -- terminal shows its latest step on one line that the answers replace.
+        if live_status and type(r) == "table" then
+          live_status(("[0] step %d  loss %.4f  (%d of %d; Ctrl-C stops)"):format(
+            r.step or 0, r.loss or 0, i, n))
         end
         if i < n and interrupt_requested() then
           print(("interrupted (Ctrl-C) after %d of %d steps"):format(i, n))
@@ -906,6 +913,9 @@ local function spmd_loop(env, ch, tty, hist)
   env.exit = function() done = true end
   env.quit = env.exit
   local out = tty and host.tty_write or stdout_writer
+  if ch.rank == 0 and tty then
+    live_status = function(text) host.tty_write("\r\27[K" .. text) end
+  end
   while true do
     local kind, text = CMD_EXIT, ""
     if ch.rank == 0 then
@@ -958,6 +968,7 @@ local function spmd_loop(env, ch, tty, hist)
           end
         end
       end
+      if ch.rank == 0 and tty then host.tty_write("\r\27[K") end   -- the live line goes
       local all = ch:gather(answer, on_poll)
       ch:end_line(sent)
       if all then
@@ -1031,8 +1042,15 @@ end
 function M.main(file, sets)
   local env = M.new_env()
   if file then
-    local ok, err = xpcall(M.load_into, on_error, env, file, sets)
+    local config = require("tetra.config")
+    -- Config and layout errors are the same on every rank: printed once (by rank 0).
+    local function keep_user_errors(e)
+      if config.is_error(e) or (type(e) == "table" and e.user) then return e end
+      return on_error(e)
+    end
+    local ok, err = xpcall(M.load_into, keep_user_errors, env, file, sets)
     if not ok then
+      if type(err) == "table" then return config.report(err) end
       io.stderr:write("tetra: ", tostring(err), "\n")
       return 1
     end
