@@ -225,8 +225,22 @@ exit()           leave (or Ctrl-D)]])
       end)
     end
     model:zero_grad()
-    local micro = cfg.train.micro_batch_size or cfg.train.batch_size
     local ok, err = pcall(function()
+      if env.par and env.ddp then
+        -- A recipe's parallel model: its own step strategy runs forward and backward
+        -- on this rank's part of one global batch (every rank must run probe()).
+        local T = require("tetra.tensor")
+        local strategy = require("tetra.parallel.step").new(env.par, env.ddp, env.amp, cfg)
+        local global = T.moved(data:batch(1, cfg.train.batch_size, cfg.model.seq_len, "train"),
+                               env.device)
+        local mine = data.local_rows and global or env.ddp:batch_slice(global)
+        env.ddp:begin_step()
+        local value = env.mesh.dpcp:mean(strategy:forward_backward(mine, 1))
+        print(("loss %.4f on %d x %d tokens; gradients kept, activations recorded"):format(
+          value, cfg.train.batch_size, cfg.model.seq_len))
+        return
+      end
+      local micro = cfg.train.micro_batch_size or cfg.train.batch_size
       local batch = data:batch(1, micro, cfg.model.seq_len, "train")
       local loss = tetra.train.loss(model, batch)
       local value = loss:item()

@@ -29,28 +29,37 @@ wait_for '^\[3\] r3$' 20
 [ "$(count '^\[[0-3]\] r[0-3]$')" -eq 4 ] || fail "each rank's own answer should show once"
 wait_prompt 3
 
+# probe() and inspect() on a tensor-parallel model: one forward and backward through the
+# layout's own step strategy, the loss agreed by all ranks, each rank's shard gradients.
+keys 'probe()' Enter
+wait_for '^\[0-3\] loss [0-9.]+ on 8 x 32 tokens; gradients kept' 30
+wait_prompt 4
+keys 'inspect(model.layers[1].attention)' Enter
+wait_for '^\[[0-3,]+\]   wq\.weight +\[32, 64\] +norm [0-9.]+ +grad norm [0-9]' 20
+wait_prompt 5
+
 # Selections: by rank number, by mesh coordinate (tp fastest: dp=1 is ranks 2 and 3).
 keys '%on 1,3' Enter
 wait_for '^lines run on ranks 1,3$' 20
 keys '"s" .. rank' Enter
 wait_for '^\[3\] s3$' 20
 [ "$(count '^\[[0-3]\] s')" -eq 2 ] || fail "%on 1,3 ran on other ranks: $(screen | grep '\] s')"
-wait_prompt 5
+wait_prompt 7
 keys '%on dp=1' Enter
 wait_for '^lines run on ranks 2-3$' 20
 keys '"d" .. rank' Enter
 wait_for '^\[3\] d3$' 20
 [ "$(count '^\[[0-3]\] d')" -eq 2 ] || fail "%on dp=1 ran on other ranks"
-wait_prompt 7
+wait_prompt 9
 keys '%on all' Enter
 wait_for '^lines run on ranks 0-3$' 20
-wait_prompt 8
+wait_prompt 10
 
 # An error on one rank: named, the other ranks answer, the session goes on.
 keys 'if rank == 2 then error("boom") end; return "fine"' Enter
 wait_for '^\[2\] error: stdin:1: boom$' 20
 wait_for '^\[0-1,3\] fine$' 20
-wait_prompt 9
+wait_prompt 11
 
 # Ctrl-C during train_steps(1000): every rank stops after the same step.
 keys 'train_steps(1000)' Enter
@@ -58,22 +67,22 @@ sleep 1.5
 keys C-c
 wait_for '^\[0-3\] interrupted \(Ctrl-C\) after [0-9]+ of 1000 steps$' 60
 n=$(screen | sed -nE 's/^\[0-3\] interrupted \(Ctrl-C\) after ([0-9]+) of 1000 steps$/\1/p')
-wait_prompt 10
+wait_prompt 12
 keys 'train_steps(1)' Enter
 wait_for "^\[0-3\] step $((n + 1)) +loss" 30 || fail "the step after the interrupt is not $((n + 1))"
-wait_prompt 11
+wait_prompt 13
 
 # A shard prints with its placement; full() gathers it (the same whole on every rank,
 # holding this rank's rows where its placement says).
 keys 'w = model.layers[1].attention.wq.weight; w' Enter
 wait_for '^\[0,2\] shard of layers\.0\.attention\.wq\.weight \[64, 64\]: dim 0, \[0, 32\) of 64$' 20
 wait_for '^\[1,3\] shard of layers\.0\.attention\.wq\.weight \[64, 64\]: dim 0, \[32, 64\) of 64$' 20
-wait_prompt 12
+wait_prompt 14
 keys 'g = full(w); d = g:narrow(0, 32 * mesh.coords.tp, 32) - w' Enter
-wait_prompt 13
+wait_prompt 15
 keys '("%d %g %.6f"):format(g:size(0), (d * d):sum():item(), g:sum():item())' Enter
 wait_for '^\[0-3\] 64 0 -?[0-9]+\.[0-9]+$' 20 || fail "full(w) differs between ranks or from w"
-wait_prompt 14
+wait_prompt 16
 
 # Ctrl-C while rank 0 only waits (it is not among the ranks running the line): it
 # reaches ranks 1-3 as rank 0's token, and they agree on it at interrupted().
@@ -83,7 +92,7 @@ keys 'n = 0; while not interrupted() do n = n + 1 end; return "stopped"' Enter
 sleep 2
 keys C-c
 wait_for '^\[1-3\] stopped$' 30 || fail "Ctrl-C did not reach ranks 1-3 while rank 0 waited"
-wait_prompt 16
+wait_prompt 18
 keys '%on all' Enter
 wait_for '^lines run on ranks 0-3$' 20
 
@@ -92,7 +101,7 @@ keys 'cfg.model.vocab_' Tab
 sleep 0.5
 keys Enter
 wait_for '^\[0-3\] 256$' 20 || fail "cfg.model.vocab_<Tab> did not complete under mpirun"
-wait_prompt 18
+wait_prompt 20
 
 [ "$(count '^EXITED')" -eq 0 ] || fail "the session ended before Ctrl-D"
 keys C-d
