@@ -32,6 +32,7 @@
 -- left inside a collective.
 
 local host = require("tetra.host")
+local channel = require("tetra.repl.channel")
 
 local M = {}
 
@@ -632,214 +633,9 @@ local function run_chunk(fn, write)
   end
 end
 
--- -- The SPMD channel (under mpirun) -------------------------------------------------
+-- -- The SPMD session (under mpirun) -------------------------------------------------
 
--- Rank 0 sends every command (a kind and a text) to all ranks and gathers what each
--- printed. The channel is a group of its own, split from the world, so its messages
--- never meet the recipe's. Every wait polls instead of blocking under the watchdog: a
--- rank may sit at the prompt, or run train_steps(10000), far longer than dist.timeout_s.
-local CMD_RUN, CMD_ON, CMD_EXIT = 1, 2, 3
-local TAG_INTERRUPT = 7301
-
-local Channel = {}
-Channel.__index = Channel
-
-local function wait_polling(h, on_poll)
-  local pause = 0.0002
-  while not h:test() do
-    if on_poll then on_poll() end
-    host.sleep(pause)
-    pause = math.min(pause * 2, 0.005)
-  end
-  return h:wait()
-end
-
-local function ints_from_string(s, n)
-  local T = require("tetra.tensor")
-  local t = T.zeros({ math.max(n, 1) }, "i32")
-  local p = t:data_ptr("int32_t *")
-  for i = 1, #s do p[i - 1] = s:byte(i) end
-  return t
-end
-
-local function string_from_ints(t, offset, len)
-  local ffi = require("ffi")
-  local p = t:data_ptr("int32_t *")
-  local buf = ffi.new("char[?]", math.max(len, 1))
-  for i = 0, len - 1 do buf[i] = p[offset + i] end
-  return ffi.string(buf, len)
-end
-
-function Channel.new()
-  local dist = require("tetra.dist")
-  local world = dist.world()
-  local g = world:split(0, world.rank, "repl")
-  local ch = setmetatable({ g = g, rank = g.rank, size = g.size, selected = true,
-                            sel_group = g, on_spec = "all" }, Channel)
-  return ch
-end
-
--- Rank 0's (kind, text) on every rank.
-function Channel:broadcast(kind, text)
-  local T = require("tetra.tensor")
-  local head = T.zeros({ 2 }, "i32")
-  local hp = head:data_ptr("int32_t *")
-  if self.rank == 0 then hp[0], hp[1] = kind, #text end
-  wait_polling(self.g:broadcast_async(head, 0))
-  kind = hp[0]
-  local len = hp[1]
-  local body = self.rank == 0 and ints_from_string(text, len)
-               or T.zeros({ math.max(len, 1) }, "i32")
-  wait_polling(self.g:broadcast_async(body, 0))
-  return kind, string_from_ints(body, 0, len)
-end
-
--- Every rank's text, as an array indexed by rank + 1, on rank 0 (nil elsewhere).
-function Channel:gather(text, on_poll)
-  local T = require("tetra.tensor")
-  local len = T.full({ 1 }, #text, { dtype = "i32" })
-  local lens = wait_polling(self.g:all_gather_async(len, 0), on_poll)
-  local lp = lens:data_ptr("int32_t *")
-  local max = 1
-  for r = 0, self.size - 1 do max = math.max(max, lp[r]) end
-  local all = wait_polling(self.g:all_gather_async(ints_from_string(text, max), 0), on_poll)
-  if self.rank ~= 0 then return nil end
-  local out = {}
-  for r = 0, self.size - 1 do out[r + 1] = string_from_ints(all, r * max, lp[r]) end
-  return out
-end
-
--- Before a line runs: the ranks other than 0 that run it listen for rank 0's interrupt
--- token (exactly one per line: 1 when Ctrl-C came while rank 0 was only waiting, 0 once
--- the line is over).
-function Channel:begin_line()
-  self.token_handle = nil
-  if self.rank ~= 0 and self.selected then
-    local T = require("tetra.tensor")
-    self.token = T.zeros({ 1 }, "i32")
-    self.token_handle = self.g:recv_async(self.token, 0, TAG_INTERRUPT)
-  end
-  self.interrupted_seen = false
-end
-
--- Called by the ranks running the line, all at the same point: whether any of them saw
--- Ctrl-C (rank 0's flag, or rank 0's token), agreed over the running ranks.
-function Channel:agree_interrupt()
-  local seen = 0
-  if self.rank == 0 then
-    if host.interrupted(true) then seen = 1 end
-  elseif self.token_handle and not self.interrupted_seen and self.token_handle:test() then
-    self.interrupted_seen = true
-    if self.token:data_ptr("int32_t *")[0] ~= 0 then seen = 1 end
-  end
-  local T = require("tetra.tensor")
-  local flag = T.full({ 1 }, seen, { dtype = "i32" })
-  self.sel_group:all_reduce(flag, "max")
-  return flag:data_ptr("int32_t *")[0] ~= 0
-end
-
--- After the line: rank 0 sends the tokens not sent yet; the others take theirs.
-function Channel:end_line(sent)
-  local T = require("tetra.tensor")
-  if self.rank == 0 then
-    for r = 1, self.size - 1 do
-      if self.members[r + 1] and not sent[r] then
-        wait_polling(self.g:send_async(T.zeros({ 1 }, "i32"), r, TAG_INTERRUPT))
-      end
-    end
-  elseif self.token_handle then
-    wait_polling(self.token_handle)
-    self.token_handle = nil
-  end
-end
-
--- "1,3", "0-2", "tp=0", "tp=0,dp=1" or "all" -> whether this rank is chosen, or nil +
--- why the spec is wrong (every rank finds the same problem).
-local function on_spec_selects(spec, rank, size, mesh)
-  if spec == "all" then return true end
-  if spec:match("^[%d%s,%-]+$") then
-    local chosen = false
-    for part in spec:gmatch("[^,]+") do
-      local a, b = part:match("^%s*(%d+)%s*%-%s*(%d+)%s*$")
-      if not a then a = part:match("^%s*(%d+)%s*$"); b = a end
-      if not a then return nil, ("%%on: '%s' is not a rank or a range a-b"):format(part) end
-      a, b = tonumber(a), tonumber(b)
-      if b >= size or a > b then
-        return nil, ("%%on: ranks %s are not within 0-%d"):format(part, size - 1)
-      end
-      if rank >= a and rank <= b then chosen = true end
-    end
-    return chosen
-  end
-  local chosen = true
-  for part in spec:gmatch("[^,]+") do
-    local dim, val = part:match("^%s*(%a+)%s*=%s*(%d+)%s*$")
-    if not dim then
-      return nil, ("%%on: '%s' is neither ranks (1,3 or 0-2) nor dim=index (tp=0)"):format(part)
-    end
-    if not (dim == "tp" or dim == "cp" or dim == "dp" or dim == "pp") then
-      return nil, ("%%on: unknown dimension '%s' (tp, cp, dp or pp)"):format(dim)
-    end
-    if not (mesh and mesh.coords) then
-      return nil, "%on " .. part .. ": this session has no mesh (start with tetra -i RECIPE)"
-    end
-    if tonumber(val) >= mesh.layout[dim] then
-      return nil, ("%%on: %s=%s but the layout has %s=%d"):format(dim, val, dim, mesh.layout[dim])
-    end
-    if mesh.coords[dim] ~= tonumber(val) then chosen = false end
-  end
-  return chosen
-end
-
--- Every rank applies a checked spec: the chosen ones form the group that agrees on
--- Ctrl-C; rank 0 learns who they are.
-function Channel:select(spec, env)
-  local chosen = on_spec_selects(spec, self.rank, self.size, rawget(env, "mesh"))
-  self.selected = chosen and true or false
-  self.on_spec = spec
-  self.sel_group = spec == "all" and self.g
-                   or self.g:split(self.selected and 0 or 1, self.rank, "repl-on")
-  local all = self:gather(self.selected and "1" or "0")
-  if all then
-    self.members = {}
-    for r = 1, self.size do self.members[r] = all[r] == "1" end
-  end
-end
-
--- "0-3", "0,2", "1-2,5" for a sorted array of ranks.
-local function rank_ranges(ranks)
-  local parts, i = {}, 1
-  while i <= #ranks do
-    local j = i
-    while j < #ranks and ranks[j + 1] == ranks[j] + 1 do j = j + 1 end
-    parts[#parts + 1] = i == j and tostring(ranks[i]) or (ranks[i] .. "-" .. ranks[j])
-    i = j + 1
-  end
-  return table.concat(parts, ",")
-end
-M.rank_ranges = rank_ranges
-
--- Rank 0's view of one line's answers: identical texts once, labelled with their ranks.
--- texts[r + 1] is rank r's text; nil for a rank that did not run the line.
-local function group_answers(texts, size)
-  local order, ranks_of = {}, {}
-  for r = 0, size - 1 do
-    local t = texts[r + 1]
-    if t and t ~= "" then
-      if not ranks_of[t] then ranks_of[t] = {}; order[#order + 1] = t end
-      table.insert(ranks_of[t], r)
-    end
-  end
-  local out = {}
-  for _, t in ipairs(order) do
-    local label = "[" .. rank_ranges(ranks_of[t]) .. "] "
-    for line in t:gmatch("([^\n]*)\n?") do
-      if line ~= "" then out[#out + 1] = label .. line end
-    end
-  end
-  return table.concat(out, "\n")
-end
-M.group_answers = group_answers
+M.rank_ranges, M.group_answers = channel.rank_ranges, channel.group_answers
 
 -- Runs a compiled line on this rank if chosen, capturing what it prints.
 local function run_captured(fn)
@@ -931,19 +727,19 @@ local function spmd_loop(env, ch, tty, hist)
     live_status = function(text) host.tty_write("\r\27[K" .. text) end
   end
   while true do
-    local kind, text = CMD_EXIT, ""
+    local kind, text = channel.CMD_EXIT, ""
     if ch.rank == 0 then
       while true do
         local chunk, fn = read_chunk(env, out, hist)
         if not chunk then break end
-        if fn then kind, text = CMD_RUN, chunk; break end
+        if fn then kind, text = channel.CMD_RUN, chunk; break end
         local cmd, arg = chunk:match("^%s*%%(%S+)%s*(.-)%s*$")
         if cmd == "on" then
           if arg == "" then
             out("%on " .. ch.on_spec .. "\n")
           else
-            local ok, err = on_spec_selects(arg, 0, ch.size, rawget(env, "mesh"))
-            if ok == nil then out("error: " .. err .. "\n") else kind, text = CMD_ON, arg; break end
+            local ok, err = channel.on_spec_selects(arg, 0, ch.size, rawget(env, "mesh"))
+            if ok == nil then out("error: " .. err .. "\n") else kind, text = channel.CMD_ON, arg; break end
           end
         else
           out("error: unknown command %" .. tostring(cmd) .. " (%on RANKS | %on tp=0 | %on all)\n")
@@ -951,14 +747,14 @@ local function spmd_loop(env, ch, tty, hist)
       end
     end
     kind, text = ch:broadcast(kind, text)
-    if kind == CMD_EXIT then break end
+    if kind == channel.CMD_EXIT then break end
     local t0 = host.now()
-    if kind == CMD_ON then
+    if kind == channel.CMD_ON then
       ch:select(text, env)
       if ch.rank == 0 then
         local ranks = {}
         for r = 0, ch.size - 1 do if ch.members[r + 1] then ranks[#ranks + 1] = r end end
-        out("lines run on ranks " .. rank_ranges(ranks) .. "\n")
+        out("lines run on ranks " .. channel.rank_ranges(ranks) .. "\n")
       end
     else
       ch:begin_line()
@@ -967,33 +763,27 @@ local function spmd_loop(env, ch, tty, hist)
         local fn = compile(text, env)
         answer = run_captured(fn)
       end
-      local sent, tokens_sent = {}, false
+      local tokens_sent = false
       local function on_poll()
         -- Rank 0 waits while others still run: Ctrl-C goes to them as a token, once;
         -- later ones are left to count towards ending the session (engine/main.c).
         if ch.rank == 0 and not tokens_sent and host.interrupted(true) then
           tokens_sent = true
-          local T = require("tetra.tensor")
-          for r = 1, ch.size - 1 do
-            if ch.members[r + 1] and not sent[r] then
-              sent[r] = true
-              ch.g:send_async(T.ones({ 1 }, "i32"), r, TAG_INTERRUPT):wait()
-            end
-          end
+          ch:send_interrupt()
         end
       end
       if ch.rank == 0 and tty then host.tty_write("\r\27[K") end   -- the live line goes
       local all = ch:gather(answer, on_poll)
-      ch:end_line(sent)
+      ch:end_line()
       if all then
         for r = 1, ch.size do if all[r] == "\1" then all[r] = nil end end
-        local shown = group_answers(all, ch.size)
+        local shown = channel.group_answers(all, ch.size)
         if shown ~= "" then out(shown .. "\n") end
         out("(" .. format_time(host.now() - t0) .. ")\n")
       end
       -- exit() on the ranks that ran it; rank 0 decides for all.
       if ch.rank == 0 and done then
-        ch:broadcast(CMD_EXIT, "")
+        ch:broadcast(channel.CMD_EXIT, "")
         break
       end
     end
@@ -1014,15 +804,13 @@ end
 local function open_channel()
   local dist = require("tetra.dist")
   if not dist.launched() or dist.world_size() < 2 then return nil end
-  return Channel.new()
+  return channel.new()
 end
 
 -- Reads and runs commands until end of input or exit(). Returns the exit code.
 function M.loop(env)
   spmd = open_channel()
   if spmd then
-    spmd.members = {}
-    for r = 1, spmd.size do spmd.members[r] = true end
     env.rank = rawget(env, "rank") or spmd.rank
     env.world_size = spmd.size
   end
