@@ -13,11 +13,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,6 +55,7 @@ static const char usage_text[] =
   "  tetra run FILE [--set k=v]...  run a Lua recipe or a YAML config\n"
   "  tetra -i FILE [--set k=v]...   run FILE's setup, then open the REPL with its\n"
   "                                 model, optimizer, data and config in scope\n"
+  "  mpirun -np N tetra -i FILE     one prompt (rank 0's terminal) for every rank\n"
   "  tetra -e CODE [ARG]...         run a Lua chunk\n"
   "  tetra test PATH...             run Lua spec files (or every *_spec.lua in a dir)\n"
   "  tetra tokenizer ...            tokenizer tools (tetra tokenizer --help)\n"
@@ -297,32 +301,281 @@ static int l_yaml(lua_State *L, int from_file) {
 static int l_load_yaml(lua_State *L) { return l_yaml(L, 1); }
 static int l_parse_yaml(lua_State *L) { return l_yaml(L, 0); }
 
+/* -- Interrupts (Ctrl-C) ------------------------------------------------------------- */
+
+/* The REPL catches SIGINT instead of dying. The handler only sets a flag, which the REPL
+** polls at points where stopping is safe (between training steps; under mpirun those are
+** points every rank reaches, so the stop is agreed there). For ordinary Lua code the
+** handler may also arm a count hook on the running state, as lua.c does, which raises
+** "interrupted" at the next Lua instruction the interpreter runs. */
+static volatile sig_atomic_t g_interrupted = 0;
+static volatile sig_atomic_t g_hook_allowed = 0;
+static volatile sig_atomic_t g_in_readline = 0;
+static volatile sig_atomic_t g_unanswered = 0;   /* Ctrl-Cs since a safe point took one */
+static int g_newline_fd = -1;   /* the terminal, where the echoed ^C gets its line end */
+static lua_State *g_main_L = NULL;
+
+static void interrupt_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  g_interrupted = g_unanswered = 0;
+  luaL_error(L, "interrupted (Ctrl-C)");
+}
+
+static void on_sigint(int sig) {
+  (void)sig;
+  g_interrupted = 1;
+  /* A command that reaches no safe point (a C call that does not return, a Lua loop
+  ** under mpirun) cannot be stopped in place: the third Ctrl-C in a row ends the
+  ** process, and under mpirun the job with it. */
+  if (!g_in_readline && ++g_unanswered >= 3) {
+    static const char msg[] = "\ntetra: Ctrl-C three times and no safe point reached: ending "
+                              "the session\n";
+    ssize_t w = write(g_newline_fd >= 0 ? g_newline_fd : STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(130);
+  }
+  /* The terminal echoed "^C" where the cursor was; what the command prints next starts
+  ** on a line of its own (write is async-signal-safe). */
+  if (!g_in_readline && g_newline_fd >= 0) {
+    ssize_t w = write(g_newline_fd, "\n", 1);
+    (void)w;
+  }
+  if (g_hook_allowed && g_main_L)
+    lua_sethook(g_main_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+/* host.catch_interrupts(): from now on Ctrl-C sets the flag instead of ending the
+** process. No SA_RESTART, so a blocking read returns and the prompt can start again. */
+static FILE *g_tty_out;
+
+static int l_catch_interrupts(lua_State *L) {
+  g_newline_fd = g_tty_out ? fileno(g_tty_out) : isatty(STDOUT_FILENO) ? STDOUT_FILENO : -1;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  lua_pushboolean(L, sigaction(SIGINT, &sa, NULL) == 0);
+  return 1;
+}
+
+/* host.interrupted([clear]) -> whether Ctrl-C came since the flag was last cleared. */
+static int l_interrupted(lua_State *L) {
+  lua_pushboolean(L, g_interrupted != 0);
+  if (lua_toboolean(L, 1)) g_interrupted = g_unanswered = 0;
+  return 1;
+}
+
+/* host.interrupt_lua(on): whether Ctrl-C may stop Lua code wherever it runs (a command
+** that has no safe points of its own), or only sets the flag. */
+static int l_interrupt_lua(lua_State *L) {
+  g_hook_allowed = lua_toboolean(L, 1);
+  if (!g_hook_allowed) lua_sethook(g_main_L, NULL, 0, 0);
+  return 0;
+}
+
+/* -- The terminal under mpirun ---------------------------------------------------------- */
+
+/* mpirun owns the terminal: rank 0's stdin is a pipe, and Ctrl-C goes to mpirun, which
+** ends the job. host.take_terminal() opens /dev/tty for rank 0's line editing and makes
+** rank 0's process group the terminal's foreground one, so keys and Ctrl-C reach rank 0
+** (mpirun, now in the background, stops forwarding stdin). host.give_back_terminal()
+** returns the foreground to mpirun's group. */
+static FILE *g_tty_in = NULL;
+static pid_t g_saved_fg = -1;
+
+static int set_foreground(int fd, pid_t pgrp) {
+  /* A background group that calls tcsetpgrp is sent SIGTTOU; ignore it for the call. */
+  struct sigaction ign, old;
+  memset(&ign, 0, sizeof ign);
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGTTOU, &ign, &old);
+  int rc = tcsetpgrp(fd, pgrp);
+  sigaction(SIGTTOU, &old, NULL);
+  return rc;
+}
+
+/* Whether the launcher (our parent, mpirun) reads a terminal: a session piped into mpirun
+** is read from that pipe, not from the terminal it was started in. */
+static int parent_reads_terminal(void) {
+  char link[64], target[PATH_MAX];
+  snprintf(link, sizeof link, "/proc/%d/fd/0", (int)getppid());
+  ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return 0;
+  target[n] = '\0';
+  return !strncmp(target, "/dev/pts/", 9) || !strncmp(target, "/dev/tty", 8);
+}
+
+static int l_take_terminal(lua_State *L) {
+  if (!g_tty_in && !parent_reads_terminal()) {
+    lua_pushnil(L);
+    lua_pushstring(L, "the launcher's input is not a terminal");
+    return 2;
+  }
+  if (!g_tty_in) {
+    int fd = open("/dev/tty", O_RDWR | O_NOCTTY);
+    if (fd < 0) {
+      lua_pushnil(L);
+      lua_pushfstring(L, "/dev/tty: %s", strerror(errno));
+      return 2;
+    }
+    g_tty_in = fdopen(fd, "r");
+    int fd2 = dup(fd);
+    g_tty_out = fd2 >= 0 ? fdopen(fd2, "w") : NULL;
+    if (!g_tty_in || !g_tty_out) {
+      lua_pushnil(L);
+      lua_pushstring(L, "/dev/tty: cannot open a stream");
+      return 2;
+    }
+    setvbuf(g_tty_out, NULL, _IOLBF, 0);
+    g_saved_fg = tcgetpgrp(fd);
+  }
+  int fd = fileno(g_tty_in);
+  if (set_foreground(fd, getpgrp()) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot take the terminal: %s", strerror(errno));
+    return 2;
+  }
+#ifdef TETRA_HAVE_LIBEDIT
+  rl_instream = g_tty_in;
+  rl_outstream = g_tty_out;
+#endif
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int l_give_back_terminal(lua_State *L) {
+  if (g_tty_in && g_saved_fg > 0) set_foreground(fileno(g_tty_in), g_saved_fg);
+  (void)L;
+  return 0;
+}
+
+/* host.tty_write(text): to the terminal taken by take_terminal (stdout otherwise). */
+static int l_tty_write(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  FILE *f = g_tty_out ? g_tty_out : stdout;
+  fwrite(s, 1, n, f);
+  fflush(f);
+  return 0;
+}
+
 /* -- Line reading (libedit when present) -------------------------------------------- */
 
-/* host.readline(prompt) -> line without the newline, or nil at end of input. The prompt
-** is only shown on a terminal so piped sessions stay clean. */
+#ifdef TETRA_HAVE_LIBEDIT
+/* Tab completion: libedit hands over the word before the cursor; the Lua function set by
+** host.set_completer(fn) gets (word, line up to the cursor) and returns an array of
+** candidates, each a whole replacement for the word. */
+static int g_completer_ref = LUA_NOREF;
+static lua_State *g_completer_L = NULL;
+static char **g_matches = NULL;
+static int g_n_matches = 0, g_next_match = 0;
+
+static void free_matches(void) {
+  for (int i = 0; i < g_n_matches; i++) free(g_matches[i]);
+  free(g_matches);
+  g_matches = NULL;
+  g_n_matches = g_next_match = 0;
+}
+
+static char *match_generator(const char *text, int state) {
+  (void)text;
+  if (state == 0) g_next_match = 0;
+  if (g_next_match >= g_n_matches) return NULL;
+  return strdup(g_matches[g_next_match++]);
+}
+
+static char **complete(const char *text, int start, int end) {
+  (void)end;
+  lua_State *L = g_completer_L;
+  rl_attempted_completion_over = 1;   /* no file-name completion when Lua finds none */
+  free_matches();
+  if (!L || g_completer_ref == LUA_NOREF) return NULL;
+  int top = lua_gettop(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, g_completer_ref);
+  lua_pushstring(L, text);
+  lua_pushlstring(L, rl_line_buffer, (size_t)start + strlen(text));
+  if (lua_pcall(L, 2, 1, 0) != 0 || !lua_istable(L, -1)) {
+    lua_settop(L, top);
+    return NULL;
+  }
+  int n = (int)lua_objlen(L, -1);
+  g_matches = n > 0 ? calloc((size_t)n, sizeof(char *)) : NULL;
+  for (int i = 0; g_matches && i < n; i++) {
+    lua_rawgeti(L, -1, i + 1);
+    const char *m = lua_tostring(L, -1);
+    if (m && (g_matches[g_n_matches] = strdup(m)) != NULL) g_n_matches++;
+    lua_pop(L, 1);
+  }
+  lua_settop(L, top);
+  if (g_n_matches == 0) return NULL;
+  return rl_completion_matches(text, match_generator);
+}
+#endif
+
+/* host.set_completer(fn): fn(word, line) -> { candidates } drives Tab. */
+static int l_set_completer(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+#ifdef TETRA_HAVE_LIBEDIT
+  if (g_completer_ref != LUA_NOREF) luaL_unref(L, LUA_REGISTRYINDEX, g_completer_ref);
+  lua_pushvalue(L, 1);
+  g_completer_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  /* Dots and colons stay inside the word, so "model.tok<Tab>" completes a field. */
+  static char breaks[] = " \t\n\"'`<>=;|&{}()[],+-*/%^~#";
+  rl_completer_word_break_characters = breaks;
+  rl_basic_word_break_characters = breaks;
+  rl_attempted_completion_function = complete;
+#endif
+  return 0;
+}
+
+/* host.readline(prompt) -> line without the newline; nil at end of input; or false when
+** Ctrl-C interrupted the line being typed (the REPL starts a fresh one). The prompt is
+** only shown on a terminal so piped sessions stay clean. */
 static int l_readline(lua_State *L) {
   const char *prompt = luaL_optstring(L, 1, "");
-  int tty = isatty(STDIN_FILENO);
+  int tty = isatty(STDIN_FILENO) || g_tty_in;
+  g_interrupted = g_unanswered = 0;
 #ifdef TETRA_HAVE_LIBEDIT
   if (tty) {
+    g_completer_L = L;
+    g_in_readline = 1;
     char *line = readline(prompt);
+    g_in_readline = 0;
+    g_completer_L = NULL;
+    if (g_interrupted) {
+      g_interrupted = 0;
+      free(line);
+      fputs("^C\n", rl_outstream ? rl_outstream : stdout);
+      fflush(rl_outstream ? rl_outstream : stdout);
+      lua_pushboolean(L, 0);
+      return 1;
+    }
     if (!line) return 0;
     lua_pushstring(L, line);
     free(line);
     return 1;
   }
 #endif
+  FILE *in = g_tty_in ? g_tty_in : stdin;
   if (tty) {
-    fputs(prompt, stdout);
-    fflush(stdout);
+    FILE *out = g_tty_out ? g_tty_out : stdout;
+    fputs(prompt, out);
+    fflush(out);
   }
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   int c, any = 0;
-  while ((c = getchar()) != EOF && c != '\n') {
+  while ((c = getc(in)) != EOF && c != '\n') {
     luaL_addchar(&b, (char)c);
     any = 1;
+  }
+  if (c == EOF && g_interrupted && ferror(in)) {
+    clearerr(in);
+    g_interrupted = 0;
+    lua_pushboolean(L, 0);
+    return 1;
   }
   if (c == EOF && !any) return 0;
   luaL_pushresult(&b);
@@ -367,6 +620,14 @@ static int l_now(lua_State *L) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   lua_pushnumber(L, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
   return 1;
+}
+
+/* host.sleep(seconds). */
+static int l_sleep(lua_State *L) {
+  double s = luaL_checknumber(L, 1);
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+  return 0;
 }
 
 static int l_is_dir(lua_State *L) {
@@ -418,7 +679,11 @@ static int l_listdir(lua_State *L) {
 static const luaL_Reg host_funcs[] = {
   {"load_yaml", l_load_yaml}, {"parse_yaml", l_parse_yaml}, {"readline", l_readline},
   {"add_history", l_add_history}, {"history", l_history}, {"isatty", l_isatty},
-  {"now", l_now}, {"is_dir", l_is_dir}, {"listdir", l_listdir}, {NULL, NULL}};
+  {"now", l_now}, {"is_dir", l_is_dir}, {"listdir", l_listdir}, {"sleep", l_sleep},
+  {"catch_interrupts", l_catch_interrupts}, {"interrupted", l_interrupted},
+  {"interrupt_lua", l_interrupt_lua}, {"set_completer", l_set_completer},
+  {"take_terminal", l_take_terminal}, {"give_back_terminal", l_give_back_terminal},
+  {"tty_write", l_tty_write}, {NULL, NULL}};
 
 /* Registers package.loaded["tetra.host"] and sets package.path to the library root. */
 static void open_host(lua_State *L, const char *root) {
@@ -677,6 +942,7 @@ int main(int argc, char **argv) {
   }
   luaL_openlibs(L);
   open_host(L, root);
+  g_main_L = L;
 
   int code;
   switch (which) {

@@ -636,6 +636,7 @@ local function report(e)
   end
   return 1
 end
+M.report = report
 
 -- `tetra run FILE [--set k=v]...`; returns the exit code.
 function M.run_file(file, sets)
