@@ -248,7 +248,9 @@ function train.setup(cfg, model, data, opts)
               "train.setup a plan (recipes/plans/llama.lua is one)")
   end
   local par = parallel.apply(model, opts.plan, mesh, cfg)
-  local ctx = amp.wrap(model, cfg)
+  -- FP8 layers split over the tensor-parallel group agree their amaxes over it.
+  local ctx = amp.wrap(model, cfg, { amax_group = lay.tp > 1 and mesh.tp or nil,
+                                     partial = lay.pp > 1 })
   local dev = train.device(t.device)
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
   par.device = dev
