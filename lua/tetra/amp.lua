@@ -20,7 +20,11 @@
 --                master weight an f32 gradient. On CPU the rounding is emulated with
 --                tt_cast there and back (a differentiable pair) around an f32 GEMM;
 --   fp8          tt_fp8_linear: x and W in e4m3, the output gradient in e5m2, each with a
---                delayed per-tensor scale from an amax history (engine/fp8.c);
+--                delayed per-tensor scale from an amax history; the GEMMs are cuBLASLt
+--                FP8 GEMMs on CUDA (engine/cuda/fp8_linear.cu) and an emulation of their
+--                arithmetic on the CPU (engine/fp8.c): fp32 sums, bf16 Y and dX, f32 dW.
+--                train.fp8_layers picks the layers; tensor-parallel layers agree their
+--                amaxes over the tensor-parallel group;
 --   fp16 also    a dynamic loss scaler: the loss is scaled up before backward, the grads
 --                unscaled and checked before clipping and the optimizer, and a step with
 --                inf/NaN grads skipped while the scale backs off.
