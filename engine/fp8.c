@@ -200,10 +200,10 @@ fail:
 **
 ** Scales are delayed: each tensor is quantised with the scale its meta holds (from the
 ** amax history), and its amax then joins the history. The first quantisation of a meta,
-** with an empty history, scales from the tensor's own amax. With an amax group (tensor
-** parallelism) the amaxes are agreed first, an all-reduce MAX, so that every rank of the
-** group holds the scales the single-process run would: a weight split over the group
-** has the single-process amax only as the max of the ranks' parts.
+** with an empty history, scales from the tensor's own amax. With an amax group (data,
+** context, tensor parallelism) the amaxes are agreed first, an all-reduce MAX, so that
+** every rank of the group holds the scales one process on the whole batch would: a
+** weight or a batch split over the group has that amax only as the max of the parts.
 */
 
 #include "dist/tetra_dist.h"
@@ -227,7 +227,7 @@ void tt_fp8_linear_state_release(tt_fp8_linear_state *st) {
   st->device = NULL;
 }
 
-/* amax[0..n) = the max of each over the state's amax group (in place); NaN travels as
+/* amax[0..n) = the max of each over the amax group (in place); NaN travels as
 ** +inf, which tt_fp8_meta_update ignores like NaN. */
 static int agree_amax(void *group, double *amax, int n) {
   for (int i = 0; i < n; i++)
@@ -239,7 +239,7 @@ static int agree_amax(void *group, double *amax, int n) {
   int rc = tt_comm_all_reduce((tt_comm *)group, t, TT_REDUCE_MAX);
   if (!rc) rc = tt_tensor_to_f64(t, amax);
   tt_tensor_release(t);
-  return rc ? tt_error_context("fp8: agreeing amax over the tensor-parallel group") : 0;
+  return rc ? tt_error_context("fp8: agreeing amax over the amax group") : 0;
 }
 
 /* max |x| of a contiguous float tensor on the CPU; NaN when x holds one. */

@@ -92,10 +92,11 @@ float tt_fp8_scale_from_amax(int dtype, float amax, int margin);
 ** gradient of its output (e5m2). Owned by the caller (the nn layer), which keeps it alive
 ** until the backward of every forward that used it has run, then calls
 ** tt_fp8_linear_state_release. amax_group (a tt_comm *, tetra_dist.h; NULL for none):
-** the ranks that hold parts of this layer (its tensor-parallel group); every amax is
-** agreed over them (all-reduce MAX) before it joins a history, so their scales are the
-** single-process ones. Set it before the first forward; every rank of the group then
-** runs the layer's forward and backward in the same order (as tensor parallelism does).
+** the ranks that run this layer on other parts of the batch or hold other parts of it
+** (a pipeline stage's tp x cp x dp ranks); every amax is agreed over them (all-reduce
+** MAX) before it joins a history, so their scales are those of one process on the whole
+** batch. Set it before the first forward; every rank of the group then runs the layer's
+** forward and backward in the same order (as the parallel step does).
 ** device: the CUDA copy of the metas (engine/cuda/fp8_linear.cu), made on the first
 ** CUDA forward; tt_fp8_linear_state_sync brings it back into x, w and g. */
 typedef struct tt_fp8_linear_state {

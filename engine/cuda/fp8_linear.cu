@@ -19,7 +19,7 @@
 ** amax with an atomic max; the inverse scale it used is copied into a per-call slot the
 ** GEMMs (and the backward) read; then a one-thread kernel pushes the amax into the
 ** history and computes the next scale, exactly as tt_fp8_meta_update does on the CPU
-** (float arithmetic, same order, IEEE division). Under tensor parallelism the amaxes are
+** (float arithmetic, same order, IEEE division). With an amax group the amaxes are
 ** all-reduced (MAX) over the state's group in place on the device (NCCL) before that
 ** update. The host learns nothing until a checkpoint asks (tt_fp8_linear_state_sync).
 **
@@ -264,7 +264,7 @@ static int agree(void *group, fp8_device *d) {
            "fp8_linear: an amax group in a program linked without the collectives");
   if (tt_comm_size((tt_comm *)group) == 1) return 0;
   if (tt_comm_all_reduce((tt_comm *)group, d->amax, TT_REDUCE_MAX))
-    return tt_error_context("fp8_linear: agreeing amax over the tensor-parallel group");
+    return tt_error_context("fp8_linear: agreeing amax over the amax group");
   return 0;
 }
 

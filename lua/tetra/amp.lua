@@ -23,8 +23,8 @@
 --                delayed per-tensor scale from an amax history; the GEMMs are cuBLASLt
 --                FP8 GEMMs on CUDA (engine/cuda/fp8_linear.cu) and an emulation of their
 --                arithmetic on the CPU (engine/fp8.c): fp32 sums, bf16 Y and dX, f32 dW.
---                train.fp8_layers picks the layers; tensor-parallel layers agree their
---                amaxes over the tensor-parallel group;
+--                train.fp8_layers picks the layers; under data, context and tensor
+--                parallelism the ranks agree their amaxes (opts.amax_group);
 --   fp16 also    a dynamic loss scaler: the loss is scaled up before backward, the grads
 --                unscaled and checked before clipping and the optimizer, and a step with
 --                inf/NaN grads skipped while the scale backs off.
@@ -161,8 +161,7 @@ end
 
 -- Each layer owns its scaling state (three amax histories); the closure keeps it alive
 -- for as long as the layer, which outlives every backward of its forwards. `group` (a
--- tetra.dist group or nil): the ranks that hold parts of this layer, over which every
--- amax is agreed (tensor parallelism).
+-- tetra.dist group or nil): the ranks over which every amax is agreed.
 local function fp8_gemm(history, margin, group)
   local st = ffi.gc(ffi.new("tt_fp8_linear_state"), C.tt_fp8_linear_state_release)
   tffi.check(C.tt_fp8_linear_state_init(st, history, margin), 3)
@@ -224,8 +223,10 @@ end
 -- model (model.amp) and returns it. Wrapping a model again at the same precision returns
 -- its context; at another precision is an error.
 -- fp8 options: train.fp8_history (16), train.fp8_margin (0), train.fp8_layers ("all");
--- opts.amax_group (a tetra.dist group): the tensor-parallel group, over which the amaxes
--- of every layer tetra.parallel split (it has a placement) are agreed; opts.partial:
+-- opts.amax_group (a tetra.dist group): every rank that runs these layers, on other
+-- parts of the batch (data, context parallelism) or other parts of a layer (tensor
+-- parallelism); every FP8 amax is agreed over it (all-reduce MAX), which gives each rank
+-- the scales of one process on the whole batch; opts.partial:
 -- this rank holds only some of the model's layers (pipeline stages), so a glob may
 -- match none here. fp16: scaler_options.
 function amp.wrap(model, cfg, opts)
@@ -259,8 +260,7 @@ function amp.wrap(model, cfg, opts)
         m.gemm = half_gemm(precision == "bf16" and C.TT_BF16 or C.TT_F16)
         ctx.layers = ctx.layers + 1
       elseif fp8_selected(pats, path, m) then
-        local group = rawget(m, "_placement") and opts.amax_group or nil
-        local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0, group)
+        local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0, opts.amax_group)
         m.gemm = gemm
         ctx.fp8_states[path] = st
         ctx.layers = ctx.layers + 1

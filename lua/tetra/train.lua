@@ -248,9 +248,14 @@ function train.setup(cfg, model, data, opts)
               "train.setup a plan (recipes/plans/llama.lua is one)")
   end
   local par = parallel.apply(model, opts.plan, mesh, cfg)
-  -- FP8 layers split over the tensor-parallel group agree their amaxes over it.
-  local ctx = amp.wrap(model, cfg, { amax_group = lay.tp > 1 and mesh.tp or nil,
-                                     partial = lay.pp > 1 })
+  -- FP8 layers agree their amaxes over every rank that runs them (the stage's tp x cp x
+  -- dp ranks), so that the scales are those of one process on the whole batch.
+  local amax_group
+  if t.precision == "fp8" and lay.tp * lay.cp * lay.dp > 1 then
+    amax_group = lay.pp == 1 and mesh.world or
+                 mesh.world:split(mesh.coords.pp, mesh.rank, "fp8 amax (tp x cp x dp)")
+  end
+  local ctx = amp.wrap(model, cfg, { amax_group = amax_group, partial = lay.pp > 1 })
   local dev = train.device(t.device)
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
   par.device = dev
