@@ -228,7 +228,8 @@ end
 -- parallelism); every FP8 amax is agreed over it (all-reduce MAX), which gives each rank
 -- the scales of one process on the whole batch; opts.partial:
 -- this rank holds only some of the model's layers (pipeline stages), so a glob may
--- match none here. fp16: scaler_options.
+-- match none here; opts.fail(msg): how to report a bad train.fp8_layers (tetra.dist.fail:
+-- one line, once). fp16: scaler_options.
 function amp.wrap(model, cfg, opts)
   opts = opts or {}
   local t = type(cfg) == "table" and (cfg.train or cfg) or {}
@@ -269,8 +270,10 @@ function amp.wrap(model, cfg, opts)
   end
   for _, p in ipairs(pats or {}) do
     if not p.used and not opts.partial then
-      error(string.format("train.fp8_layers: '%s' matches no Linear layer (they are: %s)",
-                          p.glob, table.concat(linears, ", ")), 2)
+      local msg = string.format("config error: train.fp8_layers: '%s' matches no Linear " ..
+                                "layer (they are: %s)", p.glob, table.concat(linears, ", "))
+      if opts.fail then opts.fail(msg) end
+      error(msg, 2)
     end
   end
   return ctx

@@ -255,7 +255,8 @@ function train.setup(cfg, model, data, opts)
     amax_group = lay.pp == 1 and mesh.world or
                  mesh.world:split(mesh.coords.pp, mesh.rank, "fp8 amax (tp x cp x dp)")
   end
-  local ctx = amp.wrap(model, cfg, { amax_group = amax_group, partial = lay.pp > 1 })
+  local ctx = amp.wrap(model, cfg, { amax_group = amax_group, partial = lay.pp > 1,
+                                     fail = dist.fail })
   local dev = train.device(t.device)
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
   par.device = dev

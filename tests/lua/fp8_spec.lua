@@ -111,6 +111,12 @@ describe("train.fp8_layers", function()
       tiny_cfg({ "train.precision=fp8", "train.fp8_layers=" })
     end).to_error("train.fp8_layers must be")
   end)
+
+  it("is refused without train.precision=fp8 (it would do nothing)", function()
+    expect(function()
+      tiny_cfg({ "train.precision=bf16", "train.fp8_layers=layers.*" })
+    end).to_error("train.fp8_layers applies to train.precision=fp8 (this run is bf16)")
+  end)
 end)
 
 describe("fp8 checkpoints", function()

@@ -6,6 +6,10 @@ local config = require("tetra.config")
 config.register_check(function(cfg)
   local v = cfg.train and cfg.train.fp8_layers
   if v == nil or v == "all" then return end
+  if cfg.train.precision ~= "fp8" then
+    config.error("train.fp8_layers applies to train.precision=fp8 (this run is %s): " ..
+                 "drop it or set train.precision=fp8", tostring(cfg.train.precision))
+  end
   local ok = type(v) == "string" and v:match("%S")
   if type(v) == "table" then
     ok = #v > 0
