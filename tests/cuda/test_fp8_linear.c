@@ -73,10 +73,11 @@ static void run_steps(int x_dtype) {
   cr_assert_eq(tt_fp8_linear_state_init(&gs, 2, 0), 0);
   const double xf[3] = {1.0, 4.0, 0.5}, gf[3] = {1.0, 0.25, 8.0};
   for (int step = 0; step < 3; step++) {
-    tt_tensor *xs32 = NULL, *x = NULL, *gy = NULL;
+    tt_tensor *xs32 = NULL, *x = NULL, *gs32 = NULL, *gy = NULL;
     cr_assert_eq(tt_scale(x0, xf[step], &xs32), 0);
     cr_assert_eq(tt_cast(xs32, x_dtype, &x), 0);   /* the CPU side gets the same values */
-    cr_assert_eq(tt_scale(g0, gf[step], &gy), 0);
+    cr_assert_eq(tt_scale(g0, gf[step], &gs32), 0);
+    cr_assert_eq(tt_cast(gs32, x_dtype, &gy), 0);  /* an output gradient of Y's dtype */
     leaf(x);
     tt_tensor *xd = leaf(to_dev(x, GPU)), *gyd = to_dev(gy, GPU);
     tt_tensor *y = NULL, *yd = NULL;
@@ -99,7 +100,7 @@ static void run_steps(int x_dtype) {
       tt_tensor_release(grads[i]->grad);
       grads[i]->grad = NULL;
     }
-    tt_tensor *all[] = {xs32, x, gy, xd, gyd, y, yd};
+    tt_tensor *all[] = {xs32, x, gs32, gy, xd, gyd, y, yd};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
   }
   tt_fp8_linear_state_release(&gs);
