@@ -44,16 +44,25 @@ int tt_fp8_meta_init(tt_fp8_meta *m, int dtype, int history_len, int margin) {
   return 0;
 }
 
+/* The scale is computed in float, in this order, because the device computes it so
+** (engine/cuda/fp8_linear.cu, without a host sync): both sides then hold the same
+** float scale and quantise to the same codes. */
+float tt_fp8_scale_from_amax(int dtype, float amax, int margin) {
+  return ((float)tt_fp8_max(dtype) / amax) * ldexpf(1.0f, -margin);
+}
+
 void tt_fp8_meta_update(tt_fp8_meta *m, double amax) {
   /* A zero or non-finite amax says nothing about the range (an all-zero gradient, an
   ** overflowed step the loss scaler will skip): keep the scale. */
-  if (!(amax > 0) || !isfinite(amax)) return;
+  if (!(amax > 0) || !isfinite(amax) || !((float)amax > 0)) return;
   m->amax_history[m->pos] = (float)amax;
   m->pos = (m->pos + 1) % m->history_len;
   if (m->filled < m->history_len) m->filled++;
-  double hmax = 0;
-  for (int i = 0; i < m->filled; i++) hmax = fmax(hmax, m->amax_history[i]);
-  m->scale = tt_fp8_max(m->dtype) / hmax * ldexp(1.0, -m->margin);
+  float hmax = 0;
+  for (int i = 0; i < m->filled; i++) hmax = fmaxf(hmax, m->amax_history[i]);
+  /* A tiny amax gives a scale past float's range: keep the last finite one. */
+  float s = tt_fp8_scale_from_amax(m->dtype, hmax, m->margin);
+  if (isfinite(s) && s > 0) m->scale = s;
 }
 
 /* -- Quantise / dequantise (CPU) ---------------------------------------------------- */
@@ -174,73 +183,194 @@ fail:
 }
 
 /* -- FP8 linear --------------------------------------------------------------------- */
+/*
+** What the GPU computes (engine/cuda/fp8_linear.cu, cuBLASLt FP8 GEMMs), and so what the
+** CPU emulates here, with s_t the float scale of tensor t and q_t = fp8(t * s_t):
+**   forward   Y  (rows, out) = bf16( acc(q_x q_w^T) * (1/s_x * 1/s_w) + bf16(bias) )
+**   backward  dX (rows, in)  = bf16( acc(q_g q_w)   * (1/s_g * 1/s_w) )
+**             dW (out, in)   =       acc(q_g^T q_x) * (1/s_g * 1/s_x)        (f32)
+**             db (out)       = column sums of the unquantised gradient       (f32)
+** x and w are e4m3, the output gradient g e5m2. acc is a float32 sum of products of fp8
+** values: every product of two fp8 numbers is exact in float32, so the GPU and the CPU
+** differ only in the order of the float32 additions (and the epilogue's rounding of
+** that sum to bf16 may then differ by one bf16 ulp on rare elements). The epilogue
+** multiplies by the product of the two float inverse scales and adds the bias rounded
+** to bf16 (cuBLASLt reads the bias in the output's dtype), then rounds to bf16 once.
+** Y and dX come back in x's dtype holding bf16 values; dW in the weight's dtype.
+**
+** Scales are delayed: each tensor is quantised with the scale its meta holds (from the
+** amax history), and its amax then joins the history. The first quantisation of a meta,
+** with an empty history, scales from the tensor's own amax. With an amax group (data,
+** context, tensor parallelism) the amaxes are agreed first, an all-reduce MAX, so that
+** every rank of the group holds the scales one process on the whole batch would: a
+** weight or a batch split over the group has that amax only as the max of the parts.
+*/
+
+#include "dist/tetra_dist.h"
+
+extern int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
+                              tt_fp8_linear_state *st, tt_tensor **out) __attribute__((weak));
+extern void tt_cuda_fp8_linear_state_free(void *device) __attribute__((weak));
 
 int tt_fp8_linear_state_init(tt_fp8_linear_state *st, int history_len, int margin) {
   TT_CHECK(st != NULL, "tt_fp8_linear_state_init: state is NULL");
+  memset(st, 0, sizeof(*st));
   TT_TRY(tt_fp8_meta_init(&st->x, TT_E4M3, history_len, margin));
   TT_TRY(tt_fp8_meta_init(&st->w, TT_E4M3, history_len, margin));
   TT_TRY(tt_fp8_meta_init(&st->g, TT_E5M2, history_len, margin));
   return 0;
 }
 
-/* Round trip of x through fp8 at m's delayed scale; records x's amax into m. A meta
-** with an empty history has no scale yet, so the first call scales from x's own amax. */
-static int fake_quant_delayed(const char *op, tt_tensor *x, tt_fp8_meta *m,
-                              tt_tensor **out) {
-  double amax = 0;
-  TT_TRY(quantize_into(op, x, m->dtype, m->scale, 1, out, &amax));
-  if (m->filled == 0 && amax > 0 && isfinite(amax)) {
-    tt_tensor_release(*out);
-    *out = NULL;
-    tt_fp8_meta_update(m, amax);
-    return quantize_into(op, x, m->dtype, m->scale, 1, out, NULL);
+void tt_fp8_linear_state_release(tt_fp8_linear_state *st) {
+  if (!st || !st->device) return;
+  if (tt_cuda_fp8_linear_state_free) tt_cuda_fp8_linear_state_free(st->device);
+  st->device = NULL;
+}
+
+/* amax[0..n) = the max of each over the amax group (in place); NaN travels as
+** +inf, which tt_fp8_meta_update ignores like NaN. */
+static int agree_amax(void *group, double *amax, int n) {
+  for (int i = 0; i < n; i++)
+    if (isnan(amax[i])) amax[i] = INFINITY;
+  if (!group || tt_comm_size((tt_comm *)group) == 1) return 0;
+  int64_t len = n;
+  tt_tensor *t = NULL;
+  TT_TRY(tt_tensor_from_f64(amax, &len, 1, TT_F32, &t));
+  int rc = tt_comm_all_reduce((tt_comm *)group, t, TT_REDUCE_MAX);
+  if (!rc) rc = tt_tensor_to_f64(t, amax);
+  tt_tensor_release(t);
+  return rc ? tt_error_context("fp8: agreeing amax over the amax group") : 0;
+}
+
+/* max |x| of a contiguous float tensor on the CPU; NaN when x holds one. */
+static double amax_cpu(tt_tensor *x) {
+  int64_t n = tt_tensor_numel(x);
+  const void *p = tt_tensor_data(x);
+  float amax = 0;
+  int nan = 0;
+  #pragma omp parallel for reduction(max:amax) reduction(|:nan) if(n > TT_PARALLEL_GRAIN)
+  for (int64_t i = 0; i < n; i++) {
+    float v = load_float(p, x->dtype, i);
+    nan |= isnan(v);
+    amax = fmaxf(amax, fabsf(v));
   }
-  tt_fp8_meta_update(m, amax);
+  return nan ? NAN : (double)amax;
+}
+
+/* codes[i] = fp8(x_i * s_i) at each meta's delayed scale for n tensors (x_i contiguous,
+** on the CPU), each meta's history then updated with the agreed amaxes; *scale_used gets
+** the float scales the codes were made with. */
+static int quantize_delayed(const char *op, tt_tensor **x, tt_fp8_meta **m, int n,
+                            void *group, tt_tensor **codes, float *scale_used) {
+  double amax[3];
+  int fresh[3], any_fresh = 0;
+  for (int i = 0; i < n; i++) any_fresh |= fresh[i] = m[i]->filled == 0;
+  if (any_fresh) {
+    /* An empty history has no scale yet: take it from this tensor's own (agreed) amax,
+    ** which becomes the history's first entry. The metas are the same on every rank of
+    ** the group, so every rank takes this branch together. */
+    for (int i = 0; i < n; i++) amax[i] = fresh[i] ? amax_cpu(x[i]) : 0;
+    TT_TRY(agree_amax(group, amax, n));
+    for (int i = 0; i < n; i++)
+      if (fresh[i]) tt_fp8_meta_update(m[i], amax[i]);
+  }
+  for (int i = 0; i < n; i++) {
+    scale_used[i] = (float)m[i]->scale;
+    TT_TRY(quantize_into(op, x[i], m[i]->dtype, scale_used[i], 0, &codes[i], &amax[i]));
+    if (fresh[i]) amax[i] = 0;   /* already recorded above */
+  }
+  TT_TRY(agree_amax(group, amax, n));
+  for (int i = 0; i < n; i++) tt_fp8_meta_update(m[i], amax[i]);
   return 0;
 }
 
-/* saved[0] = xq (..., in), saved[1] = wq (out, in): the dequantised fp8 operands, so the
-** backward GEMMs see the same values as the forward one. */
+/* A new f32 tensor of the fp8 values of `codes` (not divided by any scale): exact, and
+** what the tensor cores multiply. */
+static int decode_fp8(tt_tensor *codes, tt_tensor **out) {
+  TT_TRY(tt_tensor_empty(codes->shape, codes->ndim, TT_F32, TT_CPU, out));
+  float table[256];
+  fp8_table(codes->dtype, table);
+  int64_t n = tt_tensor_numel(codes);
+  const uint8_t *src = tt_tensor_data(codes);
+  float *dst = tt_tensor_data(*out);
+  #pragma omp parallel for if(n > TT_PARALLEL_GRAIN)
+  for (int64_t i = 0; i < n; i++) dst[i] = table[src[i]];
+  return 0;
+}
+
+static float round_bf16(float v) { return tt_bf16_to_float(tt_float_to_bf16(v)); }
+
+/* out (dtype) = epilogue of acc (f32, (rows, cols)): acc * descale (+ bias[col] rounded
+** to bf16), rounded to bf16 when to_bf16. */
+static int epilogue(tt_tensor *acc, float descale, const float *bias, int to_bf16,
+                    int dtype, tt_tensor **out) {
+  int64_t cols = acc->shape[acc->ndim - 1], n = tt_tensor_numel(acc);
+  tt_tensor *y = NULL;
+  TT_TRY(tt_tensor_empty(acc->shape, acc->ndim, TT_F32, TT_CPU, &y));
+  const float *a = tt_tensor_data(acc);
+  float *d = tt_tensor_data(y);
+  #pragma omp parallel for if(n > TT_PARALLEL_GRAIN)
+  for (int64_t i = 0; i < n; i++) {
+    float v = a[i] * descale;
+    if (bias) v += round_bf16(bias[i % cols]);
+    d[i] = to_bf16 ? round_bf16(v) : v;
+  }
+  if (dtype == TT_F32) {
+    *out = y;
+    return 0;
+  }
+  int rc = tt_cast(y, dtype, out);
+  tt_tensor_release(y);
+  return rc;
+}
+
+/* inputs: x, w, bias; saved[0] = q_x (rows, in), saved[1] = q_w (out, in): the fp8
+** codes (what the GPU keeps for backward); f[0], f[1] the scales they were made with. */
 static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
   tt_fp8_linear_state *st = node->ctx;
   tt_tensor *x = node->inputs[0], *w = node->inputs[1], *bias = node->inputs[2];
-  tt_tensor *xq = node->saved[0], *wq = node->saved[1];
-  tt_tensor *gq = NULL, *g2 = NULL, *x2 = NULL, *dx = NULL, *dw = NULL, *db = NULL;
+  tt_tensor *qx = node->saved[0], *qw = node->saved[1];
+  const float sx = (float)node->f[0], sw = (float)node->f[1];
+  tt_tensor *g = NULL, *g2 = NULL, *qg = NULL, *dg = NULL, *dxw = NULL, *dww = NULL;
+  tt_tensor *acc = NULL, *dx = NULL, *dw = NULL, *db = NULL, *dx2 = NULL;
   int grad = tt_is_grad_enabled();
   int rc = -1;
+  float sg;
   tt_set_grad_enabled(0);
-  if (fake_quant_delayed("fp8_linear backward", grad_out, &st->g, &gq)) goto done;
+  int64_t g_shape[2] = {-1, w->shape[0]};
+  if (tt_contiguous_nograd(grad_out, &g) || tt_view(g, g_shape, 2, &g2)) goto done;
+  {
+    tt_fp8_meta *m = &st->g;
+    if (quantize_delayed("fp8_linear backward", &g2, &m, 1, st->amax_group, &qg, &sg))
+      goto done;
+  }
+  if (decode_fp8(qg, &dg)) goto done;
   if (tt_needs_grad(x)) {
-    /* dx (..., in) = gq (..., out) @ wq (out, in) */
-    if (tt_matmul(gq, wq, NULL, 0, 0, &dx) || tt_accumulate_grad(x, dx)) goto done;
+    /* dX (rows, in) = q_g (rows, out) @ q_w (out, in) */
+    if (decode_fp8(qw, &dww) || tt_matmul(dg, dww, NULL, 0, 0, &acc) ||
+        epilogue(acc, (1.0f / sg) * (1.0f / sw), NULL, 1, x->dtype, &dx) ||
+        tt_view(dx, x->shape, x->ndim, &dx2) || tt_accumulate_grad(x, dx2))
+      goto done;
+    tt_tensor_release(acc);
+    acc = NULL;
   }
   if (tt_needs_grad(w)) {
-    /* dw (out, in) = gq^T (out, rows) @ xq (rows, in), rows = all leading dims */
-    int64_t g_shape[2] = {-1, w->shape[0]}, x_shape[2] = {-1, w->shape[1]};
-    if (tt_view(gq, g_shape, 2, &g2) || tt_view(xq, x_shape, 2, &x2) ||
-        tt_matmul(g2, x2, NULL, 1, 0, &dw) || tt_accumulate_grad(w, dw))
+    /* dW (out, in) = q_g^T (out, rows) @ q_x (rows, in) */
+    if (decode_fp8(qx, &dxw) || tt_matmul(dg, dxw, NULL, 1, 0, &acc) ||
+        epilogue(acc, (1.0f / sg) * (1.0f / sx), NULL, 0, w->dtype, &dw) ||
+        tt_accumulate_grad(w, dw))
       goto done;
   }
   if (bias && tt_needs_grad(bias)) {
     /* The bias gradient needs no GEMM, so it takes the unquantised gradient. */
-    int dims[TT_MAX_DIMS];
-    for (int d = 0; d < grad_out->ndim - 1; d++) dims[d] = d;
-    if (grad_out->ndim == 1) {
-      if (tt_accumulate_grad(bias, grad_out)) goto done;
-    } else if (tt_sum(grad_out, dims, grad_out->ndim - 1, 0, &db) ||
-               tt_accumulate_grad(bias, db)) {
-      goto done;
-    }
+    int dims[1] = {0};
+    if (tt_sum(g2, dims, 1, 0, &db) || tt_accumulate_grad(bias, db)) goto done;
   }
   rc = 0;
 done:
   tt_set_grad_enabled(grad);
-  tt_tensor_release(gq);
-  tt_tensor_release(g2);
-  tt_tensor_release(x2);
-  tt_tensor_release(dx);
-  tt_tensor_release(dw);
-  tt_tensor_release(db);
+  tt_tensor *all[] = {g, g2, qg, dg, dxw, dww, acc, dx, dw, db, dx2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
   return rc ? tt_error_context("fp8_linear backward") : 0;
 }
 
@@ -251,30 +381,69 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
   TT_CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] == w->shape[1],
            "fp8_linear: x's last dim (%lld) must equal the weight's in features (%lld)",
            (long long)(x->ndim ? x->shape[x->ndim - 1] : 0), (long long)w->shape[1]);
+  TT_CHECK(!bias || (bias->ndim == 1 && bias->shape[0] == w->shape[0]),
+           "fp8_linear: bias must be [%lld]", (long long)w->shape[0]);
   tt_tensor *ins[3] = {x, w, bias};
   TT_TRY(tt_check_same_device("fp8_linear", ins, bias ? 3 : 2));
-  tt_tensor *xq = NULL, *wq = NULL, *y = NULL;
+  if (tt_device_is_cuda(x->device)) {
+    if (!tt_cuda_fp8_linear) return tt_no_kernel("fp8_linear", x->device);
+    return tt_cuda_fp8_linear(x, w, bias, st, out);
+  }
+  tt_tensor *xc = NULL, *x2 = NULL, *wc = NULL, *bc = NULL, *q[2] = {NULL, NULL};
+  tt_tensor *dxq = NULL, *dwq = NULL, *acc = NULL, *y2 = NULL, *y = NULL;
+  int64_t x_shape[2] = {-1, w->shape[1]};
+  int64_t y_shape[TT_MAX_DIMS];
+  for (int d = 0; d < x->ndim - 1; d++) y_shape[d] = x->shape[d];
+  y_shape[x->ndim - 1] = w->shape[0];
+  float scale[2];
   int grad = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
-  int rc = fake_quant_delayed("fp8_linear", x, &st->x, &xq);
-  if (!rc) rc = fake_quant_delayed("fp8_linear", w, &st->w, &wq);
-  if (!rc) rc = tt_linear(xq, wq, bias, &y);
-  tt_set_grad_enabled(grad);
-  if (rc) goto fail;
-  if (tt_should_record(ins, 3)) {
-    tt_node *node = tt_record("fp8_linear", fp8_linear_backward, y, ins, 3);
-    if (!node) goto fail;
-    node->ctx = st;
-    tt_node_save(node, xq);
-    tt_node_save(node, wq);
+  int rc = float_input("fp8_linear", x, &xc);
+  if (!rc) rc = tt_view(xc, x_shape, 2, &x2);
+  if (!rc) rc = float_input("fp8_linear", w, &wc);
+  if (!rc && bias) rc = tt_cast(bias, TT_F32, &bc);
+  if (!rc) {
+    tt_tensor *ops[2] = {x2, wc};
+    tt_fp8_meta *ms[2] = {&st->x, &st->w};
+    rc = quantize_delayed("fp8_linear", ops, ms, 2, st->amax_group, q, scale);
   }
-  tt_tensor_release(xq);
-  tt_tensor_release(wq);
+  /* Y (rows, out) = q_x (rows, in) @ q_w (out, in)^T */
+  if (!rc) rc = decode_fp8(q[0], &dxq);
+  if (!rc) rc = decode_fp8(q[1], &dwq);
+  if (!rc) rc = tt_matmul(dxq, dwq, NULL, 0, 1, &acc);
+  if (!rc) rc = epilogue(acc, (1.0f / scale[0]) * (1.0f / scale[1]),
+                         bc ? tt_tensor_data(bc) : NULL, 1, x->dtype, &y2);
+  if (!rc) rc = tt_view(y2, y_shape, x->ndim, &y);
+  tt_set_grad_enabled(grad);
+  if (!rc && tt_should_record(ins, 3)) {
+    tt_node *node = tt_record("fp8_linear", fp8_linear_backward, y, ins, 3);
+    if (!node) {
+      rc = -1;
+    } else {
+      node->ctx = st;
+      tt_node_save(node, q[0]);
+      tt_node_save(node, q[1]);
+      node->f[0] = scale[0];
+      node->f[1] = scale[1];
+    }
+  }
+  tt_tensor *tmp[] = {xc, x2, wc, bc, q[0], q[1], dxq, dwq, acc, y2};
+  for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) tt_tensor_release(tmp[i]);
+  if (rc) {
+    tt_tensor_release(y);
+    return -1;
+  }
   *out = y;
   return 0;
-fail:
-  tt_tensor_release(xq);
-  tt_tensor_release(wq);
-  tt_tensor_release(y);
-  return -1;
+}
+
+extern int tt_cuda_fp8_linear_state_sync(void *device, tt_fp8_linear_state *st,
+                                         int to_device) __attribute__((weak));
+
+int tt_fp8_linear_state_sync(tt_fp8_linear_state *st, int to_device) {
+  TT_CHECK(st != NULL, "tt_fp8_linear_state_sync: state is NULL");
+  if (!st->device) return 0;
+  TT_CHECK(tt_cuda_fp8_linear_state_sync != NULL,
+           "tt_fp8_linear_state_sync: a device state in a build without CUDA");
+  return tt_cuda_fp8_linear_state_sync(st->device, st, to_device);
 }

@@ -84,21 +84,43 @@ int tt_fp8_dequantize(tt_tensor *q, double scale, tt_tensor **out);
 int tt_fp8_fake_quantize(tt_tensor *x, int dtype, double scale, tt_tensor **out,
                          double *amax);
 
+/* scale = (fp8_max / amax) * 2^-margin, computed in float in that order (the device
+** computes it so, and both sides must hold the same scale). */
+float tt_fp8_scale_from_amax(int dtype, float amax, int margin);
+
 /* The scaling state of one FP8 linear layer: its input and weight (e4m3) and the
 ** gradient of its output (e5m2). Owned by the caller (the nn layer), which keeps it alive
-** until the backward of every forward that used it has run. */
+** until the backward of every forward that used it has run, then calls
+** tt_fp8_linear_state_release. amax_group (a tt_comm *, tetra_dist.h; NULL for none):
+** the ranks that run this layer on other parts of the batch or hold other parts of it
+** (a pipeline stage's tp x cp x dp ranks); every amax is agreed over them (all-reduce
+** MAX) before it joins a history, so their scales are those of one process on the whole
+** batch. Set it before the first forward; every rank of the group then runs the layer's
+** forward and backward in the same order (as the parallel step does).
+** device: the CUDA copy of the metas (engine/cuda/fp8_linear.cu), made on the first
+** CUDA forward; tt_fp8_linear_state_sync brings it back into x, w and g. */
 typedef struct tt_fp8_linear_state {
   tt_fp8_meta x;
   tt_fp8_meta w;
   tt_fp8_meta g;
+  void *amax_group;
+  void *device;
 } tt_fp8_linear_state;
 
 int tt_fp8_linear_state_init(tt_fp8_linear_state *st, int history_len, int margin);
-/* Like tt_linear (x: (..., in), w: (out, in), bias: (out) or NULL -> (..., out)) with x
-** and w quantised to e4m3 and, in backward, the output gradient quantised to e5m2, each
-** with its delayed scale from `st` (a tensor's first quantisation, with an empty history,
-** scales from its own amax). On CPU the GEMMs run in f32 on the dequantised values.
-** Differentiable in x, w and bias. */
+/* Frees the device copy (nothing on the CPU); the host metas stay. */
+void tt_fp8_linear_state_release(tt_fp8_linear_state *st);
+/* Copies the device metas (if any) into st->x, w, g (a host sync: for checkpoints), or,
+** with to_device = 1, the host metas into the device copy (after a checkpoint load). */
+int tt_fp8_linear_state_sync(tt_fp8_linear_state *st, int to_device);
+/* Like tt_linear (x: (..., in), w: (out, in), bias: (out) or NULL -> (..., out)) as an
+** FP8 GEMM: x and w quantised to e4m3 and, in backward, the output gradient to e5m2,
+** each with its delayed scale from `st` (a meta's first quantisation, with an empty
+** history, scales from the tensor's own amax). The arithmetic is that of cuBLASLt's FP8
+** GEMMs (fp32 sums of exact fp8 products, the inverse scales and the bf16 bias applied
+** in the epilogue, the output and dX rounded to bf16, dW in f32): on CUDA tensors it is
+** that GEMM, on the CPU an emulation of it (engine/fp8.c says exactly what). Output in
+** x's dtype. Differentiable in x, w and bias. */
 int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_state *st,
                   tt_tensor **out);
 

@@ -7,7 +7,7 @@
 ** only the objects something else happened to need, and the ops would report "not
 ** implemented on cuda". tt_cuda_init calls tt_cuda_kernels_linked, which the binary
 ** references strongly, so every family comes along. Files without a kernel table (cast,
-** matmul_lowp) are anchored through their family name alone.
+** matmul_lowp, fp8_linear) are anchored through their family name alone.
 */
 #include "cuda/tt_cuda.h"
 extern "C" {
@@ -25,7 +25,7 @@ extern "C" {
 
 #define FAMILIES(X) \
   X(elementwise) X(activation) X(reduce) X(matmul) X(embedding) X(norm) X(rope) \
-  X(attention) X(loss) X(optim) X(cast) X(matmul_lowp)
+  X(attention) X(loss) X(optim) X(cast) X(matmul_lowp) X(fp8_linear)
 
 #define DECLARE(fam) extern "C" const char tt_cuda_family_##fam[];
 FAMILIES(DECLARE)
@@ -38,7 +38,7 @@ int tt_cuda_kernels_linked(void) {
   const void *const tables[] = {
     &tt_elementwise_cuda, &tt_activation_cuda, &tt_reduce_cuda, &tt_matmul_cuda,
     &tt_embedding_cuda, &tt_norm_cuda, &tt_rope_cuda, &tt_attention_cuda, &tt_loss_cuda,
-    &tt_optim_cuda, names[10], names[11],
+    &tt_optim_cuda, names[10], names[11], names[12],
   };
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
     TT_CHECK(tables[i] != NULL, "cuda: the kernel table of %s is not linked in", names[i]);

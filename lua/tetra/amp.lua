@@ -20,7 +20,11 @@
 --                master weight an f32 gradient. On CPU the rounding is emulated with
 --                tt_cast there and back (a differentiable pair) around an f32 GEMM;
 --   fp8          tt_fp8_linear: x and W in e4m3, the output gradient in e5m2, each with a
---                delayed per-tensor scale from an amax history (engine/fp8.c);
+--                delayed per-tensor scale from an amax history; the GEMMs are cuBLASLt
+--                FP8 GEMMs on CUDA (engine/cuda/fp8_linear.cu) and an emulation of their
+--                arithmetic on the CPU (engine/fp8.c): fp32 sums, bf16 Y and dX, f32 dW.
+--                train.fp8_layers picks the layers; under data, context and tensor
+--                parallelism the ranks agree their amaxes (opts.amax_group);
 --   fp16 also    a dynamic loss scaler: the loss is scaled up before backward, the grads
 --                unscaled and checked before clipping and the optimizer, and a step with
 --                inf/NaN grads skipped while the scale backs off.
@@ -40,6 +44,9 @@ local pout, take = T.pout, T.take
 local amp = {}
 
 local PRECISIONS = { fp32 = true, bf16 = true, fp16 = true, fp8 = true }
+
+-- state -> the tetra.dist group its amax_group points into (weak keys: the state's life).
+local st_groups = setmetatable({}, { __mode = "k" })
 
 -- -- Loss scaler ------------------------------------------------------------------------
 
@@ -153,13 +160,46 @@ local function half_gemm(dtype)
 end
 
 -- Each layer owns its scaling state (three amax histories); the closure keeps it alive
--- for as long as the layer, which outlives every backward of its forwards.
-local function fp8_gemm(history, margin)
-  local st = ffi.new("tt_fp8_linear_state")
+-- for as long as the layer, which outlives every backward of its forwards. `group` (a
+-- tetra.dist group or nil): the ranks over which every amax is agreed.
+local function fp8_gemm(history, margin, group)
+  local st = ffi.gc(ffi.new("tt_fp8_linear_state"), C.tt_fp8_linear_state_release)
   tffi.check(C.tt_fp8_linear_state_init(st, history, margin), 3)
+  if group and group.size > 1 then
+    st.amax_group = group._c
+    st_groups[st] = group   -- the communicator outlives the state
+  end
   return function(x, w, bias)
     return take(C.tt_fp8_linear(x, w, bias, st, pout))
   end, st
+end
+
+-- train.fp8_layers as a list of Lua patterns (nil for "all"). A glob's "*" matches any
+-- run of characters; everything else is literal.
+local function fp8_patterns(v)
+  if v == nil or v == "all" then return nil end
+  local globs = v
+  if type(v) == "string" then
+    globs = {}
+    for g in v:gmatch("[^,]+") do globs[#globs + 1] = g:match("^%s*(.-)%s*$") end
+  end
+  local pats = {}
+  for i, g in ipairs(globs) do
+    pats[i] = { glob = g, pat = "^" .. g:gsub("[%^%$%(%)%%%.%[%]%+%-%?]", "%%%0")
+                                        :gsub("%*", ".*") .. "$", used = false }
+  end
+  return pats
+end
+
+-- True when the Linear at `path` runs in FP8: by default every one not built with
+-- fp8 = false (the head); with globs, exactly those whose path one matches.
+local function fp8_selected(pats, path, m)
+  if not pats then return m.fp8 ~= false end
+  local hit = false
+  for _, p in ipairs(pats) do
+    if path:match(p.pat) then p.used, hit = true, true end
+  end
+  return hit
 end
 
 local Context = {}
@@ -176,12 +216,22 @@ end
 
 -- Gives each of model's Linear layers (every module with a `gemm`, tensor-parallel ones
 -- included: tetra.parallel wraps forward around the gemm) the GEMM of
--- cfg.train.precision (or cfg.precision, or a string); a layer built with fp8 = false
--- (a language-model head) keeps f32 under fp8. Then
--- attaches the context to the model (model.amp) and returns it. Wrapping a model again
--- at the same precision returns its context; at another precision is an error.
--- fp8 options: train.fp8_history (16), train.fp8_margin (0); fp16: scaler_options.
-function amp.wrap(model, cfg)
+-- cfg.train.precision (or cfg.precision, or a string). Under fp8, train.fp8_layers picks
+-- the layers ("all": every Linear not built with fp8 = false, i.e. all but a
+-- language-model head; or module-path globs: exactly the Linears they match, a glob that
+-- matches none being an error); the others keep f32. Then attaches the context to the
+-- model (model.amp) and returns it. Wrapping a model again at the same precision returns
+-- its context; at another precision is an error.
+-- fp8 options: train.fp8_history (16), train.fp8_margin (0), train.fp8_layers ("all");
+-- opts.amax_group (a tetra.dist group): every rank that runs these layers, on other
+-- parts of the batch (data, context parallelism) or other parts of a layer (tensor
+-- parallelism); every FP8 amax is agreed over it (all-reduce MAX), which gives each rank
+-- the scales of one process on the whole batch; opts.partial:
+-- this rank holds only some of the model's layers (pipeline stages), so a glob may
+-- match none here; opts.fail(msg): how to report a bad train.fp8_layers (tetra.dist.fail:
+-- one line, once). fp16: scaler_options.
+function amp.wrap(model, cfg, opts)
+  opts = opts or {}
   local t = type(cfg) == "table" and (cfg.train or cfg) or {}
   local precision = type(cfg) == "string" and cfg or t.precision or "fp32"
   if not PRECISIONS[precision] then
@@ -201,21 +251,78 @@ function amp.wrap(model, cfg)
   if precision == "fp16" then ctx.scaler = amp.scaler(scaler_options(t)) end
   rawset(model, "amp", ctx)
   if precision == "fp32" then return ctx end
+  local pats = precision == "fp8" and fp8_patterns(t.fp8_layers) or nil
+  local linears = {}
   for _, nm in ipairs(model:named_modules()) do
-    local m = nm[2]
+    local path, m = nm[1], nm[2]
     if m.gemm then
+      linears[#linears + 1] = path
       if precision ~= "fp8" then
         m.gemm = half_gemm(precision == "bf16" and C.TT_BF16 or C.TT_F16)
         ctx.layers = ctx.layers + 1
-      elseif m.fp8 ~= false then
-        local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0)
+      elseif fp8_selected(pats, path, m) then
+        local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0, opts.amax_group)
         m.gemm = gemm
-        ctx.fp8_states[nm[1]] = st
+        ctx.fp8_states[path] = st
         ctx.layers = ctx.layers + 1
       end
     end
   end
+  for _, p in ipairs(pats or {}) do
+    if not p.used and not opts.partial then
+      local msg = string.format("config error: train.fp8_layers: '%s' matches no Linear " ..
+                                "layer (they are: %s)", p.glob, table.concat(linears, ", "))
+      if opts.fail then opts.fail(msg) end
+      error(msg, 2)
+    end
+  end
   return ctx
+end
+
+-- The FP8 scaling state of every FP8 layer as plain tables, for a checkpoint:
+-- { [layer path] = { x = meta, w = meta, g = meta } }, meta = { scale, pos, filled,
+-- history = { amax ... } } (a device copy is fetched first).
+function Context:fp8_state_dict()
+  local out = {}
+  for path, st in pairs(self.fp8_states) do
+    tffi.check(C.tt_fp8_linear_state_sync(st, 0), 2)
+    local e = {}
+    for _, role in ipairs({ "x", "w", "g" }) do
+      local m = st[role]
+      local h = {}
+      for i = 0, m.filled - 1 do h[i + 1] = tonumber(m.amax_history[i]) end
+      e[role] = { scale = tonumber(m.scale), pos = m.pos, filled = m.filled, history = h,
+                  history_len = m.history_len, margin = m.margin }
+    end
+    out[path] = e
+  end
+  return out
+end
+
+-- Restores fp8_state_dict's tables; `missing(path)` is called for an FP8 layer the
+-- tables do not hold (it may raise). A table whose history length or margin differs from
+-- the layer's (train.fp8_history / fp8_margin changed) is refused.
+function Context:load_fp8_state_dict(d, missing)
+  for path, st in pairs(self.fp8_states) do
+    local e = d[path]
+    if not e then
+      missing(path)
+    else
+      for _, role in ipairs({ "x", "w", "g" }) do
+        local m, r = st[role], e[role]
+        if r.history_len ~= m.history_len or r.margin ~= m.margin then
+          error(string.format("fp8 state of %s.%s: saved with history %s and margin %s, " ..
+                              "this run has train.fp8_history=%d and train.fp8_margin=%d",
+                              path, role, tostring(r.history_len), tostring(r.margin),
+                              m.history_len, m.margin), 2)
+        end
+        ffi.fill(m.amax_history, ffi.sizeof(m.amax_history))
+        for i, a in ipairs(r.history) do m.amax_history[i - 1] = a end
+        m.scale, m.pos, m.filled = r.scale, r.pos, r.filled
+      end
+      tffi.check(C.tt_fp8_linear_state_sync(st, 1), 2)
+    end
+  end
 end
 
 -- x W^T + b at the context's precision, for GEMMs outside a Linear module (a language

@@ -28,6 +28,10 @@
 --                             the data source has one (mock and byte data are functions
 --                             of the step: nothing to record). A resume concatenates
 --                             them all, which restores a loader of any data-parallel size
+--   fp8_00003.json            rank 3's FP8 scaling state (train.precision=fp8): for each of
+--                             its FP8 layers the scale, ring position and amax history of
+--                             x, w and g; same layout: each rank reads its own, another
+--                             layout: each layer from the lowest rank that saved it
 --   state.json                step, tokens seen, engine RNG state, loss-scaler state, the
 --                             data source's step, world size, config snapshot
 --   checksums.json            { FILE = CRC-32C (8 hex digits) } of every other file: each
@@ -403,6 +407,13 @@ end
 
 -- -- Save ----------------------------------------------------------------------------
 
+-- True when env trains some layers in FP8 (their scaling state goes in the checkpoint).
+local function fp8_layers(env)
+  return env.amp and env.amp.fp8_states and next(env.amp.fp8_states) ~= nil
+end
+
+
+
 -- Writes checkpoint.dir/step_NNNNNN for env's current step on every rank (collective
 -- under MPI). Returns the checkpoint's path.
 function M.save(env)
@@ -434,6 +445,12 @@ function M.save(env)
       write_file(tmp .. "/" .. wrote[#wrote], s.loader)
     end
     data_step = s.step
+  end
+  if fp8_layers(env) then
+    -- Every rank writes its layers' FP8 scaling state (ranks of a data-parallel group
+    -- see different data, so their amax histories differ).
+    wrote[#wrote + 1] = string.format("fp8_%05d.json", rank)
+    write_file(tmp .. "/" .. wrote[#wrote], encode(env.amp:fp8_state_dict()) .. "\n")
   end
   if rank == 0 then
     if not split then
@@ -779,6 +796,36 @@ function M.precheck(cfg)
   if path then open_resumable(path) end
 end
 
+-- Restores the FP8 scaling state of env's layers from checkpoint `path`: this rank's own
+-- fp8_RRRRR.json when the checkpoint was written by as many ranks, otherwise (another
+-- layout) each layer's state from the lowest rank that saved it.
+local function load_fp8(env, path, state)
+  local names = {}
+  for _, e in ipairs(host.listdir(path) or {}) do
+    if e:match("^fp8_%d+%.json$") then names[#names + 1] = e end
+  end
+  table.sort(names)
+  if #names == 0 then
+    if (env.rank or 0) == 0 then
+      io.stderr:write("checkpoint: ", path, " has no FP8 scaling state (saved in another ",
+                      "precision): the amax histories start empty\n")
+    end
+    return
+  end
+  local own = string.format("fp8_%05d.json", env.rank or 0)
+  if state.world_size == world_size(env) and exists(path .. "/" .. own) then names = { own } end
+  local merged = {}
+  for i = #names, 1, -1 do   -- the lowest rank last, so its entries win
+    verify(path .. "/" .. names[i])
+    local ok, d = pcall(M.decode_json, read_file(path .. "/" .. names[i]))
+    if not ok or type(d) ~= "table" then fail("checkpoint: %s/%s is corrupt", path, names[i]) end
+    for layer, e in pairs(d) do merged[layer] = e end
+  end
+  env.amp:load_fp8_state_dict(merged, function(layer)
+    fail("checkpoint %s holds no FP8 scaling state for layer %s (train.fp8_layers differs " ..
+         "from the saved run's?)", path, layer)
+  end)
+end
 function M.load(env, path)
   local state
   path, state = open_resumable(path)
@@ -792,6 +839,7 @@ function M.load(env, path)
 
   local scaler = env.amp and env.amp.scaler
   if scaler and type(state.scaler) == "table" then scaler:load_state_dict(state.scaler) end
+  if fp8_layers(env) then load_fp8(env, path, state) end
   C.tt_rng_set_state(hex_u64(state.rng) or fail("checkpoint: %s/state.json: bad rng state", path))
   if env.data.load_state then
     if type(state.data) ~= "table" then

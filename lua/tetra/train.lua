@@ -258,7 +258,15 @@ function train.setup(cfg, model, data, opts)
   -- MFU counts the FLOPs of the whole model, so they are counted before it is split.
   local flops_per_token = mfu.flops_per_token(model, cfg.model)
   local par = parallel.apply(model, opts.plan, mesh, cfg)
-  local ctx = amp.wrap(model, cfg)
+  -- FP8 layers agree their amaxes over every rank that runs them (the stage's tp x cp x
+  -- dp ranks), so that the scales are those of one process on the whole batch.
+  local amax_group
+  if t.precision == "fp8" and lay.tp * lay.cp * lay.dp > 1 then
+    amax_group = lay.pp == 1 and mesh.world or
+                 mesh.world:split(mesh.coords.pp, mesh.rank, "fp8 amax (tp x cp x dp)")
+  end
+  local ctx = amp.wrap(model, cfg, { amax_group = amax_group, partial = lay.pp > 1,
+                                     fail = dist.fail })
   local dev = train.device(t.device)
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
   par.device = dev

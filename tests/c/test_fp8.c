@@ -1,7 +1,8 @@
 /*
 ** test_fp8.c — FP8 scaling on CPU: delayed-scaling history, quantise / dequantise against
 ** a per-element reference, and the FP8 linear op (forward and backward) against a float64
-** computation on the same quantised operands.
+** model of the GPU's arithmetic written here from the formats' definitions (its own
+** fp8 and bf16 rounding, not the engine's).
 */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -103,98 +104,212 @@ Test(fp8, quantize_saturates_and_reports_nan) {
   tt_tensor_release(f);
 }
 
-/* out[r, o] = sum_i a[r, i] * b[o, i] (+ bias[o]) in float64. */
-static void linear_ref(const double *a, const double *b, const double *bias, int rows,
-                       int in, int outf, double *out) {
+/* -- A float64 model of the FP8 GEMMs ---------------------------------------------- */
+
+/* v rounded to nearest, ties to even, with `mbits` stored mantissa bits and normals
+** down to 2^emin (subnormals below, no exponent limit above: callers saturate). */
+static double round_format(double v, int mbits, int emin) {
+  if (v == 0 || !isfinite(v)) return v;
+  int e;
+  frexp(fabs(v), &e);                 /* |v| in [2^(e-1), 2^e) */
+  int exp = e - 1 < emin ? emin : e - 1;
+  double quantum = ldexp(1.0, exp - mbits);
+  return nearbyint(v / quantum) * quantum;   /* default rounding: to nearest even */
+}
+
+static double ref_fp8(double v, int dtype) {
+  double max = dtype == TT_E4M3 ? 448.0 : 57344.0;
+  double r = dtype == TT_E4M3 ? round_format(v, 3, -6) : round_format(v, 2, -14);
+  return fmin(fmax(r, -max), max);   /* saturating cast, as __NV_SATFINITE */
+}
+
+static double ref_bf16(double v) { return round_format(v, 7, -126); }
+
+/* One bf16 ulp at v's magnitude. */
+static double bf16_ulp(double v) {
+  int e;
+  frexp(fabs(v), &e);
+  return ldexp(1.0, (e - 1 < -126 ? -126 : e - 1) - 7);
+}
+
+static double amax_of(const double *v, int64_t n) {
+  double a = 0;
+  for (int64_t i = 0; i < n; i++) a = fmax(a, fabs(v[i]));
+  return a;
+}
+
+/* q[i] = the fp8 value of x[i] * scale (unscaled: what the tensor cores multiply). */
+static void ref_quantize(const double *x, int64_t n, float scale, int dtype, double *q) {
+  for (int64_t i = 0; i < n; i++) q[i] = ref_fp8((double)(float)(x[i] * (double)scale), dtype);
+}
+
+/* out[r, c] = sum_k a[r*ar + k*ak] * b[c*bc + k*bk], float64 (exact for these sizes). */
+static void ref_gemm(const double *a, int64_t ar, int64_t ak, const double *b, int64_t bc,
+                     int64_t bk, int rows, int cols, int kdim, double *out) {
   for (int r = 0; r < rows; r++)
-    for (int o = 0; o < outf; o++) {
-      double s = bias ? bias[o] : 0;
-      for (int i = 0; i < in; i++) s += a[r * in + i] * b[o * in + i];
-      out[r * outf + o] = s;
+    for (int c = 0; c < cols; c++) {
+      double s = 0;
+      for (int k = 0; k < kdim; k++) s += a[r * ar + k * ak] * b[c * bc + k * bk];
+      out[r * cols + c] = s;
     }
 }
 
-static double max_abs_diff(const double *a, const double *b, int64_t n, double *ref_max) {
-  double d = 0, m = 0;
+typedef struct match { int64_t n, exact; double worst_ulps, worst_rel; } match;
+
+/* got vs want, both bf16 values: counts exact matches and the worst gap in bf16 ulps. */
+static match compare_bf16(const double *got, const double *want, int64_t n) {
+  match m = {n, 0, 0, 0};
   for (int64_t i = 0; i < n; i++) {
-    d = fmax(d, fabs(a[i] - b[i]));
-    m = fmax(m, fabs(b[i]));
+    if (got[i] == want[i]) m.exact++;
+    m.worst_ulps = fmax(m.worst_ulps, fabs(got[i] - want[i]) / bf16_ulp(want[i]));
+    cr_assert_eq(ref_bf16(got[i]), got[i], "elem %lld (%.9g) is not a bf16 value",
+                 (long long)i, got[i]);
   }
-  *ref_max = m;
-  return d;
+  return m;
 }
 
-Test(fp8, linear_forward_backward) {
-  enum { B = 3, T = 5, IN = 24, OUT = 13, ROWS = B * T };
+static tt_tensor *scaled(tt_tensor *x, double s) {
+  tt_tensor *y = NULL;
+  cr_assert_eq(tt_scale(x, s, &y), 0, "%s", tt_last_error());
+  return y;
+}
+
+/* Forward and backward of one tt_fp8_linear call against the float64 model, with the
+** scales the state held before the call (sx, sw, sg as floats). */
+static void check_linear_call(tt_tensor *x, tt_tensor *w, tt_tensor *b, tt_tensor *gy,
+                              tt_fp8_linear_state *st, int rows, int in, int outf,
+                              match *fwd, match *bwd, double *dw_rel) {
+  const float sx = (float)st->x.scale, sw = (float)st->w.scale, sg = (float)st->g.scale;
+  tt_tensor *y = NULL;
+  cr_assert_eq(tt_fp8_linear(x, w, b, st, &y), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_backward_with(y, gy), 0, "%s", tt_last_error());
+  double *xv = values(x), *wv = values(w), *bv = values(b), *gv = values(gy), *yv = values(y);
+  double *dxv = values(x->grad), *dwv = values(w->grad);
+  double *qx = malloc(sizeof(double) * rows * in), *qw = malloc(sizeof(double) * outf * in);
+  /* acc and want hold the largest of Y (rows, out), dX (rows, in) and dW (out, in). */
+  const size_t big = (size_t)(rows > outf ? rows : outf) * (size_t)(in > outf ? in : outf);
+  double *qg = malloc(sizeof(double) * rows * outf), *acc = malloc(sizeof(double) * big);
+  double *want = malloc(sizeof(double) * big);
+  cr_assert(qx && qw && qg && acc && want);
+  ref_quantize(xv, (int64_t)rows * in, sx, TT_E4M3, qx);
+  ref_quantize(wv, (int64_t)outf * in, sw, TT_E4M3, qw);
+  ref_quantize(gv, (int64_t)rows * outf, sg, TT_E5M2, qg);
+  /* The epilogue's factor: the product of the two float inverse scales, in float. */
+  const double dxw = (1.0f / sx) * (1.0f / sw), dgw = (1.0f / sg) * (1.0f / sw),
+               dgx = (1.0f / sg) * (1.0f / sx);
+  ref_gemm(qx, in, 1, qw, in, 1, rows, outf, in, acc);
+  for (int i = 0; i < rows * outf; i++) want[i] = ref_bf16(acc[i] * dxw + ref_bf16(bv[i % outf]));
+  *fwd = compare_bf16(yv, want, (int64_t)rows * outf);
+  ref_gemm(qg, outf, 1, qw, 1, in, rows, in, outf, acc);       /* dX = q_g q_w */
+  for (int i = 0; i < rows * in; i++) want[i] = ref_bf16(acc[i] * dgw);
+  *bwd = compare_bf16(dxv, want, (int64_t)rows * in);
+  ref_gemm(qg, 1, outf, qx, 1, in, outf, in, rows, acc);       /* dW = q_g^T q_x */
+  double m = 0, d = 0;
+  for (int i = 0; i < outf * in; i++) {
+    m = fmax(m, fabs(acc[i] * dgx));
+    d = fmax(d, fabs(dwv[i] - acc[i] * dgx));
+  }
+  *dw_rel = d / m;
+  free(xv); free(wv); free(bv); free(gv); free(yv); free(dxv); free(dwv);
+  free(qx); free(qw); free(qg); free(acc); free(want);
+  tt_tensor_release(y);
+}
+
+static void zero_grads(tt_tensor **ts, int n) {
+  for (int i = 0; i < n; i++) {
+    tt_tensor_release(ts[i]->grad);
+    ts[i]->grad = NULL;
+  }
+}
+
+/* The emulated FP8 linear, over three steps of delayed scaling, against the float64
+** model. The float32 sums of exact fp8 products can differ from the float64 sums only
+** in their last bits, so the bf16 outputs match exactly except where that moves a value
+** across a bf16 rounding boundary (measured: none at these sizes, every element of Y and dX exact; dW within 4e-8). */
+Test(fp8, linear_matches_float64_model_of_gpu_arithmetic) {
+  enum { B = 3, T = 8, IN = 48, OUT = 40, ROWS = B * T };
   tt_manual_seed(7);
   int64_t xs[3] = {B, T, IN}, ws[2] = {OUT, IN}, bs[1] = {OUT}, ys[3] = {B, T, OUT};
-  tt_tensor *x = randn(xs, 3, 1.0), *w = randn(ws, 2, 0.2), *b = randn(bs, 1, 0.1);
-  tt_tensor *gy = randn(ys, 3, 1e-3);
-  cr_assert_eq(tt_set_requires_grad(x, 1), 0);
+  tt_tensor *x0 = randn(xs, 3, 1.0), *w = randn(ws, 2, 0.2), *b = randn(bs, 1, 0.1);
+  tt_tensor *g0 = randn(ys, 3, 1e-3);
   cr_assert_eq(tt_set_requires_grad(w, 1), 0);
+  cr_assert_eq(tt_set_requires_grad(b, 1), 0);
+  tt_fp8_linear_state st;
+  cr_assert_eq(tt_fp8_linear_state_init(&st, 2, 0), 0);
+  /* Step sizes of x and the gradient: the amax falls, rises, falls, so the delayed
+  ** scale (the max over a history of 2) differs from each tensor's own. */
+  const double xf[3] = {1.0, 4.0, 0.5}, gf[3] = {1.0, 0.25, 8.0};
+  double xa[3], ga[3], wa;
+  double *wv = values(w);
+  wa = amax_of(wv, OUT * IN);
+  free(wv);
+  for (int step = 0; step < 3; step++) {
+    tt_tensor *x = scaled(x0, xf[step]), *gy = scaled(g0, gf[step]);
+    cr_assert_eq(tt_set_requires_grad(x, 1), 0);
+    double *v = values(x);
+    xa[step] = amax_of(v, ROWS * IN);
+    free(v);
+    v = values(gy);
+    ga[step] = amax_of(v, ROWS * OUT);
+    free(v);
+    /* The scales this call must use: from the history before it (the first call: from
+    ** the tensor's own amax). */
+    double hx = step == 0 ? xa[0] : fmax(xa[step - 1], step >= 2 ? xa[step - 2] : 0);
+    double hg = step == 0 ? ga[0] : fmax(ga[step - 1], step >= 2 ? ga[step - 2] : 0);
+    if (step == 0) {
+      /* An empty history: check_linear_call reads the state's scales, so prime a copy. */
+      tt_fp8_linear_state probe = st;
+      tt_fp8_meta_update(&probe.x, xa[0]);
+      tt_fp8_meta_update(&probe.w, wa);
+      tt_fp8_meta_update(&probe.g, ga[0]);
+      st.x.scale = probe.x.scale; st.w.scale = probe.w.scale; st.g.scale = probe.g.scale;
+    }
+    cr_assert_eq((float)st.x.scale, tt_fp8_scale_from_amax(TT_E4M3, (float)hx, 0));
+    cr_assert_eq((float)st.g.scale, tt_fp8_scale_from_amax(TT_E5M2, (float)hg, 0));
+    cr_assert_eq((float)st.w.scale, tt_fp8_scale_from_amax(TT_E4M3, (float)wa, 0));
+    match fwd, bwd;
+    double dw_rel;
+    check_linear_call(x, w, b, gy, &st, ROWS, IN, OUT, &fwd, &bwd, &dw_rel);
+    cr_log_info("step %d: Y %lld/%lld exact (worst %.2g ulp), dX %lld/%lld exact (worst "
+                "%.2g ulp), dW rel %.2g", step, (long long)fwd.exact, (long long)fwd.n,
+                fwd.worst_ulps, (long long)bwd.exact, (long long)bwd.n, bwd.worst_ulps,
+                dw_rel);
+    cr_assert(fwd.worst_ulps <= 1 && fwd.exact >= fwd.n - fwd.n / 200, "forward");
+    cr_assert(bwd.worst_ulps <= 1 && bwd.exact >= bwd.n - bwd.n / 200, "dX");
+    cr_assert(dw_rel <= 1e-6, "dW: %g", dw_rel);
+    /* The history now ends with this call's amaxes. */
+    int last = (st.x.pos + st.x.history_len - 1) % st.x.history_len;
+    cr_assert_eq(st.x.amax_history[last], (float)xa[step]);
+    cr_assert_eq(st.g.amax_history[last], (float)ga[step]);
+    cr_assert_eq(st.x.filled, step + 1 < 2 ? step + 1 : 2);
+    zero_grads((tt_tensor *[]){x, w, b}, 3);
+    tt_tensor_release(x);
+    tt_tensor_release(gy);
+  }
+  tt_fp8_linear_state_release(&st);
+  tt_tensor_release(x0); tt_tensor_release(w); tt_tensor_release(b); tt_tensor_release(g0);
+}
+
+/* The bias gradient is the column sum of the unquantised output gradient. */
+Test(fp8, linear_bias_gradient_is_unquantised) {
+  enum { ROWS = 6, IN = 16, OUT = 8 };
+  tt_manual_seed(3);
+  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs[1] = {OUT}, ys[2] = {ROWS, OUT};
+  tt_tensor *x = randn(xs, 2, 1.0), *w = randn(ws, 2, 0.3), *b = randn(bs, 1, 0.1);
+  tt_tensor *gy = randn(ys, 2, 1.0);
   cr_assert_eq(tt_set_requires_grad(b, 1), 0);
   tt_fp8_linear_state st;
   cr_assert_eq(tt_fp8_linear_state_init(&st, 4, 0), 0);
   tt_tensor *y = NULL;
   cr_assert_eq(tt_fp8_linear(x, w, b, &st, &y), 0, "%s", tt_last_error());
-  cr_assert_eq(y->ndim, 3);
-  cr_assert_eq(y->shape[2], OUT);
-
-  double *xv = values(x), *wv = values(w), *bv = values(b), *gv = values(gy);
-  double xa = 0, wa = 0, ga = 0;
-  for (int i = 0; i < ROWS * IN; i++) xa = fmax(xa, fabs(xv[i]));
-  for (int i = 0; i < OUT * IN; i++) wa = fmax(wa, fabs(wv[i]));
-  for (int i = 0; i < ROWS * OUT; i++) ga = fmax(ga, fabs(gv[i]));
-  /* First use of each meta: the scale comes from the tensor's own amax. */
-  cr_assert_float_eq(st.x.scale, 448.0 / xa, 1e-5 * 448.0 / xa);
-  cr_assert_float_eq(st.w.scale, 448.0 / wa, 1e-5 * 448.0 / wa);
-  double xq[ROWS * IN], wq[OUT * IN], gq[ROWS * OUT];
-  for (int i = 0; i < ROWS * IN; i++) xq[i] = fake_ref(xv[i], TT_E4M3, st.x.scale);
-  for (int i = 0; i < OUT * IN; i++) wq[i] = fake_ref(wv[i], TT_E4M3, st.w.scale);
-
-  double yref[ROWS * OUT], m;
-  linear_ref(xq, wq, bv, ROWS, IN, OUT, yref);
-  double *yv = values(y);
-  cr_assert(max_abs_diff(yv, yref, ROWS * OUT, &m) <= 1e-5 * m);
-  /* And against the unquantised layer: FP8 rounding only, a few percent. */
-  double yfull[ROWS * OUT];
-  linear_ref(xv, wv, bv, ROWS, IN, OUT, yfull);
-  cr_assert(max_abs_diff(yv, yfull, ROWS * OUT, &m) <= 0.1 * m);
-
   cr_assert_eq(tt_backward_with(y, gy), 0, "%s", tt_last_error());
-  cr_assert_float_eq(st.g.scale, 57344.0 / ga, 1e-5 * 57344.0 / ga);
-  for (int i = 0; i < ROWS * OUT; i++) gq[i] = fake_ref(gv[i], TT_E5M2, st.g.scale);
-  double dx[ROWS * IN], dw[OUT * IN], db[OUT];
-  for (int r = 0; r < ROWS; r++)
-    for (int i = 0; i < IN; i++) {
-      double s = 0;
-      for (int o = 0; o < OUT; o++) s += gq[r * OUT + o] * wq[o * IN + i];
-      dx[r * IN + i] = s;
-    }
+  double *gv = values(gy), *db = values(b->grad);
   for (int o = 0; o < OUT; o++) {
-    db[o] = 0;
-    for (int r = 0; r < ROWS; r++) db[o] += gv[r * OUT + o];
-    for (int i = 0; i < IN; i++) {
-      double s = 0;
-      for (int r = 0; r < ROWS; r++) s += gq[r * OUT + o] * xq[r * IN + i];
-      dw[o * IN + i] = s;
-    }
+    double s = 0;
+    for (int r = 0; r < ROWS; r++) s += gv[r * OUT + o];
+    cr_assert_float_eq(db[o], s, 1e-6 * fabs(s) + 1e-7, "db[%d]", o);
   }
-  double *dxv = values(x->grad), *dwv = values(w->grad), *dbv = values(b->grad);
-  cr_assert(max_abs_diff(dxv, dx, ROWS * IN, &m) <= 1e-5 * m, "dx");
-  cr_assert(max_abs_diff(dwv, dw, OUT * IN, &m) <= 1e-5 * m, "dw");
-  cr_assert(max_abs_diff(dbv, db, OUT, &m) <= 1e-5 * m, "db");
-
-  /* A second forward uses the delayed scale: the history max, not the new tensor's. */
-  tt_tensor *x2 = NULL, *y2 = NULL;
-  cr_assert_eq(tt_scale(x, 0.5, &x2), 0);
-  double scale_before = st.x.scale;
-  cr_assert_eq(tt_fp8_linear(x2, w, b, &st, &y2), 0, "%s", tt_last_error());
-  cr_assert_float_eq(st.x.scale, scale_before, 1e-12 * scale_before);
-  cr_assert_eq(st.x.filled, 2);
-  tt_tape_clear();
-
-  free(xv); free(wv); free(bv); free(gv); free(yv); free(dxv); free(dwv); free(dbv);
+  free(gv); free(db);
   tt_tensor_release(x); tt_tensor_release(w); tt_tensor_release(b); tt_tensor_release(gy);
-  tt_tensor_release(y); tt_tensor_release(x2); tt_tensor_release(y2);
+  tt_tensor_release(y);
 }

@@ -1,0 +1,198 @@
+-- FP8 training (train.precision=fp8, CPU emulation of the cuBLASLt FP8 GEMMs):
+--   the amax histories and scales across steps follow the delayed-scaling rule;
+--   train.fp8_layers picks the layers (default: every Linear but the head);
+--   a checkpoint carries the amax histories and scales: a resumed run continues bit for
+--   bit (and without them it would not: the first resumed step would rescale);
+--   a tiny Llama trained in FP8 follows the bf16 run within a measured tolerance.
+local ffi = require("ffi")
+local tetra = require("tetra")
+local checkpoint = require("tetra.checkpoint")
+local config = require("tetra.config")
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local tiny = dofile(here .. "/../../recipes/tiny.lua")
+
+local function tiny_cfg(sets)
+  local cfg = config.build({ defaults = tiny.defaults, sets = sets or {}, world_size = false })
+  cfg.log.progress = false
+  return cfg
+end
+
+local function run(env, n)
+  local out = {}
+  for i = 1, n do
+    local r = env.step()
+    out[i] = { r.loss, r.grad_norm }
+  end
+  return out
+end
+
+-- Every meta of every FP8 layer as a flat list of numbers (scale, pos, filled, history).
+local function snapshot(env)
+  local out, paths = {}, {}
+  for path in pairs(env.amp.fp8_states) do paths[#paths + 1] = path end
+  table.sort(paths)
+  for _, path in ipairs(paths) do
+    local st = env.amp.fp8_states[path]
+    for _, role in ipairs({ "x", "w", "g" }) do
+      local m = st[role]
+      out[#out + 1] = tonumber(m.scale)
+      out[#out + 1] = m.pos
+      out[#out + 1] = m.filled
+      for i = 0, m.history_len - 1 do out[#out + 1] = tonumber(m.amax_history[i]) end
+    end
+  end
+  return out
+end
+
+local function rm_rf(path) os.execute("rm -rf '" .. path .. "'") end
+
+describe("fp8 delayed scaling across steps", function()
+  it("each scale is fp8_max / (the max of the last history_len amaxes), in float", function()
+    local env = tiny.setup(tiny_cfg({ "train.precision=fp8", "train.fp8_history=3",
+                                      "train.fp8_margin=1" }))
+    local st = env.amp.fp8_states["layers.0.feed_forward.w1"]
+    local seen = { x = {}, g = {} }
+    for step = 1, 5 do
+      env.step()
+      for _, role in ipairs({ "x", "g" }) do
+        local m = st[role]
+        -- The newest amax sits just before pos in the ring.
+        seen[role][step] = tonumber(m.amax_history[(m.pos - 1) % m.history_len])
+        local h = 0
+        for i = math.max(1, step - 2), step do h = math.max(h, seen[role][i]) end
+        local fmax = role == "x" and 448 or 57344
+        -- A quotient of floats computed in double and rounded to float is the float
+        -- quotient; the margin of 1 halves it exactly.
+        local want = tonumber(ffi.new("float", fmax / h)) / 2
+        expect(tonumber(m.scale)).to_be(want)
+        expect(m.filled).to_be(math.min(step, 3))
+      end
+    end
+    -- The amaxes moved (a constant history would make the check above weak).
+    expect(seen.x[1] ~= seen.x[5]).to_be(true)
+    expect(seen.g[1] ~= seen.g[5]).to_be(true)
+  end)
+end)
+
+describe("train.fp8_layers", function()
+  it("defaults to every Linear but the head", function()
+    local env = tiny.setup(tiny_cfg({ "train.precision=fp8" }))
+    expect(env.amp.layers).to_be(2 * 7)
+    expect(env.amp.fp8_states["output"]).to_be(nil)
+    expect(env.amp.fp8_states["layers.1.attention.wo"] ~= nil).to_be(true)
+  end)
+
+  it("globs pick exactly the layers they match, the head included if named", function()
+    local env = tiny.setup(tiny_cfg({ "train.precision=fp8",
+                                      "train.fp8_layers=layers.*.feed_forward.*,output" }))
+    local names = {}
+    for path in pairs(env.amp.fp8_states) do names[#names + 1] = path end
+    table.sort(names)
+    expect(names).to_equal({ "layers.0.feed_forward.w1", "layers.0.feed_forward.w2",
+                             "layers.0.feed_forward.w3", "layers.1.feed_forward.w1",
+                             "layers.1.feed_forward.w2", "layers.1.feed_forward.w3",
+                             "output" })
+    -- The others keep the plain f32 GEMM of their class.
+    expect(rawget(env.model.layers[1].attention.wq, "gemm")).to_be(nil)
+    local r = env.step()
+    expect(r.loss == r.loss).to_be(true)
+    expect(env.amp.fp8_states["output"].x.filled).to_be(1)
+  end)
+
+  it("a glob that matches no Linear is an error naming the key", function()
+    expect(function()
+      tiny.setup(tiny_cfg({ "train.precision=fp8", "train.fp8_layers=layers.*.mlp.*" }))
+    end).to_error("train.fp8_layers: 'layers.*.mlp.*' matches no Linear layer")
+  end)
+
+  it("refuses a value that is neither \"all\" nor globs", function()
+    expect(function()
+      tiny_cfg({ "train.precision=fp8", "train.fp8_layers=" })
+    end).to_error("train.fp8_layers must be")
+  end)
+
+  it("is refused without train.precision=fp8 (it would do nothing)", function()
+    expect(function()
+      tiny_cfg({ "train.precision=bf16", "train.fp8_layers=layers.*" })
+    end).to_error("train.fp8_layers applies to train.precision=fp8 (this run is bf16)")
+  end)
+end)
+
+describe("fp8 checkpoints", function()
+  it("carry the amax histories and scales: the resumed run is bit-identical", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    local base = { "train.precision=fp8", "train.fp8_history=4", "train.steps=10",
+                   "checkpoint.dir=" .. dir }
+    local full = run(tiny.setup(tiny_cfg(base)), 10)
+
+    local first = tiny.setup(tiny_cfg(base))
+    run(first, 5)
+    local saved = snapshot(first)
+    checkpoint.save(first)
+    local sets = { "checkpoint.resume=true" }
+    for _, s in ipairs(base) do sets[#sets + 1] = s end
+    local env = tiny.setup(tiny_cfg(sets))
+    expect(env.step_count).to_be(5)
+    expect(snapshot(env)).to_equal(saved)
+    local rest = run(env, 5)
+    for i = 1, 5 do
+      expect(rest[i][1]).to_be(full[5 + i][1])
+      expect(rest[i][2]).to_be(full[5 + i][2])
+    end
+
+    -- Without the scaling state (the file removed) the first resumed step scales from
+    -- its own amaxes and the run leaves the uninterrupted one: the state matters.
+    local ck = dir .. "/step_000005"
+    os.remove(ck .. "/fp8_00000.json")
+    local sums = checkpoint.decode_json(io.open(ck .. "/checksums.json"):read("*a"))
+    sums["fp8_00000.json"] = nil
+    local f = io.open(ck .. "/checksums.json", "w")
+    f:write(checkpoint.encode_json(sums), "\n")
+    f:close()
+    local bare = run(tiny.setup(tiny_cfg(sets)), 1)
+    expect(bare[1][2] ~= full[6][2]).to_be(true)
+    rm_rf(dir)
+  end)
+end)
+
+describe("fp8 against bf16 (a tiny Llama learning a byte corpus)", function()
+  -- recipes/tiny.lua at lr 5e-3 on a repeated sentence: the loss falls from 5.5 to about
+  -- 1.9 in 20 steps. Measured (this build): the largest |loss_fp8 - loss_bf16| over the
+  -- 20 steps 0.0134 (bf16 vs fp32: 0.002), the final gap 0.007; the grad norm differs by
+  -- 1.7% on average, 13.2% at most: at step 4 the gradients jump (norm 2.6 -> 4.9) and the
+  -- delayed e5m2 scale, set by the smaller amaxes before, saturates them (FP8 clips the
+  -- spike: 4.27). Bounds: loss 3e-2, grad norm 3% on average and 20% at most.
+  it("stays within 3e-2 of the bf16 loss and near its grad norm over 20 steps", function()
+    local path = os.tmpname() .. ".txt"
+    local f = assert(io.open(path, "w"))
+    for i = 1, 200 do f:write("the quick brown fox jumps over the lazy dog ", i % 7, "\n") end
+    f:close()
+    local base = { "data.mock=false", "data.input_path=" .. path, "train.lr=5e-3",
+                   "train.sample_tokens=0" }
+    local function curve(precision)
+      local sets = { "train.precision=" .. precision }
+      for _, s in ipairs(base) do sets[#sets + 1] = s end
+      return run(tiny.setup(tiny_cfg(sets)), 20)
+    end
+    local bf16, fp8 = curve("bf16"), curve("fp8")
+    os.remove(path)
+    local gap, ggap, gsum = 0, 0, 0
+    for i = 1, 20 do
+      gap = math.max(gap, math.abs(fp8[i][1] - bf16[i][1]))
+      local rel = math.abs(fp8[i][2] - bf16[i][2]) / bf16[i][2]
+      ggap, gsum = math.max(ggap, rel), gsum + rel
+    end
+    if os.getenv("TETRA_AMP_VERBOSE") then
+      io.stderr:write(string.format("fp8 vs bf16: loss gap %.4f, grad norm gap max %.3f " ..
+                                    "mean %.4f, final losses %.4f / %.4f\n", gap, ggap,
+                                    gsum / 20, fp8[20][1], bf16[20][1]))
+    end
+    expect(bf16[1][1] - bf16[20][1] > 3).to_be(true)   -- it learns: the gap means something
+    expect(gap > 0).to_be(true)
+    expect(gap <= 3e-2).to_be(true)
+    expect(gsum / 20 <= 0.03).to_be(true)
+    expect(ggap <= 0.2).to_be(true)
+  end)
+end)
