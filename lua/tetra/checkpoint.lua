@@ -29,7 +29,8 @@
 --                             of the step: nothing to record). A resume concatenates
 --                             them all, which restores a loader of any data-parallel size
 --   state.json                step, tokens seen, engine RNG state, loss-scaler state, the
---                             data source's step, world size, config snapshot
+--                             data source's step, the loss guard's spike window and
+--                             skipped data windows (tetra.guard), world size, config
 --   checksums.json            { FILE = CRC-32C (8 hex digits) } of every other file: each
 --                             rank sums the files it wrote, rank 0 merges them; a load
 --                             checks each file before reading it and names a corrupt one
@@ -459,6 +460,7 @@ function M.save(env)
       optimizer_step = opt.step_count, sharded_params = split or nil,
       scaler = scaler and scaler:state_dict() or nil,
       data = data_step and { step = data_step } or nil,
+      guard = env.guard and env.guard:state() or nil,
       config = env.cfg,
     }) .. "\n")
   end
@@ -804,6 +806,7 @@ function M.load(env, path)
     end
     env.data:load_state({ step = state.data.step, loader = table.concat(blobs) })
   end
+  if env.guard then env.guard:load_state(state.guard) end
   env.step_count = state.step
   env.tokens_seen = state.tokens_seen or 0
   if type(env.ddp.step) == "number" then env.ddp.step = state.step end

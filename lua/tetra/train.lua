@@ -291,6 +291,25 @@ function train.setup(cfg, model, data, opts)
   -- data-parallel averaging, before unscaling and clipping): tests inject overflows there.
   local on_grads = opts.on_grads
 
+  -- The loss guard (tetra.guard): its verdict is the worst over every rank, so that all
+  -- of them skip (and roll back) together. Reasons are ordered by how bad they are.
+  local guard = require("tetra.guard").new(cfg)
+  env.guard = guard
+  local reasons = { "spike", "nonfinite_grad", "nonfinite_loss" }
+  local flag = nil
+  local function agree(reason)
+    local w = mesh.world
+    if not w or w.size == 1 then return reason end
+    local code = 0
+    for i, name in ipairs(reasons) do if reason == name then code = i end end
+    flag = flag or require("tetra.tensor").from_table({ 0 })
+    C.tt_tensor_set(flag, 0, code)
+    w:all_reduce(flag, "max")
+    return reasons[tonumber(C.tt_tensor_get(flag, 0))]
+  end
+  -- tetra launch's restart count (0 outside it), for the metrics records.
+  local restarts = tonumber(os.getenv("TETRA_RESTART_COUNT") or "") or 0
+
   local mem = ffi.new("tt_alloc_stats")
   function env.step()
     local step = env.step_count + 1
@@ -299,21 +318,40 @@ function train.setup(cfg, model, data, opts)
     local live0 = tonumber(mem.live_bytes)
     C.tt_alloc_reset_peak(dev)
     ddp:begin_step()
-    local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
+    -- The global batch at this step's data position (past any window the guard skipped;
+    -- a loader that reads in order drops the skipped batches).
+    local pos = guard:position(step)
+    while data.next_step and data.next_step.train < pos do
+      free(data:batch(data.next_step.train, t.batch_size, seq_len, "train"))
+    end
+    local global = to_dev(data:batch(pos, t.batch_size, seq_len, "train"), dev)
     local mine = data.local_rows and global or ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
     local loss_sum = strategy:forward_backward(mine, accum)
     if mine ~= global then free(mine) end
     free(global)
+    if guard:poisoned(pos) then loss_sum = 0 / 0 end
     if on_grads then on_grads(env, step) end
+    local loss = global_mean(loss_sum / accum)
+    local bad = guard:judge_loss(loss)
     -- fp16: unscale, then check (the verdict agreed over every rank), then clip; the
     -- optimizer steps unless the grads were not finite. Under ZeRO-1
     -- env.optimizer.params are this rank's grad shards: those are the ones unscaled.
     local lr = env.schedule(step)
     local opt = env.optimizer
-    local skipped, grad_norm = ctx:step(opt.params,
-      function() ddp:optimizer_step(opt, lr) end,
-      function() return clip(t.max_grad_norm) end, mesh.world)
+    local skipped, grad_norm
+    if bad then   -- the update is skipped before any work on the grads
+      skipped, grad_norm = true, 0 / 0
+      ctx.skipped_steps = ctx.skipped_steps + 1
+    else
+      skipped, grad_norm = ctx:step(opt.params,
+        function() ddp:optimizer_step(opt, lr) end,
+        function() return clip(t.max_grad_norm) end, mesh.world)
+      -- Non-finite grads outside fp16 (where overflows are the scaler's routine).
+      if skipped and guard.enabled and not ctx.scaler then bad = "nonfinite_grad" end
+    end
+    bad = guard.enabled and agree(bad) or nil
+    local roll_back = guard:finish(step, pos, loss, bad)
     C.tt_alloc_stats_get(dev, mem)
     local peak = tonumber(mem.peak_bytes)
     model:zero_grad()
@@ -323,14 +361,15 @@ function train.setup(cfg, model, data, opts)
     local tokens = t.batch_size * seq_len
     env.tokens_seen = env.tokens_seen + tokens
     local dt = metrics.now() - t0
-    local r = { step = step, loss = global_mean(loss_sum / accum), lr = lr,
+    local r = { step = step, loss = loss, lr = lr,
                 grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
                 step_time_s = dt, data_wait_s = data_wait,
                 exposed_comm_s = C.tt_dist_wait_seconds() - wait0,
                 param_bytes = env.memory.params, grad_bytes = env.memory.grads,
                 optimizer_bytes = env.memory.optimizer, peak_bytes = peak,
                 step_peak_bytes = peak - live0,
-                loss_scale = ctx:scale(), skipped = skipped }
+                loss_scale = ctx:scale(), skipped = skipped, restarts = restarts,
+                guard = bad, data_position = pos, roll_back = roll_back or nil }
     if data.stats then   -- tetra.data's loader reports its own throughput and queue
       local s = data:stats()
       r.loader_tokens_per_s, r.loader_queue_depth = s.tokens_per_s, s.queue_depth
@@ -493,6 +532,43 @@ local function open_rank_log(path, rank, size)
   return f
 end
 
+-- train.max_bad_steps bad steps in a row (tetra.guard): loads the latest checkpoint
+-- into env (an in-process resume) and skips the data the bad steps read, so that the
+-- run goes on past it. Every rank reaches this together (the guard's verdict is agreed).
+function train.roll_back(env, show)
+  local guard, cfg = env.guard, env.cfg
+  local first, last = guard:bad_run()
+  local ck = cfg.checkpoint or {}
+  local path = ck.dir and ck.dir ~= "" and
+               checkpoint.resume_path({ checkpoint = { dir = ck.dir, resume = "auto" } })
+  if not path then
+    user_error(string.format("train.max_bad_steps: %d bad steps in a row (steps %d-%d) and " ..
+      "no checkpoint to roll back to: set checkpoint.dir and checkpoint.every",
+      last.step - first.step + 1, first.step, last.step))
+  end
+  checkpoint.load(env, path)
+  -- A second run of bad steps from the same step after the same checkpoint means the
+  -- skip did not help: going round again would never end.
+  local again = env.rolled_back and env.rolled_back.resumed == env.step_count and
+                env.rolled_back.first == first.step
+  if again then
+    user_error(string.format("train.max_bad_steps: steps %d-%d went bad again after rolling " ..
+      "back to %s and skipping their data: stopping (lower train.lr, or check the data " ..
+      "and train.spike_zscore)", first.step, last.step, path))
+  end
+  env.rolled_back = { resumed = env.step_count, first = first.step }
+  local from, pos = guard:skip_to_after(env.step_count, first, last)
+  if show then
+    local b = cfg.train.batch_size
+    io.stdout:write(string.format("ROLLED BACK: %d bad steps in a row (steps %d-%d): resumed " ..
+      "from %s at step %d; skipping data positions %d-%d (samples %d-%d of the global " ..
+      "stream), step %d reads position %d\n", last.step - first.step + 1, first.step,
+      last.step, path, env.step_count, pos, last.position, (pos - 1) * b,
+      last.position * b - 1, from, last.position + 1))
+    io.stdout:flush()
+  end
+end
+
 function train.run(env)
   local cfg = env.cfg
   local t, log = cfg.train, cfg.log or {}
@@ -525,7 +601,24 @@ function train.run(env)
     end
     io.stdout:flush()
   end
-  for step = env.step_count + 1, total do
+  -- tetra launch reads the last completed step from this file (rank 0 writes it).
+  local status_path = is_main and os.getenv("TETRA_LAUNCH_STATUS")
+  local function report_step(step)
+    if not status_path or status_path == "" then return end
+    local f = io.open(status_path, "w")
+    if f then
+      f:write("step ", step, "\n")
+      f:close()
+    end
+  end
+  report_step(env.step_count)
+  local crash_at = t.inject_crash_step or 0
+  while env.step_count < total do
+    local step = env.step_count + 1
+    if crash_at > 0 and step == crash_at then
+      user_error(string.format("train.inject_crash_step: failing at step %d on purpose " ..
+                               "(a test switch; unset it to train)", step))
+    end
     local r = env.step()
     -- The first steps pay for warm-up (allocator, page faults): a moving average of the
     -- step time gives a steadier ETA.
@@ -549,7 +642,8 @@ function train.run(env)
     if show or rank_log then
       line = metrics.progress_line(r, total, avg_step * (total - step))
       if r.skipped then   -- kept on its own line on a terminal too
-        line = line .. " | SKIPPED: inf/NaN grads" ..
+        local why = { nonfinite_loss = "NaN/Inf loss", spike = "loss spike" }
+        line = line .. " | SKIPPED: " .. (why[r.guard] or "inf/NaN grads") ..
                (env.amp.scaler and string.format(", loss scale now %g", r.loss_scale) or "")
       end
     end
@@ -567,7 +661,12 @@ function train.run(env)
         io.stdout:flush()
       end
     end
-    if checkpoint.due(cfg, step, total) then summary.checkpoint = checkpoint.save(env) end
+    report_step(step)
+    if r.roll_back then
+      train.roll_back(env, show)
+    elseif checkpoint.due(cfg, step, total) then
+      summary.checkpoint = checkpoint.save(env)
+    end
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       train.print_sample(env)
     end

@@ -1,0 +1,25 @@
+-- Config keys of fault tolerance: the loss guard (tetra.train), asynchronous checkpoints
+-- (tetra.checkpoint) and the test switches that inject faults. tetra.config loads this
+-- file with the rest of lua/tetra/schema/.
+return {
+  train = {
+    loss_guard = { type = "bool", default = true,
+      doc = "skip a step whose loss or gradients are NaN/Inf (or a spike); roll back after max_bad_steps in a row" },
+    spike_zscore = { type = "num", default = 0, min = 0,
+      doc = "a loss this many standard deviations above the last spike_window steps' mean is a spike (0: off)" },
+    spike_window = { type = "int", default = 50, min = 2,
+      doc = "good steps whose losses the spike test compares against" },
+    max_bad_steps = { type = "int", default = 3, min = 1,
+      doc = "bad steps in a row that roll back to the latest checkpoint and skip their data" },
+    inject_nan_step = { type = "int", default = 0, min = 0,
+      doc = "test switch: the batch at this data position gives a NaN loss (0: off)" },
+    inject_nan_count = { type = "int", default = 1, min = 1,
+      doc = "test switch: this many batches from inject_nan_step on give a NaN loss" },
+    inject_crash_step = { type = "int", default = 0, min = 0,
+      doc = "test switch: the run fails when it reaches this step (0: off)" },
+  },
+  checkpoint = {
+    async = { type = "bool", default = false,
+      doc = "copy the state to host memory at the step and write it on a background thread" },
+  },
+}
