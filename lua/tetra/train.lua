@@ -330,7 +330,12 @@ function train.setup(cfg, model, data, opts)
     local loss_sum = strategy:forward_backward(mine, accum)
     if mine ~= global then free(mine) end
     free(global)
-    if guard:poisoned(pos) then loss_sum = 0 / 0 end
+    if guard:poisoned(pos) then   -- the test switch: what a diverged step looks like
+      loss_sum = 0 / 0
+      local p = optimizer.params[1]
+      local g = p and p._grad
+      if g ~= nil then tffi.check(C.tt_fill_(g, 0 / 0)) end
+    end
     if on_grads then on_grads(env, step) end
     local loss = global_mean(loss_sum / accum)
     local bad = guard:judge_loss(loss)
