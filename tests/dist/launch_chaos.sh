@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# tetra launch under faults (4 ranks, data parallel, tiny Llama, a checkpoint every 4
+# steps):
+#  1. chaos: $KILLS (default 10) SIGKILLs of a random rank at random moments, every
+#     other one while a checkpoint is being written (a .tmp.step_* directory exists);
+#     the run finishes and its metrics records (loss and gradient norm of every step)
+#     equal an uninterrupted run's bit for bit; each restart is a logged line, the count
+#     reaches the job (records' `restarts`), and `latest` names a complete checkpoint.
+#  2. a SIGSTOPped rank: the watchdog (dist.timeout_s=2) aborts the job, tetra launch
+#     restarts it, and the losses again equal the uninterrupted run's.
+#  3. a deterministic failure (train.inject_crash_step=3 fails every time at step 3):
+#     two tries, then one line saying why, and the job's exit status.
+#  4. usage errors: one line, exit 2.
+source "$(dirname "$0")/prelude.bash"
+py="${PYTHON:-python3}"
+kills="${KILLS:-10}"
+steps=300
+failed=0
+job=(recipes/tiny.lua --set parallel.data_parallel_size=4 --set train.steps=$steps
+     --set checkpoint.every=4 --set log.every=100)
+
+"$tetra" launch >"$work/usage.out" 2>&1; rc=$?
+if [ $rc -ne 2 ] || [ "$(wc -l <"$work/usage.out")" -ne 1 ]; then
+  echo "FAIL: tetra launch without a command: exit $rc"; cat "$work/usage.out"; failed=1
+fi
+"$tetra" launch --max-restarts x -- true >"$work/usage.out" 2>&1; rc=$?
+grep -q "max-restarts needs a whole number" "$work/usage.out" && [ $rc -eq 2 ] ||
+  { echo "FAIL: --max-restarts x: exit $rc"; cat "$work/usage.out"; failed=1; }
+
+mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$work/ref.ck" \
+  --set log.metrics_file="$work/ref.jsonl" >"$work/ref.out" 2>&1 ||
+  { echo "FAIL: the uninterrupted run failed"; tail "$work/ref.out"; exit 1; }
+
+ranks_of() {   # the launch pid -> the pids of the job's ranks (mpirun's children)
+  local mp
+  mp=$(ps -o pid= --ppid "$1" | head -n 1)
+  [ -n "$mp" ] && ps -o pid= --ppid "$mp"
+}
+
+compare() {   # name: its metrics equal the uninterrupted run's
+  "$py" - "$work/ref.jsonl" "$work/$1.jsonl" "$2" <<'PY'
+import json, sys
+ref = [json.loads(l) for l in open(sys.argv[1])]
+got = [json.loads(l) for l in open(sys.argv[2])]
+want_restarts = int(sys.argv[3])
+key = lambda rs: [(r["step"], r["loss"], r["grad_norm"]) for r in rs]
+if key(got) != key(ref):
+    diff = [(a, b) for a, b in zip(key(ref), key(got)) if a != b][:3]
+    print(f"FAIL: {sys.argv[2]}: {len(got)} records, first differences (ref, got): {diff}")
+    sys.exit(1)
+if max(r.get("restarts", -1) for r in got) != want_restarts or got[-1]["restarts"] != want_restarts:
+    print(f"FAIL: the records' restarts field does not reach {want_restarts}")
+    sys.exit(1)
+print(f"{sys.argv[2]}: {len(got)} steps equal the uninterrupted run's bit for bit")
+PY
+}
+
+# -- 1. chaos ------------------------------------------------------------------------
+ck="$work/chaos.ck"
+"$tetra" launch --max-restarts $((kills + 5)) --backoff 0.1 -- \
+  mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$ck" \
+  --set log.metrics_file="$work/chaos.jsonl" >"$work/chaos.out" 2>&1 &
+launch=$!
+during_save=0
+for ((k = 1; k <= kills; k++)); do
+  sleep "0.$((RANDOM % 6 + 2))"
+  target=""
+  for ((tries = 0; tries < 4000; tries++)); do   # up to ~20 s for the job to be up
+    kill -0 "$launch" 2>/dev/null || break
+    mapfile -t pids < <(ranks_of "$launch")
+    if [ "${#pids[@]}" -eq 4 ]; then
+      if [ $((k % 2)) -eq 0 ] && ! compgen -G "$ck/.tmp.step_*" >/dev/null; then
+        sleep 0.005; continue   # wait for a save in progress
+      fi
+      target="${pids[$((RANDOM % 4))]}"
+      compgen -G "$ck/.tmp.step_*" >/dev/null && during_save=$((during_save + 1))
+      kill -KILL $target 2>/dev/null
+      break
+    fi
+    sleep 0.005
+  done
+  [ -n "$target" ] || { echo "FAIL: kill $k: the job was not running"; failed=1; break; }
+done
+wait $launch; rc=$?
+restarts=$(grep -c "^tetra launch: restart [0-9]*: the job failed (killed by signal 9" "$work/chaos.out")
+echo "chaos: $kills kills ($during_save while a checkpoint was being written), $restarts restarts, exit $rc"
+[ $rc -eq 0 ] || { echo "FAIL: the chaos run did not finish"; tail -20 "$work/chaos.out"; failed=1; }
+[ "$restarts" -eq "$kills" ] || { echo "FAIL: $restarts restarts logged for $kills kills"; grep "tetra launch" "$work/chaos.out"; failed=1; }
+[ "$during_save" -ge 1 ] || { echo "FAIL: no kill landed during a save"; failed=1; }
+[ "$(cat "$ck/latest")" = step_000$steps ] && [ -f "$ck/step_000$steps/state.json" ] ||
+  { echo "FAIL: latest is $(cat "$ck/latest")"; failed=1; }
+# Every restart but one killed before the first checkpoint continues from a checkpoint.
+resumed=$(grep -c "^resumed from .*step_[0-9]* at step [1-9]" "$work/chaos.out")
+[ "$resumed" -ge $((restarts - 1)) ] ||
+  { echo "FAIL: only $resumed of $restarts restarts resumed from a checkpoint"; failed=1; }
+compare chaos "$kills" || failed=1
+
+# -- 2. a stopped rank ---------------------------------------------------------------
+"$tetra" launch --max-restarts 2 --backoff 0.1 -- \
+  mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$work/stop.ck" \
+  --set dist.timeout_s=2 --set log.metrics_file="$work/stop.jsonl" >"$work/stop.out" 2>&1 &
+launch=$!
+sleep 1.5
+mapfile -t pids < <(ranks_of "$launch")
+kill -STOP "${pids[2]}"
+start=$(date +%s)
+wait $launch; rc=$?
+echo "stopped rank: exit $rc after $(( $(date +%s) - start )) s"
+grep "watchdog:" "$work/stop.out" | head -n 1
+grep "^tetra launch:" "$work/stop.out"
+[ $rc -eq 0 ] || { echo "FAIL: the run with a stopped rank did not finish"; tail "$work/stop.out"; failed=1; }
+grep -q "watchdog: .* has not completed" "$work/stop.out" || { echo "FAIL: no watchdog report"; failed=1; }
+grep -q "^tetra launch: restart 1: the job failed" "$work/stop.out" || { echo "FAIL: no restart"; failed=1; }
+compare stop 1 || failed=1
+
+# -- 3. a deterministic failure ------------------------------------------------------
+"$tetra" launch --max-restarts 5 --backoff 0.1 -- \
+  mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$work/det.ck" \
+  --set train.inject_crash_step=3 >"$work/det.out" 2>&1; rc=$?
+grep "^tetra launch:" "$work/det.out"
+tries=$(grep -c "failing at step 3 on purpose" "$work/det.out")
+[ $rc -eq 1 ] || { echo "FAIL: deterministic failure: exit $rc, want the job's 1"; failed=1; }
+[ "$(grep -c "^tetra launch: restart" "$work/det.out")" -eq 1 ] ||
+  { echo "FAIL: deterministic failure: not exactly one restart"; failed=1; }
+grep -q "^tetra launch: giving up: the job failed twice the same way (exit 1 after step 2)" "$work/det.out" ||
+  { echo "FAIL: no 'giving up' line"; failed=1; }
+[ "$tries" -ge 2 ] || { echo "FAIL: the failing step ran $tries times"; failed=1; }
+exit $failed
