@@ -33,8 +33,8 @@ mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$wor
 
 ranks_of() {   # the launch pid -> the pids of the job's ranks (mpirun's children)
   local mp
-  mp=$(ps -o pid= --ppid "$1" | head -n 1)
-  [ -n "$mp" ] && ps -o pid= --ppid "$mp"
+  mp=$(ps -o pid= --ppid "$1" | awk "NR == 1 {print \$1}")
+  [ -n "$mp" ] && ps -o pid= --ppid "$mp" | awk "{print \$1}"
 }
 
 compare() {   # name: its metrics equal the uninterrupted run's

@@ -25,9 +25,11 @@ for ((i = 0; i < 2000; i++)); do   # wait for a checkpoint
 done
 echo "# localhost lost half its slots" >"$hosts"
 echo "localhost slots=2" >>"$hosts"
-mp=$(ps -o pid= --ppid "$launch" | head -n 1)
-victim=$(ps -o pid= --ppid "$mp" | sed -n 2p)
-kill -KILL $victim
+mp=$(ps -o pid= --ppid "$launch" | awk "NR == 1 {print \$1}")
+mapfile -t pids < <(ps -o pid= --ppid "$mp" | awk "{print \$1}")
+echo "ranks: ${pids[*]} (mpirun $mp)"
+[ "${#pids[@]}" -eq 4 ] && kill -KILL ${pids[1]} ||
+  { echo "FAIL: could not kill a rank of the running job"; failed=1; }
 wait $launch; rc=$?
 grep "^tetra launch:\|^resumed from" "$work/elastic.out"
 [ $rc -eq 0 ] || { echo "FAIL: the elastic run did not finish (exit $rc)"; tail "$work/elastic.out"; failed=1; }
