@@ -349,9 +349,9 @@ end
 
 local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end
 
--- Writes this rank's shard file and its part of the index (shard_NNNNN.json, merged into
--- index.json by rank 0) into tmp, when this rank writes one; returns the file's name.
-local function save_shards(env, slices, tmp, rank, meta)
+-- This rank's shard file and its part of the index (shard_NNNNN.json, merged into
+-- index.json by rank 0), appended to `files` (see plan_save) when this rank writes one.
+local function shard_files(env, slices, rank, meta, files)
   local mesh = env.mesh
   if group_rank(mesh.dp) ~= 0 or group_rank(mesh.cp) ~= 0 then return end
   local file = shard_name(rank)
@@ -367,9 +367,9 @@ local function save_shards(env, slices, tmp, rank, meta)
       end
     end
   end
-  st.save(tmp .. "/" .. file, entries, meta)
-  write_file(tmp .. string.format("/shard_%05d.json", rank), encode(index) .. "\n")
-  return file
+  files[#files + 1] = { name = file, tensors = entries, meta = meta, summed = true }
+  files[#files + 1] = { name = string.format("shard_%05d.json", rank),
+                        bytes = encode(index) .. "\n" }
 end
 
 -- Rank 0, once every rank wrote: merges the shard_NNNNN.json parts in tmp into index.json.
@@ -413,78 +413,199 @@ end
 
 -- -- Save ----------------------------------------------------------------------------
 
--- Writes checkpoint.dir/step_NNNNNN for env's current step on every rank (collective
--- under MPI). Returns the checkpoint's path.
-function M.save(env)
+-- A save in three parts, so that the middle one can run on a background thread
+-- (checkpoint.async):
+--   plan_save    at the step boundary, on every rank (collective: ZeRO-1 moments are put
+--                together): the temporary directory and the list of files this rank
+--                writes, { name =, tensors = { {NAME, tensor} }, meta = } or
+--                { name =, bytes = string }, `summed` when checksums.json lists it
+--   write_files  writes them (each fsynced) and returns their CRC-32C: here, or in
+--                tetra.checkpoint's writer thread (engine/ckpt_writer.c) from host copies
+--   finish_save  on every rank once every rank wrote (collective): sums_NNNNN.json, then
+--                rank 0 merges the index and the checksums, renames the directory and
+--                moves `latest`
+local function plan_save(env)
   local ck = env.cfg.checkpoint or {}
   local dir = ck.dir
   if not dir or dir == "" then fail("checkpoint.save: set checkpoint.dir") end
   local step, rank = env.step_count, env.rank or 0
   local name = M.step_name(step)
-  local tmp, final = dir .. "/.tmp." .. name, dir .. "/" .. name
+  local plan = { dir = dir, name = name, tmp = dir .. "/.tmp." .. name,
+                 final = dir .. "/" .. name, rank = rank, keep = ck.keep or 2,
+                 split = split_layout(env), files = {} }
   if rank == 0 then
     mkdir_p(dir)
-    if exists(tmp) then remove_tree(tmp) end
-    mkdir_p(tmp)
+    if exists(plan.tmp) then remove_tree(plan.tmp) end
+    mkdir_p(plan.tmp)
   end
   barrier(env)
 
-  local opt = env.optimizer
+  local opt, files = env.optimizer, plan.files
   local optim_meta = { step_count = tostring(opt.step_count),
                        kind = opt.m and "adamw" or "sgd" }
-  local split = split_layout(env)
   local slices = local_slices(env)   -- collective under ZeRO-1
-  local wrote = {}   -- the files this rank writes (their checksums)
-  if split then wrote[#wrote + 1] = save_shards(env, slices, tmp, rank, optim_meta) end
+  if plan.split then shard_files(env, slices, rank, optim_meta, files) end
   local data_step
   if env.data.state then
-    local s, c = env.data:state(), env.mesh.coords or {}
+    local st_, c = env.data:state(), env.mesh.coords or {}
     if (c.tp or 0) == 0 and (c.cp or 0) == 0 and (c.pp or 0) == 0 then
-      wrote[#wrote + 1] = string.format("loader_dp_%05d.bin", c.dp or 0)
-      write_file(tmp .. "/" .. wrote[#wrote], s.loader)
+      files[#files + 1] = { name = string.format("loader_dp_%05d.bin", c.dp or 0),
+                            bytes = st_.loader, summed = true }
     end
-    data_step = s.step
+    data_step = st_.step
   end
   if rank == 0 then
-    if not split then
-      st.save(tmp .. "/model.safetensors", model_entries(slices))
-      st.save(tmp .. "/optim.safetensors", optim_entries(slices), optim_meta)
-      wrote[#wrote + 1], wrote[#wrote + 2] = "model.safetensors", "optim.safetensors"
+    if not plan.split then
+      files[#files + 1] = { name = "model.safetensors", tensors = model_entries(slices), summed = true }
+      files[#files + 1] = { name = "optim.safetensors", tensors = optim_entries(slices),
+                            meta = optim_meta, summed = true }
     end
-    wrote[#wrote + 1] = "state.json"
     local scaler = env.amp and env.amp.scaler
-    write_file(tmp .. "/state.json", encode({
+    files[#files + 1] = { name = "state.json", summed = true, bytes = encode({
       format = 1, step = step, tokens_seen = env.tokens_seen,
       rng = u64_hex(C.tt_rng_state()), world_size = world_size(env),
       zero_sharded = sharded(env), optimizer = optim_meta.kind,
-      optimizer_step = opt.step_count, sharded_params = split or nil,
+      optimizer_step = opt.step_count, sharded_params = plan.split or nil,
       scaler = scaler and scaler:state_dict() or nil,
       data = data_step and { step = data_step } or nil,
       guard = env.guard and env.guard:state() or nil,
       config = env.cfg,
-    }) .. "\n")
+    }) .. "\n" }
   end
-  if #wrote > 0 then
-    local sums = {}
-    for _, f in ipairs(wrote) do sums[f] = crc_of(tmp .. "/" .. f) end
-    write_file(tmp .. string.format("/sums_%05d.json", rank), encode(sums) .. "\n")
+  return plan
+end
+
+local function write_files(plan)
+  local crcs = {}
+  for i, f in ipairs(plan.files) do
+    local path = plan.tmp .. "/" .. f.name
+    if f.tensors then st.save(path, f.tensors, f.meta) else write_file(path, f.bytes) end
+    crcs[i] = crc_of(path)
+  end
+  return crcs
+end
+
+local function finish_save(env, plan, crcs)
+  local sums, any = {}, false
+  for i, f in ipairs(plan.files) do
+    if f.summed then sums[f.name], any = crcs[i], true end
+  end
+  if any then
+    write_file(plan.tmp .. string.format("/sums_%05d.json", plan.rank), encode(sums) .. "\n")
   end
   barrier(env)   -- every rank's files are on disk
 
-  if rank == 0 then
-    if split then merge_index(tmp) end
+  if plan.rank == 0 then
+    local tmp, final = plan.tmp, plan.final
+    if plan.split then merge_index(tmp) end
     merge_sums(tmp)
     fsync_path(tmp)
     if exists(final) then remove_tree(final) end
     local ok, err = os.rename(tmp, final)
     if not ok then fail("checkpoint: cannot rename %s to %s: %s", tmp, final, tostring(err)) end
-    fsync_path(dir)
-    replace_file(dir .. "/latest", name .. "\n")
-    fsync_path(dir)
-    M.prune(dir, ck.keep or 2, name)
+    fsync_path(plan.dir)
+    replace_file(plan.dir .. "/latest", plan.name .. "\n")
+    fsync_path(plan.dir)
+    M.prune(plan.dir, plan.keep, plan.name)
   end
   barrier(env)
-  return final
+  return plan.final
+end
+
+-- Writes checkpoint.dir/step_NNNNNN for env's current step on every rank (collective
+-- under MPI). Returns the checkpoint's path. With an asynchronous save in flight, it
+-- is completed first.
+function M.save(env)
+  M.drain(env)
+  local plan = plan_save(env)
+  return finish_save(env, plan, write_files(plan))
+end
+
+-- -- Asynchronous saves (checkpoint.async) ----------------------------------------------
+
+local writer_box = ffi.new("tt_ckpt_writer *[1]")
+local take, pout = require("tetra.tensor").take, require("tetra.tensor").pout
+local function check_io(rc)
+  if rc ~= 0 then fail("checkpoint: %s", ffi.string(C.tt_last_error())) end
+end
+
+-- Starts writing checkpoint.dir/step_NNNNNN for env's current step (collective) and
+-- returns; the files are host copies of the state taken now, written by a background
+-- thread while training goes on. At most one save is in flight: a save still writing is
+-- completed first. M.poll at each later step boundary publishes it (rename, `latest`)
+-- once every rank's thread has finished; M.drain waits for it.
+function M.save_async(env)
+  M.drain(env)
+  local plan = plan_save(env)
+  check_io(C.tt_ckpt_writer_new(writer_box))
+  local writer = ffi.gc(writer_box[0], C.tt_ckpt_writer_free)
+  local copies = {}
+  require("tetra.tensor").no_grad(function()
+    for _, f in ipairs(plan.files) do
+      local path = plan.tmp .. "/" .. f.name
+      if f.tensors then
+        local n = #f.tensors
+        local names = ffi.new("const char *[?]", math.max(n, 1))
+        local ts = ffi.new("tt_tensor *[?]", math.max(n, 1))
+        for i, kt in ipairs(f.tensors) do
+          -- A copy the next steps cannot change, in host memory.
+          local t = kt[2]
+          local host = take(t._device == C.TT_CPU and C.tt_clone(t, pout)
+                            or C.tt_to_device(t, C.TT_CPU, pout))
+          copies[#copies + 1] = host
+          names[i - 1], ts[i - 1] = kt[1], host
+        end
+        local keys, mk, mv, nm = {}, nil, nil, 0
+        if f.meta then
+          for k in pairs(f.meta) do keys[#keys + 1] = k end
+          table.sort(keys)
+          nm = #keys
+          mk = ffi.new("const char *[?]", math.max(nm, 1))
+          mv = ffi.new("const char *[?]", math.max(nm, 1))
+          for i, k in ipairs(keys) do mk[i - 1], mv[i - 1] = k, tostring(f.meta[k]) end
+        end
+        check_io(C.tt_ckpt_writer_add_safetensors(writer, path, names, ts, n, mk, mv, nm))
+      else
+        check_io(C.tt_ckpt_writer_add_bytes(writer, path, f.bytes, #f.bytes))
+      end
+    end
+  end)
+  for _, t in ipairs(copies) do F.free(t) end   -- the writer holds its own references
+  check_io(C.tt_ckpt_writer_start(writer))
+  env.ckpt_inflight = { plan = plan, writer = writer }
+end
+
+local function publish(env)
+  local fl = env.ckpt_inflight
+  env.ckpt_inflight = nil
+  check_io(C.tt_ckpt_writer_wait(fl.writer))
+  local crcs = {}
+  for i = 1, #fl.plan.files do crcs[i] = bit.tohex(tonumber(C.tt_ckpt_writer_crc(fl.writer, i - 1)), 8) end
+  C.tt_ckpt_writer_free(ffi.gc(fl.writer, nil))
+  return finish_save(env, fl.plan, crcs)
+end
+
+-- At a step boundary (every rank): publishes the save in flight when every rank's
+-- thread has finished (an all-reduce of a flag); returns its path, or nil.
+local done_flag
+function M.poll(env)
+  if not env.ckpt_inflight then return nil end
+  local done = C.tt_ckpt_writer_poll(env.ckpt_inflight.writer) ~= 0 and 1 or 0
+  local w = env.mesh.world
+  if w and w.size > 1 then
+    done_flag = done_flag or require("tetra.tensor").from_table({ 0 })
+    C.tt_tensor_set(done_flag, 0, done)
+    w:all_reduce(done_flag, "min")
+    done = C.tt_tensor_get(done_flag, 0)
+  end
+  if done == 0 then return nil end
+  return publish(env)
+end
+
+-- Waits for the save in flight, if any, and publishes it; returns its path or nil.
+function M.drain(env)
+  if not env.ckpt_inflight then return nil end
+  return publish(env)
 end
 
 -- Removes leftover .tmp.* directories and all but the newest `keep` step_* checkpoints

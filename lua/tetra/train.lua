@@ -618,6 +618,9 @@ function train.run(env)
   end
   report_step(env.step_count)
   local crash_at = t.inject_crash_step or 0
+  -- checkpoint.async: saves are written by a thread while the next steps run (the last
+  -- one is written before the run returns).
+  local async_save = (cfg.checkpoint or {}).async == true
   while env.step_count < total do
     local step = env.step_count + 1
     if crash_at > 0 and step == crash_at then
@@ -668,9 +671,16 @@ function train.run(env)
     end
     report_step(step)
     if r.roll_back then
+      checkpoint.drain(env)
       train.roll_back(env, show)
     elseif checkpoint.due(cfg, step, total) then
-      summary.checkpoint = checkpoint.save(env)
+      if async_save and step ~= total then
+        checkpoint.save_async(env)
+      else
+        summary.checkpoint = checkpoint.save(env)
+      end
+    elseif async_save then
+      checkpoint.poll(env)
     end
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       train.print_sample(env)

@@ -12,7 +12,7 @@
 #     two tries, then one line saying why, and the job's exit status.
 #  4. usage errors: one line, exit 2.
 source "$(dirname "$0")/prelude.bash"
-py="${PYTHON:-python3}"
+source "$root/tests/dist/launch_helpers.bash"
 kills="${KILLS:-10}"
 steps=300
 failed=0
@@ -31,56 +31,14 @@ mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$wor
   --set log.metrics_file="$work/ref.jsonl" >"$work/ref.out" 2>&1 ||
   { echo "FAIL: the uninterrupted run failed"; tail "$work/ref.out"; exit 1; }
 
-ranks_of() {   # the launch pid -> the pids of the job's ranks (mpirun's children)
-  local mp
-  mp=$(ps -o pid= --ppid "$1" | awk "NR == 1 {print \$1}")
-  [ -n "$mp" ] && ps -o pid= --ppid "$mp" | awk "{print \$1}"
-}
-
-compare() {   # name: its metrics equal the uninterrupted run's
-  "$py" - "$work/ref.jsonl" "$work/$1.jsonl" "$2" <<'PY'
-import json, sys
-ref = [json.loads(l) for l in open(sys.argv[1])]
-got = [json.loads(l) for l in open(sys.argv[2])]
-want_restarts = int(sys.argv[3])
-key = lambda rs: [(r["step"], r["loss"], r["grad_norm"]) for r in rs]
-if key(got) != key(ref):
-    diff = [(a, b) for a, b in zip(key(ref), key(got)) if a != b][:3]
-    print(f"FAIL: {sys.argv[2]}: {len(got)} records, first differences (ref, got): {diff}")
-    sys.exit(1)
-if max(r.get("restarts", -1) for r in got) != want_restarts or got[-1]["restarts"] != want_restarts:
-    print(f"FAIL: the records' restarts field does not reach {want_restarts}")
-    sys.exit(1)
-print(f"{sys.argv[2]}: {len(got)} steps equal the uninterrupted run's bit for bit")
-PY
-}
-
 # -- 1. chaos ------------------------------------------------------------------------
 ck="$work/chaos.ck"
 "$tetra" launch --max-restarts $((kills + 5)) --backoff 0.1 -- \
   mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$ck" \
   --set log.metrics_file="$work/chaos.jsonl" >"$work/chaos.out" 2>&1 &
 launch=$!
-during_save=0
-for ((k = 1; k <= kills; k++)); do
-  sleep "0.$((RANDOM % 6 + 2))"
-  target=""
-  for ((tries = 0; tries < 4000; tries++)); do   # up to ~20 s for the job to be up
-    kill -0 "$launch" 2>/dev/null || break
-    mapfile -t pids < <(ranks_of "$launch")
-    if [ "${#pids[@]}" -eq 4 ]; then
-      if [ $((k % 2)) -eq 0 ] && ! compgen -G "$ck/.tmp.step_*" >/dev/null; then
-        sleep 0.005; continue   # wait for a save in progress
-      fi
-      target="${pids[$((RANDOM % 4))]}"
-      compgen -G "$ck/.tmp.step_*" >/dev/null && during_save=$((during_save + 1))
-      kill -KILL $target 2>/dev/null
-      break
-    fi
-    sleep 0.005
-  done
-  [ -n "$target" ] || { echo "FAIL: kill $k: the job was not running"; failed=1; break; }
-done
+chaos $launch "$ck" "$kills" 2 || { echo "FAIL: kill $((chaos_done + 1)): the job was not running"; failed=1; }
+during_save=$chaos_during_save
 wait $launch; rc=$?
 restarts=$(grep -c "^tetra launch: restart [0-9]*: the job failed (killed by signal 9" "$work/chaos.out")
 echo "chaos: $kills kills ($during_save while a checkpoint was being written), $restarts restarts, exit $rc"
@@ -93,7 +51,7 @@ echo "chaos: $kills kills ($during_save while a checkpoint was being written), $
 resumed=$(grep -c "^resumed from .*step_[0-9]* at step [1-9]" "$work/chaos.out")
 [ "$resumed" -ge $((restarts - 1)) ] ||
   { echo "FAIL: only $resumed of $restarts restarts resumed from a checkpoint"; failed=1; }
-compare chaos "$kills" || failed=1
+same_records "$work/ref.jsonl" "$work/chaos.jsonl" "$kills" || failed=1
 
 # -- 2. a stopped rank ---------------------------------------------------------------
 "$tetra" launch --max-restarts 2 --backoff 0.1 -- \
@@ -111,7 +69,7 @@ grep "^tetra launch:" "$work/stop.out"
 [ $rc -eq 0 ] || { echo "FAIL: the run with a stopped rank did not finish"; tail "$work/stop.out"; failed=1; }
 grep -q "watchdog: .* has not completed" "$work/stop.out" || { echo "FAIL: no watchdog report"; failed=1; }
 grep -q "^tetra launch: restart 1: the job failed" "$work/stop.out" || { echo "FAIL: no restart"; failed=1; }
-compare stop 1 || failed=1
+same_records "$work/ref.jsonl" "$work/stop.jsonl" 1 || failed=1
 
 # -- 3. a deterministic failure ------------------------------------------------------
 "$tetra" launch --max-restarts 5 --backoff 0.1 -- \
