@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* -- The queue --------------------------------------------------------------------- */
@@ -46,6 +47,7 @@ struct tt_ckpt_writer {
   pthread_t thread;
   int started, joined;
   atomic_int state;          /* 0 running (or not started), 1 done, -1 failed */
+  int delay_ms;              /* a test switch: wait before writing */
   char error[512];
 };
 
@@ -176,6 +178,10 @@ static int write_blob(const ckpt_file *f) {
 
 static void *writer_main(void *arg) {
   tt_ckpt_writer *w = arg;
+  if (w->delay_ms > 0) {
+    struct timespec ts = { w->delay_ms / 1000, (long)(w->delay_ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+  }
   for (int i = 0; i < w->n; i++) {
     ckpt_file *f = &w->files[i];
     int rc = f->bytes ? write_blob(f)
@@ -193,6 +199,8 @@ static void *writer_main(void *arg) {
   atomic_store(&w->state, 1);
   return NULL;
 }
+
+void tt_ckpt_writer_set_delay_ms(tt_ckpt_writer *w, int ms) { w->delay_ms = ms; }
 
 int tt_ckpt_writer_start(tt_ckpt_writer *w) {
   TT_CHECK(!w->started, "checkpoint writer: already started");

@@ -61,6 +61,8 @@ int tt_ckpt_writer_add_safetensors(tt_ckpt_writer *w, const char *path,
                                    int n, const char *const *meta_keys,
                                    const char *const *meta_values, int n_meta);
 int tt_ckpt_writer_add_bytes(tt_ckpt_writer *w, const char *path, const void *data, size_t len);
+/* A test switch: the thread waits ms milliseconds before it writes. */
+void tt_ckpt_writer_set_delay_ms(tt_ckpt_writer *w, int ms);
 int tt_ckpt_writer_start(tt_ckpt_writer *w);
 /* 0 still writing (or not started), 1 every file written and summed, -1 failed. */
 int tt_ckpt_writer_poll(const tt_ckpt_writer *w);

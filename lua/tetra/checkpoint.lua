@@ -571,6 +571,7 @@ function M.save_async(env)
     end
   end)
   for _, t in ipairs(copies) do F.free(t) end   -- the writer holds its own references
+  C.tt_ckpt_writer_set_delay_ms(writer, (env.cfg.checkpoint or {}).async_delay_ms or 0)
   check_io(C.tt_ckpt_writer_start(writer))
   env.ckpt_inflight = { plan = plan, writer = writer }
 end

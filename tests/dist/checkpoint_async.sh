@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # checkpoint.async=true: the state is copied to host memory at the step and written by a
 # background thread (engine/ckpt_writer.c) while training goes on.
-#  1. one process, 30 steps, a save every 10: the async checkpoints' model and optimizer
-#     files equal the synchronous run's byte for byte, the metrics are the same, and a
-#     run resumed from the async step-10 checkpoint continues exactly like the
+#  1. one process, 30 steps, a save every 10, the writer thread held back 300 ms
+#     (checkpoint.async_delay_ms, a test switch) so that each write overlaps the next
+#     steps: the async checkpoints' model and optimizer files equal the synchronous run's
+#     byte for byte (the snapshot is the state of its step), the metrics are the same,
+#     and a run resumed from the async step-10 checkpoint continues exactly like the
 #     synchronous run.
 #  2. 4 ranks under tetra launch with async saves: 4 SIGKILLs, each while a checkpoint is
 #     being written (its .tmp.step_* directory exists: the thread is writing or the ranks
@@ -16,6 +18,7 @@ failed=0
 one=(recipes/tiny.lua --set train.steps=30 --set checkpoint.every=10 --set checkpoint.keep=0)
 for mode in sync async; do
   "$tetra" run "${one[@]}" --set checkpoint.async=$([ $mode = async ] && echo true || echo false) \
+    --set checkpoint.async_delay_ms=$([ $mode = async ] && echo 300 || echo 0) \
     --set checkpoint.dir="$work/$mode.ck" --set log.metrics_file="$work/$mode.jsonl" \
     >"$work/$mode.out" 2>&1 || { echo "FAIL: the $mode run failed"; tail "$work/$mode.out"; exit 1; }
 done

@@ -21,5 +21,7 @@ return {
   checkpoint = {
     async = { type = "bool", default = false,
       doc = "copy the state to host memory at the step and write it on a background thread" },
+    async_delay_ms = { type = "int", default = 0, min = 0,
+      doc = "test switch: the writer thread waits this long before writing" },
   },
 }
