@@ -565,6 +565,7 @@ function M.save_async(env)
           for i, k in ipairs(keys) do mk[i - 1], mv[i - 1] = k, tostring(f.meta[k]) end
         end
         check_io(C.tt_ckpt_writer_add_safetensors(writer, path, names, ts, n, mk, mv, nm))
+        f.tensors = nil   -- the plan outlives the step: it must not keep the state alive
       else
         check_io(C.tt_ckpt_writer_add_bytes(writer, path, f.bytes, #f.bytes))
       end

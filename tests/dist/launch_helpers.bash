@@ -10,23 +10,34 @@ ranks_of() {
 }
 
 # chaos LAUNCH_PID CHECKPOINT_DIR KILLS EVERY_NTH: KILLS SIGKILLs of a random one of the
-# job's 4 ranks, 0.2-0.7 s apart; every EVERY_NTH-th one waits for a checkpoint being
-# written (a .tmp.step_* directory in CHECKPOINT_DIR). Sets chaos_during_save (kills that
-# found a save in progress) and chaos_done (kills made).
+# job's 4 ranks. Before each kill the job must have written a checkpoint since the last
+# one (so every restart makes progress, however slowly a busy machine starts the ranks),
+# then a random 0-0.3 s passes; every EVERY_NTH-th kill also waits for a checkpoint being
+# written (a .tmp.step_* directory in CHECKPOINT_DIR). Sets chaos_during_save (kills
+# that found a save in progress) and chaos_done (kills made).
 chaos() {
-  local launch="$1" ck="$2" kills="$3" nth="$4" k tries target pids
+  local launch="$1" ck="$2" kills="$3" nth="$4" k tries target pids seen="" now
   chaos_during_save=0 chaos_done=0
   for ((k = 1; k <= kills; k++)); do
-    sleep "0.$((RANDOM % 6 + 2))"
     target=""
-    for ((tries = 0; tries < 4000; tries++)); do   # up to ~20 s for the job to be up
+    for ((tries = 0; tries < 12000; tries++)); do   # up to ~60 s for the job to get on
+      kill -0 "$launch" 2>/dev/null || break
+      now=$(cat "$ck/latest" 2>/dev/null)
+      if [ -n "$now" ] && [ "$now" != "$seen" ]; then
+        sleep "0.$((RANDOM % 4))"
+        break
+      fi
+      sleep 0.005
+    done
+    for ((tries = 0; tries < 12000; tries++)); do
       kill -0 "$launch" 2>/dev/null || break
       mapfile -t pids < <(ranks_of "$launch")
       if [ "${#pids[@]}" -eq 4 ]; then
         if [ $((k % nth)) -eq 0 ] && ! compgen -G "$ck/.tmp.step_*" >/dev/null; then
-          sleep 0.005; continue
+          sleep 0.002; continue
         fi
         target="${pids[$((RANDOM % 4))]}"
+        seen=$(cat "$ck/latest" 2>/dev/null)
         compgen -G "$ck/.tmp.step_*" >/dev/null && chaos_during_save=$((chaos_during_save + 1))
         kill -KILL "$target" 2>/dev/null
         break
