@@ -1,6 +1,20 @@
 -- Config keys of fault tolerance: the loss guard (tetra.train), asynchronous checkpoints
 -- (tetra.checkpoint) and the test switches that inject faults. tetra.config loads this
 -- file with the rest of lua/tetra/schema/.
+local config = require("tetra.config")
+
+-- Keys that would do nothing are refused.
+config.register_check(function(cfg)
+  local t, ck = cfg.train, cfg.checkpoint
+  if t.spike_zscore > 0 and not t.loss_guard then
+    config.error("train.spike_zscore=%g needs train.loss_guard=true (the guard skips the spikes)",
+                 t.spike_zscore)
+  end
+  if ck.async and not ck.dir then
+    config.error("checkpoint.async needs checkpoint.dir (where checkpoints go)")
+  end
+end)
+
 return {
   train = {
     loss_guard = { type = "bool", default = true,
