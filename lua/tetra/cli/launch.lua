@@ -14,8 +14,10 @@
 --   * when the job fails twice in a row the same way: the same exit status, below 128 (a
 --     status of 128 + n is a death by signal n, something done to the job, not by it),
 --     after the same last completed step. The job's rank 0 writes its last completed
---     step to the file TETRA_LAUNCH_STATUS names (tetra.train does); a run that fails at
---     the same step with the same status again would fail a third time.
+--     step to the file TETRA_LAUNCH_STATUS names (tetra.train does; a temporary file
+--     unless the variable is set already, e.g. to a path on a shared file system when
+--     rank 0 runs on another node); a run that fails at the same step with the same
+--     status again would fail a third time.
 -- Every restart is one line on stderr with its number and cause, and the job sees the
 -- count in the environment variable TETRA_RESTART_COUNT (0 for the first start; the
 -- metrics records carry it as `restarts`). Under mpirun both variables are also passed
@@ -256,8 +258,13 @@ function M.main(...)
     end
     if o.min_np > np then return usage_error("--min-np %d is above -np %d", o.min_np, np) end
   end
-  local status_path = os.tmpname()
-  C.tt_launch_setenv("TETRA_LAUNCH_STATUS", status_path, 1)
+  -- Rank 0 may run on another node: TETRA_LAUNCH_STATUS set beforehand (a path on a
+  -- shared file system) is kept.
+  local status_path = os.getenv("TETRA_LAUNCH_STATUS")
+  if not status_path or status_path == "" then
+    status_path = os.tmpname()
+    C.tt_launch_setenv("TETRA_LAUNCH_STATUS", status_path, 1)
+  end
 
   local restarts, previous, streak = 0, nil, 0
   local code
