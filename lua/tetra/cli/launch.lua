@@ -261,7 +261,8 @@ function M.main(...)
   -- Rank 0 may run on another node: TETRA_LAUNCH_STATUS set beforehand (a path on a
   -- shared file system) is kept.
   local status_path = os.getenv("TETRA_LAUNCH_STATUS")
-  if not status_path or status_path == "" then
+  local own_status = not status_path or status_path == ""
+  if own_status then
     status_path = os.tmpname()
     C.tt_launch_setenv("TETRA_LAUNCH_STATUS", status_path, 1)
   end
@@ -332,7 +333,7 @@ function M.main(...)
     put_set(argv, "checkpoint.resume", "auto")
     sleep_s(wait)
   end
-  os.remove(status_path)
+  if own_status then os.remove(status_path) end
   return code
 end
 
