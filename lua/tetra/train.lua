@@ -14,6 +14,11 @@
 --      parameters' placements) -> AdamW with the scheduled lr, unless the grads were not
 --      finite: then the step is skipped (and the fp16 scale backs off)
 --   -> zero grads -> one metrics record (with loss_scale and skipped).
+-- The loss guard (tetra.guard, train.loss_guard) judges each step from the mean loss and
+-- the gradient norm, agreed over every rank: a bad step skips the update, and
+-- train.max_bad_steps of them in a row roll back to the latest checkpoint and skip their
+-- data (train.roll_back); step s reads the global batch at data position
+-- env.guard:position(s), which is s until a window was skipped.
 --
 -- The model is built whole on the CPU by the recipe (so a seed gives the same initial
 -- weights on every rank and device); train.setup then applies the layout's parallelism
@@ -690,7 +695,7 @@ function train.run(env)
   train.print_sample(env)
   local last = records[#records]
   if summary.steps > 0 and (show or rank_log) then
-    local line = string.format("done: %d steps in %.1f s, %.0f tokens/s, loss %.4f -> %.4f",
+    local line = string.format("done: %d steps in %.2f s, %.0f tokens/s, loss %.4f -> %.4f",
       summary.steps, metrics.now() - started, summary.tokens / summary.time_s,
       summary.first_loss, last.loss)
     if summary.eval_loss then

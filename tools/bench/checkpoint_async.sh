@@ -2,14 +2,14 @@
 # The step-time cost of checkpoints, synchronous and asynchronous (checkpoint.async),
 # at checkpoint.every=10 on a tiny Llama (recipes/tiny.lua with dim 128 and 4 layers:
 # 0.8M parameters, a 10 MB checkpoint with the AdamW moments), one process.
-# Usage: tools/bench/checkpoint_async.sh [path/to/tetra] [steps (100)] [repeats (5)]
+# Usage: tools/bench/checkpoint_async.sh [path/to/tetra] [steps (200)] [repeats (5)]
 # Each repeat runs the three modes back to back (so that a busy machine slows them
 # alike); per mode it prints the median over the repeats of the training loop's wall
 # time per step (the "done:" line: steps and saves, not start-up) and the cost against
 # no checkpoints.
 set -eu
 tetra="${1:-build/tetra}"
-steps="${2:-100}"
+steps="${2:-200}"
 repeats="${3:-5}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
