@@ -2,12 +2,13 @@
 ** ckpt_writer.c — a background thread that writes a checkpoint's files (asynchronous
 ** checkpoints, checkpoint.async in lua/tetra/checkpoint.lua).
 **
-** The training thread queues files: safetensors files of host tensors it will not touch
-** again (snapshots taken at the step boundary) and byte blobs (copied here). start()
-** hands the queue to one thread, which writes each file (fsynced; tt_safetensors_save
-** for the tensors) and then sums it (CRC-32C), while training goes on. poll() and wait()
-** tell the training thread when it is done; the rename that publishes the checkpoint
-** stays with the training thread, which runs it once every rank's writer has finished.
+** The training thread queues operations: safetensors files of host tensors it will not
+** touch again (snapshots taken at the step boundary), byte blobs (copied here), fsyncs
+** and renames. start() hands the queue to one thread, which runs them in order (each
+** file fsynced, tt_safetensors_save for the tensors, and summed: CRC-32C) while training
+** goes on; poll() and wait() tell the training thread when it is done. A checkpoint
+** takes two queues: every rank's files, then, once every rank's writer has finished,
+** rank 0's publishing (checksums.json, the directory's rename, `latest`).
 **
 ** The thread only reads the tensors (and takes and drops extra references, which are
 ** atomic); it never frees one: the writer keeps a reference to each until
@@ -29,9 +30,13 @@
 
 /* -- The queue --------------------------------------------------------------------- */
 
+enum { CKPT_SAFETENSORS, CKPT_BYTES, CKPT_FSYNC, CKPT_RENAME };
+
 typedef struct {
+  int kind;
   char *path;
-  /* A safetensors file (n_tensors >= 0, bytes NULL) or a blob (bytes, len). */
+  char *to;   /* CKPT_RENAME: the new name */
+  /* CKPT_SAFETENSORS: the tensors; CKPT_BYTES: the blob (bytes, len). */
   int n_tensors, n_meta;
   char **names;
   tt_tensor **tensors;
@@ -68,6 +73,7 @@ static char *dup_str(const char *s) {
 
 static void free_file(ckpt_file *f) {
   free(f->path);
+  free(f->to);
   for (int i = 0; i < f->n_tensors; i++) {
     if (f->names) free(f->names[i]);
     if (f->tensors) tt_tensor_release(f->tensors[i]);
@@ -117,6 +123,7 @@ int tt_ckpt_writer_add_safetensors(tt_ckpt_writer *w, const char *path,
   TT_CHECK(n >= 0 && n_meta >= 0, "checkpoint writer: negative count");
   ckpt_file *f = push(w, path);
   if (!f) return -1;
+  f->kind = CKPT_SAFETENSORS;
   f->names = calloc((size_t)n + 1, sizeof *f->names);
   f->tensors = calloc((size_t)n + 1, sizeof *f->tensors);
   f->meta_keys = calloc((size_t)n_meta + 1, sizeof *f->meta_keys);
@@ -144,10 +151,27 @@ int tt_ckpt_writer_add_safetensors(tt_ckpt_writer *w, const char *path,
 int tt_ckpt_writer_add_bytes(tt_ckpt_writer *w, const char *path, const void *data, size_t len) {
   ckpt_file *f = push(w, path);
   if (!f) return -1;
+  f->kind = CKPT_BYTES;
   f->bytes = malloc(len ? len : 1);
   TT_CHECK(f->bytes, "checkpoint writer: out of host memory (%zu bytes)", len);
   if (len) memcpy(f->bytes, data, len);
   f->len = len;
+  return 0;
+}
+
+int tt_ckpt_writer_add_fsync(tt_ckpt_writer *w, const char *path) {
+  ckpt_file *f = push(w, path);
+  if (!f) return -1;
+  f->kind = CKPT_FSYNC;
+  return 0;
+}
+
+int tt_ckpt_writer_add_rename(tt_ckpt_writer *w, const char *from, const char *to) {
+  ckpt_file *f = push(w, from);
+  if (!f) return -1;
+  f->kind = CKPT_RENAME;
+  f->to = dup_str(to);
+  TT_CHECK(f->to, "checkpoint writer: out of host memory");
   return 0;
 }
 
@@ -176,6 +200,37 @@ static int write_blob(const ckpt_file *f) {
   return 0;
 }
 
+static int fsync_path(const char *path) {
+  int fd = open(path, O_RDONLY);
+  TT_CHECK(fd >= 0, "checkpoint writer: cannot open %s to fsync: %s", path, strerror(errno));
+  if (fsync(fd) != 0) {
+    int e = errno;
+    close(fd);
+    return tt_set_error("checkpoint writer: fsync %s: %s", path, strerror(e));
+  }
+  close(fd);
+  return 0;
+}
+
+static int run_op(ckpt_file *f) {
+  switch (f->kind) {
+  case CKPT_SAFETENSORS:
+    TT_TRY(tt_safetensors_save(f->path, (const char *const *)f->names, f->tensors,
+                               f->n_tensors, (const char *const *)f->meta_keys,
+                               (const char *const *)f->meta_values, f->n_meta));
+    return tt_crc32c_file(f->path, &f->crc);
+  case CKPT_BYTES:
+    f->crc = tt_crc32c(0, f->bytes, f->len);
+    return write_blob(f);
+  case CKPT_FSYNC:
+    return fsync_path(f->path);
+  default:
+    TT_CHECK(rename(f->path, f->to) == 0, "checkpoint writer: cannot rename %s to %s: %s",
+             f->path, f->to, strerror(errno));
+    return 0;
+  }
+}
+
 static void *writer_main(void *arg) {
   tt_ckpt_writer *w = arg;
   if (w->delay_ms > 0) {
@@ -183,14 +238,7 @@ static void *writer_main(void *arg) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
   }
   for (int i = 0; i < w->n; i++) {
-    ckpt_file *f = &w->files[i];
-    int rc = f->bytes ? write_blob(f)
-                      : tt_safetensors_save(f->path, (const char *const *)f->names,
-                                            f->tensors, f->n_tensors,
-                                            (const char *const *)f->meta_keys,
-                                            (const char *const *)f->meta_values, f->n_meta);
-    if (!rc) rc = tt_crc32c_file(f->path, &f->crc);
-    if (rc) {
+    if (run_op(&w->files[i])) {
       snprintf(w->error, sizeof w->error, "%s", tt_last_error());
       atomic_store(&w->state, -1);
       return NULL;

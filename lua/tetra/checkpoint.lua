@@ -372,7 +372,8 @@ local function shard_files(env, slices, rank, meta, files)
                         bytes = encode(index) .. "\n" }
 end
 
--- Rank 0, once every rank wrote: merges the shard_NNNNN.json parts in tmp into index.json.
+-- Rank 0, once every rank wrote: the text of index.json, merged from the
+-- shard_NNNNN.json parts in tmp (which it removes).
 local function merge_index(tmp)
   local parts = {}
   for _, e in ipairs(host.listdir(tmp) or {}) do
@@ -393,12 +394,12 @@ local function merge_index(tmp)
     local ok, err = os.remove(tmp .. "/" .. part)
     if not ok then fail("checkpoint: cannot remove %s: %s", part, tostring(err)) end
   end
-  write_file(tmp .. "/index.json", encode({ format = 1, tensors = tensors }) .. "\n")
+  return encode({ format = 1, tensors = tensors }) .. "\n"
 end
 
--- Rank 0, once every rank wrote: merges the sums_NNNNN.json parts in tmp, with the
--- checksum of index.json, into checksums.json.
-local function merge_sums(tmp)
+-- Rank 0, once every rank wrote: the text of checksums.json, merged from the
+-- sums_NNNNN.json parts in tmp (which it removes) and `extra` ({ FILE = crc }).
+local function merge_sums(tmp, extra)
   local sums = {}
   for _, e in ipairs(host.listdir(tmp) or {}) do
     if e:match("^sums_%d+%.json$") then
@@ -407,9 +408,11 @@ local function merge_sums(tmp)
       if not ok then fail("checkpoint: cannot remove %s: %s", e, tostring(err)) end
     end
   end
-  if exists(tmp .. "/index.json") then sums["index.json"] = crc_of(tmp .. "/index.json") end
-  write_file(tmp .. "/checksums.json", encode(sums) .. "\n")
+  for f, c in pairs(extra) do sums[f] = c end
+  return encode(sums) .. "\n"
 end
+
+local function crc_of_string(text) return bit.tohex(tonumber(C.tt_crc32c(0, text, #text)), 8) end
 
 -- -- Save ----------------------------------------------------------------------------
 
@@ -485,27 +488,70 @@ local function write_files(plan)
   return crcs
 end
 
-local function finish_save(env, plan, crcs)
+local writer_box = ffi.new("tt_ckpt_writer *[1]")
+local take, pout = require("tetra.tensor").take, require("tetra.tensor").pout
+local function check_io(rc)
+  if rc ~= 0 then fail("checkpoint: %s", ffi.string(C.tt_last_error())) end
+end
+
+local function new_writer()
+  check_io(C.tt_ckpt_writer_new(writer_box))
+  return ffi.gc(writer_box[0], C.tt_ckpt_writer_free)
+end
+
+local function end_writer(w)
+  local rc = C.tt_ckpt_writer_wait(w)
+  local msg = rc ~= 0 and ffi.string(C.tt_last_error())
+  C.tt_ckpt_writer_free(ffi.gc(w, nil))
+  if msg then fail("checkpoint: %s", msg) end
+end
+
+-- Once this rank's files are written (crcs: their CRC-32C in plan order), on every rank:
+-- its checksums go to sums_NNNNN.json (a part rank 0 merges and removes: not fsynced,
+-- checksums.json is), then, once every rank got there, rank 0 returns a writer queued
+-- with the publishing: index.json and checksums.json written and fsynced, the directory
+-- fsynced and renamed to step_NNNNNN, `latest` replaced (a temporary file renamed),
+-- each rename made durable by an fsync of checkpoint.dir. Other ranks return nil.
+local function publishing(env, plan, crcs)
   local sums, any = {}, false
   for i, f in ipairs(plan.files) do
     if f.summed then sums[f.name], any = crcs[i], true end
   end
   if any then
-    write_file(plan.tmp .. string.format("/sums_%05d.json", plan.rank), encode(sums) .. "\n")
+    local path = plan.tmp .. string.format("/sums_%05d.json", plan.rank)
+    local f, err = io.open(path, "wb")
+    if not f then fail("checkpoint: cannot write %s: %s", path, tostring(err)) end
+    f:write(encode(sums), "\n")
+    f:close()
   end
   barrier(env)   -- every rank's files are on disk
+  if plan.rank ~= 0 then return nil end
+  local tmp, final, dir = plan.tmp, plan.final, plan.dir
+  local w = new_writer()
+  local extra = {}
+  if plan.split then
+    local index = merge_index(tmp)
+    extra["index.json"] = crc_of_string(index)
+    check_io(C.tt_ckpt_writer_add_bytes(w, tmp .. "/index.json", index, #index))
+  end
+  local text = merge_sums(tmp, extra)
+  check_io(C.tt_ckpt_writer_add_bytes(w, tmp .. "/checksums.json", text, #text))
+  check_io(C.tt_ckpt_writer_add_fsync(w, tmp))
+  if exists(final) then remove_tree(final) end
+  check_io(C.tt_ckpt_writer_add_rename(w, tmp, final))
+  check_io(C.tt_ckpt_writer_add_fsync(w, dir))
+  local latest = plan.name .. "\n"
+  check_io(C.tt_ckpt_writer_add_bytes(w, dir .. "/latest.tmp", latest, #latest))
+  check_io(C.tt_ckpt_writer_add_rename(w, dir .. "/latest.tmp", dir .. "/latest"))
+  check_io(C.tt_ckpt_writer_add_fsync(w, dir))
+  return w
+end
 
-  if plan.rank == 0 then
-    local tmp, final = plan.tmp, plan.final
-    if plan.split then merge_index(tmp) end
-    merge_sums(tmp)
-    fsync_path(tmp)
-    if exists(final) then remove_tree(final) end
-    local ok, err = os.rename(tmp, final)
-    if not ok then fail("checkpoint: cannot rename %s to %s: %s", tmp, final, tostring(err)) end
-    fsync_path(plan.dir)
-    replace_file(plan.dir .. "/latest", plan.name .. "\n")
-    fsync_path(plan.dir)
+local function finish_save(env, plan, crcs)
+  local w = publishing(env, plan, crcs)
+  if w then
+    check_io(C.tt_ckpt_writer_start(w))
+    end_writer(w)
     M.prune(plan.dir, plan.keep, plan.name)
   end
   barrier(env)
@@ -523,22 +569,19 @@ end
 
 -- -- Asynchronous saves (checkpoint.async) ----------------------------------------------
 
-local writer_box = ffi.new("tt_ckpt_writer *[1]")
-local take, pout = require("tetra.tensor").take, require("tetra.tensor").pout
-local function check_io(rc)
-  if rc ~= 0 then fail("checkpoint: %s", ffi.string(C.tt_last_error())) end
-end
+-- A save in flight, env.ckpt_inflight: { plan =, writer =, phase = "write" (every rank's
+-- thread writes its files) or "publish" (rank 0's thread renames and moves `latest`;
+-- the other ranks are done with it) }.
 
 -- Starts writing checkpoint.dir/step_NNNNNN for env's current step (collective) and
 -- returns; the files are host copies of the state taken now, written by a background
--- thread while training goes on. At most one save is in flight: a save still writing is
--- completed first. M.poll at each later step boundary publishes it (rename, `latest`)
--- once every rank's thread has finished; M.drain waits for it.
+-- thread while training goes on. At most one save is in flight: one still in flight is
+-- completed first. M.poll at each later step boundary publishes it once every rank's
+-- thread has finished; M.drain waits for it.
 function M.save_async(env)
   M.drain(env)
   local plan = plan_save(env)
-  check_io(C.tt_ckpt_writer_new(writer_box))
-  local writer = ffi.gc(writer_box[0], C.tt_ckpt_writer_free)
+  local writer = new_writer()
   local copies = {}
   require("tetra.tensor").no_grad(function()
     for _, f in ipairs(plan.files) do
@@ -574,25 +617,47 @@ function M.save_async(env)
   for _, t in ipairs(copies) do F.free(t) end   -- the writer holds its own references
   C.tt_ckpt_writer_set_delay_ms(writer, (env.cfg.checkpoint or {}).async_delay_ms or 0)
   check_io(C.tt_ckpt_writer_start(writer))
-  env.ckpt_inflight = { plan = plan, writer = writer }
+  env.ckpt_inflight = { plan = plan, writer = writer, phase = "write" }
 end
 
-local function publish(env)
+-- Every rank's files are written: the publishing starts (collective; rank 0's thread).
+local function start_publishing(env)
+  local fl = env.ckpt_inflight
+  local crcs = {}
+  for i = 1, #fl.plan.files do
+    crcs[i] = bit.tohex(tonumber(C.tt_ckpt_writer_crc(fl.writer, i - 1)), 8)
+  end
+  end_writer(fl.writer)
+  local w = publishing(env, fl.plan, crcs)
+  if not w then
+    env.ckpt_inflight = nil
+    return
+  end
+  check_io(C.tt_ckpt_writer_start(w))
+  fl.writer, fl.phase = w, "publish"
+end
+
+-- Rank 0's publishing is done: old checkpoints go.
+local function end_publishing(env)
   local fl = env.ckpt_inflight
   env.ckpt_inflight = nil
-  check_io(C.tt_ckpt_writer_wait(fl.writer))
-  local crcs = {}
-  for i = 1, #fl.plan.files do crcs[i] = bit.tohex(tonumber(C.tt_ckpt_writer_crc(fl.writer, i - 1)), 8) end
-  C.tt_ckpt_writer_free(ffi.gc(fl.writer, nil))
-  return finish_save(env, fl.plan, crcs)
+  end_writer(fl.writer)
+  M.prune(fl.plan.dir, fl.plan.keep, fl.plan.name)
+  return fl.plan.final
 end
 
--- At a step boundary (every rank): publishes the save in flight when every rank's
--- thread has finished (an all-reduce of a flag); returns its path, or nil.
+-- At a step boundary (every rank): moves the save in flight on. While the files are
+-- written, an all-reduce of a "written" flag tells when every rank's thread has
+-- finished; then the publishing starts, and rank 0 ends it at a later boundary.
+-- Returns the checkpoint's path once it is published, else nil.
 local done_flag
 function M.poll(env)
-  if not env.ckpt_inflight then return nil end
-  local done = C.tt_ckpt_writer_poll(env.ckpt_inflight.writer) ~= 0 and 1 or 0
+  local fl = env.ckpt_inflight
+  if not fl then return nil end
+  local done = C.tt_ckpt_writer_poll(fl.writer) ~= 0 and 1 or 0
+  if fl.phase == "publish" then   -- rank 0 alone
+    return done == 1 and end_publishing(env) or nil
+  end
   local w = env.mesh.world
   if w and w.size > 1 then
     done_flag = done_flag or require("tetra.tensor").from_table({ 0 })
@@ -601,13 +666,17 @@ function M.poll(env)
     done = C.tt_tensor_get(done_flag, 0)
   end
   if done == 0 then return nil end
-  return publish(env)
+  start_publishing(env)
+  return nil
 end
 
--- Waits for the save in flight, if any, and publishes it; returns its path or nil.
+-- Waits for the save in flight, if any, and publishes it (collective).
 function M.drain(env)
-  if not env.ckpt_inflight then return nil end
-  return publish(env)
+  local fl = env.ckpt_inflight
+  if not fl then return nil end
+  if fl.phase == "write" then start_publishing(env) end
+  if env.ckpt_inflight then end_publishing(env) end
+  return fl.plan.final
 end
 
 -- Removes leftover .tmp.* directories and all but the newest `keep` step_* checkpoints

@@ -626,6 +626,7 @@ function train.run(env)
   -- checkpoint.async: saves are written by a thread while the next steps run (the last
   -- one is written before the run returns).
   local async_save = (cfg.checkpoint or {}).async == true
+  local checkpoint_s = 0
   while env.step_count < total do
     local step = env.step_count + 1
     if crash_at > 0 and step == crash_at then
@@ -633,6 +634,8 @@ function train.run(env)
                                "(a test switch; unset it to train)", step))
     end
     local r = env.step()
+    r.checkpoint_s = checkpoint_s   -- the loop's time on checkpoints since the last record
+    checkpoint_s = 0
     -- The first steps pay for warm-up (allocator, page faults): a moving average of the
     -- step time gives a steadier ETA.
     avg_step = avg_step and (0.9 * avg_step + 0.1 * r.step_time_s) or r.step_time_s
@@ -675,6 +678,7 @@ function train.run(env)
       end
     end
     report_step(step)
+    local ck0 = metrics.now()
     if r.roll_back then
       checkpoint.drain(env)
       train.roll_back(env, show)
@@ -687,6 +691,7 @@ function train.run(env)
     elseif async_save then
       checkpoint.poll(env)
     end
+    checkpoint_s = checkpoint_s + (metrics.now() - ck0)
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       train.print_sample(env)
     end
