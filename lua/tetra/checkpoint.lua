@@ -499,11 +499,18 @@ local function new_writer()
   return ffi.gc(writer_box[0], C.tt_ckpt_writer_free)
 end
 
-local function end_writer(w)
+-- Waits for writer w's thread and frees it; returns the CRC-32C (8 hex digits) of each
+-- queued operation that wrote a file.
+local function end_writer(w, n)
   local rc = C.tt_ckpt_writer_wait(w)
   local msg = rc ~= 0 and ffi.string(C.tt_last_error())
+  local crcs = {}
+  for i = 1, msg and 0 or (n or 0) do
+    crcs[i] = bit.tohex(tonumber(C.tt_ckpt_writer_crc(w, i - 1)), 8)
+  end
   C.tt_ckpt_writer_free(ffi.gc(w, nil))
   if msg then fail("checkpoint: %s", msg) end
+  return crcs
 end
 
 -- Once this rank's files are written (crcs: their CRC-32C in plan order), on every rank:
@@ -623,11 +630,7 @@ end
 -- Every rank's files are written: the publishing starts (collective; rank 0's thread).
 local function start_publishing(env)
   local fl = env.ckpt_inflight
-  local crcs = {}
-  for i = 1, #fl.plan.files do
-    crcs[i] = bit.tohex(tonumber(C.tt_ckpt_writer_crc(fl.writer, i - 1)), 8)
-  end
-  end_writer(fl.writer)
+  local crcs = end_writer(fl.writer, #fl.plan.files)
   local w = publishing(env, fl.plan, crcs)
   if not w then
     env.ckpt_inflight = nil

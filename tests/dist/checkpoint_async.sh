@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # checkpoint.async=true: the state is copied to host memory at the step and written by a
 # background thread (engine/ckpt_writer.c) while training goes on.
-#  1. one process, 30 steps, a save every 10, the writer thread held back 300 ms
+#  1. one process, 30 steps, a save every 10, the writer thread held back 1 s
 #     (checkpoint.async_delay_ms, a test switch) so that each write overlaps the next
-#     steps: the async checkpoints' model and optimizer files equal the synchronous run's
+#     steps and the next save has to wait for it (at most one in flight): the async checkpoints' model and optimizer files equal the synchronous run's
 #     byte for byte (the snapshot is the state of its step), the metrics are the same,
 #     and a run resumed from the async step-10 checkpoint continues exactly like the
 #     synchronous run.
@@ -18,7 +18,7 @@ failed=0
 one=(recipes/tiny.lua --set train.steps=30 --set checkpoint.every=10 --set checkpoint.keep=0)
 for mode in sync async; do
   "$tetra" run "${one[@]}" --set checkpoint.async=$([ $mode = async ] && echo true || echo false) \
-    --set checkpoint.async_delay_ms=$([ $mode = async ] && echo 300 || echo 0) \
+    --set checkpoint.async_delay_ms=$([ $mode = async ] && echo 1000 || echo 0) \
     --set checkpoint.dir="$work/$mode.ck" --set log.metrics_file="$work/$mode.jsonl" \
     >"$work/$mode.out" 2>&1 || { echo "FAIL: the $mode run failed"; tail "$work/$mode.out"; exit 1; }
 done
