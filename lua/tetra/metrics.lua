@@ -4,7 +4,9 @@
 -- contract read by other tools and tests; add fields, never rename them:
 --   step, loss, lr, grad_norm, tokens, tokens_per_s, step_time_s
 --   (+ eval_loss on eval steps; data_wait_s, loader_tokens_per_s, loader_queue_depth
---    when the data loader reports them; loss_scale, skipped under AMP)
+--    when the data loader reports them; loss_scale, skipped under AMP; restarts,
+--    checkpoint_s, data_position, guard and roll_back from the training loop's fault
+--    handling)
 local ffi = require("ffi")
 
 local metrics = {}

@@ -15,7 +15,7 @@
 source "$(dirname "$0")/prelude.bash"
 source "$root/tests/dist/launch_helpers.bash"
 kills="${KILLS:-10}"
-steps=300
+steps=200
 failed=0
 job=(recipes/tiny.lua --set parallel.data_parallel_size=4 --set train.steps=$steps
      --set checkpoint.every=4 --set log.every=100)
