@@ -64,6 +64,6 @@ echo "localhost slots=1" >"$hosts"
   "${job[@]}" --set parallel.data_parallel_size=4 --set checkpoint.dir="$work/ck2" \
   >"$work/few.out" 2>&1; rc=$?
 cat "$work/few.out"
-[ $rc -ne 0 ] && grep -q "^tetra launch: giving up: the hostfile .* has 1 slots, fewer than --min-np 2" "$work/few.out" ||
+[ $rc -ne 0 ] && grep -q "^tetra launch: giving up: the hostfile .* has 1 slots; the largest job .* has 1, below --min-np 2" "$work/few.out" ||
   { echo "FAIL: 1 slot with --min-np 2: exit $rc"; failed=1; }
 exit $failed

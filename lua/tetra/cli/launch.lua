@@ -257,6 +257,9 @@ function M.main(...)
                          "(the dimension that shrinks)")
     end
     if o.min_np > np then return usage_error("--min-np %d is above -np %d", o.min_np, np) end
+    if np % dp ~= 0 then
+      return usage_error("parallel.data_parallel_size=%d does not divide -np %d", dp, np)
+    end
   end
   -- Rank 0 may run on another node: TETRA_LAUNCH_STATUS set beforehand (a path on a
   -- shared file system) is kept.
@@ -282,8 +285,9 @@ function M.main(...)
         local other = np / dp    -- tensor x context x pipeline: kept
         local n = math.floor(slots / other) * other
         if n < o.min_np or n < other then
-          say("giving up: the hostfile %s has %d slots, fewer than --min-np %d", hostfile,
-              slots, o.min_np)
+          say("giving up: the hostfile %s has %d slots; the largest job that keeps " ..
+              "tensor x context x pipeline parallelism (%d processes) whole has %d, below " ..
+              "--min-np %d", hostfile, slots, other, n, o.min_np)
           code = 1
           break
         end
