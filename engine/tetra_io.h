@@ -50,4 +50,29 @@ uint32_t tt_crc32c(uint32_t crc, const void *data, size_t len);
 /* CRC-32C of a whole file. */
 int tt_crc32c_file(const char *path, uint32_t *out);
 
+/* -- Asynchronous checkpoint writer (engine/ckpt_writer.c) --------------------------- */
+/* Files queued, then written (each fsynced) and summed (CRC-32C) in order by one
+** background thread, with fsyncs and renames between them. Queued tensors must be host tensors the caller no longer writes
+** (the writer holds a reference until free); blobs are copied. */
+typedef struct tt_ckpt_writer tt_ckpt_writer;
+int tt_ckpt_writer_new(tt_ckpt_writer **out);
+int tt_ckpt_writer_add_safetensors(tt_ckpt_writer *w, const char *path,
+                                   const char *const *names, tt_tensor *const *tensors,
+                                   int n, const char *const *meta_keys,
+                                   const char *const *meta_values, int n_meta);
+int tt_ckpt_writer_add_bytes(tt_ckpt_writer *w, const char *path, const void *data, size_t len);
+/* fsync(path) (a file or a directory), and rename(from, to), in queue order. */
+int tt_ckpt_writer_add_fsync(tt_ckpt_writer *w, const char *path);
+int tt_ckpt_writer_add_rename(tt_ckpt_writer *w, const char *from, const char *to);
+/* A test switch: the thread waits ms milliseconds before it writes. */
+void tt_ckpt_writer_set_delay_ms(tt_ckpt_writer *w, int ms);
+int tt_ckpt_writer_start(tt_ckpt_writer *w);
+/* 0 still writing (or not started), 1 every file written and summed, -1 failed. */
+int tt_ckpt_writer_poll(const tt_ckpt_writer *w);
+/* Waits for the thread; 0 when every file was written, else -1 with the thread's error. */
+int tt_ckpt_writer_wait(tt_ckpt_writer *w);
+/* The CRC-32C of the i-th queued operation (0-based) when it wrote a file, once run. */
+uint32_t tt_ckpt_writer_crc(const tt_ckpt_writer *w, int i);
+/* Waits for the thread if it runs, then frees the queue and drops its references. */
+void tt_ckpt_writer_free(tt_ckpt_writer *w);
 #endif

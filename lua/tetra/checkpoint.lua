@@ -33,7 +33,8 @@
 --                             x, w and g; same layout: each rank reads its own, another
 --                             layout: each layer from the lowest rank that saved it
 --   state.json                step, tokens seen, engine RNG state, loss-scaler state, the
---                             data source's step, world size, config snapshot
+--                             data source's step, the loss guard's spike window and
+--                             skipped data windows (tetra.guard), world size, config
 --   checksums.json            { FILE = CRC-32C (8 hex digits) } of every other file: each
 --                             rank sums the files it wrote, rank 0 merges them; a load
 --                             checks each file before reading it and names a corrupt one
@@ -343,9 +344,9 @@ end
 
 local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end
 
--- Writes this rank's shard file and its part of the index (shard_NNNNN.json, merged into
--- index.json by rank 0) into tmp, when this rank writes one; returns the file's name.
-local function save_shards(env, slices, tmp, rank, meta)
+-- This rank's shard file and its part of the index (shard_NNNNN.json, merged into
+-- index.json by rank 0), appended to `files` (see plan_save) when this rank writes one.
+local function shard_files(env, slices, rank, meta, files)
   local mesh = env.mesh
   if group_rank(mesh.dp) ~= 0 or group_rank(mesh.cp) ~= 0 then return end
   local file = shard_name(rank)
@@ -361,12 +362,13 @@ local function save_shards(env, slices, tmp, rank, meta)
       end
     end
   end
-  st.save(tmp .. "/" .. file, entries, meta)
-  write_file(tmp .. string.format("/shard_%05d.json", rank), encode(index) .. "\n")
-  return file
+  files[#files + 1] = { name = file, tensors = entries, meta = meta, summed = true }
+  files[#files + 1] = { name = string.format("shard_%05d.json", rank),
+                        bytes = encode(index) .. "\n" }
 end
 
--- Rank 0, once every rank wrote: merges the shard_NNNNN.json parts in tmp into index.json.
+-- Rank 0, once every rank wrote: the text of index.json, merged from the
+-- shard_NNNNN.json parts in tmp (which it removes).
 local function merge_index(tmp)
   local parts = {}
   for _, e in ipairs(host.listdir(tmp) or {}) do
@@ -387,12 +389,12 @@ local function merge_index(tmp)
     local ok, err = os.remove(tmp .. "/" .. part)
     if not ok then fail("checkpoint: cannot remove %s: %s", part, tostring(err)) end
   end
-  write_file(tmp .. "/index.json", encode({ format = 1, tensors = tensors }) .. "\n")
+  return encode({ format = 1, tensors = tensors }) .. "\n"
 end
 
--- Rank 0, once every rank wrote: merges the sums_NNNNN.json parts in tmp, with the
--- checksum of index.json, into checksums.json.
-local function merge_sums(tmp)
+-- Rank 0, once every rank wrote: the text of checksums.json, merged from the
+-- sums_NNNNN.json parts in tmp (which it removes) and `extra` ({ FILE = crc }).
+local function merge_sums(tmp, extra)
   local sums = {}
   for _, e in ipairs(host.listdir(tmp) or {}) do
     if e:match("^sums_%d+%.json$") then
@@ -401,9 +403,11 @@ local function merge_sums(tmp)
       if not ok then fail("checkpoint: cannot remove %s: %s", e, tostring(err)) end
     end
   end
-  if exists(tmp .. "/index.json") then sums["index.json"] = crc_of(tmp .. "/index.json") end
-  write_file(tmp .. "/checksums.json", encode(sums) .. "\n")
+  for f, c in pairs(extra) do sums[f] = c end
+  return encode(sums) .. "\n"
 end
+
+local function crc_of_string(text) return bit.tohex(tonumber(C.tt_crc32c(0, text, #text)), 8) end
 
 -- -- Save ----------------------------------------------------------------------------
 
@@ -412,85 +416,276 @@ local function fp8_layers(env)
   return env.amp and env.amp.fp8_states and next(env.amp.fp8_states) ~= nil
 end
 
-
-
--- Writes checkpoint.dir/step_NNNNNN for env's current step on every rank (collective
--- under MPI). Returns the checkpoint's path.
-function M.save(env)
+-- A save in three parts, so that the middle one can run on a background thread
+-- (checkpoint.async):
+--   plan_save    at the step boundary, on every rank (collective: ZeRO-1 moments are put
+--                together): the temporary directory and the list of files this rank
+--                writes, { name =, tensors = { {NAME, tensor} }, meta = } or
+--                { name =, bytes = string }, `summed` when checksums.json lists it
+--   write_files  writes them (each fsynced) and returns their CRC-32C: here, or in
+--                tetra.checkpoint's writer thread (engine/ckpt_writer.c) from host copies
+--   finish_save  on every rank once every rank wrote (collective): sums_NNNNN.json, then
+--                rank 0 merges the index and the checksums, renames the directory and
+--                moves `latest`
+local function plan_save(env)
   local ck = env.cfg.checkpoint or {}
   local dir = ck.dir
   if not dir or dir == "" then fail("checkpoint.save: set checkpoint.dir") end
   local step, rank = env.step_count, env.rank or 0
   local name = M.step_name(step)
-  local tmp, final = dir .. "/.tmp." .. name, dir .. "/" .. name
+  local plan = { dir = dir, name = name, tmp = dir .. "/.tmp." .. name,
+                 final = dir .. "/" .. name, rank = rank, keep = ck.keep or 2,
+                 split = split_layout(env), files = {} }
   if rank == 0 then
     mkdir_p(dir)
-    if exists(tmp) then remove_tree(tmp) end
-    mkdir_p(tmp)
+    if exists(plan.tmp) then remove_tree(plan.tmp) end
+    mkdir_p(plan.tmp)
   end
   barrier(env)
 
-  local opt = env.optimizer
+  local opt, files = env.optimizer, plan.files
   local optim_meta = { step_count = tostring(opt.step_count),
                        kind = opt.m and "adamw" or "sgd" }
-  local split = split_layout(env)
   local slices = local_slices(env)   -- collective under ZeRO-1
-  local wrote = {}   -- the files this rank writes (their checksums)
-  if split then wrote[#wrote + 1] = save_shards(env, slices, tmp, rank, optim_meta) end
+  if plan.split then shard_files(env, slices, rank, optim_meta, files) end
   local data_step
   if env.data.state then
-    local s, c = env.data:state(), env.mesh.coords or {}
+    local st_, c = env.data:state(), env.mesh.coords or {}
     if (c.tp or 0) == 0 and (c.cp or 0) == 0 and (c.pp or 0) == 0 then
-      wrote[#wrote + 1] = string.format("loader_dp_%05d.bin", c.dp or 0)
-      write_file(tmp .. "/" .. wrote[#wrote], s.loader)
+      files[#files + 1] = { name = string.format("loader_dp_%05d.bin", c.dp or 0),
+                            bytes = st_.loader, summed = true }
     end
-    data_step = s.step
+    data_step = st_.step
   end
   if fp8_layers(env) then
     -- Every rank writes its layers' FP8 scaling state (ranks of a data-parallel group
     -- see different data, so their amax histories differ).
-    wrote[#wrote + 1] = string.format("fp8_%05d.json", rank)
-    write_file(tmp .. "/" .. wrote[#wrote], encode(env.amp:fp8_state_dict()) .. "\n")
+    files[#files + 1] = { name = string.format("fp8_%05d.json", rank), summed = true,
+                          bytes = encode(env.amp:fp8_state_dict()) .. "\n" }
   end
   if rank == 0 then
-    if not split then
-      st.save(tmp .. "/model.safetensors", model_entries(slices))
-      st.save(tmp .. "/optim.safetensors", optim_entries(slices), optim_meta)
-      wrote[#wrote + 1], wrote[#wrote + 2] = "model.safetensors", "optim.safetensors"
+    if not plan.split then
+      files[#files + 1] = { name = "model.safetensors", tensors = model_entries(slices), summed = true }
+      files[#files + 1] = { name = "optim.safetensors", tensors = optim_entries(slices),
+                            meta = optim_meta, summed = true }
     end
-    wrote[#wrote + 1] = "state.json"
     local scaler = env.amp and env.amp.scaler
-    write_file(tmp .. "/state.json", encode({
+    files[#files + 1] = { name = "state.json", summed = true, bytes = encode({
       format = 1, step = step, tokens_seen = env.tokens_seen,
       rng = u64_hex(C.tt_rng_state()), world_size = world_size(env),
       zero_sharded = sharded(env), optimizer = optim_meta.kind,
-      optimizer_step = opt.step_count, sharded_params = split or nil,
+      optimizer_step = opt.step_count, sharded_params = plan.split or nil,
       scaler = scaler and scaler:state_dict() or nil,
       data = data_step and { step = data_step } or nil,
+      guard = env.guard and env.guard:state() or nil,
       config = env.cfg,
-    }) .. "\n")
+    }) .. "\n" }
   end
-  if #wrote > 0 then
-    local sums = {}
-    for _, f in ipairs(wrote) do sums[f] = crc_of(tmp .. "/" .. f) end
-    write_file(tmp .. string.format("/sums_%05d.json", rank), encode(sums) .. "\n")
+  return plan
+end
+
+local function write_files(plan)
+  local crcs = {}
+  for i, f in ipairs(plan.files) do
+    local path = plan.tmp .. "/" .. f.name
+    if f.tensors then st.save(path, f.tensors, f.meta) else write_file(path, f.bytes) end
+    crcs[i] = crc_of(path)
+  end
+  return crcs
+end
+
+local writer_box = ffi.new("tt_ckpt_writer *[1]")
+local take, pout = require("tetra.tensor").take, require("tetra.tensor").pout
+local function check_io(rc)
+  if rc ~= 0 then fail("checkpoint: %s", ffi.string(C.tt_last_error())) end
+end
+
+local function new_writer()
+  check_io(C.tt_ckpt_writer_new(writer_box))
+  return ffi.gc(writer_box[0], C.tt_ckpt_writer_free)
+end
+
+-- Waits for writer w's thread and frees it; returns the CRC-32C (8 hex digits) of each
+-- queued operation that wrote a file.
+local function end_writer(w, n)
+  local rc = C.tt_ckpt_writer_wait(w)
+  local msg = rc ~= 0 and ffi.string(C.tt_last_error())
+  local crcs = {}
+  for i = 1, msg and 0 or (n or 0) do
+    crcs[i] = bit.tohex(tonumber(C.tt_ckpt_writer_crc(w, i - 1)), 8)
+  end
+  C.tt_ckpt_writer_free(ffi.gc(w, nil))
+  if msg then fail("checkpoint: %s", msg) end
+  return crcs
+end
+
+-- Once this rank's files are written (crcs: their CRC-32C in plan order), on every rank:
+-- its checksums go to sums_NNNNN.json (a part rank 0 merges and removes: not fsynced,
+-- checksums.json is), then, once every rank got there, rank 0 returns a writer queued
+-- with the publishing: index.json and checksums.json written and fsynced, the directory
+-- fsynced and renamed to step_NNNNNN, `latest` replaced (a temporary file renamed),
+-- each rename made durable by an fsync of checkpoint.dir. Other ranks return nil.
+local function publishing(env, plan, crcs)
+  local sums, any = {}, false
+  for i, f in ipairs(plan.files) do
+    if f.summed then sums[f.name], any = crcs[i], true end
+  end
+  if any then
+    local path = plan.tmp .. string.format("/sums_%05d.json", plan.rank)
+    local f, err = io.open(path, "wb")
+    if not f then fail("checkpoint: cannot write %s: %s", path, tostring(err)) end
+    f:write(encode(sums), "\n")
+    f:close()
   end
   barrier(env)   -- every rank's files are on disk
+  if plan.rank ~= 0 then return nil end
+  local tmp, final, dir = plan.tmp, plan.final, plan.dir
+  local w = new_writer()
+  local extra = {}
+  if plan.split then
+    local index = merge_index(tmp)
+    extra["index.json"] = crc_of_string(index)
+    check_io(C.tt_ckpt_writer_add_bytes(w, tmp .. "/index.json", index, #index))
+  end
+  local text = merge_sums(tmp, extra)
+  check_io(C.tt_ckpt_writer_add_bytes(w, tmp .. "/checksums.json", text, #text))
+  check_io(C.tt_ckpt_writer_add_fsync(w, tmp))
+  if exists(final) then remove_tree(final) end
+  check_io(C.tt_ckpt_writer_add_rename(w, tmp, final))
+  check_io(C.tt_ckpt_writer_add_fsync(w, dir))
+  local latest = plan.name .. "\n"
+  check_io(C.tt_ckpt_writer_add_bytes(w, dir .. "/latest.tmp", latest, #latest))
+  check_io(C.tt_ckpt_writer_add_rename(w, dir .. "/latest.tmp", dir .. "/latest"))
+  check_io(C.tt_ckpt_writer_add_fsync(w, dir))
+  return w
+end
 
-  if rank == 0 then
-    if split then merge_index(tmp) end
-    merge_sums(tmp)
-    fsync_path(tmp)
-    if exists(final) then remove_tree(final) end
-    local ok, err = os.rename(tmp, final)
-    if not ok then fail("checkpoint: cannot rename %s to %s: %s", tmp, final, tostring(err)) end
-    fsync_path(dir)
-    replace_file(dir .. "/latest", name .. "\n")
-    fsync_path(dir)
-    M.prune(dir, ck.keep or 2, name)
+local function finish_save(env, plan, crcs)
+  local w = publishing(env, plan, crcs)
+  if w then
+    check_io(C.tt_ckpt_writer_start(w))
+    end_writer(w)
+    M.prune(plan.dir, plan.keep, plan.name)
   end
   barrier(env)
-  return final
+  return plan.final
+end
+
+-- Writes checkpoint.dir/step_NNNNNN for env's current step on every rank (collective
+-- under MPI). Returns the checkpoint's path. With an asynchronous save in flight, it
+-- is completed first.
+function M.save(env)
+  M.drain(env)
+  local plan = plan_save(env)
+  return finish_save(env, plan, write_files(plan))
+end
+
+-- -- Asynchronous saves (checkpoint.async) ----------------------------------------------
+
+-- A save in flight, env.ckpt_inflight: { plan =, writer =, phase = "write" (every rank's
+-- thread writes its files) or "publish" (rank 0's thread renames and moves `latest`;
+-- the other ranks are done with it) }.
+
+-- Starts writing checkpoint.dir/step_NNNNNN for env's current step (collective) and
+-- returns; the files are host copies of the state taken now, written by a background
+-- thread while training goes on. At most one save is in flight: one still in flight is
+-- completed first. M.poll at each later step boundary publishes it once every rank's
+-- thread has finished; M.drain waits for it.
+function M.save_async(env)
+  M.drain(env)
+  local plan = plan_save(env)
+  local writer = new_writer()
+  local copies = {}
+  require("tetra.tensor").no_grad(function()
+    for _, f in ipairs(plan.files) do
+      local path = plan.tmp .. "/" .. f.name
+      if f.tensors then
+        local n = #f.tensors
+        local names = ffi.new("const char *[?]", math.max(n, 1))
+        local ts = ffi.new("tt_tensor *[?]", math.max(n, 1))
+        for i, kt in ipairs(f.tensors) do
+          -- A copy the next steps cannot change, in host memory.
+          local t = kt[2]
+          local host = take(t._device == C.TT_CPU and C.tt_clone(t, pout)
+                            or C.tt_to_device(t, C.TT_CPU, pout))
+          copies[#copies + 1] = host
+          names[i - 1], ts[i - 1] = kt[1], host
+        end
+        local keys, mk, mv, nm = {}, nil, nil, 0
+        if f.meta then
+          for k in pairs(f.meta) do keys[#keys + 1] = k end
+          table.sort(keys)
+          nm = #keys
+          mk = ffi.new("const char *[?]", math.max(nm, 1))
+          mv = ffi.new("const char *[?]", math.max(nm, 1))
+          for i, k in ipairs(keys) do mk[i - 1], mv[i - 1] = k, tostring(f.meta[k]) end
+        end
+        check_io(C.tt_ckpt_writer_add_safetensors(writer, path, names, ts, n, mk, mv, nm))
+        f.tensors = nil   -- the plan outlives the step: it must not keep the state alive
+      else
+        check_io(C.tt_ckpt_writer_add_bytes(writer, path, f.bytes, #f.bytes))
+      end
+    end
+  end)
+  for _, t in ipairs(copies) do F.free(t) end   -- the writer holds its own references
+  C.tt_ckpt_writer_set_delay_ms(writer, (env.cfg.checkpoint or {}).async_delay_ms or 0)
+  check_io(C.tt_ckpt_writer_start(writer))
+  env.ckpt_inflight = { plan = plan, writer = writer, phase = "write" }
+end
+
+-- Every rank's files are written: the publishing starts (collective; rank 0's thread).
+local function start_publishing(env)
+  local fl = env.ckpt_inflight
+  local crcs = end_writer(fl.writer, #fl.plan.files)
+  local w = publishing(env, fl.plan, crcs)
+  if not w then
+    env.ckpt_inflight = nil
+    return
+  end
+  check_io(C.tt_ckpt_writer_start(w))
+  fl.writer, fl.phase = w, "publish"
+end
+
+-- Rank 0's publishing is done: old checkpoints go.
+local function end_publishing(env)
+  local fl = env.ckpt_inflight
+  env.ckpt_inflight = nil
+  end_writer(fl.writer)
+  M.prune(fl.plan.dir, fl.plan.keep, fl.plan.name)
+  return fl.plan.final
+end
+
+-- At a step boundary (every rank): moves the save in flight on. While the files are
+-- written, an all-reduce of a "written" flag tells when every rank's thread has
+-- finished; then the publishing starts, and rank 0 ends it at a later boundary.
+-- Returns the checkpoint's path once it is published, else nil.
+local done_flag
+function M.poll(env)
+  local fl = env.ckpt_inflight
+  if not fl then return nil end
+  local done = C.tt_ckpt_writer_poll(fl.writer) ~= 0 and 1 or 0
+  if fl.phase == "publish" then   -- rank 0 alone
+    return done == 1 and end_publishing(env) or nil
+  end
+  local w = env.mesh.world
+  if w and w.size > 1 then
+    done_flag = done_flag or require("tetra.tensor").from_table({ 0 })
+    C.tt_tensor_set(done_flag, 0, done)
+    w:all_reduce(done_flag, "min")
+    done = C.tt_tensor_get(done_flag, 0)
+  end
+  if done == 0 then return nil end
+  start_publishing(env)
+  return nil
+end
+
+-- Waits for the save in flight, if any, and publishes it (collective).
+function M.drain(env)
+  local fl = env.ckpt_inflight
+  if not fl then return nil end
+  if fl.phase == "write" then start_publishing(env) end
+  if env.ckpt_inflight then end_publishing(env) end
+  return fl.plan.final
 end
 
 -- Removes leftover .tmp.* directories and all but the newest `keep` step_* checkpoints
@@ -858,6 +1053,7 @@ function M.load(env, path)
     end
     env.data:load_state({ step = state.data.step, loader = table.concat(blobs) })
   end
+  if env.guard then env.guard:load_state(state.guard) end
   env.step_count = state.step
   env.tokens_seen = state.tokens_seen or 0
   if type(env.ddp.step) == "number" then env.ddp.step = state.step end

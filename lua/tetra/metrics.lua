@@ -6,7 +6,8 @@
 --   (+ eval_loss on eval steps; data_wait_s, loader_tokens_per_s, loader_queue_depth
 --    when the data loader reports them; loss_scale, skipped under AMP; the step's phases
 --    data_wait_s, forward_s, backward_s, exposed_comm_s, optimizer_s, other_s, and
---    checkpoint_s, live_bytes, cached_bytes, mfu: see tetra.train's env.step)
+--    checkpoint_s, live_bytes, cached_bytes, mfu: see tetra.train's env.step; restarts,
+--    data_position, guard and roll_back from the training loop's fault handling)
 local ffi = require("ffi")
 
 local metrics = {}

@@ -14,6 +14,11 @@
 --      parameters' placements) -> AdamW with the scheduled lr, unless the grads were not
 --      finite: then the step is skipped (and the fp16 scale backs off)
 --   -> zero grads -> one metrics record (with loss_scale and skipped).
+-- The loss guard (tetra.guard, train.loss_guard) judges each step from the mean loss and
+-- the gradient norm, agreed over every rank: a bad step skips the update, and
+-- train.max_bad_steps of them in a row roll back to the latest checkpoint and skip their
+-- data (train.roll_back); step s reads the global batch at data position
+-- env.guard:position(s), which is s until a window was skipped.
 --
 -- The model is built whole on the CPU by the recipe (so a seed gives the same initial
 -- weights on every rank and device); train.setup then applies the layout's parallelism
@@ -316,6 +321,25 @@ function train.setup(cfg, model, data, opts)
   -- data-parallel averaging, before unscaling and clipping): tests inject overflows there.
   local on_grads = opts.on_grads
 
+  -- The loss guard (tetra.guard): its verdict is the worst over every rank, so that all
+  -- of them skip (and roll back) together. Reasons are ordered by how bad they are.
+  local guard = require("tetra.guard").new(cfg)
+  env.guard = guard
+  local reasons = { "spike", "nonfinite_grad", "nonfinite_loss" }
+  local flag = nil
+  local function agree(reason)
+    local w = mesh.world
+    if not w or w.size == 1 then return reason end
+    local code = 0
+    for i, name in ipairs(reasons) do if reason == name then code = i end end
+    flag = flag or require("tetra.tensor").from_table({ 0 })
+    C.tt_tensor_set(flag, 0, code)
+    w:all_reduce(flag, "max")
+    return reasons[tonumber(C.tt_tensor_get(flag, 0))]
+  end
+  -- tetra launch's restart count (0 outside it), for the metrics records.
+  local restarts = tonumber(os.getenv("TETRA_RESTART_COUNT") or "") or 0
+
   local mem = ffi.new("tt_alloc_stats")
   function env.step()
     local step = env.step_count + 1
@@ -325,7 +349,13 @@ function train.setup(cfg, model, data, opts)
     local live0 = tonumber(mem.live_bytes)
     C.tt_alloc_reset_peak(dev)
     ddp:begin_step()
-    local global = to_dev(data:batch(step, t.batch_size, seq_len, "train"), dev)
+    -- The global batch at this step's data position (past any window the guard skipped;
+    -- a loader that reads in order drops the skipped batches).
+    local pos = guard:position(step)
+    while data.next_step and data.next_step.train < pos do
+      free(data:batch(data.next_step.train, t.batch_size, seq_len, "train"))
+    end
+    local global = to_dev(data:batch(pos, t.batch_size, seq_len, "train"), dev)
     local mine = data.local_rows and global or ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
     if trace.on then trace.span("data_wait", t0, t0 + data_wait, { step = step }) end
@@ -335,16 +365,34 @@ function train.setup(cfg, model, data, opts)
     if mine ~= global then free(mine) end
     free(global)
     local fb = clock() - fb0
+    if guard:poisoned(pos) then   -- the test switch: what a diverged step looks like
+      loss_sum = 0 / 0
+      local p = optimizer.params[1]
+      local g = p and p._grad
+      if g ~= nil then tffi.check(C.tt_fill_(g, 0 / 0)) end
+    end
     if on_grads then on_grads(env, step) end
     local opt0, ow0 = clock(), metrics.now()
+    local loss = global_mean(loss_sum / accum)
+    local bad = guard:judge_loss(loss)
     -- fp16: unscale, then check (the verdict agreed over every rank), then clip; the
     -- optimizer steps unless the grads were not finite. Under ZeRO-1
     -- env.optimizer.params are this rank's grad shards: those are the ones unscaled.
     local lr = env.schedule(step)
     local opt = env.optimizer
-    local skipped, grad_norm = ctx:step(opt.params,
-      function() ddp:optimizer_step(opt, lr) end,
-      function() return clip(t.max_grad_norm) end, mesh.world)
+    local skipped, grad_norm
+    if bad then   -- the update is skipped before any work on the grads
+      skipped, grad_norm = true, 0 / 0
+      ctx.skipped_steps = ctx.skipped_steps + 1
+    else
+      skipped, grad_norm = ctx:step(opt.params,
+        function() ddp:optimizer_step(opt, lr) end,
+        function() return clip(t.max_grad_norm) end, mesh.world)
+      -- Non-finite grads outside fp16 (where overflows are the scaler's routine).
+      if skipped and guard.enabled and not ctx.scaler then bad = "nonfinite_grad" end
+    end
+    bad = guard.enabled and agree(bad) or nil
+    local roll_back = guard:finish(step, pos, loss, bad)
     C.tt_alloc_stats_get(dev, mem)
     local peak = tonumber(mem.peak_bytes)
     model:zero_grad()
@@ -357,7 +405,7 @@ function train.setup(cfg, model, data, opts)
     local dt = metrics.now() - t0
     local exposed = C.tt_dist_wait_seconds() - wait0
     local forward = strategy.forward_s
-    local r = { step = step, loss = global_mean(loss_sum / accum), lr = lr,
+    local r = { step = step, loss = loss, lr = lr,
                 grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
                 step_time_s = dt, data_wait_s = data_wait,
                 exposed_comm_s = exposed, forward_s = forward, backward_s = fb - forward,
@@ -367,7 +415,8 @@ function train.setup(cfg, model, data, opts)
                 param_bytes = env.memory.params, grad_bytes = env.memory.grads,
                 optimizer_bytes = env.memory.optimizer, peak_bytes = peak,
                 step_peak_bytes = peak - live0,
-                loss_scale = ctx:scale(), skipped = skipped }
+                loss_scale = ctx:scale(), skipped = skipped, restarts = restarts,
+                guard = bad, data_position = pos, roll_back = roll_back or nil }
     if data.stats then   -- tetra.data's loader reports its own throughput and queue
       local s = data:stats()
       r.loader_tokens_per_s, r.loader_queue_depth = s.tokens_per_s, s.queue_depth
@@ -533,6 +582,43 @@ local function open_rank_log(path, rank, size)
   return metrics.open_file(path, "a", "log.log_file")
 end
 
+-- train.max_bad_steps bad steps in a row (tetra.guard): loads the latest checkpoint
+-- into env (an in-process resume) and skips the data the bad steps read, so that the
+-- run goes on past it. Every rank reaches this together (the guard's verdict is agreed).
+function train.roll_back(env, show)
+  local guard, cfg = env.guard, env.cfg
+  local first, last = guard:bad_run()
+  local ck = cfg.checkpoint or {}
+  local path = ck.dir and ck.dir ~= "" and
+               checkpoint.resume_path({ checkpoint = { dir = ck.dir, resume = "auto" } })
+  if not path then
+    user_error(string.format("train.max_bad_steps: %d bad steps in a row (steps %d-%d) and " ..
+      "no checkpoint to roll back to: set checkpoint.dir and checkpoint.every",
+      last.step - first.step + 1, first.step, last.step))
+  end
+  checkpoint.load(env, path)
+  -- A second run of bad steps from the same step after the same checkpoint means the
+  -- skip did not help: going round again would never end.
+  local again = env.rolled_back and env.rolled_back.resumed == env.step_count and
+                env.rolled_back.first == first.step
+  if again then
+    user_error(string.format("train.max_bad_steps: steps %d-%d went bad again after rolling " ..
+      "back to %s and skipping their data: stopping (lower train.lr, or check the data " ..
+      "and train.spike_zscore)", first.step, last.step, path))
+  end
+  env.rolled_back = { resumed = env.step_count, first = first.step }
+  local from, pos = guard:skip_to_after(env.step_count, first, last)
+  if show then
+    local b = cfg.train.batch_size
+    io.stdout:write(string.format("ROLLED BACK: %d bad steps in a row (steps %d-%d): resumed " ..
+      "from %s at step %d; skipping data positions %d-%d (samples %d-%d of the global " ..
+      "stream), step %d reads position %d\n", last.step - first.step + 1, first.step,
+      last.step, path, env.step_count, pos, last.position, (pos - 1) * b,
+      last.position * b - 1, from, last.position + 1))
+    io.stdout:flush()
+  end
+end
+
 function train.run(env)
   local cfg = env.cfg
   local t, log = cfg.train, cfg.log or {}
@@ -565,7 +651,27 @@ function train.run(env)
     end
     io.stdout:flush()
   end
-  for step = env.step_count + 1, total do
+  -- tetra launch reads the last completed step from this file (rank 0 writes it).
+  local status_path = is_main and os.getenv("TETRA_LAUNCH_STATUS")
+  local function report_step(step)
+    if not status_path or status_path == "" then return end
+    local f = io.open(status_path, "w")
+    if f then
+      f:write("step ", step, "\n")
+      f:close()
+    end
+  end
+  report_step(env.step_count)
+  local crash_at = t.inject_crash_step or 0
+  -- checkpoint.async: saves are written by a thread while the next steps run (the last
+  -- one is written before the run returns).
+  local async_save = (cfg.checkpoint or {}).async == true
+  while env.step_count < total do
+    local step = env.step_count + 1
+    if crash_at > 0 and step == crash_at then
+      user_error(string.format("train.inject_crash_step: failing at step %d on purpose " ..
+                               "(a test switch; unset it to train)", step))
+    end
     local r = env.step()
     -- The first steps pay for warm-up (allocator, page faults): a moving average of the
     -- step time gives a steadier ETA.
@@ -573,14 +679,25 @@ function train.run(env)
     if eval_every > 0 and (step % eval_every == 0 or step == total) then
       r.eval_loss = env.evaluate()
     end
-    -- Saved before the record is written, so the record says how long the save took.
+    -- Saved before the record is written, so the record says how long the save took (an
+    -- async save: the copy to host memory; the writing overlaps the next steps). A step
+    -- that rolls back saves nothing.
     r.checkpoint_s = 0
-    if checkpoint.due(cfg, step, total) then
+    if not r.roll_back then
       local c0 = metrics.now()
-      summary.checkpoint = checkpoint.save(env)
+      local due = checkpoint.due(cfg, step, total)
+      if due and async_save and step ~= total then
+        checkpoint.save_async(env)
+      elseif due then
+        summary.checkpoint = checkpoint.save(env)
+      elseif async_save then
+        checkpoint.poll(env)
+      end
       r.checkpoint_s = metrics.now() - c0
-      telemetry.checkpoint(r.checkpoint_s)
-      if trace.on then trace.span("checkpoint", c0, c0 + r.checkpoint_s, { step = step }) end
+      if due then
+        telemetry.checkpoint(r.checkpoint_s)
+        if trace.on then trace.span("checkpoint", c0, c0 + r.checkpoint_s, { step = step }) end
+      end
     end
     trace.end_step(step, total)
     writer:write(r)
@@ -599,7 +716,8 @@ function train.run(env)
     if show or rank_log then
       line = metrics.progress_line(r, total, avg_step * (total - step))
       if r.skipped then   -- kept on its own line on a terminal too
-        line = line .. " | SKIPPED: inf/NaN grads" ..
+        local why = { nonfinite_loss = "NaN/Inf loss", spike = "loss spike" }
+        line = line .. " | SKIPPED: " .. (why[r.guard] or "inf/NaN grads") ..
                (env.amp.scaler and string.format(", loss scale now %g", r.loss_scale) or "")
       end
     end
@@ -617,6 +735,11 @@ function train.run(env)
         io.stdout:flush()
       end
     end
+    report_step(step)
+    if r.roll_back then
+      checkpoint.drain(env)
+      train.roll_back(env, show)
+    end
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       train.print_sample(env)
     end
@@ -625,7 +748,7 @@ function train.run(env)
   train.print_sample(env)
   local last = records[#records]
   if summary.steps > 0 and (show or rank_log) then
-    local line = string.format("done: %d steps in %.1f s, %.0f tokens/s, loss %.4f -> %.4f",
+    local line = string.format("done: %d steps in %.2f s, %.0f tokens/s, loss %.4f -> %.4f",
       summary.steps, metrics.now() - started, summary.tokens / summary.time_s,
       summary.first_loss, last.loss)
     if summary.eval_loss then

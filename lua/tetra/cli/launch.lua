@@ -1,0 +1,344 @@
+-- tetra launch: a supervisor that restarts a failed training job from its latest
+-- checkpoint.
+--
+--   tetra launch [--max-restarts N] [--min-np M] [--backoff S] -- \
+--       mpirun -np 4 tetra run CONFIG --set checkpoint.dir=ckpt ...
+--
+-- The command after `--` runs as a child process. When it exits with a non-zero status
+-- (a rank killed, a Lua error, the watchdog's abort of a hung collective) it is started
+-- again with `--set checkpoint.resume=auto` (every other `checkpoint.resume` is replaced:
+-- a restart always continues from checkpoint.dir/latest), after a wait of S seconds that
+-- doubles with each restart that made no progress since the last one (capped at 60 s).
+-- It gives up:
+--   * after N restarts (--max-restarts, default 10);
+--   * when the job fails twice in a row the same way: the same exit status, below 128 (a
+--     status of 128 + n is a death by signal n, something done to the job, not by it),
+--     after the same last completed step. The job's rank 0 writes its last completed
+--     step to the file TETRA_LAUNCH_STATUS names (tetra.train does; a temporary file
+--     unless the variable is set already, e.g. to a path on a shared file system when
+--     rank 0 runs on another node); a run that fails at the same step with the same
+--     status again would fail a third time.
+-- Every restart is one line on stderr with its number and cause, and the job sees the
+-- count in the environment variable TETRA_RESTART_COUNT (0 for the first start; the
+-- metrics records carry it as `restarts`). Under mpirun both variables are also passed
+-- on with -x, for ranks on other nodes.
+--
+-- Elastic (--min-np M): before each start the supervisor counts the slots of the
+-- hostfile the command names (--hostfile / -hostfile / --machinefile: one host per line,
+-- `slots=K`, 1 when absent). A node lost from the allocation is a hostfile with fewer
+-- slots. When fewer slots remain than -np asks for, the job continues on the largest
+-- process count n <= slots, n >= M, that keeps the non-data-parallel part of the layout
+-- (np / data_parallel_size): -np becomes n and parallel.data_parallel_size shrinks in
+-- proportion. The global batch (train.batch_size) and the data order do not depend on
+-- the data-parallel size, so the run continues the same optimisation. Below M slots it
+-- gives up. The command must then name parallel.data_parallel_size with --set.
+local ffi = require("ffi")
+
+local M = {}
+
+ffi.cdef [[
+typedef int tt_launch_pid_t;
+int tt_launch_posix_spawnp(tt_launch_pid_t *pid, const char *file, const void *file_actions,
+                           const void *attrp, char *const argv[], char *const envp[])
+    __asm__("posix_spawnp");
+tt_launch_pid_t tt_launch_waitpid(tt_launch_pid_t pid, int *status, int options) __asm__("waitpid");
+int tt_launch_setenv(const char *name, const char *value, int overwrite) __asm__("setenv");
+int tt_launch_usleep(unsigned int usec) __asm__("usleep");
+char *tt_launch_strerror(int errnum) __asm__("strerror");
+int tt_launch_getpid(void) __asm__("getpid");
+extern char **environ;
+]]
+local C = ffi.C
+
+local EXIT_USAGE = 2
+
+local usage = [[
+usage: tetra launch [--max-restarts N] [--min-np M] [--backoff S] -- COMMAND...
+  Runs COMMAND (e.g. mpirun -np 4 tetra run CONFIG --set checkpoint.dir=ckpt ...) and
+  restarts it from checkpoint.dir/latest when it fails.
+  --max-restarts N   give up after N restarts (default 10)
+  --min-np M         when the hostfile has fewer slots than -np, continue on fewer
+                     processes (not below M), shrinking parallel.data_parallel_size
+  --backoff S        seconds before the first restart, doubled after each (default 1)]]
+
+local function say(fmt, ...)
+  io.stderr:write("tetra launch: ", fmt:format(...), "\n")
+  io.stderr:flush()
+end
+
+local function usage_error(fmt, ...)
+  say(fmt .. " (see tetra launch --help)", ...)
+  return EXIT_USAGE
+end
+
+-- -- The command ---------------------------------------------------------------------
+
+local NP_FLAGS = { ["-np"] = true, ["-n"] = true, ["--np"] = true, ["-c"] = true }
+local HOSTFILE_FLAGS = { ["--hostfile"] = true, ["-hostfile"] = true,
+                         ["--machinefile"] = true, ["-machinefile"] = true }
+
+-- Index of the value of the first flag of `flags` in argv (flag and value as two words,
+-- or --flag=value as one), and whether it is the joined form.
+local function find_flag(argv, flags)
+  for i, a in ipairs(argv) do
+    if flags[a] and argv[i + 1] then return i + 1, false end
+    local name = a:match("^(%-%-?[%w-]+)=")
+    if name and flags[name] then return i, true end
+  end
+end
+
+local function flag_value(argv, flags)
+  local i, joined = find_flag(argv, flags)
+  if not i then return nil end
+  return joined and argv[i]:match("=(.*)$") or argv[i]
+end
+
+local function set_flag(argv, flags, value)
+  local i, joined = find_flag(argv, flags)
+  argv[i] = joined and (argv[i]:match("^(.-=)") .. value) or value
+end
+
+-- Index of the `--set KEY=...` value word for KEY (also --set=KEY=...), or nil.
+local function find_set(argv, key)
+  local prefix = key .. "="
+  for i, a in ipairs(argv) do
+    if a == "--set" and argv[i + 1] and argv[i + 1]:sub(1, #prefix) == prefix then return i + 1 end
+    if a:sub(1, 6 + #prefix) == "--set=" .. prefix then return i end
+  end
+end
+
+local function get_set(argv, key)
+  local i = find_set(argv, key)
+  return i and argv[i]:sub(argv[i]:find("=", #key + 1, true) + 1) or nil
+end
+
+local function put_set(argv, key, value)
+  local i = find_set(argv, key)
+  if i then
+    argv[i] = (argv[i]:sub(1, 6) == "--set=" and "--set=" or "") .. key .. "=" .. value
+  else
+    argv[#argv + 1] = "--set"
+    argv[#argv + 1] = key .. "=" .. value
+  end
+end
+
+local function copy(t)
+  local out = {}
+  for i, v in ipairs(t) do out[i] = v end
+  return out
+end
+
+-- Slots in a hostfile: one host per line (# comments), `slots=K` (1 when absent).
+local function hostfile_slots(path)
+  local f = io.open(path, "r")
+  if not f then return nil, "cannot read the hostfile " .. path end
+  local total = 0
+  for line in f:lines() do
+    line = line:gsub("#.*$", "")
+    if line:match("%S") then
+      total = total + (tonumber(line:match("slots%s*=%s*(%d+)")) or 1)
+    end
+  end
+  f:close()
+  return total
+end
+
+-- -- Processes -----------------------------------------------------------------------
+
+-- Runs argv (a list of strings; argv[1] looked up in PATH) and waits for it. Returns the
+-- exit status (128 + n for a death by signal n), or nil and a message.
+local function run(argv)
+  local cargv = ffi.new("char *[?]", #argv + 1)
+  local keep = {}
+  for i, a in ipairs(argv) do
+    keep[i] = ffi.new("char[?]", #a + 1, a)
+    cargv[i - 1] = keep[i]
+  end
+  cargv[#argv] = nil
+  local pid = ffi.new("tt_launch_pid_t[1]")
+  local rc = C.tt_launch_posix_spawnp(pid, argv[1], nil, nil, cargv, C.environ)
+  if rc ~= 0 then return nil, ffi.string(C.tt_launch_strerror(rc)) end
+  local status = ffi.new("int[1]")
+  while C.tt_launch_waitpid(pid[0], status, 0) < 0 do
+    if ffi.errno() ~= 4 then return nil, "waitpid: " .. ffi.string(C.tt_launch_strerror(ffi.errno())) end
+  end
+  local s = status[0]
+  local sig = bit.band(s, 0x7f)
+  if sig ~= 0 then return 128 + sig end
+  return bit.band(bit.rshift(s, 8), 0xff)
+end
+
+local function sleep_s(s)
+  local us = math.floor(s * 1e6)
+  while us > 0 do
+    local chunk = math.min(us, 900000)
+    C.tt_launch_usleep(chunk)
+    us = us - chunk
+  end
+end
+
+-- The last completed step the job's rank 0 wrote (nil: none written).
+local function last_step(path)
+  local f = io.open(path, "r")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return tonumber(s:match("step (%d+)"))
+end
+
+-- A failure's cause in words.
+local function describe(status, step)
+  local how
+  if status >= 128 then
+    how = string.format("killed by signal %d (exit %d)", status - 128, status)
+  else
+    how = string.format("exit %d", status)
+  end
+  return how .. (step and (" after step " .. step) or " before its first step")
+end
+
+-- -- Main ----------------------------------------------------------------------------
+
+local function parse(args)
+  local o = { max_restarts = 10, backoff = 1.0 }
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "--" then
+      o.command = { select(i + 1, unpack(args)) }
+      break
+    elseif a == "--help" or a == "-h" then
+      o.help = true
+      return o
+    elseif a == "--max-restarts" or a == "--min-np" or a == "--backoff" then
+      local v = tonumber(args[i + 1] or "")
+      if not v or v < 0 or (a ~= "--backoff" and v ~= math.floor(v)) then
+        return nil, string.format("%s needs a %s, got '%s'", a,
+          a == "--backoff" and "number of seconds >= 0" or "whole number >= 0",
+          tostring(args[i + 1]))
+      end
+      o[a:sub(3):gsub("-", "_")] = v
+      i = i + 1
+    else
+      return nil, string.format("unknown option '%s' (the command goes after --)", a)
+    end
+    i = i + 1
+  end
+  if not o.command or #o.command == 0 then return nil, "no command: put it after --" end
+  return o
+end
+
+function M.main(...)
+  local o, err = parse({ ... })
+  if not o then return usage_error("%s", err) end
+  if o.help then
+    print(usage)
+    return 0
+  end
+  local argv = o.command
+  local base = argv[1]:match("[^/]+$")
+  if base == "mpirun" or base == "mpiexec" or base == "orterun" then
+    table.insert(argv, 2, "-x")
+    table.insert(argv, 3, "TETRA_RESTART_COUNT")
+    table.insert(argv, 4, "-x")
+    table.insert(argv, 5, "TETRA_LAUNCH_STATUS")
+  end
+  local np = tonumber(flag_value(argv, NP_FLAGS) or "")
+  local hostfile = flag_value(argv, HOSTFILE_FLAGS)
+  local dp = tonumber(get_set(argv, "parallel.data_parallel_size") or "")
+  if o.min_np then
+    if not np then return usage_error("--min-np needs the command's process count (-np N)") end
+    if not hostfile then
+      return usage_error("--min-np needs a hostfile in the command (--hostfile FILE): its " ..
+                         "slots say how many processes can run")
+    end
+    if not dp then
+      return usage_error("--min-np needs --set parallel.data_parallel_size=N in the command " ..
+                         "(the dimension that shrinks)")
+    end
+    if o.min_np > np then return usage_error("--min-np %d is above -np %d", o.min_np, np) end
+    if np % dp ~= 0 then
+      return usage_error("parallel.data_parallel_size=%d does not divide -np %d", dp, np)
+    end
+  end
+  -- Rank 0 may run on another node: TETRA_LAUNCH_STATUS set beforehand (a path on a
+  -- shared file system) is kept.
+  local status_path = os.getenv("TETRA_LAUNCH_STATUS")
+  local own_status = not status_path or status_path == ""
+  if own_status then
+    status_path = os.tmpname()
+    C.tt_launch_setenv("TETRA_LAUNCH_STATUS", status_path, 1)
+  end
+
+  local restarts, previous, streak = 0, nil, 0
+  local code
+  while true do
+    C.tt_launch_setenv("TETRA_RESTART_COUNT", tostring(restarts), 1)
+    if o.min_np and hostfile then
+      local slots, why = hostfile_slots(hostfile)
+      if not slots then
+        say("%s", why)
+        code = 1
+        break
+      end
+      if slots < np then
+        local other = np / dp    -- tensor x context x pipeline: kept
+        local n = math.floor(slots / other) * other
+        if n < o.min_np or n < other then
+          say("giving up: the hostfile %s has %d slots; the largest job that keeps " ..
+              "tensor x context x pipeline parallelism (%d processes) whole has %d, below " ..
+              "--min-np %d", hostfile, slots, other, n, o.min_np)
+          code = 1
+          break
+        end
+        local new_dp = n / other
+        say("the hostfile %s has %d slots for a job of %d processes: continuing on %d " ..
+            "(parallel.data_parallel_size %d -> %d)", hostfile, slots, np, n, dp, new_dp)
+        np, dp = n, new_dp
+        set_flag(argv, NP_FLAGS, tostring(np))
+        put_set(argv, "parallel.data_parallel_size", tostring(dp))
+      end
+    end
+    os.remove(status_path)
+    local status, spawn_err = run(argv)
+    if not status then
+      say("cannot run %s: %s", argv[1], spawn_err)
+      code = 127
+      break
+    end
+    if status == 0 then
+      if restarts > 0 then say("the job finished after %d restart%s", restarts, restarts == 1 and "" or "s") end
+      code = 0
+      break
+    end
+    local step = last_step(status_path)
+    local failure = { status = status, step = step }
+    local cause = describe(status, step)
+    if previous and status < 128 and previous.status == status and previous.step == step then
+      say("giving up: the job failed twice the same way (%s): a deterministic failure, " ..
+          "a restart would fail again", cause)
+      code = status
+      break
+    end
+    if restarts >= o.max_restarts then
+      say("giving up after %d restart%s: the job failed (%s)", restarts,
+          restarts == 1 and "" or "s", cause)
+      code = status
+      break
+    end
+    -- The wait doubles while the job makes no progress between failures.
+    local progressed = previous and step and (not previous.step or step > previous.step)
+    streak = progressed and 1 or streak + 1
+    previous = failure
+    restarts = restarts + 1
+    local wait = math.min(60, o.backoff * 2 ^ (streak - 1))
+    say("restart %d: the job failed (%s); resuming from the latest checkpoint in %.1f s",
+        restarts, cause, wait)
+    put_set(argv, "checkpoint.resume", "auto")
+    sleep_s(wait)
+  end
+  if own_status then os.remove(status_path) end
+  return code
+end
+
+return M
