@@ -11,9 +11,9 @@
 -- to its completion on this rank (engine/dist times them), send and recv included, so
 -- pipeline bubbles and the overlap of communication with compute can be seen.
 --
--- Times are microseconds on rank 0's clock, from when tracing was set up: at setup every
--- rank measures its monotonic clock against rank 0's right after a barrier (good to the
--- barrier's skew, microseconds on one node).
+-- Times are microseconds on rank 0's clock, from when tracing was set up: ranks on one
+-- machine share its monotonic clock; across machines each rank measures its clock
+-- against rank 0's after barriers (good to the barriers' skew).
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("tetra_telemetry.h")
@@ -53,16 +53,27 @@ function M.setup(cfg, mesh)
   local path = string.format("%s/trace-rank%d.json", dir, mesh.rank)
   -- offset: rank 0's clock minus ours; base: rank 0's clock now (timestamps count from
   -- it, so they stay small enough for full precision).
+  -- Ranks on one machine share its monotonic clock (CLOCK_MONOTONIC is system-wide):
+  -- their offset is 0, exactly. Across machines, the median of 5 barrier measurements
+  -- (a rank descheduled as it leaves one barrier spoils that one only).
   local offset, base = 0, metrics.now()
   if (mesh.size or 1) > 1 then
     local tensor = require("tetra.tensor")
-    mesh.world:barrier()
-    local mine = metrics.now()
-    local t = tensor.from_table({ math.floor(mine * 1e9) }, { dtype = "i64" })
-    mesh.world:broadcast(t, 0)
-    base = tonumber(C.tt_tensor_get(t, 0)) * 1e-9
-    offset = base - mine
-    require("tetra.nn.functional").free(t)
+    local F = require("tetra.nn.functional")
+    local one_node = C.tt_dist_local_size() == mesh.size
+    local t = tensor.from_table({ 0 }, { dtype = "i64" })
+    local offsets = {}
+    for i = 1, one_node and 1 or 5 do
+      mesh.world:barrier()
+      local mine = metrics.now()
+      C.tt_tensor_set(t, 0, math.floor(mine * 1e9))
+      mesh.world:broadcast(t, 0)
+      base = tonumber(C.tt_tensor_get(t, 0)) * 1e-9
+      offsets[i] = one_node and 0 or base - mine
+    end
+    table.sort(offsets)
+    offset = offsets[math.floor((#offsets + 1) / 2)]   -- base: rank 0's clock, the same everywhere
+    F.free(t)
   end
   state = { first = first, last = last, path = path, rank = mesh.rank, offset = offset - base,
             coords = mesh.coords, events = {} }

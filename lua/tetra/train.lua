@@ -243,8 +243,8 @@ local to_dev = require("tetra.tensor").moved
 -- optimizer update). The step's time by phase, which add up to step_time_s: data_wait_s,
 -- forward_s and backward_s (computing, waits left out), exposed_comm_s, optimizer_s
 -- (clipping, the update, zeroing; waits left out), other_s. mfu (0-1) when the device's
--- peak is known (tetra.mfu; train.peak_tflops). train.run adds checkpoint_s (the save
--- after this step, 0 without one) and eval_loss.
+-- peak is known (tetra.mfu; train.peak_tflops). train.run adds checkpoint_s (the loop's
+-- time on checkpoints since the previous record) and eval_loss.
 function train.setup(cfg, model, data, opts)
   opts = opts or {}
   local t, o = cfg.train, cfg.optim or {}
@@ -666,6 +666,7 @@ function train.run(env)
   -- checkpoint.async: saves are written by a thread while the next steps run (the last
   -- one is written before the run returns).
   local async_save = (cfg.checkpoint or {}).async == true
+  local checkpoint_s = 0   -- the loop's time on checkpoints since the previous record
   while env.step_count < total do
     local step = env.step_count + 1
     if crash_at > 0 and step == crash_at then
@@ -673,31 +674,13 @@ function train.run(env)
                                "(a test switch; unset it to train)", step))
     end
     local r = env.step()
+    r.checkpoint_s = checkpoint_s
+    checkpoint_s = 0
     -- The first steps pay for warm-up (allocator, page faults): a moving average of the
     -- step time gives a steadier ETA.
     avg_step = avg_step and (0.9 * avg_step + 0.1 * r.step_time_s) or r.step_time_s
     if eval_every > 0 and (step % eval_every == 0 or step == total) then
       r.eval_loss = env.evaluate()
-    end
-    -- Saved before the record is written, so the record says how long the save took (an
-    -- async save: the copy to host memory; the writing overlaps the next steps). A step
-    -- that rolls back saves nothing.
-    r.checkpoint_s = 0
-    if not r.roll_back then
-      local c0 = metrics.now()
-      local due = checkpoint.due(cfg, step, total)
-      if due and async_save and step ~= total then
-        checkpoint.save_async(env)
-      elseif due then
-        summary.checkpoint = checkpoint.save(env)
-      elseif async_save then
-        checkpoint.poll(env)
-      end
-      r.checkpoint_s = metrics.now() - c0
-      if due then
-        telemetry.checkpoint(r.checkpoint_s)
-        if trace.on then trace.span("checkpoint", c0, c0 + r.checkpoint_s, { step = step }) end
-      end
     end
     trace.end_step(step, total)
     writer:write(r)
@@ -736,9 +719,28 @@ function train.run(env)
       end
     end
     report_step(step)
+    -- The record is on disk before the save: a run killed during the save resumes from an
+    -- earlier checkpoint and keeps that checkpoint's records, so no step's record is
+    -- lost. The save's time goes in the next record (checkpoint_s). A step that rolls
+    -- back saves nothing.
     if r.roll_back then
       checkpoint.drain(env)
       train.roll_back(env, show)
+    else
+      local c0 = metrics.now()
+      local due = checkpoint.due(cfg, step, total)
+      if due and async_save and step ~= total then
+        checkpoint.save_async(env)   -- the copy to host memory; the writing overlaps
+      elseif due then
+        summary.checkpoint = checkpoint.save(env)
+      elseif async_save then
+        checkpoint.poll(env)
+      end
+      checkpoint_s = metrics.now() - c0
+      if due then
+        telemetry.checkpoint(checkpoint_s)
+        if trace.on then trace.span("checkpoint", c0, c0 + checkpoint_s, { step = step }) end
+      end
     end
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       train.print_sample(env)
