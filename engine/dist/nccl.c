@@ -47,25 +47,43 @@ static int nccl_state_of(tt_comm *c, nccl_state **out) {
   return 0;
 }
 
+/* Every member prepares locally (its device, a stream; rank 0 the unique id) and the
+** group agrees by MPI that all did before anyone enters ncclCommInitRank, which blocks
+** until every member has: a member that failed to prepare would otherwise leave the
+** others waiting there for ever. */
 int tt_nccl_comm_init(tt_comm *c) {
   TT_CHECK(!c->nccl, "group %s already has an NCCL communicator", c->name);
-  ncclUniqueId id;
-  memset(&id, 0, sizeof id);
-  if (c->rank == 0) TT_NCCL_CALL(ncclGetUniqueId(&id), c);
-  TT_MPI(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi), "nccl unique id broadcast", c);
   nccl_state *st = calloc(1, sizeof *st);
   TT_CHECK(st, "nccl: out of host memory");
+  struct { int ok; ncclUniqueId id; } root;
+  memset(&root, 0, sizeof root);
+  int rc = 0, ok = 1, all_ok = 0;
   cudaError_t ce = cudaGetDevice(&st->device);
   if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
   if (ce != cudaSuccess) {
-    free(st);
-    return cuda_failed(ce, "cudaStreamCreateWithFlags", c);
+    st->stream = NULL;
+    rc = cuda_failed(ce, "cudaStreamCreateWithFlags", c);
+    ok = 0;
   }
-  ncclResult_t ne = ncclCommInitRank(&st->comm, c->size, id, c->rank);
-  if (ne != ncclSuccess) {
-    cudaStreamDestroy(st->stream);
+  if (c->rank == 0) {
+    ncclResult_t ne = ok ? ncclGetUniqueId(&root.id) : ncclSuccess;
+    if (ne != ncclSuccess) rc = nccl_failed(ne, "ncclGetUniqueId", c);
+    root.ok = ok = ok && ne == ncclSuccess;
+  }
+  int mpi = MPI_Bcast(&root, (int)sizeof root, MPI_BYTE, 0, c->mpi);
+  if (mpi == MPI_SUCCESS) mpi = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->mpi);
+  if (mpi != MPI_SUCCESS) rc = tt_dist_mpi_error(mpi, "nccl set-up", c, __FILE__, __LINE__);
+  else if (!all_ok && rc == 0)
+    rc = tt_set_error("nccl set-up on group %s: another member could not prepare (%s)",
+                      c->name, root.ok ? "its device or stream" : "rank 0's unique id");
+  if (rc == 0) {
+    ncclResult_t ne = ncclCommInitRank(&st->comm, c->size, root.id, c->rank);
+    if (ne != ncclSuccess) rc = nccl_failed(ne, "ncclCommInitRank", c);
+  }
+  if (rc != 0) {
+    if (st->stream) cudaStreamDestroy(st->stream);
     free(st);
-    return nccl_failed(ne, "ncclCommInitRank", c);
+    return rc;
   }
   c->nccl = st;
   return 0;

@@ -13,7 +13,6 @@
 ** Without a GPU the program exits 77: ctest reports "Not Run".
 */
 #include "cuda_test.h"
-#include "tetra_ops.h"
 
 static tt_cuda_stream *new_stream(void) {
   tt_cuda_stream *s = NULL;

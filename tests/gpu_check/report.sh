@@ -118,7 +118,7 @@ rc=$?
   mkdir -p "$OUT"
   stage_quick() { echo "quick $*"; }
   stage_exit3() { return 3; }
-  stage_sleepy() { sleep 60; }
+  stage_sleepy() { trap '' TERM; sleep 60; }
   stage_stubborn() { trap '' TERM; sleep 60; }
   stage_late() { echo late; }
   export -f stage_quick stage_exit3 stage_sleepy stage_stubborn stage_late
@@ -135,7 +135,8 @@ b=$WORK/budget
 grep -q '^quick=0$' "$WORK/budget.out" && grep -q '^quick a b$' "$b/quick.log" || fail "a passing stage: $(cat "$WORK/budget.out")"
 grep -q '^exit3=1$' "$WORK/budget.out" && grep -qP '^exit3\tfailed \(rc 3\)\t' "$b/stages.tsv" || fail "a failing stage: $(cat "$b/stages.tsv")"
 grep -qP '^stubborn\ttimeout\t(9|10|11)\t5$' "$b/stages.tsv" || fail "a stage ignoring SIGTERM past its cap: $(cat "$b/stages.tsv")"
-# stubborn is killed 5 s after its 5 s cap; sleepy then gets 20 - 10 - 5 = 5 s, not 100.
+# stubborn is killed 5 s after its 5 s cap; sleepy, as stubborn, then gets 20 - 10 - 5 = 5 s
+# (not 100) and is killed 5 s later, at the deadline.
 grep -qP '^sleepy\ttimeout\t' "$b/stages.tsv" || fail "a stage at the deadline: $(cat "$b/stages.tsv")"
 grep -qP '^late\tnot-run\t0\t100$' "$b/stages.tsv" && grep -q '^late=1$' "$WORK/budget.out" ||
   fail "a stage after the deadline must be not-run: $(cat "$b/stages.tsv")"
