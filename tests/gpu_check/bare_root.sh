@@ -11,7 +11,7 @@
 #
 # The .debs (gpu-check's own list, and the toolchain) are downloaded with apt into
 # CACHE_DIR once and reused. Needs root (chroot, mounts), apt and nvcc; the build inside
-# takes 3 to 6 minutes on 2 busy cores.
+# takes about 2 minutes on 2 cores, up to 5 when they are busy.
 set -euo pipefail
 CACHE=${1:?usage: bare_root.sh CACHE_DIR}
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -84,7 +84,9 @@ cat > "$WORK/inside.sh" <<'EOF'
 set -u
 export TETRA_GPU_DEBS=/debs TETRA_GPU_BUILD=/tmp/build-gpu
 /src/tools/gpu-check setup /out || exit 1
-# Each CUDA test program, started as ctest would: exit 77 (no GPU here) after loading.
+# Each CUDA test program, in the environment gpu-check leaves in env.sh: exit 77 (no GPU
+# here) after loading every library it needs.
+source /out/env.sh
 for t in /tmp/build-gpu/cuda_test_*; do
   (cd /tmp && "$t" --jobs=1 > "/out/$(basename "$t").run.log" 2>&1)
   rc=$?
@@ -107,7 +109,7 @@ unshare -m bash -c '
   tee "$WORK/inside.log"
 rc=${PIPESTATUS[0]}
 set -e
-cp "$R"/out/*.log "$R/out/summary.txt" "$CACHE/" 2> /dev/null || true
+cp "$R"/out/*.log "$R"/out/*.txt "$R/out/env.sh" "$CACHE/" 2> /dev/null || true
 [ "$rc" -eq 0 ] || { echo "FAIL: gpu-check setup in the bare root (rc $rc); logs in $CACHE"; exit 1; }
 grep -qE '^built +ok .*CUDA tests' "$R/out/summary.txt" ||
   { echo "FAIL: the summary does not report the CUDA tests built"; exit 1; }
