@@ -99,9 +99,10 @@ expect "$d" 1 '^build +timeout .*stopped after its 100 s limit' '^tests +not-run
 d=$(canned nofigure "gpu=failed (rc 9)")
 echo "lua error: out of memory" > "$d/llama_1b.log"
 echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver" > "$d/gpu.log"
-rm "$d/bench.log"
-expect "$d" 1 '^llama_1b +failed .*no tokens_per_s in the log' '^bench +failed .*no log' \
-  '^== gpu-check: FAIL: gpu bench llama_1b; \(no GPU named\)'
+echo "device: NVIDIA H200; dense bf16 peak taken as 989 TFLOP/s" > "$d/bench.log"
+rm "$d/attention.log"
+expect "$d" 1 '^llama_1b +failed .*no tokens_per_s in the log' '^bench +failed .*no MFU figure' \
+  '^attention +failed .*no log' '^== gpu-check: FAIL: gpu bench attention llama_1b; \(no GPU named\)'
 
 d=$WORK/empty
 mkdir -p "$d"
