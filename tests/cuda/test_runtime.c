@@ -71,7 +71,8 @@ Test(cuda_runtime, gemm_workspace_per_stream) {
   cr_assert_eq(tt_cuda_synchronize(), 0, "%s", tt_last_error());
   cr_assert_eq(tt_cuda_set_stream(NULL), 0);
   double e1 = rel_err(out1, ref1), e2 = rel_err(out2, ref2);
-  cr_assert(e1 < 1e-3 && e2 < 1e-3, "GEMMs on two streams: relative errors %g, %g", e1, e2);
+  /* f32 GEMMs may run in TF32 on the GPU: about 3e-4. */
+  cr_assert(e1 < 2e-3 && e2 < 2e-3, "GEMMs on two streams: relative errors %g, %g", e1, e2);
 
   /* A destroyed stream's workspace goes back; the table does not grow without bound. */
   tt_tensor_release(out1);
@@ -96,9 +97,12 @@ Test(cuda_runtime, allocator_orders_a_block_reused_on_another_stream) {
   sevens = full(n, n, 7.0);
   cr_assert_eq(tt_cuda_synchronize(), 0);
 
-  /* On A: y = x @ x (every element 4096), a GEMM of 137 GFLOP in f32; y freed at once. */
+  /* On A: four GEMMs of 137 GFLOP each (kept alive) delay a fifth, y = x @ x (every
+  ** element 4096), whose output is freed at once, long before it is written. */
   cr_assert_eq(tt_cuda_set_stream(sa), 0);
-  tt_tensor *y = NULL;
+  tt_tensor *ahead[4] = {0}, *y = NULL;
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(tt_matmul(x, x, NULL, 0, 0, &ahead[i]), 0, "%s", tt_last_error());
   cr_assert_eq(tt_matmul(x, x, NULL, 0, 0, &y), 0, "%s", tt_last_error());
   void *block = tt_tensor_data(y);
   tt_tensor_release(y);
@@ -122,6 +126,7 @@ Test(cuda_runtime, allocator_orders_a_block_reused_on_another_stream) {
   tt_tensor_release(z);
   tt_tensor_release(sevens);
   tt_tensor_release(x);
+  for (int i = 0; i < 4; i++) tt_tensor_release(ahead[i]);
   tt_cuda_stream_destroy(sa);
   tt_cuda_stream_destroy(sb);
 }
