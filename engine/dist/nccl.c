@@ -58,11 +58,15 @@ int tt_nccl_comm_init(tt_comm *c) {
   struct { int ok; ncclUniqueId id; } root;
   memset(&root, 0, sizeof root);
   int rc = 0, ok = 1, all_ok = 0;
+  const char *call = "cudaGetDevice";
   cudaError_t ce = cudaGetDevice(&st->device);
-  if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+  if (ce == cudaSuccess) {
+    call = "cudaStreamCreateWithFlags";
+    ce = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+  }
   if (ce != cudaSuccess) {
     st->stream = NULL;
-    rc = cuda_failed(ce, "cudaStreamCreateWithFlags", c);
+    rc = cuda_failed(ce, call, c);
     ok = 0;
   }
   if (c->rank == 0) {
