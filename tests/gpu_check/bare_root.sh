@@ -83,6 +83,8 @@ done
 cat > "$WORK/inside.sh" <<'EOF'
 set -u
 export TETRA_GPU_DEBS=/debs TETRA_GPU_BUILD=/tmp/build-gpu
+# 2 busy cores, not the GPU machine's 16: caps and budget five times as large.
+export TETRA_GPU_CHECK_CAP_SCALE=5 TETRA_GPU_CHECK_BUDGET_S=2400
 /src/tools/gpu-check setup /out || exit 1
 # Each CUDA test program, in the environment gpu-check leaves in env.sh: exit 77 (no GPU
 # here) after loading every library it needs.

@@ -142,7 +142,9 @@ grep -qP '^sleepy\ttimeout\t' "$b/stages.tsv" || fail "a stage at the deadline: 
 grep -qP '^late\tnot-run\t0\t100$' "$b/stages.tsv" && grep -q '^late=1$' "$WORK/budget.out" ||
   fail "a stage after the deadline must be not-run: $(cat "$b/stages.tsv")"
 elapsed=$(sed -n 's/^elapsed=//p' "$WORK/budget.out")
-[ -n "$elapsed" ] && [ "$elapsed" -le 20 ] || fail "the stages ran ${elapsed:-?} s on a 20 s budget"
+# 2 s of slack for starting processes on a busy machine; without timeout's kill grace in
+# the budget the run would end at 25 s.
+[ -n "$elapsed" ] && [ "$elapsed" -le 22 ] || fail "the stages ran ${elapsed:-?} s on a 20 s budget"
 
 # The default budget ends the whole run in under 8 minutes.
 budget=$(bash -c 'source "$1"; echo "$BUDGET_S"' _ "$CHECK")
