@@ -5,6 +5,14 @@
 ** handed out again, so a training step that allocates the same activations every
 ** iteration stops calling malloc/cudaMalloc after the first step. Every device keeps
 ** live/peak byte counts for metrics and the memory planner.
+**
+** On a device with streams, a freed block may still be in use by kernels queued on the
+** stream it was used on. Each cached block remembers that stream: a request from the same
+** stream takes it at once (stream order does the rest); a request from another stream
+** prefers such a block of its own, and otherwise takes the block after ordering its
+** stream behind the block's (an event, no host wait). A storage freed on another stream
+** than the one it was allocated on orders the freeing stream after the allocating one
+** first, so the freeing stream alone covers every use.
 */
 #include "tt_internal.h"
 #include <pthread.h>
@@ -37,7 +45,7 @@ static int cpu_memset0(void *p, int device, size_t nbytes) {
 }
 
 static const tt_device_backend tt_cpu_backend = {
-  "cpu", cpu_alloc, cpu_free, cpu_memcpy, cpu_memset0,
+  "cpu", cpu_alloc, cpu_free, cpu_memcpy, cpu_memset0, NULL, NULL,
 };
 static const tt_device_backend *tt_cuda_backend;
 
@@ -63,6 +71,8 @@ typedef struct free_block {
   struct free_block *next;
   void *ptr;
   size_t size;
+  void *stream;     /* the stream whose queued work may still use it */
+  int idle;         /* no queued work uses it (no streams, or its stream was retired) */
 } free_block;
 
 typedef struct device_cache {
@@ -99,24 +109,82 @@ static int size_class(size_t *size) {
   return cls < TT_NUM_CLASSES ? cls : -1;       /* huge blocks are not cached */
 }
 
-static void *cached_alloc(int device, size_t nbytes, size_t *pgranted) {
+/* Puts a block of `size` granted bytes into the cache (freed to the device when its size
+** is not cached); `stream` is the stream that may still use it. */
+static void cached_free_block(int device, void *p, size_t size, void *stream, int idle) {
+  const tt_device_backend *be = tt_backend_for(device);
+  device_cache *c = cache_for(device);
+  size_t rounded = size;
+  int cls = size_class(&rounded);
+  free_block *b = cls >= 0 ? malloc(sizeof *b) : NULL;
+  if (!b) {
+    be->free(p, device);
+    return;
+  }
+  b->ptr = p;
+  b->size = size;
+  b->stream = stream;
+  b->idle = idle;
+  pthread_mutex_lock(&c->lock);
+  b->next = c->classes[cls];
+  c->classes[cls] = b;
+  c->stats.cached_bytes += (int64_t)size;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void tt_alloc_stream_retired(int device, void *key) {
+  device_cache *c = cache_for(device);
+  if (!c) return;
+  pthread_mutex_lock(&c->lock);
+  for (int i = 0; i < TT_NUM_CLASSES; i++)
+    for (free_block *b = c->classes[i]; b; b = b->next)
+      if (b->stream == key) b->idle = 1;
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* Takes a block of class `cls` for a request on stream `cur`: idle or of the same stream
+** first, else the most recently freed one (*order set: the caller orders `cur` after
+** *from). Lock held. */
+static free_block *take_block(device_cache *c, int cls, void *cur, int *order, void **from) {
+  free_block **link = &c->classes[cls], **pick = NULL;
+  for (free_block **l = link; *l; l = &(*l)->next)
+    if ((*l)->idle || (*l)->stream == cur) {
+      pick = l;
+      break;
+    }
+  if (!pick) {
+    pick = link;
+    *order = 1;
+    *from = (*pick)->stream;
+  }
+  free_block *b = *pick;
+  *pick = b->next;
+  return b;
+}
+
+static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **pstream) {
   const tt_device_backend *be = tt_backend_for(device);
   device_cache *c = cache_for(device);
   if (!be || !c) return NULL;
   size_t size = nbytes;
   int cls = size_class(&size);
-  void *p = NULL;
+  void *cur = be->current_stream ? be->current_stream() : NULL;
+  void *p = NULL, *from = NULL;
+  int order = 0;
   pthread_mutex_lock(&c->lock);
   c->stats.num_allocs++;
   if (cls >= 0 && c->classes[cls]) {
-    free_block *b = c->classes[cls];
-    c->classes[cls] = b->next;
+    free_block *b = take_block(c, cls, cur, &order, &from);
     p = b->ptr;
     c->stats.cached_bytes -= (int64_t)b->size;
     c->stats.num_cache_hits++;
     free(b);
   }
   pthread_mutex_unlock(&c->lock);
+  if (p && order && be->order_after(device, from) != 0) {
+    cached_free_block(device, p, size, from, 0);
+    return NULL;
+  }
   if (!p) {
     p = be->alloc(size, device);
     if (!p) {
@@ -134,27 +202,23 @@ static void *cached_alloc(int device, size_t nbytes, size_t *pgranted) {
   if (c->stats.live_bytes > c->stats.peak_bytes) c->stats.peak_bytes = c->stats.live_bytes;
   pthread_mutex_unlock(&c->lock);
   *pgranted = size;
+  *pstream = cur;
   return p;
 }
 
-static void cached_free(int device, void *p, size_t size) {
+static void cached_free(int device, void *p, size_t size, void *alloc_stream) {
   const tt_device_backend *be = tt_backend_for(device);
   device_cache *c = cache_for(device);
   if (!be || !c) return;
-  size_t rounded = size;
-  int cls = size_class(&rounded);
-  free_block *b = cls >= 0 ? malloc(sizeof *b) : NULL;
+  void *cur = be->current_stream ? be->current_stream() : NULL;
+  /* Kernels queued on the allocating stream may still use it: the freeing stream waits
+  ** for them, or, when that fails, the block stays with the allocating stream. */
+  if (be->current_stream && cur != alloc_stream && be->order_after(device, alloc_stream) != 0)
+    cur = alloc_stream;
   pthread_mutex_lock(&c->lock);
   c->stats.live_bytes -= (int64_t)size;
-  if (b) {
-    b->ptr = p;
-    b->size = size;
-    b->next = c->classes[cls];
-    c->classes[cls] = b;
-    c->stats.cached_bytes += (int64_t)size;
-  }
   pthread_mutex_unlock(&c->lock);
-  if (!b) be->free(p, device);
+  cached_free_block(device, p, size, cur, be->current_stream == NULL);
 }
 
 int tt_alloc_stats_get(int device, tt_alloc_stats *out) {
@@ -202,7 +266,7 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
     return NULL;
   }
   size_t granted = 0;
-  s->data = cached_alloc(device, nbytes, &granted);
+  s->data = cached_alloc(device, nbytes, &granted, &s->stream);
   if (!s->data) {
     free(s);
     return NULL;
@@ -216,6 +280,6 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
 void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  if (!s->external) cached_free(s->device, s->data, s->nbytes);
+  if (!s->external) cached_free(s->device, s->data, s->nbytes, s->stream);
   free(s);
 }

@@ -51,6 +51,7 @@ typedef struct tt_storage {
   int device;
   int refcount;
   int external;        /* 1: memory not ours (mmap, caller buffer); never freed */
+  void *stream;        /* the device stream current when it was allocated (NULL: default) */
 } tt_storage;
 
 typedef struct tt_tensor {

@@ -38,6 +38,14 @@ void tt_cuda_stream_destroy(tt_cuda_stream *s);
 int tt_cuda_set_stream(tt_cuda_stream *s);
 tt_cuda_stream *tt_cuda_get_stream(void);
 int tt_cuda_stream_synchronize(tt_cuda_stream *s);
+/* The cuBLASLt workspace GEMMs issued on stream `s` (NULL: the default stream) use on the
+** current device: one per stream, so GEMMs on two streams never share one. */
+int tt_cuda_gemm_workspace(tt_cuda_stream *s, void **out);
+/* 1 when every kernel launch waits for the GPU and checks for errors, so a fault is
+** reported by the call that launched the kernel (slow; for debugging). TETRA_CUDA_SYNC=1
+** in the environment turns it on at tt_cuda_init; the setter changes it later. */
+int tt_cuda_sync_launches(void);
+int tt_cuda_set_sync_launches(int on);
 /* Makes `s` wait for everything recorded in event `e` (no host wait). */
 int tt_cuda_stream_wait_event(tt_cuda_stream *s, tt_cuda_event *e);
 

@@ -124,7 +124,16 @@ typedef struct tt_device_backend {
   /* Copies nbytes between any two devices (TT_CPU or ordinal). */
   int (*memcpy)(void *dst, int dst_device, const void *src, int src_device, size_t nbytes);
   int (*memset0)(void *ptr, int device, size_t nbytes);
+  /* Streams (NULL for a device without them): the current stream's key (NULL: the
+  ** default stream), and "work queued on the current stream from now on runs after
+  ** everything queued so far on stream `key`" (no host wait). */
+  void *(*current_stream)(void);
+  int (*order_after)(int device, void *key);
 } tt_device_backend;
+
+/* The backend calls this when stream `key` is destroyed, after waiting for it: cached
+** blocks last used there no longer need ordering. */
+void tt_alloc_stream_retired(int device, void *key);
 
 /* The CUDA backend registers itself at start-up when compiled in and a GPU exists. */
 void tt_register_cuda_backend(const tt_device_backend *backend);

@@ -1,9 +1,10 @@
 /*
 ** backend.cu — the CUDA device backend: raw device memory for the engine's caching
 ** allocator (engine/alloc.c keeps freed blocks per size class, so cudaMalloc and its
-** implicit synchronisation happen only while the working set grows), copies between host
-** and device, the current stream, events, pinned host buffers, and the cuBLASLt handle
-** shared by the GEMM kernels.
+** implicit synchronisation happen only while the working set grows, and asks here which
+** stream is current and how to order one stream after another), copies between host and
+** device, the current stream, events, pinned host buffers, the cuBLASLt handle shared by
+** the GEMM kernels with one workspace per stream, and the launch check (TETRA_CUDA_SYNC).
 **
 ** Memory is always plain cudaMalloc: managed memory can oversubscribe the card and hang
 ** it for everyone on the node.
@@ -40,10 +41,17 @@ static int g_initialised;
 static int g_num_devices;
 static int g_sm_count[MAX_GPUS];
 static cudaStream_t g_stream;           /* current stream; 0 = legacy default */
+struct tt_cuda_stream { cudaStream_t s; };
+static tt_cuda_stream *g_stream_handle;  /* the handle g_stream came from (NULL: default) */
+static int g_sync;                      /* TETRA_CUDA_SYNC=1 */
 static cublasLtHandle_t g_blaslt[MAX_GPUS];
-static void *g_workspace[MAX_GPUS];
-/* cuBLASLt wants 32 MiB on Hopper to reach its fastest kernels. */
+/* cuBLASLt wants 32 MiB on Hopper to reach its fastest kernels. Two GEMMs running at once
+** on two streams must not share one, so each (device, stream) gets its own, freed when
+** the stream is destroyed. */
 static const size_t g_workspace_bytes = (size_t)32 << 20;
+enum { MAX_WORKSPACES = 64 };
+static struct { int device; cudaStream_t stream; void *ptr; } g_workspaces[MAX_WORKSPACES];
+static int g_num_workspaces;
 
 extern "C" int tt_cuda_device_count(void) {
   int n = 0;
@@ -117,13 +125,49 @@ static int cuda_memset0(void *p, int device, size_t nbytes) {
   return 0;
 }
 
+static void *cuda_current_stream(void) { return (void *)g_stream; }
+
+static int cuda_order_after(int device, void *key) {
+  cudaStream_t from = (cudaStream_t)key;
+  if (from == g_stream) return 0;
+  TT_TRY(use_device(device));
+  cudaEvent_t ev;
+  TT_CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(ev, from);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(g_stream, ev, 0);
+  cudaEventDestroy(ev);
+  TT_CU(e);
+  return 0;
+}
+
 static const tt_device_backend g_backend = {
-  "cuda", cuda_alloc, cuda_free, cuda_memcpy, cuda_memset0,
+  "cuda", cuda_alloc, cuda_free, cuda_memcpy, cuda_memset0, cuda_current_stream,
+  cuda_order_after,
 };
+
+/* -- Launch checks ------------------------------------------------------------------ */
+
+cudaError_t tt_cuda_launch_status(void) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && g_sync) e = cudaDeviceSynchronize();
+  return e;
+}
+
+extern "C" int tt_cuda_sync_launches(void) { return g_sync; }
+
+extern "C" int tt_cuda_set_sync_launches(int on) {
+  g_sync = on != 0;
+  return 0;
+}
 
 /* -- Start-up ----------------------------------------------------------------------- */
 
 static int init_locked(void) {
+  const char *sync = getenv("TETRA_CUDA_SYNC");
+  TT_CHECK(!sync || !*sync || strcmp(sync, "0") == 0 || strcmp(sync, "1") == 0,
+           "TETRA_CUDA_SYNC=%s: set it to 1 (wait for the GPU and check after every kernel "
+           "launch) or 0", sync);
+  g_sync = sync && strcmp(sync, "1") == 0;
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -190,6 +234,26 @@ int tt_cuda_sm_count(void) {
 
 cudaStream_t tt_cuda_cur_stream(void) { return g_stream; }
 
+/* The workspace of (device, stream), made on first use. Lock held. */
+static int workspace_locked(int device, cudaStream_t stream, void **out) {
+  for (int i = 0; i < g_num_workspaces; i++)
+    if (g_workspaces[i].device == device && g_workspaces[i].stream == stream) {
+      *out = g_workspaces[i].ptr;
+      return 0;
+    }
+  TT_CHECK(g_num_workspaces < MAX_WORKSPACES,
+           "cuBLASLt: GEMMs on more than %d streams at once; destroy streams no longer used",
+           MAX_WORKSPACES);
+  void *p = NULL;
+  TT_CU(cudaMalloc(&p, g_workspace_bytes));
+  g_workspaces[g_num_workspaces].device = device;
+  g_workspaces[g_num_workspaces].stream = stream;
+  g_workspaces[g_num_workspaces].ptr = p;
+  g_num_workspaces++;
+  *out = p;
+  return 0;
+}
+
 int tt_cuda_blaslt(cublasLtHandle_t *handle, void **workspace, size_t *workspace_bytes) {
   int d = tt_cuda_current_device();
   TT_CHECK(d >= 0 && d < MAX_GPUS, "cuBLASLt: no current CUDA device (call tt_cuda_init)");
@@ -197,27 +261,30 @@ int tt_cuda_blaslt(cublasLtHandle_t *handle, void **workspace, size_t *workspace
   int rc = 0;
   if (!g_blaslt[d]) {
     cublasStatus_t s = cublasLtCreate(&g_blaslt[d]);
-    cudaError_t e = cudaSuccess;
-    if (s != CUBLAS_STATUS_SUCCESS) rc = tt_cu_fail(s, "cublasLtCreate", __FILE__, __LINE__);
-    else if ((e = cudaMalloc(&g_workspace[d], g_workspace_bytes)) != cudaSuccess)
-      rc = tt_cu_fail(e, "cudaMalloc(cuBLASLt workspace)", __FILE__, __LINE__);
-    if (rc) {
-      if (g_blaslt[d]) cublasLtDestroy(g_blaslt[d]);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      rc = tt_cu_fail(s, "cublasLtCreate", __FILE__, __LINE__);
       g_blaslt[d] = NULL;
-      g_workspace[d] = NULL;
     }
   }
+  if (rc == 0) rc = workspace_locked(d, g_stream, workspace);
   pthread_mutex_unlock(&g_lock);
   TT_TRY(rc);
   *handle = g_blaslt[d];
-  *workspace = g_workspace[d];
   *workspace_bytes = g_workspace_bytes;
   return 0;
 }
 
+extern "C" int tt_cuda_gemm_workspace(tt_cuda_stream *s, void **out) {
+  TT_CHECK(g_initialised, "cuda: call tt_cuda_init first");
+  int d = tt_cuda_current_device();
+  pthread_mutex_lock(&g_lock);
+  int rc = workspace_locked(d, s ? s->s : (cudaStream_t)0, out);
+  pthread_mutex_unlock(&g_lock);
+  return rc;
+}
+
 /* -- Streams and events ------------------------------------------------------------- */
 
-struct tt_cuda_stream { cudaStream_t s; };
 struct tt_cuda_event { cudaEvent_t e; };
 
 static cudaStream_t raw(tt_cuda_stream *s) { return s ? s->s : (cudaStream_t)0; }
@@ -234,14 +301,30 @@ extern "C" int tt_cuda_stream_create(tt_cuda_stream **out) {
   return 0;
 }
 
+/* Destroying the current stream makes the default stream current again. Its GEMM
+** workspaces and the allocator's blocks last used on it are released once its queued
+** work has finished. */
 extern "C" void tt_cuda_stream_destroy(tt_cuda_stream *s) {
   if (!s) return;
-  if (g_stream == s->s) g_stream = 0;
+  if (g_stream_handle == s || g_stream == s->s) {
+    g_stream = 0;
+    g_stream_handle = NULL;
+  }
+  cudaStreamSynchronize(s->s);
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < g_num_workspaces;) {
+    if (g_workspaces[i].stream == s->s) {
+      cudaFree(g_workspaces[i].ptr);
+      g_workspaces[i] = g_workspaces[--g_num_workspaces];
+    } else {
+      i++;
+    }
+  }
+  pthread_mutex_unlock(&g_lock);
+  for (int d = 0; d < g_num_devices; d++) tt_alloc_stream_retired(d, (void *)s->s);
   cudaStreamDestroy(s->s);
   free(s);
 }
-
-static tt_cuda_stream *g_stream_handle;
 
 extern "C" int tt_cuda_set_stream(tt_cuda_stream *s) {
   g_stream = raw(s);

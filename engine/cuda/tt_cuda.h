@@ -37,10 +37,13 @@ static inline bool tt_cu_ok(cublasStatus_t e) { return e == CUBLAS_STATUS_SUCCES
       return tt_cu_fail(tt_status_, #call, __FILE__, __LINE__);       \
   } while (0)
 
-/* After a kernel launch: a bad configuration shows up in cudaGetLastError. */
+/* After a kernel launch (or a library call that launches): a bad configuration shows up
+** in cudaGetLastError. With TETRA_CUDA_SYNC=1 in the environment it also waits for the
+** device, so a fault inside the kernel is reported at this launch, not at a later call. */
+cudaError_t tt_cuda_launch_status(void);
 #define TT_CU_LAUNCHED(kernel_name)                                          \
   do {                                                                       \
-    cudaError_t tt_launch_ = cudaGetLastError();                             \
+    cudaError_t tt_launch_ = tt_cuda_launch_status();                        \
     if (tt_launch_ != cudaSuccess)                                           \
       return tt_cu_fail(tt_launch_, "launch of " kernel_name, __FILE__, __LINE__); \
   } while (0)

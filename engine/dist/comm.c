@@ -23,6 +23,7 @@ static struct {
   int64_t step;
   int aborting;
   int half_ops_created;
+  int nccl_eager;       /* tt_dist_nccl_enable ran: every new group gets its communicator */
   MPI_Op half_ops[2][4];   /* [bf16, f16][tt_reduce_op]; the AVG slot holds the sum */
 } g = {.local_size = 1, .timeout_s = 600.0};
 
@@ -178,6 +179,7 @@ int tt_dist_finalize(void) {
   free(g_world.world_ranks);
   world_as_one_process();
   g.mpi_running = 0;
+  g.nccl_eager = 0;
   if (g.we_initialized) MPI_Finalize();
   return 0;
 }
@@ -280,9 +282,23 @@ int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm
     tt_comm_free(c);
     return tt_dist_mpi_error(rc, "comm_split", parent, __FILE__, __LINE__);
   }
+  if (g.nccl_eager && c->size > 1 && tt_nccl_comm_init(c) != 0) {
+    tt_comm_free(c);
+    return -1;
+  }
   *out = c;
   return 0;
 }
+
+int tt_dist_nccl_enable(void) {
+  TT_CHECK(g.setup, "tt_dist_nccl_enable: call tt_dist_init first");
+  if (g.nccl_eager) return 0;
+  if (g_world.size > 1 && !g_world.nccl) TT_TRY(tt_nccl_comm_init(&g_world));
+  g.nccl_eager = 1;
+  return 0;
+}
+
+int tt_comm_has_nccl(const tt_comm *c) { return c && c->nccl != NULL; }
 
 void tt_comm_free(tt_comm *c) {
   if (!c || c->is_world) return;

@@ -15,7 +15,7 @@ struct tt_comm {
   int is_world;        /* owned by the module, never freed by tt_comm_free */
   int *world_ranks;    /* group rank -> world rank (size entries) */
   char name[32];
-  void *nccl;          /* NCCL communicator state, created on first CUDA collective */
+  void *nccl;          /* NCCL communicator state (tt_dist_nccl_enable), or NULL */
 };
 
 /* What a finished transfer still has to do with its buffers. */
@@ -64,7 +64,9 @@ typedef enum {
   TT_NCCL_ALL_REDUCE, TT_NCCL_ALL_GATHER, TT_NCCL_REDUCE_SCATTER, TT_NCCL_BROADCAST,
   TT_NCCL_SEND, TT_NCCL_RECV, TT_NCCL_ALL_TO_ALL
 } tt_nccl_kind;
-/* Starts `kind` on h->comm's NCCL communicator (created on first use) with send buffer
+/* Makes c's NCCL communicator (collective over c: rank 0's unique id travels by MPI). */
+int tt_nccl_comm_init(tt_comm *c);
+/* Starts `kind` on h->comm's NCCL communicator with send buffer
 ** `src` and receive buffer `dst` (the same tensor for in-place kinds); `count` elements
 ** per block; peer is the root / destination / source. Sets h->backend and h->nccl_event. */
 int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tensor *dst,

@@ -1,8 +1,11 @@
 /*
 ** nccl.c — the NCCL backend for collectives on CUDA tensors.
 **
-** Each group gets an NCCL communicator on its first CUDA collective: group rank 0 makes
-** the unique id, MPI broadcasts it over the group, every member joins. Transfers run on
+** Each group of more than one process gets an NCCL communicator when it is made, once
+** tt_dist_nccl_enable ran (comm.c): group rank 0 makes the unique id, MPI broadcasts it
+** over the group, every member joins. Never lazily at a group's first collective: ranks
+** that reach different groups' first collectives in different orders would each block
+** in a set-up the other has not entered. Transfers run on
 ** the group's own stream so they overlap compute; a "ready" event recorded on the
 ** compute stream orders them after the kernels that produced the data, and a "done"
 ** event recorded after them is what the watchdog polls. The host returns from wait only
@@ -36,30 +39,57 @@ static int nccl_failed(ncclResult_t e, const char *call, const tt_comm *c) {
   do { ncclResult_t e_ = (call); if (e_ != ncclSuccess) return nccl_failed(e_, #call, c); } while (0)
 
 static int nccl_state_of(tt_comm *c, nccl_state **out) {
-  if (c->nccl) {
-    *out = c->nccl;
-    return 0;
-  }
-  ncclUniqueId id;
-  memset(&id, 0, sizeof id);
-  if (c->rank == 0) TT_NCCL_CALL(ncclGetUniqueId(&id), c);
-  TT_MPI(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi), "nccl unique id broadcast", c);
+  TT_CHECK(c->nccl,
+           "group %s has no NCCL communicator: collectives on CUDA tensors need "
+           "tt_dist_nccl_enable (tetra.dist.init does it for train.device=cuda) before the "
+           "groups are made", c->name);
+  *out = c->nccl;
+  return 0;
+}
+
+/* Every member prepares locally (its device, a stream; rank 0 the unique id) and the
+** group agrees by MPI that all did before anyone enters ncclCommInitRank, which blocks
+** until every member has: a member that failed to prepare would otherwise leave the
+** others waiting there for ever. */
+int tt_nccl_comm_init(tt_comm *c) {
+  TT_CHECK(!c->nccl, "group %s already has an NCCL communicator", c->name);
   nccl_state *st = calloc(1, sizeof *st);
   TT_CHECK(st, "nccl: out of host memory");
+  struct { int ok; ncclUniqueId id; } root;
+  memset(&root, 0, sizeof root);
+  int rc = 0, ok = 1, all_ok = 0;
+  const char *call = "cudaGetDevice";
   cudaError_t ce = cudaGetDevice(&st->device);
-  if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
-  if (ce != cudaSuccess) {
-    free(st);
-    return cuda_failed(ce, "cudaStreamCreateWithFlags", c);
+  if (ce == cudaSuccess) {
+    call = "cudaStreamCreateWithFlags";
+    ce = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
   }
-  ncclResult_t ne = ncclCommInitRank(&st->comm, c->size, id, c->rank);
-  if (ne != ncclSuccess) {
-    cudaStreamDestroy(st->stream);
+  if (ce != cudaSuccess) {
+    st->stream = NULL;
+    rc = cuda_failed(ce, call, c);
+    ok = 0;
+  }
+  if (c->rank == 0) {
+    ncclResult_t ne = ok ? ncclGetUniqueId(&root.id) : ncclSuccess;
+    if (ne != ncclSuccess) rc = nccl_failed(ne, "ncclGetUniqueId", c);
+    root.ok = ok = ok && ne == ncclSuccess;
+  }
+  int mpi = MPI_Bcast(&root, (int)sizeof root, MPI_BYTE, 0, c->mpi);
+  if (mpi == MPI_SUCCESS) mpi = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->mpi);
+  if (mpi != MPI_SUCCESS) rc = tt_dist_mpi_error(mpi, "nccl set-up", c, __FILE__, __LINE__);
+  else if (!all_ok && rc == 0)
+    rc = tt_set_error("nccl set-up on group %s: another member could not prepare (%s)",
+                      c->name, root.ok ? "its device or stream" : "rank 0's unique id");
+  if (rc == 0) {
+    ncclResult_t ne = ncclCommInitRank(&st->comm, c->size, root.id, c->rank);
+    if (ne != ncclSuccess) rc = nccl_failed(ne, "ncclCommInitRank", c);
+  }
+  if (rc != 0) {
+    if (st->stream) cudaStreamDestroy(st->stream);
     free(st);
-    return nccl_failed(ne, "ncclCommInitRank", c);
+    return rc;
   }
   c->nccl = st;
-  *out = st;
   return 0;
 }
 
@@ -131,14 +161,25 @@ int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tenso
   case TT_NCCL_RECV:
     TT_NCCL_CALL(ncclRecv(d, n, ty, peer, st->comm, st->stream), c);
     break;
-  case TT_NCCL_ALL_TO_ALL:
+  case TT_NCCL_ALL_TO_ALL: {
     TT_NCCL_CALL(ncclGroupStart(), c);
-    for (int r = 0; r < c->size; r++) {
-      ncclSend((const char *)s + (size_t)r * bytes, n, ty, r, st->comm, st->stream);
-      ncclRecv((char *)d + (size_t)r * bytes, n, ty, r, st->comm, st->stream);
+    ncclResult_t e = ncclSuccess;
+    const char *failed = NULL;
+    for (int r = 0; r < c->size && e == ncclSuccess; r++) {
+      e = ncclSend((const char *)s + (size_t)r * bytes, n, ty, r, st->comm, st->stream);
+      if (e != ncclSuccess) {
+        failed = "ncclSend (all_to_all)";
+        break;
+      }
+      e = ncclRecv((char *)d + (size_t)r * bytes, n, ty, r, st->comm, st->stream);
+      if (e != ncclSuccess) failed = "ncclRecv (all_to_all)";
     }
-    TT_NCCL_CALL(ncclGroupEnd(), c);
+    /* The group is closed even after a failed call, so NCCL's group state stays sound. */
+    ncclResult_t end = ncclGroupEnd();
+    if (failed) return nccl_failed(e, failed, c);
+    if (end != ncclSuccess) return nccl_failed(end, "ncclGroupEnd (all_to_all)", c);
     break;
+  }
   }
   cudaEvent_t done;
   TT_CUDA_CALL(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), c);
@@ -189,6 +230,10 @@ void tt_nccl_event_free(tt_comm_handle *h) {
 
 #else
 
+int tt_nccl_comm_init(tt_comm *c) {
+  return tt_set_error("group %s: collectives on CUDA tensors need a build with NCCL "
+                      "(libnccl was not found when this tetra was configured)", c->name);
+}
 int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tensor *dst,
                   int64_t count, int op, int peer) {
   (void)h, (void)kind, (void)src, (void)dst, (void)count, (void)op, (void)peer;

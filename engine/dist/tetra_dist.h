@@ -77,6 +77,14 @@ tt_comm *tt_comm_world(void);
 ** tt_comm_free. */
 int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm **out);
 void tt_comm_free(tt_comm *c);                  /* NULL and the world group are ignored */
+/* Collectives on CUDA tensors go through NCCL. Its communicators are made eagerly: this
+** call (collective over the world, before any group is split) makes the world's, and from
+** then on tt_comm_split makes each new group's before it returns. Every rank splits the
+** same groups in the same order (MPI requires it), so every rank joins the communicators
+** in that one order: no rank can block in one group's set-up while a member it waits for
+** blocks in another's. Groups of one process need none. Fails in a build without NCCL. */
+int tt_dist_nccl_enable(void);
+int tt_comm_has_nccl(const tt_comm *c);         /* 1 when the group's communicator exists */
 int tt_comm_rank(const tt_comm *c);
 int tt_comm_size(const tt_comm *c);
 const char *tt_comm_name(const tt_comm *c);

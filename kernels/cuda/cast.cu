@@ -38,7 +38,7 @@ static int with_flags(flags *host, Launch &&launch) {
   cudaError_t e = cudaMemsetAsync(dev, 0, sizeof(flags), s);
   if (e == cudaSuccess) {
     launch(dev);
-    e = cudaGetLastError();
+    e = tt_cuda_launch_status();
   }
   if (e == cudaSuccess) e = cudaMemcpyAsync(host, dev, sizeof(flags), cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);

@@ -46,7 +46,7 @@ static int embedding_forward(float *out, const float *weight, const void *ids, i
   if (e == cudaSuccess) {
     embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(out, weight, ids,
                                                                      ids_i64, n, V, D, bad_dev);
-    e = cudaGetLastError();
+    e = tt_cuda_launch_status();
   }
   if (e == cudaSuccess)
     e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, tt_cuda_cur_stream());

@@ -77,7 +77,7 @@ static int ce_forward(float *loss, float *row_stats, const float *logits, const 
     ce_rows<<<(unsigned)N, CE_THREADS, 0, st>>>(row_stats, logits, targets, tgt_i64,
                                                 ignore_index, N, V, bad_dev);
     ce_mean<<<1, 1024, 0, st>>>(loss, NULL, row_stats + N, targets, tgt_i64, ignore_index, N);
-    e = cudaGetLastError();
+    e = tt_cuda_launch_status();
   }
   if (e == cudaSuccess) e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, st);
   if (e == cudaSuccess) e = cudaStreamSynchronize(st);
@@ -121,7 +121,7 @@ static int ce_backward(float *dlogits, const float *dloss, const float *logits,
   ce_mean<<<1, 1024, 0, st>>>(NULL, count, NULL, targets, tgt_i64, ignore_index, N);
   ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>(dlogits, dloss, count, logits, row_stats, targets,
                                               tgt_i64, ignore_index, V);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = tt_cuda_launch_status();
   cudaFreeAsync(count, st);
   TT_CU(e);
   return 0;

@@ -120,6 +120,7 @@ static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
            tt_dtype_name(q->y_dtype), tt_dtype_name(q->c_dtype));
   TT_CU(cublasLtMatmul(h, *desc, &q->alpha, q->x, *lx, q->y, *ly, &q->beta, q->c, *lc, q->c,
                        *lc, &heur.algo, ws, ws_bytes, tt_cuda_cur_stream()));
+  TT_CU_LAUNCHED("cublasLtMatmul");
   return 0;
 }
 

@@ -99,7 +99,7 @@ static int sum_squares(const float *x, int64_t n, double *out) {
   TT_CU(cudaMallocAsync((void **)&partial, sizeof(double) * SUMSQ_BLOCKS, st));
   sumsq_partial<<<SUMSQ_BLOCKS, SUMSQ_THREADS, 0, st>>>(x, n, partial);
   sumsq_final<<<1, SUMSQ_THREADS, 0, st>>>(partial, SUMSQ_BLOCKS);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = tt_cuda_launch_status();
   if (e == cudaSuccess) e = cudaMemcpyAsync(out, partial, sizeof(double), cudaMemcpyDeviceToHost, st);
   if (e == cudaSuccess) e = cudaStreamSynchronize(st);
   cudaFreeAsync(partial, st);

@@ -251,6 +251,14 @@ function dist.init(cfg)
      current.layout.pp == layout.pp then
     return current
   end
+  -- CUDA tensors travel by NCCL, whose communicators are made with the groups below,
+  -- in the one order every rank makes them (never at a group's first collective), on
+  -- this rank's GPU, which train.device starts first.
+  local device = cfg.train and cfg.train.device
+  if device and tostring(device):match("^cuda") and C.tt_dist_world_size() > 1 then
+    require("tetra.train").device(device)
+    if C.tt_dist_nccl_enable() ~= 0 then dist.fail(ffi.string(C.tt_last_error())) end
+  end
   local box = ffi.new("tt_mesh *[1]")
   if C.tt_mesh_new(layout.tp, layout.cp, layout.dp, layout.pp, order, box) ~= 0 then
     dist.fail(ffi.string(C.tt_last_error()))

@@ -1,0 +1,154 @@
+/*
+** test_alloc_streams.c — the caching allocator's stream rules (engine/alloc.c), on the CPU:
+** a device backend of host memory with two pretend streams stands in for CUDA and
+** records every "order the current stream after stream X" the allocator asks for.
+**   - a block freed and taken again on one stream needs no ordering;
+**   - a block taken on another stream orders that stream after the block's;
+**   - a stream prefers its own (or idle) blocks to another stream's;
+**   - a storage freed on another stream than it was allocated on orders the freeing
+**     stream after the allocating one, and then belongs to the freeing stream;
+**   - a retired (destroyed, drained) stream's blocks are idle;
+**   - when ordering fails the allocation fails with the backend's message, and the block
+**     stays cached.
+*/
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include "tt_internal.h"
+
+enum { DEV = 0 };
+static int g_stream_a, g_stream_b;   /* their addresses are the stream keys */
+static void *g_current;              /* the pretend current stream (NULL: default) */
+static void *g_ordered_after[16];    /* order_after calls, in order */
+static int g_num_ordered;
+static int g_order_fails;
+
+static void *host_alloc(size_t n, int device) { (void)device; return malloc(n ? n : 1); }
+static void host_free(void *p, int device) { (void)device; free(p); }
+static int host_memcpy(void *d, int dd, const void *s, int sd, size_t n) {
+  (void)dd, (void)sd;
+  memcpy(d, s, n);
+  return 0;
+}
+static int host_memset0(void *p, int device, size_t n) { (void)device; memset(p, 0, n); return 0; }
+static void *current_stream(void) { return g_current; }
+static int order_after(int device, void *key) {
+  (void)device;
+  if (g_order_fails) return tt_set_error("pretend: stream wait failed");
+  if (g_num_ordered < 16) g_ordered_after[g_num_ordered++] = key;
+  return 0;
+}
+
+static const tt_device_backend g_pretend = {
+  "pretend-cuda", host_alloc, host_free, host_memcpy, host_memset0, current_stream, order_after,
+};
+
+static void setup(void) {
+  tt_register_cuda_backend(&g_pretend);
+  tt_alloc_empty_cache(DEV);
+  g_current = NULL;
+  g_num_ordered = 0;
+  g_order_fails = 0;
+}
+
+TestSuite(alloc_streams, .init = setup);
+
+static tt_tensor *new_on(void *stream, int64_t n) {
+  g_current = stream;
+  tt_tensor *t = NULL;
+  cr_assert_eq(tt_tensor_empty(&n, 1, TT_F32, DEV, &t), 0, "%s", tt_last_error());
+  return t;
+}
+
+static void free_on(void *stream, tt_tensor *t) {
+  g_current = stream;
+  tt_tensor_release(t);
+}
+
+Test(alloc_streams, same_stream_reuse_needs_no_ordering) {
+  tt_tensor *t = new_on(&g_stream_a, 1000);
+  void *p = tt_tensor_data(t);
+  free_on(&g_stream_a, t);
+  tt_tensor *u = new_on(&g_stream_a, 1000);
+  cr_assert_eq(tt_tensor_data(u), p, "the cached block was not reused");
+  cr_assert_eq(g_num_ordered, 0);
+  free_on(&g_stream_a, u);
+}
+
+Test(alloc_streams, reuse_on_another_stream_orders_it_after_the_first) {
+  tt_tensor *t = new_on(&g_stream_a, 1000);
+  void *p = tt_tensor_data(t);
+  free_on(&g_stream_a, t);
+  tt_tensor *u = new_on(&g_stream_b, 1000);
+  cr_assert_eq(tt_tensor_data(u), p);
+  cr_assert_eq(g_num_ordered, 1, "stream B took A's block without waiting for A");
+  cr_assert_eq(g_ordered_after[0], (void *)&g_stream_a);
+  /* Now B's: freed and taken again on B without more ordering. */
+  free_on(&g_stream_b, u);
+  tt_tensor *w = new_on(&g_stream_b, 1000);
+  cr_assert_eq(tt_tensor_data(w), p);
+  cr_assert_eq(g_num_ordered, 1);
+  free_on(&g_stream_b, w);
+}
+
+Test(alloc_streams, a_stream_prefers_its_own_block) {
+  tt_tensor *ta = new_on(&g_stream_a, 1000), *tb = new_on(&g_stream_b, 1000);
+  void *pb = tt_tensor_data(tb);
+  free_on(&g_stream_b, tb);
+  free_on(&g_stream_a, ta);   /* most recently freed: first in the list */
+  tt_tensor *u = new_on(&g_stream_b, 1000);
+  cr_assert_eq(tt_tensor_data(u), pb, "B took A's block while one of its own was cached");
+  cr_assert_eq(g_num_ordered, 0);
+  free_on(&g_stream_b, u);
+}
+
+Test(alloc_streams, freed_on_another_stream_waits_for_the_allocating_one) {
+  tt_tensor *t = new_on(&g_stream_a, 1000);
+  void *p = tt_tensor_data(t);
+  free_on(&g_stream_b, t);
+  cr_assert_eq(g_num_ordered, 1, "freeing on B did not order B after A, where it was made");
+  cr_assert_eq(g_ordered_after[0], (void *)&g_stream_a);
+  tt_tensor *u = new_on(&g_stream_b, 1000);
+  cr_assert_eq(tt_tensor_data(u), p);
+  cr_assert_eq(g_num_ordered, 1, "the block should now belong to B");
+  free_on(&g_stream_b, u);
+}
+
+Test(alloc_streams, retired_stream_blocks_are_idle) {
+  tt_tensor *t = new_on(&g_stream_a, 1000);
+  void *p = tt_tensor_data(t);
+  free_on(&g_stream_a, t);
+  tt_alloc_stream_retired(DEV, &g_stream_a);
+  tt_tensor *u = new_on(&g_stream_b, 1000);
+  cr_assert_eq(tt_tensor_data(u), p);
+  cr_assert_eq(g_num_ordered, 0, "a drained stream's block still asked for ordering");
+  free_on(&g_stream_b, u);
+}
+
+Test(alloc_streams, failed_ordering_fails_the_allocation_and_keeps_the_block) {
+  tt_tensor *t = new_on(&g_stream_a, 1000);
+  void *p = tt_tensor_data(t);
+  free_on(&g_stream_a, t);
+  g_order_fails = 1;
+  g_current = &g_stream_b;
+  int64_t n = 1000;
+  tt_tensor *u = NULL;
+  cr_assert_neq(tt_tensor_empty(&n, 1, TT_F32, DEV, &u), 0);
+  cr_assert(strstr(tt_last_error(), "pretend: stream wait failed"), "%s", tt_last_error());
+  g_order_fails = 0;
+  tt_tensor *w = new_on(&g_stream_a, 1000);
+  cr_assert_eq(tt_tensor_data(w), p, "the block was lost when ordering failed");
+  free_on(&g_stream_a, w);
+}
+
+Test(alloc_streams, live_and_cached_bytes_balance) {
+  tt_alloc_stats before, after;
+  cr_assert_eq(tt_alloc_stats_get(DEV, &before), 0);
+  tt_tensor *t = new_on(&g_stream_a, 4096);
+  free_on(&g_stream_b, t);
+  tt_tensor *u = new_on(&g_stream_a, 4096);
+  free_on(&g_stream_a, u);
+  cr_assert_eq(tt_alloc_stats_get(DEV, &after), 0);
+  cr_assert_eq(after.live_bytes, before.live_bytes);
+  cr_assert_eq(after.cached_bytes, before.cached_bytes + 4096 * 4);
+}

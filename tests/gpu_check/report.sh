@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# tests/gpu_check/report.sh — tools/gpu-check's reporting, without a GPU:
+#  - `gpu-check summary` on canned log directories: the stage table, the exit status, and
+#    the failures an exit status hides (ctest exiting 0 with CUDA tests "Not Run", no test
+#    found, a benchmark without its figure); the figures still print after a failure.
+#    The ctest logs in logs/ are real ctest 3.25 output (passes, skips, a failure, a
+#    timeout, a missing program).
+#  - the stage runner's budget: a stage is cut at the deadline (also one that ignores
+#    SIGTERM), a stage the budget no longer reaches is "not-run", and no stage ends after
+#    the deadline.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+CHECK=$HERE/../../tools/gpu-check
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# canned DIR STAGE=STATUS... : a log directory in which every stage passed, then the
+# given stages' status replaced (their logs stay as written below, or as the caller puts).
+canned() {
+  local d=$WORK/$1
+  shift
+  mkdir -p "$d"
+  echo 470 > "$d/budget"
+  echo "NVIDIA H200, 580.159.04, 143771 MiB" > "$d/gpu.log"
+  echo "unpacked 94 packages into /root/tetra/build-gpu/deps-root" > "$d/unpack.log"
+  printf -- '-- Configuring\n-- CUDA kernels for: 90a\n-- Generating done\n' > "$d/configure.log"
+  echo "[100%] Built target gpu_bench" > "$d/build.log"
+  echo "built: 3 CUDA tests, tetra, gpu_bench" > "$d/built.log"
+  cp "$HERE/logs/ctest_passed.log" "$d/tests.log"
+  printf 'bf16 GEMM 8192^3: 702.1 TFLOP/s (cuBLAS 710.3)\nLlama-7B layer: 41.2%% MFU\n' > "$d/bench.log"
+  echo "attention (cuDNN via PyTorch 2.11.0, bf16) causal fwd+bwd T=4096 32x128: 2.10 ms, 392.6 TFLOP/s" > "$d/attention.log"
+  echo "step 6 loss 10.3 tokens_per_s=51234.5" > "$d/llama_1b.log"
+  local name
+  : > "$d/stages.tsv"
+  for name in gpu unpack configure build built tests bench attention llama_1b; do
+    local status=ok kv
+    for kv in "$@"; do [ "${kv%%=*}" = "$name" ] && status=${kv#*=}; done
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" 10 100 >> "$d/stages.tsv"
+  done
+  echo "$d"
+}
+
+# expect DIR RC PATTERN...: `gpu-check summary DIR` exits RC and prints every pattern
+# (grep -E), and summary.txt holds what it printed.
+expect() {
+  local d=$1 want_rc=$2
+  shift 2
+  local out rc=0
+  out=$("$CHECK" summary "$d" 2>&1) || rc=$?
+  [ "$rc" -eq "$want_rc" ] || fail "$(basename "$d"): exit $rc, wanted $want_rc; output:"$'\n'"$out"
+  local p
+  for p in "$@"; do
+    grep -qE -- "$p" <<<"$out" || fail "$(basename "$d"): no line matching '$p' in:"$'\n'"$out"
+  done
+  [ "$out" = "$(cat "$d/summary.txt" 2>/dev/null)" ] || fail "$(basename "$d"): summary.txt differs from the printout"
+}
+
+# -- Summaries of canned runs -------------------------------------------------------------
+d=$(canned pass)
+expect "$d" 0 '^== gpu-check: PASS: every stage passed; NVIDIA H200, 580.159.04' \
+  '^tests +ok +10 +4 tests: 4 passed, 0 failed, 0 not run$' '^configure +ok .*CUDA kernels for: 90a' \
+  '^built +ok .*built: 3 CUDA tests' '^llama_1b +ok .*tokens_per_s=51234.5' \
+  '^-- bench --' 'Llama-7B layer: 41.2% MFU' '^attention +ok .*392.6 TFLOP/s'
+
+d=$(canned excluded)
+{ echo "excluded: cuda/multigpu_* (they need 4 GPUs; this machine has 1)"; cat "$HERE/logs/ctest_passed.log"; } > "$d/tests.log"
+expect "$d" 0 '^tests +ok .*4 tests: 4 passed, 0 failed, 0 not run; cuda/multigpu_\* left out \(fewer than 4 GPUs\)'
+
+# ctest exits 0 while the CUDA tests skip: what once read "100% tests passed".
+d=$(canned skipped)
+cp "$HERE/logs/ctest_skipped.log" "$d/tests.log"
+expect "$d" 1 '^== gpu-check: FAIL: tests;' \
+  '^tests +failed .*3 tests: 1 passed, 0 failed, 2 not run: cuda/test_kernels \(Skipped\), cuda/test_lowp \(Skipped\)' \
+  '^-- bench --' 'Llama-7B layer: 41.2% MFU' 'tokens_per_s=51234.5'
+
+d=$(canned failures "tests=failed (rc 8)")
+cp "$HERE/logs/ctest_failures.log" "$d/tests.log"
+expect "$d" 1 '^== gpu-check: FAIL: tests;' \
+  '^tests +failed \(rc 8\) .*5 tests: 1 passed, 3 failed, 1 not run: cuda/gpu_bf16 \(Timeout\), cuda/test_kernels \(Skipped\), cuda/test_lowp \(Failed\), cuda/test_missing \(Not Run\)' \
+  '^-- tests \(last lines of .*tests.log\) --' 'cuda/test_missing \(Not Run\)' 'Llama-7B layer: 41.2% MFU'
+
+d=$(canned none)
+cp "$HERE/logs/ctest_none.log" "$d/tests.log"
+expect "$d" 1 '^tests +failed .*ctest found no tests'
+
+d=$(canned truncated)
+head -5 "$HERE/logs/ctest_passed.log" > "$d/tests.log"
+expect "$d" 1 '^tests +failed .*ctest printed no result line'
+
+# The build ran out of its time; later stages never ran.
+d=$(canned timeout build=timeout built=not-run tests=not-run bench=not-run attention=not-run llama_1b=not-run)
+rm -f "$d"/{built,tests,bench,attention,llama_1b}.log
+expect "$d" 1 '^build +timeout .*stopped after its 100 s limit' '^tests +not-run .*the budget was spent' \
+  '^== gpu-check: FAIL: build built tests bench attention llama_1b;'
+
+# Exit 0 but no figure, a missing log, and a GPU machine where nvidia-smi failed.
+d=$(canned nofigure "gpu=failed (rc 9)")
+echo "lua error: out of memory" > "$d/llama_1b.log"
+echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver" > "$d/gpu.log"
+echo "device: NVIDIA H200; dense bf16 peak taken as 989 TFLOP/s" > "$d/bench.log"
+rm "$d/attention.log"
+expect "$d" 1 '^llama_1b +failed .*no tokens_per_s in the log' '^bench +failed .*no MFU figure' \
+  '^attention +failed .*no log' '^== gpu-check: FAIL: gpu bench attention llama_1b; \(no GPU named\)'
+
+d=$WORK/empty
+mkdir -p "$d"
+out=$("$CHECK" summary "$d" 2>&1)
+rc=$?
+[ "$rc" -eq 2 ] && grep -q 'stages.tsv does not exist' <<<"$out" ||
+  fail "summary of a directory without stages.tsv: exit $rc: $out"
+
+# -- The stage runner and its budget ------------------------------------------------------
+(
+  # shellcheck source=../../tools/gpu-check
+  source "$CHECK"
+  OUT=$WORK/budget
+  mkdir -p "$OUT"
+  stage_quick() { echo "quick $*"; }
+  stage_exit3() { return 3; }
+  stage_sleepy() { trap '' TERM; sleep 60; }
+  stage_stubborn() { trap '' TERM; sleep 60; }
+  stage_late() { echo late; }
+  export -f stage_quick stage_exit3 stage_sleepy stage_stubborn stage_late
+  DEADLINE=$((SECONDS + 20))
+  start=$SECONDS
+  stage quick 100 a b; echo "quick=$?"
+  stage exit3 100; echo "exit3=$?"
+  stage stubborn 5; echo "stubborn=$?"
+  stage sleepy 100; echo "sleepy=$?"
+  stage late 100; echo "late=$?"
+  echo "elapsed=$((SECONDS - start))"
+) > "$WORK/budget.out" 2>&1
+b=$WORK/budget
+grep -q '^quick=0$' "$WORK/budget.out" && grep -q '^quick a b$' "$b/quick.log" || fail "a passing stage: $(cat "$WORK/budget.out")"
+grep -q '^exit3=1$' "$WORK/budget.out" && grep -qP '^exit3\tfailed \(rc 3\)\t' "$b/stages.tsv" || fail "a failing stage: $(cat "$b/stages.tsv")"
+grep -qP '^stubborn\ttimeout\t(9|10|11)\t5$' "$b/stages.tsv" || fail "a stage ignoring SIGTERM past its cap: $(cat "$b/stages.tsv")"
+# stubborn is killed 5 s after its 5 s cap; sleepy, as stubborn, then gets 20 - 10 - 5 = 5 s
+# (not 100) and is killed 5 s later, at the deadline.
+grep -qP '^sleepy\ttimeout\t' "$b/stages.tsv" || fail "a stage at the deadline: $(cat "$b/stages.tsv")"
+grep -qP '^late\tnot-run\t0\t100$' "$b/stages.tsv" && grep -q '^late=1$' "$WORK/budget.out" ||
+  fail "a stage after the deadline must be not-run: $(cat "$b/stages.tsv")"
+elapsed=$(sed -n 's/^elapsed=//p' "$WORK/budget.out")
+# 2 s of slack for starting processes on a busy machine; without timeout's kill grace in
+# the budget the run would end at 25 s.
+[ -n "$elapsed" ] && [ "$elapsed" -le 22 ] || fail "the stages ran ${elapsed:-?} s on a 20 s budget"
+
+# The default budget ends the whole run in under 8 minutes.
+budget=$(bash -c 'source "$1"; echo "$BUDGET_S"' _ "$CHECK")
+[ "$budget" -le 470 ] || fail "default budget $budget s: the run must end in under 8 minutes"
+
+if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "PASS: gpu-check summaries of 9 canned runs and the stage budget"
