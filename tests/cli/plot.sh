@@ -127,6 +127,8 @@ printf '{"displayTimeUnit":"ms","traceEvents":[\n' > trace.json
 bad "trace.json:1: not a metrics record" out2 trace.json
 printf '{"step":1,"loss":2.5}\nnot json\n' > broken.jsonl
 bad "broken.jsonl:2: not a metrics record" out2 broken.jsonl
+printf '{"step":1,"loss":2.5}\n{"step":2,"name":"F","ph":"X"}\n' > events.jsonl
+bad "events.jsonl:2: not a metrics record" out2 events.jsonl
 : > empty.jsonl
 bad "empty.jsonl: no metrics records" out2 empty.jsonl
 bad "needs OUT_DIR and at least one metrics file" out2
