@@ -1,5 +1,5 @@
--- tetra profile RECIPE [--set key=value]... [--reps N] [--measure-steps N | --no-measure]
---               [--launcher CMD]
+-- tetra profile RECIPE [--set key=value]... [--reps N] [--measure-steps N]
+--               [--measure-rounds R] [--no-measure] [--launcher CMD]
 --
 -- The layer profiler: builds the configured model whole on train.device and times the
 -- forward and the backward of each part a pipeline stage can hold (the embedding, every
@@ -13,8 +13,9 @@
 -- parallel.pipeline_stages, and the step time both splits predict: a 1F1B step of m
 -- micro-batches over S stages takes about (m + S - 1) times the slowest stage's forward
 -- and backward. Then it measures both: it trains --measure-steps steps (default 8) with
--- each split under `LAUNCHER -np WORLD tetra run ...` (default launcher: mpirun) and
--- compares the median step times, the first step left out.
+-- each split under `LAUNCHER -np WORLD tetra run ...` (default launcher: mpirun), the
+-- splits taking turns --measure-rounds times (default 2), and compares the median step
+-- times, each run's first step left out.
 -- Exit 2 with one line on bad usage; config errors as `tetra run` gives them.
 local ffi = require("ffi")
 local config = require("tetra.config")
@@ -29,7 +30,7 @@ local free = F.free
 local M = {}
 
 local USAGE = "usage: tetra profile RECIPE [--set key=value]... [--reps N] " ..
-              "[--measure-steps N | --no-measure] [--launcher CMD]"
+              "[--measure-steps N] [--measure-rounds R] [--no-measure] [--launcher CMD]"
 
 local function usage_error(msg)
   io.stderr:write("tetra profile: ", msg, "\n")
@@ -258,7 +259,7 @@ end
 -- -- Command ---------------------------------------------------------------------------
 
 local function parse_args(args)
-  local o = { sets = {}, reps = 5, measure_steps = 8, launcher = "mpirun" }
+  local o = { sets = {}, reps = 5, measure_steps = 8, measure_rounds = 2, launcher = "mpirun" }
   local i = 1
   local function value(flag)
     local v = args[i + 1]
@@ -272,7 +273,7 @@ local function parse_args(args)
       local kv = value(a)
       if not kv:find("=", 2, true) then error({ usage = "--set needs key=value, got '" .. kv .. "'" }) end
       o.sets[#o.sets + 1] = kv
-    elseif a == "--reps" or a == "--measure-steps" then
+    elseif a == "--reps" or a == "--measure-steps" or a == "--measure-rounds" then
       local v = value(a)
       local n = tonumber(v)
       if not n or n < 1 or n ~= math.floor(n) or (a == "--measure-steps" and n < 2) then
@@ -280,7 +281,9 @@ local function parse_args(args)
                 (a == "--measure-steps" and " of at least 2" or " of at least 1") ..
                 ", got '" .. v .. "'" })
       end
-      if a == "--reps" then o.reps = n else o.measure_steps = n end
+      if a == "--reps" then o.reps = n
+      elseif a == "--measure-steps" then o.measure_steps = n
+      else o.measure_rounds = n end
     elseif a == "--no-measure" then
       o.measure_steps = 0
       i = i + 1
@@ -376,16 +379,24 @@ function M.main(...)
   if same or o.measure_steps == 0 then return 0 end
   o.warmup = cfg.train.warmup_steps or 0
 
-  local measured = {}
-  for _, which in ipairs({ { "uniform", uniform }, { "balanced", balanced } }) do
-    local times, err = measure(o, which[2], world, which[1])
-    if not times then
-      io.stderr:write("tetra profile: ", err, "\n")
-      return 1
+  -- The two splits take turns, so that a change in the machine's load between runs
+  -- weighs on both alike.
+  local pooled = { uniform = {}, balanced = {} }
+  for _ = 1, o.measure_rounds do
+    for _, which in ipairs({ { "uniform", uniform }, { "balanced", balanced } }) do
+      local times, err = measure(o, which[2], world, which[1])
+      if not times then
+        io.stderr:write("tetra profile: ", err, "\n")
+        return 1
+      end
+      for _, v in ipairs(times) do table.insert(pooled[which[1]], v) end
     end
-    measured[which[1]] = median(times)
-    print(string.format("measured %-9s median step %.1f ms over %d steps (%s -np %d)",
-      which[1], measured[which[1]] * 1e3, #times, o.launcher, world))
+  end
+  local measured = {}
+  for _, name in ipairs({ "uniform", "balanced" }) do
+    measured[name] = median(pooled[name])
+    print(string.format("measured %-9s median step %.1f ms over %d steps (%d runs, %s -np %d)",
+      name, measured[name] * 1e3, #pooled[name], o.measure_rounds, o.launcher, world))
   end
   print(string.format("measured: the balanced split is %.2fx as fast as the uniform one",
                       measured.uniform / measured.balanced))
