@@ -3,8 +3,8 @@
 # over dim 128: the head and its loss cost about as much as four blocks, so the uniform
 # 4,4 split leaves the last of two stages with most of the work), the profiler proposes
 # a split with more blocks on the first stage, predicts it faster, and the median step
-# time of that split, trained under mpirun (two 6-step runs of each split, taking
-# turns), beats the uniform split's by at least 10% (the prediction is about 1.3x). The
+# time of that split, trained under mpirun (two 12-step runs of each split, taking
+# turns), beats the uniform split's by at least 15% (the prediction is about 1.3-1.4x). The
 # table has every part; the blocks, alike, time alike. Bad usage is one line and exit 2;
 # a config error is `tetra run`'s line.
 # Usage: bash profile.sh /path/to/tetra
@@ -19,14 +19,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 command -v mpirun >/dev/null || fail "no mpirun"
 
 sets=(--set model.dim=128 --set model.n_layers=8 --set model.n_heads=4 --set model.n_kv_heads=4
-      --set model.ffn_hidden=256 --set model.vocab_size=10240 --set model.seq_len=64
+      --set model.ffn_hidden=256 --set model.vocab_size=8192 --set model.seq_len=64
       --set train.batch_size=8 --set train.gradient_accumulation_steps=4
       --set parallel.pipeline_parallel_size=2 --set train.threads=1)
 
 # The machine is shared: one more try when a neighbour's burst spoils a measurement. A
 # profiler that proposes the uniform split or a slower one fails both.
 attempt() {
-  "$tetra" profile "$recipe" "${sets[@]}" --reps 5 --measure-steps 5 --measure-rounds 3 \
+  "$tetra" profile "$recipe" "${sets[@]}" --reps 5 --measure-steps 12 --measure-rounds 2 \
     --launcher "mpirun --oversubscribe" >"$tmp/out" 2>"$tmp/err" ||
     fail "profile exit $?: $(cat "$tmp/err")"
   cat "$tmp/out"
@@ -49,11 +49,11 @@ attempt() {
   u=$(sed -n 's/^measured uniform .* median step \([0-9.]*\) ms.*/\1/p' "$tmp/out")
   b=$(sed -n 's/^measured balanced .* median step \([0-9.]*\) ms.*/\1/p' "$tmp/out")
   [ -n "$u" ] && [ -n "$b" ] || fail "no measured step times"
-  awk -v u="$u" -v b="$b" 'BEGIN { exit !(b * 1.10 < u) }'
+  awk -v u="$u" -v b="$b" 'BEGIN { exit !(b * 1.15 < u) }'
 }
-attempt || { echo "retrying: balanced not 10% faster"; attempt; } ||
+attempt || { echo "retrying: balanced not 15% faster"; attempt; } ||
   { echo "retrying again"; attempt; } ||
-  fail "measured: the balanced split $split is not 10% faster than 4,4"
+  fail "measured: the balanced split $split is not 15% faster than 4,4"
 
 bad() {   # expected message, then the arguments
   local want="$1"; shift
