@@ -77,4 +77,15 @@ config_error() {   # expected message, then the --set values: exit 1, one line
 config_error "model.n_layers (2) must be at least parallel.pipeline_parallel_size" \
   --set model.n_layers=2 --set parallel.pipeline_parallel_size=4
 config_error "unknown key 'model.unknown_key'" --set model.unknown_key=1
+# A launcher that fails: one line naming the split's run and why.
+OMP_NUM_THREADS=1 "$tetra" profile "$here/../../recipes/tiny.lua" --set model.n_layers=4 \
+  --set model.vocab_size=16384 --set parallel.pipeline_parallel_size=2 --reps 1 \
+  --launcher false >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ "$rc" -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] &&
+  grep -q "the run with parallel.pipeline_stages=2,2 failed (false -np 2 .*): exit status 1, no output" "$tmp/err" ||
+  fail "a failing launcher: exit $rc, $(cat "$tmp/err") $(tail -3 "$tmp/out")"
+# Under mpirun it refuses (it launches mpirun itself).
+mpirun --oversubscribe -np 2 "$tetra" profile "$recipe" >"$tmp/out" 2>&1
+grep -q "^tetra profile: run it as one process" "$tmp/out" || fail "under mpirun: $(head -3 "$tmp/out")"
 echo "PASS profile"

@@ -237,7 +237,8 @@ local function measure(opts, counts, world, tag)
     words[#words + 1] = shell_quote(s)
   end
   local cmd = table.concat(words, " ") .. " >" .. shell_quote(log) .. " 2>&1"
-  local ok = os.execute(cmd) == 0
+  local status = os.execute(cmd)
+  local ok = status == 0
   local times = {}
   if ok then
     for i, r in ipairs(metrics.read(mfile)) do
@@ -251,7 +252,9 @@ local function measure(opts, counts, world, tag)
   if not ok or #times == 0 then
     return nil, "the run with parallel.pipeline_stages=" .. table.concat(counts, ",") ..
                 " failed (" .. cmd .. "): " ..
-                (out:match("(tetra[^\n]*)") or out:match("([^\n]*)\n?$") or "")
+                (out:match("(tetra[^\n]*)") or out:match("([^\n]+)\n?$") or
+                 "exit status " .. tostring(status >= 256 and status / 256 or status) ..
+                 ", no output")
   end
   return times
 end
@@ -315,6 +318,9 @@ function M.main(...)
   if not ok then
     if type(o) == "table" and o.usage then return usage_error(o.usage .. " (" .. USAGE .. ")") end
     error(o, 0)
+  end
+  if (tonumber(os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE") or "1") or 1) > 1 then
+    return usage_error("run it as one process (it starts mpirun itself to measure the splits)")
   end
   local fh = io.open(o.file, "r")
   if not fh then return usage_error("cannot read " .. o.file) end
