@@ -114,6 +114,13 @@ for i, src in enumerate((base, fast)):
             fail(f"{src} {what} loss plotted {got[:3]}..., the file has {want[:3]}...")
 PY
 
+# Two files of the same name (two runs' folders): labelled by their paths.
+mkdir -p r1 r2 && cp base.jsonl r1/metrics.jsonl && cp fast.jsonl r2/metrics.jsonl
+"$tetra" plot same r1/metrics.jsonl r2/metrics.jsonl >out 2>err || fail "plot same: $(cat err)"
+grep -q "title 'r1/metrics train'" same/plot.gp && grep -q "title 'r2/metrics train'" same/plot.gp &&
+  [ -f same/step_breakdown_r1_metrics.png ] && [ -f same/step_breakdown_r2_metrics.png ] ||
+  fail "two metrics.jsonl: labels $(grep -o "title '[^']*'" same/plot.gp | sort -u | tr '\n' ' ')"
+
 bad() {   # expected message, then the arguments
   local want="$1"; shift
   "$tetra" plot "$@" >bad.out 2>bad.err

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tetra profile RECIPE --set ...: on a Llama whose head is heavy (an 8192-token vocabulary
-# over dim 128: the head and its loss cost about as much as four blocks, so the uniform
+# over dim 128: the head and its loss cost about as much as five blocks, so the uniform
 # 4,4 split leaves the last of two stages with most of the work), the profiler proposes
 # a split with more blocks on the first stage, predicts it faster, and the median step
 # time of that split, trained under mpirun (two 12-step runs of each split, taking

@@ -174,9 +174,17 @@ local function parse_args(args)
     end
   end
   if not out_dir or #runs == 0 then return nil, "needs OUT_DIR and at least one metrics file" end
+  -- Default labels: the file names without .jsonl, or the paths when two names agree
+  -- (runs/a/metrics.jsonl and runs/b/metrics.jsonl).
+  local count = {}
+  for _, run in ipairs(runs) do
+    run.base = run.path:match("([^/]+)$"):gsub("%.jsonl$", "")
+    count[run.base] = (count[run.base] or 0) + 1
+  end
   local used = {}
   for _, run in ipairs(runs) do
-    run.label = names[run.path] or run.path:match("([^/]+)$"):gsub("%.jsonl$", "")
+    run.label = names[run.path] or
+                (count[run.base] > 1 and run.path:gsub("%.jsonl$", "") or run.base)
     -- A label in a file name: letters, digits, '.', '-', '_' (others become '_').
     local base = run.label:gsub("[^%w%.%-_]", "_")
     local fl, k = base, 2
