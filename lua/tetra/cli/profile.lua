@@ -46,11 +46,16 @@ local function median(xs)
   if n % 2 == 1 then return s[(n + 1) / 2] end
   return (s[n / 2] + s[n / 2 + 1]) / 2
 end
-M.median = median
+
+local function min_of(xs)
+  local m = math.huge
+  for _, x in ipairs(xs) do m = math.min(m, x) end
+  return m
+end
 
 -- -- Timing the parts ------------------------------------------------------------------
 
--- Times fn_forward(x) -> y and the backward of y (from grad_of(y), or from y itself when
+-- Times forward(x) -> y and the backward of y (from grad_of(y), or from y itself when
 -- grad_of is nil: a scalar loss). x, when given, is made a leaf that requires grad, so the
 -- backward stops there. Returns forward seconds, backward seconds, activation bytes.
 local function time_part(dev, clock, x, forward, grad_of)
@@ -137,7 +142,7 @@ function M.profile(recipe, cfg, reps)
     local s = samples[i]
     parts[i] = { name = i == 1 and "embedding" or i == n + 2 and "head + loss" or
                         plan.blocks .. "." .. (i - 2),
-                 forward_s = math.min(unpack(s.fwd)), backward_s = math.min(unpack(s.bwd)),
+                 forward_s = min_of(s.fwd), backward_s = min_of(s.bwd),
                  act_bytes = median(s.act) }
   end
   return { parts = parts, micro_rows = rows, seq_len = T_len, n_blocks = n }
@@ -344,7 +349,7 @@ function M.main(...)
                       "act MiB"))
   local tf, tb, ta = 0, 0, 0
   for _, part in ipairs(parts) do
-    print(string.format("%-16s %s %s %s %s  ", part.name, ms(part.forward_s),
+    print(string.format("%-16s %s %s %s %s", part.name, ms(part.forward_s),
       ms(part.backward_s), ms(part.forward_s + part.backward_s), "  " .. mb(part.act_bytes)))
     tf, tb, ta = tf + part.forward_s, tb + part.backward_s, ta + part.act_bytes
   end
