@@ -17,8 +17,8 @@ endif()
 if(TEST cli/prometheus_endpoint)
   set_tests_properties(cli/prometheus_endpoint PROPERTIES TIMEOUT 240)
 endif()
-# The layer profiler trains each of two pipeline splits twice under mpirun, and tries up
-# to three times on a busy machine: 30-60 s a try here.
+# The layer profiler trains each of two pipeline splits once under mpirun (8 steps),
+# alone on the machine (RUN_SERIAL) so that its timings are its own.
 if(TEST cli/profile)
   set_tests_properties(cli/profile PROPERTIES TIMEOUT 400 RUN_SERIAL TRUE)
 endif()
