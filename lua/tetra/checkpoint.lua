@@ -1127,6 +1127,7 @@ M.remove_tree = remove_tree
 M.write_file = write_file
 M.exists = exists
 M.fail = fail
+M.read_file = read_file
 
 -- The checkpoint checkpoint.resume asks for: true / "auto" -> checkpoint.dir/latest
 -- (nil when there is none yet: a fresh start); a path -> that checkpoint (or the

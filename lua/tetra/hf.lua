@@ -35,13 +35,7 @@ local fail, exists = checkpoint.fail, checkpoint.exists
 
 pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 
-local function read_text(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read_text = checkpoint.read_file   -- a whole file, or nil
 
 local function shape_text(s) return "[" .. table.concat(s, ", ") .. "]" end
 
