@@ -248,6 +248,10 @@ function train.setup(cfg, model, data, opts)
               "train.setup a plan (recipes/plans/llama.lua is one)")
   end
   local par = parallel.apply(model, opts.plan, mesh, cfg)
+  -- The whole model was built on every rank and apply kept this rank's slices: the rest
+  -- is garbage the Lua GC may not visit for a long time (it sees small handles, not the
+  -- bytes behind them). Collected now, it stops counting in every step's memory.
+  collectgarbage()
   local ctx = amp.wrap(model, cfg)
   local dev = train.device(t.device)
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
