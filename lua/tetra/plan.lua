@@ -314,7 +314,7 @@ M.with_layout = with_layout
 -- per-chunk forward and backward times fwd[s][c], bwd[s][c] and a transfer time `hop`
 -- between stages. Returns the makespan, each stage's busy time and the most
 -- micro-batches each stage holds at once per chunk ({ [s] = { [c] = n } }).
-local function replay(lay, n_micro, fwd, bwd, hop)
+function M.replay(lay, n_micro, fwd, bwd, hop)
   local S, v = lay.pp, lay.v
   local kind = S == 1 and "1f1b" or lay.schedule   -- one stage: F, B, F, B ...
   local ops, pos, clock, busy, held, peak = {}, {}, {}, {}, {}, {}
@@ -523,7 +523,7 @@ function M.evaluate(cfg, lay, cl)
   end
   local hop = pp > 1 and (seq_n * d * act_b / link(cl, lay.tp * lay.cp * lay.dp, pp) +
                           cl.latency_s) or 0
-  local span, busy, held = replay(lay, n_micro, fwd, bwd, hop)
+  local span, busy, held = M.replay(lay, n_micro, fwd, bwd, hop)
 
   -- Per stage: parameters, optimizer state, buffers, activations; then the optimizer
   -- and data-parallel time of the slowest stage.

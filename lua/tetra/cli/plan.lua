@@ -13,6 +13,7 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
                   [--mem-bw-gbs X] [--intra-gbs X] [--inter-gbs X]
                   [--tp N] [--pp N] [--dp N] [--cp N] [--top K | --all] [--json]
                   [--write FILE] [--pick N]
+       tetra plan --published
   FILE            a recipe (.lua) or YAML config giving the model (default recipes/llama.lua)
   --model NAME    a model preset (train.model_name): llama-7b, llama3-8b, gpt2-124m, ...
   --batch N       global batch in sequences (train.batch_size)
@@ -24,6 +25,8 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
   --top K         print the best K layouts (default 15); --all prints every one
   --json          a JSON list of objects instead of the table
   --write FILE    write the best layout (or --pick N, 1-based) as YAML for `tetra run`
+  --published     the planner against published runs (Megatron-LM, torchtitan on H100):
+                  each row's published figure beside the prediction (docs/planner.md)
 ]]
 
 local function usage_error(msg)
@@ -58,6 +61,7 @@ function M.parse(args)
     if a == "--help" or a == "-h" then o.help = true
     elseif a == "--json" then o.json = true
     elseif a == "--all" then o.all = true
+    elseif a == "--published" then o.published = true
     elseif a == "--set" then
       local kv = value()
       if not kv then return nil, "--set needs key=value" end
@@ -119,6 +123,12 @@ function M.load_config(file, sets)
     end
     cfg = config.build({ defaults = recipe.defaults, sets = sets, world_size = false })
   end
+  -- The model's family (its parameter shapes): a preset names it; else the recipe's plan
+  -- does (GPT-2's blocks are "h", Llama's "layers").
+  if not cfg.model.family then
+    local blocks = recipe and recipe.plan and recipe.plan.pipeline and recipe.plan.pipeline.blocks
+    cfg.model.family = blocks == "h" and "gpt2" or "llama"
+  end
   return cfg
 end
 
@@ -170,10 +180,33 @@ function M.json(rows)
   return require("tetra.checkpoint").encode_json(list)
 end
 
+-- The published rows (tetra.plan_published) beside the planner's predictions, as a
+-- Markdown table.
+function M.published()
+  local P = require("tetra.plan_published")
+  local out = { "| run | GPUs | tp x pp x dp | batch | published | predicted | error | planner's layout |",
+                "|---|---|---|---|---|---|---|---|" }
+  for _, row in ipairs(P.rows) do
+    local r, v = P.predict(row)
+    local function show(x)
+      return row.metric == "mfu" and string.format("%.1f%% MFU", 100 * x) or
+             string.format("%.0f tok/s/GPU", x)
+    end
+    local sched = r.pp > 1 and string.format(", %s v%d", r.schedule, r.virtual) or ""
+    out[#out + 1] = string.format("| %s%s | %d | %d x %d x %d | %d | %s | %s | %+.1f%% | mb %d, ZeRO-1 %s, SP %s%s |",
+      row.name, row.calibration and " (calibration)" or "", row.tp * row.pp * row.dp, row.tp,
+      row.pp, row.dp, row.batch, show(row.value), show(v), 100 * (v - row.value) / row.value,
+      r.micro_batch, r.zero_stage == 1 and "on" or "off", r.sequence_parallel and "on" or "off",
+      sched)
+  end
+  return table.concat(out, "\n") .. "\n"
+end
+
 function M.main(...)
   local o, err = M.parse({ ... })
   if not o then return usage_error(err) end
   if o.help then io.write(M.usage); return 0 end
+  if o.published then io.write(M.published()); return 0 end
   local ok, res = pcall(function()
     local cl = plan.cluster(o.cluster, o.over)
     local cfg = M.load_config(o.file, o.sets)

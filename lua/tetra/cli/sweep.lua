@@ -37,7 +37,7 @@ end
 ffi.cdef [[ long readlink(const char *path, char *buf, size_t size); ]]
 
 -- This executable's path (to run the same tetra under mpirun).
-local function self_exe()
+function M.self_exe()
   local buf = ffi.new("char[4096]")
   local n = tonumber(ffi.C.readlink("/proc/self/exe", buf, 4095))
   if n <= 0 then error("cannot find the tetra executable (/proc/self/exe)", 0) end
@@ -198,7 +198,7 @@ function M.main(...)
   local file = po.file or (require("tetra.host").root .. "/recipes/llama.lua")
   local dir = o.keep or os.tmpname() .. ".d"
   os.execute("mkdir -p " .. shell_quote(dir))
-  local exe = self_exe()
+  local exe = M.self_exe()
   local results, failed = {}, 0
   for k, r in ipairs(rows) do
     local name = string.format("%02d_dp%d_tp%d_pp%d_cp%d_z%d%s_mb%d_%s", k, r.dp, r.tp, r.pp,
