@@ -79,7 +79,7 @@ function M.cluster(name, over)
     for k in pairs(M.clusters) do names[#names + 1] = k end
     table.sort(names)
     error(string.format("unknown cluster '%s': choose one of %s", tostring(name),
-                        table.concat(names, ", ")), 2)
+                        table.concat(names, ", ")), 0)
   end
   local c = {}
   for k, v in pairs(base) do c[k] = v end
@@ -726,9 +726,13 @@ function M.yaml(cfg, r, cl)
     string.format("# tetra plan: %d ranks on %s", r.world, cl.name),
     string.format("# predicted: %.3f s/step, %.0f tokens/s, MFU %.1f%%, %.2f GiB per rank",
                   r.step_s, r.tokens_per_s, 100 * r.mfu, r.mem_gib),
-    string.format("# run: mpirun -np %d tetra run RECIPE.lua --set config=THIS_FILE", r.world),
+    string.format("# run: mpirun -np %d tetra run THIS_FILE.yaml", r.world),
     "model:",
   }
+  if not r.fits then
+    table.insert(lines, 3, string.format("# WARNING: needs %.2f GiB per rank, more than the " ..
+                                         "%.2f GiB a device has", r.mem_gib, cl.mem_bytes / 2 ^ 30))
+  end
   local keys = {}
   for k in pairs(m) do keys[#keys + 1] = k end
   table.sort(keys)
@@ -742,7 +746,7 @@ function M.yaml(cfg, r, cl)
   lines[#lines + 1] = "  recipe: " .. (m.family or "llama")
   lines[#lines + 1] = "  batch_size: " .. t.batch_size
   lines[#lines + 1] = "  gradient_accumulation_steps: " .. r.grad_accum
-  if t.precision then lines[#lines + 1] = "  precision: " .. t.precision end
+  lines[#lines + 1] = "  precision: " .. (cl.precision or t.precision or "fp32")
   lines[#lines + 1] = "parallel:"
   lines[#lines + 1] = "  data_parallel_size: " .. r.dp
   lines[#lines + 1] = "  tensor_parallel_size: " .. r.tp

@@ -10,7 +10,8 @@ local M = {}
 M.usage = [[
 usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--cluster NAME]
                   [--nodes N] [--devices-per-node N] [--peak-tflops X] [--mem-gib X]
-                  [--mem-bw-gbs X] [--intra-gbs X] [--inter-gbs X]
+                  [--mem-bw-gbs X] [--intra-gbs X] [--inter-gbs X] [--latency-us X]
+                  [--sustained X]
                   [--tp N] [--pp N] [--dp N] [--cp N] [--top K | --all] [--json]
                   [--write FILE] [--pick N]
        tetra plan --published
@@ -20,7 +21,9 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
   --cluster NAME  h100, h200 (8-GPU nodes, NVLink, 400 Gb/s InfiniBand) or cpu (this
                   machine, one rank per core); default cpu
   --nodes N, --devices-per-node N, --peak-tflops X, --mem-gib X, --mem-bw-gbs X,
-  --intra-gbs X, --inter-gbs X   override the cluster's figures (GB/s per device)
+  --intra-gbs X, --inter-gbs X, --latency-us X, --sustained X   override the cluster's
+                  figures (GB/s per device; sustained: the share of the kernel rates a
+                  whole step reaches)
   --tp/--pp/--dp/--cp N  only layouts with that size
   --top K         print the best K layouts (default 15); --all prints every one
   --json          a JSON list of objects instead of the table
@@ -49,7 +52,8 @@ function M.parse(args)
     ["--nodes"] = { "nodes", 1 }, ["--devices-per-node"] = { "devices_per_node", 1 },
     ["--peak-tflops"] = { "peak_flops", 1e12 }, ["--mem-gib"] = { "mem_bytes", 2 ^ 30 },
     ["--mem-bw-gbs"] = { "mem_bw", 1e9 }, ["--intra-gbs"] = { "intra_bw", 1e9 },
-    ["--inter-gbs"] = { "inter_bw", 1e9 },
+    ["--inter-gbs"] = { "inter_bw", 1e9 }, ["--latency-us"] = { "latency_s", 1e-6 },
+    ["--sustained"] = { "sustained", 1 },
   }
   while i <= #args do
     local a = args[i]
