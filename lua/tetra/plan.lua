@@ -52,8 +52,14 @@ local M = {}
 -- 2024, "FlashAttention-3", arXiv:2407.08608, fig. 5-6: ~500-600 TFLOP/s).
 -- sustained 0.636: calibrated once, on Megatron-LM's 96-GPU GPT-3 175B row (47% MFU);
 -- every other published row is a prediction (docs/planner.md).
--- cpu: this machine (2 Zen 4 cores, one rank per core, OpenBLAS sgemm, MPI over shared
--- memory): tools/bench/plan.sh --calibrate measured the rates below.
+-- cpu: this machine (2 Zen 4 cores, one rank per core, fp32, MPI over shared memory):
+-- peak 105 GFLOP/s, one core's OpenBLAS sgemm (DESIGN.md: ~210 on 2 cores); attention
+-- 0.6 of it (tools/bench/engine's causal attention forward+backward at 0.43-0.70);
+-- links 12 us and 1.7 GB/s, an all-reduce between 2 ranks (tools/bench/plan_comm.lua,
+-- 2026-12-01 05:44 UTC); sustained 1.0: the README's quiet-machine one-process, one-thread
+-- run of the layouts benchmark model (3,059 tokens/s). mem_bw 8 GB/s per core is an
+-- estimate. A shared machine runs slower than all of these: tools/bench/plan.sh and
+-- `tetra sweep --calibrate` measure the links and the sustained fraction first.
 M.clusters = {
   h100 = { name = "H100 SXM nodes (8 GPUs, NVLink 4, 400 Gb/s InfiniBand per GPU)",
            devices_per_node = 8, nodes = 1, peak_flops = 989e12, fp8_flops = 1979e12,
@@ -67,8 +73,8 @@ M.clusters = {
            precision = "bf16" },
   cpu = { name = "this machine: 2 CPU cores, one rank per core (fp32, MPI shared memory)",
           devices_per_node = 2, nodes = 1, peak_flops = 105e9, matmul = 1.0,
-          attention = 0.35, mem_bw = 8e9, mem_bytes = 12e9, intra_bw = 3e9,
-          inter_bw = 3e9, latency_s = 30e-6, sustained = 0.75, precision = "fp32" },
+          attention = 0.6, mem_bw = 8e9, mem_bytes = 12e9, intra_bw = 1.7e9,
+          inter_bw = 1.7e9, latency_s = 12e-6, sustained = 1.0, precision = "fp32" },
 }
 
 -- The preset `name` with `over` (any of its fields) applied; one line if unknown.
