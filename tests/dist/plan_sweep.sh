@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tetra plan against measurement, the small version of tools/bench/plan.sh: `tetra sweep`
-# runs 7 layouts of a small Llama (dim 128, 2 layers, vocab 2048, seq 64, batch 8) for 5
-# steps each (1 process, then dp 2, dp 2 + ZeRO-1 off, tp 2, tp 2 + sequence parallelism,
-# pp 2 under 1F1B, cp 2), calibrated on the first (one process: the machine's speed now),
+# runs 8 layouts of a small Llama (dim 128, 2 layers, vocab 2048, seq 64, batch 8) for 5
+# steps each (1 process, then dp 2 with micro-batches of 2 and 4, dp 2 + ZeRO-1, tp 2 with
+# and without sequence parallelism, pp 2 under 1F1B, cp 2), calibrated on the first (one process: the machine's speed now)
+# and on an all-reduce between 2 ranks measured just before (the links' speed now),
 # and every row must be predicted within:
 #   memory     10% of rank 0's allocator peak (peak_bytes; deterministic)
 #   step time  a factor of 5: on this shared machine ranks wait for cores other jobs
@@ -20,9 +21,16 @@ fail() { echo "FAIL: $*"; status=1; }
 
 model=(--set model.dim=128 --set model.n_layers=2 --set model.n_heads=4 --set model.n_kv_heads=2
        --set model.ffn_hidden=384 --set model.vocab_size=2048 --set model.seq_len=64 --batch 8)
+# The links as they are now (tools/bench/plan_comm.lua, as tools/bench/plan.sh does).
+mpirun --oversubscribe --bind-to none -np 2 "$tetra" run "$root/tools/bench/plan_comm.lua" \
+  >"$work/comm.txt" 2>&1 || { fail "the all-reduce calibration failed"; cat "$work/comm.txt"; exit 1; }
+read -r lat_us bw_gbs < <(awk '/^allreduce/ { n++; b[n] = $2; t[n] = $3 }
+  END { printf "%.1f %.3f\n", 1e6 * t[1], (b[n] - b[n-1]) / (t[n] - t[n-1]) / 1e9 }' "$work/comm.txt")
+echo "links now: ${lat_us} us, ${bw_gbs} GB/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 if ! timeout 300 "$tetra" sweep "${model[@]}" --steps 5 --json --calibrate \
+      --intra-gbs "$bw_gbs" --latency-us "$lat_us" \
       --layout dp=1,mb=4 --layout dp=2,mb=2 --layout tp=2,mb=8 --layout tp=2,sp=1,mb=8 \
-      --layout pp=2,mb=2 --layout cp=2,mb=4 --layout dp=2,mb=4 \
+      --layout pp=2,mb=2 --layout cp=2,mb=4 --layout dp=2,mb=4 --layout dp=2,zero=1,mb=2 \
       >"$work/sweep.json" 2>"$work/sweep.err"; then
   fail "tetra sweep failed:"; cat "$work/sweep.err"; exit 1
 fi
@@ -30,7 +38,7 @@ python3 - "$work/sweep.json" <<'EOF' || status=1
 import json, sys
 rows = json.load(open(sys.argv[1]))
 bad = 0
-assert len(rows) == 7, f"{len(rows)} rows"
+assert len(rows) == 8, f"{len(rows)} rows"
 for r in rows:
     mem = r["predicted_peak_bytes"] / r["measured_peak_bytes"] - 1
     t = r["predicted_step_s"] / r["measured_step_s"]
