@@ -29,7 +29,6 @@
 -- tensor- and context-parallel collectives block (exposed); the data-parallel reduction
 -- overlaps the last micro-batch's backward (the last bucket stays exposed); ZeRO-1's
 -- parameter all-gather after the optimizer is exposed.
-local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local tensor_split = require("tetra.parallel.tensor")
 local pipeline = require("tetra.parallel.pipeline")
@@ -558,14 +557,13 @@ function M.evaluate(cfg, lay, cl)
     -- when backward starts the head's gradients (last stage) or the received gradient;
     -- the parameters' gradients are there already once an earlier micro-batch's
     -- backward ran (several micro-batches), else they grow while activations go.
-    local act, inflight = 0, 0
+    local act = 0
     for c, b in ipairs(stage_blocks(L, pp, v, s)) do
       local nb = b[2] - b[1] + 1
       local vs = (c - 1) * pp + s
       local per = nb * block_act + (vs == 0 and embed_act or recv_act)
       if vs == pp * v - 1 then per = per + head_act end
       act = act + held[s][c - 1] * per
-      inflight = inflight + held[s][c - 1]
     end
     act = act + (s == pp - 1 and head_peak or recv_act)
     local at_peak = pbytes + obytes + cbytes +
