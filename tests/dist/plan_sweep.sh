@@ -5,7 +5,10 @@
 # and without sequence parallelism, pp 2 under 1F1B, cp 2), calibrated on the first (one process: the machine's speed now)
 # and on an all-reduce between 2 ranks measured just before (the links' speed now),
 # and every row must be predicted within:
-#   memory     10% of rank 0's allocator peak (peak_bytes; deterministic)
+#   memory     rank 0's allocator peak (peak_bytes; deterministic): within 3% without
+#              pipeline parallelism (what the accounting reaches: a tensor-parallel slice
+#              kept as a view of the whole matrix was 8% over), 10% with it (stage 0 holds
+#              a few MiB the planner does not count, docs/planner.md)
 #   step time  a factor of 5: on this shared machine ranks wait for cores other jobs
 #              hold, and every blocking collective pays for it, which no layout model
 #              sees (at a load average of 10-15 on 2 cores, tp 2 measured 2-5x slower
@@ -42,7 +45,7 @@ assert len(rows) == 8, f"{len(rows)} rows"
 for r in rows:
     mem = r["predicted_peak_bytes"] / r["measured_peak_bytes"] - 1
     t = r["predicted_step_s"] / r["measured_step_s"]
-    ok = abs(mem) <= 0.10 and 0.2 <= t <= 5.0
+    ok = abs(mem) <= (0.10 if r["pp"] > 1 else 0.03) and 0.2 <= t <= 5.0
     print(f"{r['name']:36s} memory {100 * mem:+6.2f}%  step time x{t:5.2f}  {'ok' if ok else 'FAIL'}")
     bad += not ok
 sys.exit(1 if bad else 0)
