@@ -2,8 +2,9 @@
 # tetra plan against measurement, the small version of tools/bench/plan.sh: `tetra sweep`
 # runs 8 layouts of a small Llama (dim 128, 2 layers, vocab 2048, seq 64, batch 8) for 5
 # steps each (1 process, then dp 2 with micro-batches of 2 and 4, dp 2 + ZeRO-1, tp 2 with
-# and without sequence parallelism, pp 2 under 1F1B, cp 2), calibrated on the first (one process: the machine's speed now)
-# and on an all-reduce between 2 ranks measured just before (the links' speed now),
+# and without sequence parallelism, pp 2 under 1F1B, cp 2), calibrated on the first
+# layout of each rank count (one process, dp 2: the machine's speed now) and on an
+# all-reduce between 2 ranks measured just before (the links' speed now),
 # and every row must be predicted within:
 #   memory     rank 0's allocator peak (peak_bytes; deterministic): within 3% without
 #              pipeline parallelism (what the accounting reaches: a tensor-parallel slice

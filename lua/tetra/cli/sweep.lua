@@ -23,10 +23,11 @@ usage: tetra sweep [FILE] [--model NAME] [--set key=value]... [--batch N]
                  cluster assumes)
   --timeout S    seconds before a run is killed and counted as failed (default 300)
   --keep DIR     keep the metrics and logs in DIR
-  --calibrate    run the first layout first and scale the cluster's sustained fraction so
-                 that its predicted step time is the measured one (a machine shared with
-                 other work runs slower than its figures say); every other row is then a
-                 prediction from that one measurement
+  --calibrate    the first layout of each rank count sets the cluster's sustained
+                 fraction for the layouts of that many ranks, so that its predicted step
+                 time is the measured one (a machine shared with other work runs slower
+                 than its figures say, and gives a job of N ranks less than N cores);
+                 every other row is then a prediction from those measurements
 ]]
 
 local function usage_error(msg)
@@ -192,14 +193,14 @@ function M.main(...)
     local all = plan.search(cfg, cl, { fixed = po.fixed })
     for k = 1, math.min(po.top or o.top, #all) do rows[k] = all[k] end
     if o.calibrate then
-      return usage_error("--calibrate needs --layout (the first one is the calibration run)")
+      return usage_error("--calibrate needs --layout (the first layout of each rank count calibrates)")
     end
   end
   local file = po.file or (require("tetra.host").root .. "/recipes/llama.lua")
   local dir = o.keep or os.tmpname() .. ".d"
   os.execute("mkdir -p " .. shell_quote(dir))
   local exe = M.self_exe()
-  local results, failed = {}, 0
+  local results, failed, calibrated = {}, 0, {}
   for k, r in ipairs(rows) do
     local name = string.format("%02d_dp%d_tp%d_pp%d_cp%d_z%d%s_mb%d_%s", k, r.dp, r.tp, r.pp,
       r.cp, r.zero_stage, r.sequence_parallel and "_sp" or "", r.micro_batch, r.schedule)
@@ -209,19 +210,29 @@ function M.main(...)
     io.stderr:write(s and (os.time() - t0) .. " s\n" or why .. "\n")
     if not s then failed = failed + 1 end
     results[k] = { name = name, plan = r, measured = s }
-    if o.calibrate and k == 1 then
+    if o.calibrate and not calibrated[r.world] then
       if not s then
         io.stderr:write("tetra sweep: the calibration run failed; nothing to compare\n")
         return 1
       end
-      -- One process: every term of the prediction scales with 1 / sustained.
-      cl.sustained = cl.sustained * r.step_s / s.step_s
-      io.stderr:write(string.format("# calibrated: sustained fraction %.3f\n", cl.sustained))
-      for j, rj in ipairs(rows) do
-        rows[j] = plan.evaluate(cfg, rj.layout, cl)
-        rows[j].layout = rj.layout
+      -- The sustained fraction that makes this layout's predicted step the measured one
+      -- (every compute term scales with 1 / sustained; a few rounds settle the rest).
+      local c = {}
+      for key, val in pairs(cl) do c[key] = val end
+      for _ = 1, 8 do
+        c.sustained = c.sustained * plan.evaluate(cfg, r.layout, c).step_s / s.step_s
       end
-      results[k].plan = rows[1]
+      calibrated[r.world] = c
+      results[k].calibration = true
+      io.stderr:write(string.format("# calibrated %d-rank layouts: sustained fraction %.3f\n",
+                                    r.world, c.sustained))
+      for j, rj in ipairs(rows) do
+        if rj.world == r.world then
+          rows[j] = plan.evaluate(cfg, rj.layout, c)
+          rows[j].layout = rj.layout
+          if results[j] then results[j].plan = rows[j] end
+        end
+      end
     end
   end
   if not o.keep then os.execute("rm -rf " .. shell_quote(dir)) end
@@ -237,15 +248,17 @@ function M.main(...)
                   predicted_exposed_comm_s = r.exposed_comm_s + r.bubble_s,
                   measured_tokens_per_s = s and s.tokens_per_s, measured_step_s = s and s.step_s,
                   measured_peak_bytes = s and s.peak_bytes,
-                  measured_exposed_comm_s = s and s.exposed_comm_s, failed = s == nil }
+                  measured_exposed_comm_s = s and s.exposed_comm_s, failed = s == nil,
+                  calibration = e.calibration or false }
     end
     io.write(json.encode_json(list), "\n")
   else
     local fmt = "%-36s %5s %10s %10s %6s %9s %9s %6s %9s %9s\n"
     io.write(string.format("# %s; %d steps per run, medians of steps 3..%d; memory is rank 0's " ..
       "allocator peak; exposed comm includes the pipeline bubble\n", cl.name, o.steps, o.steps))
-    if o.calibrate then
-      io.write(string.format("# calibrated on the first row: sustained fraction %.3f\n", cl.sustained))
+    for world, c in pairs(calibrated) do
+      io.write(string.format("# %d-rank rows calibrated on the first of them: sustained " ..
+                             "fraction %.3f\n", world, c.sustained))
     end
     io.write(string.format(fmt, "layout", "ranks", "tok/s meas", "tok/s pred", "err",
       "peak MiB", "pred MiB", "err", "comm ms", "pred ms"))
