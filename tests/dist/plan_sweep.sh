@@ -7,9 +7,10 @@
 # all-reduce between 2 ranks measured just before (the links' speed now),
 # and every row must be predicted within:
 #   memory     rank 0's allocator peak (peak_bytes; deterministic): within 3% without
-#              pipeline parallelism (what the accounting reaches: a tensor-parallel slice
-#              kept as a view of the whole matrix was 8% over), 10% with it (stage 0 holds
-#              a few MiB the planner does not count, docs/planner.md)
+#              pipeline parallelism (what the accounting reaches: with tensor-parallel
+#              slices kept as views of the whole matrices the peak was 8% above the
+#              prediction), 10% with it (the peak of a pipeline stage comes out 4-9% off,
+#              docs/planner.md)
 #   step time  a factor of 5: on this shared machine ranks wait for cores other jobs
 #              hold, and every blocking collective pays for it, which no layout model
 #              sees (at a load average of 10-15 on 2 cores, tp 2 measured 2-5x slower
