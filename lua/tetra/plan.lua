@@ -13,11 +13,11 @@
 --     recipes/gpt2.lua build) sliced by the model's plan (recipes/plans/*.lua) with the
 --     styles and part sizes of tetra.parallel.tensor, and kept per pipeline stage as
 --     tetra.parallel.pipeline splits the blocks;
---   * activations are the tensors the autograd tape saves per block (engine/ops_*.c:
---     linear saves its input, RMSNorm its input and 1/rms, attention q, k, v and the
---     log-sum-exp, SwiGLU its two inputs, cross-entropy the logits), times the
---     micro-batches a stage holds at once under the engine's own pipeline schedule
---     (tetra.parallel.pipeline.schedule, replayed here);
+--   * activations are every tensor a block's forward makes, since the autograd tape
+--     retains each op's inputs and output until backward (engine/autograd.c), with the
+--     copies tensor parallelism adds, times the micro-batches a stage holds at once
+--     under the engine's own pipeline schedule (tetra.parallel.pipeline.schedule,
+--     replayed here), plus the gradients alive when backward starts;
 --   * every tensor is rounded to the caching allocator's size class
 --     (tt_alloc_granted_bytes), which is what the metrics' peak_bytes counts.
 -- Step time is a roofline of the same work: matmul FLOPs at the device's matmul rate,
@@ -28,7 +28,8 @@
 -- schedule replay, and the optimizer. What computation hides is not counted: Tetra's
 -- tensor- and context-parallel collectives block (exposed); the data-parallel reduction
 -- overlaps the last micro-batch's backward (the last bucket stays exposed); ZeRO-1's
--- parameter all-gather after the optimizer is exposed.
+-- parameter all-gather after the optimizer is exposed. Activation recompute and FP8
+-- matmuls are priced (opts of M.layouts) only to compare published runs that used them.
 local C = require("tetra.ffi").C
 local tensor_split = require("tetra.parallel.tensor")
 local pipeline = require("tetra.parallel.pipeline")
