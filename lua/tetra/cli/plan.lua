@@ -138,14 +138,20 @@ end
 
 local function gib(b) return b / 2 ^ 30 end
 
+-- 6.74B, 5.2M, ...
+local function count_text(n)
+  if n >= 1e9 then return string.format("%.2fB", n / 1e9) end
+  return string.format("%.1fM", n / 1e6)
+end
+
 -- The table of rows (records of tetra.plan.evaluate).
 function M.table(rows, cl, cfg)
   local out = {}
   local m = cfg.model
   out[#out + 1] = string.format(
-    "# %s: %d devices; model %s (%.2fB parameters, dim %d, %d layers, seq %d), batch %d " ..
+    "# %s: %d devices; model %s (%s parameters, dim %d, %d layers, seq %d), batch %d " ..
     "sequences", cl.name, cl.devices, cfg.train.model_name or m.family or "llama",
-    plan.parameter_count(m) / 1e9, m.dim, m.n_layers, m.seq_len, cfg.train.batch_size)
+    count_text(plan.parameter_count(m)), m.dim, m.n_layers, m.seq_len, cfg.train.batch_size)
   local fmt = "%4s %4s %3s %3s %3s %4s %3s %4s %6s %-12s %9s %8s %8s %8s %8s %8s %8s %8s %8s %8s %12s %6s %s"
   out[#out + 1] = string.format(fmt, "rank", "dp", "tp", "pp", "cp", "zero", "sp", "mb",
     "accum", "schedule", "mem GiB", "params", "grads", "optim", "acts", "comm", "step s",
