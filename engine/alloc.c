@@ -230,6 +230,12 @@ int tt_alloc_stats_get(int device, tt_alloc_stats *out) {
   return 0;
 }
 
+size_t tt_alloc_granted_bytes(size_t nbytes) {
+  size_t size = nbytes;
+  size_class(&size);
+  return size;
+}
+
 void tt_alloc_reset_peak(int device) {
   device_cache *c = cache_for(device);
   if (!c) return;

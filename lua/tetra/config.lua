@@ -49,7 +49,7 @@ local function any(default, doc) return { type = "any", default = default, doc =
 
 M.schema = {
   train = {
-    model_name = str(nil, "preset: llama-7b, llama-1b, llama-tiny, gpt2-124m, gpt2-tiny"),
+    model_name = str(nil, "preset: llama-7b, llama-1b, llama3-8b, llama3-70b, llama-tiny, gpt2-124m, gpt2-tiny"),
     recipe = str(nil, "recipe name (recipes/NAME.lua) or path; default from the preset family"),
     precision = enum("fp32", { "fp32", "bf16", "fp16", "fp8" }),
     device = str("cpu", "cpu, cuda (this rank's GPU) or cuda:N"),
@@ -204,6 +204,13 @@ M.presets = {
   ["llama-1b"] = { family = "llama", dim = 2048, n_layers = 16, n_heads = 32, n_kv_heads = 8,
                    vocab_size = 128256, seq_len = 2048, ffn_hidden = 8192, norm_eps = 1e-5,
                    rope_theta = 500000, tie_embeddings = true },
+  -- Llama 3.1 8B and 70B (Meta 2024, "The Llama 3 Herd of Models", table 3).
+  ["llama3-8b"] = { family = "llama", dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 8,
+                    vocab_size = 128256, seq_len = 8192, ffn_hidden = 14336, norm_eps = 1e-5,
+                    rope_theta = 500000, tie_embeddings = false },
+  ["llama3-70b"] = { family = "llama", dim = 8192, n_layers = 80, n_heads = 64, n_kv_heads = 8,
+                     vocab_size = 128256, seq_len = 8192, ffn_hidden = 28672, norm_eps = 1e-5,
+                     rope_theta = 500000, tie_embeddings = false },
   -- The benchmark model: trains in minutes on 2 CPU cores.
   ["llama-tiny"] = { family = "llama", dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
                      vocab_size = 4096, seq_len = 256, ffn_hidden = 768, norm_eps = 1e-5,

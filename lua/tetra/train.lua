@@ -263,6 +263,10 @@ function train.setup(cfg, model, data, opts)
   -- MFU counts the FLOPs of the whole model, so they are counted before it is split.
   local flops_per_token = mfu.flops_per_token(model, cfg.model)
   local par = parallel.apply(model, opts.plan, mesh, cfg)
+  -- The whole model was built on every rank and apply kept this rank's slices: the rest
+  -- is garbage the Lua GC may not visit for a long time (it sees small handles, not the
+  -- bytes behind them). Collected now, it stops counting in every step's memory.
+  collectgarbage()
   -- FP8 layers agree their amaxes over every rank that runs them (the stage's tp x cp x
   -- dp ranks), so that the scales are those of one process on the whole batch.
   local amax_group

@@ -117,6 +117,12 @@ function DDP:attach_optimizer(opt)
     m[#m + 1], v[#v + 1] = zeros_like(s), zeros_like(s)
   end
   self.shards = shards
+  -- The whole-parameter moments the optimizer was built with are replaced by the
+  -- shards': released now, not whenever the Lua GC gets to them (twice the parameters'
+  -- bytes, counted in every step's peak until then).
+  for _, list in ipairs({ opt.m or {}, opt.v or {} }) do
+    for _, t in ipairs(list) do F.free(t) end
+  end
   opt.params, opt.names, opt.m, opt.v = views, names, m, v
   opt:_build_groups()
   self._opt = opt

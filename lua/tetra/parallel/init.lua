@@ -62,6 +62,7 @@ end
 local function path_pattern(path)
   return "^" .. path:gsub("%.", "%%."):gsub("%*", "[^.]+") .. "$"
 end
+parallel.plan_pattern = path_pattern   -- tetra.plan matches plan paths the same way
 
 -- Array of { path, module } of model's modules that match plan path `path`.
 local function matching(model, path)
@@ -308,6 +309,7 @@ function Par:sync_tied_grads()
     local g = e.tensor.grad
     if g == nil then error("tied parameter " .. e.name .. " has no gradient after backward", 0) end
     self.tied_group:all_reduce(g, "sum")
+    F.free(g)   -- the borrowed reference: left to the GC it keeps the gradient alive
   end
 end
 
@@ -359,6 +361,9 @@ function Par:clip_grad_norm(opt, max_norm, shards)
           local s = T.scale(g, coef)
           require("tetra.ffi").check(C.tt_copy_(g, s))
           F.free(s)
+          -- A borrowed reference: left to the GC, it would keep this step's gradient
+          -- alive after zero_grad, one whole set of gradients more per step.
+          F.free(g)
         end
       end
     end

@@ -42,6 +42,7 @@ local tffi = require("tetra.ffi")
 local F = require("tetra.nn.functional")
 local metrics = require("tetra.metrics")
 local trace = require("tetra.trace")
+local T = require("tetra.tensor")
 
 local C = ffi.C
 local free = F.free
@@ -141,6 +142,7 @@ function M.split(model, stages, group, cfg)
   local p = cfg.parallel or {}
   local S, s = group.size, group.rank
   local v = p.virtual_pipeline_size or 1
+  local whole = model:parameters()
   local blocks = model:get(stages.blocks)
   local counts = M.stage_layers(#blocks, S * v, p.pipeline_stages)
   local owner, first = {}, 0   -- block index -> chunk of this stage holding it
@@ -176,6 +178,15 @@ function M.split(model, stages, group, cfg)
   end
   if not info.is_last then
     for _, name in ipairs(stages.last or {}) do drop(model, name) end
+  end
+  -- The other stages' parameters are released now: left to the Lua GC they stay
+  -- allocated for as long as a stale reference on the Lua stack keeps them reachable
+  -- (up to the whole model on every rank). A matrix this stage still uses (a tied
+  -- head's) is kept.
+  local kept = {}
+  for _, t in ipairs(model:parameters()) do kept[T.key(t)] = true end
+  for _, t in ipairs(whole) do
+    if not kept[T.key(t)] then free(t) end
   end
   return info
 end

@@ -68,8 +68,10 @@ local function slice_param(m, name, dim, offset, length, sliced, copy_rank)
   local s = sliced[key]
   if not s then
     s = T.no_grad(function()
+      -- A copy, never a view: rows of dim 0 are contiguous already, and a view would
+      -- keep the whole matrix allocated on every rank for as long as the slice lives.
       local v = F.narrow(p, dim, offset, length)
-      local c = F.contiguous(v)
+      local c = T.take(C.tt_clone(v, T.pout))
       free(v)
       return c
     end)

@@ -1,0 +1,283 @@
+-- tetra sweep: runs layouts for a few steps each under mpirun and puts what they measured
+-- beside what `tetra plan` predicted: tokens/s, rank 0's allocator peak, exposed
+-- communication.
+--
+--   tetra sweep [FILE] [--set k=v]... [--top K | --layout k=v,k=v ...] [--steps N] ...
+local ffi = require("ffi")
+local plan = require("tetra.plan")
+local cli_plan = require("tetra.cli.plan")
+local json = require("tetra.checkpoint")
+
+local M = {}
+
+M.usage = [[
+usage: tetra sweep [FILE] [--model NAME] [--set key=value]... [--batch N]
+                   [--layout tp=2,pp=1,dp=1,cp=1,zero=0,sp=0,mb=1,schedule=1f1b,v=1]...
+                   [--top K] [--steps N] [--threads N] [--timeout S] [--json] [--keep DIR]
+                   [--calibrate] [cluster options of tetra plan]
+  Runs each layout (--layout, repeatable; or the plan's best K, default 5) with
+  `mpirun -np RANKS tetra run FILE` for N steps (default 8; the first 2 are warm-up and
+  the table shows medians of the rest) and prints measured against predicted tokens/s,
+  rank 0's allocator peak (the metrics' peak_bytes) and exposed communication.
+  --threads N    OMP_NUM_THREADS per rank (default 1: one core per rank, as the cpu
+                 cluster assumes)
+  --timeout S    seconds before a run is killed and counted as failed (default 300)
+  --keep DIR     keep the metrics and logs in DIR
+  --calibrate    the first layout of each rank count sets the cluster's sustained
+                 fraction for the layouts of that many ranks, so that its predicted step
+                 time is the measured one (a machine shared with other work runs slower
+                 than its figures say, and gives a job of N ranks less than N cores);
+                 every other row is then a prediction from those measurements
+]]
+
+local function usage_error(msg)
+  io.stderr:write("tetra sweep: ", msg, " (see tetra sweep --help)\n")
+  return 2
+end
+
+ffi.cdef [[ long readlink(const char *path, char *buf, size_t size); ]]
+
+-- This executable's path (to run the same tetra under mpirun).
+function M.self_exe()
+  local buf = ffi.new("char[4096]")
+  local n = tonumber(ffi.C.readlink("/proc/self/exe", buf, 4095))
+  if n <= 0 then error("cannot find the tetra executable (/proc/self/exe)", 0) end
+  return ffi.string(buf, n)
+end
+
+local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+-- A --layout value ("tp=2,pp=2,mb=1,...") as a layout table; nil, message if malformed.
+local LAYOUT_KEYS = { tp = true, pp = true, dp = true, cp = true, zero = true, sp = true,
+                      mb = true, schedule = true, v = true }
+function M.parse_layout(text, batch)
+  local lay = { tp = 1, pp = 1, dp = 1, cp = 1, zero = 0, sp = false, v = 1, schedule = "1f1b",
+                recompute = "none" }
+  for item in text:gmatch("[^,]+") do
+    local k, v = item:match("^%s*([%w_]+)%s*=%s*(.-)%s*$")
+    if not k or not LAYOUT_KEYS[k] then
+      return nil, "--layout: '" .. item .. "' is not one of tp, pp, dp, cp, zero, sp, mb, " ..
+                  "schedule, v as key=value"
+    end
+    if k == "schedule" then lay.schedule = v
+    elseif k == "sp" then lay.sp = v == "1" or v == "true" or v == "y"
+    else
+      local x = tonumber(v)
+      if not x or x < 0 or x ~= math.floor(x) then
+        return nil, "--layout: " .. k .. " needs a whole number, got '" .. v .. "'"
+      end
+      lay[k == "mb" and "micro_batch" or k == "zero" and "zero" or k] = x
+    end
+  end
+  lay.micro_batch = lay.micro_batch or batch / lay.dp
+  return lay
+end
+
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  if n == 0 then return nil end
+  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
+end
+
+-- Medians over steps > 2 of a metrics file: step_time_s, tokens_per_s, exposed_comm_s,
+-- peak_bytes; nil when fewer than one such step.
+function M.summarize(path)
+  local f = io.open(path)
+  if not f then return nil end
+  local st, tps, comm, peak = {}, {}, {}, {}
+  for line in f:lines() do
+    if line:sub(1, 1) == "{" then
+      local r = json.decode_json(line)
+      if r.step and r.step > 2 then
+        st[#st + 1], tps[#tps + 1] = r.step_time_s, r.tokens_per_s
+        comm[#comm + 1], peak[#peak + 1] = r.exposed_comm_s, r.peak_bytes
+      end
+    end
+  end
+  f:close()
+  if #st == 0 then return nil end
+  return { step_s = median(st), tokens_per_s = median(tps), exposed_comm_s = median(comm),
+           peak_bytes = median(peak), steps = #st }
+end
+
+-- Runs one layout; returns the measured summary or nil, a message.
+local function run_one(o, exe, file, r, dir, name)
+  local metrics, log = dir .. "/" .. name .. ".jsonl", dir .. "/" .. name .. ".log"
+  os.remove(metrics)
+  local args = { shell_quote(exe), "run", shell_quote(file) }
+  for _, s in ipairs(o.sets) do args[#args + 1] = "--set " .. shell_quote(s) end
+  for _, s in ipairs(plan.settings(r)) do args[#args + 1] = "--set " .. shell_quote(s) end
+  args[#args + 1] = "--set train.steps=" .. o.steps
+  args[#args + 1] = "--set train.warmup_steps=1"   -- the schedule's shape costs nothing
+  args[#args + 1] = "--set log.progress=false"
+  args[#args + 1] = "--set log.metrics_file=" .. shell_quote(metrics)
+  local cmd = string.format(
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout %d mpirun " ..
+    "--oversubscribe --bind-to none -np %d -x OMP_NUM_THREADS=%d %s > %s 2>&1",
+    o.timeout, r.world, o.threads, table.concat(args, " "), shell_quote(log))
+  local ok = os.execute(cmd)
+  local s = M.summarize(metrics)
+  if (ok ~= 0 and ok ~= true) or not s then
+    -- The run's own message (tetra prints "tetra: ..."), else the log's last line.
+    local why, last = nil, ""
+    local lf = io.open(log)
+    if lf then
+      for line in lf:lines() do
+        if not why and line:match("^tetra: ") then why = line end
+        if line:match("%S") then last = line end
+      end
+      lf:close()
+    end
+    return nil, "failed: " .. (why or last) .. " (log: " .. log .. ")"
+  end
+  return s
+end
+
+local function pct(pred, meas)
+  return meas and meas ~= 0 and string.format("%+.0f%%", 100 * (pred - meas) / meas) or "-"
+end
+
+function M.main(...)
+  local args, layouts, rest = { ... }, {}, {}
+  local o = { steps = 8, threads = 1, timeout = 300, top = 5 }
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "--help" or a == "-h" then io.write(M.usage); return 0
+    elseif a == "--layout" or a == "--steps" or a == "--threads" or a == "--timeout" or
+           a == "--keep" then
+      local v = args[i + 1]
+      if not v then return usage_error(a .. " needs a value") end
+      if a == "--layout" then layouts[#layouts + 1] = v
+      elseif a == "--keep" then o.keep = v
+      else
+        local x = tonumber(v)
+        if not x or x < 1 or x ~= math.floor(x) then
+          return usage_error(a .. " needs a whole number, got '" .. v .. "'")
+        end
+        o[a:sub(3)] = x
+      end
+      i = i + 2
+    elseif a == "--json" then o.json = true; i = i + 1
+    elseif a == "--calibrate" then o.calibrate = true; i = i + 1
+    else rest[#rest + 1] = a; i = i + 1 end
+  end
+  if o.steps < 3 then return usage_error("--steps must be at least 3 (2 warm-up steps are skipped)") end
+  local po, err = cli_plan.parse(rest)
+  if not po then return usage_error(err) end
+  o.sets = po.sets
+  local ok, res = pcall(function()
+    local cl = plan.cluster(po.cluster, po.over)
+    local cfg = cli_plan.load_config(po.file, po.sets)
+    return { cl = cl, cfg = cfg }
+  end)
+  if not ok then
+    io.stderr:write("tetra sweep: ", type(res) == "table" and res.message or tostring(res), "\n")
+    return 2
+  end
+  local cl, cfg = res.cl, res.cfg
+  local rows = {}
+  if #layouts > 0 then
+    for _, text in ipairs(layouts) do
+      local lay, lerr = M.parse_layout(text, cfg.train.batch_size)
+      if not lay then return usage_error(lerr) end
+      local c = plan.with_layout(cfg, lay)
+      local W = lay.tp * lay.pp * lay.dp * lay.cp
+      local problems = require("tetra.parallel.layout").problems(c, W)
+      if #problems > 0 then return usage_error("--layout " .. text .. ": " .. problems[1]) end
+      rows[#rows + 1] = plan.evaluate(cfg, lay, cl)
+      rows[#rows].layout = lay
+    end
+  else
+    local all = plan.search(cfg, cl, { fixed = po.fixed })
+    for k = 1, math.min(po.top or o.top, #all) do rows[k] = all[k] end
+    if o.calibrate then
+      return usage_error("--calibrate needs --layout (the first layout of each rank count calibrates)")
+    end
+  end
+  local file = po.file or (require("tetra.host").root .. "/recipes/llama.lua")
+  local dir = o.keep or os.tmpname() .. ".d"
+  os.execute("mkdir -p " .. shell_quote(dir))
+  local exe = M.self_exe()
+  local results, failed, calibrated = {}, 0, {}
+  for k, r in ipairs(rows) do
+    local name = string.format("%02d_dp%d_tp%d_pp%d_cp%d_z%d%s_mb%d_%s", k, r.dp, r.tp, r.pp,
+      r.cp, r.zero_stage, r.sequence_parallel and "_sp" or "", r.micro_batch, r.schedule)
+    io.stderr:write(string.format("# running %s on %d ranks ... ", name, r.world))
+    local t0 = os.time()
+    local s, why = run_one(o, exe, file, r, dir, name)
+    io.stderr:write(s and (os.time() - t0) .. " s\n" or why .. "\n")
+    if not s then failed = failed + 1 end
+    results[k] = { name = name, plan = r, measured = s }
+    if o.calibrate and not calibrated[r.world] then
+      if not s then
+        io.stderr:write("tetra sweep: the calibration run failed; nothing to compare\n")
+        return 1
+      end
+      -- The sustained fraction that makes this layout's predicted step the measured one
+      -- (every compute term scales with 1 / sustained; a few rounds settle the rest).
+      local c = {}
+      for key, val in pairs(cl) do c[key] = val end
+      for _ = 1, 8 do
+        c.sustained = c.sustained * plan.evaluate(cfg, r.layout, c).step_s / s.step_s
+      end
+      calibrated[r.world] = c
+      results[k].calibration = true
+      io.stderr:write(string.format("# calibrated %d-rank layouts: sustained fraction %.3f\n",
+                                    r.world, c.sustained))
+      for j, rj in ipairs(rows) do
+        if rj.world == r.world then
+          rows[j] = plan.evaluate(cfg, rj.layout, c)
+          rows[j].layout = rj.layout
+          if results[j] then results[j].plan = rows[j] end
+        end
+      end
+    end
+  end
+  if not o.keep then os.execute("rm -rf " .. shell_quote(dir)) end
+  if o.json then
+    local list = {}
+    for k, e in ipairs(results) do
+      local r, s = e.plan, e.measured
+      list[k] = { name = e.name, dp = r.dp, tp = r.tp, pp = r.pp, cp = r.cp,
+                  zero_stage = r.zero_stage, sequence_parallel = r.sequence_parallel,
+                  micro_batch = r.micro_batch, schedule = r.schedule, world = r.world,
+                  predicted_tokens_per_s = r.tokens_per_s, predicted_step_s = r.step_s,
+                  predicted_peak_bytes = r.mem_rank0,
+                  predicted_exposed_comm_s = r.exposed_comm_s + r.bubble_s,
+                  measured_tokens_per_s = s and s.tokens_per_s, measured_step_s = s and s.step_s,
+                  measured_peak_bytes = s and s.peak_bytes,
+                  measured_exposed_comm_s = s and s.exposed_comm_s, failed = s == nil,
+                  calibration = e.calibration or false }
+    end
+    io.write(json.encode_json(list), "\n")
+  else
+    local fmt = "%-36s %5s %10s %10s %6s %9s %9s %6s %9s %9s\n"
+    io.write(string.format("# %s; %d steps per run, medians of steps 3..%d; memory is rank 0's " ..
+      "allocator peak; exposed comm includes the pipeline bubble\n", cl.name, o.steps, o.steps))
+    for world, c in pairs(calibrated) do
+      io.write(string.format("# %d-rank rows calibrated on the first of them: sustained " ..
+                             "fraction %.3f\n", world, c.sustained))
+    end
+    io.write(string.format(fmt, "layout", "ranks", "tok/s meas", "tok/s pred", "err",
+      "peak MiB", "pred MiB", "err", "comm ms", "pred ms"))
+    for _, e in ipairs(results) do
+      local r, s = e.plan, e.measured
+      local pc = 1000 * (r.exposed_comm_s + r.bubble_s)
+      if s then
+        io.write(string.format(fmt, e.name, r.world, string.format("%.0f", s.tokens_per_s),
+          string.format("%.0f", r.tokens_per_s), pct(r.tokens_per_s, s.tokens_per_s),
+          string.format("%.1f", s.peak_bytes / 2 ^ 20), string.format("%.1f", r.mem_rank0 / 2 ^ 20),
+          pct(r.mem_rank0, s.peak_bytes), string.format("%.1f", 1000 * s.exposed_comm_s),
+          string.format("%.1f", pc)))
+      else
+        io.write(string.format(fmt, e.name, r.world, "FAILED", string.format("%.0f", r.tokens_per_s),
+          "-", "-", string.format("%.1f", r.mem_rank0 / 2 ^ 20), "-", "-", string.format("%.1f", pc)))
+      end
+    end
+  end
+  return failed == 0 and 0 or 1
+end
+
+return M

@@ -1,0 +1,162 @@
+-- tetra.plan: the planner's memory is the engine's (a real one-process run's allocator
+-- peak, the model's parameter count), its pipeline replay is the schedules' closed form,
+-- its layouts are the ones the layout rules accept, its YAML loads as the same layout, and
+-- it still reproduces the published Megatron-LM rows within 15%.
+local plan = require("tetra.plan")
+local published = require("tetra.plan_published")
+local config = require("tetra.config")
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local llama = dofile(here .. "/../../recipes/llama.lua")
+local gpt2 = dofile(here .. "/../../recipes/gpt2.lua")
+
+local function build(recipe, sets)
+  local cfg = config.build({ defaults = recipe.defaults, sets = sets or {}, world_size = false })
+  cfg.model.family = cfg.model.family or (recipe == gpt2 and "gpt2" or "llama")
+  return cfg
+end
+
+local small = { "model.dim=128", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
+                "model.ffn_hidden=256", "model.vocab_size=512", "model.seq_len=64",
+                "train.batch_size=4" }
+
+describe("plan memory", function()
+  it("counts the parameters the recipes build", function()
+    for _, case in ipairs({ { llama, small }, { llama, { "model.tie_embeddings=true" } },
+                            { gpt2, { "model.dim=64", "model.n_layers=2", "model.n_heads=4",
+                                      "model.vocab_size=300", "model.seq_len=32" } } }) do
+      local cfg = build(case[1], case[2])
+      local model = case[1].Model(cfg.model)
+      expect(plan.parameter_count(cfg.model)).to_be(model:num_params())
+    end
+  end)
+
+  it("predicts a one-process run's allocator peak", function()
+    -- `tetra run` as a user runs it, with one micro-batch and with two (the peak with
+    -- and without the gradients of an earlier micro-batch alive).
+    local sweep = require("tetra.cli.sweep")
+    for _, accum in ipairs({ 1, 2 }) do
+      local sets = { unpack(small) }
+      sets[#sets + 1] = "train.gradient_accumulation_steps=" .. accum
+      local metrics = os.tmpname()
+      local cmd = { sweep.self_exe(), "run", here .. "/../../recipes/llama.lua" }
+      for _, kv in ipairs(sets) do cmd[#cmd + 1] = "--set " .. kv end
+      for _, kv in ipairs({ "train.steps=3", "train.warmup_steps=1", "log.progress=false",
+                            "log.metrics_file=" .. metrics }) do
+        cmd[#cmd + 1] = "--set " .. kv
+      end
+      local ok = os.execute(table.concat(cmd, " ") .. " > /dev/null 2>&1")
+      expect(ok == 0 or ok == true).to_be(true)
+      local measured = sweep.summarize(metrics)
+      os.remove(metrics)
+      local cfg = build(llama, sets)
+      local pred = plan.evaluate(cfg, plan.layout_of(cfg), plan.cluster("cpu", { devices_per_node = 1 }))
+      expect(pred.mem_rank0).to_be_close(measured.peak_bytes, 0.03, 0)
+    end
+  end)
+end)
+
+describe("plan pipeline replay", function()
+  -- The engine's own schedules (tetra.parallel.pipeline.schedule) with every forward 1
+  -- and every backward 2 time units: m micro-batches over S stages end after
+  -- (m + S - 1) x 3 units under GPipe and 1F1B; interleaving v chunks per stage (each
+  -- chunk 1/v of the work) shrinks the bubble to (S - 1) x 3 / v.
+  local function run(schedule, S, m, v)
+    local fwd, bwd = {}, {}
+    for s = 0, S - 1 do
+      fwd[s], bwd[s] = {}, {}
+      for c = 0, v - 1 do fwd[s][c], bwd[s][c] = 1 / v, 2 / v end
+    end
+    return plan.replay({ pp = S, v = v, schedule = schedule }, m, fwd, bwd, 0)
+  end
+
+  it("has the closed-form span", function()
+    for _, sched in ipairs({ "gpipe", "1f1b" }) do
+      for _, sm in ipairs({ { 4, 8 }, { 2, 2 }, { 4, 1 }, { 8, 16 } }) do
+        local span = run(sched, sm[1], sm[2], 1)
+        expect(span).to_be_near((sm[2] + sm[1] - 1) * 3, 1e-9)
+      end
+    end
+    local span = run("interleaved_1f1b", 4, 8, 2)
+    expect(span).to_be_near(8 * 3 + 3 * 3 / 2, 1e-9)
+  end)
+
+  it("holds S - s micro-batches on stage s under 1F1B, all of them under GPipe", function()
+    local _, _, held = run("1f1b", 4, 8, 1)
+    local _, _, all = run("gpipe", 4, 8, 1)
+    for s = 0, 3 do
+      expect(held[s][0]).to_be(4 - s)
+      expect(all[s][0]).to_be(8)
+    end
+  end)
+end)
+
+describe("plan layouts", function()
+  local cfg = build(llama, small)
+  local cl = plan.cluster("cpu", { devices_per_node = 4 })
+  it("lists only layouts the layout rules accept, best first", function()
+    local rows = plan.search(cfg, cl)
+    expect(#rows > 10).to_be(true)
+    local rules = require("tetra.parallel.layout")
+    for i, r in ipairs(rows) do
+      expect(r.dp * r.tp * r.pp * r.cp).to_be(4)
+      if i > 1 and rows[i - 1].fits == r.fits then
+        expect(rows[i - 1].tokens_per_s >= r.tokens_per_s - 1e-9).to_be(true)
+      end
+    end
+    for _, lay in ipairs(plan.layouts(cfg, cl)) do
+      expect(#rules.problems(plan.with_layout(cfg, lay), 4)).to_be(0)
+    end
+  end)
+
+  it("writes a YAML config that loads as the same layout", function()
+    local r = plan.search(cfg, cl)[1]
+    local path = os.tmpname() .. ".yaml"
+    local f = assert(io.open(path, "w"))
+    f:write(plan.yaml(cfg, r, cl))
+    f:close()
+    local _, loaded = config.load(path, {}, { world_size = r.world })
+    os.remove(path)
+    local p = loaded.parallel
+    expect(p.data_parallel_size).to_be(r.dp)
+    expect(p.tensor_parallel_size).to_be(r.tp)
+    expect(p.pipeline_parallel_size).to_be(r.pp)
+    expect(p.context_parallel_size).to_be(r.cp)
+    expect(p.zero_stage).to_be(r.zero_stage)
+    expect(loaded.train.gradient_accumulation_steps).to_be(r.grad_accum)
+    expect(loaded.model.dim).to_be(128)
+  end)
+
+  it("marks a layout that does not fit", function()
+    local big = plan.cluster("cpu", { devices_per_node = 2, mem_bytes = 1e6 })
+    local rows = plan.search(cfg, big)
+    expect(rows[1].fits).to_be(false)
+  end)
+end)
+
+describe("plan against published runs", function()
+  it("reproduces every Megatron-LM row within 15%", function()
+    for _, row in ipairs(published.rows) do
+      if row.source ~= "torchtitan" then
+        local _, v = published.predict(row)
+        local err = (v - row.value) / row.value
+        if math.abs(err) > 0.15 then
+          error(string.format("%s: predicted %.3f, published %.3f (%+.0f%%)", row.name, v,
+                              row.value, 100 * err), 0)
+        end
+      end
+    end
+  end)
+
+  it("stays above torchtitan's eager FSDP rows by the documented gap", function()
+    -- Not matched (docs/planner.md): eager PyTorch's unfused kernels and a 500 W power
+    -- cap are outside the model, so it predicts 25-45% more than was published.
+    for _, row in ipairs(published.rows) do
+      if row.source == "torchtitan" then
+        local _, v = published.predict(row)
+        local err = (v - row.value) / row.value
+        expect(err > 0.25 and err < 0.45).to_be(true)
+      end
+    end
+  end)
+end)
