@@ -5,7 +5,7 @@
 --   tetra run recipes/demo.lua --set train.steps=50  (a quick look)
 --
 -- Corpus (Debian packages, installed by the setup): every fortune cookie file of
--- `fortunes` (/usr/share/games/fortunes) and the King James Bible of `bible-kjv-text`
+-- `fortunes` (/usr/share/games/fortunes) and the King James Bible of `bible-kjv`
 -- (read through its `bible` command); the last 5% of each is held out for the eval loss.
 -- Tokens: a byte-level BPE vocabulary of demo.vocab_size trained on the training text
 -- when the run starts (under a second), through tetra.data's loader; or, with
@@ -41,6 +41,10 @@ local function corpus()
     end
   end
   local parts = { table.concat(fortunes, "\n"), read_command("bible Gen1:1-Rev22:21") }
+  if #parts[2] < 1000000 then   -- the corpus the summary names, or a clear line
+    error("demo: the King James Bible is missing: install the Debian package bible-kjv " ..
+          "(its `bible` command reads it; tools/setup installs it)", 0)
+  end
   if #parts[1] + #parts[2] < 100000 then
     error("demo: corpus not found. Install the Debian packages fortunes and " ..
           "bible-kjv-text (tools/setup does), or train on your own text with " ..

@@ -356,8 +356,10 @@ function train.setup(cfg, model, data, opts)
     -- The global batch at this step's data position (past any window the guard skipped;
     -- a loader that reads in order drops the skipped batches).
     local pos = guard:position(step)
-    while data.next_step and data.next_step.train < pos do
-      free(data:batch(data.next_step.train, t.batch_size, seq_len, "train"))
+    -- (A tetra.data source counts its training batches once its loader exists.)
+    local function next_read() return data.next_step and (data.next_step.train or 1) end
+    while next_read() and next_read() < pos do
+      free(data:batch(next_read(), t.batch_size, seq_len, "train"))
     end
     local global = to_dev(data:batch(pos, t.batch_size, seq_len, "train"), dev)
     local mine = data.local_rows and global or ddp:batch_slice(global)
