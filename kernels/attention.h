@@ -19,6 +19,13 @@
 **   P = exp(S - lse), dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P * (dP - D),
 **   dQ = scale dS K, dK = scale dS^T Q; for GQA, dK and dV sum over the group's heads.
 **
+** Precision: the kernels above read and write f32. q, k and v in bf16 or f16 (out and the
+** gradients in the same dtype, lse always f32) go first to the optional fused entries
+** (cuDNN's flash attention on CUDA; NULL on the CPU), which take what they support and
+** answer 0 for the rest; the engine then runs the f32 kernels on f32 copies and rounds
+** the results (engine/ops_attention.c), which is also the CPU twin the fused path is
+** tested against.
+**
 ** Kernels take a workspace of f32 elements sized by the matching *_workspace entry (called
 ** just before, on the same thread) so that they never allocate. Every entry returns 0, or
 ** -1 with tt_last_error() set.
@@ -49,6 +56,14 @@ typedef struct tt_attention_kernels {
   int (*backward)(const tt_attention_args *a, const float *q, const float *k,
                   const float *v, const float *out, const float *lse, const float *dout,
                   float *dq, float *dk, float *dv, float *workspace);
+  /* Optional fused low-precision path: dtype is TT_BF16 or TT_F16 for q, k, v, out, dout,
+  ** dq, dk and dv (contiguous like the f32 ones); lse f32. 1 when it ran, 0 when it does
+  ** not take these arguments (the caller falls back; nothing was written), -1 on error. */
+  int (*fused_forward)(const tt_attention_args *a, int dtype, const void *q, const void *k,
+                       const void *v, void *out, float *lse);
+  int (*fused_backward)(const tt_attention_args *a, int dtype, const void *q, const void *k,
+                        const void *v, const void *out, const float *lse, const void *dout,
+                        void *dq, void *dk, void *dv);
 } tt_attention_kernels;
 
 extern const tt_attention_kernels tt_attention_cpu;

@@ -412,3 +412,126 @@ Test(attention, rejects_bad_arguments) {
   tt_tensor *ts[7] = {q, k3, k, vbad, flat, qi, pos};
   for (int i = 0; i < 7; i++) tt_tensor_release(ts[i]);
 }
+
+/* -- bf16 / f16: the CPU twin of the fused (cuDNN) path ----------------------------- */
+
+static tt_tensor *cast_to(tt_tensor *t, int dtype) {
+  tt_tensor *c = NULL;
+  cr_assert(tt_cast(t, dtype, &c) == 0, "%s", tt_last_error());
+  return c;
+}
+
+/* ||a - b|| / ||b|| over all elements, any float dtypes. */
+static double rel_l2(tt_tensor *a, tt_tensor *b) {
+  int64_t n = tt_tensor_numel(b);
+  cr_assert_eq(tt_tensor_numel(a), n);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double x = tt_tensor_get(a, i), y = tt_tensor_get(b, i);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* Forward and backward of the low-precision op against the f32 op on the same (unrounded)
+** inputs. bf16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%); inputs, output
+** and gradients are each rounded once, so 1% relative L2 for bf16 and 0.2% for f16 (11
+** bits) leave room for the error to add up, and fail on any real mistake (a wrong
+** element or head is >10%). The outputs must also be exactly the f32 op on the rounded
+** inputs, rounded: that is what the twin promises the cuDNN test. */
+static void check_low_precision(const attn_case *c, int dtype, int fused_views) {
+  tt_tensor *in[3], *lp[3], *back[3];
+  if (fused_views) make_fused_inputs(c, 91, in);
+  else make_inputs(c, 0, 91, in);
+  for (int i = 0; i < 3; i++) {
+    lp[i] = cast_to(in[i], dtype);
+    back[i] = cast_to(lp[i], TT_F32);
+  }
+  if (fused_views) {
+    /* strided low-precision views, as a fused bf16 QKV projection gives them: the same
+    ** values as make_fused_inputs' f32 views (same seed), rounded */
+    int64_t shape[4] = {c->b, c->tq, c->hq + 2 * c->hkv, c->dh};
+    tt_tensor *qkv = NULL, *f = tt_test_rand(shape, 4, 91);
+    qkv = cast_to(f, dtype);
+    for (int i = 0; i < 3; i++) tt_tensor_release(lp[i]);
+    cr_assert(tt_narrow(qkv, 2, 0, c->hq, &lp[0]) == 0);
+    cr_assert(tt_narrow(qkv, 2, c->hq, c->hkv, &lp[1]) == 0);
+    cr_assert(tt_narrow(qkv, 2, c->hq + c->hkv, c->hkv, &lp[2]) == 0);
+    cr_assert(!tt_tensor_is_contiguous(lp[0]));
+    tt_tensor_release(qkv);
+    tt_tensor_release(f);
+  }
+  const double tol = dtype == TT_BF16 ? 1e-2 : 2e-3;
+  tt_tensor *w = NULL, *out_lp = NULL, *out_f = NULL, *out_r = NULL;
+  for (int i = 0; i < 3; i++) {
+    cr_assert(tt_set_requires_grad(in[i], 1) == 0);
+    cr_assert(tt_set_requires_grad(lp[i], 1) == 0);
+    cr_assert(tt_set_requires_grad(back[i], 1) == 0);
+  }
+  cr_assert(op_attention(lp, &out_lp, (void *)c) == 0, "%s", tt_last_error());
+  cr_assert(op_attention(in, &out_f, (void *)c) == 0, "%s", tt_last_error());
+  cr_assert(op_attention(back, &out_r, (void *)c) == 0, "%s", tt_last_error());
+  cr_assert_eq(out_lp->dtype, dtype);
+  double e = rel_l2(out_lp, out_f);
+  cr_assert(e < tol, "%s forward: relative error %.3g against f32 (tolerance %.3g)",
+            tt_dtype_name(dtype), e, tol);
+  tt_tensor *rounded = cast_to(out_r, dtype);
+  cr_assert_eq(rel_l2(out_lp, rounded), 0.0, "not the rounded f32 result");
+
+  w = tt_test_rand(out_f->shape, 4, 5);
+  tt_tensor *w_lp = cast_to(w, dtype);
+  cr_assert(tt_backward_with(out_lp, w_lp) == 0, "%s", tt_last_error());
+  cr_assert(tt_backward_with(out_f, w) == 0, "%s", tt_last_error());
+  const char *names[3] = {"dq", "dk", "dv"};
+  for (int i = 0; i < 3; i++) {
+    cr_assert(lp[i]->grad != NULL, "%s missing", names[i]);
+    cr_assert_eq(lp[i]->grad->dtype, dtype, "%s is %s", names[i],
+                 tt_dtype_name(lp[i]->grad->dtype));
+    double eg = rel_l2(lp[i]->grad, in[i]->grad);
+    cr_assert(eg < 2 * tol, "%s %s: relative error %.3g against f32", tt_dtype_name(dtype),
+              names[i], eg);
+  }
+  tt_tensor *ts[] = {w, w_lp, out_lp, out_f, out_r, rounded};
+  for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) tt_tensor_release(ts[i]);
+  for (int i = 0; i < 3; i++) {
+    tt_tensor_release(in[i]);
+    tt_tensor_release(lp[i]);
+    tt_tensor_release(back[i]);
+  }
+}
+
+Test(attention, bf16_causal_gqa_odd_lengths) {
+  attn_case c = {.b = 2, .tq = 37, .tk = 37, .hq = 4, .hkv = 2, .dh = 64, .causal = 1};
+  check_low_precision(&c, TT_BF16, 0);
+}
+
+Test(attention, f16_noncausal_cross_lengths_dh128) {
+  attn_case c = {.b = 1, .tq = 19, .tk = 45, .hq = 2, .hkv = 1, .dh = 128};
+  check_low_precision(&c, TT_F16, 0);
+}
+
+Test(attention, bf16_context_parallel_chunk) {
+  /* cp = 2, T = 16: rank 1 holds chunks 1 and 2 (positions 4..11) and sees every key */
+  static const int64_t qp[8] = {4, 5, 6, 7, 8, 9, 10, 11};
+  static const int64_t kp[16] = {0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11};
+  attn_case c = {.b = 1, .tq = 8, .tk = 16, .hq = 2, .hkv = 2, .dh = 64, .causal = 1,
+                 .q_pos = qp, .k_pos = kp, .pos_dtype = TT_I64};
+  check_low_precision(&c, TT_BF16, 0);
+}
+
+Test(attention, bf16_fused_qkv_views) {
+  attn_case c = {.b = 2, .tq = 13, .tk = 13, .hq = 4, .hkv = 2, .dh = 64, .causal = 1};
+  check_low_precision(&c, TT_BF16, 1);
+}
+
+Test(attention, rejects_mixed_dtypes) {
+  int64_t s[4] = {1, 5, 2, 8};
+  tt_tensor *q = tt_test_rand(s, 4, 1), *k = tt_test_rand(s, 4, 2), *out = NULL;
+  tt_tensor *kb = cast_to(k, TT_BF16);
+  tt_test_assert_error(tt_attention(q, kb, kb, 1, 0.0, &out), "give q, k and v one dtype");
+  cr_assert_null(out);
+  tt_tensor_release(q);
+  tt_tensor_release(k);
+  tt_tensor_release(kb);
+}
