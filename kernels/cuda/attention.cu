@@ -13,10 +13,24 @@
 ** its dK and dV, summing over the query heads of its group. Each output row is written
 ** by exactly one warp: no atomics, deterministic.
 **
-** This is the correctness baseline on CUDA cores; a tensor-core (wgmma) tiled kernel or
-** cuDNN's fused attention is what the GPU benchmark compares it with.
+** This is the correctness baseline on CUDA cores (f32). bf16 / f16 attention goes to
+** cuDNN's fused flash attention on tensor cores (engine/cuda/cudnn_sdpa.cu) through the
+** fused entries at the end of this file; what cuDNN does not take falls back to this
+** kernel on f32 copies (engine/ops_attention.c).
+**
+** Explicit positions (context parallelism) reach cuDNN as block pairs: the queries and
+** the keys are each cut into runs of consecutive positions (a CP rank's two chunks, the
+** gathered keys' 2 cp chunks), and each (query run, key run) pair is either hidden
+** (skipped), fully visible (no mask) or causal along a diagonal shifted by the runs'
+** first positions. Partial results are merged with their lse (log-sum-exp weights) in
+** f32; the backward runs each visible pair with the merged out and lse, which is exactly
+** the FlashAttention-2 gradient restricted to that pair, and sums the pairs' gradients.
+** Positions that do not cut into such runs (unsorted, or a key run that starts after
+** its query run but overlaps it) fall back.
 */
 #include "cuda/tt_cuda.h"
+#include "cuda/tt_cudnn_sdpa.h"
+#include <vector>
 extern "C" {
 #include "attention.h"
 }
@@ -232,8 +246,298 @@ static int backward(const tt_attention_args *a, const float *q, const float *k,
   return 0;
 }
 
+/* -- Fused bf16 / f16 attention through cuDNN ----------------------------------------- */
+
+/* A run of consecutive positions: rows [start, start + len) at positions pos0 ... */
+struct pos_run {
+  int64_t start, len, pos0;
+};
+
+enum { MAX_RUNS = 64 };
+
+/* The runs of consecutive positions of `pos` (device, n), or one run for NULL (0..n-1).
+** 0 when there are more than MAX_RUNS (not a chunked layout), -1 on a CUDA error. */
+static int position_runs(const int64_t *pos, int64_t n, std::vector<pos_run> &runs) {
+  runs.clear();
+  if (!pos) {
+    runs.push_back({0, n, 0});
+    return 1;
+  }
+  std::vector<int64_t> h((size_t)n);
+  TT_CU(cudaMemcpyAsync(h.data(), pos, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                        tt_cuda_cur_stream()));
+  TT_CU(cudaStreamSynchronize(tt_cuda_cur_stream()));
+  for (int64_t i = 0; i < n; i++) {
+    if (i > 0 && h[i] == h[i - 1] + 1) {
+      runs.back().len++;
+      continue;
+    }
+    if ((int)runs.size() == MAX_RUNS) return 0;
+    runs.push_back({i, 1, h[i]});
+  }
+  return 1;
+}
+
+enum { PAIR_HIDDEN, PAIR_VISIBLE, PAIR_DIAGONAL, PAIR_UNSUPPORTED };
+
+/* How the queries of run qr see the keys of run kr; *offset for PAIR_DIAGONAL. */
+static int classify_pair(int causal, const pos_run &qr, const pos_run &kr, int64_t *offset) {
+  if (!causal) return PAIR_VISIBLE;
+  int64_t q_last = qr.pos0 + qr.len - 1, k_last = kr.pos0 + kr.len - 1;
+  if (kr.pos0 > q_last) return PAIR_HIDDEN;
+  if (k_last <= qr.pos0) return PAIR_VISIBLE;
+  *offset = qr.pos0 - kr.pos0;
+  return *offset >= 0 ? PAIR_DIAGONAL : PAIR_UNSUPPORTED;
+}
+
+struct block_pair {
+  pos_run q, k;
+  int masked;
+  int64_t offset;
+};
+
+/* Every visible block pair, or 0 when one pair has no cuDNN form (fall back). */
+static int block_pairs(const tt_attention_args *a, std::vector<block_pair> &pairs) {
+  std::vector<pos_run> qr, kr;
+  int rc = position_runs(a->q_pos, a->tq, qr);
+  if (rc <= 0) return rc;
+  rc = position_runs(a->k_pos, a->tk, kr);
+  if (rc <= 0) return rc;
+  pairs.clear();
+  for (const pos_run &q : qr)
+    for (const pos_run &k : kr) {
+      int64_t offset = 0;
+      int kind = classify_pair(a->causal, q, k, &offset);
+      if (kind == PAIR_UNSUPPORTED) return 0;
+      if (kind != PAIR_HIDDEN) pairs.push_back({q, k, kind == PAIR_DIAGONAL, offset});
+    }
+  return 1;
+}
+
+/* The cuDNN shape of one block pair; outputs laid out like the whole (B, T, H, Dh). */
+static tt_sdpa_shape pair_shape(const tt_attention_args *a, int dtype, const block_pair &p) {
+  tt_sdpa_shape s;
+  s.b = a->batch;
+  s.hq = a->hq;
+  s.hkv = a->hkv;
+  s.tq = p.q.len;
+  s.tk = p.k.len;
+  s.dh = a->dh;
+  for (int i = 0; i < 3; i++) {
+    s.q_stride[i] = a->q_stride[i];
+    s.k_stride[i] = a->k_stride[i];
+    s.v_stride[i] = a->v_stride[i];
+  }
+  const int64_t o[3] = {a->tq * a->hq * a->dh, a->hq * a->dh, a->dh};
+  const int64_t kv[3] = {a->tk * a->hkv * a->dh, a->hkv * a->dh, a->dh};
+  for (int i = 0; i < 3; i++) {
+    s.o_stride[i] = o[i];
+    s.kv_grad_stride[i] = kv[i];
+  }
+  s.lse_stride[0] = a->hq * a->tq;
+  s.lse_stride[1] = a->tq;
+  s.dtype = dtype;
+  s.masked = p.masked;
+  s.offset = p.offset;
+  s.scale = a->scale;
+  return s;
+}
+
+typedef unsigned short half_bits;   /* bf16 and f16 are both 2 bytes */
+
+/* Pointer to row t of a (B, T, H, Dh)-strided 2-byte tensor (batch and head 0). */
+static const half_bits *row_ptr(const void *p, int64_t t, int64_t t_stride) {
+  return (const half_bits *)p + t * t_stride;
+}
+
+__global__ void fill_f32(float *x, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = v;
+}
+
+/* Merges one block pair's (out, lse) rows [t0, t0 + len) into the f32 accumulators (all
+** (B, Tq, Hq, Dh) and (B, Hq, Tq)). One block per (b, h, row); threads along Dh. */
+template <typename T>
+__global__ void merge_rows(int64_t tq, int64_t hq, int64_t dh, int64_t t0, int64_t len,
+                           const T *part, const float *part_lse, float *acc,
+                           float *acc_lse) {
+  int64_t r = blockIdx.x;
+  int64_t i = t0 + r % len, h = (r / len) % hq, b = r / (len * hq);
+  int64_t l_at = (b * hq + h) * tq + i;
+  float l1 = acc_lse[l_at], l2 = part_lse[l_at];
+  float m = fmaxf(l1, l2);
+  __syncthreads();
+  if (m == -INFINITY) return;
+  float w1 = __expf(l1 - m), w2 = __expf(l2 - m), tot = w1 + w2;
+  int64_t o_at = ((b * tq + i) * hq + h) * dh;
+  for (int64_t d = threadIdx.x; d < dh; d += blockDim.x)
+    acc[o_at + d] = (acc[o_at + d] * w1 + tt_ld(part, o_at + d) * w2) / tot;
+  if (threadIdx.x == 0) acc_lse[l_at] = m + logf(tot);
+}
+
+/* acc (B, T, H, Dh) rows [t0, t0 + len) += part's. */
+template <typename T>
+__global__ void add_rows(int64_t t, int64_t h, int64_t dh, int64_t t0, int64_t len,
+                         int64_t batch, const T *part, float *acc) {
+  int64_t n = batch * len * h * dh;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
+       e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t inner = e % (h * dh), row = e / (h * dh);
+    int64_t at = ((row / len) * t + t0 + row % len) * h * dh + inner;
+    acc[at] += tt_ld(part, at);
+  }
+}
+
+template <typename T>
+__global__ void round_to(const float *x, T *y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    tt_st(y, i, x[i]);
+}
+
+/* f32 scratch tensors of the fused path, released together. */
+struct scratch {
+  std::vector<tt_tensor *> ts;
+  void *get(int64_t n, int dtype) {
+    tt_tensor *t = NULL;
+    n = n > 0 ? n : 1;
+    if (tt_tensor_empty(&n, 1, dtype, tt_cuda_current_device(), &t) != 0) return NULL;
+    ts.push_back(t);
+    return tt_tensor_data(t);
+  }
+  ~scratch() {
+    for (tt_tensor *t : ts) tt_tensor_release(t);
+  }
+};
+
+static int fill(float *x, int64_t n, float v) {
+  fill_f32<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(x, n, v);
+  TT_CU_LAUNCHED("fill_f32");
+  return 0;
+}
+
+template <typename T>
+static int round_into(const float *x, void *y, int64_t n) {
+  round_to<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(x, (T *)y, n);
+  TT_CU_LAUNCHED("round_to");
+  return 0;
+}
+
+/* Several block pairs: each into a scratch (out, lse), merged in f32, then rounded. */
+template <typename T>
+static int forward_pairs(const tt_attention_args *a, int dtype,
+                         const std::vector<block_pair> &pairs, const void *q, const void *k,
+                         const void *v, void *out, float *lse) {
+  const int64_t no = a->batch * a->tq * a->hq * a->dh, nl = a->batch * a->hq * a->tq;
+  scratch sc;
+  float *acc = (float *)sc.get(no, TT_F32), *acc_lse = (float *)sc.get(nl, TT_F32);
+  void *part = sc.get((no + 1) / 2, TT_F32);
+  float *part_lse = (float *)sc.get(nl, TT_F32);
+  if (!acc || !acc_lse || !part || !part_lse) return -1;
+  TT_TRY(fill(acc, no, 0.0f));
+  TT_TRY(fill(acc_lse, nl, -INFINITY));
+  for (const block_pair &p : pairs) {
+    tt_sdpa_shape s = pair_shape(a, dtype, p);
+    int rc = tt_cudnn_sdpa_forward(
+        &s, row_ptr(q, p.q.start, a->q_stride[1]), row_ptr(k, p.k.start, a->k_stride[1]),
+        row_ptr(v, p.k.start, a->v_stride[1]),
+        (half_bits *)part + p.q.start * s.o_stride[1], part_lse + p.q.start);
+    if (rc <= 0) return rc;
+    merge_rows<T><<<(unsigned)(a->batch * a->hq * p.q.len), 128, 0, tt_cuda_cur_stream()>>>(
+        a->tq, a->hq, a->dh, p.q.start, p.q.len, (const T *)part, part_lse, acc, acc_lse);
+    TT_CU_LAUNCHED("merge_rows");
+  }
+  TT_TRY(round_into<T>(acc, out, no));
+  TT_CU(cudaMemcpyAsync(lse, acc_lse, (size_t)nl * sizeof(float), cudaMemcpyDeviceToDevice,
+                        tt_cuda_cur_stream()));
+  return 1;
+}
+
+static int fused_forward(const tt_attention_args *a, int dtype, const void *q, const void *k,
+                         const void *v, void *out, float *lse) {
+  /* what cuDNN cannot take at all is known before the positions are read back */
+  const block_pair whole = {{0, a->tq, 0}, {0, a->tk, 0}, 0, 0};
+  tt_sdpa_shape s0 = pair_shape(a, dtype, whole);
+  if (!tt_cudnn_sdpa_supported(&s0)) return 0;
+  std::vector<block_pair> pairs;
+  int rc = block_pairs(a, pairs);
+  if (rc <= 0 || pairs.empty()) return rc < 0 ? -1 : 0;
+  s0 = pair_shape(a, dtype, pairs[0]);
+  if (pairs.size() == 1 && pairs[0].q.len == a->tq)
+    return tt_cudnn_sdpa_forward(&s0, q, row_ptr(k, pairs[0].k.start, a->k_stride[1]),
+                                 row_ptr(v, pairs[0].k.start, a->v_stride[1]), out, lse);
+  return dtype == TT_BF16
+             ? forward_pairs<__nv_bfloat16>(a, dtype, pairs, q, k, v, out, lse)
+             : forward_pairs<__half>(a, dtype, pairs, q, k, v, out, lse);
+}
+
+/* Several block pairs: each pair's gradients into scratch, summed in f32, then rounded. */
+template <typename T>
+static int backward_pairs(const tt_attention_args *a, int dtype,
+                          const std::vector<block_pair> &pairs, const void *q, const void *k,
+                          const void *v, const void *out, const float *lse,
+                          const void *dout, void *dq, void *dk, void *dv) {
+  const int64_t nq = a->batch * a->tq * a->hq * a->dh, nk = a->batch * a->tk * a->hkv * a->dh;
+  scratch sc;
+  float *dq_acc = (float *)sc.get(nq, TT_F32), *dk_acc = (float *)sc.get(nk, TT_F32);
+  float *dv_acc = (float *)sc.get(nk, TT_F32);
+  void *dq_part = sc.get((nq + 1) / 2, TT_F32), *dk_part = sc.get((nk + 1) / 2, TT_F32);
+  void *dv_part = sc.get((nk + 1) / 2, TT_F32);
+  if (!dq_acc || !dk_acc || !dv_acc || !dq_part || !dk_part || !dv_part) return -1;
+  TT_TRY(fill(dq_acc, nq, 0.0f));
+  TT_TRY(fill(dk_acc, nk, 0.0f));
+  TT_TRY(fill(dv_acc, nk, 0.0f));
+  cudaStream_t st = tt_cuda_cur_stream();
+  for (const block_pair &p : pairs) {
+    tt_sdpa_shape s = pair_shape(a, dtype, p);
+    int64_t oq = p.q.start * s.o_stride[1], ok = p.k.start * s.kv_grad_stride[1];
+    int rc = tt_cudnn_sdpa_backward(
+        &s, row_ptr(q, p.q.start, a->q_stride[1]), row_ptr(k, p.k.start, a->k_stride[1]),
+        row_ptr(v, p.k.start, a->v_stride[1]), (const half_bits *)out + oq, lse + p.q.start,
+        (const half_bits *)dout + oq, (half_bits *)dq_part + oq, (half_bits *)dk_part + ok,
+        (half_bits *)dv_part + ok);
+    if (rc <= 0) return rc;
+    int64_t n = a->batch * p.q.len * a->hq * a->dh, m = a->batch * p.k.len * a->hkv * a->dh;
+    add_rows<T><<<tt_cuda_blocks(n, 256), 256, 0, st>>>(a->tq, a->hq, a->dh, p.q.start,
+                                                        p.q.len, a->batch, (const T *)dq_part,
+                                                        dq_acc);
+    add_rows<T><<<tt_cuda_blocks(m, 256), 256, 0, st>>>(a->tk, a->hkv, a->dh, p.k.start,
+                                                        p.k.len, a->batch, (const T *)dk_part,
+                                                        dk_acc);
+    add_rows<T><<<tt_cuda_blocks(m, 256), 256, 0, st>>>(a->tk, a->hkv, a->dh, p.k.start,
+                                                        p.k.len, a->batch, (const T *)dv_part,
+                                                        dv_acc);
+    TT_CU_LAUNCHED("add_rows");
+  }
+  TT_TRY(round_into<T>(dq_acc, dq, nq));
+  TT_TRY(round_into<T>(dk_acc, dk, nk));
+  TT_TRY(round_into<T>(dv_acc, dv, nk));
+  return 1;
+}
+
+static int fused_backward(const tt_attention_args *a, int dtype, const void *q, const void *k,
+                          const void *v, const void *out, const float *lse, const void *dout,
+                          void *dq, void *dk, void *dv) {
+  /* what cuDNN cannot take at all is known before the positions are read back */
+  const block_pair whole = {{0, a->tq, 0}, {0, a->tk, 0}, 0, 0};
+  tt_sdpa_shape s0 = pair_shape(a, dtype, whole);
+  if (!tt_cudnn_sdpa_supported(&s0)) return 0;
+  std::vector<block_pair> pairs;
+  int rc = block_pairs(a, pairs);
+  if (rc <= 0 || pairs.empty()) return rc < 0 ? -1 : 0;
+  s0 = pair_shape(a, dtype, pairs[0]);
+  /* One pair covering every query and key: straight into the gradients. */
+  if (pairs.size() == 1 && pairs[0].q.len == a->tq && pairs[0].k.len == a->tk)
+    return tt_cudnn_sdpa_backward(&s0, q, k, v, out, lse, dout, dq, dk, dv);
+  return dtype == TT_BF16
+             ? backward_pairs<__nv_bfloat16>(a, dtype, pairs, q, k, v, out, lse, dout, dq, dk,
+                                             dv)
+             : backward_pairs<__half>(a, dtype, pairs, q, k, v, out, lse, dout, dq, dk, dv);
+}
+
 extern "C" const tt_attention_kernels tt_attention_cuda = {
-  forward_workspace, forward, backward_workspace, backward,
+  forward_workspace, forward, backward_workspace, backward, fused_forward, fused_backward,
 };
 
 TT_CUDA_FAMILY(attention)

@@ -1,0 +1,43 @@
+/*
+** tt_cudnn_sdpa.h — cuDNN's fused flash attention (engine/cuda/cudnn_sdpa.cu) for one
+** block of queries against one block of keys, bf16 or f16, forward and backward.
+**
+** Tensors are in the model's (B, T, H, Dh) layout with element strides (batch, time,
+** head) and Dh contiguous; lse is f32 (B, Hq, Tq) with strides (batch, head) and the
+** time dim contiguous, so a block of rows of a longer sequence is a pointer offset.
+** Mask: none, or "key j visible to query i when j <= i + offset" (offset >= 0: the causal
+** diagonal of a block pair whose first query sits `offset` positions after its first key).
+*/
+#ifndef TT_CUDNN_SDPA_H
+#define TT_CUDNN_SDPA_H
+#include <stdint.h>
+
+typedef struct tt_sdpa_shape {
+  int64_t b, hq, hkv, tq, tk, dh;
+  int64_t q_stride[3], k_stride[3], v_stride[3];
+  int64_t o_stride[3];     /* out, dout and dq */
+  int64_t kv_grad_stride[3];   /* dk and dv */
+  int64_t lse_stride[2];
+  int dtype;               /* TT_BF16 or TT_F16 */
+  int masked;
+  int64_t offset;
+  float scale;
+} tt_sdpa_shape;
+
+/* 1 when s can go to cuDNN at all (dtype, Dh 64 or 128, strides multiples of 8 elements,
+** cuDNN loaded), else 0 (a line on stderr once per process says why, for the reasons a
+** user can act on). Pointers still need 16-byte alignment (checked per call). */
+int tt_cudnn_sdpa_supported(const tt_sdpa_shape *s);
+
+/* out (o_stride), lse. 1 ran, 0 cuDNN refused the graph (nothing written; the caller
+** falls back), -1 error with the message set. */
+int tt_cudnn_sdpa_forward(const tt_sdpa_shape *s, const void *q, const void *k,
+                          const void *v, void *out, float *lse);
+
+/* dq (o_stride), dk and dv (kv_grad_stride) from the forward's out and lse (those of the
+** whole attention, when this block pair is one of several). Same answers. */
+int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
+                           const void *v, const void *out, const float *lse,
+                           const void *dout, void *dq, void *dk, void *dv);
+
+#endif
