@@ -516,6 +516,10 @@ int tt_cudnn_sdpa_supported(const tt_sdpa_shape *s) {
   return api.ok;
 }
 
+static int64_t g_runs;
+
+int64_t tt_cudnn_sdpa_runs(void) { return __atomic_load_n(&g_runs, __ATOMIC_RELAXED); }
+
 static int aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Binds uids to pointers and runs plan p with a workspace from the allocator. */
@@ -539,8 +543,12 @@ static int execute(sdpa_plan *p, cudnnHandle_t handle, int n, const int64_t *uid
     st = api.set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wsp);
   if (st == CUDNN_STATUS_SUCCESS) st = api.finalize(pack);
   if (st == CUDNN_STATUS_SUCCESS) st = api.execute(handle, p->plan, pack);
-  if (st == CUDNN_STATUS_SUCCESS) rc = 0;
-  else tt_set_error("cudnn attention: cudnnBackendExecute: %s", status_str(st));
+  if (st == CUDNN_STATUS_SUCCESS) {
+    rc = 0;
+    __atomic_add_fetch(&g_runs, 1, __ATOMIC_RELAXED);
+  } else {
+    tt_set_error("cudnn attention: cudnnBackendExecute: %s", status_str(st));
+  }
   if (pack) api.destroy(pack);
   tt_tensor_release(ws);   /* stream-ordered: reused only by later work on this stream */
   if (rc == 0) TT_CU_LAUNCHED("cudnn attention");

@@ -11,6 +11,9 @@
 #ifndef TT_CUDNN_SDPA_H
 #define TT_CUDNN_SDPA_H
 #include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct tt_sdpa_shape {
   int64_t b, hq, hkv, tq, tk, dh;
@@ -40,4 +43,11 @@ int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
                            const void *v, const void *out, const float *lse,
                            const void *dout, void *dq, void *dk, void *dv);
 
+/* cuDNN attention graphs run so far in this process (forward and backward each count):
+** how a test tells the fused path from the fallback. */
+int64_t tt_cudnn_sdpa_runs(void);
+
+#ifdef __cplusplus
+}
+#endif
 #endif
