@@ -14,4 +14,7 @@ endforeach()
 if(TETRA_HAVE_CUDA)
   add_executable(gpu_bench ${CMAKE_SOURCE_DIR}/tools/bench/gpu_bench.c)
   target_link_libraries(gpu_bench PRIVATE tetra_engine CUDA::cublas)
+  # Attention TFLOP/s, cuDNN against the fallback kernel (tools/bench/attention_cuda.sh).
+  add_executable(attention_cuda ${CMAKE_SOURCE_DIR}/tools/bench/attention_cuda.c)
+  target_link_libraries(attention_cuda PRIVATE tetra_engine)
 endif()

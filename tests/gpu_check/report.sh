@@ -31,10 +31,11 @@ canned() {
   cp "$HERE/logs/ctest_passed.log" "$d/tests.log"
   printf 'bf16 GEMM 8192^3: 702.1 TFLOP/s (cuBLAS 710.3)\nLlama-7B layer: 41.2%% MFU\n' > "$d/bench.log"
   echo "attention (cuDNN via PyTorch 2.11.0, bf16) causal fwd+bwd T=4096 32x128: 2.10 ms, 392.6 TFLOP/s" > "$d/attention.log"
+  echo "attention bf16 cuDNN    causal B=1 T=4096 32x128: fwd    1.10 ms  499.7 TFLOP/s, fwd+bwd    3.90 ms  422.9 TFLOP/s" > "$d/cudnn_attention.log"
   echo "step 6 loss 10.3 tokens_per_s=51234.5" > "$d/llama_1b.log"
   local name
   : > "$d/stages.tsv"
-  for name in gpu unpack configure build built tests bench attention llama_1b; do
+  for name in gpu unpack configure build built tests bench attention cudnn_attention llama_1b; do
     local status=ok kv
     for kv in "$@"; do [ "${kv%%=*}" = "$name" ] && status=${kv#*=}; done
     printf '%s\t%s\t%s\t%s\n' "$name" "$status" 10 100 >> "$d/stages.tsv"
@@ -62,7 +63,12 @@ d=$(canned pass)
 expect "$d" 0 '^== gpu-check: PASS: every stage passed; NVIDIA H200, 580.159.04' \
   '^tests +ok +10 +4 tests: 4 passed, 0 failed, 0 not run$' '^configure +ok .*CUDA kernels for: 90a' \
   '^built +ok .*built: 3 CUDA tests' '^llama_1b +ok .*tokens_per_s=51234.5' \
-  '^-- bench --' 'Llama-7B layer: 41.2% MFU' '^attention +ok .*392.6 TFLOP/s'
+  '^-- bench --' 'Llama-7B layer: 41.2% MFU' '^attention +ok .*392.6 TFLOP/s' \
+  '^cudnn_attention +ok .*bf16 cuDNN +causal B=1 T=4096.*422.9 TFLOP/s' '^-- cudnn_attention --'
+
+d=$(canned cudnn_missing)
+echo "attention_cuda: no usable cuDNN (see the line above)" > "$d/cudnn_attention.log"
+expect "$d" 1 '^cudnn_attention +failed .*no cuDNN figure in the log'
 
 d=$(canned excluded)
 { echo "excluded: cuda/multigpu_* (they need 4 GPUs; this machine has 1)"; cat "$HERE/logs/ctest_passed.log"; } > "$d/tests.log"
