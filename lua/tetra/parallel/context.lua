@@ -16,7 +16,10 @@
 -- dK and dV, so each rank receives the sum of every rank's gradient for its own keys) and
 -- attends with the positions of the gathered keys: key j is visible to query i when
 -- k_pos[j] <= q_pos[i], exactly the single-process causal mask. Everything outside
--- attention works per token and needs no communication.
+-- attention works per token and needs no communication. With bf16/f16 activations on CUDA
+-- the op sees the chunks in those positions (runs of consecutive positions) and runs
+-- cuDNN per (query chunk, key chunk) pair: fully visible, causal on the pair's diagonal,
+-- or skipped, merged by log-sum-exp (kernels/cuda/attention.cu).
 --
 -- Loss and gradients: each rank's loss is the mean over its B x T / cp tokens; every
 -- rank holds as many tokens, so the mean of those over the group is the mean over all
