@@ -381,6 +381,20 @@ static void backward_ops(graph_builder &g, std::vector<cudnnBackendDescriptor_t>
   pointwise(g, ops, CUDNN_POINTWISE_IDENTITY, f32, dq_accum, NULL, NULL, dq);
 }
 
+int tt_cudnn_sdpa_check_ops(const tt_sdpa_shape *s, int backward, char *why, size_t why_n) {
+  pthread_once(&api_once, resolve_api);
+  if (!api.ok) {
+    snprintf(why, why_n, "cuDNN is not loaded");
+    return 0;
+  }
+  graph_builder g;
+  std::vector<cudnnBackendDescriptor_t> ops;
+  if (backward) backward_ops(g, ops, s);
+  else forward_ops(g, ops, s);
+  snprintf(why, why_n, "%s", g.error.c_str());
+  return g.error.empty() ? (int)ops.size() : 0;
+}
+
 /* -- Plans ---------------------------------------------------------------------------- */
 
 struct sdpa_plan {

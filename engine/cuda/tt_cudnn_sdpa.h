@@ -10,6 +10,7 @@
 */
 #ifndef TT_CUDNN_SDPA_H
 #define TT_CUDNN_SDPA_H
+#include <stddef.h>
 #include <stdint.h>
 #ifdef __cplusplus
 extern "C" {
@@ -42,6 +43,12 @@ int tt_cudnn_sdpa_forward(const tt_sdpa_shape *s, const void *q, const void *k,
 int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
                            const void *v, const void *out, const float *lse,
                            const void *dout, void *dq, void *dk, void *dv);
+
+/* Builds the operations of the forward (backward = 0) or backward graph without a GPU
+** (every tensor and operation descriptor finalized; the operation graph itself needs a
+** device handle): their count, or 0 with cuDNN's reason in `why` (also when cuDNN is not
+** loaded). Lets the graphs' descriptors be checked on a machine without a GPU. */
+int tt_cudnn_sdpa_check_ops(const tt_sdpa_shape *s, int backward, char *why, size_t why_n);
 
 /* cuDNN attention graphs run so far in this process (forward and backward each count):
 ** how a test tells the fused path from the fallback. */
