@@ -467,6 +467,7 @@ static void build_plan(sdpa_plan *p, const tt_sdpa_shape *s, int backward,
     g.check(api.get(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                     MAX_CONFIGS, &n, cfgs), "heuristics results");
   std::string last = g.error.empty() ? "no engine supports this graph" : g.error;
+  if (n > MAX_CONFIGS) n = MAX_CONFIGS;   /* the count of all engines, not of those returned */
   for (int64_t i = 0; i < n && g.error.empty() && !p->plan; i++) {
     cudnnBackendDescriptor_t plan = NULL;
     if (api.create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
@@ -534,6 +535,7 @@ static int64_t g_runs;
 
 int64_t tt_cudnn_sdpa_runs(void) { return __atomic_load_n(&g_runs, __ATOMIC_RELAXED); }
 
+/* The tensors are declared 16-byte aligned (the fused engines load 16 bytes at a time). */
 static int aligned(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Binds uids to pointers and runs plan p with a workspace from the allocator. */
@@ -591,7 +593,7 @@ static int plan_for(const tt_sdpa_shape *s, int backward, sdpa_plan **out,
 
 int tt_cudnn_sdpa_forward(const tt_sdpa_shape *s, const void *q, const void *k,
                           const void *v, void *out, float *lse) {
-  if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(out)) return 0;
+  if (!aligned(q) || !aligned(k) || !aligned(v) || !aligned(out) || !aligned(lse)) return 0;
   sdpa_plan *p = NULL;
   cudnnHandle_t handle = NULL;
   int rc = plan_for(s, 0, &p, &handle);
@@ -609,7 +611,7 @@ int tt_cudnn_sdpa_forward(const tt_sdpa_shape *s, const void *q, const void *k,
 int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
                            const void *v, const void *out, const float *lse,
                            const void *dout, void *dq, void *dk, void *dv) {
-  const void *all[] = {q, k, v, out, dout, dq, dk, dv};
+  const void *all[] = {q, k, v, out, lse, dout, dq, dk, dv};
   for (const void *ptr : all)
     if (!aligned(ptr)) return 0;
   sdpa_plan *p = NULL;
