@@ -30,14 +30,44 @@
 */
 #include "cuda/tt_cuda.h"
 #include "cuda/tt_cudnn_sdpa.h"
+extern "C" {
+#include "tt_cudnn.h"
+}
+#ifndef TETRA_HAVE_CUDNN_HEADERS
+/* Built where CMake found no cudnn_graph.h: cuDNN cannot be described, so it is never
+** used, and the first bf16/f16 attention says so. */
+static const char no_headers[] = "this build found no cuDNN headers (cudnn_graph.h; set "
+                                 "CUDNN_PATH when configuring)";
+
+int tt_cudnn_sdpa_supported(const tt_sdpa_shape *s) {
+  (void)s;
+  tt_cudnn_fallback_note(no_headers);
+  return 0;
+}
+int tt_cudnn_sdpa_check_ops(const tt_sdpa_shape *s, int backward, char *why, size_t why_n) {
+  (void)s;
+  (void)backward;
+  snprintf(why, why_n, "%s", no_headers);
+  return 0;
+}
+int tt_cudnn_sdpa_forward(const tt_sdpa_shape *s, const void *q, const void *k,
+                          const void *v, void *out, float *lse) {
+  (void)q, (void)k, (void)v, (void)out, (void)lse;
+  return tt_cudnn_sdpa_supported(s);
+}
+int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
+                           const void *v, const void *out, const float *lse,
+                           const void *dout, void *dq, void *dk, void *dv) {
+  (void)q, (void)k, (void)v, (void)out, (void)lse, (void)dout, (void)dq, (void)dk, (void)dv;
+  return tt_cudnn_sdpa_supported(s);
+}
+int64_t tt_cudnn_sdpa_runs(void) { return 0; }
+#else
 #include <cudnn_graph.h>
 #include <pthread.h>
 #include <string>
 #include <unordered_map>
 #include <vector>
-extern "C" {
-#include "tt_cudnn.h"
-}
 
 /* -- The entry points, resolved from the loaded library ------------------------------ */
 
@@ -639,3 +669,4 @@ int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
   tt_tensor_release(acc);
   return rc == 0 ? 1 : -1;
 }
+#endif
