@@ -8,8 +8,8 @@
 ** numbers but is a failure here, since cuDNN is the point. Cases: causal and not, GQA,
 ** bf16 and f16, Dh 64 and 128, Tq != Tk, odd T, strided q/k/v (views of one fused QKV
 ** projection), context-parallel chunk pairs with explicit positions (both ranks of
-** cp = 2), and a head dim cuDNN does not take (Dh 40: the fallback, right numbers, no
-** cuDNN run).
+** cp = 2), a head dim cuDNN does not take (Dh 40) and cuDNN switched off (the fallback:
+** right numbers, no cuDNN run, one line on stderr when switched off).
 **
 ** Tolerances (relative L2 over the tensor): cuDNN rounds the probabilities P to the input
 ** dtype before P V, and E^T, dS^T to it before the dV and dK products, where the twin
@@ -21,6 +21,9 @@
 #include "cuda_test.h"
 #include "cuda/tt_cudnn_sdpa.h"
 #include "tt_cudnn.h"
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 typedef struct sdpa_case {
   const char *name;
@@ -176,4 +179,32 @@ Test(cudnn_sdpa, context_parallel_rank1_f16) {
 Test(cudnn_sdpa, head_dim_40_falls_back) {
   sdpa_case c = {"dh40 bf16 (fallback)", TT_BF16, 1, 37, 37, 4, 2, 40, 1, 0, NULL, NULL, 0};
   check(&c);
+}
+
+/* TETRA_CUDNN=0 (read once per process; Criterion runs each test in its own): the
+** fallback answers, right, with exactly one line on stderr saying why. */
+Test(cudnn_sdpa, disabled_falls_back_with_one_line) {
+  setenv("TETRA_CUDNN", "0", 1);
+  char log[] = "/tmp/tt_cudnn_sdpa_stderr_XXXXXX";
+  int fd = mkstemp(log);
+  cr_assert(fd >= 0);
+  fflush(stderr);
+  int saved = dup(2);
+  dup2(fd, 2);
+  sdpa_case c = {"disabled bf16 (fallback)", TT_BF16, 1, 45, 45, 4, 2, 64, 1, 0, NULL, NULL, 0};
+  check(&c);
+  check(&c);
+  fflush(stderr);
+  dup2(saved, 2);
+  FILE *f = fopen(log, "r");
+  char line[512];
+  int lines = 0, named = 0;
+  while (fgets(line, sizeof line, f)) {
+    lines++;
+    named += strstr(line, "TETRA_CUDNN=0") != NULL;
+  }
+  fclose(f);
+  unlink(log);
+  cr_assert_eq(lines, 1, "%d lines on stderr", lines);
+  cr_assert_eq(named, 1);
 }
