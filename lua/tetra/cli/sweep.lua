@@ -3,6 +3,9 @@
 -- communication.
 --
 --   tetra sweep [FILE] [--set k=v]... [--top K | --layout k=v,k=v ...] [--steps N] ...
+--
+-- --chart FILE.png draws the same comparison as bars (M.chart, with tetra plot's gnuplot
+-- helpers).
 local ffi = require("ffi")
 local plan = require("tetra.plan")
 local cli_plan = require("tetra.cli.plan")
@@ -14,7 +17,7 @@ M.usage = [[
 usage: tetra sweep [FILE] [--model NAME] [--set key=value]... [--batch N]
                    [--layout tp=2,pp=1,dp=1,cp=1,zero=0,sp=0,mb=1,schedule=1f1b,v=1]...
                    [--top K] [--steps N] [--threads N] [--timeout S] [--json] [--keep DIR]
-                   [--calibrate] [cluster options of tetra plan]
+                   [--calibrate] [--chart FILE.png] [cluster options of tetra plan]
   Runs each layout (--layout, repeatable; or the plan's best K, default 5) with
   `mpirun -np RANKS tetra run FILE` for N steps (default 8; the first 2 are warm-up and
   the table shows medians of the rest) and prints measured against predicted tokens/s,
@@ -28,6 +31,9 @@ usage: tetra sweep [FILE] [--model NAME] [--set key=value]... [--batch N]
                  time is the measured one (a machine shared with other work runs slower
                  than its figures say, and gives a job of N ranks less than N cores);
                  every other row is then a prediction from those measurements
+  --chart F.png  also draw the table as a PNG with gnuplot: measured and predicted bars
+                 per layout for tokens/s, rank 0's peak MiB and exposed communication;
+                 the data go to F.dat and the gnuplot script to F.gp
 ]]
 
 local function usage_error(msg)
@@ -134,6 +140,92 @@ local function run_one(o, exe, file, r, dir, name)
   return s
 end
 
+-- -- The chart --------------------------------------------------------------------------
+
+M.CHART_WIDTH, M.CHART_HEIGHT = 960, 1080
+
+-- A short label for a result row: the sizes that are not 1, ZeRO-1, sequence
+-- parallelism, the micro-batch and the pipeline schedule.
+function M.short_label(r)
+  local parts = {}
+  for _, k in ipairs({ "dp", "tp", "pp", "cp" }) do
+    if r[k] > 1 then parts[#parts + 1] = k .. r[k] end
+  end
+  if #parts == 0 then parts[1] = "1 rank" end
+  if r.zero_stage == 1 then parts[#parts + 1] = "ZeRO-1" end
+  if r.sequence_parallel then parts[#parts + 1] = "SP" end
+  parts[#parts + 1] = "mb" .. r.micro_batch
+  if r.pp > 1 then
+    parts[#parts + 1] = r.schedule == "interleaved_1f1b" and ("interleaved v" .. r.virtual)
+                        or r.schedule
+  end
+  return table.concat(parts, " ")
+end
+
+-- The columns of the chart's data file, after the row number and the label.
+M.CHART_COLUMNS = { "measured_tokens_per_s", "predicted_tokens_per_s", "measured_peak_mib",
+                    "predicted_peak_mib", "measured_exposed_comm_ms",
+                    "predicted_exposed_comm_ms" }
+
+local function cell(v)
+  if type(v) ~= "number" or v ~= v then return "NaN" end
+  return string.format("%.17g", v)
+end
+
+-- Draws `results` (the rows of the table: plan record and measured summary) as PNG `png`
+-- with gnuplot: three panels of bars, measured beside predicted per layout, for
+-- tokens/s, rank 0's allocator peak and exposed communication (with the bubble). The
+-- data go to PNG_BASE.dat and the script to PNG_BASE.gp, so the chart can be redrawn
+-- by hand. A failed run's measured bars are absent. Returns true or nil, one line.
+function M.chart(results, png, title)
+  local plot = require("tetra.cli.plot")
+  local base = png:gsub("%.png$", "")
+  local dat, gp = base .. ".dat", base .. ".gp"
+  local f, err = io.open(dat, "w")
+  if not f then return nil, "cannot write " .. dat .. ": " .. tostring(err) end
+  f:write("# row label ", table.concat(M.CHART_COLUMNS, " "), "\n")
+  for k, e in ipairs(results) do
+    local r, s = e.plan, e.measured or {}
+    local label = M.short_label(r) .. (e.calibration and " (calibration)" or "")
+    f:write(table.concat({ k, '"' .. label .. '"',
+      cell(s.tokens_per_s), cell(r.tokens_per_s),
+      cell(s.peak_bytes and s.peak_bytes / 2 ^ 20), cell(r.mem_rank0 / 2 ^ 20),
+      cell(s.exposed_comm_s and 1000 * s.exposed_comm_s),
+      cell(1000 * (r.exposed_comm_s + r.bubble_s)) }, " "), "\n")
+  end
+  f:close()
+  local q = plot.quote
+  local lines = plot.preamble(M.CHART_WIDTH, M.CHART_HEIGHT)
+  for _, l in ipairs({
+    "set output " .. q(png),
+    "set style data histograms",
+    "set style histogram clustered gap 1",
+    "set style fill solid 0.85 border -1",
+    "set boxwidth 0.9",
+    "set key top right",
+    "set xtics rotate by -25 noenhanced",
+    "set yrange [0:*]",
+    string.format("set xrange [-0.6:%g]", #results - 0.4),
+    "set bmargin 6",
+    "set multiplot layout 3,1 title " .. q(title),
+  }) do lines[#lines + 1] = l end
+  local panels = {
+    { "tokens/s", 3 }, { "rank 0 peak MiB", 5 }, { "exposed comm + bubble, ms", 7 },
+  }
+  for _, p in ipairs(panels) do
+    lines[#lines + 1] = "set ylabel " .. q(p[1])
+    lines[#lines + 1] = string.format(
+      "plot %s using %d:xtic(2) title 'measured' linecolor rgb '#1f77b4', " ..
+      "'' using %d title 'predicted' linecolor rgb '#ff7f0e'", q(dat), p[2], p[2] + 1)
+  end
+  lines[#lines + 1] = "unset multiplot"
+  f, err = io.open(gp, "w")
+  if not f then return nil, "cannot write " .. gp .. ": " .. tostring(err) end
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+  return plot.run_gnuplot(gp)
+end
+
 local function pct(pred, meas)
   return meas and meas ~= 0 and string.format("%+.0f%%", 100 * (pred - meas) / meas) or "-"
 end
@@ -146,11 +238,12 @@ function M.main(...)
     local a = args[i]
     if a == "--help" or a == "-h" then io.write(M.usage); return 0
     elseif a == "--layout" or a == "--steps" or a == "--threads" or a == "--timeout" or
-           a == "--keep" then
+           a == "--keep" or a == "--chart" then
       local v = args[i + 1]
       if not v then return usage_error(a .. " needs a value") end
       if a == "--layout" then layouts[#layouts + 1] = v
       elseif a == "--keep" then o.keep = v
+      elseif a == "--chart" then o.chart = v
       else
         local x = tonumber(v)
         if not x or x < 1 or x ~= math.floor(x) then
@@ -164,6 +257,18 @@ function M.main(...)
     else rest[#rest + 1] = a; i = i + 1 end
   end
   if o.steps < 3 then return usage_error("--steps must be at least 3 (2 warm-up steps are skipped)") end
+  if o.chart then
+    -- Refused before any run: a chart that cannot be drawn would waste the sweep.
+    if not o.chart:match("%.png$") then
+      return usage_error("--chart needs a file name ending in .png, got '" .. o.chart .. "'")
+    end
+    local have, why = require("tetra.cli.plot").gnuplot_available()
+    if not have then return usage_error("--chart: " .. why) end
+    local probe = o.chart:gsub("%.png$", ".dat")
+    local f, ferr = io.open(probe, "w")
+    if not f then return usage_error("--chart: cannot write " .. tostring(ferr)) end
+    f:close()
+  end
   local po, err = cli_plan.parse(rest)
   if not po then return usage_error(err) end
   o.sets = po.sets
@@ -236,6 +341,15 @@ function M.main(...)
     end
   end
   if not o.keep then os.execute("rm -rf " .. shell_quote(dir)) end
+  if o.chart then
+    local drawn, cerr = M.chart(results, o.chart, string.format(
+      "tetra sweep: measured vs predicted (%s, %d steps per run)", cl.name, o.steps))
+    if not drawn then
+      io.stderr:write("tetra sweep: --chart: ", cerr, "\n")
+      return 1
+    end
+    io.stderr:write("# chart: ", o.chart, "\n")
+  end
   if o.json then
     local list = {}
     for k, e in ipairs(results) do
