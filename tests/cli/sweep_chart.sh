@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tetra sweep --chart FILE.png: two real one-rank runs of a small Llama become a valid
+# tetra sweep --chart FILE.png --repeat 2: two one-rank layouts of a small Llama, each
+# run twice in interleaved rounds (each row the median of its rounds), become a valid
 # 960x1080 PNG (three panels of measured and predicted bars: tokens/s, rank 0's peak MiB,
 # exposed communication), and the data file gnuplot draws (FILE.dat) holds the very
 # numbers `tetra sweep --json` reports, row by row. A chart that cannot be drawn (no
@@ -24,9 +25,13 @@ model=(--set model.dim=128 --set model.n_layers=2 --set model.n_heads=4 --set mo
 "$tetra" sweep "${model[@]}" --steps 3 --json --layout dp=1,mb=4 --layout dp=1,mb=8 \
   --chart out/sweep.png >sweep.json 2>sweep.err && fail "a missing folder was accepted"
 mkdir out
-timeout 100 "$tetra" sweep "${model[@]}" --steps 3 --json --layout dp=1,mb=4 \
+timeout 100 "$tetra" sweep "${model[@]}" --steps 3 --repeat 2 --json --layout dp=1,mb=4 \
   --layout dp=1,mb=8 --chart out/sweep.png >sweep.json 2>sweep.err ||
   fail "tetra sweep --chart: $(tail -3 sweep.err)"
+# --repeat 2: the list runs twice, layout after layout in each round.
+order=$(sed -n 's/^# running \([^ ]*\) on .*/\1/p' sweep.err | tr '\n' ' ')
+[ "$order" = "01_dp1_tp1_pp1_cp1_z0_mb4_-_r1 02_dp1_tp1_pp1_cp1_z0_mb8_-_r1 01_dp1_tp1_pp1_cp1_z0_mb4_-_r2 02_dp1_tp1_pp1_cp1_z0_mb8_-_r2 " ] ||
+  fail "runs in the order $order"
 [ -f out/sweep.png ] && [ -f out/sweep.dat ] && [ -f out/sweep.gp ] ||
   fail "no out/sweep.png, .dat and .gp: $(ls out)"
 grep -q "^# chart: out/sweep.png$" sweep.err || fail "the chart's name is not reported"
@@ -65,6 +70,9 @@ for i, (cells, r) in enumerate(zip(lines, rows)):
                                       "predicted MiB", "measured comm", "predicted comm")):
         if abs(g - w) > 1e-9 * max(1.0, abs(w)): fail(f"row {i + 1} {name}: chart {g}, json {w}")
     if not (want[0] > 0 and want[2] > 0): fail(f"row {i + 1}: nothing measured {want}")
+    runs = r["measured_step_s_runs"]
+    if len(runs) != 2 or abs(r["measured_step_s"] - (runs[0] + runs[1]) / 2) > 1e-12:
+        fail(f"row {i + 1}: step {r['measured_step_s']}, not the median of the rounds {runs}")
 PY
 
 # The script draws every panel from that data file: measured and predicted columns.

@@ -16,12 +16,16 @@ local M = {}
 M.usage = [[
 usage: tetra sweep [FILE] [--model NAME] [--set key=value]... [--batch N]
                    [--layout tp=2,pp=1,dp=1,cp=1,zero=0,sp=0,mb=1,schedule=1f1b,v=1]...
-                   [--top K] [--steps N] [--threads N] [--timeout S] [--json] [--keep DIR]
+                   [--top K] [--steps N] [--repeat N] [--threads N] [--timeout S]
+                   [--json] [--keep DIR]
                    [--calibrate] [--chart FILE.png] [cluster options of tetra plan]
   Runs each layout (--layout, repeatable; or the plan's best K, default 5) with
   `mpirun -np RANKS tetra run FILE` for N steps (default 8; the first 2 are warm-up and
   the table shows medians of the rest) and prints measured against predicted tokens/s,
   rank 0's allocator peak (the metrics' peak_bytes) and exposed communication.
+  --repeat N     run the whole list N times (default 1), layout after layout in each
+                 round, and show each layout's medians over the rounds: a change in a
+                 shared machine's load then falls on every layout alike
   --threads N    OMP_NUM_THREADS per rank (default 1: one core per rank, as the cpu
                  cluster assumes)
   --timeout S    seconds before a run is killed and counted as failed (default 300)
@@ -226,19 +230,35 @@ function M.chart(results, png, title)
   return plot.run_gnuplot(gp)
 end
 
+-- One layout's figures over its rounds (M.summarize of each run): the median of each,
+-- and every round's step time (step_s_runs).
+function M.combine(runs)
+  local out = { step_s_runs = {}, steps = 0 }
+  for _, k in ipairs({ "step_s", "tokens_per_s", "exposed_comm_s", "peak_bytes" }) do
+    local xs = {}
+    for i, s in ipairs(runs) do xs[i] = s[k] end
+    out[k] = median(xs)
+  end
+  for i, s in ipairs(runs) do
+    out.step_s_runs[i] = s.step_s
+    out.steps = out.steps + s.steps
+  end
+  return out
+end
+
 local function pct(pred, meas)
   return meas and meas ~= 0 and string.format("%+.0f%%", 100 * (pred - meas) / meas) or "-"
 end
 
 function M.main(...)
   local args, layouts, rest = { ... }, {}, {}
-  local o = { steps = 8, threads = 1, timeout = 300, top = 5 }
+  local o = { steps = 8, threads = 1, timeout = 300, top = 5, ["repeat"] = 1 }
   local i = 1
   while i <= #args do
     local a = args[i]
     if a == "--help" or a == "-h" then io.write(M.usage); return 0
     elseif a == "--layout" or a == "--steps" or a == "--threads" or a == "--timeout" or
-           a == "--keep" or a == "--chart" then
+           a == "--keep" or a == "--chart" or a == "--repeat" then
       local v = args[i + 1]
       if not v then return usage_error(a .. " needs a value") end
       if a == "--layout" then layouts[#layouts + 1] = v
@@ -309,33 +329,51 @@ function M.main(...)
   for k, r in ipairs(rows) do
     local name = string.format("%02d_dp%d_tp%d_pp%d_cp%d_z%d%s_mb%d_%s", k, r.dp, r.tp, r.pp,
       r.cp, r.zero_stage, r.sequence_parallel and "_sp" or "", r.micro_batch, r.schedule)
-    io.stderr:write(string.format("# running %s on %d ranks ... ", name, r.world))
-    local t0 = os.time()
-    local s, why = run_one(o, exe, file, r, dir, name)
-    io.stderr:write(s and (os.time() - t0) .. " s\n" or why .. "\n")
-    if not s then failed = failed + 1 end
-    results[k] = { name = name, plan = r, measured = s }
-    if o.calibrate and not calibrated[r.world] then
-      if not s then
-        io.stderr:write("tetra sweep: the calibration run failed; nothing to compare\n")
-        return 1
+    results[k] = { name = name, plan = r, runs = {} }
+  end
+  -- Rounds: every layout once per round, so that a change in the machine's load falls on
+  -- all of them alike; each layout's figures are the medians of its rounds.
+  for round = 1, o["repeat"] do
+    for _, e in ipairs(results) do
+      if not e.why then
+        local name = e.name .. (o["repeat"] > 1 and "_r" .. round or "")
+        io.stderr:write(string.format("# running %s on %d ranks ... ", name, e.plan.world))
+        local t0 = os.time()
+        local s, why = run_one(o, exe, file, e.plan, dir, name)
+        io.stderr:write(s and (os.time() - t0) .. " s\n" or why .. "\n")
+        if s then e.runs[#e.runs + 1] = s else e.why = why; failed = failed + 1 end
       end
-      -- The sustained fraction that makes this layout's predicted step the measured one
-      -- (every compute term scales with 1 / sustained; a few rounds settle the rest).
-      local c = {}
-      for key, val in pairs(cl) do c[key] = val end
-      for _ = 1, 8 do
-        c.sustained = c.sustained * plan.evaluate(cfg, r.layout, c).step_s / s.step_s
-      end
-      calibrated[r.world] = c
-      results[k].calibration = true
-      io.stderr:write(string.format("# calibrated %d-rank layouts: sustained fraction %.3f\n",
-                                    r.world, c.sustained))
-      for j, rj in ipairs(rows) do
-        if rj.world == r.world then
-          rows[j] = plan.evaluate(cfg, rj.layout, c)
-          rows[j].layout = rj.layout
-          if results[j] then results[j].plan = rows[j] end
+    end
+  end
+  for _, e in ipairs(results) do
+    if not e.why then e.measured = M.combine(e.runs) end
+  end
+  if o.calibrate then
+    for k, e in ipairs(results) do
+      local r = e.plan
+      if not calibrated[r.world] then
+        local s = e.measured
+        if not s then
+          io.stderr:write("tetra sweep: the calibration run failed; nothing to compare\n")
+          return 1
+        end
+        -- The sustained fraction that makes this layout's predicted step the measured
+        -- one (every compute term scales with 1 / sustained; a few rounds settle the rest).
+        local c = {}
+        for key, val in pairs(cl) do c[key] = val end
+        for _ = 1, 8 do
+          c.sustained = c.sustained * plan.evaluate(cfg, r.layout, c).step_s / s.step_s
+        end
+        calibrated[r.world] = c
+        e.calibration = true
+        io.stderr:write(string.format("# calibrated %d-rank layouts: sustained fraction %.3f\n",
+                                      r.world, c.sustained))
+        for j = k, #results do
+          local rj = results[j].plan
+          if rj.world == r.world then
+            results[j].plan = plan.evaluate(cfg, rj.layout, c)
+            results[j].plan.layout = rj.layout
+          end
         end
       end
     end
@@ -343,7 +381,8 @@ function M.main(...)
   if not o.keep then os.execute("rm -rf " .. shell_quote(dir)) end
   if o.chart then
     local drawn, cerr = M.chart(results, o.chart, string.format(
-      "tetra sweep: measured vs predicted (%s, %d steps per run)", cl.name, o.steps))
+      "tetra sweep: measured vs predicted (%s, %d steps per run, %d round%s)", cl.name,
+      o.steps, o["repeat"], o["repeat"] > 1 and "s" or ""))
     if not drawn then
       io.stderr:write("tetra sweep: --chart: ", cerr, "\n")
       return 1
@@ -362,14 +401,16 @@ function M.main(...)
                   predicted_exposed_comm_s = r.exposed_comm_s + r.bubble_s,
                   measured_tokens_per_s = s and s.tokens_per_s, measured_step_s = s and s.step_s,
                   measured_peak_bytes = s and s.peak_bytes,
-                  measured_exposed_comm_s = s and s.exposed_comm_s, failed = s == nil,
+                  measured_exposed_comm_s = s and s.exposed_comm_s,
+                  measured_step_s_runs = s and s.step_s_runs, failed = s == nil,
                   calibration = e.calibration or false }
     end
     io.write(json.encode_json(list), "\n")
   else
     local fmt = "%-36s %5s %10s %10s %6s %9s %9s %6s %9s %9s\n"
-    io.write(string.format("# %s; %d steps per run, medians of steps 3..%d; memory is rank 0's " ..
-      "allocator peak; exposed comm includes the pipeline bubble\n", cl.name, o.steps, o.steps))
+    io.write(string.format("# %s; %d steps per run, medians of steps 3..%d%s; memory is rank " ..
+      "0's allocator peak; exposed comm includes the pipeline bubble\n", cl.name, o.steps, o.steps,
+      o["repeat"] > 1 and string.format(" and of %d interleaved rounds", o["repeat"]) or ""))
     for world, c in pairs(calibrated) do
       io.write(string.format("# %d-rank rows calibrated on the first of them: sustained " ..
                              "fraction %.3f\n", world, c.sustained))
