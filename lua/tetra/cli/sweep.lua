@@ -4,7 +4,8 @@
 --
 --   tetra sweep [FILE] [--set k=v]... [--top K | --layout k=v,k=v ...] [--steps N] ...
 --
--- --chart FILE.png draws the same comparison as bars (M.chart, with tetra plot's gnuplot
+-- --repeat N runs the list in N interleaved rounds (medians over them, M.combine);
+-- --chart FILE.png draws the comparison as bars (M.chart, with tetra plot's gnuplot
 -- helpers).
 local ffi = require("ffi")
 local plan = require("tetra.plan")
