@@ -389,6 +389,9 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
     if (!tt_cuda_fp8_linear) return tt_no_kernel("fp8_linear", x->device);
     return tt_cuda_fp8_linear(x, w, bias, st, out);
   }
+  TT_CHECK(!st->fast_accum,
+           "fp8_linear: fast accumulation is a cuBLASLt option of the CUDA GEMM; the CPU "
+           "emulation sums in fp32 (unset fast_accum, or run on cuda)");
   tt_tensor *xc = NULL, *x2 = NULL, *wc = NULL, *bc = NULL, *q[2] = {NULL, NULL};
   tt_tensor *dxq = NULL, *dwq = NULL, *acc = NULL, *y2 = NULL, *y = NULL;
   int64_t x_shape[2] = {-1, w->shape[1]};

@@ -20,6 +20,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A scraper must finish a request within this many idle seconds, or is dropped. */
@@ -27,6 +28,15 @@ enum { IDLE_TIMEOUT_S = 10, MAX_CONNECTIONS = 64 };
 
 static struct MHD_Daemon *g_daemon;
 static int g_port = -1;
+/* CPU seconds of the server's thread when it began its latest /metrics answer: written
+** and read on that thread only (the answer reports it). */
+static double g_cpu_s;
+
+static double thread_cpu_now(void) {
+  struct timespec ts;
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status,
                              const char *type, char *body, enum MHD_ResponseMemoryMode mode) {
@@ -63,6 +73,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (strcmp(url, "/metrics") != 0)
     return reply(conn, MHD_HTTP_NOT_FOUND, "text/plain",
                  (char *)"not found: try /metrics\n", MHD_RESPMEM_PERSISTENT);
+  g_cpu_s = thread_cpu_now();
   char *text = tt_telemetry_format();
   if (!text)
     return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "text/plain",
@@ -139,6 +150,8 @@ int tt_prom_start(const char *addr, int port) {
 
 int tt_prom_port(void) { return g_daemon ? g_port : -1; }
 
+double tt_prom_cpu_seconds(void) { return g_daemon ? g_cpu_s : 0; }
+
 void tt_prom_stop(void) {
   if (!g_daemon) return;
   MHD_stop_daemon(g_daemon);   /* also closes the listening socket */
@@ -159,6 +172,7 @@ int tt_prom_start(const char *addr, int port) {
 }
 
 int tt_prom_port(void) { return -1; }
+double tt_prom_cpu_seconds(void) { return 0; }
 void tt_prom_stop(void) {}
 
 #endif

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 /* -- The store ---------------------------------------------------------------------- */
@@ -64,6 +65,9 @@ typedef struct {
 
 static store g;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Bumped (under g_lock) by every change to g: a scrape that finds it unchanged answers
+** from the text it formatted last time instead of copying and formatting the store. */
+static uint64_t g_version;
 
 static double mono_now(void) {
   struct timespec ts;
@@ -112,6 +116,7 @@ int tt_telemetry_configure(const char *job, int rank, int dp, int tp, int pp, in
   g.restarts = restarts;
   g.gpu = gpu;
   g.configured = 1;
+  g_version++;
   pthread_mutex_unlock(&g_lock);
   return 0;
 }
@@ -143,6 +148,7 @@ void tt_telemetry_step(const tt_step_telemetry *s) {
   g.step_count++;
   g.step_sum += s->step_time_s;
   for (int i = 0; i < N_PHASES; i++) g.phase_total[i] += phases[i];
+  g_version++;
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -151,6 +157,7 @@ void tt_telemetry_checkpoint(double seconds) {
   g.checkpoint_last_s = seconds;
   g.checkpoint_total_s += seconds;
   g.checkpoint_count++;
+  g_version++;
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -174,6 +181,7 @@ void tt_telemetry_collective(const char *op, const char *group, double seconds) 
     c->count++;
     c->sum += seconds;
   }
+  g_version++;
   pthread_mutex_unlock(&g_lock);
 }
 
@@ -224,6 +232,14 @@ static int put_histogram(tt_buf *b, const char *name, const char *labels, const 
 }
 
 int tt_nvml_format(tt_buf *b, const char *labels, int gpu);   /* engine/nvml.c */
+
+/* User + system CPU seconds of the whole process. */
+static double process_cpu_s(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
 
 static int format_store(tt_buf *b, const store *s) {
   const char *L = s->labels;
@@ -306,22 +322,67 @@ static int format_store(tt_buf *b, const store *s) {
                            N_COMM_BOUNDS, c->buckets, c->count, c->sum));
     }
   }
-  if (s->gpu >= 0) TT_TRY(tt_nvml_format(b, L, s->gpu));
   return 0;
 }
 
-char *tt_telemetry_format(void) {
+/* What is read at each scrape rather than stored: CPU times and the GPU's figures. */
+static int format_live(tt_buf *b, const char *L, int gpu) {
+  TT_TRY(put_metric(b, "tetra_process_cpu_seconds_total", "counter",
+                    "User and system CPU seconds of this rank's process, every thread.", L,
+                    process_cpu_s()));
+  TT_TRY(put_metric(b, "tetra_exporter_cpu_seconds_total", "counter",
+                    "CPU seconds of the metrics endpoint's own thread (its cost to the rank).",
+                    L, tt_prom_cpu_seconds()));
+  if (gpu >= 0) TT_TRY(tt_nvml_format(b, L, gpu));
+  return 0;
+}
+
+/* The store's text as of version `version` (its labels and GPU beside it), kept between
+** scrapes: between two steps a scraper polling fast gets it for the price of a copy. */
+static struct {
+  pthread_mutex_t lock;
+  int valid;
+  uint64_t version;
+  tt_buf text;
+  char labels[256];
+  int gpu;
+} g_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Brings g_cache up to date with the store (formatting only when it changed). */
+static int refresh_cache(void) {
+  pthread_mutex_lock(&g_lock);
+  const uint64_t version = g_version;
+  pthread_mutex_unlock(&g_lock);
+  if (g_cache.valid && g_cache.version == version) return 0;
   store *copy = malloc(sizeof *copy);
-  if (!copy) {
-    tt_set_error("telemetry: out of host memory");
-    return NULL;
-  }
+  TT_CHECK(copy != NULL, "telemetry: out of host memory");
   pthread_mutex_lock(&g_lock);
   *copy = g;
+  const uint64_t copied = g_version;
   pthread_mutex_unlock(&g_lock);
   tt_buf b = {0};
   int rc = format_store(&b, copy);
+  if (rc == 0) {
+    tt_buf_free(&g_cache.text);
+    g_cache.text = b;
+    g_cache.version = copied;
+    g_cache.gpu = copy->gpu;
+    memcpy(g_cache.labels, copy->labels, sizeof g_cache.labels);
+    g_cache.valid = 1;
+  } else {
+    tt_buf_free(&b);
+  }
   free(copy);
+  return rc;
+}
+
+char *tt_telemetry_format(void) {
+  pthread_mutex_lock(&g_cache.lock);
+  tt_buf b = {0};
+  int rc = refresh_cache();
+  if (rc == 0) rc = tt_buf_append(&b, g_cache.text.data, g_cache.text.len);
+  if (rc == 0) rc = format_live(&b, g_cache.labels, g_cache.gpu);
+  pthread_mutex_unlock(&g_cache.lock);
   if (rc != 0 || tt_buf_append(&b, "", 1) != 0) {   /* the terminating NUL */
     tt_buf_free(&b);
     return NULL;

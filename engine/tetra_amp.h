@@ -98,13 +98,18 @@ float tt_fp8_scale_from_amax(int dtype, float amax, int margin);
 ** batch. Set it before the first forward; every rank of the group then runs the layer's
 ** forward and backward in the same order (as the parallel step does).
 ** device: the CUDA copy of the metas (engine/cuda/fp8_linear.cu), made on the first
-** CUDA forward; tt_fp8_linear_state_sync brings it back into x, w and g. */
+** CUDA forward; tt_fp8_linear_state_sync brings it back into x, w and g.
+** fast_accum: the forward GEMM uses cuBLASLt's fast accumulation (Hopper keeps the
+** running sums in the tensor cores' reduced precision instead of promoting them to fp32
+** along k): faster, slightly less exact. The backward GEMMs never do. CUDA only: the CPU
+** emulation has no model of that arithmetic, so a CPU forward with it set is refused. */
 typedef struct tt_fp8_linear_state {
   tt_fp8_meta x;
   tt_fp8_meta w;
   tt_fp8_meta g;
   void *amax_group;
   void *device;
+  int fast_accum;
 } tt_fp8_linear_state;
 
 int tt_fp8_linear_state_init(tt_fp8_linear_state *st, int history_len, int margin);

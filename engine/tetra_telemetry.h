@@ -68,6 +68,9 @@ int tt_prom_available(void);
 int tt_prom_start(const char *addr, int port);
 /* The port actually bound (useful with port 0), or -1 when not serving. */
 int tt_prom_port(void);
+/* CPU seconds the endpoint's thread had used when it began its latest /metrics answer
+** (formatting and sending every earlier scrape); 0 when not serving. */
+double tt_prom_cpu_seconds(void);
 void tt_prom_stop(void);
 
 /* -- Trace (engine/trace.c) ---------------------------------------------------------- */

@@ -301,9 +301,10 @@ static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, floa
 /* -- GEMMs ---------------------------------------------------------------------------- */
 
 /* Row-major C (m, n) = descale_a descale_b . A (m, k) B (n, k)^T [+ bias], the TN FP8
-** GEMM. */
+** GEMM; fast_accum as in tt_cuda_gemm_args. */
 static int fp8_gemm(int64_t m, int64_t n, int64_t k, tt_tensor *a, tt_tensor *b, tt_tensor *c,
-                    const float *descale_a, const float *descale_b, const void *bias) {
+                    const float *descale_a, const float *descale_b, const void *bias,
+                    int fast_accum) {
   tt_cuda_gemm_args g;
   memset(&g, 0, sizeof g);
   g.trans_a = 0;
@@ -318,6 +319,7 @@ static int fp8_gemm(int64_t m, int64_t n, int64_t k, tt_tensor *a, tt_tensor *b,
   g.bias = bias;
   g.a_scale = descale_a;
   g.b_scale = descale_b;
+  g.fast_accum = fast_accum;
   return tt_cuda_lt_gemm(&g);
 }
 
@@ -354,7 +356,7 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
     /* dX (rows, in) = q_g (rows, out) . (q_w^T (in, out))^T, bf16 */
     int64_t shape[2] = {rows, in};
     rc = tt_tensor_empty(shape, 2, TT_BF16, d->device, &dx);
-    if (rc == 0) rc = fp8_gemm(rows, in, outf, job.q, qwt, dx, si + ROLE_G, si + ROLE_W, NULL);
+    if (rc == 0) rc = fp8_gemm(rows, in, outf, job.q, qwt, dx, si + ROLE_G, si + ROLE_W, NULL, 0);
     if (rc == 0) rc = as_dtype(dx, x->dtype, &dx2);
     if (rc == 0) rc = tt_view(dx2, x->shape, x->ndim, &dxv);
     if (rc == 0) rc = tt_accumulate_grad(x, dxv);
@@ -363,7 +365,7 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
     /* dW (out, in) = q_g^T (out, rows) . (q_x^T (in, rows))^T, f32 */
     int64_t shape[2] = {outf, in};
     rc = tt_tensor_empty(shape, 2, TT_F32, d->device, &dw);
-    if (rc == 0) rc = fp8_gemm(outf, in, rows, job.qt, qxt, dw, si + ROLE_G, si + ROLE_X, NULL);
+    if (rc == 0) rc = fp8_gemm(outf, in, rows, job.qt, qxt, dw, si + ROLE_G, si + ROLE_X, NULL, 0);
     if (rc == 0) rc = as_dtype(dw, w->dtype, &dw2);
     if (rc == 0) rc = tt_accumulate_grad(w, dw2);
   }
@@ -422,7 +424,7 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
     const float *si = (const float *)tt_tensor_data(sinv);
     rc = tt_tensor_empty(shape, 2, TT_BF16, x->device, &y);
     if (rc == 0) rc = fp8_gemm(rows, outf, in, jobs[0].q, jobs[1].q, y, si + ROLE_X,
-                               si + ROLE_W, bc ? tt_tensor_data(bc) : NULL);
+                               si + ROLE_W, bc ? tt_tensor_data(bc) : NULL, st->fast_accum);
   }
   if (rc == 0) rc = as_dtype(y, x->dtype, &y2);
   if (rc == 0) rc = tt_view(y2, y_shape, x->ndim, &yv);

@@ -29,7 +29,8 @@ int tt_cuda_fp8_dequantize(const void *q, int fp8_dtype, int64_t n, float scale,
 ** element strides (0 shares a matrix), through cuBLASLt with fp32 accumulation. Operand
 ** dtypes: f32 (tf32 when allow_tf32), bf16, f16, or fp8 (e4m3/e5m2, sm_89+, with a_scale /
 ** b_scale: device f32 scalars the products are multiplied by, i.e. 1 / quantisation
-** scale). C: f32, bf16 or f16. */
+** scale). C: f32, bf16 or f16. fast_accum (fp8 only): cuBLASLt's fast accumulation
+** (CUBLASLT_MATMUL_DESC_FAST_ACCUM), sums kept in reduced precision along k. */
 typedef struct tt_cuda_gemm_args {
   int trans_a, trans_b;
   int64_t m, n, k;
@@ -41,6 +42,7 @@ typedef struct tt_cuda_gemm_args {
   const void *bias;
   const float *a_scale, *b_scale;
   int allow_tf32;
+  int fast_accum;
 } tt_cuda_gemm_args;
 int tt_cuda_lt_gemm(const tt_cuda_gemm_args *args);
 

@@ -36,6 +36,7 @@ typedef struct lt_call {
   const void *bias;                   /* (rows), c's dtype or f32; NULL: no epilogue */
   const float *x_scale, *y_scale;     /* device scalars for fp8 operands, or NULL */
   int tf32;                           /* allow tf32 for f32 operands */
+  int fast_accum;                     /* fp8: CUBLASLT_MATMUL_DESC_FAST_ACCUM */
 } lt_call;
 
 static int lt_layout(cublasLtMatrixLayout_t *l, int dtype, int64_t r, int64_t c, int64_t ld,
@@ -91,6 +92,10 @@ static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
   if (q->y_scale)
     TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                          &q->y_scale, sizeof q->y_scale));
+  if (q->fast_accum) {
+    const int8_t on = 1;
+    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof on));
+  }
   int tx = q->op_x == CUBLAS_OP_T, ty = q->op_y == CUBLAS_OP_T;
   TT_TRY(lt_layout(lx, q->x_dtype, tx ? q->k : q->rows, tx ? q->rows : q->k, q->ldx, q->batch,
                    q->stride_x));
@@ -157,6 +162,7 @@ extern "C" int tt_cuda_lt_gemm(const tt_cuda_gemm_args *g) {
   q.x_scale = g->b_scale;
   q.y_scale = g->a_scale;
   q.tf32 = g->allow_tf32;
+  q.fast_accum = g->fast_accum;
   return lt_run(&q);
 }
 

@@ -162,9 +162,10 @@ end
 -- Each layer owns its scaling state (three amax histories); the closure keeps it alive
 -- for as long as the layer, which outlives every backward of its forwards. `group` (a
 -- tetra.dist group or nil): the ranks over which every amax is agreed.
-local function fp8_gemm(history, margin, group)
+local function fp8_gemm(history, margin, group, fast_accum)
   local st = ffi.gc(ffi.new("tt_fp8_linear_state"), C.tt_fp8_linear_state_release)
   tffi.check(C.tt_fp8_linear_state_init(st, history, margin), 3)
+  st.fast_accum = fast_accum and 1 or 0
   if group and group.size > 1 then
     st.amax_group = group._c
     st_groups[st] = group   -- the communicator outlives the state
@@ -222,7 +223,8 @@ end
 -- matches none being an error); the others keep f32. Then attaches the context to the
 -- model (model.amp) and returns it. Wrapping a model again at the same precision returns
 -- its context; at another precision is an error.
--- fp8 options: train.fp8_history (16), train.fp8_margin (0), train.fp8_layers ("all");
+-- fp8 options: train.fp8_history (16), train.fp8_margin (0), train.fp8_layers ("all"),
+-- train.fp8_fast_accum (false: cuBLASLt's fast accumulation in the forward GEMMs, CUDA only);
 -- opts.amax_group (a tetra.dist group): every rank that runs these layers, on other
 -- parts of the batch (data, context parallelism) or other parts of a layer (tensor
 -- parallelism); every FP8 amax is agreed over it (all-reduce MAX), which gives each rank
@@ -261,7 +263,8 @@ function amp.wrap(model, cfg, opts)
         m.gemm = half_gemm(precision == "bf16" and C.TT_BF16 or C.TT_F16)
         ctx.layers = ctx.layers + 1
       elseif fp8_selected(pats, path, m) then
-        local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0, opts.amax_group)
+        local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0, opts.amax_group,
+                                  t.fp8_fast_accum)
         m.gemm = gemm
         ctx.fp8_states[path] = st
         ctx.layers = ctx.layers + 1

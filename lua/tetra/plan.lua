@@ -28,8 +28,10 @@
 -- schedule replay, and the optimizer. What computation hides is not counted: Tetra's
 -- tensor- and context-parallel collectives block (exposed); the data-parallel reduction
 -- overlaps the last micro-batch's backward (the last bucket stays exposed); ZeRO-1's
--- parameter all-gather after the optimizer is exposed. Activation recompute and FP8
--- matmuls are priced (opts of M.layouts) only to compare published runs that used them.
+-- parameter all-gather after the optimizer is exposed. Activation recompute (full, or
+-- torchtitan's per-op selective policy), FP8 matmuls (opts of M.layouts) and eager
+-- elementwise kernels (cluster.elementwise = "eager") are priced only to compare
+-- published runs that used them: Tetra's engine does none of these.
 local C = require("tetra.ffi").C
 local tensor_split = require("tetra.parallel.tensor")
 local pipeline = require("tetra.parallel.pipeline")
@@ -41,7 +43,9 @@ local M = {}
 
 -- A device: peak_flops (dense, the precision's), matmul and attention kernel rates as
 -- fractions of it, mem_bw (bytes/s for elementwise kernels), mem_bytes, and `sustained`
--- (the fraction of those kernel rates a whole training step reaches). Links: intra_bw
+-- (the fraction of those kernel rates a whole training step reaches); elementwise =
+-- "eager" when every elementwise op is its own kernel (eager_block_bytes), else fused
+-- kernels are assumed (one read and one write an op). Links: intra_bw
 -- (bytes/s per device and direction inside a node), inter_bw (per device, between
 -- nodes), latency_s per collective step.
 -- Sources: H100 SXM: NVIDIA H100 datasheet (989 TFLOP/s dense BF16, 1,979 FP8, 3.35 TB/s
@@ -71,6 +75,18 @@ M.clusters = {
            matmul = 0.80, attention = 0.55, mem_bw = 4.8e12, mem_bytes = 141e9,
            intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636,
            precision = "bf16" },
+  -- torchtitan's benchmark machines (pytorch/torchtitan
+  -- benchmarks/llama3_h100_202412_torchtitan.md, formerly docs/performance.md): Grand
+  -- Teton hosts of 8 H100 with 96 GB HBM2e at 2.4 TB/s, 400 Gb/s per GPU between hosts,
+  -- "the default 500W power limit". Its footnote: "the actual peak TFLOPs number is
+  -- between SXM and NVL, and we don't know its exact value": between the H100 SXM's 989
+  -- and the H100 NVL's 835 dense BF16 TFLOP/s (NVIDIA H100 datasheet: 1,671 with
+  -- sparsity); the planner takes the middle, 912 (either end moves a prediction 8%).
+  h100_500w = { name = "H100 HBM2e 96 GB at 500 W (torchtitan's Grand Teton nodes)",
+                devices_per_node = 8, nodes = 1, peak_flops = 912e12, fp8_flops = 1824e12,
+                matmul = 0.80, attention = 0.55, mem_bw = 2.4e12, mem_bytes = 96e9,
+                intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636,
+                precision = "bf16" },
   cpu = { name = "this machine: 2 CPU cores, one rank per core (fp32, MPI shared memory)",
           devices_per_node = 2, nodes = 1, peak_flops = 105e9, matmul = 1.0,
           attention = 0.6, mem_bw = 8e9, mem_bytes = 12e9, intra_bw = 1.7e9,
@@ -245,17 +261,35 @@ local function rank_params(m, lay, s, r)
   return tensors
 end
 
+-- The matmuls of one block on a tp rank, in the order its forward runs them (the order
+-- M.parameters lists them: q, k, v, o, then the MLP's), each { weights = elements,
+-- out = output features per token }: a row-parallel output is whole (partial sums).
+local function block_matmuls(m, tp)
+  local plan = M.model_plan(m)
+  local hd = m.dim / m.n_heads
+  local out = {}
+  for _, e in ipairs(M.parameters(m)) do
+    local path, name, shape = e[1], e[2], e[3]
+    if #shape == 2 and name == "weight" and path:match("^[%w_]+%.0%.") then
+      local style = style_of(plan, path)
+      local w = local_numel(shape, name, style, tp, 0, hd)
+      local features = style == "row" and shape[1] or w / shape[2]
+      out[#out + 1] = { weights = w, out = features }
+    end
+  end
+  return out
+end
+
 -- Elements of one block's matmul weights on a tp rank, and of the head's.
 local function matmul_params(m, tp)
   local plan = M.model_plan(m)
   local hd = m.dim / m.n_heads
   local block, head = 0, 0
+  for _, mm in ipairs(block_matmuls(m, tp)) do block = block + mm.weights end
   for _, e in ipairs(M.parameters(m)) do
     local path, name, shape = e[1], e[2], e[3]
-    if #shape == 2 and name == "weight" then
-      local n = local_numel(shape, name, style_of(plan, path), tp, 0, hd)
-      if path:match("^[%w_]+%.0%.") then block = block + n end
-      if path == "output" or path == "lm_head" then head = n end
+    if path == "output" or path == "lm_head" then
+      head = local_numel(shape, name, style_of(plan, path), tp, 0, hd)
     end
   end
   return block, head
@@ -397,6 +431,31 @@ local function widths(precision)
   return 2, 4 + 2, 4
 end
 
+-- The bytes one Llama block's elementwise forward moves for n tokens (Hl query and kvl
+-- key/value heads, fl MLP features on this rank) when every op is its own kernel, as in
+-- eager PyTorch (cl.elementwise = "eager"; the default counts one read and one write per
+-- fused op). The ops are torchtitan's Llama (torchtitan/models/llama/model.py and
+-- models/norms.py at commit 9dec370): RMSNorm in fp32 (x.float(), pow, mean, x * rsqrt,
+-- type_as, * weight: 4 activation-width and 7 fp32 passes per element, twice per block),
+-- RoPE through fp32 complex numbers on q and k (float, multiply, type_as: 2 + 4), the
+-- key and value heads copied to every query head (repeat_kv), attention's output made
+-- contiguous, two residual adds, silu(w1 x) * w3 x. Backward is priced at twice this,
+-- as for fused kernels.
+local function eager_block_bytes(m, n, Hl, kvl, fl, act_b)
+  if (m.family or "llama") ~= "llama" then
+    error("cluster.elementwise = eager is counted for the llama family only, not '" ..
+          tostring(m.family) .. "'; leave it unset for fused elementwise kernels", 0)
+  end
+  local hd = m.dim / m.n_heads
+  local q, kv, f32 = Hl * hd, kvl * hd, 4
+  local norm = 4 * act_b + 7 * f32
+  local rope = 2 * act_b + 4 * f32
+  local repeat_kv = kvl < Hl and 2 * (kv + q) * act_b or 0
+  local per_token = 2 * norm * m.dim + rope * (q + kv) + repeat_kv + 2 * q * act_b +
+                    2 * 3 * m.dim * act_b + 5 * fl * act_b
+  return n * per_token
+end
+
 -- Evaluates layout `lay` for cfg on cluster cl: a record with the layout, memory (bytes,
 -- the largest rank and rank 0), time (seconds) and throughput.
 function M.evaluate(cfg, lay, cl)
@@ -428,7 +487,15 @@ function M.evaluate(cfg, lay, cl)
   local tensors = {}
   local function keep(e) tensors[#tensors + 1] = e end
   if lay.recompute == "full" then
-    keep(nds)                                   -- only the block's output is kept
+    keep(nds)                                   -- only the block's input is kept
+  elseif lay.recompute == "selective" then
+    -- torchtitan's per-op policy (block_time below): the block's input, every odd
+    -- matmul's output, attention's output and log-sum-exp; the rest is recomputed.
+    keep(nds)
+    for i, mm in ipairs(block_matmuls(m, tp)) do
+      if i % 2 == 1 then keep(n * mm.out) end
+    end
+    keep(n * Hl * hd); keep(n * Hl)
   else
     keep(nds); keep(stats)                      -- norm 1
     if tp > 1 then keep(nd); keep(nd); keep(nd) end   -- wq, wk, wv inputs
@@ -472,17 +539,27 @@ function M.evaluate(cfg, lay, cl)
   local rate_at = cl.peak_flops * cl.attention * cl.sustained
   local rate_bw = cl.mem_bw * cl.sustained
   local block_w, head_w = matmul_params(m, tp)
+  local rerun_w = 0                             -- every second matmul's weights
+  for i, mm in ipairs(block_matmuls(m, tp)) do
+    if i % 2 == 0 then rerun_w = rerun_w + mm.weights end
+  end
   local bw_tp = link(cl, 1, tp)
   local function block_time()
     local mm = 2 * n * block_w / rate_mm8
     local at = 2 * n * T * d / tp / rate_at             -- 4 n (T/2) hd Hl: causal half
-    local ew_elems = 10 * seq_n * d + 2 * n * (Hl + kvl) * hd + 3 * n * fl
-    local ew = ew_elems * act_b / rate_bw
+    local ew_bytes = cl.elementwise == "eager" and eager_block_bytes(m, n, Hl, kvl, fl, act_b)
+                     or (10 * seq_n * d + 2 * n * (Hl + kvl) * hd + 3 * n * fl) * act_b
+    local ew = ew_bytes / rate_bw
     local fwd, bwd = mm + at + ew, 2 * mm + 2.5 * at + 2 * ew
-    -- Recompute: full reruns the block's forward in backward; selective (torchtitan's
-    -- op-level choice) keeps matmul and attention outputs and reruns the elementwise ops.
+    -- Recompute: full reruns the block's forward in backward. selective is torchtitan's
+    -- per-op policy (selective_ac_option = "op"; `_save_list` and `_custom_policy` in
+    -- torchtitan/parallelisms/parallelize_llama.py at the benchmarks' commit 9dec370):
+    -- it saves the outputs of matmuls and attention except every second matmul of the
+    -- block, counted in forward order, so backward reruns those (wk, wo and w3 in a
+    -- Llama block: 37% of its matmul FLOPs) and every elementwise op. Rerun FLOPs cost
+    -- time but are not model FLOPs (MFU does not count them).
     if lay.recompute == "full" then bwd = bwd + mm + at + ew
-    elseif lay.recompute == "selective" then bwd = bwd + ew end
+    elseif lay.recompute == "selective" then bwd = bwd + 2 * n * rerun_w / rate_mm8 + ew end
     local comm_f, comm_b = 0, 0
     if tp > 1 then
       local kind = lay.sp and "all_gather" or "all_reduce"

@@ -313,3 +313,21 @@ Test(fp8, linear_bias_gradient_is_unquantised) {
   tt_tensor_release(x); tt_tensor_release(w); tt_tensor_release(b); tt_tensor_release(gy);
   tt_tensor_release(y);
 }
+
+/* Fast accumulation is a cuBLASLt option the emulation has no model of: a CPU call asking
+** for it is refused, not run with fp32 sums as if it had been honoured. */
+Test(fp8, linear_refuses_fast_accumulation_on_cpu) {
+  int64_t xs[2] = {4, 16}, ws[2] = {8, 16};
+  tt_tensor *x = randn(xs, 2, 1.0), *w = randn(ws, 2, 0.3), *y = NULL;
+  tt_fp8_linear_state st;
+  cr_assert_eq(tt_fp8_linear_state_init(&st, 2, 0), 0);
+  st.fast_accum = 1;
+  cr_assert_eq(tt_fp8_linear(x, w, NULL, &st, &y), -1);
+  cr_assert(strstr(tt_last_error(), "fast accumulation") != NULL, "%s", tt_last_error());
+  cr_assert_null(y);
+  st.fast_accum = 0;
+  cr_assert_eq(tt_fp8_linear(x, w, NULL, &st, &y), 0, "%s", tt_last_error());
+  tt_fp8_linear_state_release(&st);
+  tt_tensor *all[] = {x, w, y};
+  for (size_t i = 0; i < 3; i++) tt_tensor_release(all[i]);
+}

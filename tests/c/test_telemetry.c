@@ -71,6 +71,36 @@ Test(telemetry, a_concurrent_scrape_never_sees_a_torn_step) {
   tt_telemetry_text_free(t);
 }
 
+/* Scrapes answer from the text formatted last time while nothing changed: every kind of
+** write must be seen by the next scrape all the same. */
+static double scrape(const char *name) {
+  char *t = tt_telemetry_format();
+  cr_assert_not_null(t, "%s", tt_last_error());
+  double v = sample(t, name);
+  tt_telemetry_text_free(t);
+  return v;
+}
+
+Test(telemetry, every_write_reaches_the_next_scrape) {
+  cr_assert_eq(tt_telemetry_configure("c", 0, 0, 0, 0, 0, 0, -1), 0);
+  tt_step_telemetry s = {.step = 1, .tokens_total = 64, .step_time_s = 0.01, .mfu = -1};
+  tt_telemetry_step(&s);
+  cr_assert_eq(scrape("tetra_step{"), 1);
+  cr_assert_eq(scrape("tetra_step{"), 1);   /* unchanged: the kept text */
+  tt_telemetry_collective("all_reduce", "dp", 1e-3);
+  cr_assert_eq(scrape("tetra_collective_seconds_count{"), 1);
+  tt_telemetry_checkpoint(0.5);
+  cr_assert_eq(scrape("tetra_checkpoint_saves_total{"), 1);
+  s.step = 2;
+  tt_telemetry_step(&s);
+  cr_assert_eq(scrape("tetra_step{"), 2);
+  /* The live series are read at each scrape. */
+  cr_assert_gt(scrape("tetra_process_cpu_seconds_total{"), 0);
+  cr_assert(!isnan(scrape("tetra_exporter_cpu_seconds_total{")));
+  cr_assert_eq(tt_telemetry_configure("d", 1, 0, 0, 0, 0, 0, -1), 0);
+  cr_assert_eq(scrape("tetra_step{"), 0, "a reconfigured store still shows the old step");
+}
+
 /* Sends `req` to 127.0.0.1:port and returns the whole answer (malloc'd). */
 static char *http(int port, const char *req) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -49,16 +49,21 @@ def value(text, name):
 
 
 def sums(text):
-    """(tetra_step_seconds_sum, tetra_step_seconds_count, the store's lock wait) of one
-    scrape."""
+    """(tetra_step_seconds_sum, tetra_step_seconds_count, the store's lock wait, the
+    process's CPU seconds, the endpoint thread's CPU seconds) of one scrape."""
     return (value(text, "tetra_step_seconds_sum"), value(text, "tetra_step_seconds_count"),
-            value(text, "tetra_telemetry_lock_wait_seconds_total"))
+            value(text, "tetra_telemetry_lock_wait_seconds_total"),
+            value(text, "tetra_process_cpu_seconds_total"),
+            value(text, "tetra_exporter_cpu_seconds_total"))
 
 
 def toggle(port, seconds, hz, window):
     """Alternates windows of `window` seconds: scraping at hz, then idle (one scrape at
     each end). Within one run, so the machine's load changes hit both kinds alike.
-    The mean step time of each kind comes from the step histogram's sum and count."""
+    The mean step time of each kind comes from the step histogram's sum and count; the
+    CPU time training used per step from the process's CPU seconds less the endpoint
+    thread's (the wall time measures the machine's other jobs too, the CPU time much
+    less); the endpoint's own cost from its thread's CPU seconds."""
     if not wait_up(port, 30):
         print("toggle: the endpoint never came up")
         return 1
@@ -68,7 +73,8 @@ def toggle(port, seconds, hz, window):
         c.request("GET", "/metrics")
         return sums(c.getresponse().read().decode())
 
-    totals = {"loud": [0.0, 0.0], "quiet": [0.0, 0.0]}
+    # per kind: step seconds, steps, training CPU seconds, endpoint CPU seconds
+    totals = {"loud": [0.0, 0.0, 0.0, 0.0], "quiet": [0.0, 0.0, 0.0, 0.0]}
     n, end, loud = 0, time.monotonic() + seconds, False
     try:
         first = scrape_once()
@@ -88,6 +94,9 @@ def toggle(port, seconds, hz, window):
             kind = totals["loud" if loud else "quiet"]
             kind[0] += last[0] - first[0]
             kind[1] += last[1] - first[1]
+            exporter = last[4] - first[4]
+            kind[2] += (last[3] - first[3]) - exporter
+            kind[3] += exporter
             first = last
     except (OSError, http.client.HTTPException):
         pass   # the run ended
@@ -96,10 +105,14 @@ def toggle(port, seconds, hz, window):
         print(f"toggle: too few steps measured ({q[1]:.0f} quiet, {l[1]:.0f} loud)")
         return 1
     quiet_ms, loud_ms = q[0] / q[1] * 1e3, l[0] / l[1] * 1e3
+    quiet_cpu, loud_cpu = q[2] / q[1] * 1e3, l[2] / l[1] * 1e3
     waited, stepped = first[2], first[0]
     print(f"toggle: {n} scrapes; mean step {quiet_ms:.2f} ms over {q[1]:.0f} quiet steps, "
           f"{loud_ms:.2f} ms over {l[1]:.0f} steps scraped at {hz:.0f}/s "
-          f"({(loud_ms / quiet_ms - 1) * 100:+.1f}%); training waited "
+          f"({(loud_ms / quiet_ms - 1) * 100:+.1f}%); training CPU per step "
+          f"{quiet_cpu:.2f} ms quiet, {loud_cpu:.2f} ms scraped [{(loud_cpu / quiet_cpu - 1) * 100:+.2f}%]; "
+          f"endpoint thread {l[3] * 1e3:.1f} ms CPU for {n} scrapes "
+          f"<{l[3] / max(l[2], 1e-9) * 100:.3f}% of training CPU>; training waited "
           f"{waited * 1e3:.3f} ms for the store in {stepped:.1f} s of steps "
           f"({waited / stepped * 100:.4f}%)")
     return 0

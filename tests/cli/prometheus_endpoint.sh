@@ -7,9 +7,12 @@
 #     finish every step;
 #  3. the step time while a scraper hammers the endpoint at 50 scrapes/s against quiet
 #     windows of the same run: printed, and it must stay within 15% (the machine is
-#     shared: its load varies more than the endpoint costs); and the time training
-#     waited for the store's lock (tetra_telemetry_lock_wait_seconds_total) must stay
-#     under 0.2% of the steps' time.
+#     shared: its load varies more than the endpoint costs). What the endpoint costs is
+#     measured directly, and held to the issue's 2%: the CPU seconds of the endpoint's
+#     thread (tetra_exporter_cpu_seconds_total) must stay under 2% of the CPU seconds
+#     training used in the same windows: the most it could slow a step down were it to
+#     share training's core; and the time training waited for the store's lock
+#     (tetra_telemetry_lock_wait_seconds_total) must stay under 0.2% of the steps' time.
 # Usage: bash prometheus_endpoint.sh /path/to/tetra   (exit 77: skipped)
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
@@ -74,10 +77,13 @@ wait $train || fail "the scraped run failed: $(cat "$tmp/err")"
 cat "$tmp/toggle"
 change=$(sed -E 's/.*\(([-+0-9.]+)%\); training.*/\1/' "$tmp/toggle")
 waited=$(sed -E 's/.*steps \(([0-9.]+)%\)$/\1/' "$tmp/toggle")
+share=$(sed -E 's/.*<([0-9.]+)% of training CPU>.*/\1/' "$tmp/toggle")
 python3 -c "import sys; sys.exit(0 if float('$change') < 15 else 1)" \
   || fail "scraping at 50/s slowed the step by $change% (limit 15% on this shared machine)"
 # What the design promises, measured directly: training waits for a scrape only while it
 # copies the store (microseconds), not while it formats or sends.
 python3 -c "import sys; sys.exit(0 if float('$waited') < 0.2 else 1)" \
   || fail "training waited $waited% of its step time for the metrics store (limit 0.2%)"
+python3 -c "import sys; sys.exit(0 if float('$share') < 2 else 1)" \
+  || fail "the endpoint's thread used $share% of training's CPU time at 50 scrapes/s (limit 2%)"
 echo "endpoint ok"

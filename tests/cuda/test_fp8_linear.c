@@ -61,7 +61,11 @@ static tt_tensor *leaf(tt_tensor *t) {
   return t;
 }
 
-static void run_steps(int x_dtype) {
+/* Three steps of CPU emulation and CUDA side by side. fast_accum: the CUDA forward uses
+** cuBLASLt's fast accumulation, which the emulation does not model: Y is then held to a
+** relative error (its sums lose low bits along k) while the backward, which never uses
+** it, must still match to the bf16 ulp. */
+static void run_steps(int x_dtype, int fast_accum) {
   enum { B = 2, T = 32, IN = 96, OUT = 48 };
   tt_manual_seed(11);
   int64_t xs[3] = {B, T, IN}, ws[2] = {OUT, IN}, bs[1] = {OUT}, ys[3] = {B, T, OUT};
@@ -71,6 +75,7 @@ static void run_steps(int x_dtype) {
   tt_fp8_linear_state cs, gs;
   cr_assert_eq(tt_fp8_linear_state_init(&cs, 2, 0), 0);
   cr_assert_eq(tt_fp8_linear_state_init(&gs, 2, 0), 0);
+  gs.fast_accum = fast_accum;
   const double xf[3] = {1.0, 4.0, 0.5}, gf[3] = {1.0, 0.25, 8.0};
   for (int step = 0; step < 3; step++) {
     tt_tensor *xs32 = NULL, *x = NULL, *gs32 = NULL, *gy = NULL;
@@ -85,7 +90,10 @@ static void run_steps(int x_dtype) {
     cr_assert_eq(tt_fp8_linear(x, w, b, &cs, &y), 0, "%s", tt_last_error());
     cr_assert_eq(tt_fp8_linear(xd, wd, bd, &gs, &yd), 0, "%s", tt_last_error());
     cr_assert_eq(yd->dtype, x_dtype);
-    expect_bf16_close("Y", yd, y);
+    if (fast_accum)
+      cr_assert(rel_err(yd, y) <= 1e-2, "Y with fast accumulation: %g", rel_err(yd, y));
+    else
+      expect_bf16_close("Y", yd, y);
     cr_assert_eq(tt_backward_with(y, gy), 0, "%s", tt_last_error());
     cr_assert_eq(tt_backward_with(yd, gyd), 0, "%s", tt_last_error());
     expect_bf16_close("dX", xd->grad, x->grad);
@@ -109,8 +117,9 @@ static void run_steps(int x_dtype) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }
 
-Test(fp8_linear, f32_activations_match_cpu_emulation) { run_steps(TT_F32); }
-Test(fp8_linear, bf16_activations_match_cpu_emulation) { run_steps(TT_BF16); }
+Test(fp8_linear, f32_activations_match_cpu_emulation) { run_steps(TT_F32, 0); }
+Test(fp8_linear, bf16_activations_match_cpu_emulation) { run_steps(TT_BF16, 0); }
+Test(fp8_linear, fast_accumulation_stays_close_to_the_emulation) { run_steps(TT_BF16, 1); }
 
 /* A shape cuBLASLt's FP8 GEMMs cannot take is refused before anything runs. */
 Test(fp8_linear, refuses_dims_not_multiple_of_16) {

@@ -33,9 +33,12 @@ canned() {
   echo "attention (cuDNN via PyTorch 2.11.0, bf16) causal fwd+bwd T=4096 32x128: 2.10 ms, 392.6 TFLOP/s" > "$d/attention.log"
   echo "attention bf16 cuDNN    causal B=1 T=4096 32x128: fwd    1.10 ms  499.7 TFLOP/s, fwd+bwd    3.90 ms  422.9 TFLOP/s" > "$d/cudnn_attention.log"
   echo "step 6 loss 10.3 tokens_per_s=51234.5" > "$d/llama_1b.log"
+  echo "step 6 loss 10.4 tokens_per_s=70123.4" > "$d/llama_1b_fp8.log"
+  printf '========= ERROR SUMMARY: 0 errors\nmemcheck clean: 9 processes, 0 errors\n' > "$d/memcheck.log"
   local name
   : > "$d/stages.tsv"
-  for name in gpu unpack configure build built tests bench attention cudnn_attention llama_1b; do
+  for name in gpu unpack configure build built tests bench attention cudnn_attention llama_1b \
+              llama_1b_fp8 memcheck; do
     local status=ok kv
     for kv in "$@"; do [ "${kv%%=*}" = "$name" ] && status=${kv#*=}; done
     printf '%s\t%s\t%s\t%s\n' "$name" "$status" 10 100 >> "$d/stages.tsv"
@@ -63,6 +66,7 @@ d=$(canned pass)
 expect "$d" 0 '^== gpu-check: PASS: every stage passed; NVIDIA H200, 580.159.04' \
   '^tests +ok +10 +4 tests: 4 passed, 0 failed, 0 not run$' '^configure +ok .*CUDA kernels for: 90a' \
   '^built +ok .*built: 3 CUDA tests' '^llama_1b +ok .*tokens_per_s=51234.5' \
+  '^llama_1b_fp8 +ok .*tokens_per_s=70123.4' '^memcheck +ok .*memcheck clean: 9 processes' \
   '^-- bench --' 'Llama-7B layer: 41.2% MFU' '^attention +ok .*392.6 TFLOP/s' \
   '^cudnn_attention +ok .*bf16 cuDNN +causal B=1 T=4096.*422.9 TFLOP/s' '^-- cudnn_attention --'
 
@@ -96,10 +100,10 @@ head -5 "$HERE/logs/ctest_passed.log" > "$d/tests.log"
 expect "$d" 1 '^tests +failed .*ctest printed no result line'
 
 # The build ran out of its time; later stages never ran.
-d=$(canned timeout build=timeout built=not-run tests=not-run bench=not-run attention=not-run llama_1b=not-run)
-rm -f "$d"/{built,tests,bench,attention,llama_1b}.log
+d=$(canned timeout build=timeout built=not-run tests=not-run bench=not-run attention=not-run llama_1b=not-run llama_1b_fp8=not-run memcheck=not-run)
+rm -f "$d"/{built,tests,bench,attention,llama_1b,llama_1b_fp8,memcheck}.log
 expect "$d" 1 '^build +timeout .*stopped after its 100 s limit' '^tests +not-run .*the budget was spent' \
-  '^== gpu-check: FAIL: build built tests bench attention llama_1b;'
+  '^== gpu-check: FAIL: build built tests bench attention llama_1b llama_1b_fp8 memcheck;'
 
 # Exit 0 but no figure, a missing log, and a GPU machine where nvidia-smi failed.
 d=$(canned nofigure "gpu=failed (rc 9)")
@@ -109,6 +113,14 @@ echo "device: NVIDIA H200; dense bf16 peak taken as 989 TFLOP/s" > "$d/bench.log
 rm "$d/attention.log"
 expect "$d" 1 '^llama_1b +failed .*no tokens_per_s in the log' '^bench +failed .*no MFU figure' \
   '^attention +failed .*no log' '^== gpu-check: FAIL: gpu bench attention llama_1b; \(no GPU named\)'
+
+# memcheck: errors found fail the stage with the count; a refused device is shown.
+d=$(canned memerr "memcheck=failed (rc 3)")
+printf '========= Invalid __global__ write of size 4 bytes\n========= ERROR SUMMARY: 2 errors\n' > "$d/memcheck.log"
+expect "$d" 1 '^memcheck +failed .*ERROR SUMMARY: 2 errors' '^== gpu-check: FAIL: memcheck;'
+d=$(canned memgone)
+printf '========= Error: Device not supported\nmemcheck unavailable: compute-sanitizer refused this machine'"'"'s device (a gVisor runtime)\n' > "$d/memcheck.log"
+expect "$d" 0 '^memcheck +ok .*memcheck unavailable: compute-sanitizer refused'
 
 d=$WORK/empty
 mkdir -p "$d"

@@ -9,25 +9,31 @@
 #               cluster's sustained fraction for that many ranks (tetra sweep
 #               --calibrate: a shared machine gives 2 ranks less than 2 cores); every
 #               other row is a prediction
+#   rounds      the 13 layouts run --repeat times (default 3), one after the other in
+#               each round, and every figure is the median of its rounds, so that a
+#               change in the load of a shared machine falls on every layout alike and
+#               the calibration rows are measured under the same loads as the rest
 # Prints a Markdown table (the one in docs/planner.md): measured and predicted tokens/s,
 # rank 0's allocator peak, exposed communication (bubble included), the errors, and how
 # many rows are within 10% (memory) and 25% (time), and whether the ranking by tokens/s
 # agrees (Spearman's rank correlation).
-#   tools/bench/plan.sh [--tetra PATH] [--steps N] [--keep DIR]
+#   tools/bench/plan.sh [--tetra PATH] [--steps N] [--repeat N] [--keep DIR]
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-tetra="$root/build/tetra" steps=8 keep=""
+tetra="$root/build/tetra" steps=8 repeat=3 keep=""
 die() { echo "plan.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --tetra) [ $# -ge 2 ] || die "--tetra needs a path"; tetra="$2"; shift 2 ;;
     --steps) [ $# -ge 2 ] || die "--steps needs a number"; steps="$2"; shift 2 ;;
+    --repeat) [ $# -ge 2 ] || die "--repeat needs a number"; repeat="$2"; shift 2 ;;
     --keep) [ $# -ge 2 ] || die "--keep needs a directory"; keep="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 case "$steps" in ''|*[!0-9]*) die "--steps must be a whole number" ;; esac
+case "$repeat" in ''|*[!0-9]*|0) die "--repeat must be a whole number above 0" ;; esac
 [ -x "$tetra" ] || die "no tetra executable at $tetra (build it: cmake --build build)"
 command -v mpirun >/dev/null || die "mpirun not found"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -52,7 +58,7 @@ layouts=(dp=1,mb=4 dp=1,mb=8 dp=2,mb=2 dp=2,mb=4 dp=2,zero=1,mb=2 tp=2,mb=4 tp=2
 args=()
 for l in "${layouts[@]}"; do args+=(--layout "$l"); done
 [ -n "$keep" ] && args+=(--keep "$keep")
-"$tetra" sweep "${model[@]}" --steps "$steps" --calibrate --json --intra-gbs "$bw_gbs" \
+"$tetra" sweep "${model[@]}" --steps "$steps" --repeat "$repeat" --calibrate --json --intra-gbs "$bw_gbs" \
   --inter-gbs "$bw_gbs" --latency-us "$lat_us" "${args[@]}" >"$work/sweep.json" 2>"$work/sweep.err"
 rc=$?
 grep '^# calibrated' "$work/sweep.err"
@@ -67,13 +73,13 @@ def name(r):
     s += f", mb {r['micro_batch']}"
     if r["pp"] > 1: s += f", {r['schedule']}"
     return s
-print("| layout | ranks | tokens/s measured | predicted | error | peak MiB measured | predicted | error | exposed comm ms measured | predicted |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| layout | ranks | tokens/s measured | predicted | error | peak MiB measured | predicted | error | exposed comm ms measured | predicted | step ms, each round |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 ok_mem = ok_time = n = 0
 meas, pred = [], []
 for i, r in enumerate(rows):
     if r.get("failed"):
-        print(f"| {name(r)} | {r['world']} | FAILED | | | | | | | |"); continue
+        print(f"| {name(r)} | {r['world']} | FAILED | | | | | | | | |"); continue
     n += 1
     et = r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] - 1
     em = r["predicted_peak_bytes"] / r["measured_peak_bytes"] - 1
@@ -84,7 +90,8 @@ for i, r in enumerate(rows):
     tag = " (calibration)" if cal else ""
     print(f"| {name(r)}{tag} | {r['world']} | {r['measured_tokens_per_s']:.0f} | {r['predicted_tokens_per_s']:.0f} | {100*et:+.0f}% "
           f"| {r['measured_peak_bytes']/2**20:.1f} | {r['predicted_peak_bytes']/2**20:.1f} | {100*em:+.1f}% "
-          f"| {1000*r['measured_exposed_comm_s']:.1f} | {1000*r['predicted_exposed_comm_s']:.1f} |")
+          f"| {1000*r['measured_exposed_comm_s']:.1f} | {1000*r['predicted_exposed_comm_s']:.1f} "
+          f"| {' '.join(f'{1000 * x:.0f}' for x in r['measured_step_s_runs'])} |")
 def ranks(xs):
     order = sorted(range(len(xs)), key=lambda i: xs[i])
     rk = [0] * len(xs)

@@ -18,8 +18,9 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
   FILE            a recipe (.lua) or YAML config giving the model (default recipes/llama.lua)
   --model NAME    a model preset (train.model_name): llama-7b, llama3-8b, gpt2-124m, ...
   --batch N       global batch in sequences (train.batch_size)
-  --cluster NAME  h100, h200 (8-GPU nodes, NVLink, 400 Gb/s InfiniBand) or cpu (this
-                  machine, one rank per core); default cpu
+  --cluster NAME  h100, h200 (8-GPU nodes, NVLink, 400 Gb/s InfiniBand), h100_500w
+                  (torchtitan's 96 GB HBM2e H100 at 500 W) or cpu (this machine, one
+                  rank per core); default cpu
   --nodes N, --devices-per-node N, --peak-tflops X, --mem-gib X, --mem-bw-gbs X,
   --intra-gbs X, --inter-gbs X, --latency-us X, --sustained X   override the cluster's
                   figures (GB/s per device; sustained: the share of the kernel rates a
@@ -203,6 +204,7 @@ function M.published()
              string.format("%.0f tok/s/GPU", x)
     end
     local sched = r.pp > 1 and string.format(", %s v%d", r.schedule, r.virtual) or ""
+    if r.recompute ~= "none" then sched = sched .. ", " .. r.recompute .. " recompute" end
     out[#out + 1] = string.format("| %s%s | %d | %d x %d x %d | %d | %s | %s | %+.1f%% | mb %d, ZeRO-1 %s, SP %s%s |",
       row.name, row.calibration and " (calibration)" or "", row.tp * row.pp * row.dp, row.tp,
       row.pp, row.dp, row.batch, show(row.value), show(v), 100 * (v - row.value) / row.value,

@@ -92,6 +92,7 @@ end
 
 -- A string as a gnuplot single-quoted literal.
 local function q(s) return "'" .. s:gsub("'", "''") .. "'" end
+M.quote = q
 
 -- The gnuplot commands for one overlaid chart of `field` (a column name), or nil when
 -- no run has it.
@@ -197,8 +198,35 @@ end
 -- A string as one shell word.
 local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
-local function gnuplot_available()
-  return os.execute("command -v gnuplot >/dev/null 2>&1") == 0
+-- Whether gnuplot is on PATH; else nil and the one line to print (shared with tetra
+-- sweep's chart).
+function M.gnuplot_available()
+  if os.execute("command -v gnuplot >/dev/null 2>&1") == 0 then return true end
+  return nil, "gnuplot is not installed (apt-get install gnuplot-nox; tools/setup installs it)"
+end
+
+-- The first lines of a PNG chart script: the terminal (width x height pixels), missing
+-- values as gaps, a grid.
+function M.preamble(width, height)
+  return {
+    string.format("set terminal pngcairo size %d,%d noenhanced font 'sans,11'", width, height),
+    "set datafile missing 'NaN'",
+    "set grid",
+  }
+end
+
+-- Runs gnuplot on `script`; true, or nil and one line (gnuplot's first message).
+function M.run_gnuplot(script)
+  local log = script .. ".log"
+  if os.execute(string.format("gnuplot %s >%s 2>&1", shell_quote(script),
+                              shell_quote(log))) ~= 0 then
+    local lf = io.open(log, "r")
+    local first = lf and lf:read("*l") or ""
+    if lf then lf:close() end
+    return nil, "gnuplot failed on " .. script .. ": " .. first
+  end
+  os.remove(log)
+  return true
 end
 
 function M.main(...)
@@ -214,10 +242,8 @@ function M.main(...)
     if not rows then return usage_error(err) end
     run.rows = rows
   end
-  if not gnuplot_available() then
-    return usage_error("gnuplot is not installed (apt-get install gnuplot-nox; " ..
-                       "tools/setup installs it)")
-  end
+  local have, why = M.gnuplot_available()
+  if not have then return usage_error(why) end
   local ok, err = pcall(metrics.mkdir_p, out_dir .. "/data", "tetra plot")
   if not ok then return usage_error(tostring(err)) end
   for _, run in ipairs(runs) do
@@ -226,15 +252,10 @@ function M.main(...)
     write_data(run)
   end
 
-  local parts = {
-    string.format("set terminal pngcairo size %d,%d noenhanced font 'sans,11'",
-                  M.WIDTH, M.HEIGHT),
-    "set datafile missing 'NaN'",
-    "set grid",
-    "set key outside right top",
-    "set xlabel 'step'",
-    "",
-  }
+  local parts = M.preamble(M.WIDTH, M.HEIGHT)
+  parts[#parts + 1] = "set key outside right top"
+  parts[#parts + 1] = "set xlabel 'step'"
+  parts[#parts + 1] = ""
   for i = 1, #runs do
     parts[#parts + 1] = string.format("set linetype %d linewidth 2", i)
     parts[#parts + 1] = string.format("set style line %d linetype %d linewidth 2", i, i)
@@ -257,15 +278,8 @@ function M.main(...)
   local f = assert(io.open(script, "w"))
   f:write(table.concat(parts, "\n"), "\n")
   f:close()
-  local log = out_dir .. "/gnuplot.log"
-  if os.execute(string.format("gnuplot %s >%s 2>&1", shell_quote(script),
-                              shell_quote(log))) ~= 0 then
-    local lf = io.open(log, "r")
-    local first = lf and lf:read("*l") or ""
-    if lf then lf:close() end
-    return usage_error("gnuplot failed on " .. script .. ": " .. first)
-  end
-  os.remove(log)
+  local drawn, gp_err = M.run_gnuplot(script)
+  if not drawn then return usage_error(gp_err) end
   print(string.format("%s: %s (%d runs; data in %s/data, script %s)", out_dir,
                       table.concat(written, ", "), #runs, out_dir, script))
   return 0

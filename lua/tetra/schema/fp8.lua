@@ -21,8 +21,27 @@ config.register_check(function(cfg)
   end
 end)
 
+-- Fast accumulation is a property of Hopper's FP8 tensor-core GEMMs that the CPU
+-- emulation does not model: refused off CUDA rather than ignored.
+config.register_check(function(cfg)
+  local t = cfg.train or {}
+  if not t.fp8_fast_accum then return end
+  if t.precision ~= "fp8" then
+    config.error("train.fp8_fast_accum applies to train.precision=fp8 (this run is %s): " ..
+                 "drop it or set train.precision=fp8", tostring(t.precision))
+  end
+  if not tostring(t.device):match("^cuda") then
+    config.error("train.fp8_fast_accum is an option of cuBLASLt's FP8 GEMMs on CUDA; the " ..
+                 "CPU emulation (train.device=%s) sums in fp32: drop it or set train.device=cuda",
+                 tostring(t.device))
+  end
+end)
+
 return {
   train = {
+    fp8_fast_accum = { type = "bool", default = false,
+                       doc = "fp8: the forward GEMMs use cuBLASLt's fast accumulation " ..
+                             "(faster, sums in reduced precision; CUDA only)" },
     fp8_layers = { type = "any", default = "all",
                    doc = "fp8: the Linear layers that run in FP8: \"all\" (every Linear " ..
                          "except the language-model head) or module-path globs, e.g. " ..
