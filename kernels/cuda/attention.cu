@@ -26,7 +26,8 @@
 ** f32; the backward runs each visible pair with the merged out and lse, which is exactly
 ** the FlashAttention-2 gradient restricted to that pair, and sums the pairs' gradients.
 ** Positions that do not cut into such runs (unsorted, or a key run that starts after
-** its query run but overlaps it) fall back.
+** its query run but overlaps it) fall back. Finding the runs reads the positions back to
+** the host, a stream synchronisation per call with positions (none without them).
 */
 #include "cuda/tt_cuda.h"
 #include "cuda/tt_cudnn_sdpa.h"
