@@ -166,9 +166,13 @@ static void loaded_path(const char *soname, char *path, size_t path_n) {
 
 int tt_cudnn_probe(char *path, size_t path_n, char *why, size_t why_n) {
   path[0] = why[0] = '\0';
-  const char *off = getenv("TETRA_CUDNN");
-  if (off && strcmp(off, "0") == 0) {
+  const char *onoff = getenv("TETRA_CUDNN");
+  if (onoff && strcmp(onoff, "0") == 0) {
     snprintf(why, why_n, "TETRA_CUDNN=0");
+    return 0;
+  }
+  if (onoff && *onoff && strcmp(onoff, "1") != 0) {
+    snprintf(why, why_n, "TETRA_CUDNN=%s is neither 0 (off) nor 1 (on)", onoff);
     return 0;
   }
   const char *override = getenv("TETRA_CUDNN_PATH");

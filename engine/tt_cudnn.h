@@ -5,7 +5,8 @@
 ** to the built-in kernel. The graph library (libcudnn_graph.so.9, which holds the backend
 ** API and loads the engine libraries beside it) is looked for in this order:
 **
-**   1. TETRA_CUDNN=0 in the environment: cuDNN is not used at all.
+**   1. TETRA_CUDNN=0 in the environment: cuDNN is not used at all (1 or unset: used;
+**      any other value is refused, and cuDNN is not used).
 **   2. TETRA_CUDNN_PATH: a directory holding libcudnn_graph.so.9, or the path of a cuDNN
 **      library file (libcudnn_graph.so.9 itself, or any file in the lib directory such as
 **      libcudnn.so.9: its directory is used). When set, nothing else is searched.

@@ -127,6 +127,18 @@ Test(cudnn_load, disabled) {
   cr_assert_str_eq(why, "TETRA_CUDNN=0");
 }
 
+Test(cudnn_load, bad_switch_value) {
+  setenv("TETRA_CUDNN", "off", 1);
+  cr_assert_eq(tt_cudnn_probe(path, sizeof path, why, sizeof why), 0, "opened %s", path);
+  cr_assert_str_eq(why, "TETRA_CUDNN=off is neither 0 (off) nor 1 (on)");
+  setenv("TETRA_CUDNN", "1", 1);
+  layout("lib", real_graph_lib());
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/lib", tmp);
+  setenv("TETRA_CUDNN_PATH", dir, 1);
+  cr_assert_eq(tt_cudnn_probe(path, sizeof path, why, sizeof why), 1, "%s", why);
+}
+
 /* A virtual environment's wheel comes before the system's cuDNN. */
 Test(cudnn_load, virtual_env_wheel) {
   layout("venv/lib/python3.12/site-packages/nvidia/cudnn/lib", real_graph_lib());
