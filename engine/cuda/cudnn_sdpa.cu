@@ -19,9 +19,9 @@
 ** per-query-head products are summed over each group by a reduction. The mask's offset,
 ** the scale and -inf are scalars passed by value.
 **
-** An execution plan is built once per shape key (sizes, strides, dtype, mask, offset) and
-** cached with every descriptor it was made from; heuristics (mode A) order the engines and
-** the first that finalizes wins. A graph that cuDNN refuses is remembered as refused: the
+** An execution plan is built once per shape key (sizes, strides, dtype, mask, offset; the
+** scale is a by-value scalar of each call) and cached with every descriptor it was made
+** from; heuristics (mode A) order the engines and the first that finalizes wins. A graph that cuDNN refuses is remembered as refused: the
 ** caller falls back to the built-in kernel, with one line on stderr per process. Work
 ** space comes from the engine's stream-aware caching allocator.
 **
@@ -243,11 +243,15 @@ enum {
   UID_SCALE, UID_NEG_INF, UID_OFFSET, UID_ONE, UID_DSUM, UID_DQ_ACCUM,
 };
 
-/* Host values of the by-value scalars; they live in the cached plan. */
+/* Host values of the by-value scalars of one call (cuDNN reads them when it launches). */
 struct scalars {
   float scale, neg_inf, one;
   int32_t offset;
 };
+
+static scalars scalars_of(const tt_sdpa_shape *s) {
+  return scalars{s->scale, -INFINITY, 1.0f, (int32_t)s->offset};
+}
 
 /* s = [causal mask of] s: row + offset >= col keeps the score, else -inf. */
 static cudnnBackendDescriptor_t causal_mask(graph_builder &g,
@@ -431,7 +435,6 @@ struct sdpa_plan {
   graph_builder g;            /* every descriptor the plan was made from */
   cudnnBackendDescriptor_t plan = NULL;
   int64_t workspace = 0;
-  scalars values;
   std::string refused;        /* non-empty: cuDNN would not build it */
 };
 
@@ -613,10 +616,6 @@ static int plan_for(const tt_sdpa_shape *s, int backward, sdpa_plan **out,
     tt_cudnn_fallback_note(why.c_str());
     return 0;
   }
-  p->values.scale = s->scale;
-  p->values.neg_inf = -INFINITY;
-  p->values.one = 1.0f;
-  p->values.offset = (int32_t)s->offset;
   *out = p;
   return 1;
 }
@@ -628,11 +627,11 @@ int tt_cudnn_sdpa_forward(const tt_sdpa_shape *s, const void *q, const void *k,
   cudnnHandle_t handle = NULL;
   int rc = plan_for(s, 0, &p, &handle);
   if (rc <= 0) return rc;
-  scalars *c = &p->values;
+  scalars c = scalars_of(s);
   const int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_SCALE, UID_NEG_INF,
                           UID_OFFSET};
-  void *const ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &c->scale, &c->neg_inf,
-                        &c->offset};
+  void *const ptrs[] = {(void *)q, (void *)k, (void *)v, out, lse, &c.scale, &c.neg_inf,
+                        &c.offset};
   int n = s->masked ? (s->offset != 0 ? 8 : 7) : 6;
   TT_TRY(execute(p, handle, n, uids, ptrs));
   return 1;
@@ -657,12 +656,12 @@ int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
     tt_tensor_release(sum);
     return -1;
   }
-  scalars *c = &p->values;
+  scalars c = scalars_of(s);
   int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV,
                     UID_DSUM, UID_DQ_ACCUM, UID_SCALE, UID_ONE, UID_NEG_INF, UID_OFFSET};
   void *ptrs[] = {(void *)q, (void *)k, (void *)v, (void *)out, (void *)lse, (void *)dout,
-                  dq, dk, dv, tt_tensor_data(sum), tt_tensor_data(acc), &c->scale, &c->one,
-                  &c->neg_inf, &c->offset};
+                  dq, dk, dv, tt_tensor_data(sum), tt_tensor_data(acc), &c.scale, &c.one,
+                  &c.neg_inf, &c.offset};
   int n = s->masked ? (s->offset != 0 ? 15 : 14) : 13;
   rc = execute(p, handle, n, uids, ptrs);
   tt_tensor_release(sum);
