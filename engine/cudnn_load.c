@@ -140,7 +140,7 @@ static int wheel_dirs(char (*dirs)[4096]) {
   }
   const char *home = getenv("HOME");
   const char *prefixes[] = {getenv("VIRTUAL_ENV"), getenv("CONDA_PREFIX"), "/opt/*",
-                            "/opt/*/venv", home ? home : NULL, "/usr/local", "/usr"};
+                            "/opt/*/venv", "/opt/*/.venv", home ? home : NULL, "/usr/local", "/usr"};
   for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++) {
     const char *p = prefixes[i];
     if (!p || !*p) continue;

@@ -12,8 +12,9 @@
 **      libcudnn.so.9: its directory is used). When set, nothing else is searched.
 **   3. Python wheels (nvidia-cudnn-cu12 / -cu13, as PyTorch installs them): the directory
 **      nvidia/cudnn/lib under each site-packages directory of TETRA_PYTHON_SITE (a colon
-**      separated list), $VIRTUAL_ENV, $CONDA_PREFIX, /opt/<any>, ~/.local, /usr/local and
-**      /usr (lib/python3.N/site-packages and dist-packages).
+**      separated list), $VIRTUAL_ENV, $CONDA_PREFIX, /opt/<any>, /opt/<any>/venv,
+**      /opt/<any>/.venv, ~/.local, /usr/local and /usr (lib/python3.N/site-packages and
+**      dist-packages).
 **   4. The system loader path (dlopen("libcudnn_graph.so.9"): LD_LIBRARY_PATH, ld.so.cache).
 **   5. /usr/local/cuda/lib64.
 **
