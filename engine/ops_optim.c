@@ -276,7 +276,7 @@ int tt_clip_finish(tt_tensor *stats, double replicas, double max_norm) {
   if (!k || !k->clip_finish) return tt_no_kernel(op, stats->device);
   float *s = tt_tensor_data(stats);
   return k->clip_finish(s + TT_STAT_SUMSQ_HI, s + TT_STAT_GRAD_NORM, s + TT_STAT_GRAD_SCALE,
-                        replicas, max_norm);
+                        s + TT_STAT_FOUND_INF, replicas, max_norm);
 }
 
 /* bf16[i] (when given) must be a contiguous bf16 tensor of params[i]'s numel beside it. */

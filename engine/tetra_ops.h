@@ -102,7 +102,7 @@ int tt_clip_grad_norm(tt_tensor *const *params, int n, double max_norm, double *
 enum {
   TT_STAT_LOSS = 0,        /* the step's loss, for the log line (written by the step) */
   TT_STAT_GRAD_NORM = 1,   /* the global gradient norm before clipping */
-  TT_STAT_FOUND_INF = 2,   /* nonzero: a gradient was inf or NaN (fp16); AdamW skips */
+  TT_STAT_FOUND_INF = 2,   /* nonzero: a gradient was inf or NaN; AdamW skips */
   TT_STAT_GRAD_SCALE = 3,  /* AdamW multiplies every gradient by it (the clip coefficient) */
   TT_STAT_SUMSQ_HI = 4,    /* the float64 sum of squares of the grads as two floats */
   TT_STAT_SUMSQ_LO = 5,
@@ -118,8 +118,19 @@ int tt_step_stats_reset(tt_tensor *stats);
 int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);
 /* From the TT_STAT_SUMSQ_* slots (summed over ranks where the model is split): the norm
 ** sqrt(sum / replicas) into TT_STAT_GRAD_NORM and min(1, max_norm / (norm + 1e-6)) into
-** TT_STAT_GRAD_SCALE (1 when max_norm <= 0 or the norm is not finite). No wait. */
+** TT_STAT_GRAD_SCALE (1 when max_norm <= 0 or the norm is not finite; a norm that is not
+** finite also sets TT_STAT_FOUND_INF, so tt_adamw_multi skips the update). No wait. */
 int tt_clip_finish(tt_tensor *stats, double replicas, double max_norm);
+/* (engine/step_stats.c) stats[TT_STAT_LOSS] = the one value of loss (a device copy). */
+int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss);
+/* Divides the grads of n params by the loss scale in place (f32, bf16 or f16 grads) and
+** sets stats[TT_STAT_FOUND_INF] to 1 when one held inf or NaN; on CUDA without waiting. */
+int tt_grads_unscale_to_stats(tt_tensor *const *params, int n, double inv_scale,
+                              tt_tensor *stats);
+/* The step's one read: copies the TT_STEP_STATS_N values to out (host). With CUDA deferred
+** checks on, a recorded failure (an embedding id or a cross-entropy target out of range)
+** makes it return -1 with that op's message. */
+int tt_step_stats_read(tt_tensor *stats, float *out);
 /* tt_adamw_step over every parameter of the list in a few launches (params, m, v on one
 ** device), with each gradient multiplied by stats[TT_STAT_GRAD_SCALE] and nothing written
 ** when stats[TT_STAT_FOUND_INF] is nonzero (stats may be NULL: scale 1, no skip). bf16:

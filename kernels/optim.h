@@ -59,9 +59,10 @@ typedef struct tt_optim_kernels {
   int (*sum_squares_multi)(const float *const *x, const int64_t *n, int count, float *out);
   /* From sumsq[0] + sumsq[1] (what sum_squares_multi wrote, maybe summed over ranks):
   ** *norm = sqrt(sum / replicas) and *coef = min(1, max_norm / (norm + 1e-6)), or 1 when
-  ** max_norm <= 0 or the norm is not finite. All three in device memory. */
-  int (*clip_finish)(const float *sumsq, float *norm, float *coef, double replicas,
-                     double max_norm);
+  ** max_norm <= 0 or the norm is not finite; a norm that is not finite also sets
+  ** *found_inf = 1 (the update is skipped). All four in device memory. */
+  int (*clip_finish)(const float *sumsq, float *norm, float *coef, float *found_inf,
+                     double replicas, double max_norm);
 } tt_optim_kernels;
 
 extern const tt_optim_kernels tt_optim_cpu;

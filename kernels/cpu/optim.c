@@ -100,12 +100,13 @@ static int sum_squares_multi(const float *const *x, const int64_t *n, int count,
   return 0;
 }
 
-static int clip_finish(const float *sumsq, float *norm, float *coef, double replicas,
-                       double max_norm) {
+static int clip_finish(const float *sumsq, float *norm, float *coef, float *found_inf,
+                       double replicas, double max_norm) {
   double nrm = sqrt(((double)sumsq[0] + (double)sumsq[1]) / replicas);
   double c = max_norm / (nrm + 1e-6);
   *norm = (float)nrm;
   *coef = max_norm > 0.0 && isfinite(nrm) && c < 1.0 ? (float)c : 1.0f;
+  if (!isfinite(nrm)) *found_inf = 1.0f;
   return 0;
 }
 

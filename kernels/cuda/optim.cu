@@ -108,7 +108,7 @@ static int sum_squares(const float *x, int64_t n, double *out) {
   sumsq_final<<<1, SUMSQ_THREADS, 0, st>>>(partial, SUMSQ_BLOCKS);
   cudaError_t e = tt_cuda_launch_status();
   if (e == cudaSuccess) e = cudaMemcpyAsync(out, partial, sizeof(double), cudaMemcpyDeviceToHost, st);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+  if (e == cudaSuccess) e = tt_cuda_host_wait(st);
   cudaFreeAsync(partial, st);
   TT_CU(e);
   return 0;
@@ -271,16 +271,18 @@ static int sum_squares_multi(const float *const *x, const int64_t *n, int count,
 }
 
 __global__ void clip_finish_kernel(const float *sumsq, float *norm, float *coef,
-                                   double replicas, double max_norm) {
+                                   float *found_inf, double replicas, double max_norm) {
   double nrm = sqrt(((double)sumsq[0] + (double)sumsq[1]) / replicas);
   double c = max_norm / (nrm + 1e-6);
   *norm = (float)nrm;
   *coef = max_norm > 0.0 && isfinite(nrm) && c < 1.0 ? (float)c : 1.0f;
+  if (!isfinite(nrm)) *found_inf = 1.0f;
 }
 
-static int clip_finish(const float *sumsq, float *norm, float *coef, double replicas,
-                       double max_norm) {
-  clip_finish_kernel<<<1, 1, 0, tt_cuda_cur_stream()>>>(sumsq, norm, coef, replicas, max_norm);
+static int clip_finish(const float *sumsq, float *norm, float *coef, float *found_inf,
+                       double replicas, double max_norm) {
+  clip_finish_kernel<<<1, 1, 0, tt_cuda_cur_stream()>>>(sumsq, norm, coef, found_inf, replicas,
+                                                          max_norm);
   TT_CU_LAUNCHED("clip_finish_kernel");
   return 0;
 }

@@ -8,6 +8,7 @@
 */
 #include "tt_test.h"
 #include "tt_internal.h"
+#include "tetra_amp.h"
 
 enum { NT = 9 };
 
@@ -227,8 +228,10 @@ Test(optim_multi, sumsq_and_clip_finish_match_float64) {
   /* a non-finite norm leaves the grads unscaled (the caller skips the step) */
   cr_assert(tt_fill_(a.p[2]->grad, INFINITY) == 0);
   cr_assert(tt_grad_sumsq(a.p, NT, stats) == 0);
+  cr_assert(s[TT_STAT_FOUND_INF] == 0.0f);
   cr_assert(tt_clip_finish(stats, 1.0, 1.0) == 0);
   cr_assert(isinf(s[TT_STAT_GRAD_NORM]) && s[TT_STAT_GRAD_SCALE] == 1.0f);
+  cr_assert(s[TT_STAT_FOUND_INF] == 1.0f, "a non-finite norm must skip the update");
   tt_tensor_release(stats);
   free_set(&a);
   free_set(&b);
@@ -281,6 +284,38 @@ Test(optim_multi, rejects_bad_arguments_without_side_effects) {
   tt_tensor_release(stats);
   tt_tensor_release(small);
   tt_tensor_release(f32);
+  free_set(&a);
+  free_set(&b);
+}
+
+/* -- Step stats: loss, found_inf, the one read ---------------------------------------- */
+
+Test(optim_multi, step_stats_loss_unscale_and_read) {
+  set a, b;
+  make_set(&a, 21);
+  copy_set(&b, &a);
+  set_grads(&a, &b, 23, 0.5f);   /* b's grads: a's times 1 / loss scale 2 */
+  tt_zero_grad(a.p[0]);          /* the strided one: unscaling wants contiguous grads */
+  tt_zero_grad(b.p[0]);
+  tt_tensor *stats = stats_with(1.0f, 0.0f), *loss = NULL;
+  cr_assert(tt_tensor_full(NULL, 0, TT_F32, TT_CPU, 3.25, &loss) == 0, "%s", tt_last_error());
+  cr_assert(tt_step_stats_set_loss(stats, loss) == 0, "%s", tt_last_error());
+  cr_assert(tt_grads_unscale_to_stats(a.p, NT, 0.5, stats) == 0, "%s", tt_last_error());
+  for (int i = 0; i < NT; i++)
+    if (a.p[i]->grad) assert_bitwise(a.p[i]->grad, b.p[i]->grad, "unscaled grad", i);
+  float out[TT_STEP_STATS_N];
+  cr_assert(tt_step_stats_read(stats, out) == 0, "%s", tt_last_error());
+  cr_assert(out[TT_STAT_LOSS] == 3.25f && out[TT_STAT_FOUND_INF] == 0.0f);
+  cr_assert(tt_fill_(a.p[4]->grad, NAN) == 0);
+  cr_assert(tt_grads_unscale_to_stats(a.p, NT, 0.5, stats) == 0);
+  cr_assert(tt_step_stats_read(stats, out) == 0);
+  cr_assert(out[TT_STAT_FOUND_INF] == 1.0f, "a NaN grad must set found_inf");
+  cr_assert(tt_step_stats_reset(stats) == 0);
+  cr_assert(tt_step_stats_read(stats, out) == 0);
+  for (int k = 0; k < TT_STEP_STATS_N; k++)
+    cr_assert(out[k] == (k == TT_STAT_GRAD_SCALE ? 1.0f : 0.0f), "slot %d after reset", k);
+  tt_tensor_release(loss);
+  tt_tensor_release(stats);
   free_set(&a);
   free_set(&b);
 }
