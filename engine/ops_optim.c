@@ -208,12 +208,11 @@ int tt_step_stats_new(int device, tt_tensor **out) {
 
 int tt_step_stats_reset(tt_tensor *stats) {
   TT_TRY(check_stats("step_stats_reset", stats, stats ? stats->device : 0));
-  tt_tensor *scale = NULL;
-  TT_TRY(tt_fill_(stats, 0.0));
-  TT_TRY(tt_narrow(stats, 0, TT_STAT_GRAD_SCALE, 1, &scale));
-  int rc = tt_fill_(scale, 1.0);
-  tt_tensor_release(scale);
-  return rc;
+  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
+  if (!k || !k->fill) return tt_no_kernel("step_stats_reset", stats->device);
+  float *s = tt_tensor_data(stats);
+  TT_TRY(k->fill(s, TT_STEP_STATS_N, 0.0f));
+  return k->fill(s + TT_STAT_GRAD_SCALE, 1, 1.0f);
 }
 
 /* The grads of the params that have one, made contiguous (*owned[i] set when a copy was

@@ -49,6 +49,8 @@ typedef struct tt_optim_kernels {
   int (*sum_squares)(const float *x, int64_t n, double *out);
   /* x *= s, x: (n) */
   int (*scale)(float *x, int64_t n, float s);
+  /* x = value, x: (n); stream-ordered on CUDA (resets the step stats without a copy). */
+  int (*fill)(float *x, int64_t n, float value);
   /* adamw over every tensor of the list, with the arithmetic of adamw (the same order of
   ** operations, so the CPU results are bitwise those of one adamw call per tensor on
   ** g * grad_scale); the bf16 copies are rounded to nearest even. */

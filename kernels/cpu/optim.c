@@ -116,11 +116,17 @@ static int scale(float *x, int64_t n, float s) {
   return 0;
 }
 
+static int fill(float *x, int64_t n, float value) {
+  for (int64_t i = 0; i < n; i++) x[i] = value;
+  return 0;
+}
+
 const tt_optim_kernels tt_optim_cpu = {
   .adamw = adamw,
   .sgd = sgd,
   .sum_squares = sum_squares,
   .scale = scale,
+  .fill = fill,
   .adamw_multi = adamw_multi,
   .sum_squares_multi = sum_squares_multi,
   .clip_finish = clip_finish,

@@ -123,6 +123,15 @@ static int scale(float *x, int64_t n, float s) {
   return 0;
 }
 
+__global__ void fill_kernel(float *x, int64_t n, float value) { GRID_LOOP(i, n) x[i] = value; }
+
+static int fill(float *x, int64_t n, float value) {
+  if (n == 0) return 0;
+  fill_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(x, n, value);
+  TT_CU_LAUNCHED("fill_kernel");
+  return 0;
+}
+
 /* -- Multi-tensor kernels ------------------------------------------------------------ */
 
 enum { MT_CHUNK = 65536, MT_THREADS = 512, MT_FINAL_THREADS = 1024 };
@@ -288,7 +297,7 @@ static int clip_finish(const float *sumsq, float *norm, float *coef, float *foun
 }
 
 extern "C" const tt_optim_kernels tt_optim_cuda = {
-  adamw, sgd, sum_squares, scale, adamw_multi, sum_squares_multi, clip_finish,
+  adamw, sgd, sum_squares, scale, fill, adamw_multi, sum_squares_multi, clip_finish,
 };
 
 TT_CUDA_FAMILY(optim)
