@@ -266,15 +266,27 @@ int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats) {
   return rc;
 }
 
-int tt_clip_finish(tt_tensor *stats, double replicas, double max_norm) {
+int tt_clip_finish(tt_tensor *stats, tt_tensor *gathered, double replicas, double max_norm) {
   const char *op = "clip_finish";
+  char a[96];
   TT_TRY(check_stats(op, stats, stats ? stats->device : 0));
   TT_CHECK(replicas >= 1.0, "%s: replicas must be >= 1 (got %g)", op, replicas);
   TT_CHECK(max_norm >= 0.0, "%s: max_norm must be >= 0 (got %g)", op, max_norm);
+  float *s = tt_tensor_data(stats);
+  const float *pairs = s + TT_STAT_SUMSQ_HI;
+  int parts = 1;
+  if (gathered) {
+    int64_t n = tt_tensor_numel(gathered);
+    TT_CHECK(gathered->dtype == TT_F32 && tt_tensor_is_contiguous(gathered) && n >= 2 &&
+                 n % 2 == 0 && n / 2 <= 0x7fffffff && gathered->device == stats->device,
+             "%s: gathered %s must be a contiguous f32 tensor of (hi, lo) pairs on the "
+             "stats' device", op, tt_tensor_describe(gathered, a, sizeof a));
+    pairs = tt_tensor_data(gathered);
+    parts = (int)(n / 2);
+  }
   const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
   if (!k || !k->clip_finish) return tt_no_kernel(op, stats->device);
-  float *s = tt_tensor_data(stats);
-  return k->clip_finish(s + TT_STAT_SUMSQ_HI, s + TT_STAT_GRAD_NORM, s + TT_STAT_GRAD_SCALE,
+  return k->clip_finish(pairs, parts, s + TT_STAT_GRAD_NORM, s + TT_STAT_GRAD_SCALE,
                         s + TT_STAT_FOUND_INF, replicas, max_norm);
 }
 

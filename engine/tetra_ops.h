@@ -116,11 +116,13 @@ int tt_step_stats_reset(tt_tensor *stats);
 /* The sum of squares of the grads of n params (missing grads count as zero) into the
 ** TT_STAT_SUMSQ_* slots; on the device, deterministic, no wait. */
 int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);
-/* From the TT_STAT_SUMSQ_* slots (summed over ranks where the model is split): the norm
-** sqrt(sum / replicas) into TT_STAT_GRAD_NORM and min(1, max_norm / (norm + 1e-6)) into
-** TT_STAT_GRAD_SCALE (1 when max_norm <= 0 or the norm is not finite; a norm that is not
-** finite also sets TT_STAT_FOUND_INF, so tt_adamw_multi skips the update). No wait. */
-int tt_clip_finish(tt_tensor *stats, double replicas, double max_norm);
+/* From the TT_STAT_SUMSQ_* slots, or with gathered (not NULL) from those of every rank
+** that holds a different part of the model (an f32 tensor of (hi, lo) pairs, all-gathered
+** on the device), added in order in float64: the norm sqrt(sum / replicas) into
+** TT_STAT_GRAD_NORM and min(1, max_norm / (norm + 1e-6)) into TT_STAT_GRAD_SCALE (1 when
+** max_norm <= 0 or the norm is not finite; a norm that is not finite also sets
+** TT_STAT_FOUND_INF, so tt_adamw_multi skips the update). No wait. */
+int tt_clip_finish(tt_tensor *stats, tt_tensor *gathered, double replicas, double max_norm);
 /* (engine/step_stats.c) stats[TT_STAT_LOSS] = the one value of loss (a device copy). */
 int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss);
 /* Divides the grads of n params by the loss scale in place (f32, bf16 or f16 grads) and

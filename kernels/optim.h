@@ -59,12 +59,13 @@ typedef struct tt_optim_kernels {
   ** of the sums of squares of x[i]: (n[i]). Deterministic: fixed ranges per tensor added
   ** in a fixed order, no atomics. */
   int (*sum_squares_multi)(const float *const *x, const int64_t *n, int count, float *out);
-  /* From sumsq[0] + sumsq[1] (what sum_squares_multi wrote, maybe summed over ranks):
-  ** *norm = sqrt(sum / replicas) and *coef = min(1, max_norm / (norm + 1e-6)), or 1 when
-  ** max_norm <= 0 or the norm is not finite; a norm that is not finite also sets
-  ** *found_inf = 1 (the update is skipped). All four in device memory. */
-  int (*clip_finish)(const float *sumsq, float *norm, float *coef, float *found_inf,
-                     double replicas, double max_norm);
+  /* From sumsq: `parts` (hi, lo) pairs that sum_squares_multi wrote (one per rank when
+  ** gathered), added in order in float64: *norm = sqrt(sum / replicas) and
+  ** *coef = min(1, max_norm / (norm + 1e-6)), or 1 when max_norm <= 0 or the norm is not
+  ** finite; a norm that is not finite also sets *found_inf = 1 (the update is skipped).
+  ** All in device memory. */
+  int (*clip_finish)(const float *sumsq, int parts, float *norm, float *coef,
+                     float *found_inf, double replicas, double max_norm);
 } tt_optim_kernels;
 
 extern const tt_optim_kernels tt_optim_cpu;

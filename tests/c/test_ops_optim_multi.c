@@ -213,23 +213,39 @@ Test(optim_multi, sumsq_and_clip_finish_match_float64) {
   cr_assert(tt_grad_norm(a.p, NT, &legacy) == 0);
   cr_assert(fabs(legacy - sqrt(got)) <= 1e-13 * legacy);
   /* above the norm: coefficient 1 */
-  cr_assert(tt_clip_finish(stats, 1.0, 2.0 * norm) == 0, "%s", tt_last_error());
+  cr_assert(tt_clip_finish(stats, NULL, 1.0, 2.0 * norm) == 0, "%s", tt_last_error());
   cr_assert(s[TT_STAT_GRAD_SCALE] == 1.0f);
   cr_assert(s[TT_STAT_GRAD_NORM] == (float)norm, "norm %.9g, want %.9g",
             s[TT_STAT_GRAD_NORM], norm);
   /* below: max / (norm + 1e-6), the coefficient tt_clip_grad_norm applies */
-  cr_assert(tt_clip_finish(stats, 1.0, 0.25 * norm) == 0);
+  cr_assert(tt_clip_finish(stats, NULL, 1.0, 0.25 * norm) == 0);
   cr_assert(s[TT_STAT_GRAD_SCALE] == (float)(0.25 * norm / (norm + 1e-6)), "coef %.9g",
             s[TT_STAT_GRAD_SCALE]);
   /* replicas divide the summed squares; max_norm 0 disables clipping */
-  cr_assert(tt_clip_finish(stats, 4.0, 0.0) == 0);
+  cr_assert(tt_clip_finish(stats, NULL, 4.0, 0.0) == 0);
   cr_assert(s[TT_STAT_GRAD_NORM] == (float)(norm / 2.0));
   cr_assert(s[TT_STAT_GRAD_SCALE] == 1.0f);
+  /* gathered pairs of two ranks holding the same grads, counted as 2 replicas: the same */
+  cr_assert(tt_grad_sumsq(a.p, NT, stats) == 0);
+  int64_t four = 4;
+  tt_tensor *gathered = NULL;
+  cr_assert(tt_tensor_zeros(&four, 1, TT_F32, TT_CPU, &gathered) == 0);
+  float *gp = tt_tensor_data(gathered);
+  gp[0] = gp[2] = s[TT_STAT_SUMSQ_HI];
+  gp[1] = gp[3] = s[TT_STAT_SUMSQ_LO];
+  cr_assert(tt_clip_finish(stats, gathered, 2.0, 0.0) == 0, "%s", tt_last_error());
+  cr_assert(s[TT_STAT_GRAD_NORM] == (float)norm, "gathered norm %.9g, want %.9g",
+            s[TT_STAT_GRAD_NORM], norm);
+  gp[2] *= 4.0f;   /* the second rank's part counts */
+  gp[3] *= 4.0f;
+  cr_assert(tt_clip_finish(stats, gathered, 1.0, 0.0) == 0);
+  cr_assert(fabs(s[TT_STAT_GRAD_NORM] - sqrt(5.0) * norm) <= 1e-6 * norm);
+  tt_tensor_release(gathered);
   /* a non-finite norm leaves the grads unscaled (the caller skips the step) */
   cr_assert(tt_fill_(a.p[2]->grad, INFINITY) == 0);
   cr_assert(tt_grad_sumsq(a.p, NT, stats) == 0);
   cr_assert(s[TT_STAT_FOUND_INF] == 0.0f);
-  cr_assert(tt_clip_finish(stats, 1.0, 1.0) == 0);
+  cr_assert(tt_clip_finish(stats, NULL, 1.0, 1.0) == 0);
   cr_assert(isinf(s[TT_STAT_GRAD_NORM]) && s[TT_STAT_GRAD_SCALE] == 1.0f);
   cr_assert(s[TT_STAT_FOUND_INF] == 1.0f, "a non-finite norm must skip the update");
   tt_tensor_release(stats);
@@ -246,7 +262,7 @@ Test(optim_multi, clip_through_stats_equals_clip_grad_norm_then_step) {
   double max_norm = 0.5 * sqrt(ref_sumsq(a.p, NT)), norm;
   tt_tensor *stats = stats_with(1.0f, 0.0f);
   cr_assert(tt_grad_sumsq(a.p, NT, stats) == 0);
-  cr_assert(tt_clip_finish(stats, 1.0, max_norm) == 0);
+  cr_assert(tt_clip_finish(stats, NULL, 1.0, max_norm) == 0);
   cr_assert(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &cfg, 1, stats) == 0);
   cr_assert(tt_clip_grad_norm(b.p, NT, max_norm, &norm) == 0);
   cr_assert(tt_adamw_step(b.p, b.m, b.v, NT, &cfg, 1) == 0);
@@ -279,7 +295,7 @@ Test(optim_multi, rejects_bad_arguments_without_side_effects) {
   tt_test_assert_error(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &cfg, 0, NULL),
                        "adamw_multi: step is 1-based");
   tt_tensor *stats = stats_with(1.0f, 0.0f);
-  tt_test_assert_error(tt_clip_finish(stats, 0.5, 1.0), "clip_finish: replicas must be >= 1");
+  tt_test_assert_error(tt_clip_finish(stats, NULL, 0.5, 1.0), "clip_finish: replicas must be >= 1");
   assert_sets_equal(&a, &b);
   tt_tensor_release(stats);
   tt_tensor_release(small);

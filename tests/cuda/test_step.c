@@ -142,8 +142,8 @@ Test(step, sumsq_clip_and_unscale_match_cpu_and_are_deterministic) {
   cr_assert_eq(tt_grads_unscale_to_stats(g.p, NT, 0.25, sg), 0, "%s", tt_last_error());
   cr_assert_eq(tt_grad_sumsq(c.p, NT, sc), 0, "%s", tt_last_error());
   cr_assert_eq(tt_grad_sumsq(g.p, NT, sg), 0, "%s", tt_last_error());
-  cr_assert_eq(tt_clip_finish(sc, 1.0, 1.0), 0);
-  cr_assert_eq(tt_clip_finish(sg, 1.0, 1.0), 0);
+  cr_assert_eq(tt_clip_finish(sc, NULL, 1.0, 1.0), 0);
+  cr_assert_eq(tt_clip_finish(sg, NULL, 1.0, 1.0), 0);
   float a[TT_STEP_STATS_N], b[TT_STEP_STATS_N], again[TT_STEP_STATS_N];
   cr_assert_eq(tt_step_stats_read(sc, a), 0);
   cr_assert_eq(tt_step_stats_read(sg, b), 0, "%s", tt_last_error());
@@ -177,7 +177,7 @@ static void optimizer_half(set *g, tt_tensor *stats, int64_t step) {
   cr_assert_eq(tt_step_stats_reset(stats), 0, "%s", tt_last_error());
   cr_assert_eq(tt_grads_unscale_to_stats(g->p, NT, 1.0, stats), 0, "%s", tt_last_error());
   cr_assert_eq(tt_grad_sumsq(g->p, NT, stats), 0, "%s", tt_last_error());
-  cr_assert_eq(tt_clip_finish(stats, 1.0, 1.0), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_clip_finish(stats, NULL, 1.0, 1.0), 0, "%s", tt_last_error());
   cr_assert_eq(tt_adamw_multi(g->p, g->m, g->v, g->bf, NT, &cfg, step, stats), 0, "%s",
                tt_last_error());
 }
