@@ -17,7 +17,6 @@ extern int tt_cuda_unscale_flag(void *data, int dtype, int64_t n, float inv_scal
                                 float *found_inf_dev) __attribute__((weak));
 extern int tt_cuda_checks_flag(void *dst) __attribute__((weak));
 extern int tt_cuda_checks_take(void) __attribute__((weak));
-extern int tt_cuda_checks_deferred(void) __attribute__((weak));
 
 static int check_stats(const char *op, const tt_tensor *stats) {
   char a[96];
@@ -74,7 +73,7 @@ int tt_step_stats_read(tt_tensor *stats, float *out) {
   TT_TRY(check_stats(op, stats));
   TT_CHECK(out, "%s: out is NULL", op);
   int cuda = tt_device_is_cuda(stats->device);
-  if (cuda && tt_cuda_checks_deferred && tt_cuda_checks_deferred())
+  if (cuda && tt_cuda_checks_flag)   /* also after the checks were turned off again */
     TT_TRY(tt_cuda_checks_flag((float *)tt_tensor_data(stats) + TT_STAT_ERRORS));
   if (cuda) {
     const tt_device_backend *b = tt_backend_for(stats->device);

@@ -35,7 +35,8 @@ int64_t tt_cuda_host_sync_count(void);
 /* Deferred input checks: while on, an embedding id or cross-entropy target out of range
 ** no longer makes the op wait for the device to report it; the failure is recorded on the
 ** device, and the step finds it at its one read: tt_cuda_checks_flag writes 1.0 to the
-** f32 at dst (device memory) when a failure was recorded, and tt_cuda_checks_take (a
+** f32 at dst (device memory) when a failure was recorded (nothing when checks were never
+** deferred on this device), and tt_cuda_checks_take (a
 ** host wait; call it when the flag was set) returns -1 with the first failure's message
 ** ("embedding: id 70000 at position 12 is outside the vocabulary [0, 32000)") and
 ** clears the records, or 0 when there was none. Off by default: each op then checks its

@@ -173,10 +173,29 @@ end
 -- A failed device-side input check (CUDA deferred checks) raises its message here.
 function AdamW:read_stats()
   check(C.tt_step_stats_read(self._stats or self:stats(), stats_box))
-  return { grad_norm = stats_box[C.TT_STAT_GRAD_NORM],
-           grad_scale = stats_box[C.TT_STAT_GRAD_SCALE],
-           found_inf = stats_box[C.TT_STAT_FOUND_INF] ~= 0,
-           loss = stats_box[C.TT_STAT_LOSS] }
+  self.last_stats = { grad_norm = stats_box[C.TT_STAT_GRAD_NORM],
+                      grad_scale = stats_box[C.TT_STAT_GRAD_SCALE],
+                      found_inf = stats_box[C.TT_STAT_FOUND_INF] ~= 0,
+                      loss = stats_box[C.TT_STAT_LOSS] }
+  return self.last_stats
+end
+
+-- fp16: divides the grads of params by the loss scale (inv_scale = 1 / scale) in place
+-- and leaves found_inf in the stats, agreed (max) over `group` on the device.
+function AdamW:unscale_into_stats(params, inv_scale, group)
+  local stats = self:stats()
+  check(C.tt_grads_unscale_to_stats(carray(params), #params, inv_scale, stats))
+  if group and group.size > 1 then
+    local flag = take(C.tt_narrow(stats, 0, C.TT_STAT_FOUND_INF, 1, pout), 2)
+    group:all_reduce(flag, "max")
+    flag:free()
+  end
+end
+
+-- Ends this step's use of the stats without an update (a skipped step): the next use
+-- starts from clean stats.
+function AdamW:end_step()
+  self._pending = false
 end
 
 -- clip_grad_norm_async, then the norm read back (one wait on CUDA). Returns the norm.
@@ -203,7 +222,7 @@ function AdamW:step(lr)
     cfg.weight_decay = g.wd
     check(C.tt_adamw_multi(g.c_p, g.c_m, g.c_v, g.c_bf16, g.n, cfg, self.step_count, stats))
   end
-  self._pending = false
+  self:end_step()
 end
 
 -- -- SGD -------------------------------------------------------------------------------
