@@ -87,6 +87,44 @@ describe("optim", function()
     expect(opt:read_stats().grad_scale).to_be(1)
   end)
 
+  it("fp16 through AdamW's stats: unscaled, found_inf agreed on the device, one read", function()
+    local cfg = require("tetra.config").build({ defaults = tiny.defaults, sets = {},
+                                                world_size = false })
+    local ctx = tetra.amp.wrap(tiny.Model(cfg.model), "fp16")
+    local w = tetra.from_table({ 1, 2 })
+    w:requires_grad_()
+    local opt = optim.AdamW({ w }, { lr = 0.1, weight_decay = 0 })
+    local reduced = {}
+    local peer_overflowed = {   -- a 2-rank group whose peer found inf
+      size = 2,
+      all_gather = function(_, t) return t * 1.0 end,
+      all_reduce = function(_, t, op)
+        reduced[#reduced + 1] = op
+        t:copy_(tetra.from_table({ 1 }))
+        return t
+      end,
+    }
+    local stepped = 0
+    w.grad = tetra.from_table({ 3 * 65536, 4 * 65536 })   -- finite here
+    local skipped, norm = ctx:step(opt.params, function() stepped = stepped + 1; opt:step() end,
+                                   function() return opt:clip_grad_norm(0) end,
+                                   peer_overflowed, opt)
+    expect(skipped).to_be(true)
+    expect(norm ~= norm).to_be(true)
+    expect(reduced).to_equal({ "max" })
+    expect(w.grad).to_be_close({ 3, 4 }, 0, 0)             -- unscaled by 65536
+    expect(stepped).to_be(0)
+    expect(ctx:scale()).to_be(32768)
+    -- the next step starts from clean stats: no overflow, the update runs
+    w.grad = tetra.from_table({ 3 * 32768, 4 * 32768 })
+    skipped, norm = ctx:step(opt.params, function() stepped = stepped + 1; opt:step() end,
+                             function() return opt:clip_grad_norm(0) end, nil, opt)
+    expect(skipped).to_be(false)
+    expect(norm).to_be_near(5, 1e-6)
+    expect(stepped).to_be(1)
+    expect(w).to_be_close({ 0.9, 1.9 }, 1e-6)
+  end)
+
   it("folds the clip coefficient into AdamW as clipping the grads first would", function()
     local function run(fold)
       local w = tetra.from_table({ 0.5, -1.5, 2.0 })
