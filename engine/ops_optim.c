@@ -1,8 +1,8 @@
 /*
 ** ops_optim.c — fused optimizer steps and gradient-norm utilities over lists of
 ** parameters: tt_adamw_step, tt_sgd_step, tt_grad_norm, tt_clip_grad_norm, and the
-** multi-tensor forms that keep a step's scalars on the device (tt_step_stats_*,
-** tt_grad_sumsq, tt_clip_finish, tt_adamw_multi).
+** multi-tensor forms that keep a step's scalars on the device (tt_grad_sumsq,
+** tt_clip_finish, tt_adamw_multi; the stats tensor itself is engine/step_stats.c's).
 **
 ** Not differentiable: they update tensors in place outside the tape. Every argument of
 ** every parameter is validated before the first one is touched, so a bad list fails
@@ -11,6 +11,7 @@
 */
 #include "tt_internal.h"
 #include "optim.h"
+#include "step_stats.h"
 #include <math.h>
 
 /* `state` (m, v or a momentum buffer) must be f32, contiguous, shaped and placed like p. */
@@ -181,40 +182,6 @@ int tt_clip_grad_norm(tt_tensor *const *params, int n, double max_norm, double *
 
 /* -- Multi-tensor forms: the step's scalars stay on the device ------------------------ */
 
-static int check_stats(const char *op, const tt_tensor *stats, int device) {
-  char a[96];
-  TT_CHECK(stats, "%s: stats is NULL", op);
-  TT_CHECK(stats->dtype == TT_F32 && tt_tensor_is_contiguous(stats) &&
-               tt_tensor_numel(stats) == TT_STEP_STATS_N && stats->device == device,
-           "%s: stats %s must be a contiguous f32 tensor of %d values on the parameters' "
-           "device (tt_step_stats_new)", op, tt_tensor_describe(stats, a, sizeof a),
-           TT_STEP_STATS_N);
-  return 0;
-}
-
-int tt_step_stats_new(int device, tt_tensor **out) {
-  TT_CHECK(out, "step_stats_new: out is NULL");
-  int64_t n = TT_STEP_STATS_N;
-  tt_tensor *t = NULL;
-  TT_TRY(tt_tensor_zeros(&n, 1, TT_F32, device, &t));
-  int rc = tt_step_stats_reset(t);
-  if (rc) {
-    tt_tensor_release(t);
-    return rc;
-  }
-  *out = t;
-  return 0;
-}
-
-int tt_step_stats_reset(tt_tensor *stats) {
-  TT_TRY(check_stats("step_stats_reset", stats, stats ? stats->device : 0));
-  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
-  if (!k || !k->fill) return tt_no_kernel("step_stats_reset", stats->device);
-  float *s = tt_tensor_data(stats);
-  TT_TRY(k->fill(s, TT_STEP_STATS_N, 0.0f));
-  return k->fill(s + TT_STAT_GRAD_SCALE, 1, 1.0f);
-}
-
 /* The grads of the params that have one, made contiguous (*owned[i] set when a copy was
 ** taken: the caller releases those), with their data pointers and sizes. */
 static int gather_grads(const char *op, tt_tensor *const *params, int n, int device,
@@ -244,7 +211,7 @@ int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats) {
   const char *op = "grad_sumsq";
   TT_CHECK(n >= 0 && (n == 0 || params), "%s: params must be an array of n = %d tensors",
            op, n);
-  TT_TRY(check_stats(op, stats, stats ? stats->device : 0));
+  TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
   const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
   if (!k || !k->sum_squares_multi) return tt_no_kernel(op, stats->device);
   tt_tensor **owned = calloc((size_t)n + 1, sizeof *owned);
@@ -269,7 +236,7 @@ int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats) {
 int tt_clip_finish(tt_tensor *stats, tt_tensor *gathered, double replicas, double max_norm) {
   const char *op = "clip_finish";
   char a[96];
-  TT_TRY(check_stats(op, stats, stats ? stats->device : 0));
+  TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
   TT_CHECK(replicas >= 1.0, "%s: replicas must be >= 1 (got %g)", op, replicas);
   TT_CHECK(max_norm >= 0.0, "%s: max_norm must be >= 0 (got %g)", op, max_norm);
   float *s = tt_tensor_data(stats);
@@ -316,7 +283,7 @@ static int check_adamw_multi(const char *op, tt_tensor *const *params, tt_tensor
     TT_TRY(check_state(op, "v", i, params[i], v[i]));
     if (bf16 && bf16[i]) TT_TRY(check_bf16_copy(op, i, params[i], bf16[i]));
   }
-  return stats ? check_stats(op, stats, *device) : 0;
+  return stats ? tt_step_stats_check(op, stats, *device) : 0;
 }
 
 int tt_adamw_multi(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *const *v,

@@ -1,7 +1,8 @@
 /*
-** step_stats.c — what a training step leaves in its stats tensor besides the gradient
-** norm (engine/ops_optim.c): the loss, fp16's found_inf and the device-side input
-** checks, and the one read of it all by the host at the end of the step.
+** step_stats.c — the step's stats tensor (TT_STAT_* in tetra_ops.h): creation, reset,
+** what a training step leaves in it besides the gradient norm and clip coefficient
+** (engine/ops_optim.c): the loss, fp16's found_inf and the device-side input checks, and
+** the one read of it all by the host.
 **
 ** On CUDA the step runs without waiting for the device: the unscale pass writes found_inf
 ** into the stats, embedding ids and cross-entropy targets are checked on the device
@@ -10,6 +11,8 @@
 */
 #include "tt_internal.h"
 #include "tetra_amp.h"
+#include "optim.h"
+#include "step_stats.h"
 #include <string.h>
 
 /* Present only when the CUDA library is linked (kernels/cuda/cast.cu, engine/cuda). */
@@ -18,19 +21,45 @@ extern int tt_cuda_unscale_flag(void *data, int dtype, int64_t n, float inv_scal
 extern int tt_cuda_checks_flag(void *dst) __attribute__((weak));
 extern int tt_cuda_checks_take(void) __attribute__((weak));
 
-static int check_stats(const char *op, const tt_tensor *stats) {
+int tt_step_stats_check(const char *op, const tt_tensor *stats, int device) {
   char a[96];
   TT_CHECK(stats, "%s: stats is NULL", op);
   TT_CHECK(stats->dtype == TT_F32 && tt_tensor_is_contiguous(stats) &&
-               tt_tensor_numel(stats) == TT_STEP_STATS_N,
-           "%s: stats %s must be a contiguous f32 tensor of %d values (tt_step_stats_new)",
-           op, tt_tensor_describe(stats, a, sizeof a), TT_STEP_STATS_N);
+               tt_tensor_numel(stats) == TT_STEP_STATS_N &&
+               (device == TT_STATS_ANY_DEVICE || stats->device == device),
+           "%s: stats %s must be a contiguous f32 tensor of %d values on the parameters' "
+           "device (tt_step_stats_new)", op, tt_tensor_describe(stats, a, sizeof a),
+           TT_STEP_STATS_N);
   return 0;
+}
+
+int tt_step_stats_new(int device, tt_tensor **out) {
+  TT_CHECK(out, "step_stats_new: out is NULL");
+  int64_t n = TT_STEP_STATS_N;
+  tt_tensor *t = NULL;
+  TT_TRY(tt_tensor_zeros(&n, 1, TT_F32, device, &t));
+  int rc = tt_step_stats_reset(t);
+  if (rc) {
+    tt_tensor_release(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+/* By a kernel on CUDA (tt_fill_ would copy from the host and wait). */
+int tt_step_stats_reset(tt_tensor *stats) {
+  TT_TRY(tt_step_stats_check("step_stats_reset", stats, TT_STATS_ANY_DEVICE));
+  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
+  if (!k || !k->fill) return tt_no_kernel("step_stats_reset", stats->device);
+  float *s = tt_tensor_data(stats);
+  TT_TRY(k->fill(s, TT_STEP_STATS_N, 0.0f));
+  return k->fill(s + TT_STAT_GRAD_SCALE, 1, 1.0f);
 }
 
 int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss) {
   const char *op = "step_stats_set_loss";
-  TT_TRY(check_stats(op, stats));
+  TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
   TT_CHECK(loss && tt_tensor_numel(loss) == 1 && loss->device == stats->device,
            "%s: the loss must be one value on the stats' device", op);
   tt_tensor *slot = NULL;
@@ -47,7 +76,7 @@ int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss) {
 int tt_grads_unscale_to_stats(tt_tensor *const *params, int n, double inv_scale,
                               tt_tensor *stats) {
   const char *op = "unscale grads";
-  TT_TRY(check_stats(op, stats));
+  TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
   if (!tt_device_is_cuda(stats->device)) {
     int found = 0;
     TT_TRY(tt_grads_unscale_check(params, n, inv_scale, &found));
@@ -70,7 +99,7 @@ int tt_grads_unscale_to_stats(tt_tensor *const *params, int n, double inv_scale,
 
 int tt_step_stats_read(tt_tensor *stats, float *out) {
   const char *op = "step_stats_read";
-  TT_TRY(check_stats(op, stats));
+  TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
   TT_CHECK(out, "%s: out is NULL", op);
   int cuda = tt_device_is_cuda(stats->device);
   if (cuda && tt_cuda_checks_flag)   /* also after the checks were turned off again */

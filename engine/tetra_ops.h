@@ -94,7 +94,7 @@ int tt_grad_norm(tt_tensor *const *params, int n, double *out);
 /* Scales all grads by min(1, max_norm / (norm + 1e-6)); returns the norm before. */
 int tt_clip_grad_norm(tt_tensor *const *params, int n, double max_norm, double *out_norm);
 
-/* -- The step's device-side scalars (engine/ops_optim.c) ------------------------------ */
+/* -- The step's device-side scalars (engine/step_stats.c, engine/ops_optim.c) -------- */
 /* One f32 tensor of TT_STEP_STATS_N values on the parameters' device holds what a step
 ** computes and decides on the device: the multi-tensor AdamW reads the gradient scale and
 ** found_inf from it, the gradient norm and the loss land in it, and the host reads it with
@@ -123,7 +123,7 @@ int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);
 ** max_norm <= 0 or the norm is not finite; a norm that is not finite also sets
 ** TT_STAT_FOUND_INF, so tt_adamw_multi skips the update). No wait. */
 int tt_clip_finish(tt_tensor *stats, tt_tensor *gathered, double replicas, double max_norm);
-/* (engine/step_stats.c) stats[TT_STAT_LOSS] = the one value of loss (a device copy). */
+/* stats[TT_STAT_LOSS] = the one value of loss (a device copy). */
 int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss);
 /* Divides the grads of n params by the loss scale in place (f32, bf16 or f16 grads) and
 ** sets stats[TT_STAT_FOUND_INF] to 1 when one held inf or NaN; on CUDA without waiting. */
