@@ -400,10 +400,16 @@ extern "C" int tt_cuda_event_elapsed_ms(tt_cuda_event *start, tt_cuda_event *end
 
 /* -- Host waits --------------------------------------------------------------------- */
 
+/* Set by a host wait refused during a capture: tt_cuda_graph_end then fails even when
+** the CUDA calls before the wait were capturable. */
+static int g_capture_waited;
+
 cudaError_t tt_cuda_host_wait(cudaStream_t s) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone)
+  if (cudaStreamIsCapturing(s, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone) {
+    g_capture_waited = 1;
     return cudaErrorStreamCaptureUnsupported;
+  }
   __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
   return cudaStreamSynchronize(s);
 }
@@ -510,6 +516,7 @@ extern "C" int tt_cuda_graph_begin(void) {
                      "first)");
   TT_CHECK(!tt_cuda_graph_capturing(), "cuda graph capture: already capturing this stream");
   TT_CU(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+  g_capture_waited = 0;
   return 0;
 }
 
@@ -519,6 +526,11 @@ extern "C" int tt_cuda_graph_end(tt_cuda_graph **out) {
                                       "tt_cuda_graph_begin on the current stream");
   cudaGraph_t graph = NULL;
   cudaError_t e = cudaStreamEndCapture(g_stream, &graph);
+  if (e == cudaSuccess && g_capture_waited) {
+    cudaGraphDestroy(graph);
+    return tt_set_error("cuda graph capture failed: the captured work waited for the device "
+                        "(a copy to the host or a synchronisation); nothing was kept");
+  }
   if (e != cudaSuccess) {
     cudaGetLastError();
     return tt_set_error("cuda graph capture failed: %s (%s); a host wait, a cudaMalloc or "
