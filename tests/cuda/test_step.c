@@ -223,8 +223,10 @@ static tt_tensor *ids_with(int64_t n, int64_t at, int32_t bad, int64_t hi) {
 
 Test(step, deferred_checks_report_at_the_read) {
   int64_t wshape[2] = {50, 24}, lshape[2] = {9, 50};
-  tt_tensor *w = to_dev(randn(wshape, 2, 1.0), GPU), *out = NULL;
-  tt_tensor *logits = to_dev(randn(lshape, 2, 1.0), GPU), *loss = NULL;
+  tt_tensor *wc = randn(wshape, 2, 1.0), *lc = randn(lshape, 2, 1.0);
+  tt_tensor *w = to_dev(wc, GPU), *out = NULL, *logits = to_dev(lc, GPU), *loss = NULL;
+  tt_tensor_release(wc);
+  tt_tensor_release(lc);
   tt_tensor *sg = stats_on(GPU, 1.0f, 0.0f);
   float st[TT_STEP_STATS_N];
   /* off: the op itself fails */
