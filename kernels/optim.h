@@ -14,9 +14,10 @@
 #include <stdint.h>
 
 /* Tensors handled by one CUDA launch of the multi-tensor kernels: their pointers and
-** sizes travel as kernel parameters (under the 4 KiB limit); longer lists take more
-** launches. */
-enum { TT_OPTIM_MULTI_MAX = 48 };
+** sizes travel as kernel parameters (about 16 KiB for AdamW's table, under the 32 KiB
+** that CUDA 12.1 and later allow on Volta and newer GPUs), so a Llama-1B parameter group
+** is one launch; longer lists take more launches. */
+enum { TT_OPTIM_MULTI_MAX = 320 };
 
 /* Arguments of adamw_multi: count tensors, host arrays of device pointers. */
 typedef struct tt_adamw_multi_args {

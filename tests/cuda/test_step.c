@@ -12,7 +12,7 @@
 #include "cuda_test.h"
 #include "tetra_amp.h"
 
-enum { NT = 61 };   /* more than TT_OPTIM_MULTI_MAX (48): two launches */
+enum { NT = 331 };   /* more than TT_OPTIM_MULTI_MAX (320): two launches */
 
 typedef struct {
   tt_tensor *p[NT], *m[NT], *v[NT], *bf[NT];
