@@ -27,6 +27,24 @@ int tt_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes);
 /* Waits for all work on the current device. */
 int tt_cuda_synchronize(void);
 
+/* Times the host has waited for the GPU since start-up: every copy into host memory,
+** every stream, event or device synchronisation of the engine counts one. A training
+** step makes one (its step stats read); tests assert that. */
+int64_t tt_cuda_host_sync_count(void);
+
+/* Deferred input checks: while on, an embedding id or cross-entropy target out of range
+** no longer makes the op wait for the device to report it; the failure is recorded on the
+** device, and the step finds it at its one read: tt_cuda_checks_flag writes 1.0 to the
+** f32 at dst (device memory) when a failure was recorded (nothing when checks were never
+** deferred on this device), and tt_cuda_checks_take (a
+** host wait; call it when the flag was set) returns -1 with the first failure's message
+** ("embedding: id 70000 at position 12 is outside the vocabulary [0, 32000)") and
+** clears the records, or 0 when there was none. Off by default: each op then checks its
+** own inputs at once. */
+int tt_cuda_set_deferred_checks(int on);
+int tt_cuda_checks_flag(void *dst);
+int tt_cuda_checks_take(void);
+
 /* -- Streams and events ------------------------------------------------------------- */
 /* Kernels and copies run on the current stream (NULL: the default stream). Ops issued
 ** from one thread are ordered on it; a stream is a handle the caller destroys. */
@@ -57,6 +75,22 @@ int tt_cuda_event_synchronize(tt_cuda_event *e);
 /* 1 when the work before the event has finished, 0 when not yet, -1 on error. */
 int tt_cuda_event_query(tt_cuda_event *e);
 int tt_cuda_event_elapsed_ms(tt_cuda_event *start, tt_cuda_event *end, float *out_ms);
+
+/* -- CUDA graphs -------------------------------------------------------------------- */
+/* Capture the work issued on the current stream (a stream of tt_cuda_stream_create: the
+** legacy default stream cannot be captured) between begin and end into a graph, then
+** replay it with one launch. The captured kernels keep their pointers: every tensor they
+** touch must stay allocated, at the same address, until the graph is destroyed, and no
+** host wait may happen while capturing (it fails with a message naming the capture). */
+typedef struct tt_cuda_graph tt_cuda_graph;
+int tt_cuda_graph_begin(void);
+/* Ends the capture begun on the current stream; *out: the instantiated graph. */
+int tt_cuda_graph_end(tt_cuda_graph **out);
+/* Launches the graph on the current stream (no host wait). */
+int tt_cuda_graph_replay(tt_cuda_graph *g);
+void tt_cuda_graph_destroy(tt_cuda_graph *g);
+/* 1 while the current stream is being captured. */
+int tt_cuda_graph_capturing(void);
 
 /* -- Pinned host memory ------------------------------------------------------------- */
 /* Page-locked host buffers: copies from them to the GPU run asynchronously and at full

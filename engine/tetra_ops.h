@@ -93,3 +93,52 @@ int tt_sgd_step(tt_tensor *const *params, tt_tensor *const *momentum, int n, dou
 int tt_grad_norm(tt_tensor *const *params, int n, double *out);
 /* Scales all grads by min(1, max_norm / (norm + 1e-6)); returns the norm before. */
 int tt_clip_grad_norm(tt_tensor *const *params, int n, double max_norm, double *out_norm);
+
+/* -- The step's device-side scalars (engine/step_stats.c, engine/ops_optim.c) -------- */
+/* One f32 tensor of TT_STEP_STATS_N values on the parameters' device holds what a step
+** computes and decides on the device: the multi-tensor AdamW reads the gradient scale and
+** found_inf from it, the gradient norm and the loss land in it, and the host reads it with
+** one copy per step (the step's one synchronisation on CUDA). */
+enum {
+  TT_STAT_LOSS = 0,        /* the step's loss, for the log line (written by the step) */
+  TT_STAT_GRAD_NORM = 1,   /* the global gradient norm before clipping */
+  TT_STAT_FOUND_INF = 2,   /* nonzero: a gradient was inf or NaN; AdamW skips */
+  TT_STAT_GRAD_SCALE = 3,  /* AdamW multiplies every gradient by it (the clip coefficient) */
+  TT_STAT_SUMSQ_HI = 4,    /* the float64 sum of squares of the grads as two floats */
+  TT_STAT_SUMSQ_LO = 5,
+  TT_STAT_ERRORS = 6,      /* device-side input checks that failed (tt_step_stats_errors) */
+  TT_STEP_STATS_N = 8
+};
+/* A new stats tensor on device, reset (tt_step_stats_reset). */
+int tt_step_stats_new(int device, tt_tensor **out);
+/* Every slot 0 but TT_STAT_GRAD_SCALE, 1; stream-ordered, no wait on the device. */
+int tt_step_stats_reset(tt_tensor *stats);
+/* The sum of squares of the grads of n params (missing grads count as zero) into the
+** TT_STAT_SUMSQ_* slots; on the device, deterministic, no wait. */
+int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);
+/* From the TT_STAT_SUMSQ_* slots, or with gathered (not NULL) from those of every rank
+** that holds a different part of the model (an f32 tensor of (hi, lo) pairs, all-gathered
+** on the device), added in order in float64: the norm sqrt(sum / replicas) into
+** TT_STAT_GRAD_NORM and min(1, max_norm / (norm + 1e-6)) into TT_STAT_GRAD_SCALE (1 when
+** max_norm <= 0 or the norm is not finite; a norm that is not finite also sets
+** TT_STAT_FOUND_INF, so tt_adamw_multi skips the update). No wait. */
+int tt_clip_finish(tt_tensor *stats, tt_tensor *gathered, double replicas, double max_norm);
+/* stats[TT_STAT_LOSS] = the one value of loss (a device copy). */
+int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss);
+/* Divides the grads of n params by the loss scale in place (f32, bf16 or f16 grads) and
+** sets stats[TT_STAT_FOUND_INF] to 1 when one held inf or NaN; on CUDA without waiting. */
+int tt_grads_unscale_to_stats(tt_tensor *const *params, int n, double inv_scale,
+                              tt_tensor *stats);
+/* The step's one read: copies the TT_STEP_STATS_N values to out (host). With CUDA deferred
+** checks on, a recorded failure (an embedding id or a cross-entropy target out of range)
+** makes it return -1 with that op's message. */
+int tt_step_stats_read(tt_tensor *stats, float *out);
+/* tt_adamw_step over every parameter of the list in a few launches (params, m, v on one
+** device), with each gradient multiplied by stats[TT_STAT_GRAD_SCALE] and nothing written
+** when stats[TT_STAT_FOUND_INF] is nonzero (stats may be NULL: scale 1, no skip). bf16:
+** NULL, or per parameter NULL or a contiguous bf16 tensor of its numel that receives the
+** updated weight rounded to nearest even. Bitwise tt_adamw_step on CPU when the scale is 1
+** (on gradients pre-multiplied by it otherwise). */
+int tt_adamw_multi(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *const *v,
+                   tt_tensor *const *bf16, int n, const tt_adamw_config *cfg, int64_t step,
+                   tt_tensor *stats);

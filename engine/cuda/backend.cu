@@ -4,7 +4,8 @@
 ** implicit synchronisation happen only while the working set grows, and asks here which
 ** stream is current and how to order one stream after another), copies between host and
 ** device, the current stream, events, pinned host buffers, the cuBLASLt handle shared by
-** the GEMM kernels with one workspace per stream, and the launch check (TETRA_CUDA_SYNC).
+** the GEMM kernels with one workspace per stream, the launch check (TETRA_CUDA_SYNC), the
+** count of host waits (a step should make one) and CUDA graph capture and replay.
 **
 ** Memory is always plain cudaMalloc: managed memory can oversubscribe the card and hang
 ** it for everyone on the node.
@@ -52,6 +53,7 @@ static const size_t g_workspace_bytes = (size_t)32 << 20;
 enum { MAX_WORKSPACES = 64 };
 static struct { int device; cudaStream_t stream; void *ptr; } g_workspaces[MAX_WORKSPACES];
 static int g_num_workspaces;
+static int64_t g_host_syncs;            /* tt_cuda_host_sync_count; atomic adds */
 
 extern "C" int tt_cuda_device_count(void) {
   int n = 0;
@@ -115,7 +117,7 @@ static int cuda_memcpy(void *dst, int dst_device, const void *src, int src_devic
   TT_CU(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, g_stream));
   /* A copy touching host memory completes before returning: the caller may read the
   ** host buffer, or free it, right away. Device-to-device copies stay in stream order. */
-  if (dst_device < 0 || src_device < 0) TT_CU(cudaStreamSynchronize(g_stream));
+  if (dst_device < 0 || src_device < 0) TT_CU(tt_cuda_host_wait(g_stream));
   return 0;
 }
 
@@ -223,6 +225,7 @@ extern "C" int tt_cuda_mem_info(int device, size_t *free_bytes, size_t *total_by
 }
 
 extern "C" int tt_cuda_synchronize(void) {
+  __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
   TT_CU(cudaDeviceSynchronize());
   return 0;
 }
@@ -335,7 +338,7 @@ extern "C" int tt_cuda_set_stream(tt_cuda_stream *s) {
 extern "C" tt_cuda_stream *tt_cuda_get_stream(void) { return g_stream_handle; }
 
 extern "C" int tt_cuda_stream_synchronize(tt_cuda_stream *s) {
-  TT_CU(cudaStreamSynchronize(raw(s)));
+  TT_CU(tt_cuda_host_wait(raw(s)));
   return 0;
 }
 
@@ -372,6 +375,7 @@ extern "C" int tt_cuda_event_record(tt_cuda_event *e, tt_cuda_stream *s) {
 
 extern "C" int tt_cuda_event_synchronize(tt_cuda_event *e) {
   TT_CHECK(e, "tt_cuda_event_synchronize: event is NULL");
+  __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
   TT_CU(cudaEventSynchronize(e->e));
   return 0;
 }
@@ -392,6 +396,174 @@ extern "C" int tt_cuda_event_elapsed_ms(tt_cuda_event *start, tt_cuda_event *end
   TT_CHECK(start && end, "tt_cuda_event_elapsed_ms: event is NULL");
   TT_CU(cudaEventElapsedTime(out_ms, start->e, end->e));
   return 0;
+}
+
+/* -- Host waits --------------------------------------------------------------------- */
+
+/* Set by a host wait refused during a capture: tt_cuda_graph_end then fails even when
+** the CUDA calls before the wait were capturable. */
+static int g_capture_waited;
+
+cudaError_t tt_cuda_host_wait(cudaStream_t s) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone) {
+    g_capture_waited = 1;
+    return cudaErrorStreamCaptureUnsupported;
+  }
+  __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
+  return cudaStreamSynchronize(s);
+}
+
+extern "C" int64_t tt_cuda_host_sync_count(void) {
+  return __atomic_load_n(&g_host_syncs, __ATOMIC_RELAXED);
+}
+
+/* -- Deferred input checks ---------------------------------------------------------- */
+
+/* One record per kind of check; pos ~0 while nothing failed. */
+struct check_record {
+  unsigned long long pos;
+  long long value, limit;
+};
+static check_record *g_checks[MAX_GPUS];   /* TT_CHECK_KINDS records per device */
+static int g_defer_checks;
+
+static const char *const g_check_messages[TT_CHECK_KINDS] = {
+  "embedding: id %lld at position %llu is outside the vocabulary [0, %lld)",
+  "cross_entropy: target %lld at row %llu is outside [0, %lld)",
+};
+
+extern "C" int tt_cuda_set_deferred_checks(int on) {
+  TT_CHECK(g_initialised, "cuda: call tt_cuda_init first");
+  int d = tt_cuda_current_device();
+  if (on && !g_checks[d]) {
+    TT_CU(cudaMalloc((void **)&g_checks[d], sizeof(check_record) * TT_CHECK_KINDS));
+    TT_CU(cudaMemset(g_checks[d], 0xff, sizeof(check_record) * TT_CHECK_KINDS));
+  }
+  g_defer_checks = on != 0;
+  return 0;
+}
+
+int tt_cuda_checks_deferred(void) { return g_defer_checks; }
+
+/* Keeps the first failure: a record already set stays. */
+__global__ void check_record_kernel(check_record *rec, const unsigned long long *bad_pos,
+                                    const void *values, int values_i64, int64_t limit) {
+  unsigned long long pos = *bad_pos;
+  if (pos == ~0ull || rec->pos != ~0ull) return;
+  rec->pos = pos;
+  rec->value = values_i64 ? ((const long long *)values)[pos]
+                          : (long long)((const int *)values)[pos];
+  rec->limit = limit;
+}
+
+int tt_cuda_check_defer(int kind, const unsigned long long *bad_pos, const void *values,
+                        int values_i64, int64_t limit) {
+  check_record *rec = g_checks[tt_cuda_current_device()];
+  TT_CHECK(rec && kind >= 0 && kind < TT_CHECK_KINDS,
+           "deferred checks: not on for this device (tt_cuda_set_deferred_checks)");
+  check_record_kernel<<<1, 1, 0, g_stream>>>(rec + kind, bad_pos, values, values_i64, limit);
+  TT_CU_LAUNCHED("check_record_kernel");
+  return 0;
+}
+
+__global__ void checks_flag_kernel(const check_record *rec, float *dst) {
+  for (int k = 0; k < TT_CHECK_KINDS; k++)
+    if (rec[k].pos != ~0ull) *dst = 1.0f;
+}
+
+extern "C" int tt_cuda_checks_flag(void *dst) {
+  check_record *rec = g_checks[tt_cuda_current_device()];
+  if (!rec) return 0;   /* never deferred on this device: nothing recorded */
+  checks_flag_kernel<<<1, 1, 0, g_stream>>>(rec, (float *)dst);
+  TT_CU_LAUNCHED("checks_flag_kernel");
+  return 0;
+}
+
+extern "C" int tt_cuda_checks_take(void) {
+  check_record *rec = g_checks[tt_cuda_current_device()];
+  if (!rec) return 0;
+  check_record host[TT_CHECK_KINDS];
+  TT_CU(cudaMemcpyAsync(host, rec, sizeof host, cudaMemcpyDeviceToHost, g_stream));
+  TT_CU(tt_cuda_host_wait(g_stream));
+  TT_CU(cudaMemsetAsync(rec, 0xff, sizeof host, g_stream));
+  for (int k = 0; k < TT_CHECK_KINDS; k++)
+    if (host[k].pos != ~0ull)
+      return tt_set_error(g_check_messages[k], host[k].value, host[k].pos, host[k].limit);
+  return 0;
+}
+
+/* -- CUDA graphs -------------------------------------------------------------------- */
+
+struct tt_cuda_graph {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+};
+
+extern "C" int tt_cuda_graph_capturing(void) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  return g_stream && cudaStreamIsCapturing(g_stream, &cap) == cudaSuccess &&
+         cap != cudaStreamCaptureStatusNone;
+}
+
+/* Thread-local mode: another thread's unrelated CUDA calls (the data loader's copies) do
+** not break the capture; this thread's cudaMalloc (the caching allocator growing) is then
+** refused, so a capture needs a warm-up step that has grown the cache first. */
+extern "C" int tt_cuda_graph_begin(void) {
+  TT_CHECK(g_initialised, "cuda: call tt_cuda_init first");
+  TT_CHECK(g_stream, "cuda graph capture: the current stream is the legacy default stream, "
+                     "which cannot be captured (tt_cuda_stream_create and tt_cuda_set_stream "
+                     "first)");
+  TT_CHECK(!tt_cuda_graph_capturing(), "cuda graph capture: already capturing this stream");
+  TT_CU(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+  g_capture_waited = 0;
+  return 0;
+}
+
+extern "C" int tt_cuda_graph_end(tt_cuda_graph **out) {
+  TT_CHECK(out, "tt_cuda_graph_end: out is NULL");
+  TT_CHECK(tt_cuda_graph_capturing(), "cuda graph capture: tt_cuda_graph_end without "
+                                      "tt_cuda_graph_begin on the current stream");
+  cudaGraph_t graph = NULL;
+  cudaError_t e = cudaStreamEndCapture(g_stream, &graph);
+  if (e == cudaSuccess && g_capture_waited) {
+    cudaGraphDestroy(graph);
+    return tt_set_error("cuda graph capture failed: the captured work waited for the device "
+                        "(a copy to the host or a synchronisation); nothing was kept");
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return tt_set_error("cuda graph capture failed: %s (%s); a host wait, a cudaMalloc or "
+                        "work from another stream during the capture invalidates it",
+                        cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  tt_cuda_graph *g = (tt_cuda_graph *)calloc(1, sizeof *g);
+  if (!g) {
+    cudaGraphDestroy(graph);
+    return tt_set_error("tt_cuda_graph_end: out of host memory");
+  }
+  g->graph = graph;
+  e = cudaGraphInstantiate(&g->exec, graph, 0);
+  if (e != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    free(g);
+    return tt_cu_fail(e, "cudaGraphInstantiate", __FILE__, __LINE__);
+  }
+  *out = g;
+  return 0;
+}
+
+extern "C" int tt_cuda_graph_replay(tt_cuda_graph *g) {
+  TT_CHECK(g, "tt_cuda_graph_replay: graph is NULL");
+  TT_CU(cudaGraphLaunch(g->exec, g_stream));
+  return 0;
+}
+
+extern "C" void tt_cuda_graph_destroy(tt_cuda_graph *g) {
+  if (!g) return;
+  cudaGraphExecDestroy(g->exec);
+  cudaGraphDestroy(g->graph);
+  free(g);
 }
 
 /* -- Pinned host memory ------------------------------------------------------------- */

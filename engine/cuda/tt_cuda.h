@@ -63,6 +63,19 @@ int tt_cuda_kernels_linked(void);
 /* Each kernels/cuda file names its family once (TT_CUDA_FAMILY(norm)): a symbol that
 ** kernels_linked.cu references strongly. */
 #define TT_CUDA_FAMILY(fam) extern "C" const char tt_cuda_family_##fam[] = #fam;
+/* The one way a CUDA source waits for stream s from the host: cudaStreamSynchronize,
+** counted (tt_cuda_host_sync_count), and refused while the stream is being captured into a
+** graph (cudaErrorStreamCaptureUnsupported). */
+cudaError_t tt_cuda_host_wait(cudaStream_t s);
+/* Deferred input checks (tt_cuda_set_deferred_checks). A kernel that validates its
+** inputs writes the smallest bad position into *bad_pos (device memory, ~0 when none);
+** instead of reading it back, the op calls tt_cuda_check_defer, which records (on the
+** device, in stream order) the first failure of that kind with the offending value
+** values[pos] and the limit; tt_cuda_checks_take reads the records later. */
+enum { TT_CHECK_EMBEDDING_ID = 0, TT_CHECK_CE_TARGET = 1, TT_CHECK_KINDS = 2 };
+int tt_cuda_checks_deferred(void);
+int tt_cuda_check_defer(int kind, const unsigned long long *bad_pos, const void *values,
+                        int values_i64, int64_t limit);
 /* Multiprocessor count of the current device (for grid sizing). */
 int tt_cuda_sm_count(void);
 

@@ -17,6 +17,10 @@ extern "C" {
 ** element was inf or NaN. */
 int tt_cuda_unscale_check(void *data, int dtype, int64_t n, float inv_scale,
                           int *found_inf);
+/* The same with found_inf left on the device: *found_inf_dev (device memory) = 1 when an
+** element was inf or NaN, untouched otherwise. No host wait. */
+int tt_cuda_unscale_flag(void *data, int dtype, int64_t n, float inv_scale,
+                         float *found_inf_dev);
 /* out = fp8(x * scale) (out_dtype TT_E4M3/TT_E5M2), or with fake = 1 the f32 value of
 ** that fp8 divided by scale again. x is f32, bf16 or f16. *amax = max |x|. */
 int tt_cuda_fp8_quantize(const void *x, int x_dtype, int64_t n, float scale, int fp8_dtype,

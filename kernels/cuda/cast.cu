@@ -4,8 +4,9 @@
 ** (engine/fp8.c). Declared in engine/cuda/tt_cuda_ops.h.
 **
 ** Each kernel is one pass over the tensor; the flags (found_inf, amax) are reduced per
-** block, then combined with one atomic per block into a small device buffer that is read
-** back after the launch.
+** block, then combined into a small device buffer that is read back after the launch;
+** tt_cuda_unscale_flag leaves found_inf in device memory instead (a training step reads
+** it with the rest of its stats, once).
 */
 #include "cuda/tt_cuda.h"
 #include "cuda/tt_cuda_ops.h"
@@ -14,8 +15,9 @@
 ** floats order like their bit patterns, so atomicMax on the bits is a float max. */
 struct flags { unsigned amax_bits; int bad; };
 
-template <typename T>
-__global__ void unscale_kernel(T *g, int64_t n, float inv, flags *f) {
+/* *bad_out = 1 when an element is not finite (every writer stores the same value). */
+template <typename T, typename F>
+__global__ void unscale_kernel(T *g, int64_t n, float inv, F *bad_out) {
   __shared__ float scratch[32];
   float bad = 0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -25,7 +27,7 @@ __global__ void unscale_kernel(T *g, int64_t n, float inv, flags *f) {
     tt_st(g, i, v * inv);
   }
   bad = tt_block_max(bad, scratch);
-  if (threadIdx.x == 0 && bad > 0) atomicOr(&f->bad, 1);
+  if (threadIdx.x == 0 && bad > 0) *bad_out = (F)1;
 }
 
 /* Runs `launch(flags *dev)` and copies the flags back. */
@@ -41,7 +43,7 @@ static int with_flags(flags *host, Launch &&launch) {
     e = tt_cuda_launch_status();
   }
   if (e == cudaSuccess) e = cudaMemcpyAsync(host, dev, sizeof(flags), cudaMemcpyDeviceToHost, s);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e == cudaSuccess) e = tt_cuda_host_wait(s);
   cudaFreeAsync(dev, s);
   TT_CU(e);
   return 0;
@@ -55,12 +57,26 @@ extern "C" int tt_cuda_unscale_check(void *data, int dtype, int64_t n, float inv
     using T = std::remove_pointer_t<decltype(tag)>;
     return with_flags(&f, [&](flags *dev) {
       unscale_kernel<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
-          (T *)data, n, inv_scale, dev);
+          (T *)data, n, inv_scale, &dev->bad);
     });
   });
   TT_TRY(rc);
   if (f.bad) *found_inf = 1;
   return 0;
+}
+
+/* The same pass with found_inf left on the device (a float flag, in the step stats):
+** no host wait; the optimizer and the step's one read consume it. */
+extern "C" int tt_cuda_unscale_flag(void *data, int dtype, int64_t n, float inv_scale,
+                                    float *found_inf_dev) {
+  if (n == 0) return 0;
+  return tt_cuda_dispatch_float("unscale grads", dtype, [&](auto *tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    unscale_kernel<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
+        (T *)data, n, inv_scale, found_inf_dev);
+    TT_CU_LAUNCHED("unscale_kernel");
+    return 0;
+  });
 }
 
 __device__ __forceinline__ __nv_fp8_storage_t to_fp8(float v, int dtype) {

@@ -4,7 +4,8 @@
 **
 ** The forward validates ids on the device and reports the first bad position through a
 ** flag read back after the launch (one small copy per call, which is also where the
-** error message needs the offending id). The backward is deterministic like the CPU
+** error message needs the offending id), or, with deferred checks on (a training step),
+** records it on the device for the step's one read (engine/cuda/backend.cu). The backward is deterministic like the CPU
 ** twin: each thread owns one column of dweight and walks the tokens in order, so a row
 ** shared by several tokens is summed in token order and no atomics are needed.
 */
@@ -41,16 +42,20 @@ static int embedding_forward(float *out, const float *weight, const void *ids, i
   int rc = -1;
   int64_t blocks = n < 65535 ? n : 65535;
   int threads = D >= 256 ? 256 : (int)((D + 31) / 32 * 32);
-  cudaError_t e = cudaMemcpyAsync(bad_dev, &bad, sizeof bad, cudaMemcpyHostToDevice,
-                                  tt_cuda_cur_stream());
+  cudaError_t e = cudaMemsetAsync(bad_dev, 0xff, sizeof bad, tt_cuda_cur_stream());
   if (e == cudaSuccess) {
     embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(out, weight, ids,
                                                                      ids_i64, n, V, D, bad_dev);
     e = tt_cuda_launch_status();
   }
+  if (e == cudaSuccess && tt_cuda_checks_deferred()) {   /* the step reads it later */
+    rc = tt_cuda_check_defer(TT_CHECK_EMBEDDING_ID, bad_dev, ids, ids_i64, V);
+    cudaFreeAsync(bad_dev, tt_cuda_cur_stream());
+    return rc;
+  }
   if (e == cudaSuccess)
     e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, tt_cuda_cur_stream());
-  if (e == cudaSuccess) e = cudaStreamSynchronize(tt_cuda_cur_stream());
+  if (e == cudaSuccess) e = tt_cuda_host_wait(tt_cuda_cur_stream());
   if (e != cudaSuccess) {
     tt_cu_fail(e, "embedding_fwd", __FILE__, __LINE__);
   } else if (bad != ~0ull) {

@@ -4,7 +4,9 @@
 ** One block per row streams over the vocabulary twice (max, then the sum of exponentials)
 ** and keeps only the row's logsumexp and loss: no softmax tensor is stored. The mean over
 ** counted rows is a single-block reduction in row order (deterministic). The backward
-** recomputes the softmax row by row from the saved logsumexp.
+** recomputes the softmax row by row from the saved logsumexp. A target outside the
+** vocabulary is reported at once, or with deferred checks on (a training step) recorded
+** on the device for the step's one read (engine/cuda/backend.cu).
 */
 #include "cuda/tt_cuda.h"
 extern "C" {
@@ -72,15 +74,20 @@ static int ce_forward(float *loss, float *row_stats, const float *logits, const 
            (long long)N);
   unsigned long long *bad_dev = NULL, bad = ~0ull;
   TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, st));
-  cudaError_t e = cudaMemcpyAsync(bad_dev, &bad, sizeof bad, cudaMemcpyHostToDevice, st);
+  cudaError_t e = cudaMemsetAsync(bad_dev, 0xff, sizeof bad, st);
   if (e == cudaSuccess) {
     ce_rows<<<(unsigned)N, CE_THREADS, 0, st>>>(row_stats, logits, targets, tgt_i64,
                                                 ignore_index, N, V, bad_dev);
     ce_mean<<<1, 1024, 0, st>>>(loss, NULL, row_stats + N, targets, tgt_i64, ignore_index, N);
     e = tt_cuda_launch_status();
   }
+  if (e == cudaSuccess && tt_cuda_checks_deferred()) {   /* the step reads it later */
+    int rc = tt_cuda_check_defer(TT_CHECK_CE_TARGET, bad_dev, targets, tgt_i64, V);
+    cudaFreeAsync(bad_dev, st);
+    return rc;
+  }
   if (e == cudaSuccess) e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, st);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+  if (e == cudaSuccess) e = tt_cuda_host_wait(st);
   cudaFreeAsync(bad_dev, st);
   TT_CU(e);
   if (bad != ~0ull) {

@@ -4,6 +4,13 @@
 **
 ** The sum of squares is deterministic: a fixed grid of SUMSQ_BLOCKS blocks (not sized by
 ** the device) writes one float64 partial each, and one block adds the partials in order.
+**
+** The multi-tensor kernels (adamw_multi, sum_squares_multi) cut every tensor of a list into
+** chunks of MT_CHUNK elements and give each block one chunk; the table of tensors (up to
+** TT_OPTIM_MULTI_MAX per launch) and the first chunk of each travel as kernel parameters,
+** so a launch needs no copy to the device, and a step captured in a CUDA graph keeps them.
+** Their scalars (gradient scale, found_inf, the sum of squares, the norm) stay in device
+** memory: nothing here waits for the device.
 */
 #include "cuda/tt_cuda.h"
 extern "C" {
@@ -101,7 +108,7 @@ static int sum_squares(const float *x, int64_t n, double *out) {
   sumsq_final<<<1, SUMSQ_THREADS, 0, st>>>(partial, SUMSQ_BLOCKS);
   cudaError_t e = tt_cuda_launch_status();
   if (e == cudaSuccess) e = cudaMemcpyAsync(out, partial, sizeof(double), cudaMemcpyDeviceToHost, st);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+  if (e == cudaSuccess) e = tt_cuda_host_wait(st);
   cudaFreeAsync(partial, st);
   TT_CU(e);
   return 0;
@@ -116,8 +123,183 @@ static int scale(float *x, int64_t n, float s) {
   return 0;
 }
 
+__global__ void fill_kernel(float *x, int64_t n, float value) { GRID_LOOP(i, n) x[i] = value; }
+
+static int fill(float *x, int64_t n, float value) {
+  if (n == 0) return 0;
+  fill_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(x, n, value);
+  TT_CU_LAUNCHED("fill_kernel");
+  return 0;
+}
+
+/* -- Multi-tensor kernels ------------------------------------------------------------ */
+
+enum { MT_CHUNK = 65536, MT_THREADS = 512, MT_FINAL_THREADS = 1024 };
+
+/* Up to TT_OPTIM_MULTI_MAX tensors of one launch; chunk0[t] is the first block of tensor t
+** and chunk0[count] the grid size. */
+struct mt_table {
+  int64_t n[TT_OPTIM_MULTI_MAX];
+  int chunk0[TT_OPTIM_MULTI_MAX + 1];
+  int count;
+};
+
+struct adamw_table {
+  mt_table t;
+  float *p[TT_OPTIM_MULTI_MAX];
+  const float *g[TT_OPTIM_MULTI_MAX];
+  float *m[TT_OPTIM_MULTI_MAX];
+  float *v[TT_OPTIM_MULTI_MAX];
+  __nv_bfloat16 *bf16[TT_OPTIM_MULTI_MAX];
+};
+
+struct sumsq_table {
+  mt_table t;
+  const float *x[TT_OPTIM_MULTI_MAX];
+};
+
+/* The tensor that block b works on (binary search of chunk0), and its element range. */
+__device__ __forceinline__ int mt_locate(const mt_table &t, int64_t *lo, int64_t *hi) {
+  int b = blockIdx.x, a = 0, z = t.count - 1;
+  while (a < z) {
+    int mid = (a + z + 1) / 2;
+    if (t.chunk0[mid] <= b) a = mid; else z = mid - 1;
+  }
+  *lo = (int64_t)(b - t.chunk0[a]) * MT_CHUNK;
+  *hi = min(t.n[a], *lo + MT_CHUNK);
+  return a;
+}
+
+/* Fills the size part of a table for tensors [first, first + count) of n; returns the
+** number of blocks (0 when every tensor is empty). */
+static int mt_fill(mt_table *t, const int64_t *n, int first, int count) {
+  int blocks = 0;
+  t->count = count;
+  for (int i = 0; i < count; i++) {
+    t->n[i] = n[first + i];
+    t->chunk0[i] = blocks;
+    blocks += (int)((n[first + i] + MT_CHUNK - 1) / MT_CHUNK);
+  }
+  t->chunk0[count] = blocks;
+  return blocks;
+}
+
+/* The arithmetic of adamw_kernel's CPU twin (kernels/cpu/optim.c), element by element. */
+__global__ void adamw_multi_kernel(adamw_table tab, float lr, float b1, float b2, float eps,
+                                   float wd, float bc1, float bc2, const float *gscale,
+                                   const float *found_inf) {
+  if (found_inf && *found_inf != 0.0f) return;
+  int64_t lo, hi;
+  int t = mt_locate(tab.t, &lo, &hi);
+  float *p = tab.p[t], *m = tab.m[t], *v = tab.v[t];
+  const float *g = tab.g[t];
+  __nv_bfloat16 *out = tab.bf16[t];
+  float decay = 1.0f - lr * wd, step = lr / bc1, inv_sqrt_bc2 = 1.0f / sqrtf(bc2);
+  float s = gscale ? *gscale : 1.0f;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    float gi = gscale ? g[i] * s : g[i];
+    float mi = b1 * m[i] + (1.0f - b1) * gi;
+    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float pi = p[i] * decay - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+    p[i] = pi;
+    if (out) out[i] = __float2bfloat16_rn(pi);
+  }
+}
+
+static int adamw_multi(const tt_adamw_multi_args *a) {
+  cudaStream_t st = tt_cuda_cur_stream();
+  for (int first = 0; first < a->count; first += TT_OPTIM_MULTI_MAX) {
+    int count = a->count - first < TT_OPTIM_MULTI_MAX ? a->count - first : TT_OPTIM_MULTI_MAX;
+    adamw_table tab;
+    int blocks = mt_fill(&tab.t, a->n, first, count);
+    if (blocks == 0) continue;
+    for (int i = 0; i < count; i++) {
+      tab.p[i] = a->p[first + i];
+      tab.g[i] = a->g[first + i];
+      tab.m[i] = a->m[first + i];
+      tab.v[i] = a->v[first + i];
+      tab.bf16[i] = a->bf16 ? (__nv_bfloat16 *)a->bf16[first + i] : NULL;
+    }
+    adamw_multi_kernel<<<blocks, MT_THREADS, 0, st>>>(tab, a->lr, a->beta1, a->beta2, a->eps,
+                                                      a->weight_decay, a->bc1, a->bc2,
+                                                      a->grad_scale, a->found_inf);
+    TT_CU_LAUNCHED("adamw_multi_kernel");
+  }
+  return 0;
+}
+
+/* One float64 partial per chunk, at partial[first_block + blockIdx.x]. */
+__global__ void sumsq_multi_kernel(sumsq_table tab, double *partial) {
+  int64_t lo, hi;
+  const float *x = tab.x[mt_locate(tab.t, &lo, &hi)];
+  double s = 0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) s += (double)x[i] * (double)x[i];
+  s = block_sum_d(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+/* out = {hi, lo} of the sum of the partials, each thread taking a fixed stride. */
+__global__ void sumsq_multi_final(const double *partial, int64_t nparts, float *out) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < nparts; i += blockDim.x) s += partial[i];
+  s = block_sum_d(s);
+  if (threadIdx.x == 0) {
+    float h = (float)s;
+    out[0] = h;
+    out[1] = isfinite(s) ? (float)(s - (double)h) : 0.0f;   /* inf stays inf */
+  }
+}
+
+static int sum_squares_multi(const float *const *x, const int64_t *n, int count, float *out) {
+  cudaStream_t st = tt_cuda_cur_stream();
+  int64_t total = 0;
+  for (int i = 0; i < count; i++) total += (n[i] + MT_CHUNK - 1) / MT_CHUNK;
+  double *partial = NULL;
+  TT_CU(cudaMallocAsync((void **)&partial, sizeof(double) * (total > 0 ? total : 1), st));
+  cudaError_t e = cudaSuccess;
+  int64_t done = 0;
+  for (int first = 0; first < count && e == cudaSuccess; first += TT_OPTIM_MULTI_MAX) {
+    int c = count - first < TT_OPTIM_MULTI_MAX ? count - first : TT_OPTIM_MULTI_MAX;
+    sumsq_table tab;
+    int blocks = mt_fill(&tab.t, n, first, c);
+    if (blocks == 0) continue;
+    for (int i = 0; i < c; i++) tab.x[i] = x[first + i];
+    sumsq_multi_kernel<<<blocks, MT_THREADS, 0, st>>>(tab, partial + done);
+    e = tt_cuda_launch_status();
+    done += blocks;
+  }
+  if (e == cudaSuccess) {
+    sumsq_multi_final<<<1, MT_FINAL_THREADS, 0, st>>>(partial, done, out);
+    e = tt_cuda_launch_status();
+  }
+  cudaFreeAsync(partial, st);
+  TT_CU(e);
+  return 0;
+}
+
+__global__ void clip_finish_kernel(const float *sumsq, int parts, float *norm, float *coef,
+                                   float *found_inf, double replicas, double max_norm) {
+  double total = 0.0;
+  for (int i = 0; i < 2 * parts; i++) total += (double)sumsq[i];
+  double nrm = sqrt(total / replicas);
+  double c = max_norm / (nrm + 1e-6);
+  *norm = (float)nrm;
+  *coef = max_norm > 0.0 && isfinite(nrm) && c < 1.0 ? (float)c : 1.0f;
+  if (!isfinite(nrm)) *found_inf = 1.0f;
+}
+
+static int clip_finish(const float *sumsq, int parts, float *norm, float *coef,
+                       float *found_inf, double replicas, double max_norm) {
+  clip_finish_kernel<<<1, 1, 0, tt_cuda_cur_stream()>>>(sumsq, parts, norm, coef, found_inf,
+                                                          replicas, max_norm);
+  TT_CU_LAUNCHED("clip_finish_kernel");
+  return 0;
+}
+
 extern "C" const tt_optim_kernels tt_optim_cuda = {
-  adamw, sgd, sum_squares, scale,
+  adamw, sgd, sum_squares, scale, fill, adamw_multi, sum_squares_multi, clip_finish,
 };
 
 TT_CUDA_FAMILY(optim)

@@ -360,8 +360,15 @@ end
 -- the flag is all-reduced (max) so that every rank reaches the same verdict, also when
 -- each holds a different shard of the grads (ZeRO-1). Other precisions: false, no work
 -- (their non-finite grads show in the gradient norm, which is the same on every rank).
-function Context:unscale(params, group)
+-- With `opt` (an optimizer with device stats, tetra.optim.AdamW) found_inf stays on the
+-- device, in opt's stats (agreed there over `group`), and nil is returned: the step's one
+-- read of those stats brings it.
+function Context:unscale(params, group, opt)
   if not self.scaler then return false end
+  if opt and opt.unscale_into_stats then
+    opt:unscale_into_stats(params, 1.0 / self.scaler:scale(), group)
+    return nil
+  end
   local found = self.scaler:unscale(params)
   if group and group.size > 1 then
     local flag = T.from_table({ found and 1 or 0 })
@@ -383,15 +390,23 @@ end
 
 -- unscale, clip_fn() (may be nil; returns the gradient norm), optimizer_fn() unless the
 -- grads overflowed, update: one step of a hand-written loop. Returns skipped, norm.
-function Context:step(params, optimizer_fn, clip_fn, group)
-  local found = self:unscale(params, group)
+-- opt (optional): the optimizer, when it keeps the step's scalars on the device
+-- (AdamW): then the unscale's found_inf and the norm come back in one read, made by
+-- clip_fn (or here when there is none).
+function Context:step(params, optimizer_fn, clip_fn, group, opt)
+  if opt and not opt.read_stats then opt = nil end
+  local found = self:unscale(params, group, opt)
   local norm = 0 / 0
-  if not found and clip_fn then
+  if found == nil then   -- on the device: the clip reads it with the norm
+    norm = clip_fn and clip_fn() or opt:read_stats().grad_norm
+    found = opt.last_stats.found_inf
+    if found then norm = 0 / 0 end   -- an overflow, as when the clip does not run
+  elseif not found and clip_fn then
     norm = clip_fn()
     found = norm ~= norm or norm == math.huge
   end
   local skipped = self:update(found)
-  if not skipped then optimizer_fn() end
+  if not skipped then optimizer_fn() elseif opt then opt:end_step() end
   return skipped, norm
 end
 

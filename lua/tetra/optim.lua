@@ -9,6 +9,17 @@
 -- to norm scales or biases, as in GPT-2 / nanoGPT / Llama training code.
 -- The state is public: opt.params, opt.names, opt.m, opt.v, opt.step_count (checkpoints
 -- and ZeRO-1 sharding read and replace it).
+--
+-- AdamW steps each group of parameters with one multi-tensor call (tt_adamw_multi) on CPU
+-- and CUDA alike, and keeps the step's scalars in a stats tensor on the parameters' device
+-- (tt_step_stats_new): clip_grad_norm computes the norm and the clip coefficient there,
+-- the update reads the coefficient (and found_inf) from there, so on CUDA nothing waits
+-- for the device between backward and the update; read_stats() is the one read.
+--   opt:clip_grad_norm_async(1.0)   -- device only
+--   opt:step(lr)                    -- skipped on the device if the norm was not finite
+--   local s = opt:read_stats()      -- { grad_norm =, found_inf =, loss = } (one wait)
+-- opt:set_bf16_copies(list) gives the update a bf16 tensor per parameter (or nil) that
+-- receives the updated weight rounded to bf16.
 local ffi = require("ffi")
 local C = require("tetra.ffi").C
 
@@ -54,6 +65,7 @@ local function base(params)
            step_count = 0 }
 end
 
+-- SGD's clipping: the norm on the host, the grads scaled in place.
 local function clip_grad_norm(self, max_norm)
   local norm = ffi.new("double[1]")
   if max_norm and max_norm > 0 then
@@ -72,7 +84,6 @@ end
 
 local AdamW = {}
 AdamW.__index = AdamW
-AdamW.clip_grad_norm = clip_grad_norm
 AdamW.zero_grad = zero_grad
 
 -- cfg: lr (1e-3), beta1 (0.9), beta2 (0.95), eps (1e-8), weight_decay (0.1).
@@ -95,33 +106,123 @@ end
 -- Call again after replacing params/m/v (ZeRO-1 keeps only its shards, shaped (1, k) for
 -- matrices so that they stay in the decayed group).
 function AdamW:_build_groups()
-  local groups = { { wd = self.weight_decay, p = {}, m = {}, v = {} },
-                   { wd = 0.0, p = {}, m = {}, v = {} } }
+  local groups = { { wd = self.weight_decay, p = {}, m = {}, v = {}, b = {}, any_b = false },
+                   { wd = 0.0, p = {}, m = {}, v = {}, b = {}, any_b = false } }
+  local bf16 = self.bf16 or {}
   for i, p in ipairs(self.params) do
     local g = p._ndim >= 2 and groups[1] or groups[2]
-    g.p[#g.p + 1], g.m[#g.m + 1], g.v[#g.v + 1] = p, self.m[i], self.v[i]
+    local k = #g.p + 1
+    g.p[k], g.m[k], g.v[k], g.b[k] = p, self.m[i], self.v[i], bf16[i]
+    g.any_b = g.any_b or bf16[i] ~= nil
   end
   self.groups = {}
   for _, g in ipairs(groups) do
     if #g.p > 0 then
+      local c_b = nil
+      if g.any_b then   -- a C array with NULL where a parameter has no copy
+        c_b = ffi.new("tt_tensor*[?]", #g.p)
+        for k = 1, #g.p do c_b[k - 1] = g.b[k] end
+      end
       self.groups[#self.groups + 1] = { n = #g.p, wd = g.wd, c_p = carray(g.p),
-        c_m = carray(g.m), c_v = carray(g.v), keep = g }
+        c_m = carray(g.m), c_v = carray(g.v), c_bf16 = c_b, keep = g }
     end
   end
   self.c_params, self.n = carray(self.params), #self.params
   self._cfg = ffi.new("tt_adamw_config")
 end
 
--- One update with learning rate lr (default: the constructor's).
+-- The stats tensor of this step, reset on its first use in the step (the next update
+-- ends the step).
+function AdamW:stats()
+  if not self._stats then
+    local p = self.params[1]
+    self._stats = take(C.tt_step_stats_new(p and p._device or C.TT_CPU, pout), 2)
+  elseif not self._pending then
+    check(C.tt_step_stats_reset(self._stats))
+  end
+  self._pending = true
+  return self._stats
+end
+
+local stats_box = ffi.new("float[?]", C.TT_STEP_STATS_N)
+
+-- The norm of the gradients of `list` (default: every parameter) and the clip
+-- coefficient min(1, max_norm / (norm + 1e-6)) that the next update applies, on the
+-- device. opts (for a model split over ranks): group, a tetra.dist group whose (hi, lo)
+-- sums of squares are all-gathered and added (every rank of it must call this);
+-- replicas, how many times each gradient is counted in that sum (1).
+function AdamW:clip_grad_norm_async(max_norm, list, opts)
+  local stats = self:stats()
+  local arr, n = self.c_params, self.n
+  if list then arr, n = carray(list), #list end
+  check(C.tt_grad_sumsq(arr, n, stats))
+  local gathered = nil
+  local group = opts and opts.group
+  if group and group.size > 1 then
+    local part = take(C.tt_narrow(stats, 0, C.TT_STAT_SUMSQ_HI, 2, pout), 2)
+    gathered = group:all_gather(part, 0)
+    part:free()
+  end
+  check(C.tt_clip_finish(stats, gathered, opts and opts.replicas or 1, max_norm or 0))
+  if gathered then gathered:free() end
+end
+
+-- The step's scalars, read from the device (the one wait for it): grad_norm, grad_scale
+-- (the clip coefficient the update applies), found_inf
+-- (the update was or will be skipped: a gradient or the norm was not finite), loss.
+-- A failed device-side input check (CUDA deferred checks) raises its message here.
+function AdamW:read_stats()
+  check(C.tt_step_stats_read(self._stats or self:stats(), stats_box))
+  self.last_stats = { grad_norm = stats_box[C.TT_STAT_GRAD_NORM],
+                      grad_scale = stats_box[C.TT_STAT_GRAD_SCALE],
+                      found_inf = stats_box[C.TT_STAT_FOUND_INF] ~= 0,
+                      loss = stats_box[C.TT_STAT_LOSS] }
+  return self.last_stats
+end
+
+-- fp16: divides the grads of params by the loss scale (inv_scale = 1 / scale) in place
+-- and leaves found_inf in the stats, agreed (max) over `group` on the device.
+function AdamW:unscale_into_stats(params, inv_scale, group)
+  local stats = self:stats()
+  check(C.tt_grads_unscale_to_stats(carray(params), #params, inv_scale, stats))
+  if group and group.size > 1 then
+    local flag = take(C.tt_narrow(stats, 0, C.TT_STAT_FOUND_INF, 1, pout), 2)
+    group:all_reduce(flag, "max")
+    flag:free()
+  end
+end
+
+-- Ends this step's use of the stats without an update (a skipped step): the next use
+-- starts from clean stats.
+function AdamW:end_step()
+  self._pending = false
+end
+
+-- clip_grad_norm_async, then the norm read back (one wait on CUDA). Returns the norm.
+function AdamW:clip_grad_norm(max_norm, list, opts)
+  self:clip_grad_norm_async(max_norm, list, opts)
+  return self:read_stats().grad_norm
+end
+
+-- bf16 copies of the updated weights: list[i] a bf16 tensor of params[i]'s numel, or nil.
+function AdamW:set_bf16_copies(list)
+  self.bf16 = list
+  self:_build_groups()
+end
+
+-- One update with learning rate lr (default: the constructor's). Uses this step's clip
+-- coefficient and found_inf when clip_grad_norm (or an unscale into the stats) ran.
 function AdamW:step(lr)
   self.step_count = self.step_count + 1
   local cfg = self._cfg
   cfg.lr = lr or self.lr
   cfg.beta1, cfg.beta2, cfg.eps = self.beta1, self.beta2, self.eps
+  local stats = self._pending and self._stats or nil
   for _, g in ipairs(self.groups) do
     cfg.weight_decay = g.wd
-    check(C.tt_adamw_step(g.c_p, g.c_m, g.c_v, g.n, cfg, self.step_count))
+    check(C.tt_adamw_multi(g.c_p, g.c_m, g.c_v, g.c_bf16, g.n, cfg, self.step_count, stats))
   end
+  self:end_step()
 end
 
 -- -- SGD -------------------------------------------------------------------------------

@@ -344,6 +344,19 @@ function train.setup(cfg, model, data, opts)
   -- tetra launch's restart count (0 outside it), for the metrics records.
   local restarts = tonumber(os.getenv("TETRA_RESTART_COUNT") or "") or 0
 
+  -- On CUDA, embedding ids and cross-entropy targets are checked on the device during
+  -- forward and backward, without a wait each; the optimizer's one read of its stats
+  -- reports a bad one (tetra.optim's read_stats; SGD has none: checked at once there).
+  local deferred_checks = dev ~= C.TT_CPU and optimizer.read_stats ~= nil
+  local function forward_backward(tokens, n)
+    if not deferred_checks then return strategy:forward_backward(tokens, n) end
+    tffi.check(C.tt_cuda_set_deferred_checks(1))
+    local ok, res = pcall(strategy.forward_backward, strategy, tokens, n)
+    tffi.check(C.tt_cuda_set_deferred_checks(0))
+    if not ok then error(res, 0) end
+    return res
+  end
+
   local mem = ffi.new("tt_alloc_stats")
   function env.step()
     local step = env.step_count + 1
@@ -367,7 +380,7 @@ function train.setup(cfg, model, data, opts)
     if trace.on then trace.span("data_wait", t0, t0 + data_wait, { step = step }) end
     local clock = require("tetra.parallel.step").compute_clock(dev)
     local fb0 = clock()
-    local loss_sum = strategy:forward_backward(mine, accum)
+    local loss_sum = forward_backward(mine, accum)
     if mine ~= global then free(mine) end
     free(global)
     local fb = clock() - fb0
@@ -393,7 +406,7 @@ function train.setup(cfg, model, data, opts)
     else
       skipped, grad_norm = ctx:step(opt.params,
         function() ddp:optimizer_step(opt, lr) end,
-        function() return clip(t.max_grad_norm) end, mesh.world)
+        function() return clip(t.max_grad_norm) end, mesh.world, opt)
       -- Non-finite grads outside fp16 (where overflows are the scaler's routine).
       if skipped and guard.enabled and not ctx.scaler then bad = "nonfinite_grad" end
     end

@@ -71,11 +71,95 @@ describe("optim", function()
     local b = tetra.zeros(1, { requires_grad = true })
     a.grad = tetra.from_table({ 3, 0 })
     b.grad = tetra.from_table({ 4 })
-    local opt = optim.AdamW({ a, b })
+    local opt = optim.AdamW({ a, b }, { lr = 0.1, weight_decay = 0 })
     expect(opt:clip_grad_norm(1.0)).to_be_near(5, 1e-6)
-    expect(a.grad).to_be_close({ 0.6, 0 }, 1e-5)
-    expect(b.grad).to_be_close({ 0.8 }, 1e-5)
-    expect(opt:clip_grad_norm(0)).to_be_near(1, 1e-5)
+    -- AdamW applies the coefficient in its update: the grads stay as they are
+    expect(a.grad).to_be_close({ 3, 0 }, 0)
+    expect(opt:read_stats().grad_scale).to_be_near(1 / (5 + 1e-6), 1e-7)
+    opt:step()
+    -- the same update as on the clipped grads (0.6, 0) and (0.8): Adam's first step moves
+    -- every coordinate with a nonzero grad by lr against its sign
+    expect(a).to_be_close({ -0.1, 0 }, 1e-6)
+    expect(b).to_be_close({ -0.1 }, 1e-6)
+    a.grad = tetra.from_table({ 0, 0 })
+    b.grad = tetra.from_table({ 2 })
+    expect(opt:clip_grad_norm(0)).to_be_near(2, 1e-6)
+    expect(opt:read_stats().grad_scale).to_be(1)
+  end)
+
+  it("fp16 through AdamW's stats: unscaled, found_inf agreed on the device, one read", function()
+    local cfg = require("tetra.config").build({ defaults = tiny.defaults, sets = {},
+                                                world_size = false })
+    local ctx = tetra.amp.wrap(tiny.Model(cfg.model), "fp16")
+    local w = tetra.from_table({ 1, 2 })
+    w:requires_grad_()
+    local opt = optim.AdamW({ w }, { lr = 0.1, weight_decay = 0 })
+    local reduced = {}
+    local peer_overflowed = {   -- a 2-rank group whose peer found inf
+      size = 2,
+      all_gather = function(_, t) return t * 1.0 end,
+      all_reduce = function(_, t, op)
+        reduced[#reduced + 1] = op
+        t:copy_(tetra.from_table({ 1 }))
+        return t
+      end,
+    }
+    local stepped = 0
+    w.grad = tetra.from_table({ 3 * 65536, 4 * 65536 })   -- finite here
+    local skipped, norm = ctx:step(opt.params, function() stepped = stepped + 1; opt:step() end,
+                                   function() return opt:clip_grad_norm(0) end,
+                                   peer_overflowed, opt)
+    expect(skipped).to_be(true)
+    expect(norm ~= norm).to_be(true)
+    expect(reduced).to_equal({ "max" })
+    expect(w.grad).to_be_close({ 3, 4 }, 0, 0)             -- unscaled by 65536
+    expect(stepped).to_be(0)
+    expect(ctx:scale()).to_be(32768)
+    -- the next step starts from clean stats: no overflow, the update runs
+    w.grad = tetra.from_table({ 3 * 32768, 4 * 32768 })
+    skipped, norm = ctx:step(opt.params, function() stepped = stepped + 1; opt:step() end,
+                             function() return opt:clip_grad_norm(0) end, nil, opt)
+    expect(skipped).to_be(false)
+    expect(norm).to_be_near(5, 1e-6)
+    expect(stepped).to_be(1)
+    expect(w).to_be_close({ 0.9, 1.9 }, 1e-6)
+  end)
+
+  it("folds the clip coefficient into AdamW as clipping the grads first would", function()
+    local function run(fold)
+      local w = tetra.from_table({ 0.5, -1.5, 2.0 })
+      w:requires_grad_()
+      local opt = optim.AdamW({ w }, { lr = 0.05, weight_decay = 0 })
+      for step = 1, 3 do
+        w.grad = tetra.from_table({ 3 * step, -4, 0.5 })
+        if fold then
+          opt:clip_grad_norm(1.0)
+        else   -- the grads scaled in place by the same coefficient
+          local g = w.grad
+          local n = math.sqrt(9 * step * step + 16 + 0.25)
+          w.grad = tetra.from_table({ 3 * step, -4, 0.5 }) * (1.0 / (n + 1e-6))
+          g:free()
+        end
+        opt:step()
+      end
+      return w
+    end
+    expect(run(true)).to_be_close(run(false), 1e-6, 1e-7)
+  end)
+
+  it("skips the update on the device when the gradient norm is not finite", function()
+    local w = tetra.from_table({ 1, 2 })
+    w:requires_grad_()
+    local opt = optim.AdamW({ w }, { lr = 0.1 })
+    w.grad = tetra.from_table({ 0 / 0, 1 })
+    opt:clip_grad_norm_async(1.0)
+    opt:step()
+    expect(w).to_be_close({ 1, 2 }, 0)
+    local s = opt:read_stats()
+    expect(s.found_inf).to_be(true)
+    w.grad = tetra.from_table({ 1, 1 })
+    opt:clip_grad_norm(1.0)
+    expect(opt:read_stats().found_inf).to_be(false)
   end)
 
   it("schedules: linear warmup, then cosine / linear decay to min_lr, or constant", function()

@@ -331,7 +331,8 @@ end
 -- copies (each parameter, or each ZeRO-1 shard of one, once), summed over every rank.
 -- shards: ddp.shards under ZeRO-1 (the optimizer's params are those shards), else nil.
 -- Scales every gradient the optimizer uses by min(1, max_norm / (norm + 1e-6)), as
--- tt_clip_grad_norm does. Returns the norm.
+-- tt_clip_grad_norm does (AdamW: in its update, from the coefficient computed on the
+-- device). Returns the norm.
 function Par:clip_grad_norm(opt, max_norm, shards)
   -- The counted tensors stay the same from step to step: listed once.
   local counted = self._counted
@@ -351,6 +352,12 @@ function Par:clip_grad_norm(opt, max_norm, shards)
   end
   -- Without ZeRO-1 every dp x cp replica holds the same gradients: counted once.
   local replicas = shards and 1 or self.mesh.dpcp.size
+  if opt.clip_grad_norm_async then
+    -- AdamW: the sums of squares gathered and added on the device, the coefficient
+    -- applied by its update; one read of the norm.
+    opt:clip_grad_norm_async(max_norm, counted, { group = self.mesh.world, replicas = replicas })
+    return opt:read_stats().grad_norm
+  end
   local norm = math.sqrt(self.mesh.world:sum(sq_norm(counted)) / replicas)
   if max_norm and max_norm > 0 and norm == norm and norm < math.huge then
     local coef = max_norm / (norm + 1e-6)

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# tests/cuda/step_syncs.sh TETRA — a training step on the GPU waits for the device once:
+# the recipes' Llama (tiny) on cuda:0, tokens already on the device, runs forward (the
+# embedding ids and cross-entropy targets checked on the device, deferred), the loss into
+# AdamW's stats, backward, the gradient norm and clip coefficient on the device, the
+# multi-tensor update, then the one read of the stats. tt_cuda_host_sync_count (every
+# host wait of the engine) must grow by exactly 1 per step after a warm-up step, the loss
+# must fall, and a bad token id must be reported by that read.
+# Exit 77 (skip) without a GPU or a CUDA build.
+set -euo pipefail
+TETRA=${1:?usage: step_syncs.sh /path/to/tetra}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+
+"$TETRA" -e '
+  local f = require("tetra.ffi")
+  local ok = pcall(f.cdef_header, "tetra_cuda.h") and f.has_symbol("tt_cuda_host_sync_count")
+  if not ok then print("SKIP: this tetra was built without CUDA"); os.exit(77) end
+  if f.C.tt_cuda_device_count() < 1 then print("SKIP: no CUDA device"); os.exit(77) end' || exit $?
+
+cd "$ROOT"
+"$TETRA" -e '
+  local tetra = require("tetra")
+  local tffi = require("tetra.ffi")
+  tffi.cdef_header("tetra_cuda.h")
+  local C, Tn = tffi.C, require("tetra.tensor")
+  local train, optim = tetra.train, tetra.optim
+  local tiny = dofile("recipes/tiny.lua")
+  local cfg = require("tetra.config").build({ defaults = tiny.defaults, world_size = false })
+  local dev = train.device("cuda")
+  local model = tiny.Model(cfg.model)
+  train.to_device(model, dev)
+  local opt = optim.AdamW(model:named_parameters(), { lr = 3e-3 })
+  local B, T, V = 4, cfg.model.seq_len, cfg.model.vocab_size
+  local host = tetra.zeros({ B, T + 1 }, { dtype = "i32" })
+  for i = 0, B * (T + 1) - 1 do C.tt_tensor_set(host, i, (i * 7 + 3) % 13) end
+  local tokens = Tn.take(C.tt_to_device(host, dev, Tn.pout))
+
+  local function step()
+    tffi.check(C.tt_cuda_set_deferred_checks(1))
+    local loss = train.loss(model, tokens)
+    tffi.check(C.tt_step_stats_set_loss(opt:stats(), loss))
+    loss:backward()
+    loss:free()
+    tffi.check(C.tt_cuda_set_deferred_checks(0))
+    opt:clip_grad_norm_async(1.0)
+    opt:step()
+    model:zero_grad()
+    C.tt_tape_clear()
+    return opt:read_stats()
+  end
+
+  local first = step()   -- warm-up: the allocator cache grows here
+  local waits, last = {}, nil
+  for s = 1, 5 do
+    local before = C.tt_cuda_host_sync_count()
+    last = step()
+    waits[s] = tonumber(C.tt_cuda_host_sync_count() - before)
+    print(string.format("step %d: loss %.4f  grad norm %.4f  host waits %d", s + 1, last.loss,
+                        last.grad_norm, waits[s]))
+  end
+  local bad = false
+  for s, w in ipairs(waits) do
+    if w ~= 1 then print(string.format("FAIL: step %d waited for the device %d times, want 1", s + 1, w)); bad = true end
+  end
+  if not (last.loss < first.loss - 0.1) then
+    print(string.format("FAIL: the loss did not fall (%.4f -> %.4f)", first.loss, last.loss)); bad = true
+  end
+  C.tt_tensor_set(host, 5, V + 3)
+  local poisoned = Tn.take(C.tt_to_device(host, dev, Tn.pout))
+  tokens = poisoned
+  local ok, err = pcall(step)
+  if ok or not tostring(err):find("embedding: id " .. (V + 3) .. " at position 5 is outside the vocabulary", 1, true) then
+    print("FAIL: a bad id was not reported by the step read: " .. tostring(err)); bad = true
+  end
+  if bad then os.exit(1) end
+  print("PASS: one host wait per step")'
