@@ -271,7 +271,13 @@ static lead_dims lead_of(const tt_tensor *t, int nlead) {
 /* inputs: a, b, bias (may be NULL); saved[0], saved[1]: the BLAS-readable a and b the
 ** forward used (copies only when a or b was not readable). i[0], i[1]: trans_a, trans_b;
 ** i[2]: the number of leading dims. */
-static int matmul_backward(tt_node *node, tt_tensor *g) {
+static int backward_parts(tt_node *node, tt_tensor *g, tt_tensor *g_bias);
+
+static int matmul_backward(tt_node *node, tt_tensor *g) { return backward_parts(node, g, g); }
+
+/* The gradients of a and b from g, the bias's from g_bias (the output gradient before the
+** low-precision emulation rounds it, as the CUDA op sums it). */
+static int backward_parts(tt_node *node, tt_tensor *g, tt_tensor *g_bias) {
   tt_tensor *a = node->inputs[0], *b = node->inputs[1], *bias = node->inputs[2];
   tt_tensor *as = node->saved[0], *bs = node->saved[1];
   const int ta = (int)node->i[0], tb = (int)node->i[1], nlead = (int)node->i[2];
@@ -311,7 +317,7 @@ static int matmul_backward(tt_node *node, tt_tensor *g) {
   }
   if (st == 0 && tt_needs_grad(bias)) {
     tt_tensor *gc = NULL;
-    st = tt_contiguous_nograd(gu, &gc);
+    st = tt_contiguous_nograd(g_bias == g ? gu : g_bias, &gc);
     if (st == 0) st = tt_tensor_empty(bias->shape, 1, TT_F32, bias->device, &gbias);
     if (st == 0) {
       const int64_t n = bias->shape[0];
@@ -466,11 +472,12 @@ fail:
 
 /* The emulation's backward: the output gradient rounded to the compute dtype (i[3]), as
 ** the CUDA op rounds it, then matmul_backward's f32 GEMMs on the rounded operands the
-** forward saved. x, w and bias get f32 gradients, w's straight from the f32 sums. */
+** forward saved. x and w get f32 gradients, w's straight from the f32 sums; the bias
+** gradient sums the unrounded g, as the CUDA op's does. */
 static int linear_lowp_cpu_backward(tt_node *node, tt_tensor *g) {
   tt_tensor *gr = NULL;
   TT_TRY(rounded_f32(g, (int)node->i[3], &gr));
-  const int st = matmul_backward(node, gr);
+  const int st = backward_parts(node, gr, g);
   tt_tensor_release(gr);
   return st;
 }

@@ -5,7 +5,8 @@
 --   context's optimizer step); an optimizer that wrote the copy itself marks it fresh;
 --   tt_linear_lowp equals its definition: x and W rounded to bf16, f32 sums, and in
 --   backward the output gradient rounded to bf16 (as the CUDA GEMM rounds it), dW and
---   dX in f32 from f32 sums, computed here in float64 from the tensors' values;
+--   dX in f32 from f32 sums, db the sum of the unrounded gradient (as the CUDA op's),
+--   computed here in float64 from the tensors' values;
 --   a weight that already has a gradient gets the next one added by the GEMM itself
 --   (beta = 1): one allocation fewer than the first backward, same sums.
 local tetra = require("tetra")
@@ -60,7 +61,7 @@ describe("tt_linear_lowp (cpu emulation of the bf16 tensor-core GEMM)", function
     expect(max_diff(rows_of(tetra.linear(x, w, b)), ref) > 1e-4).to_be(true)
   end)
 
-  it("backward: the output gradient rounded to bf16; dX, dW, db in f32", function()
+  it("backward: the output gradient rounded to bf16 for dX and dW, f32 sums", function()
     tetra.manual_seed(2)
     local x = tetra.randn(4, 6):requires_grad_()
     local w = tetra.randn(5, 6):requires_grad_()
@@ -86,7 +87,7 @@ describe("tt_linear_lowp (cpu emulation of the bf16 tensor-core GEMM)", function
         dw[o][k] = s
       end
       local s = 0
-      for i = 1, 4 do s = s + bf16(G[i][o]) end
+      for i = 1, 4 do s = s + G[i][o] end   -- the unrounded gradient, as on CUDA
       db[o] = s
     end
     expect(x.grad.dtype).to_be("f32")
