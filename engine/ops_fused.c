@@ -124,9 +124,9 @@ int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double
   const tt_fused_kernels *k = NULL;
   TT_TRY(fused_table(op, x->device, &k));
   const int64_t D = x->shape[x->ndim - 1], N = tt_tensor_numel(x) / D;
-  tt_tensor *xc = NULL, *rc_ = NULL, *wc = NULL, *h = NULL, *y = NULL, *rstd = NULL;
+  tt_tensor *xc = NULL, *resc = NULL, *wc = NULL, *h = NULL, *y = NULL, *rstd = NULL;
   if (tt_contiguous_nograd(x, &xc) != 0) goto fail;
-  if (residual && tt_contiguous_nograd(residual, &rc_) != 0) goto fail;
+  if (residual && tt_contiguous_nograd(residual, &resc) != 0) goto fail;
   if (weight && tt_contiguous_nograd(weight, &wc) != 0) goto fail;
   if (residual) {
     if (tt_empty_like(xc, &h) != 0) goto fail;
@@ -139,7 +139,7 @@ int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double
     goto fail;
   if (k->add_rmsnorm_forward(residual ? tt_tensor_data(h) : NULL, tt_tensor_data(y),
                              tt_tensor_data(rstd), tt_tensor_data(xc),
-                             rc_ ? tt_tensor_data(rc_) : NULL, wc ? tt_tensor_data(wc) : NULL,
+                             resc ? tt_tensor_data(resc) : NULL, wc ? tt_tensor_data(wc) : NULL,
                              N, D, (float)eps, x->dtype, y_dtype) != 0)
     goto fail;
   /* The recorded graph: h = add(x, residual), then y = norm(h, weight). Without a
@@ -159,7 +159,7 @@ int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double
     node->i[0] = y_dtype;
   }
   tt_tensor_release(xc);
-  tt_tensor_release(rc_);
+  tt_tensor_release(resc);
   tt_tensor_release(wc);
   tt_tensor_release(rstd);
   if (!residual) {
@@ -172,7 +172,7 @@ int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double
   return 0;
 fail:
   tt_tensor_release(xc);
-  tt_tensor_release(rc_);
+  tt_tensor_release(resc);
   tt_tensor_release(wc);
   tt_tensor_release(h);
   tt_tensor_release(y);

@@ -31,7 +31,7 @@ static tt_tensor *as_dtype(tt_tensor *t, int dtype, int device) {
   return o;
 }
 
-/* out = y + h / 2, so that h's gradient has two parts. */
+/* h = x + res (returned) and y = rmsnorm(h) * w (in *y_out), checked to succeed. */
 static tt_tensor *run_arn(tt_tensor *x, tt_tensor *res, tt_tensor *w, int y_dtype,
                           tt_tensor **y_out) {
   tt_tensor *h = NULL, *y = NULL;
@@ -70,8 +70,9 @@ static void check_arn(int64_t N, int64_t D, int dtype, int y_dtype, int strided)
   cr_assert(ey <= tol_y, "N %lld D %lld: y relative error %g", (long long)N, (long long)D, ey);
   /* h's gradient from two uses: the rest of the residual stream's part (q) is there
   ** first, as in a transformer's backward, and the norm's backward adds into it. */
-  tt_tensor *g0 = randn(s, 2, 1.0), *gc = as_dtype(g0, y_dtype, TT_CPU), *gg = as_dtype(g0, y_dtype, GPU);
-  tt_tensor *q0 = randn(s, 2, 1.0), *qc = as_dtype(q0, dtype, TT_CPU), *qg = as_dtype(q0, dtype, GPU);
+  tt_tensor *g0 = randn(s, 2, 1.0), *q0 = randn(s, 2, 1.0);
+  tt_tensor *gc = as_dtype(g0, y_dtype, TT_CPU), *gg = as_dtype(g0, y_dtype, GPU);
+  tt_tensor *qc = as_dtype(q0, dtype, TT_CPU), *qg = as_dtype(q0, dtype, GPU);
   cr_assert_eq(tt_accumulate_grad(hc, qc), 0, "%s", tt_last_error());
   cr_assert_eq(tt_accumulate_grad(hg, qg), 0, "%s", tt_last_error());
   cr_assert_eq(tt_backward_with(yc, gc), 0, "%s", tt_last_error());

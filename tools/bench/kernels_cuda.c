@@ -83,8 +83,8 @@ static tt_tensor *buf(bufs *B, int dtype, int i) { return dtype == TT_BF16 ? B->
 static int run_copy(bufs *B, int dtype) {
   tt_tensor *src = NULL, *dst = NULL;
   const int64_t n = B->N * D;
-  int rc = tt_narrow(buf(B, dtype, 0), 0, 0, n, &src) || tt_narrow(buf(B, dtype, 1), 0, 0, n, &dst) ||
-           tt_copy_(dst, src);
+  int rc = tt_narrow(buf(B, dtype, 0), 0, 0, n, &src) ||
+           tt_narrow(buf(B, dtype, 1), 0, 0, n, &dst) || tt_copy_(dst, src);
   tt_tensor_release(src);
   tt_tensor_release(dst);
   return rc ? -1 : 0;
