@@ -10,6 +10,9 @@
 --       function() return opt:clip_grad_norm(max_norm) end,  -- clipping AFTER unscaling
 --       dp_group)                                -- the verdict agreed over DP ranks
 --     record.loss_scale, record.skipped = ctx:scale(), skipped
+-- ctx:step runs the optimizer through ctx:optimizer_step, which marks the weights
+-- written so that their cached bf16 / fp16 copies are cast again; a loop that steps an
+-- optimizer some other way wraps it the same: ctx:optimizer_step(function() ... end).
 --
 -- The parameters stay f32 in every mode (master weights, and the optimizer state beside
 -- them). What changes is what the Linear layers compute with:
