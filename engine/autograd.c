@@ -115,6 +115,13 @@ void tt_tape_clear(void) {
   tt_tape_len = 0;
 }
 
+int tt_grad_accumulates_in_place(const tt_tensor *t) {
+  const tt_tensor *g = t ? t->grad : NULL;
+  return g && g->dtype == t->dtype && g->device == t->device && g->ndim == t->ndim &&
+         memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) == 0 &&
+         tt_tensor_is_contiguous(g) && !g->requires_grad;
+}
+
 int tt_accumulate_grad(tt_tensor *t, tt_tensor *g) {
   char a[160], b[160];
   if (!tt_needs_grad(t)) return 0;

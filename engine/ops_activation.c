@@ -1,12 +1,14 @@
 /*
 ** ops_activation.c — tt_silu, tt_gelu, tt_swiglu: validation, dispatch through the
-** activation kernel table (kernels/activation.h) and their autograd nodes.
+** activation kernel table (kernels/activation.h) and their autograd nodes; bf16 SwiGLU
+** runs the fused vectorised kernels (kernels/fused.h).
 **
 ** Each node saves the contiguous input(s) it read, so backward never re-copies a strided
 ** view.
 */
 #include "tt_internal.h"
 #include "activation.h"
+#include "fused.h"
 
 enum { ACT_SILU = 0, ACT_GELU = 1 };
 
@@ -76,15 +78,25 @@ static int swiglu_backward(tt_node *node, tt_tensor *grad_out) {
   int need_gate = tt_needs_grad(gate), need_up = tt_needs_grad(up);
   if (!need_gate && !need_up) return 0;
   const tt_activation_kernels *k = act_kernels(gc->device);
-  if (!k || !k->swiglu_backward) return tt_no_kernel(node->name, gc->device);
+  const tt_fused_kernels *fk = TT_KERNELS(tt_fused, gc->device);
+  const int low = gc->dtype != TT_F32;
+  if (low ? !fk || !fk->swiglu_backward : !k || !k->swiglu_backward)
+    return tt_no_kernel(node->name, gc->device);
   tt_tensor *g = NULL, *dgate = NULL, *dup = NULL;
   int rc = -1;
   if (tt_contiguous_nograd(grad_out, &g) != 0) goto done;
+  if (g->dtype != gc->dtype) {
+    tt_set_error("swiglu: output gradient is %s, the inputs %s", tt_dtype_name(g->dtype),
+                 tt_dtype_name(gc->dtype));
+    goto done;
+  }
   if (need_gate && tt_empty_like(gc, &dgate) != 0) goto done;
   if (need_up && tt_empty_like(uc, &dup) != 0) goto done;
-  if (k->swiglu_backward(dgate ? tt_tensor_data(dgate) : NULL,
-                         dup ? tt_tensor_data(dup) : NULL, tt_tensor_data(g),
-                         tt_tensor_data(gc), tt_tensor_data(uc), tt_tensor_numel(gc)) != 0)
+  void *pdg = dgate ? tt_tensor_data(dgate) : NULL, *pdu = dup ? tt_tensor_data(dup) : NULL;
+  if (low ? fk->swiglu_backward(pdg, pdu, tt_tensor_data(g), tt_tensor_data(gc),
+                                tt_tensor_data(uc), tt_tensor_numel(gc), gc->dtype)
+          : k->swiglu_backward(pdg, pdu, tt_tensor_data(g), tt_tensor_data(gc),
+                               tt_tensor_data(uc), tt_tensor_numel(gc)))
     goto done;
   if (dgate && tt_accumulate_grad(gate, dgate) != 0) goto done;
   if (dup && tt_accumulate_grad(up, dup) != 0) goto done;
@@ -98,8 +110,11 @@ done:
 
 int tt_swiglu(tt_tensor *gate, tt_tensor *up, tt_tensor **out) {
   TT_CHECK(gate && up && out, "swiglu: gate, up and out must not be NULL");
-  TT_TRY(tt_check_dtype("swiglu", "gate", gate, TT_F32));
-  TT_TRY(tt_check_dtype("swiglu", "up", up, TT_F32));
+  /* f32 runs the activation family's kernels; bf16 the fused vectorised ones
+  ** (kernels/fused.h), which read and write bf16 and compute in f32. */
+  TT_CHECK(gate->dtype == up->dtype && (gate->dtype == TT_F32 || gate->dtype == TT_BF16),
+           "swiglu: gate is %s and up %s; expected both f32 or both bf16",
+           tt_dtype_name(gate->dtype), tt_dtype_name(up->dtype));
   tt_tensor *ins[2] = {gate, up};
   TT_TRY(tt_check_same_device("swiglu", ins, 2));
   int same = gate->ndim == up->ndim;
@@ -111,14 +126,19 @@ int tt_swiglu(tt_tensor *gate, tt_tensor *up, tt_tensor **out) {
                         tt_tensor_describe(up, b, sizeof b));
   }
   const tt_activation_kernels *k = act_kernels(gate->device);
-  if (!k || !k->swiglu_forward) return tt_no_kernel("swiglu", gate->device);
+  const tt_fused_kernels *fk = TT_KERNELS(tt_fused, gate->device);
+  const int low = gate->dtype != TT_F32;
+  if (low ? !fk || !fk->swiglu_forward : !k || !k->swiglu_forward)
+    return tt_no_kernel("swiglu", gate->device);
 
   tt_tensor *gc = NULL, *uc = NULL, *y = NULL;
   if (tt_contiguous_nograd(gate, &gc) != 0 || tt_contiguous_nograd(up, &uc) != 0 ||
       tt_empty_like(gc, &y) != 0)
     goto fail;
-  if (k->swiglu_forward(tt_tensor_data(y), tt_tensor_data(gc), tt_tensor_data(uc),
-                        tt_tensor_numel(gc)) != 0)
+  if (low ? fk->swiglu_forward(tt_tensor_data(y), tt_tensor_data(gc), tt_tensor_data(uc),
+                               tt_tensor_numel(gc), gc->dtype)
+          : k->swiglu_forward(tt_tensor_data(y), tt_tensor_data(gc), tt_tensor_data(uc),
+                              tt_tensor_numel(gc)))
     goto fail;
   if (tt_should_record(ins, 2)) {
     tt_node *node = tt_record("swiglu", swiglu_backward, y, ins, 2);

@@ -238,6 +238,7 @@ int tt_axpy_(tt_tensor *a, double alpha, const tt_tensor *b) {
   }
   const tt_elementwise_kernels *k = NULL;
   TT_TRY(ew_table("tt_axpy_", a->device, &k));
+  a->storage->version++;
   if (!k->axpy) return tt_no_kernel("tt_axpy_", a->device);
   if (tt_tensor_numel(a) == 0) return 0;
 

@@ -14,6 +14,7 @@
 */
 #include "matmul.h"
 #include "tt_internal.h"
+#include "tetra_amp.h"
 
 /* -- Matrix views -------------------------------------------------------------------- */
 
@@ -270,7 +271,13 @@ static lead_dims lead_of(const tt_tensor *t, int nlead) {
 /* inputs: a, b, bias (may be NULL); saved[0], saved[1]: the BLAS-readable a and b the
 ** forward used (copies only when a or b was not readable). i[0], i[1]: trans_a, trans_b;
 ** i[2]: the number of leading dims. */
-static int matmul_backward(tt_node *node, tt_tensor *g) {
+static int backward_parts(tt_node *node, tt_tensor *g, tt_tensor *g_bias);
+
+static int matmul_backward(tt_node *node, tt_tensor *g) { return backward_parts(node, g, g); }
+
+/* The gradients of a and b from g, the bias's from g_bias (the output gradient before the
+** low-precision emulation rounds it, as the CUDA op sums it). */
+static int backward_parts(tt_node *node, tt_tensor *g, tt_tensor *g_bias) {
   tt_tensor *a = node->inputs[0], *b = node->inputs[1], *bias = node->inputs[2];
   tt_tensor *as = node->saved[0], *bs = node->saved[1];
   const int ta = (int)node->i[0], tb = (int)node->i[1], nlead = (int)node->i[2];
@@ -295,18 +302,22 @@ static int matmul_backward(tt_node *node, tt_tensor *g) {
   }
   if (st == 0 && tt_needs_grad(b)) {
     /* dB = A^T G (K, N); stored transposed, dB^T = G^T A (N, K). A 2-D b is shared, so
-    ** its C has zero leading strides and receives the sum over batches. */
-    st = tt_tensor_empty(b->shape, b->ndim, TT_F32, b->device, &gb);
+    ** its C has zero leading strides and receives the sum over batches. When b already
+    ** has a gradient buffer the GEMM adds into it (beta = 1) instead of into a temporary
+    ** that tt_accumulate_grad would add. */
+    const int in_place = tt_grad_accumulates_in_place(b);
+    if (!in_place) st = tt_tensor_empty(b->shape, b->ndim, TT_F32, b->device, &gb);
     if (st == 0) {
-      const mat C = mat_of(gb, 0, nlead);
-      st = tb ? run_product(k, &L, C, mat_t(G), A, 1.0f, 0.0f)
-              : run_product(k, &L, C, mat_t(A), G, 1.0f, 0.0f);
+      const mat C = mat_of(in_place ? b->grad : gb, 0, nlead);
+      const float beta = in_place ? 1.0f : 0.0f;
+      st = tb ? run_product(k, &L, C, mat_t(G), A, 1.0f, beta)
+              : run_product(k, &L, C, mat_t(A), G, 1.0f, beta);
     }
-    if (st == 0) st = tt_accumulate_grad(b, gb);
+    if (st == 0 && !in_place) st = tt_accumulate_grad(b, gb);
   }
   if (st == 0 && tt_needs_grad(bias)) {
     tt_tensor *gc = NULL;
-    st = tt_contiguous_nograd(gu, &gc);
+    st = tt_contiguous_nograd(g_bias == g ? gu : g_bias, &gc);
     if (st == 0) st = tt_tensor_empty(bias->shape, 1, TT_F32, bias->device, &gbias);
     if (st == 0) {
       const int64_t n = bias->shape[0];
@@ -323,15 +334,15 @@ static int matmul_backward(tt_node *node, tt_tensor *g) {
   return st;
 }
 
-/* out (lead..., M, N) = op(a) op(b) + bias. With allow_row, a may be 1-D: one row. */
-static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
-                       tt_tensor *bias, int ta, int tb, tt_tensor **out) {
+/* out (lead..., M, N) = op(a_use) op(b_use) + bias, recorded as an op of a, b and bias
+** with `backward` (a_use, b_use saved): a and b themselves, or f32 stand-ins of
+** their shapes that the product reads instead (the low-precision emulation). With
+** allow_row, a may be 1-D: one row. `compute` (saved as i[3]): the dtype the stand-ins
+** were rounded to, for their backward. */
+static int matmul_core(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
+                       tt_tensor *bias, int ta, int tb, tt_tensor *a_use, tt_tensor *b_use,
+                       tt_backward_fn backward, int compute, tt_tensor **out) {
   char sa[160], sb[160], sc[160];
-  if (!out) return tt_set_error("%s: out is NULL", op);
-  *out = NULL;
-  TT_CHECK(a && b, "%s: %s is NULL", op, a ? "b" : "a");
-  if (is_half(a->dtype) || is_half(b->dtype))
-    return matmul_lowp(op, allow_row, a, b, bias, ta, tb, out);
   TT_TRY(tt_check_dtype(op, "a", a, TT_F32));
   TT_TRY(tt_check_dtype(op, "b", b, TT_F32));
   if (bias) TT_TRY(tt_check_dtype(op, "bias", bias, TT_F32));
@@ -370,8 +381,8 @@ static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
 
   tt_tensor *o = NULL, *au = NULL, *bu = NULL, *biasc = NULL;
   int st = tt_tensor_empty(shape, ndim, TT_F32, a->device, &o);
-  if (st == 0) st = blas_operand(a, nlead, &au);
-  if (st == 0) st = blas_operand(b, nlead, &bu);
+  if (st == 0) st = blas_operand(a_use, nlead, &au);
+  if (st == 0) st = blas_operand(b_use, nlead, &bu);
   float beta = 0.0f;
   if (st == 0 && bias && tt_tensor_numel(o) > 0) {
     st = tt_contiguous_nograd(bias, &biasc);
@@ -386,7 +397,7 @@ static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
                      1.0f, beta);
   }
   if (st == 0 && tt_should_record(in, 3)) {
-    tt_node *node = tt_record(op, matmul_backward, o, in, 3);
+    tt_node *node = tt_record(op, backward, o, in, 3);
     if (!node) {
       st = -1;
     } else {
@@ -395,6 +406,7 @@ static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
       node->i[0] = ta;
       node->i[1] = tb;
       node->i[2] = nlead;
+      node->i[3] = compute;
     }
   }
   tt_tensor_release(biasc);
@@ -406,6 +418,16 @@ static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
   }
   *out = o;
   return 0;
+}
+
+static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
+                       tt_tensor *bias, int ta, int tb, tt_tensor **out) {
+  if (!out) return tt_set_error("%s: out is NULL", op);
+  *out = NULL;
+  TT_CHECK(a && b, "%s: %s is NULL", op, a ? "b" : "a");
+  if (is_half(a->dtype) || is_half(b->dtype))
+    return matmul_lowp(op, allow_row, a, b, bias, ta, tb, out);
+  return matmul_core(op, allow_row, a, b, bias, ta, tb, a, b, matmul_backward, TT_F32, out);
 }
 
 int tt_matmul(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a, int trans_b,
@@ -421,4 +443,83 @@ int tt_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_tensor **out) {
            tt_shape_str(x->shape, x->ndim, sx, sizeof sx),
            tt_shape_str(w->shape, w->ndim, sw, sizeof sw));
   return matmul_impl("tt_linear", 1, x, w, bias, 0, 1, out);
+}
+
+/* -- Linear with a cached low-precision weight ------------------------------------------ */
+
+/* CUDA: the tensor-core GEMM reading w_low in place of a cast of w (matmul_lowp.cu). */
+int tt_cuda_linear_lowp_cached(tt_tensor *x, tt_tensor *w, tt_tensor *w_low, tt_tensor *bias,
+                               int compute_dtype, tt_tensor **out) __attribute__((weak));
+
+/* A new f32 tensor (contiguous, no grad) holding t's values rounded to dtype. */
+static int rounded_f32(tt_tensor *t, int dtype, tt_tensor **out) {
+  tt_tensor *low = NULL, *r = NULL;
+  *out = NULL;
+  if (t->dtype != dtype) {
+    TT_TRY(tt_tensor_empty(t->shape, t->ndim, dtype, t->device, &low));
+    if (tt_copy_(low, t) != 0) goto fail;
+  }
+  if (tt_tensor_empty(t->shape, t->ndim, TT_F32, t->device, &r) != 0) goto fail;
+  if (tt_copy_(r, low ? low : t) != 0) goto fail;
+  tt_tensor_release(low);
+  *out = r;
+  return 0;
+fail:
+  tt_tensor_release(low);
+  tt_tensor_release(r);
+  return -1;
+}
+
+/* The emulation's backward: the output gradient rounded to the compute dtype (i[3]), as
+** the CUDA op rounds it, then matmul_backward's f32 GEMMs on the rounded operands the
+** forward saved. x and w get f32 gradients, w's straight from the f32 sums; the bias
+** gradient sums the unrounded g, as the CUDA op's does. */
+static int linear_lowp_cpu_backward(tt_node *node, tt_tensor *g) {
+  tt_tensor *gr = NULL;
+  TT_TRY(rounded_f32(g, (int)node->i[3], &gr));
+  const int st = backward_parts(node, gr, g);
+  tt_tensor_release(gr);
+  return st;
+}
+
+/* The cpu emulation of tt_cuda_linear_lowp_cached: x rounded, w_low widened (exactly),
+** an f32 GEMM. */
+static int linear_lowp_cpu(tt_tensor *x, tt_tensor *w, tt_tensor *w_low, tt_tensor *bias,
+                           int dtype, tt_tensor **out) {
+  tt_tensor *xr = NULL, *wr = NULL;
+  int st = rounded_f32(x, dtype, &xr);
+  if (st == 0) st = rounded_f32(w_low, dtype, &wr);
+  if (st == 0)
+    st = matmul_core("tt_linear_lowp", 1, x, w, bias, 0, 1, xr, wr, linear_lowp_cpu_backward,
+                     dtype, out);
+  tt_tensor_release(wr);
+  tt_tensor_release(xr);
+  return st;
+}
+
+int tt_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int dtype, tt_tensor **out) {
+  char sx[160], sw[160];
+  TT_CHECK(out, "tt_linear_lowp: out is NULL");
+  *out = NULL;
+  TT_CHECK(x && w, "tt_linear_lowp: %s is NULL", x ? "w" : "x");
+  TT_CHECK(dtype == TT_BF16 || dtype == TT_F16,
+           "tt_linear_lowp: compute dtype %s; expected bf16 or f16", tt_dtype_name(dtype));
+  TT_CHECK(x->ndim >= 1 && w->ndim == 2 && x->shape[x->ndim - 1] == w->shape[1],
+           "tt_linear_lowp: x is %s and w is %s; expected x (..., in) and w (out, in)",
+           tt_shape_str(x->shape, x->ndim, sx, sizeof sx),
+           tt_shape_str(w->shape, w->ndim, sw, sizeof sw));
+  TT_CHECK(x->device == w->device, "tt_linear_lowp: x is on device %d but w on device %d",
+           x->device, w->device);
+  if (tt_device_is_cuda(x->device))
+    TT_CHECK(tt_cuda_linear_lowp_cached, "tt_linear_lowp: this build has no CUDA GEMMs");
+  else
+    TT_CHECK(x->dtype == TT_F32, "tt_linear_lowp: x is %s on the cpu; expected f32",
+             tt_dtype_name(x->dtype));
+  tt_tensor *wl = NULL;
+  TT_TRY(tt_lowp_weight(w, dtype, &wl));
+  const int st = tt_device_is_cuda(x->device)
+                     ? tt_cuda_linear_lowp_cached(x, w, wl, bias, dtype, out)
+                     : linear_lowp_cpu(x, w, wl, bias, dtype, out);
+  tt_tensor_release(wl);
+  return st;
 }

@@ -166,6 +166,7 @@ void tt_tensor_release(tt_tensor *t) {
   if (!t) return;
   if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   tt_tensor_release(t->grad);
+  tt_tensor_release(t->lowp);
   tt_storage_release(t->storage);
   free(t);
 }
@@ -255,6 +256,7 @@ int tt_tensor_set(tt_tensor *t, int64_t i, double v) {
   TT_CHECK(i >= 0 && i < tt_tensor_numel(t), "set: index %lld out of range for %lld elements",
            (long long)i, (long long)tt_tensor_numel(t));
   store_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype, v);
+  t->storage->version++;
   return 0;
 }
 
@@ -269,6 +271,7 @@ int tt_tensor_copy_from_f64(tt_tensor *t, const double *src) {
   TT_CHECK(t->device == TT_CPU, "copy_from_f64: tensor is on cuda:%d", t->device);
   int64_t n = tt_tensor_numel(t);
   for (int64_t i = 0; i < n; i++) store_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype, src[i]);
+  t->storage->version++;
   return 0;
 }
 
@@ -317,6 +320,7 @@ int tt_copy_(tt_tensor *dst, const tt_tensor *src) {
            tt_shape_str(src->shape, src->ndim, b, sizeof b));
   int64_t n = tt_tensor_numel(dst);
   if (n == 0) return 0;
+  dst->storage->version++;
   if (dst->device == TT_CPU && src->device == TT_CPU) {
     copy_strided_cpu(dst, src);
     return 0;
@@ -345,6 +349,7 @@ int tt_fill_(tt_tensor *t, double value) {
     tt_tensor_release(host);
     return rc;
   }
+  t->storage->version++;
   if (t->dtype == TT_F32 && tt_tensor_is_contiguous(t)) {
     float *p = tt_tensor_data(t), v = (float)value;
     for (int64_t i = 0; i < n; i++) p[i] = v;

@@ -52,6 +52,7 @@ typedef struct tt_storage {
   int refcount;
   int external;        /* 1: memory not ours (mmap, caller buffer); never freed */
   void *stream;        /* the device stream current when it was allocated (NULL: default) */
+  int64_t version;     /* bumped by every in-place write (tt_storage_bump_version) */
 } tt_storage;
 
 typedef struct tt_tensor {
@@ -67,6 +68,8 @@ typedef struct tt_tensor {
   int is_leaf;                    /* created by the user, not by a recorded op */
   struct tt_tensor *grad;         /* accumulated gradient (leaves keep it) */
   int64_t tape_uses;              /* internal: pending uses during backward */
+  struct tt_tensor *lowp;         /* internal: cached bf16/f16 copy (tetra_amp.h), or NULL */
+  int64_t lowp_version;           /* internal: storage version the copy was made from */
 } tt_tensor;
 
 /* Creation. `shape` has `ndim` entries. New tensors are contiguous, leaf, no grad. */

@@ -129,4 +129,39 @@ int tt_fp8_linear_state_sync(tt_fp8_linear_state *st, int to_device);
 int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_state *st,
                   tt_tensor **out);
 
+/* -- Low-precision weight copies (engine/lowp_weight.c) ------------------------------ */
+/*
+** Under train.precision = bf16 / fp16 the GEMMs read a bf16 (f16) copy of each f32 master
+** weight. The copy hangs off the weight's header and is remade only when the weight's
+** storage changed since: every in-place write (tt_copy_, tt_fill_, tt_axpy_, set, the
+** optimizer) bumps the storage's version, and a copy made at another version is stale.
+** An optimizer that writes the master weight can write the copy in the same pass:
+** tt_lowp_weight_buffer gives it the copy's buffer, and after the step it calls
+** tt_tensor_bump_version(w) and then tt_lowp_weight_mark_fresh(w).
+*/
+
+/* The version of t's storage: how many in-place writes it has seen. */
+int64_t tt_tensor_version(const tt_tensor *t);
+/* Records an in-place write of t's data done outside the engine's own ops (a kernel
+** writing the pointer, a collective, a file read into it). */
+void tt_tensor_bump_version(tt_tensor *t);
+/* w's copy in dtype (TT_BF16 or TT_F16), contiguous, on w's device; made (a cast) when
+** absent or stale. *out is a new reference. w: a float tensor. No grad. */
+int tt_lowp_weight(tt_tensor *w, int dtype, tt_tensor **out);
+/* The copy's buffer in dtype, allocated when absent, without casting anything: for an
+** optimizer that writes it. *out is a new reference. Mark it fresh once written. */
+int tt_lowp_weight_buffer(tt_tensor *w, int dtype, tt_tensor **out);
+/* The copy holds w's current values (it was written alongside w's last write). */
+int tt_lowp_weight_mark_fresh(tt_tensor *w);
+/* Drops w's copy (frees its memory). */
+void tt_lowp_weight_drop(tt_tensor *w);
+/* How many casts tt_lowp_weight has made in this process (a counter for tests and
+** metrics). */
+int64_t tt_lowp_weight_casts(void);
+/* y = x W^T + b under bf16 / fp16 (dtype) with W's cached copy: x rounded to dtype,
+** fp32 sums, y in x's dtype. On CUDA the tensor-core GEMM of tetra_cuda_lowp.h; on the
+** cpu an exact emulation of its arithmetic (operands and the output gradient rounded,
+** f32 GEMMs). Differentiable in x, w (an f32 gradient for an f32 master) and bias. */
+int tt_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int dtype, tt_tensor **out);
+
 #endif

@@ -49,6 +49,13 @@ int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out);
 int tt_rmsnorm(tt_tensor *x, tt_tensor *weight, double eps, tt_tensor **out);
 int tt_layernorm(tt_tensor *x, tt_tensor *weight, tt_tensor *bias, double eps,
                  tt_tensor **out);
+/* The pre-norm block's residual add and RMSNorm in one pass (engine/ops_fused.c):
+** *h_out = x + residual (x's dtype; x itself, retained, when residual is NULL),
+** *y_out = rmsnorm(h) * weight in y_dtype. x, residual: f32 or bf16, same shape and dtype;
+** weight: f32 (D) or NULL; y_dtype: TT_F32 or TT_BF16. Differentiable in x, residual and
+** weight; the statistics are f32. */
+int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double eps,
+                    int y_dtype, tt_tensor **h_out, tt_tensor **y_out);
 
 /* -- Rotary embedding (kernels/cpu/rope.c) ------------------------------------------ */
 /* x: (B, T, H, Dh), Dh even. positions: (T) i32/i64, or NULL for 0..T-1.

@@ -67,6 +67,9 @@ int tt_needs_grad(const tt_tensor *t);
 /* t->grad += g (allocating t->grad as zeros on first use). g's shape must equal t's;
 ** g may be a strided view. Steals nothing: the caller still releases g. */
 int tt_accumulate_grad(tt_tensor *t, tt_tensor *g);
+/* True when t has a gradient buffer that a kernel may add into directly (beta = 1):
+** t's dtype, device and shape, contiguous. tt_accumulate_grad is then not needed. */
+int tt_grad_accumulates_in_place(const tt_tensor *t);
 /* Reduces a broadcast gradient `g` back to `shape` (sums over broadcast dims).
 ** *out is a new tensor (or g retained when shapes already match). */
 int tt_reduce_to_shape(tt_tensor *g, const int64_t *shape, int ndim, tt_tensor **out);

@@ -15,6 +15,7 @@ extern "C" {
 #include "attention.h"
 #include "elementwise.h"
 #include "embedding.h"
+#include "fused.h"
 #include "loss.h"
 #include "matmul.h"
 #include "norm.h"
@@ -25,7 +26,7 @@ extern "C" {
 
 #define FAMILIES(X) \
   X(elementwise) X(activation) X(reduce) X(matmul) X(embedding) X(norm) X(rope) \
-  X(attention) X(loss) X(optim) X(cast) X(matmul_lowp) X(fp8_linear)
+  X(attention) X(loss) X(optim) X(cast) X(matmul_lowp) X(fp8_linear) X(fused)
 
 #define DECLARE(fam) extern "C" const char tt_cuda_family_##fam[];
 FAMILIES(DECLARE)
@@ -38,7 +39,7 @@ int tt_cuda_kernels_linked(void) {
   const void *const tables[] = {
     &tt_elementwise_cuda, &tt_activation_cuda, &tt_reduce_cuda, &tt_matmul_cuda,
     &tt_embedding_cuda, &tt_norm_cuda, &tt_rope_cuda, &tt_attention_cuda, &tt_loss_cuda,
-    &tt_optim_cuda, names[10], names[11], names[12],
+    &tt_optim_cuda, names[10], names[11], names[12], &tt_fused_cuda,
   };
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
     TT_CHECK(tables[i] != NULL, "cuda: the kernel table of %s is not linked in", names[i]);

@@ -164,27 +164,29 @@ static int backward_a(const problem *p, tt_tensor *gl, tt_tensor *bl, tt_tensor 
   return gemm(p->tb, 1, p->k, p->m, p->n, B, G, D, p->L, 0.0f, NULL);
 }
 
-/* dB into gb (b's shape, contiguous): op(A)^T G, summed over the batches when shared. */
-static int backward_b(const problem *p, tt_tensor *gl, tt_tensor *al, tt_tensor *gb) {
+/* dB into gb (b's shape, contiguous): op(A)^T G, summed over the batches when shared;
+** beta 1 adds it to what gb holds (b's gradient buffer), 0 overwrites. */
+static int backward_b(const problem *p, tt_tensor *gl, tt_tensor *al, tt_tensor *gb,
+                      float beta) {
   operand G = opnd(gl, p->n, p->m * p->n);
   operand A = opnd(al, lda_of(p), p->m * p->k);
   const int64_t ldd = p->tb ? p->k : p->n;
   const operand D = opnd(gb, ldd, p->b_shared ? 0 : p->k * p->n);
   if (!p->b_shared) {
-    if (!p->tb) return gemm(!p->ta, 0, p->k, p->n, p->m, A, G, D, p->L, 0.0f, NULL);
-    return gemm(1, p->ta, p->n, p->k, p->m, G, A, D, p->L, 0.0f, NULL);
+    if (!p->tb) return gemm(!p->ta, 0, p->k, p->n, p->m, A, G, D, p->L, beta, NULL);
+    return gemm(1, p->ta, p->n, p->k, p->m, G, A, D, p->L, beta, NULL);
   }
   if (!p->ta) {
     /* A (L*m, k) and G (L*m, n) are contiguous: the batches join the contracted dim. */
-    if (!p->tb) return gemm(1, 0, p->k, p->n, p->L * p->m, A, G, D, 1, 0.0f, NULL);
-    return gemm(1, 0, p->n, p->k, p->L * p->m, G, A, D, 1, 0.0f, NULL);
+    if (!p->tb) return gemm(1, 0, p->k, p->n, p->L * p->m, A, G, D, 1, beta, NULL);
+    return gemm(1, 0, p->n, p->k, p->L * p->m, G, A, D, 1, beta, NULL);
   }
   /* A stored (k, m) per batch cannot fold; sum the batches with beta = 1. */
   for (int64_t l = 0; l < p->L; l++) {
     const operand Al = shifted(A, l * p->m * p->k), Gl = shifted(G, l * p->m * p->n);
-    const float beta = l ? 1.0f : 0.0f;
-    if (!p->tb) TT_TRY(gemm(0, 0, p->k, p->n, p->m, Al, Gl, D, 1, beta, NULL));
-    else TT_TRY(gemm(1, 1, p->n, p->k, p->m, Gl, Al, D, 1, beta, NULL));
+    const float bl = l ? 1.0f : beta;
+    if (!p->tb) TT_TRY(gemm(0, 0, p->k, p->n, p->m, Al, Gl, D, 1, bl, NULL));
+    else TT_TRY(gemm(1, 1, p->n, p->k, p->m, Gl, Al, D, 1, bl, NULL));
   }
   return 0;
 }
@@ -228,9 +230,15 @@ static int lowp_backward(tt_node *node, tt_tensor *g) {
     if (st == 0) st = tt_accumulate_grad(a, ga);
   }
   if (st == 0 && tt_needs_grad(b)) {
-    st = tt_tensor_empty(b->shape, b->ndim, b->dtype, b->device, &gb);
-    if (st == 0) st = backward_b(&p, gl, al, gb);
-    if (st == 0) st = tt_accumulate_grad(b, gb);
+    if (tt_grad_accumulates_in_place(b)) {
+      /* The weight gradient GEMM adds into b's gradient buffer (beta = 1): no temporary,
+      ** no separate add. */
+      st = backward_b(&p, gl, al, b->grad, 1.0f);
+    } else {
+      st = tt_tensor_empty(b->shape, b->ndim, b->dtype, b->device, &gb);
+      if (st == 0) st = backward_b(&p, gl, al, gb, 0.0f);
+      if (st == 0) st = tt_accumulate_grad(b, gb);
+    }
   }
   if (st == 0 && bias && tt_needs_grad(bias)) st = backward_bias(&p, g, bias);
   tt_tensor_release(gb);
@@ -247,8 +255,11 @@ static int check_float_cuda(const char *op, const char *arg, const tt_tensor *t)
 }
 
 /* Shapes as in tt_matmul; allow_row lets a be 1-D (one row). */
+/* b_low: b's cached low-precision copy (tt_lowp_weight) to read instead of casting b, or
+** NULL. */
 static int lowp_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
-                     tt_tensor *bias, int ta, int tb, int compute, tt_tensor **out) {
+                     tt_tensor *b_low, tt_tensor *bias, int ta, int tb, int compute,
+                     tt_tensor **out) {
   char sa[160], sb[160];
   TT_CHECK(out, "%s: out is NULL", op);
   *out = NULL;
@@ -299,7 +310,7 @@ static int lowp_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
   tt_tensor *o = NULL, *al = NULL, *bl = NULL, *biasc = NULL;
   int st = tt_tensor_empty(shape, ndim, a->dtype, a->device, &o);
   if (st == 0) st = tt_cuda_cast_contiguous(a, compute, &al);
-  if (st == 0) st = tt_cuda_cast_contiguous(b, compute, &bl);
+  if (st == 0) st = tt_cuda_cast_contiguous(b_low ? b_low : b, compute, &bl);
   /* cuBLASLt's bias epilogue reads the bias in the output's dtype. */
   if (st == 0 && bias) st = tt_cuda_cast_contiguous(bias, o->dtype, &biasc);
   if (st == 0) st = forward(&p, al, bl, o, biasc ? tt_tensor_data(biasc) : NULL);
@@ -333,7 +344,7 @@ static int lowp_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
 
 extern "C" int tt_cuda_matmul_lowp(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a,
                                    int trans_b, int compute_dtype, tt_tensor **out) {
-  return lowp_impl("tt_cuda_matmul_lowp", 0, a, b, bias, trans_a != 0, trans_b != 0,
+  return lowp_impl("tt_cuda_matmul_lowp", 0, a, b, NULL, bias, trans_a != 0, trans_b != 0,
                    compute_dtype, out);
 }
 
@@ -345,7 +356,25 @@ extern "C" int tt_cuda_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
            "tt_cuda_linear_lowp: x is %s and w is %s; expected x (..., in) and w (out, in)",
            tt_shape_str(x->shape, x->ndim, sx, sizeof sx),
            tt_shape_str(w->shape, w->ndim, sw, sizeof sw));
-  return lowp_impl("tt_cuda_linear_lowp", 1, x, w, bias, 0, 1, compute_dtype, out);
+  return lowp_impl("tt_cuda_linear_lowp", 1, x, w, NULL, bias, 0, 1, compute_dtype, out);
+}
+
+extern "C" int tt_cuda_linear_lowp_cached(tt_tensor *x, tt_tensor *w, tt_tensor *w_low,
+                                          tt_tensor *bias, int compute_dtype,
+                                          tt_tensor **out) {
+  char sx[160], sw[160];
+  TT_CHECK(x && w && w_low, "tt_cuda_linear_lowp_cached: %s is NULL",
+           !x ? "x" : !w ? "w" : "w_low");
+  TT_CHECK(x->ndim >= 1 && w->ndim == 2 && x->shape[x->ndim - 1] == w->shape[1],
+           "tt_cuda_linear_lowp_cached: x is %s and w is %s; expected x (..., in) and w "
+           "(out, in)",
+           tt_shape_str(x->shape, x->ndim, sx, sizeof sx),
+           tt_shape_str(w->shape, w->ndim, sw, sizeof sw));
+  TT_CHECK(w_low->ndim == 2 && w_low->shape[0] == w->shape[0] &&
+               w_low->shape[1] == w->shape[1] && w_low->device == w->device,
+           "tt_cuda_linear_lowp_cached: w_low is not a copy of w");
+  return lowp_impl("tt_cuda_linear_lowp_cached", 1, x, w, w_low, bias, 0, 1, compute_dtype,
+                   out);
 }
 
 TT_CUDA_FAMILY(matmul_lowp)

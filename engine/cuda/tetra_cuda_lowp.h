@@ -23,6 +23,10 @@ int tt_cuda_matmul_lowp(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a
 /* x: (..., in), w: (out, in), bias: (out) or NULL -> (..., out), as tt_linear. */
 int tt_cuda_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int compute_dtype,
                         tt_tensor **out);
+/* As tt_cuda_linear_lowp, with w's low-precision copy w_low (tt_lowp_weight: w's shape,
+** compute_dtype, contiguous) read instead of a cast of w; w still receives the gradient. */
+int tt_cuda_linear_lowp_cached(tt_tensor *x, tt_tensor *w, tt_tensor *w_low, tt_tensor *bias,
+                               int compute_dtype, tt_tensor **out);
 /* A contiguous copy of t (any float dtype, any strides, on a CUDA device) in dtype; t
 ** itself (retained) when it already is one. No grad. */
 int tt_cuda_cast_contiguous(tt_tensor *t, int dtype, tt_tensor **out);

@@ -10,15 +10,20 @@
 --       function() return opt:clip_grad_norm(max_norm) end,  -- clipping AFTER unscaling
 --       dp_group)                                -- the verdict agreed over DP ranks
 --     record.loss_scale, record.skipped = ctx:scale(), skipped
+-- ctx:step runs the optimizer through ctx:optimizer_step, which marks the weights
+-- written so that their cached bf16 / fp16 copies are cast again; a loop that steps an
+-- optimizer some other way wraps it the same: ctx:optimizer_step(function() ... end).
 --
 -- The parameters stay f32 in every mode (master weights, and the optimizer state beside
 -- them). What changes is what the Linear layers compute with:
---   bf16 / fp16  x and W rounded to that dtype on the way in. On CUDA tensors the GEMMs
---                themselves run in that dtype on the tensor cores with fp32 sums
---                (tt_cuda_linear_lowp, engine/cuda/tetra_cuda_lowp.h): the op rounds its
---                operands once, keeps the rounded copies for backward and hands the f32
---                master weight an f32 gradient. On CPU the rounding is emulated with
---                tt_cast there and back (a differentiable pair) around an f32 GEMM;
+--   bf16 / fp16  x and W rounded to that dtype on the way in (tt_linear_lowp,
+--                engine/tetra_amp.h). W's rounded copy is cached on the weight and cast
+--                again only after the weight changed (the optimizer step, a load): once
+--                per step, not once per GEMM. On CUDA tensors the GEMMs themselves run in
+--                that dtype on the tensor cores with fp32 sums (tt_cuda_linear_lowp_cached,
+--                engine/cuda/tetra_cuda_lowp.h); the rounded operands are kept for backward,
+--                the output gradient is rounded too, and the f32 master weight gets an f32
+--                gradient. On CPU the same arithmetic is emulated exactly around f32 GEMMs;
 --   fp8          tt_fp8_linear: x and W in e4m3, the output gradient in e5m2, each with a
 --                delayed per-tensor scale from an amax history; the GEMMs are cuBLASLt
 --                FP8 GEMMs on CUDA (engine/cuda/fp8_linear.cu) and an emulation of their
@@ -121,38 +126,12 @@ end
 
 -- -- Precision of Linear layers -------------------------------------------------------
 
-local function cast(x, dtype) return take(C.tt_cast(x, dtype, pout)) end
-
--- x rounded to `dtype` and back to f32 (gradients pass through the same casts).
-local function round_trip(x, dtype)
-  local low = cast(x, dtype)
-  local y = cast(low, C.TT_F32)
-  ffi.gc(low, nil)
-  C.tt_tensor_release(low)
-  return y
-end
-
--- True when the binary has the CUDA low-precision GEMMs (a CUDA build).
-local has_lowp = nil
-local function cuda_lowp()
-  if has_lowp == nil then
-    has_lowp = pcall(tffi.cdef_header, "cuda/tetra_cuda_lowp.h")
-               and tffi.has_symbol("tt_cuda_linear_lowp") or false
-  end
-  return has_lowp
-end
-
 -- y = x W^T + b with x and W rounded to dtype (TT_BF16 / TT_F16): tensor-core GEMMs on
--- CUDA, the rounding emulated around an f32 GEMM on CPU. Gradients reach x, W and b in
--- their own dtypes.
+-- CUDA, the same arithmetic emulated around f32 GEMMs on the CPU (tt_linear_lowp). W is
+-- read through its cached copy (tt_lowp_weight), cast once per change of the weight, not
+-- once per GEMM. Gradients reach x, W and b in their own dtypes.
 local function half_linear(x, w, bias, dtype)
-  if x._device ~= C.TT_CPU and cuda_lowp() then
-    return take(C.tt_cuda_linear_lowp(x, w, bias, dtype, pout))
-  end
-  local xr, wr = round_trip(x, dtype), round_trip(w, dtype)
-  local y = take(C.tt_linear(xr, wr, bias, pout))
-  for _, t in ipairs({ xr, wr }) do ffi.gc(t, nil); C.tt_tensor_release(t) end
-  return y
+  return take(C.tt_linear_lowp(x, w, bias, dtype, pout))
 end
 
 local function half_gemm(dtype)
@@ -251,6 +230,7 @@ function amp.wrap(model, cfg, opts)
   local ctx = setmetatable({ precision = precision, layers = 0, fp8_states = {},
                              skipped_steps = 0 }, Context)
   if precision == "fp16" then ctx.scaler = amp.scaler(scaler_options(t)) end
+  ctx.model = model
   rawset(model, "amp", ctx)
   if precision == "fp32" then return ctx end
   local pats = precision == "fp8" and fp8_patterns(t.fp8_layers) or nil
@@ -406,8 +386,24 @@ function Context:step(params, optimizer_fn, clip_fn, group, opt)
     found = norm ~= norm or norm == math.huge
   end
   local skipped = self:update(found)
-  if not skipped then optimizer_fn() elseif opt then opt:end_step() end
+  if not skipped then self:optimizer_step(optimizer_fn, opt) elseif opt then opt:end_step() end
   return skipped, norm
+end
+
+-- Runs optimizer_fn() and marks the model's weights written, so that their cached
+-- low-precision copies are cast again before the next GEMM reads them. A weight whose
+-- version already moved during optimizer_fn was written by an optimizer that keeps the
+-- count itself (and may have written the copy as well, tt_lowp_weight_mark_fresh): it is
+-- left as the optimizer left it.
+function Context:optimizer_step(optimizer_fn)
+  local half = self.precision == "bf16" or self.precision == "fp16"
+  local params = half and self.model:parameters() or {}
+  local before = {}
+  for i, p in ipairs(params) do before[i] = C.tt_tensor_version(p) end
+  optimizer_fn()
+  for i, p in ipairs(params) do
+    if C.tt_tensor_version(p) == before[i] then C.tt_tensor_bump_version(p) end
+  end
 end
 
 -- loss_scale (1 without a scaler) and steps skipped so far, for the metrics record.

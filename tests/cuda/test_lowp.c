@@ -15,6 +15,7 @@
 */
 #include "cuda_test.h"
 #include "cuda/tetra_cuda_lowp.h"
+#include "tetra_amp.h"
 
 static tt_tensor *cast(tt_tensor *t, int dtype) {
   tt_tensor *o = NULL;
@@ -204,4 +205,42 @@ Test(cuda_lowp, errors_name_the_problem) {
   cr_assert(strstr(tt_last_error(), "inner dims") != NULL, "%s", tt_last_error());
   tt_tensor_release(cpu);
   tt_tensor_release(dev);
+}
+
+/* tt_linear_lowp with cached weights: the GPU op against its CPU twin (the emulation in
+** engine/ops_matmul.c) on the same values, run twice so that the second backward adds
+** into the weight's gradient inside the GEMM (beta = 1); the weight is cast once for
+** both forwards and both backwards; x is a strided view (a transpose). */
+Test(cuda_lowp, linear_cached_weight_matches_the_cpu_twin) {
+  int64_t xs[3] = {3, 67, 41}, ws[2] = {53, 67}, bs[1] = {53};
+  tt_tensor *x = randn(xs, 3, 1.0), *w = randn(ws, 2, 0.1), *bias = randn(bs, 1, 0.1);
+  tt_tensor *xd = to_dev(x, GPU), *wd = to_dev(w, GPU), *bd = to_dev(bias, GPU);
+  tt_tensor *leaves[6] = {x, w, bias, xd, wd, bd};
+  for (int i = 0; i < 6; i++) cr_assert_eq(tt_set_requires_grad(leaves[i], 1), 0);
+  tt_tensor *xv = NULL, *xdv = NULL;
+  cr_assert_eq(tt_transpose(x, 1, 2, &xv), 0);
+  cr_assert_eq(tt_transpose(xd, 1, 2, &xdv), 0);
+  int64_t gs[3] = {3, 41, 53};
+  tt_tensor *g = randn(gs, 3, 1.0), *gd = to_dev(g, GPU);
+  const int64_t casts0 = tt_lowp_weight_casts();
+  for (int rep = 0; rep < 2; rep++) {
+    tt_tensor *ref = NULL, *out = NULL;
+    cr_assert_eq(tt_linear_lowp(xv, w, bias, TT_BF16, &ref), 0, "%s", tt_last_error());
+    for (int i = 0; i < 3; i++) poison(3 * 41 * 53);
+    cr_assert_eq(tt_linear_lowp(xdv, wd, bd, TT_BF16, &out), 0, "%s", tt_last_error());
+    double e = rel_err(out, ref);
+    cr_assert(e <= 1e-5, "forward %d: relative error %g", rep, e);
+    cr_assert_eq(tt_backward_with(ref, g), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward_with(out, gd), 0, "%s", tt_last_error());
+    double ex = rel_err(xd->grad, x->grad), ew = rel_err(wd->grad, w->grad);
+    double eb = rel_err(bd->grad, bias->grad);
+    cr_assert(ex <= 1e-5 && ew <= 1e-5 && eb <= 1e-5,
+              "backward %d: grad x %g, grad w %g, grad bias %g", rep, ex, ew, eb);
+    tt_tensor_release(ref);
+    tt_tensor_release(out);
+  }
+  /* One cast of w for the CPU twin, one of wd on the GPU. */
+  cr_assert_eq(tt_lowp_weight_casts() - casts0, 2);
+  tt_tensor *all[] = {x, w, bias, xd, wd, bd, xv, xdv, g, gd};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }

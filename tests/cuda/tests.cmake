@@ -9,12 +9,16 @@ foreach(script ${TETRA_CUDA_SCRIPTS})
                        ENVIRONMENT "OMP_NUM_THREADS=2")
 endforeach()
 
-# The GPU benchmark of tools/gpu-check, built here (with the engine's warning flags) so
-# that the CUDA build compiles it in CI too.
+# The GPU benchmarks of tools/gpu-check (gpu_bench: GEMMs, attention, a layer;
+# kernels_cuda: GB/s of the memory-bound kernels), built here (with the engine's warning
+# flags) so that the CUDA build compiles them in CI too.
 if(TETRA_HAVE_CUDA)
   add_executable(gpu_bench ${CMAKE_SOURCE_DIR}/tools/bench/gpu_bench.c)
   target_link_libraries(gpu_bench PRIVATE tetra_engine CUDA::cublas)
   # Attention TFLOP/s, cuDNN against the fallback kernel (tools/bench/attention_cuda.sh).
   add_executable(attention_cuda ${CMAKE_SOURCE_DIR}/tools/bench/attention_cuda.c)
   target_link_libraries(attention_cuda PRIVATE tetra_engine)
+  # GB/s of the memory-bound kernels against a device-to-device copy.
+  add_executable(kernels_cuda ${CMAKE_SOURCE_DIR}/tools/bench/kernels_cuda.c)
+  target_link_libraries(kernels_cuda PRIVATE tetra_engine)
 endif()

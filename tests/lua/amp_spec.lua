@@ -2,7 +2,8 @@
 -- its fp32 loss curve on a learnable token stream, with the rounding emulated on CPU.
 --
 -- Stated distances (max over 25 steps of |loss - fp32 loss|, losses start near 5.5):
---   bf16 <= 0.05, fp8 <= 0.25 (e4m3 keeps 3 mantissa bits: relative rounding 6%; at this
+--   bf16 <= 0.06 (measured 0.051: the emulation rounds the output gradient to bf16 as the
+--   CUDA GEMM does; when it rounded dX and dW instead the gap was 0.035), fp8 <= 0.25 (e4m3 keeps 3 mantissa bits: relative rounding 6%; at this
 --   steep learning rate the fp8 curve lags fp32 by 0.14-0.16 on the fast-falling part,
 --   depending on the build's float contraction; precision_spec holds fp8 to 5e-2 at a
 --   gentler rate).
@@ -77,12 +78,12 @@ describe("precision modes on a tiny Llama", function()
     expect(ref[STEPS] < ref[1] - 1.5).to_be(true)
   end)
 
-  it("bf16 stays within 0.05 of fp32", function()
+  it("bf16 stays within 0.06 of fp32", function()
     local losses, ctx = curve("bf16")
     -- wq wk wv wo w1 w2 w3 per block, and the output layer (Llama:forward computes the
     -- head from its weight itself)
     expect(ctx.layers).to_be(2 * 7 + 1)
-    expect(max_gap(losses, ref) <= 0.05).to_be(true)
+    expect(max_gap(losses, ref) <= 0.06).to_be(true)
     expect(max_gap(losses, ref) > 0).to_be(true)       -- the rounding really happened
   end)
 

@@ -1,0 +1,51 @@
+/*
+** fused.h — kernel table of the fused memory-bound kernels of the bf16 path: residual add
+** + RMSNorm (+ cast), its backward with a deterministic two-stage weight-gradient
+** reduction, and SwiGLU, each reading and writing f32 or bf16 and computing in f32.
+**
+** These kernels move bytes, not flops: their speed is the bytes they touch over the
+** device's copy bandwidth (tools/bench/kernels_cuda.c prints that ratio). Fusing the
+** residual add into the norm reads x and the residual once and writes h and y once,
+** where the two ops apart would read h again; bf16 halves every byte. On CUDA the rows
+** are read with 128-bit loads (4 f32 or 8 bf16 values) when every row starts 16-byte
+** aligned, with a scalar tail otherwise.
+**
+** Buffers are contiguous; `dtype` and `y_dtype` are TT_F32 or TT_BF16 (tetra.h); the
+** weight and the per-row statistics are f32. Every entry returns 0, or -1 with
+** tt_last_error() set.
+*/
+#ifndef TT_KERNELS_FUSED_H
+#define TT_KERNELS_FUSED_H
+#include <stdint.h>
+
+/* Rows summed per partial of the two-stage weight-gradient reduction: stage one writes
+** ceil(N / TT_FUSED_ROWS_PER_PART) partial rows of D sums, stage two adds them in order.
+** The same split on every device, so the sums are deterministic (no atomics). */
+enum { TT_FUSED_ROWS_PER_PART = 64 };
+
+typedef struct tt_fused_kernels {
+  /* h = x + res (res NULL: h = x), rounded to dtype; rstd = 1 / sqrt(mean(h^2) + eps)
+  ** over the rounded h; y = h * rstd * w (w NULL: 1), rounded to y_dtype.
+  ** x, res, h: (N, D) in dtype; y: (N, D) in y_dtype; w: (D); rstd: (N). h may be NULL
+  ** when res is NULL (nothing to write). */
+  int (*add_rmsnorm_forward)(void *h, void *y, float *rstd, const void *x, const void *res,
+                             const float *w, int64_t N, int64_t D, float eps, int dtype,
+                             int y_dtype);
+  /* dh = rstd * (dy w) - h rstd^3 / D * sum_j(dy w h) (+ dh_in, which may alias dh), in
+  ** dtype; dw = sum over rows of dy * h * rstd, through `partials` (a workspace of
+  ** ceil(N / TT_FUSED_ROWS_PER_PART) * D floats) then one ordered reduction. dy: (N, D)
+  ** in y_dtype; h, dh, dh_in: (N, D) in dtype. dh_in, dw (then partials too) may be NULL. */
+  int (*rmsnorm_backward)(void *dh, float *dw, float *partials, const void *dy,
+                          const void *dh_in, const void *h, const float *w, const float *rstd,
+                          int64_t N, int64_t D, int dtype, int y_dtype);
+  /* y = silu(gate) * up; n elements, all in dtype. */
+  int (*swiglu_forward)(void *y, const void *gate, const void *up, int64_t n, int dtype);
+  /* dgate = dy up s (1 + g (1 - s)), dup = dy g s, s = sigmoid(g); either may be NULL. */
+  int (*swiglu_backward)(void *dgate, void *dup, const void *dy, const void *gate,
+                         const void *up, int64_t n, int dtype);
+} tt_fused_kernels;
+
+extern const tt_fused_kernels tt_fused_cpu;
+extern const tt_fused_kernels tt_fused_cuda __attribute__((weak));
+
+#endif

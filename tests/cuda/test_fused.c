@@ -1,0 +1,171 @@
+/*
+** test_fused.c — the fused memory-bound CUDA kernels (kernels/cuda/fused.cu) against
+** their CPU twins (kernels/cpu/fused.c), through the ops:
+**   tt_add_rms_norm forward and backward, f32 -> f32, f32 -> bf16 (the cast into a bf16
+**   GEMM) and bf16 -> bf16, at D = 4096, 1024 and 1000 (multiples of 8: the 128-bit path)
+**   and 77 (odd: the scalar path only), on strided x (a transpose) and with more rows than
+**   one weight-gradient partial; h's gradient arriving from a second use first (the
+**   kernel adds the norm's part into it); the weight gradient bitwise equal across two
+**   runs (no atomics); bf16 SwiGLU forward and backward at an odd element count (vector
+**   groups and a tail) and at a misaligned start (scalar path).
+** Tolerances: f32 outputs 1e-5 relative L2 (the order of the row sums differs); a bf16
+** output may differ from the twin by one bf16 rounding where the f32 values straddle a
+** rounding boundary: 8e-3.
+** Without a GPU the program exits 77 before running anything.
+*/
+#include "cuda_test.h"
+
+static tt_tensor *as_dtype(tt_tensor *t, int dtype, int device) {
+  tt_tensor *o = NULL;
+  cr_assert_eq(tt_tensor_empty(t->shape, t->ndim, dtype, device, &o), 0, "%s", tt_last_error());
+  if (device == t->device) {
+    cr_assert_eq(tt_copy_(o, t), 0, "%s", tt_last_error());
+    return o;
+  }
+  tt_tensor *c = NULL, *m = NULL;
+  cr_assert_eq(tt_contiguous_nograd(t, &c), 0);
+  cr_assert_eq(tt_to_device(c, device, &m), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_copy_(o, m), 0, "%s", tt_last_error());
+  tt_tensor_release(c);
+  tt_tensor_release(m);
+  return o;
+}
+
+/* h = x + res (returned) and y = rmsnorm(h) * w (in *y_out), checked to succeed. */
+static tt_tensor *run_arn(tt_tensor *x, tt_tensor *res, tt_tensor *w, int y_dtype,
+                          tt_tensor **y_out) {
+  tt_tensor *h = NULL, *y = NULL;
+  cr_assert_eq(tt_add_rms_norm(x, res, w, 1e-5, y_dtype, &h, &y), 0, "%s", tt_last_error());
+  *y_out = y;
+  return h;
+}
+
+static void check_arn(int64_t N, int64_t D, int dtype, int y_dtype, int strided) {
+  const int64_t s[2] = {N, D}, st[2] = {D, N}, ps[1] = {D};
+  tt_tensor *x0 = randn(strided ? st : s, 2, 1.0), *r0 = randn(s, 2, 1.0), *w0 = randn(ps, 1, 0.5);
+  /* CPU and GPU leaves holding the same values in dtype; x passed as a transposed view
+  ** of its leaf when strided. */
+  tt_tensor *xc = as_dtype(x0, dtype, TT_CPU), *rc = as_dtype(r0, dtype, TT_CPU);
+  tt_tensor *xg = as_dtype(x0, dtype, GPU), *rg = as_dtype(r0, dtype, GPU);
+  tt_tensor *wc = as_dtype(w0, TT_F32, TT_CPU), *wg = as_dtype(w0, TT_F32, GPU);
+  tt_tensor *leaves[6] = {xc, rc, wc, xg, rg, wg};
+  for (int i = 0; i < 6; i++) cr_assert_eq(tt_set_requires_grad(leaves[i], 1), 0);
+  tt_tensor *xcv = NULL, *xgv = NULL;
+  if (strided) {
+    cr_assert_eq(tt_transpose(xc, 0, 1, &xcv), 0);
+    cr_assert_eq(tt_transpose(xg, 0, 1, &xgv), 0);
+  } else {
+    tt_tensor_retain(xc);
+    tt_tensor_retain(xg);
+    xcv = xc;
+    xgv = xg;
+  }
+  tt_tensor *yc = NULL, *yg = NULL;
+  tt_tensor *hc = run_arn(xcv, rc, wc, y_dtype, &yc);
+  for (int i = 0; i < 3; i++) poison(N * D);
+  tt_tensor *hg = run_arn(xgv, rg, wg, y_dtype, &yg);
+  const double tol_h = dtype == TT_F32 ? 1e-6 : 0.0, tol_y = y_dtype == TT_F32 ? 1e-5 : 8e-3;
+  double eh = rel_err(hg, hc), ey = rel_err(yg, yc);
+  cr_assert(eh <= tol_h, "N %lld D %lld: h relative error %g", (long long)N, (long long)D, eh);
+  cr_assert(ey <= tol_y, "N %lld D %lld: y relative error %g", (long long)N, (long long)D, ey);
+  /* h's gradient from two uses: the rest of the residual stream's part (q) is there
+  ** first, as in a transformer's backward, and the norm's backward adds into it. */
+  tt_tensor *g0 = randn(s, 2, 1.0), *q0 = randn(s, 2, 1.0);
+  tt_tensor *gc = as_dtype(g0, y_dtype, TT_CPU), *gg = as_dtype(g0, y_dtype, GPU);
+  tt_tensor *qc = as_dtype(q0, dtype, TT_CPU), *qg = as_dtype(q0, dtype, GPU);
+  cr_assert_eq(tt_accumulate_grad(hc, qc), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_accumulate_grad(hg, qg), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_backward_with(yc, gc), 0, "%s", tt_last_error());
+  for (int i = 0; i < 3; i++) poison(N * D);
+  cr_assert_eq(tt_backward_with(yg, gg), 0, "%s", tt_last_error());
+  const double tol_g = dtype == TT_F32 ? 1e-5 : 8e-3;
+  double ex = rel_err(xg->grad, xc->grad), er = rel_err(rg->grad, rc->grad);
+  double ew = rel_err(wg->grad, wc->grad);
+  cr_assert(ex <= tol_g && er <= tol_g, "N %lld D %lld: grad x %g, grad residual %g",
+            (long long)N, (long long)D, ex, er);
+  cr_assert(ew <= 1e-4, "N %lld D %lld: grad weight %g", (long long)N, (long long)D, ew);
+  tt_tensor *all[] = {x0, r0, w0, xc, rc, xg, rg, wc, wg, xcv, xgv, yc, yg, hc, hg, g0, gc, gg,
+                      q0, qc, qg};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+Test(cuda_fused, add_rms_norm_f32) {
+  check_arn(130, 4096, TT_F32, TT_F32, 0);
+  check_arn(67, 1000, TT_F32, TT_F32, 1);
+  check_arn(65, 77, TT_F32, TT_F32, 0);
+}
+
+Test(cuda_fused, add_rms_norm_cast_to_bf16) {
+  check_arn(130, 1024, TT_F32, TT_BF16, 0);
+  check_arn(33, 77, TT_F32, TT_BF16, 1);
+}
+
+Test(cuda_fused, add_rms_norm_bf16) {
+  check_arn(130, 4096, TT_BF16, TT_BF16, 0);
+  check_arn(67, 1000, TT_BF16, TT_BF16, 1);
+  check_arn(65, 77, TT_BF16, TT_BF16, 0);
+}
+
+Test(cuda_fused, weight_gradient_is_deterministic) {
+  const int64_t s[2] = {1000, 512}, ps[1] = {512};
+  tt_tensor *x = randn(s, 2, 1.0), *w = randn(ps, 1, 0.5), *g = randn(s, 2, 1.0);
+  tt_tensor *xg = to_dev(x, GPU), *wg = to_dev(w, GPU), *gg = to_dev(g, GPU), *first = NULL;
+  cr_assert_eq(tt_set_requires_grad(wg, 1), 0);
+  for (int rep = 0; rep < 2; rep++) {
+    tt_tensor *h = NULL, *y = NULL;
+    cr_assert_eq(tt_add_rms_norm(xg, NULL, wg, 1e-5, TT_F32, &h, &y), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward_with(y, gg), 0, "%s", tt_last_error());
+    tt_tensor *dw = to_dev(wg->grad, TT_CPU);
+    if (rep == 0) {
+      first = dw;
+    } else {
+      for (int64_t j = 0; j < 512; j++)
+        cr_assert(tt_tensor_get(dw, j) == tt_tensor_get(first, j), "dw[%lld] differs between runs",
+                  (long long)j);
+      tt_tensor_release(dw);
+    }
+    tt_zero_grad(wg);
+    tt_tensor_release(h);
+    tt_tensor_release(y);
+  }
+  tt_tensor *all[] = {x, w, g, xg, wg, gg, first};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+/* SwiGLU in bf16 on n elements starting `skip` elements into their buffers (skip 1: the
+** rows are not 16-byte aligned, the scalar path). */
+static void check_swiglu(int64_t n, int64_t skip) {
+  const int64_t total = n + skip;
+  tt_tensor *g0 = randn(&total, 1, 2.0), *u0 = randn(&total, 1, 1.0), *d0 = randn(&total, 1, 1.0);
+  tt_tensor *in_c[3], *in_g[3];
+  tt_tensor *src[3] = {g0, u0, d0};
+  for (int i = 0; i < 3; i++) {
+    tt_tensor *bc = as_dtype(src[i], TT_BF16, TT_CPU), *bg = as_dtype(src[i], TT_BF16, GPU);
+    cr_assert_eq(tt_narrow(bc, 0, skip, n, &in_c[i]), 0);
+    cr_assert_eq(tt_narrow(bg, 0, skip, n, &in_g[i]), 0);
+    tt_tensor_release(bc);
+    tt_tensor_release(bg);
+  }
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(tt_set_requires_grad(in_c[i], 1), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_set_requires_grad(in_g[i], 1), 0, "%s", tt_last_error());
+  }
+  tt_tensor *yc = NULL, *yg = NULL;
+  cr_assert_eq(tt_swiglu(in_c[0], in_c[1], &yc), 0, "%s", tt_last_error());
+  for (int i = 0; i < 3; i++) poison(n);
+  cr_assert_eq(tt_swiglu(in_g[0], in_g[1], &yg), 0, "%s", tt_last_error());
+  double e = rel_err(yg, yc);
+  cr_assert(e <= 8e-3, "swiglu n %lld skip %lld: relative error %g", (long long)n,
+            (long long)skip, e);
+  cr_assert_eq(tt_backward_with(yc, in_c[2]), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_backward_with(yg, in_g[2]), 0, "%s", tt_last_error());
+  double eg = rel_err(in_g[0]->grad, in_c[0]->grad), eu = rel_err(in_g[1]->grad, in_c[1]->grad);
+  cr_assert(eg <= 8e-3 && eu <= 8e-3, "swiglu backward: grad gate %g, grad up %g", eg, eu);
+  tt_tensor *all[] = {g0, u0, d0, in_c[0], in_c[1], in_c[2], in_g[0], in_g[1], in_g[2], yc, yg};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+Test(cuda_fused, swiglu_bf16) {
+  check_swiglu(100003, 0);
+  check_swiglu(4099, 1);
+}
