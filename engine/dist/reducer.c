@@ -10,14 +10,26 @@
 ** tests the in-flight buckets: MPI progresses non-blocking collectives only inside MPI
 ** calls, so this is what moves the bytes during backward.
 **
+** Row-sparse parameters (an embedding table (V, D): a step's tokens touch few of its
+** rows, and its gradient is the last one backward produces, so its reduction can
+** overlap nothing) get a bucket of their own that moves only the rows some rank
+** touched: first the max over ranks of a (V) mask of this rank's nonzero rows, then an
+** average of just those rows, packed (k, D), scattered back into zeros. Rows that are
+** zero on every rank average to zero, so this is the dense average; when the union is
+** more than half the table the bucket falls back to the dense collective. The mask
+** decides the second collective, so the second one is issued at a point every rank
+** agrees on: just before the next bucket starts, or once it is the last bucket.
+**
 ** ZeRO-1: each bucket is padded to a multiple of the group size n; rank r owns elements
 ** [r*len, (r+1)*len) of every bucket (len = padded / n). Its shards are 1-D or (1, k)
 ** views into the parameters over that range (2-D when the param is a matrix, so the
 ** optimizer's weight-decay rule by ndim still applies); their ->grad is set to the
-** matching slice of the reduce-scattered gradient after finish. After the optimizer has
-** updated the shards in place, gather_params all-gathers every bucket's owned range.
+** matching slice of the reduce-scattered gradient after finish (of the averaged rows'
+** bucket for a sparse bucket). After the optimizer has updated the shards in place,
+** gather_params all-gathers every bucket's owned range.
 */
 #include "dist_internal.h"
+#include "embedding.h"
 
 typedef struct {
   int param;
@@ -37,6 +49,11 @@ typedef struct {
   tt_tensor *buf;   /* (numel) gradients, then averages */
   tt_tensor *shard_grad;   /* ZeRO-1: (numel / n) averaged share after finish */
   tt_comm_handle *h;
+  int sparse;       /* one row-sparse (V, D) parameter: only touched rows travel */
+  int phase;        /* sparse: 1 while the row mask is reduced, 2 once the data travels */
+  tt_tensor *mask;  /* sparse: (V) i32, 1 where a row is nonzero (then: on any rank) */
+  tt_tensor *row_ids;   /* sparse: (k) i64 rows that travel, on the parameter's device */
+  tt_tensor *rows;      /* sparse: (k, D) those rows, averaged in place; NULL when dense */
 } grad_bucket;
 
 typedef struct {
@@ -52,6 +69,7 @@ struct tt_dist_reducer {
   int zero_stage;
   int n_params;
   tt_tensor **params;          /* retained */
+  unsigned char *row_sparse;   /* param -> 1 when its gradient travels as touched rows */
   int *slot_of;                /* param -> slot */
   grad_slot *slots;
   int n_buckets;
@@ -81,9 +99,12 @@ static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
   for (int s = 0; s < r->n_params; s++) {
     int p = r->n_params - 1 - s;
     int64_t numel = tt_tensor_numel(r->params[p]);
-    if (nb < 0 || (fill > 0 && (fill + numel) * (int64_t)elem > cap)) {
+    /* A row-sparse parameter is alone in its bucket. */
+    int alone = r->row_sparse[p] || (s > 0 && r->row_sparse[p + 1]);
+    if (nb < 0 || alone || (fill > 0 && (fill + numel) * (int64_t)elem > cap)) {
       nb++;
       r->buckets[nb].first_slot = s;
+      r->buckets[nb].sparse = r->row_sparse[p];
       fill = 0;
     }
     r->slots[s] = (grad_slot){p, nb, fill, numel, 0};
@@ -154,9 +175,13 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
   if (!r) return;
   tt_dist_reducer_arm(r, 0);
   for (int b = 0; b < r->n_buckets; b++) {
-    tt_comm_handle_free(r->buckets[b].h);
-    tt_tensor_release(r->buckets[b].buf);
-    tt_tensor_release(r->buckets[b].shard_grad);
+    grad_bucket *bk = &r->buckets[b];
+    tt_comm_handle_free(bk->h);
+    tt_tensor_release(bk->buf);
+    tt_tensor_release(bk->shard_grad);
+    tt_tensor_release(bk->mask);
+    tt_tensor_release(bk->row_ids);
+    tt_tensor_release(bk->rows);
   }
   for (int i = 0; i < r->n_shards; i++) {
     tt_tensor_release(r->shards[i].view->grad);
@@ -165,6 +190,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
   }
   for (int i = 0; i < r->n_params; i++) tt_tensor_release(r->params[i]);
   free(r->params);
+  free(r->row_sparse);
   free(r->slot_of);
   free(r->slots);
   free(r->buckets);
@@ -173,7 +199,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
 }
 
 int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double bucket_mb,
-                        int zero_stage, tt_dist_reducer **out) {
+                        int zero_stage, const int *row_sparse, tt_dist_reducer **out) {
   *out = NULL;
   TT_CHECK(c, "data parallel: no group");
   TT_CHECK(n > 0, "data parallel: no parameters to reduce");
@@ -188,19 +214,27 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double buck
              "data parallel: parameters mix dtypes or devices (parameter %d is %s, "
              "parameter 0 is %s)", i, tt_dtype_name(p->dtype), tt_dtype_name(params[0]->dtype));
     TT_CHECK(tt_tensor_is_contiguous(p), "data parallel: parameter %d is not contiguous", i);
+    TT_CHECK(!row_sparse || !row_sparse[i] || (p->ndim == 2 && p->dtype == TT_F32),
+             "data parallel: parameter %d cannot travel as rows (dist.sparse_embedding_grad): "
+             "it is %s with %d dims, not an f32 table (V, D)", i, tt_dtype_name(p->dtype),
+             p->ndim);
   }
   tt_dist_reducer *r = calloc(1, sizeof *r);
   TT_CHECK(r, "data parallel: out of host memory");
   r->comm = c;
   r->zero_stage = zero_stage;
   r->params = malloc(sizeof(tt_tensor *) * (size_t)n);
-  if (!r->params) {
+  r->row_sparse = calloc((size_t)n, 1);
+  if (!r->params || !r->row_sparse) {
+    free(r->params);
+    free(r->row_sparse);
     free(r);
     return tt_set_error("data parallel: out of host memory");
   }
   for (int i = 0; i < n; i++) {
     tt_tensor_retain(params[i]);
     r->params[i] = params[i];
+    r->row_sparse[i] = row_sparse && row_sparse[i];
   }
   r->n_params = n;
   int prev = tt_is_grad_enabled();
@@ -245,20 +279,116 @@ static int fill_slot(tt_dist_reducer *r, int slot) {
   return 0;
 }
 
-/* Starts every complete bucket that follows the started ones, in bucket order. */
+/* The dense collective of a bucket: all-reduce, or reduce-scatter under ZeRO-1. */
+static int start_dense(tt_dist_reducer *r, grad_bucket *bk) {
+  if (r->zero_stage == 1) {
+    tt_tensor_release(bk->shard_grad);
+    bk->shard_grad = NULL;
+    return tt_comm_reduce_scatter_async(r->comm, bk->buf, 0, TT_REDUCE_AVG, &bk->shard_grad,
+                                        &bk->h);
+  }
+  return tt_comm_all_reduce_async(r->comm, bk->buf, TT_REDUCE_AVG, &bk->h);
+}
+
+/* The (V, D) table of a sparse bucket's only parameter. */
+static const tt_tensor *sparse_param(const tt_dist_reducer *r, const grad_bucket *bk) {
+  return r->params[r->slots[bk->first_slot].param];
+}
+
+/* Sparse bucket, first collective: this rank's nonzero rows (NaN and inf count, so a
+** non-finite gradient is seen everywhere), max-reduced into the rows any rank touched. */
+static int start_sparse_mask(tt_dist_reducer *r, grad_bucket *bk) {
+  const tt_tensor *p = sparse_param(r, bk);
+  int64_t V = p->shape[0], D = p->shape[1];
+  tt_tensor *host = NULL;
+  if (!bk->mask) TT_TRY(tt_tensor_zeros(&V, 1, TT_I32, TT_CPU, &bk->mask));
+  TT_TRY(tt_to_device(bk->buf, TT_CPU, &host));
+  const float *g = tt_tensor_data(host);
+  int32_t *m = tt_tensor_data(bk->mask);
+  for (int64_t v = 0; v < V; v++) {
+    const float *row = g + v * D;
+    int64_t d = 0;
+    while (d < D && row[d] == 0.0f) d++;
+    m[v] = d < D;
+  }
+  tt_tensor_release(host);
+  tt_comm_handle_free(bk->h);
+  bk->h = NULL;
+  bk->phase = 1;
+  return tt_comm_all_reduce_async(r->comm, bk->mask, TT_REDUCE_MAX, &bk->h);
+}
+
+/* Sparse bucket, second collective (the mask reduced): the average of the touched rows,
+** packed, or the dense collective when they are more than half the table. */
+static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
+  TT_TRY(tt_comm_wait(bk->h));
+  const tt_tensor *p = sparse_param(r, bk);
+  int64_t V = p->shape[0], D = p->shape[1], k = 0;
+  const int32_t *m = tt_tensor_data(bk->mask);
+  for (int64_t v = 0; v < V; v++) k += m[v] != 0;
+  tt_comm_handle_free(bk->h);
+  bk->h = NULL;
+  bk->phase = 2;
+  tt_tensor_release(bk->row_ids);
+  tt_tensor_release(bk->rows);
+  bk->row_ids = bk->rows = NULL;
+  if (k == 0 || 2 * k > V) return start_dense(r, bk);
+  tt_tensor *host_ids = NULL;
+  TT_TRY(tt_tensor_empty(&k, 1, TT_I64, TT_CPU, &host_ids));
+  int64_t *ids = tt_tensor_data(host_ids);
+  for (int64_t v = 0, i = 0; v < V; v++)
+    if (m[v]) ids[i++] = v;
+  int rc = tt_to_device(host_ids, p->device, &bk->row_ids);
+  tt_tensor_release(host_ids);
+  TT_TRY(rc);
+  const tt_embedding_kernels *kern = TT_KERNELS(tt_embedding, p->device);
+  if (!kern || !kern->forward) return tt_no_kernel("sparse gradient rows", p->device);
+  int64_t shape[2] = {k, D};
+  TT_TRY(tt_tensor_empty(shape, 2, TT_F32, p->device, &bk->rows));
+  TT_TRY(kern->forward(tt_tensor_data(bk->rows), tt_tensor_data(bk->buf),
+                         tt_tensor_data(bk->row_ids), 1, k, V, D));
+  return tt_comm_all_reduce_async(r->comm, bk->rows, TT_REDUCE_AVG, &bk->h);
+}
+
+/* Sparse bucket, after the rows arrived: the dense average (zeros, the averaged rows
+** added in), and under ZeRO-1 this rank's share of it. */
+static int unpack_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
+  if (!bk->rows) return 0;
+  const tt_tensor *p = sparse_param(r, bk);
+  int64_t V = p->shape[0], D = p->shape[1], k = bk->rows->shape[0];
+  const tt_embedding_kernels *kern = TT_KERNELS(tt_embedding, p->device);
+  if (!kern || !kern->backward) return tt_no_kernel("sparse gradient rows", p->device);
+  TT_TRY(tt_fill_(bk->buf, 0.0));
+  TT_TRY(kern->backward(tt_tensor_data(bk->buf), tt_tensor_data(bk->rows),
+                          tt_tensor_data(bk->row_ids), 1, k, V, D));
+  if (r->zero_stage != 1) return 0;
+  int64_t len = bk->numel / r->comm->size;
+  tt_tensor *owned = NULL;
+  TT_TRY(tt_narrow(bk->buf, 0, r->comm->rank * len, len, &owned));
+  tt_tensor_release(bk->shard_grad);
+  bk->shard_grad = NULL;
+  int rc = tt_clone(owned, &bk->shard_grad);
+  tt_tensor_release(owned);
+  return rc;
+}
+
+/* Starts every complete bucket that follows the started ones, in bucket order. A sparse
+** bucket's rows go out before the next bucket starts, so every rank issues them at the
+** same point of the sequence. */
 static int start_ready_buckets(tt_dist_reducer *r) {
   while (r->next_start < r->n_buckets) {
     grad_bucket *bk = &r->buckets[r->next_start];
     if (bk->n_ready < bk->n_slots) break;
-    tt_comm_handle_free(bk->h);
-    bk->h = NULL;
-    if (r->zero_stage == 1) {
-      tt_tensor_release(bk->shard_grad);
-      bk->shard_grad = NULL;
-      TT_TRY(tt_comm_reduce_scatter_async(r->comm, bk->buf, 0, TT_REDUCE_AVG,
-                                          &bk->shard_grad, &bk->h));
+    if (r->next_start > 0) {
+      grad_bucket *prev = &r->buckets[r->next_start - 1];
+      if (prev->sparse && prev->phase == 1) TT_TRY(start_sparse_rows(r, prev));
+    }
+    if (bk->sparse) {
+      TT_TRY(start_sparse_mask(r, bk));
     } else {
-      TT_TRY(tt_comm_all_reduce_async(r->comm, bk->buf, TT_REDUCE_AVG, &bk->h));
+      tt_comm_handle_free(bk->h);
+      bk->h = NULL;
+      TT_TRY(start_dense(r, bk));
     }
     bk->started = 1;
     r->next_start++;
@@ -266,12 +396,20 @@ static int start_ready_buckets(tt_dist_reducer *r) {
   return 0;
 }
 
-/* Lets MPI move the bytes of the buckets in flight. */
+/* Lets MPI move the bytes of the buckets in flight. The last bucket's sparse rows start
+** as soon as its mask is in: no collective can follow it on any rank. */
 static int progress(tt_dist_reducer *r) {
   for (int b = 0; b < r->next_start; b++) {
     grad_bucket *bk = &r->buckets[b];
     if (bk->finished) continue;
-    TT_TRY(tt_comm_test(bk->h, &bk->finished));
+    int done = 0;
+    TT_TRY(tt_comm_test(bk->h, &done));
+    if (!done) continue;
+    if (bk->sparse && bk->phase == 1) {
+      if (b == r->n_buckets - 1) TT_TRY(start_sparse_rows(r, bk));
+      continue;
+    }
+    bk->finished = 1;
   }
   return 0;
 }
@@ -305,6 +443,7 @@ static void reset_step(tt_dist_reducer *r) {
     r->buckets[b].n_ready = 0;
     r->buckets[b].started = 0;
     r->buckets[b].finished = 0;
+    r->buckets[b].phase = 0;
   }
   r->next_start = 0;
   r->hint = 0;
@@ -357,7 +496,12 @@ static int finish(tt_dist_reducer *r) {
   for (int s = 0; s < r->n_params; s++)
     if (!r->slots[s].ready) TT_TRY(fill_slot(r, s));
   TT_TRY(start_ready_buckets(r));
-  for (int b = 0; b < r->n_buckets; b++) TT_TRY(tt_comm_wait(r->buckets[b].h));
+  grad_bucket *last = &r->buckets[r->n_buckets - 1];
+  if (last->sparse && last->phase == 1) TT_TRY(start_sparse_rows(r, last));
+  for (int b = 0; b < r->n_buckets; b++) {
+    TT_TRY(tt_comm_wait(r->buckets[b].h));
+    if (r->buckets[b].sparse) TT_TRY(unpack_sparse_rows(r, &r->buckets[b]));
+  }
   return write_back(r);
 }
 

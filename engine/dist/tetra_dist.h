@@ -173,10 +173,13 @@ int tt_mesh_rank_at(const tt_mesh *m, int tp, int cp, int dp, int pp);
 ** a bucket starts reducing as soon as its last gradient is ready, while backward goes
 ** on, always in bucket order so every rank issues the same sequence.
 ** zero_stage 1: buckets are reduce-scattered instead; each rank keeps the averaged
-** gradient of its 1/n share of every bucket (ZeRO-1) and updates only that share. */
+** gradient of its 1/n share of every bucket (ZeRO-1) and updates only that share.
+** row_sparse (n flags, or NULL): parameters, f32 tables (V, D) such as an embedding,
+** whose gradient travels as the rows some rank touched (nonzero), in a bucket of their
+** own; the result is the dense average. The same flags on every rank. */
 typedef struct tt_dist_reducer tt_dist_reducer;
 int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double bucket_mb,
-                        int zero_stage, tt_dist_reducer **out);
+                        int zero_stage, const int *row_sparse, tt_dist_reducer **out);
 void tt_dist_reducer_free(tt_dist_reducer *r);
 /* Arms (1) or disarms (0) the grad-ready hook for the next backward. Armed only for the
 ** last micro-batch of an accumulation. */
