@@ -2,23 +2,25 @@
 ** reducer.c — data-parallel gradient averaging in buckets, overlapped with backward.
 **
 ** Parameters are packed, in reverse order (roughly the order backward finishes their
-** gradients), into flat buckets of about bucket_mb megabytes. The autograd grad-ready
-** hook copies each finished gradient into its bucket; a full bucket starts a
-** non-blocking all-reduce (or reduce-scatter for ZeRO-1) while backward keeps running.
-** Buckets always start in bucket order, so every rank issues the same sequence of
-** collectives even if its gradients finish in a different order. Each hook call also
-** tests the in-flight buckets: MPI progresses non-blocking collectives only inside MPI
-** calls, so this is what moves the bytes during backward.
+** gradients), into flat buckets of at most bucket_mb megabytes, smaller toward the end
+** of backward (group_from_tail says how). The autograd grad-ready hook copies each
+** finished gradient into its bucket; a full bucket starts a non-blocking all-reduce (or
+** reduce-scatter for ZeRO-1) while backward keeps running. Buckets always start in
+** bucket order, so every rank issues the same sequence of collectives even if its
+** gradients finish in a different order. Each hook call also tests the in-flight
+** buckets: MPI progresses non-blocking collectives only inside MPI calls, so this is
+** what moves the bytes during backward.
 **
 ** Row-sparse parameters (an embedding table (V, D): a step's tokens touch few of its
 ** rows, and its gradient is the last one backward produces, so its reduction can
 ** overlap nothing) get a bucket of their own that moves only the rows some rank
-** touched: first the max over ranks of a (V) mask of this rank's nonzero rows, then an
-** average of just those rows, packed (k, D), scattered back into zeros. Rows that are
-** zero on every rank average to zero, so this is the dense average; when the union is
-** more than half the table the bucket falls back to the dense collective. The mask
-** decides the second collective, so the second one is issued at a point every rank
-** agrees on: just before the next bucket starts, or once it is the last bucket.
+** touched: first every rank's nonzero rows (a bit per row, all-gathered, their union
+** taken), then the average of just those rows, packed (k, D) and scattered back into
+** zeros. Rows that are zero on every rank average to zero, so this is the dense
+** average; when the union is more than half the table the bucket falls back to the
+** dense collective. The union decides the second collective, so it is issued at a
+** point every rank agrees on: just before the next bucket starts, or at once when it
+** is the last bucket.
 **
 ** ZeRO-1: each bucket is padded to a multiple of the group size n; rank r owns elements
 ** [r*len, (r+1)*len) of every bucket (len = padded / n). Its shards are 1-D or (1, k)
@@ -51,9 +53,12 @@ typedef struct {
   tt_comm_handle *h;
   int sparse;       /* one row-sparse (V, D) parameter: only touched rows travel */
   int phase;        /* sparse: 1 while the row mask is reduced, 2 once the data travels */
-  tt_tensor *mask;  /* sparse: (V) i32, 1 where a row is nonzero (then: on any rank) */
+  tt_tensor *mask;  /* sparse: (V / 32) bits, set where this rank's row is nonzero, then
+                    ** where any rank's is */
+  tt_tensor *masks; /* sparse: every rank's mask, gathered */
   tt_tensor *row_ids;   /* sparse: (k) i64 rows that travel, on the parameter's device */
   tt_tensor *rows;      /* sparse: (k, D) those rows, averaged in place; NULL when dense */
+  int in_grad;          /* sparse: the average went straight into the parameter's grad */
 } grad_bucket;
 
 typedef struct {
@@ -86,34 +91,58 @@ struct tt_dist_reducer {
 
 /* -- Bucket layout -------------------------------------------------------------------- */
 
+/* Which bucket each parameter goes to, counted from the tail (group 0 holds parameter
+** 0, whose gradient backward produces last): walking from parameter 0, a group takes
+** parameters until the next would pass its cap. The tail group's cap is 1/32 of all the
+** gradient bytes and each earlier group's twice the next one's, up to bucket_mb: what is
+** still in flight when backward ends is small, while large models keep bucket_mb
+** buckets everywhere but at the very end. A row-sparse parameter is a group of its own. */
+static int group_from_tail(tt_dist_reducer *r, double bucket_mb, int *group) {
+  int64_t elem = (int64_t)tt_dtype_size(r->params[0]->dtype), total = 0;
+  for (int p = 0; p < r->n_params; p++) total += tt_tensor_numel(r->params[p]) * elem;
+  double max_cap = bucket_mb * 1024.0 * 1024.0, cap = total / 32.0;
+  int g = -1;
+  int64_t fill = 0;
+  for (int p = 0; p < r->n_params; p++) {
+    int64_t bytes = tt_tensor_numel(r->params[p]) * elem;
+    int alone = r->row_sparse[p] || (p > 0 && r->row_sparse[p - 1]);
+    if (g < 0 || alone || (fill > 0 && (double)(fill + bytes) > (cap < max_cap ? cap : max_cap))) {
+      if (g >= 0 && !r->row_sparse[p - 1]) cap *= 2.0;
+      g++;
+      fill = 0;
+    }
+    group[p] = g;
+    fill += bytes;
+  }
+  return g + 1;
+}
+
 static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
   /* Bucket b holds consecutive slots; slot s is parameter n-1-s. */
-  int64_t cap = (int64_t)(bucket_mb * 1024.0 * 1024.0);
-  size_t elem = tt_dtype_size(r->params[0]->dtype);
   TT_ALLOC(r->slots, sizeof(grad_slot) * (size_t)r->n_params);
   TT_ALLOC(r->slot_of, sizeof(int) * (size_t)r->n_params);
   TT_ALLOC(r->buckets, sizeof(grad_bucket) * (size_t)r->n_params);
   memset(r->buckets, 0, sizeof(grad_bucket) * (size_t)r->n_params);
-  int nb = -1;
+  int *group = NULL;
+  TT_ALLOC(group, sizeof(int) * (size_t)r->n_params);
+  r->n_buckets = group_from_tail(r, bucket_mb, group);
   int64_t fill = 0;
   for (int s = 0; s < r->n_params; s++) {
-    int p = r->n_params - 1 - s;
-    int64_t numel = tt_tensor_numel(r->params[p]);
-    /* A row-sparse parameter is alone in its bucket. */
-    int alone = r->row_sparse[p] || (s > 0 && r->row_sparse[p + 1]);
-    if (nb < 0 || alone || (fill > 0 && (fill + numel) * (int64_t)elem > cap)) {
-      nb++;
-      r->buckets[nb].first_slot = s;
-      r->buckets[nb].sparse = r->row_sparse[p];
+    int p = r->n_params - 1 - s, nb = r->n_buckets - 1 - group[p];
+    grad_bucket *bk = &r->buckets[nb];
+    if (bk->n_slots == 0) {
+      bk->first_slot = s;
+      bk->sparse = r->row_sparse[p];
       fill = 0;
     }
+    int64_t numel = tt_tensor_numel(r->params[p]);
     r->slots[s] = (grad_slot){p, nb, fill, numel, 0};
     r->slot_of[p] = s;
-    r->buckets[nb].n_slots++;
+    bk->n_slots++;
     fill += numel;
-    r->buckets[nb].numel = fill;
+    bk->numel = fill;
   }
-  r->n_buckets = nb + 1;
+  free(group);
   int n = r->comm->size;
   for (int b = 0; b < r->n_buckets; b++) {
     grad_bucket *bk = &r->buckets[b];
@@ -180,6 +209,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
     tt_tensor_release(bk->buf);
     tt_tensor_release(bk->shard_grad);
     tt_tensor_release(bk->mask);
+    tt_tensor_release(bk->masks);
     tt_tensor_release(bk->row_ids);
     tt_tensor_release(bk->rows);
   }
@@ -295,27 +325,31 @@ static const tt_tensor *sparse_param(const tt_dist_reducer *r, const grad_bucket
   return r->params[r->slots[bk->first_slot].param];
 }
 
-/* Sparse bucket, first collective: this rank's nonzero rows (NaN and inf count, so a
-** non-finite gradient is seen everywhere), max-reduced into the rows any rank touched. */
+/* Sparse bucket, first collective: a bit per row, set where this rank's row is nonzero
+** (NaN and inf count, so a non-finite gradient is seen everywhere), 32 rows a word;
+** every rank's words are gathered (a few hundred bytes: one eager message). */
 static int start_sparse_mask(tt_dist_reducer *r, grad_bucket *bk) {
   const tt_tensor *p = sparse_param(r, bk);
-  int64_t V = p->shape[0], D = p->shape[1];
+  int64_t V = p->shape[0], D = p->shape[1], words = (V + 31) / 32;
   tt_tensor *host = NULL;
-  if (!bk->mask) TT_TRY(tt_tensor_zeros(&V, 1, TT_I32, TT_CPU, &bk->mask));
+  if (!bk->mask) TT_TRY(tt_tensor_zeros(&words, 1, TT_I32, TT_CPU, &bk->mask));
   TT_TRY(tt_to_device(bk->buf, TT_CPU, &host));
   const float *g = tt_tensor_data(host);
-  int32_t *m = tt_tensor_data(bk->mask);
+  uint32_t *m = tt_tensor_data(bk->mask);
+  memset(m, 0, sizeof(uint32_t) * (size_t)words);
   for (int64_t v = 0; v < V; v++) {
     const float *row = g + v * D;
     int64_t d = 0;
     while (d < D && row[d] == 0.0f) d++;
-    m[v] = d < D;
+    if (d < D) m[v / 32] |= 1u << (v % 32);
   }
   tt_tensor_release(host);
   tt_comm_handle_free(bk->h);
   bk->h = NULL;
+  tt_tensor_release(bk->masks);
+  bk->masks = NULL;
   bk->phase = 1;
-  return tt_comm_all_reduce_async(r->comm, bk->mask, TT_REDUCE_MAX, &bk->h);
+  return tt_comm_all_gather_async(r->comm, bk->mask, 0, &bk->masks, &bk->h);
 }
 
 /* Sparse bucket, second collective (the mask reduced): the average of the touched rows,
@@ -323,9 +357,13 @@ static int start_sparse_mask(tt_dist_reducer *r, grad_bucket *bk) {
 static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   TT_TRY(tt_comm_wait(bk->h));
   const tt_tensor *p = sparse_param(r, bk);
-  int64_t V = p->shape[0], D = p->shape[1], k = 0;
-  const int32_t *m = tt_tensor_data(bk->mask);
-  for (int64_t v = 0; v < V; v++) k += m[v] != 0;
+  int64_t V = p->shape[0], D = p->shape[1], k = 0, words = (V + 31) / 32;
+  /* The union of every rank's rows, into this rank's words. */
+  uint32_t *m = tt_tensor_data(bk->mask);
+  const uint32_t *all = tt_tensor_data(bk->masks);
+  for (int q = 0; q < r->comm->size; q++)
+    for (int64_t w = 0; w < words; w++) m[w] |= all[q * words + w];
+  for (int64_t v = 0; v < V; v++) k += (m[v / 32] >> (v % 32)) & 1u;
   tt_comm_handle_free(bk->h);
   bk->h = NULL;
   bk->phase = 2;
@@ -337,7 +375,7 @@ static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   TT_TRY(tt_tensor_empty(&k, 1, TT_I64, TT_CPU, &host_ids));
   int64_t *ids = tt_tensor_data(host_ids);
   for (int64_t v = 0, i = 0; v < V; v++)
-    if (m[v]) ids[i++] = v;
+    if ((m[v / 32] >> (v % 32)) & 1u) ids[i++] = v;
   int rc = tt_to_device(host_ids, p->device, &bk->row_ids);
   tt_tensor_release(host_ids);
   TT_TRY(rc);
@@ -351,16 +389,25 @@ static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
 }
 
 /* Sparse bucket, after the rows arrived: the dense average (zeros, the averaged rows
-** added in), and under ZeRO-1 this rank's share of it. */
+** added in), straight into the parameter's gradient (write_back then leaves it alone),
+** or under ZeRO-1 into the bucket, of which this rank keeps its share. */
 static int unpack_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
+  bk->in_grad = 0;
   if (!bk->rows) return 0;
   const tt_tensor *p = sparse_param(r, bk);
   int64_t V = p->shape[0], D = p->shape[1], k = bk->rows->shape[0];
   const tt_embedding_kernels *kern = TT_KERNELS(tt_embedding, p->device);
   if (!kern || !kern->backward) return tt_no_kernel("sparse gradient rows", p->device);
-  TT_TRY(tt_fill_(bk->buf, 0.0));
-  TT_TRY(kern->backward(tt_tensor_data(bk->buf), tt_tensor_data(bk->rows),
-                          tt_tensor_data(bk->row_ids), 1, k, V, D));
+  tt_tensor *dst = bk->buf;
+  if (r->zero_stage == 0) {
+    bk->in_grad = 1;
+    if (!p->grad) return 0;   /* no gradient here: it stays without one (write_back) */
+    if (tt_tensor_is_contiguous(p->grad)) dst = p->grad;
+    else bk->in_grad = 0;
+  }
+  TT_TRY(tt_fill_(dst, 0.0));
+  TT_TRY(kern->backward(tt_tensor_data(dst), tt_tensor_data(bk->rows),
+                        tt_tensor_data(bk->row_ids), 1, k, V, D));
   if (r->zero_stage != 1) return 0;
   int64_t len = bk->numel / r->comm->size;
   tt_tensor *owned = NULL;
@@ -482,7 +529,7 @@ static int write_back(tt_dist_reducer *r) {
   for (int s = 0; s < r->n_params; s++) {
     grad_slot *sl = &r->slots[s];
     tt_tensor *p = r->params[sl->param], *src = NULL;
-    if (!p->grad) continue;
+    if (!p->grad || r->buckets[sl->bucket].in_grad) continue;
     TT_TRY(flat_piece(r->buckets[sl->bucket].buf, sl->offset, sl->numel, p, &src));
     int rc = tt_copy_(p->grad, src);
     tt_tensor_release(src);
