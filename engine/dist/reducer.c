@@ -565,6 +565,13 @@ int tt_dist_reducer_finish(tt_dist_reducer *r) {
 }
 
 int tt_dist_reducer_num_buckets(const tt_dist_reducer *r) { return r->n_buckets; }
+int64_t tt_dist_reducer_sparse_rows(const tt_dist_reducer *r) {
+  int64_t rows = -1;
+  for (int b = 0; b < r->n_buckets; b++)
+    if (r->buckets[b].sparse && r->buckets[b].rows)
+      rows = (rows < 0 ? 0 : rows) + r->buckets[b].rows->shape[0];
+  return rows;
+}
 double tt_dist_reducer_exposed_s(const tt_dist_reducer *r) { return r->exposed_s; }
 int tt_dist_reducer_num_shards(const tt_dist_reducer *r) { return r->n_shards; }
 tt_tensor *tt_dist_reducer_shard(const tt_dist_reducer *r, int i) {

@@ -190,6 +190,9 @@ int tt_dist_reducer_arm(tt_dist_reducer *r, int armed);
 int tt_dist_reducer_finish(tt_dist_reducer *r);
 /* Bytes of gradient per bucket and bucket count, for logs and tests. */
 int tt_dist_reducer_num_buckets(const tt_dist_reducer *r);
+/* Rows the last step moved as sparse rows (all row-sparse buckets together); -1 when
+** none did (no such parameter, or every one fell back to the dense collective). */
+int64_t tt_dist_reducer_sparse_rows(const tt_dist_reducer *r);
 /* Seconds spent waiting inside finish during the last step (communication left exposed
 ** after overlap) and seconds from the first bucket start to the last completion. */
 double tt_dist_reducer_exposed_s(const tt_dist_reducer *r);

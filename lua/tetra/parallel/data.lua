@@ -12,12 +12,15 @@
 -- Each DP rank computes the gradient of its rows; the average over ranks is the
 -- gradient of the whole global batch, so the run follows the single-process loss curve.
 -- The averaging is done by the C reducer (engine/dist/reducer.c): gradients are packed
--- into buckets of cfg.dist.bucket_mb (default 25) that start reducing while backward
+-- into buckets of at most cfg.dist.bucket_mb (default 25), smaller toward the end of
+-- backward (the last 1/32 of the gradient bytes), that start reducing while backward
 -- still runs, armed only for the last micro-batch of an accumulation.
 -- An embedding table's gradient is the last one backward produces, so nothing is left
 -- to overlap its reduction with; a step's tokens touch few of its rows, so with
 -- cfg.dist.sparse_embedding_grad (default true) only the rows some rank touched travel
 -- (the result is the dense average; data.row_sparse says which parameters qualify).
+-- After finish_grads, ddp.exposed_comm_s is the time it waited and ddp.sparse_rows the
+-- rows that travelled that way (-1: none did, e.g. past half the table).
 -- With cp > 1 the gradients are averaged over dp x cp (the ranks that hold the same
 -- parameters).
 --
@@ -121,6 +124,7 @@ function DDP:finish_grads()
   if not self._reducer then return end
   check(C.tt_dist_reducer_finish(self._reducer))
   self.exposed_comm_s = C.tt_dist_reducer_exposed_s(self._reducer)
+  self.sparse_rows = tonumber(C.tt_dist_reducer_sparse_rows(self._reducer))
 end
 
 -- Mean of a per-rank number over the reduction group (dp, or dp x cp under context
