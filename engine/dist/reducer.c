@@ -59,6 +59,7 @@ typedef struct {
   tt_tensor *row_ids;   /* sparse: (k) i64 rows that travel, on the parameter's device */
   tt_tensor *rows;      /* sparse: (k, D) those rows, averaged in place; NULL when dense */
   int in_grad;          /* sparse: the average went straight into the parameter's grad */
+  int landed;           /* averages written where the optimizer reads them (land_bucket) */
 } grad_bucket;
 
 typedef struct {
@@ -389,7 +390,7 @@ static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
 }
 
 /* Sparse bucket, after the rows arrived: the dense average (zeros, the averaged rows
-** added in), straight into the parameter's gradient (write_back then leaves it alone),
+** added in), straight into the parameter's gradient (land_bucket then leaves it alone),
 ** or under ZeRO-1 into the bucket, of which this rank keeps its share. */
 static int unpack_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   bk->in_grad = 0;
@@ -401,7 +402,7 @@ static int unpack_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   tt_tensor *dst = bk->buf;
   if (r->zero_stage == 0) {
     bk->in_grad = 1;
-    if (!p->grad) return 0;   /* no gradient here: it stays without one (write_back) */
+    if (!p->grad) return 0;   /* no gradient here: it stays without one */
     if (tt_tensor_is_contiguous(p->grad)) dst = p->grad;
     else bk->in_grad = 0;
   }
@@ -443,6 +444,42 @@ static int start_ready_buckets(tt_dist_reducer *r) {
   return 0;
 }
 
+/* A bucket whose collective completed: its averages go where the optimizer reads them,
+** into every param's grad (stage 0; a sparse bucket's rows unpacked), or as this
+** rank's shard gradients (stage 1). Runs as soon as a bucket completes, during backward
+** when it can: its gradients are final once it started. */
+static int land_bucket(tt_dist_reducer *r, int b) {
+  grad_bucket *bk = &r->buckets[b];
+  if (bk->landed) return 0;
+  bk->landed = 1;
+  if (bk->sparse) TT_TRY(unpack_sparse_rows(r, bk));
+  if (r->zero_stage == 1) {
+    for (int i = 0; i < r->n_shards; i++) {
+      zero_shard *z = &r->shards[i];
+      if (z->bucket != b) continue;
+      tt_tensor *g = NULL;
+      TT_TRY(flat_piece(bk->shard_grad, z->shard_offset, tt_tensor_numel(z->view), z->view,
+                        &g));
+      tt_tensor_release(z->view->grad);
+      z->view->grad = g;
+    }
+    return 0;
+  }
+  if (bk->in_grad) return 0;
+  /* A parameter without a gradient here stays without one, as in a single process
+  ** (the optimizer skips it). */
+  for (int k = 0; k < bk->n_slots; k++) {
+    grad_slot *sl = &r->slots[bk->first_slot + k];
+    tt_tensor *p = r->params[sl->param], *src = NULL;
+    if (!p->grad) continue;
+    TT_TRY(flat_piece(bk->buf, sl->offset, sl->numel, p, &src));
+    int rc = tt_copy_(p->grad, src);
+    tt_tensor_release(src);
+    TT_TRY(rc);
+  }
+  return 0;
+}
+
 /* Lets MPI move the bytes of the buckets in flight. The last bucket's sparse rows start
 ** as soon as its mask is in: no collective can follow it on any rank. */
 static int progress(tt_dist_reducer *r) {
@@ -457,6 +494,7 @@ static int progress(tt_dist_reducer *r) {
       continue;
     }
     bk->finished = 1;
+    TT_TRY(land_bucket(r, b));
   }
   return 0;
 }
@@ -491,6 +529,7 @@ static void reset_step(tt_dist_reducer *r) {
     r->buckets[b].started = 0;
     r->buckets[b].finished = 0;
     r->buckets[b].phase = 0;
+    r->buckets[b].landed = 0;
   }
   r->next_start = 0;
   r->hint = 0;
@@ -512,32 +551,6 @@ int tt_dist_reducer_arm(tt_dist_reducer *r, int armed) {
 
 /* -- After backward ------------------------------------------------------------------- */
 
-static int write_back(tt_dist_reducer *r) {
-  if (r->zero_stage == 1) {
-    for (int i = 0; i < r->n_shards; i++) {
-      zero_shard *z = &r->shards[i];
-      tt_tensor *g = NULL;
-      TT_TRY(flat_piece(r->buckets[z->bucket].shard_grad, z->shard_offset,
-                        tt_tensor_numel(z->view), z->view, &g));
-      tt_tensor_release(z->view->grad);
-      z->view->grad = g;
-    }
-    return 0;
-  }
-  /* A parameter without a gradient here stays without one, as in a single process
-  ** (the optimizer skips it). */
-  for (int s = 0; s < r->n_params; s++) {
-    grad_slot *sl = &r->slots[s];
-    tt_tensor *p = r->params[sl->param], *src = NULL;
-    if (!p->grad || r->buckets[sl->bucket].in_grad) continue;
-    TT_TRY(flat_piece(r->buckets[sl->bucket].buf, sl->offset, sl->numel, p, &src));
-    int rc = tt_copy_(p->grad, src);
-    tt_tensor_release(src);
-    TT_TRY(rc);
-  }
-  return 0;
-}
-
 static int finish(tt_dist_reducer *r) {
   if (r->failed) return tt_set_error("data parallel: %s", r->error);
   for (int s = 0; s < r->n_params; s++)
@@ -547,9 +560,9 @@ static int finish(tt_dist_reducer *r) {
   if (last->sparse && last->phase == 1) TT_TRY(start_sparse_rows(r, last));
   for (int b = 0; b < r->n_buckets; b++) {
     TT_TRY(tt_comm_wait(r->buckets[b].h));
-    if (r->buckets[b].sparse) TT_TRY(unpack_sparse_rows(r, &r->buckets[b]));
+    TT_TRY(land_bucket(r, b));
   }
-  return write_back(r);
+  return 0;
 }
 
 int tt_dist_reducer_finish(tt_dist_reducer *r) {
