@@ -353,7 +353,16 @@ static int start_sparse_mask(tt_dist_reducer *r, grad_bucket *bk) {
   return tt_comm_all_gather_async(r->comm, bk->mask, 0, &bk->masks, &bk->h);
 }
 
-/* Sparse bucket, second collective (the mask reduced): the average of the touched rows,
+/* Where a sparse bucket's averaged rows land: straight into the parameter's gradient
+** (bk->in_grad: land_bucket then leaves it alone; NULL when it has none here, and it
+** stays without one), or into the bucket (ZeRO-1 keeps its share of it). */
+static tt_tensor *sparse_dst(tt_dist_reducer *r, grad_bucket *bk) {
+  tt_tensor *g = r->params[r->slots[bk->first_slot].param]->grad;
+  bk->in_grad = r->zero_stage == 0 && (!g || tt_tensor_is_contiguous(g));
+  return !bk->in_grad ? bk->buf : g;
+}
+
+/* Sparse bucket, second collective (the mask gathered): the average of the touched rows,
 ** packed, or the dense collective when they are more than half the table. */
 static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   TT_TRY(tt_comm_wait(bk->h));
@@ -371,6 +380,7 @@ static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   tt_tensor_release(bk->row_ids);
   tt_tensor_release(bk->rows);
   bk->row_ids = bk->rows = NULL;
+  bk->in_grad = 0;
   if (k == 0 || 2 * k > V) return start_dense(r, bk);
   tt_tensor *host_ids = NULL;
   TT_TRY(tt_tensor_empty(&k, 1, TT_I64, TT_CPU, &host_ids));
@@ -385,28 +395,22 @@ static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   int64_t shape[2] = {k, D};
   TT_TRY(tt_tensor_empty(shape, 2, TT_F32, p->device, &bk->rows));
   TT_TRY(kern->forward(tt_tensor_data(bk->rows), tt_tensor_data(bk->buf),
-                         tt_tensor_data(bk->row_ids), 1, k, V, D));
-  return tt_comm_all_reduce_async(r->comm, bk->rows, TT_REDUCE_AVG, &bk->h);
+                       tt_tensor_data(bk->row_ids), 1, k, V, D));
+  TT_TRY(tt_comm_all_reduce_async(r->comm, bk->rows, TT_REDUCE_AVG, &bk->h));
+  /* While the rows travel: zeros where the average will land. */
+  tt_tensor *dst = sparse_dst(r, bk);
+  return dst ? tt_fill_(dst, 0.0) : 0;
 }
 
-/* Sparse bucket, after the rows arrived: the dense average (zeros, the averaged rows
-** added in), straight into the parameter's gradient (land_bucket then leaves it alone),
-** or under ZeRO-1 into the bucket, of which this rank keeps its share. */
+/* Sparse bucket, after the rows arrived: the averaged rows added into the zeros. */
 static int unpack_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
-  bk->in_grad = 0;
-  if (!bk->rows) return 0;
+  if (!bk->rows) return 0;   /* the dense collective ran */
+  tt_tensor *dst = sparse_dst(r, bk);
+  if (!dst) return 0;
   const tt_tensor *p = sparse_param(r, bk);
   int64_t V = p->shape[0], D = p->shape[1], k = bk->rows->shape[0];
   const tt_embedding_kernels *kern = TT_KERNELS(tt_embedding, p->device);
   if (!kern || !kern->backward) return tt_no_kernel("sparse gradient rows", p->device);
-  tt_tensor *dst = bk->buf;
-  if (r->zero_stage == 0) {
-    bk->in_grad = 1;
-    if (!p->grad) return 0;   /* no gradient here: it stays without one */
-    if (tt_tensor_is_contiguous(p->grad)) dst = p->grad;
-    else bk->in_grad = 0;
-  }
-  TT_TRY(tt_fill_(dst, 0.0));
   TT_TRY(kern->backward(tt_tensor_data(dst), tt_tensor_data(bk->rows),
                         tt_tensor_data(bk->row_ids), 1, k, V, D));
   if (r->zero_stage != 1) return 0;
@@ -530,6 +534,7 @@ static void reset_step(tt_dist_reducer *r) {
     r->buckets[b].finished = 0;
     r->buckets[b].phase = 0;
     r->buckets[b].landed = 0;
+    r->buckets[b].in_grad = 0;
   }
   r->next_start = 0;
   r->hint = 0;
