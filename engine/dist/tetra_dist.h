@@ -168,10 +168,12 @@ int tt_mesh_dim_size(const tt_mesh *m, const char *dim);
 int tt_mesh_rank_at(const tt_mesh *m, int tp, int cp, int dp, int pp);
 
 /* -- Data-parallel gradient reducer ----------------------------------------------------- */
-/* Averages the gradients of `params` over `c` in buckets of about bucket_mb megabytes.
+/* Averages the gradients of `params` over `c` in buckets of at most bucket_mb megabytes,
+** smaller toward the end of backward (the last about 1/32 of the gradient bytes).
 ** Buckets follow the reverse parameter order (the order backward produces gradients);
 ** a bucket starts reducing as soon as its last gradient is ready, while backward goes
-** on, always in bucket order so every rank issues the same sequence.
+** on, always in bucket order so every rank issues the same sequence, and its averages
+** are written back as soon as it completes.
 ** zero_stage 1: buckets are reduce-scattered instead; each rank keeps the averaged
 ** gradient of its 1/n share of every bucket (ZeRO-1) and updates only that share.
 ** row_sparse (n flags, or NULL): parameters, f32 tables (V, D) such as an embedding,
