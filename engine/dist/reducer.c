@@ -52,7 +52,7 @@ typedef struct {
   tt_tensor *shard_grad;   /* ZeRO-1: (numel / n) averaged share after finish */
   tt_comm_handle *h;
   int sparse;       /* one row-sparse (V, D) parameter: only touched rows travel */
-  int phase;        /* sparse: 1 while the row mask is reduced, 2 once the data travels */
+  int phase;        /* sparse: 1 while the row masks travel, 2 once the rows do */
   tt_tensor *mask;  /* sparse: (V / 32) bits, set where this rank's row is nonzero, then
                     ** where any rank's is */
   tt_tensor *masks; /* sparse: every rank's mask, gathered */
@@ -107,7 +107,8 @@ static int group_from_tail(tt_dist_reducer *r, double bucket_mb, int *group) {
   for (int p = 0; p < r->n_params; p++) {
     int64_t bytes = tt_tensor_numel(r->params[p]) * elem;
     int alone = r->row_sparse[p] || (p > 0 && r->row_sparse[p - 1]);
-    if (g < 0 || alone || (fill > 0 && (double)(fill + bytes) > (cap < max_cap ? cap : max_cap))) {
+    double limit = cap < max_cap ? cap : max_cap;
+    if (g < 0 || alone || (fill > 0 && (double)(fill + bytes) > limit)) {
       if (g >= 0 && !r->row_sparse[p - 1]) cap *= 2.0;
       g++;
       fill = 0;
@@ -246,9 +247,9 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double buck
              "parameter 0 is %s)", i, tt_dtype_name(p->dtype), tt_dtype_name(params[0]->dtype));
     TT_CHECK(tt_tensor_is_contiguous(p), "data parallel: parameter %d is not contiguous", i);
     TT_CHECK(!row_sparse || !row_sparse[i] || (p->ndim == 2 && p->dtype == TT_F32),
-             "data parallel: parameter %d cannot travel as rows (dist.sparse_embedding_grad): "
-             "it is %s with %d dims, not an f32 table (V, D)", i, tt_dtype_name(p->dtype),
-             p->ndim);
+             "data parallel: parameter %d cannot travel as rows "
+             "(dist.sparse_embedding_grad): it is %s with %d dims, not an f32 table (V, D)",
+             i, tt_dtype_name(p->dtype), p->ndim);
   }
   tt_dist_reducer *r = calloc(1, sizeof *r);
   TT_CHECK(r, "data parallel: out of host memory");
