@@ -17,9 +17,9 @@
 -- still runs, armed only for the last micro-batch of an accumulation.
 -- An embedding table's gradient is the last one backward produces, so nothing is left
 -- to overlap its reduction with; a step's tokens touch few of its rows, so with
--- cfg.dist.sparse_embedding_grad (on; auto, the default, for large tables) only the rows
--- some rank touched travel (the result is the dense average; data.row_sparse says which
--- parameters qualify).
+-- cfg.dist.sparse_embedding_grad = true (default false: README, Performance) only the
+-- rows some rank touched travel (the result is the dense average; data.row_sparse says
+-- which parameters qualify).
 -- After finish_grads, ddp.exposed_comm_s is the time it waited and ddp.sparse_rows the
 -- rows that travelled that way (-1: none did, e.g. past half the table).
 -- With cp > 1 the gradients are averaged over dp x cp (the ranks that hold the same
@@ -45,20 +45,12 @@ end
 local DDP = {}
 DDP.__index = DDP
 
--- Tables smaller than this take the dense path under dist.sparse_embedding_grad=auto.
--- The row exchange adds a collective (the touched rows' bitmask) before the rows travel;
--- on tools/bench/dp.sh (2 ranks, shared memory) a 4 MB table's dense all-reduce left less
--- exposed than the two steps, a 32 MB table's more (README, Performance).
-data.SPARSE_MIN_BYTES = 16 * 2 ^ 20
-
 -- Flags (1 or 0, aligned with entries, par:placements()'s list) of the parameters whose
--- gradient travels as touched rows: an Embedding's f32 weight that no other module of
--- model shares and no other pipeline stage holds (a tied head's gradient fills every
--- row), under cfg.dist.sparse_embedding_grad "on", or "auto" (the default) when it is at
--- least data.SPARSE_MIN_BYTES. nil when none does.
+-- gradient travels as touched rows under cfg.dist.sparse_embedding_grad = true: an
+-- Embedding's f32 weight that no other module of model shares and no other pipeline
+-- stage holds (a tied head's gradient fills every row). nil when none does.
 function data.row_sparse(model, entries, cfg)
-  local mode = ((cfg and cfg.dist) or {}).sparse_embedding_grad or "auto"
-  if mode == "off" then return nil end
+  if not ((cfg and cfg.dist) or {}).sparse_embedding_grad then return nil end
   local users, tables = {}, {}
   for _, nm in ipairs(model:named_modules()) do
     local m = nm[2]
@@ -75,8 +67,7 @@ function data.row_sparse(model, entries, cfg)
   for i, e in ipairs(entries) do
     local t, key = e.tensor, tensor.key(e.tensor)
     local ok = tables[key] and users[key] == 1 and not (e.placement and e.placement.tied) and
-               t.ndim == 2 and t.dtype == "f32" and
-               (mode == "on" or 4 * t:numel() >= data.SPARSE_MIN_BYTES)
+               t.ndim == 2 and t.dtype == "f32"
     flags[i] = ok and 1 or 0
     any = any or ok
   end
