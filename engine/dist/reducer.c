@@ -2,22 +2,36 @@
 ** reducer.c — data-parallel gradient averaging in buckets, overlapped with backward.
 **
 ** Parameters are packed, in reverse order (roughly the order backward finishes their
-** gradients), into flat buckets of about bucket_mb megabytes. The autograd grad-ready
-** hook copies each finished gradient into its bucket; a full bucket starts a
-** non-blocking all-reduce (or reduce-scatter for ZeRO-1) while backward keeps running.
-** Buckets always start in bucket order, so every rank issues the same sequence of
-** collectives even if its gradients finish in a different order. Each hook call also
-** tests the in-flight buckets: MPI progresses non-blocking collectives only inside MPI
-** calls, so this is what moves the bytes during backward.
+** gradients), into flat buckets of at most bucket_mb megabytes, smaller toward the end
+** of backward (group_from_tail says how). The autograd grad-ready hook copies each
+** finished gradient into its bucket; a full bucket starts a non-blocking all-reduce (or
+** reduce-scatter for ZeRO-1) while backward keeps running. Buckets always start in
+** bucket order, so every rank issues the same sequence of collectives even if its
+** gradients finish in a different order. Each hook call also tests the in-flight
+** buckets: MPI progresses non-blocking collectives only inside MPI calls, so this is
+** what moves the bytes during backward.
+**
+** Row-sparse parameters (an embedding table (V, D): a step's tokens touch few of its
+** rows, and its gradient is the last one backward produces, so its reduction can
+** overlap nothing) get a bucket of their own that moves only the rows some rank
+** touched: first every rank's nonzero rows (a bit per row, all-gathered, their union
+** taken), then the average of just those rows, packed (k, D) and scattered back into
+** zeros. Rows that are zero on every rank average to zero, so this is the dense
+** average; when the union is more than half the table the bucket falls back to the
+** dense collective. The union decides the second collective, so it is issued at a
+** point every rank agrees on: just before the next bucket starts, or at once when it
+** is the last bucket.
 **
 ** ZeRO-1: each bucket is padded to a multiple of the group size n; rank r owns elements
 ** [r*len, (r+1)*len) of every bucket (len = padded / n). Its shards are 1-D or (1, k)
 ** views into the parameters over that range (2-D when the param is a matrix, so the
 ** optimizer's weight-decay rule by ndim still applies); their ->grad is set to the
-** matching slice of the reduce-scattered gradient after finish. After the optimizer has
-** updated the shards in place, gather_params all-gathers every bucket's owned range.
+** matching slice of the reduce-scattered gradient after finish (of the averaged rows'
+** bucket for a sparse bucket). After the optimizer has updated the shards in place,
+** gather_params all-gathers every bucket's owned range.
 */
 #include "dist_internal.h"
+#include "embedding.h"
 
 typedef struct {
   int param;
@@ -37,6 +51,15 @@ typedef struct {
   tt_tensor *buf;   /* (numel) gradients, then averages */
   tt_tensor *shard_grad;   /* ZeRO-1: (numel / n) averaged share after finish */
   tt_comm_handle *h;
+  int sparse;       /* one row-sparse (V, D) parameter: only touched rows travel */
+  int phase;        /* sparse: 1 while the row masks travel, 2 once the rows do */
+  tt_tensor *mask;  /* sparse: (V / 32) bits, set where this rank's row is nonzero, then
+                    ** where any rank's is */
+  tt_tensor *masks; /* sparse: every rank's mask, gathered */
+  tt_tensor *row_ids;   /* sparse: (k) i64 rows that travel, on the parameter's device */
+  tt_tensor *rows;      /* sparse: (k, D) those rows, averaged in place; NULL when dense */
+  int in_grad;          /* sparse: the average went straight into the parameter's grad */
+  int landed;           /* averages written where the optimizer reads them (land_bucket) */
 } grad_bucket;
 
 typedef struct {
@@ -52,6 +75,7 @@ struct tt_dist_reducer {
   int zero_stage;
   int n_params;
   tt_tensor **params;          /* retained */
+  unsigned char *row_sparse;   /* param -> 1 when its gradient travels as touched rows */
   int *slot_of;                /* param -> slot */
   grad_slot *slots;
   int n_buckets;
@@ -68,31 +92,59 @@ struct tt_dist_reducer {
 
 /* -- Bucket layout -------------------------------------------------------------------- */
 
+/* Which bucket each parameter goes to, counted from the tail (group 0 holds parameter
+** 0, whose gradient backward produces last): walking from parameter 0, a group takes
+** parameters until the next would pass its cap. The tail group's cap is 1/32 of all the
+** gradient bytes and each earlier group's twice the next one's, up to bucket_mb: what is
+** still in flight when backward ends is small, while large models keep bucket_mb
+** buckets everywhere but at the very end. A row-sparse parameter is a group of its own. */
+static int group_from_tail(tt_dist_reducer *r, double bucket_mb, int *group) {
+  int64_t elem = (int64_t)tt_dtype_size(r->params[0]->dtype), total = 0;
+  for (int p = 0; p < r->n_params; p++) total += tt_tensor_numel(r->params[p]) * elem;
+  double max_cap = bucket_mb * 1024.0 * 1024.0, cap = total / 32.0;
+  int g = -1;
+  int64_t fill = 0;
+  for (int p = 0; p < r->n_params; p++) {
+    int64_t bytes = tt_tensor_numel(r->params[p]) * elem;
+    int alone = r->row_sparse[p] || (p > 0 && r->row_sparse[p - 1]);
+    double limit = cap < max_cap ? cap : max_cap;
+    if (g < 0 || alone || (fill > 0 && (double)(fill + bytes) > limit)) {
+      if (g >= 0 && !r->row_sparse[p - 1]) cap *= 2.0;
+      g++;
+      fill = 0;
+    }
+    group[p] = g;
+    fill += bytes;
+  }
+  return g + 1;
+}
+
 static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
   /* Bucket b holds consecutive slots; slot s is parameter n-1-s. */
-  int64_t cap = (int64_t)(bucket_mb * 1024.0 * 1024.0);
-  size_t elem = tt_dtype_size(r->params[0]->dtype);
   TT_ALLOC(r->slots, sizeof(grad_slot) * (size_t)r->n_params);
   TT_ALLOC(r->slot_of, sizeof(int) * (size_t)r->n_params);
   TT_ALLOC(r->buckets, sizeof(grad_bucket) * (size_t)r->n_params);
   memset(r->buckets, 0, sizeof(grad_bucket) * (size_t)r->n_params);
-  int nb = -1;
+  int *group = NULL;
+  TT_ALLOC(group, sizeof(int) * (size_t)r->n_params);
+  r->n_buckets = group_from_tail(r, bucket_mb, group);
   int64_t fill = 0;
   for (int s = 0; s < r->n_params; s++) {
-    int p = r->n_params - 1 - s;
-    int64_t numel = tt_tensor_numel(r->params[p]);
-    if (nb < 0 || (fill > 0 && (fill + numel) * (int64_t)elem > cap)) {
-      nb++;
-      r->buckets[nb].first_slot = s;
+    int p = r->n_params - 1 - s, nb = r->n_buckets - 1 - group[p];
+    grad_bucket *bk = &r->buckets[nb];
+    if (bk->n_slots == 0) {
+      bk->first_slot = s;
+      bk->sparse = r->row_sparse[p];
       fill = 0;
     }
+    int64_t numel = tt_tensor_numel(r->params[p]);
     r->slots[s] = (grad_slot){p, nb, fill, numel, 0};
     r->slot_of[p] = s;
-    r->buckets[nb].n_slots++;
+    bk->n_slots++;
     fill += numel;
-    r->buckets[nb].numel = fill;
+    bk->numel = fill;
   }
-  r->n_buckets = nb + 1;
+  free(group);
   int n = r->comm->size;
   for (int b = 0; b < r->n_buckets; b++) {
     grad_bucket *bk = &r->buckets[b];
@@ -154,9 +206,14 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
   if (!r) return;
   tt_dist_reducer_arm(r, 0);
   for (int b = 0; b < r->n_buckets; b++) {
-    tt_comm_handle_free(r->buckets[b].h);
-    tt_tensor_release(r->buckets[b].buf);
-    tt_tensor_release(r->buckets[b].shard_grad);
+    grad_bucket *bk = &r->buckets[b];
+    tt_comm_handle_free(bk->h);
+    tt_tensor_release(bk->buf);
+    tt_tensor_release(bk->shard_grad);
+    tt_tensor_release(bk->mask);
+    tt_tensor_release(bk->masks);
+    tt_tensor_release(bk->row_ids);
+    tt_tensor_release(bk->rows);
   }
   for (int i = 0; i < r->n_shards; i++) {
     tt_tensor_release(r->shards[i].view->grad);
@@ -165,6 +222,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
   }
   for (int i = 0; i < r->n_params; i++) tt_tensor_release(r->params[i]);
   free(r->params);
+  free(r->row_sparse);
   free(r->slot_of);
   free(r->slots);
   free(r->buckets);
@@ -173,7 +231,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
 }
 
 int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double bucket_mb,
-                        int zero_stage, tt_dist_reducer **out) {
+                        int zero_stage, const int *row_sparse, tt_dist_reducer **out) {
   *out = NULL;
   TT_CHECK(c, "data parallel: no group");
   TT_CHECK(n > 0, "data parallel: no parameters to reduce");
@@ -188,19 +246,27 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double buck
              "data parallel: parameters mix dtypes or devices (parameter %d is %s, "
              "parameter 0 is %s)", i, tt_dtype_name(p->dtype), tt_dtype_name(params[0]->dtype));
     TT_CHECK(tt_tensor_is_contiguous(p), "data parallel: parameter %d is not contiguous", i);
+    TT_CHECK(!row_sparse || !row_sparse[i] || (p->ndim == 2 && p->dtype == TT_F32),
+             "data parallel: parameter %d cannot travel as rows "
+             "(dist.sparse_embedding_grad): it is %s with %d dims, not an f32 table (V, D)",
+             i, tt_dtype_name(p->dtype), p->ndim);
   }
   tt_dist_reducer *r = calloc(1, sizeof *r);
   TT_CHECK(r, "data parallel: out of host memory");
   r->comm = c;
   r->zero_stage = zero_stage;
   r->params = malloc(sizeof(tt_tensor *) * (size_t)n);
-  if (!r->params) {
+  r->row_sparse = calloc((size_t)n, 1);
+  if (!r->params || !r->row_sparse) {
+    free(r->params);
+    free(r->row_sparse);
     free(r);
     return tt_set_error("data parallel: out of host memory");
   }
   for (int i = 0; i < n; i++) {
     tt_tensor_retain(params[i]);
     r->params[i] = params[i];
+    r->row_sparse[i] = row_sparse && row_sparse[i];
   }
   r->n_params = n;
   int prev = tt_is_grad_enabled();
@@ -245,20 +311,137 @@ static int fill_slot(tt_dist_reducer *r, int slot) {
   return 0;
 }
 
-/* Starts every complete bucket that follows the started ones, in bucket order. */
+/* The dense collective of a bucket: all-reduce, or reduce-scatter under ZeRO-1. */
+static int start_dense(tt_dist_reducer *r, grad_bucket *bk) {
+  if (r->zero_stage == 1) {
+    tt_tensor_release(bk->shard_grad);
+    bk->shard_grad = NULL;
+    return tt_comm_reduce_scatter_async(r->comm, bk->buf, 0, TT_REDUCE_AVG, &bk->shard_grad,
+                                        &bk->h);
+  }
+  return tt_comm_all_reduce_async(r->comm, bk->buf, TT_REDUCE_AVG, &bk->h);
+}
+
+/* The (V, D) table of a sparse bucket's only parameter. */
+static const tt_tensor *sparse_param(const tt_dist_reducer *r, const grad_bucket *bk) {
+  return r->params[r->slots[bk->first_slot].param];
+}
+
+/* Sparse bucket, first collective: a bit per row, set where this rank's row is nonzero
+** (NaN and inf count, so a non-finite gradient is seen everywhere), 32 rows a word;
+** every rank's words are gathered (a few hundred bytes: one eager message). */
+static int start_sparse_mask(tt_dist_reducer *r, grad_bucket *bk) {
+  const tt_tensor *p = sparse_param(r, bk);
+  int64_t V = p->shape[0], D = p->shape[1], words = (V + 31) / 32;
+  tt_tensor *host = NULL;
+  if (!bk->mask) TT_TRY(tt_tensor_zeros(&words, 1, TT_I32, TT_CPU, &bk->mask));
+  TT_TRY(tt_to_device(bk->buf, TT_CPU, &host));
+  const float *g = tt_tensor_data(host);
+  uint32_t *m = tt_tensor_data(bk->mask);
+  memset(m, 0, sizeof(uint32_t) * (size_t)words);
+  for (int64_t v = 0; v < V; v++) {
+    const float *row = g + v * D;
+    int64_t d = 0;
+    while (d < D && row[d] == 0.0f) d++;
+    if (d < D) m[v / 32] |= 1u << (v % 32);
+  }
+  tt_tensor_release(host);
+  tt_comm_handle_free(bk->h);
+  bk->h = NULL;
+  tt_tensor_release(bk->masks);
+  bk->masks = NULL;
+  bk->phase = 1;
+  return tt_comm_all_gather_async(r->comm, bk->mask, 0, &bk->masks, &bk->h);
+}
+
+/* Where a sparse bucket's averaged rows land: straight into the parameter's gradient
+** (bk->in_grad: land_bucket then leaves it alone; NULL when it has none here, and it
+** stays without one), or into the bucket (ZeRO-1 keeps its share of it). */
+static tt_tensor *sparse_dst(tt_dist_reducer *r, grad_bucket *bk) {
+  tt_tensor *g = r->params[r->slots[bk->first_slot].param]->grad;
+  bk->in_grad = r->zero_stage == 0 && (!g || tt_tensor_is_contiguous(g));
+  return !bk->in_grad ? bk->buf : g;
+}
+
+/* Sparse bucket, second collective (the mask gathered): the average of the touched rows,
+** packed, or the dense collective when they are more than half the table. */
+static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
+  TT_TRY(tt_comm_wait(bk->h));
+  const tt_tensor *p = sparse_param(r, bk);
+  int64_t V = p->shape[0], D = p->shape[1], k = 0, words = (V + 31) / 32;
+  /* The union of every rank's rows, into this rank's words. */
+  uint32_t *m = tt_tensor_data(bk->mask);
+  const uint32_t *all = tt_tensor_data(bk->masks);
+  for (int q = 0; q < r->comm->size; q++)
+    for (int64_t w = 0; w < words; w++) m[w] |= all[q * words + w];
+  for (int64_t v = 0; v < V; v++) k += (m[v / 32] >> (v % 32)) & 1u;
+  tt_comm_handle_free(bk->h);
+  bk->h = NULL;
+  bk->phase = 2;
+  tt_tensor_release(bk->row_ids);
+  tt_tensor_release(bk->rows);
+  bk->row_ids = bk->rows = NULL;
+  bk->in_grad = 0;
+  if (k == 0 || 2 * k > V) return start_dense(r, bk);
+  tt_tensor *host_ids = NULL;
+  TT_TRY(tt_tensor_empty(&k, 1, TT_I64, TT_CPU, &host_ids));
+  int64_t *ids = tt_tensor_data(host_ids);
+  for (int64_t v = 0, i = 0; v < V; v++)
+    if ((m[v / 32] >> (v % 32)) & 1u) ids[i++] = v;
+  int rc = tt_to_device(host_ids, p->device, &bk->row_ids);
+  tt_tensor_release(host_ids);
+  TT_TRY(rc);
+  const tt_embedding_kernels *kern = TT_KERNELS(tt_embedding, p->device);
+  if (!kern || !kern->forward) return tt_no_kernel("sparse gradient rows", p->device);
+  int64_t shape[2] = {k, D};
+  TT_TRY(tt_tensor_empty(shape, 2, TT_F32, p->device, &bk->rows));
+  TT_TRY(kern->forward(tt_tensor_data(bk->rows), tt_tensor_data(bk->buf),
+                       tt_tensor_data(bk->row_ids), 1, k, V, D));
+  TT_TRY(tt_comm_all_reduce_async(r->comm, bk->rows, TT_REDUCE_AVG, &bk->h));
+  /* While the rows travel: zeros where the average will land. */
+  tt_tensor *dst = sparse_dst(r, bk);
+  return dst ? tt_fill_(dst, 0.0) : 0;
+}
+
+/* Sparse bucket, after the rows arrived: the averaged rows added into the zeros. */
+static int unpack_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
+  if (!bk->rows) return 0;   /* the dense collective ran */
+  tt_tensor *dst = sparse_dst(r, bk);
+  if (!dst) return 0;
+  const tt_tensor *p = sparse_param(r, bk);
+  int64_t V = p->shape[0], D = p->shape[1], k = bk->rows->shape[0];
+  const tt_embedding_kernels *kern = TT_KERNELS(tt_embedding, p->device);
+  if (!kern || !kern->backward) return tt_no_kernel("sparse gradient rows", p->device);
+  TT_TRY(kern->backward(tt_tensor_data(dst), tt_tensor_data(bk->rows),
+                        tt_tensor_data(bk->row_ids), 1, k, V, D));
+  if (r->zero_stage != 1) return 0;
+  int64_t len = bk->numel / r->comm->size;
+  tt_tensor *owned = NULL;
+  TT_TRY(tt_narrow(bk->buf, 0, r->comm->rank * len, len, &owned));
+  tt_tensor_release(bk->shard_grad);
+  bk->shard_grad = NULL;
+  int rc = tt_clone(owned, &bk->shard_grad);
+  tt_tensor_release(owned);
+  return rc;
+}
+
+/* Starts every complete bucket that follows the started ones, in bucket order. A sparse
+** bucket's rows go out before the next bucket starts, so every rank issues them at the
+** same point of the sequence. */
 static int start_ready_buckets(tt_dist_reducer *r) {
   while (r->next_start < r->n_buckets) {
     grad_bucket *bk = &r->buckets[r->next_start];
     if (bk->n_ready < bk->n_slots) break;
-    tt_comm_handle_free(bk->h);
-    bk->h = NULL;
-    if (r->zero_stage == 1) {
-      tt_tensor_release(bk->shard_grad);
-      bk->shard_grad = NULL;
-      TT_TRY(tt_comm_reduce_scatter_async(r->comm, bk->buf, 0, TT_REDUCE_AVG,
-                                          &bk->shard_grad, &bk->h));
+    if (r->next_start > 0) {
+      grad_bucket *prev = &r->buckets[r->next_start - 1];
+      if (prev->sparse && prev->phase == 1) TT_TRY(start_sparse_rows(r, prev));
+    }
+    if (bk->sparse) {
+      TT_TRY(start_sparse_mask(r, bk));
     } else {
-      TT_TRY(tt_comm_all_reduce_async(r->comm, bk->buf, TT_REDUCE_AVG, &bk->h));
+      tt_comm_handle_free(bk->h);
+      bk->h = NULL;
+      TT_TRY(start_dense(r, bk));
     }
     bk->started = 1;
     r->next_start++;
@@ -266,12 +449,57 @@ static int start_ready_buckets(tt_dist_reducer *r) {
   return 0;
 }
 
-/* Lets MPI move the bytes of the buckets in flight. */
+/* A bucket whose collective completed: its averages go where the optimizer reads them,
+** into every param's grad (stage 0; a sparse bucket's rows unpacked), or as this
+** rank's shard gradients (stage 1). Runs as soon as a bucket completes, during backward
+** when it can: its gradients are final once it started. */
+static int land_bucket(tt_dist_reducer *r, int b) {
+  grad_bucket *bk = &r->buckets[b];
+  if (bk->landed) return 0;
+  bk->landed = 1;
+  if (bk->sparse) TT_TRY(unpack_sparse_rows(r, bk));
+  if (r->zero_stage == 1) {
+    for (int i = 0; i < r->n_shards; i++) {
+      zero_shard *z = &r->shards[i];
+      if (z->bucket != b) continue;
+      tt_tensor *g = NULL;
+      TT_TRY(flat_piece(bk->shard_grad, z->shard_offset, tt_tensor_numel(z->view), z->view,
+                        &g));
+      tt_tensor_release(z->view->grad);
+      z->view->grad = g;
+    }
+    return 0;
+  }
+  if (bk->in_grad) return 0;
+  /* A parameter without a gradient here stays without one, as in a single process
+  ** (the optimizer skips it). */
+  for (int k = 0; k < bk->n_slots; k++) {
+    grad_slot *sl = &r->slots[bk->first_slot + k];
+    tt_tensor *p = r->params[sl->param], *src = NULL;
+    if (!p->grad) continue;
+    TT_TRY(flat_piece(bk->buf, sl->offset, sl->numel, p, &src));
+    int rc = tt_copy_(p->grad, src);
+    tt_tensor_release(src);
+    TT_TRY(rc);
+  }
+  return 0;
+}
+
+/* Lets MPI move the bytes of the buckets in flight. The last bucket's sparse rows start
+** as soon as its mask is in: no collective can follow it on any rank. */
 static int progress(tt_dist_reducer *r) {
   for (int b = 0; b < r->next_start; b++) {
     grad_bucket *bk = &r->buckets[b];
     if (bk->finished) continue;
-    TT_TRY(tt_comm_test(bk->h, &bk->finished));
+    int done = 0;
+    TT_TRY(tt_comm_test(bk->h, &done));
+    if (!done) continue;
+    if (bk->sparse && bk->phase == 1) {
+      if (b == r->n_buckets - 1) TT_TRY(start_sparse_rows(r, bk));
+      continue;
+    }
+    bk->finished = 1;
+    TT_TRY(land_bucket(r, b));
   }
   return 0;
 }
@@ -305,6 +533,9 @@ static void reset_step(tt_dist_reducer *r) {
     r->buckets[b].n_ready = 0;
     r->buckets[b].started = 0;
     r->buckets[b].finished = 0;
+    r->buckets[b].phase = 0;
+    r->buckets[b].landed = 0;
+    r->buckets[b].in_grad = 0;
   }
   r->next_start = 0;
   r->hint = 0;
@@ -326,39 +557,18 @@ int tt_dist_reducer_arm(tt_dist_reducer *r, int armed) {
 
 /* -- After backward ------------------------------------------------------------------- */
 
-static int write_back(tt_dist_reducer *r) {
-  if (r->zero_stage == 1) {
-    for (int i = 0; i < r->n_shards; i++) {
-      zero_shard *z = &r->shards[i];
-      tt_tensor *g = NULL;
-      TT_TRY(flat_piece(r->buckets[z->bucket].shard_grad, z->shard_offset,
-                        tt_tensor_numel(z->view), z->view, &g));
-      tt_tensor_release(z->view->grad);
-      z->view->grad = g;
-    }
-    return 0;
-  }
-  /* A parameter without a gradient here stays without one, as in a single process
-  ** (the optimizer skips it). */
-  for (int s = 0; s < r->n_params; s++) {
-    grad_slot *sl = &r->slots[s];
-    tt_tensor *p = r->params[sl->param], *src = NULL;
-    if (!p->grad) continue;
-    TT_TRY(flat_piece(r->buckets[sl->bucket].buf, sl->offset, sl->numel, p, &src));
-    int rc = tt_copy_(p->grad, src);
-    tt_tensor_release(src);
-    TT_TRY(rc);
-  }
-  return 0;
-}
-
 static int finish(tt_dist_reducer *r) {
   if (r->failed) return tt_set_error("data parallel: %s", r->error);
   for (int s = 0; s < r->n_params; s++)
     if (!r->slots[s].ready) TT_TRY(fill_slot(r, s));
   TT_TRY(start_ready_buckets(r));
-  for (int b = 0; b < r->n_buckets; b++) TT_TRY(tt_comm_wait(r->buckets[b].h));
-  return write_back(r);
+  grad_bucket *last = &r->buckets[r->n_buckets - 1];
+  if (last->sparse && last->phase == 1) TT_TRY(start_sparse_rows(r, last));
+  for (int b = 0; b < r->n_buckets; b++) {
+    TT_TRY(tt_comm_wait(r->buckets[b].h));
+    TT_TRY(land_bucket(r, b));
+  }
+  return 0;
 }
 
 int tt_dist_reducer_finish(tt_dist_reducer *r) {
@@ -374,6 +584,13 @@ int tt_dist_reducer_finish(tt_dist_reducer *r) {
 }
 
 int tt_dist_reducer_num_buckets(const tt_dist_reducer *r) { return r->n_buckets; }
+int64_t tt_dist_reducer_sparse_rows(const tt_dist_reducer *r) {
+  int64_t rows = -1;
+  for (int b = 0; b < r->n_buckets; b++)
+    if (r->buckets[b].sparse && r->buckets[b].rows)
+      rows = (rows < 0 ? 0 : rows) + r->buckets[b].rows->shape[0];
+  return rows;
+}
 double tt_dist_reducer_exposed_s(const tt_dist_reducer *r) { return r->exposed_s; }
 int tt_dist_reducer_num_shards(const tt_dist_reducer *r) { return r->n_shards; }
 tt_tensor *tt_dist_reducer_shard(const tt_dist_reducer *r, int i) {

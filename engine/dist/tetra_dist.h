@@ -168,15 +168,20 @@ int tt_mesh_dim_size(const tt_mesh *m, const char *dim);
 int tt_mesh_rank_at(const tt_mesh *m, int tp, int cp, int dp, int pp);
 
 /* -- Data-parallel gradient reducer ----------------------------------------------------- */
-/* Averages the gradients of `params` over `c` in buckets of about bucket_mb megabytes.
+/* Averages the gradients of `params` over `c` in buckets of at most bucket_mb megabytes,
+** smaller toward the end of backward (the last about 1/32 of the gradient bytes).
 ** Buckets follow the reverse parameter order (the order backward produces gradients);
 ** a bucket starts reducing as soon as its last gradient is ready, while backward goes
-** on, always in bucket order so every rank issues the same sequence.
+** on, always in bucket order so every rank issues the same sequence, and its averages
+** are written back as soon as it completes.
 ** zero_stage 1: buckets are reduce-scattered instead; each rank keeps the averaged
-** gradient of its 1/n share of every bucket (ZeRO-1) and updates only that share. */
+** gradient of its 1/n share of every bucket (ZeRO-1) and updates only that share.
+** row_sparse (n flags, or NULL): parameters, f32 tables (V, D) such as an embedding,
+** whose gradient travels as the rows some rank touched (nonzero), in a bucket of their
+** own; the result is the dense average. The same flags on every rank. */
 typedef struct tt_dist_reducer tt_dist_reducer;
 int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double bucket_mb,
-                        int zero_stage, tt_dist_reducer **out);
+                        int zero_stage, const int *row_sparse, tt_dist_reducer **out);
 void tt_dist_reducer_free(tt_dist_reducer *r);
 /* Arms (1) or disarms (0) the grad-ready hook for the next backward. Armed only for the
 ** last micro-batch of an accumulation. */
@@ -187,6 +192,9 @@ int tt_dist_reducer_arm(tt_dist_reducer *r, int armed);
 int tt_dist_reducer_finish(tt_dist_reducer *r);
 /* Bytes of gradient per bucket and bucket count, for logs and tests. */
 int tt_dist_reducer_num_buckets(const tt_dist_reducer *r);
+/* Rows the last step moved as sparse rows (all row-sparse buckets together); -1 when
+** none did (no such parameter, or every one fell back to the dense collective). */
+int64_t tt_dist_reducer_sparse_rows(const tt_dist_reducer *r);
 /* Seconds spent waiting inside finish during the last step (communication left exposed
 ** after overlap) and seconds from the first bucket start to the last completion. */
 double tt_dist_reducer_exposed_s(const tt_dist_reducer *r);

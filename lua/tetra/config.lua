@@ -150,6 +150,8 @@ M.schema = {
   dist = {
     timeout_s = num(600, 0),
     bucket_mb = num(25, 0),
+    sparse_embedding_grad = bool(false, "average an embedding's gradient as the rows " ..
+                                 "the step's tokens touched, not the whole table"),
   },
 }
 

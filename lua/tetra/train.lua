@@ -288,7 +288,8 @@ function train.setup(cfg, model, data, opts)
   trace.setup(cfg, mesh)
   local params, tensors = {}, {}
   for i, e in ipairs(par:placements()) do params[i], tensors[i] = { e.name, e.tensor }, e.tensor end
-  local ddp = parallel.data.wrap(tensors, mesh, cfg)
+  local ddp = parallel.data.wrap(tensors, mesh, cfg,
+                                 parallel.data.row_sparse(par.model, par:placements(), cfg))
   local accum = t.gradient_accumulation_steps or 1
   local seq_len = cfg.model.seq_len
 

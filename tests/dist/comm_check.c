@@ -365,7 +365,7 @@ static void check_reducer(int zero_stage) {
   }
   tt_dist_reducer *r = NULL;
   /* 40 bytes per bucket: several buckets, some holding more than one parameter */
-  OK(tt_dist_reducer_new(w, params, NP, 40.0 / (1024 * 1024), zero_stage, &r));
+  OK(tt_dist_reducer_new(w, params, NP, 40.0 / (1024 * 1024), zero_stage, NULL, &r));
   CHECK(tt_dist_reducer_num_buckets(r) >= 3, "bucket count %d", tt_dist_reducer_num_buckets(r));
   for (int accum = 0; accum < 2; accum++) {
     /* Two micro-batches: the hook is armed only for the last; each contributes half. */
@@ -413,6 +413,110 @@ static void check_reducer(int zero_stage) {
   for (int k = 0; k < NP; k++) tt_tensor_release(params[k]);
 }
 
+/* Row-sparse tables (embeddings): rank r touches rows touched(r, v) of a table (V, D);
+** row v's element d is then r + 0.5 v + 0.25 d + 1 (zero elsewhere). Table 0 (V 24) is
+** touched by each rank at two rows, so on up to 6 ranks only some rows travel; table 1
+** (V 6) is touched everywhere, so its bucket falls back to the dense collective. Table
+** 0 is the first parameter (its bucket is the last to start), table 1 the last (its
+** bucket is the first, and a dense parameter's follows it). */
+enum { SP_NP = 3, SP_D = 3 };
+static const int64_t sp_rows[SP_NP] = {24, 4, 6};
+static int g_table;
+static int touched(int r, int64_t v) {
+  return g_table == 1 || v == (r * 5) % 24 || v == (r * 5 + 1) % 24;
+}
+static double sp_grad(int r, int64_t i) {
+  int64_t v = i / SP_D, d = i % SP_D;
+  if (g_table == 2) return r + 0.5 * (double)i;           /* the dense parameter */
+  return touched(r, v) ? r + 0.5 * (double)v + 0.25 * (double)d + 1.0 : 0.0;
+}
+static double sp_avg(int64_t i) {
+  double sum = 0.0;
+  for (int r = 0; r < g_size; r++) sum += sp_grad(r, i);
+  return sum / g_size;
+}
+
+/* A table's gradient, averaged through a reducer with (sparse = 1) or without the row
+** exchange: the two must agree (exactly on up to 2 ranks, where a sum of two is the same
+** in any order), and both equal the closed form. */
+static void sparse_backward(tt_tensor *const *params) {
+  for (int k = 0; k < SP_NP; k++) {
+    tt_tensor *y = NULL;
+    OK(tt_scale(params[k], 1.0, &y));
+    g_table = k == 0 ? 0 : k == 1 ? 2 : 1;
+    tt_tensor *up = filled(y->shape, y->ndim, TT_F32, g_rank, sp_grad);
+    OK(tt_backward_with(y, up));
+    tt_tensor_release(up);
+    tt_tensor_release(y);
+  }
+}
+
+/* Table 0 (sp_rows[0], D), a dense vector (sp_rows[1] * D), table 1 (sp_rows[2], D). */
+static void sparse_params(tt_tensor **params) {
+  for (int k = 0; k < SP_NP; k++) {
+    int64_t shape[2] = {sp_rows[k], SP_D}, flat = sp_rows[k] * SP_D;
+    params[k] = k == 1 ? filled(&flat, 1, TT_F32, 0, p_init) : filled(shape, 2, TT_F32, 0, p_init);
+    OK(tt_set_requires_grad(params[k], 1));
+  }
+}
+
+static void check_reducer_sparse(int zero_stage) {
+  tt_comm *w = tt_comm_world();
+  tt_tensor *sparse[SP_NP], *dense[SP_NP];
+  sparse_params(sparse);
+  sparse_params(dense);
+  const int flags[SP_NP] = {1, 0, 1};
+  tt_dist_reducer *rs = NULL, *rd = NULL;
+  OK(tt_dist_reducer_new(w, sparse, SP_NP, 25.0, zero_stage, flags, &rs));
+  OK(tt_dist_reducer_new(w, dense, SP_NP, 25.0, zero_stage, NULL, &rd));
+  CHECK(tt_dist_reducer_num_buckets(rs) == 3, "sparse tables in buckets of their own: %d "
+        "buckets, want 3", tt_dist_reducer_num_buckets(rs));
+  OK(tt_dist_reducer_arm(rs, 1));
+  sparse_backward(sparse);
+  OK(tt_dist_reducer_finish(rs));
+  OK(tt_dist_reducer_arm(rd, 1));
+  sparse_backward(dense);
+  OK(tt_dist_reducer_finish(rd));
+  if (zero_stage == 0) {
+    for (int k = 0; k < SP_NP; k++) {
+      g_table = k == 0 ? 0 : k == 1 ? 2 : 1;
+      expect("sparse reducer average", sparse[k]->grad, sp_avg, 1e-6);
+      expect("dense reducer average", dense[k]->grad, sp_avg, 1e-6);
+      int64_t n = tt_tensor_numel(sparse[k]);
+      for (int64_t i = 0; i < n; i++) {
+        double a = tt_tensor_get(sparse[k]->grad, i), b = tt_tensor_get(dense[k]->grad, i);
+        if (g_size <= 2 ? a != b : fabs(a - b) > 1e-6) {
+          CHECK(0, "param %d [%lld]: sparse exchange %.9g, dense %.9g", k, (long long)i, a, b);
+          break;
+        }
+      }
+    }
+  } else {
+    /* Every shard's gradient is the closed-form average over its piece. */
+    for (int i = 0; i < tt_dist_reducer_num_shards(rs); i++) {
+      tt_tensor *s = tt_dist_reducer_shard(rs, i);
+      int k = tt_dist_reducer_shard_param(rs, i);
+      int64_t off = tt_dist_reducer_shard_offset(rs, i);
+      g_table = k == 0 ? 0 : k == 1 ? 2 : 1;
+      CHECK(s->grad && tt_tensor_numel(s->grad) == tt_tensor_numel(s), "sparse shard %d grad", i);
+      for (int64_t j = 0; s->grad && j < tt_tensor_numel(s); j++) {
+        double got = tt_tensor_get(s->grad, j), want = sp_avg(off + j);
+        if (fabs(got - want) > 1e-6) {
+          CHECK(0, "ZeRO-1 sparse shard %d (param %d) [%lld] = %g, want %g", i, k,
+                (long long)j, got, want);
+          break;
+        }
+      }
+    }
+  }
+  tt_dist_reducer_free(rs);
+  tt_dist_reducer_free(rd);
+  for (int k = 0; k < SP_NP; k++) {
+    tt_tensor_release(sparse[k]);
+    tt_tensor_release(dense[k]);
+  }
+}
+
 int main(void) {
   OK(tt_dist_init(0));
   g_rank = tt_dist_rank();
@@ -427,6 +531,8 @@ int main(void) {
   check_autograd();
   check_reducer(0);
   check_reducer(1);
+  check_reducer_sparse(0);
+  check_reducer_sparse(1);
   int failures = g_failures;
   tt_tensor *t = NULL;
   int64_t one = 1;

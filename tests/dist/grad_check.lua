@@ -39,6 +39,10 @@ function recipe.run(cfg)
     -- Data- and context-parallel replicas hold the same averaged gradients: the first
     -- of them writes (as checkpoints do).
     local c = env.mesh.coords
+    -- Which way the embedding's gradient travelled (grad_check.sh's sparse rows look).
+    if env.rank == 0 and env.ddp.sparse_rows then
+      print(string.format("sparse embedding rows: %d", env.ddp.sparse_rows))
+    end
     if c.dp ~= 0 or c.cp ~= 0 then return end
     local list, meta = {}, {}
     for i, e in ipairs(entries) do

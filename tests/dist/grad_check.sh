@@ -111,6 +111,20 @@ check tp2_cp2_pp2_zero1 8 "$P.tensor_parallel_size=2 $P.context_parallel_size=2 
 check tp2_pp2_v2_tied 4 "$P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b" "model.tie_embeddings=true"
 check gpt2_tp2_sp_pp2 4 "$P.tensor_parallel_size=2 $P.sequence_parallel=true $P.pipeline_parallel_size=2" "" "${gpt2[@]}"
 check gpt2_tp4_vocab250_dp2_zero1 8 "$P.tensor_parallel_size=4 $P.data_parallel_size=2 $P.zero_stage=1" "model.vocab_size=250" "${gpt2[@]}"
+# A vocabulary of 2,048 for 256 tokens a step, the row exchange on: the embedding's
+# gradient travels as the rows some DP rank touched (engine/dist/reducer.c), not the
+# whole table.
+sparse_checks=(dp2_sparse_rows dp2_zero1_sparse_rows tp2_dp2_sparse_rows pp2_dp2_sparse_rows)
+check dp2_sparse_rows 2 "$P.data_parallel_size=2" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
+check dp2_zero1_sparse_rows 2 "$P.data_parallel_size=2 $P.zero_stage=1" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
+check tp2_dp2_sparse_rows 4 "$P.tensor_parallel_size=2 $P.data_parallel_size=2" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
+check pp2_dp2_sparse_rows 4 "$P.pipeline_parallel_size=2 $P.data_parallel_size=2" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
+for name in "${sparse_checks[@]}"; do
+  if ! grep -qE '^sparse embedding rows: [0-9]+$' "$work/$name.log"; then
+    echo "FAIL: $name: the embedding's gradient did not travel as rows:"
+    grep 'sparse embedding rows' "$work/$name.log"; status=1
+  fi
+done
 # Every layout of 2, 4 and 8 ranks over (tp, cp, dp, pp), on a Llama every size divides
 # (as tests/dist/layouts.txt's grid).
 grid="model.n_layers=8 model.n_heads=8 model.n_kv_heads=8 model.ffn_hidden=128 train.batch_size=16"

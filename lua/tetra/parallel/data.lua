@@ -12,8 +12,16 @@
 -- Each DP rank computes the gradient of its rows; the average over ranks is the
 -- gradient of the whole global batch, so the run follows the single-process loss curve.
 -- The averaging is done by the C reducer (engine/dist/reducer.c): gradients are packed
--- into buckets of cfg.dist.bucket_mb (default 25) that start reducing while backward
+-- into buckets of at most cfg.dist.bucket_mb (default 25), smaller toward the end of
+-- backward (the last 1/32 of the gradient bytes), that start reducing while backward
 -- still runs, armed only for the last micro-batch of an accumulation.
+-- An embedding table's gradient is the last one backward produces, so nothing is left
+-- to overlap its reduction with; a step's tokens touch few of its rows, so with
+-- cfg.dist.sparse_embedding_grad = true (default false: README, Performance) only the
+-- rows some rank touched travel (the result is the dense average; data.row_sparse says
+-- which parameters qualify).
+-- After finish_grads, ddp.exposed_comm_s is the time it waited and ddp.sparse_rows the
+-- rows that travelled that way (-1: none did, e.g. past half the table).
 -- With cp > 1 the gradients are averaged over dp x cp (the ranks that hold the same
 -- parameters).
 --
@@ -37,7 +45,37 @@ end
 local DDP = {}
 DDP.__index = DDP
 
-function data.wrap(params, mesh, cfg)
+-- Flags (1 or 0, aligned with entries, par:placements()'s list) of the parameters whose
+-- gradient travels as touched rows under cfg.dist.sparse_embedding_grad = true: an
+-- Embedding's f32 weight that no other module of model shares and no other pipeline
+-- stage holds (a tied head's gradient fills every row). nil when none does.
+function data.row_sparse(model, entries, cfg)
+  if not ((cfg and cfg.dist) or {}).sparse_embedding_grad then return nil end
+  local users, tables = {}, {}
+  for _, nm in ipairs(model:named_modules()) do
+    local m = nm[2]
+    for _, pname in ipairs(m._param_names) do
+      local t = m[pname]
+      if t ~= nil then
+        local key = tensor.key(t)
+        users[key] = (users[key] or 0) + 1
+        if m.__name == "Embedding" and pname == "weight" then tables[key] = true end
+      end
+    end
+  end
+  local flags, any = {}, false
+  for i, e in ipairs(entries) do
+    local t, key = e.tensor, tensor.key(e.tensor)
+    local ok = tables[key] and users[key] == 1 and not (e.placement and e.placement.tied) and
+               t.ndim == 2 and t.dtype == "f32"
+    flags[i] = ok and 1 or 0
+    any = any or ok
+  end
+  return any and flags or nil
+end
+
+-- params: the parameters to average; row_sparse: data.row_sparse's flags, or nil.
+function data.wrap(params, mesh, cfg, row_sparse)
   cfg = cfg or {}
   local p, d = cfg.parallel or {}, cfg.dist or {}
   local group = mesh.cp.size > 1 and mesh.dpcp or mesh.dp
@@ -52,8 +90,9 @@ function data.wrap(params, mesh, cfg)
   if group.size > 1 then
     local arr = tensor.tensor_array(params)
     local box = ffi.new("tt_dist_reducer *[1]")
+    local flags = row_sparse and ffi.new("int[?]", #params, row_sparse) or nil
     check(C.tt_dist_reducer_new(group._c, arr, #params, d.bucket_mb or 25.0,
-                                self.zero_stage, box))
+                                self.zero_stage, flags, box))
     self._reducer = ffi.gc(box[0], C.tt_dist_reducer_free)
     self.num_buckets = C.tt_dist_reducer_num_buckets(box[0])
   end
@@ -86,6 +125,7 @@ function DDP:finish_grads()
   if not self._reducer then return end
   check(C.tt_dist_reducer_finish(self._reducer))
   self.exposed_comm_s = C.tt_dist_reducer_exposed_s(self._reducer)
+  self.sparse_rows = tonumber(C.tt_dist_reducer_sparse_rows(self._reducer))
 end
 
 -- Mean of a per-rank number over the reduction group (dp, or dp x cp under context
