@@ -13,6 +13,9 @@
 -- ctx:step runs the optimizer through ctx:optimizer_step, which marks the weights
 -- written so that their cached bf16 / fp16 copies are cast again; a loop that steps an
 -- optimizer some other way wraps it the same: ctx:optimizer_step(function() ... end).
+-- Given the optimizer (ctx:step's fifth argument), an AdamW that updates whole weights
+-- under bf16 writes each weight's bf16 copy in the same pass (tt_adamw_multi), so no
+-- weight is cast between steps at all.
 --
 -- The parameters stay f32 in every mode (master weights, and the optimizer state beside
 -- them). What changes is what the Linear layers compute with:
@@ -390,19 +393,60 @@ function Context:step(params, optimizer_fn, clip_fn, group, opt)
   return skipped, norm
 end
 
+-- The weights whose bf16 copy an AdamW update writes in its own pass (tt_adamw_multi's
+-- bf16 outputs into the copies' buffers), decided at the first step, when the forward
+-- has made the copies: under bf16, for an optimizer that can (opt.set_bf16_copies) and
+-- updates whole weights of this model (not ZeRO-1's shards). Others are cast again before
+-- the next GEMM. Set ctx.optimizer_writes_copies = false to always cast.
+local function written_copies(self, opt)
+  if self._written ~= nil then return self._written end
+  self._written = false
+  if self.precision ~= "bf16" or not opt or not opt.set_bf16_copies
+     or self.optimizer_writes_copies == false then
+    return false
+  end
+  local mine = {}
+  for _, p in ipairs(self.model:parameters()) do
+    mine[T.key(p)] = true
+  end
+  local list, written = {}, {}
+  for i, p in ipairs(opt.params) do
+    if mine[T.key(p)] and p._lowp ~= nil
+       and p._lowp._dtype == C.TT_BF16 then
+      list[i] = take(C.tt_lowp_weight_buffer(p, C.TT_BF16, pout))
+      written[#written + 1] = p
+    end
+  end
+  if #written > 0 then
+    opt:set_bf16_copies(list)
+    self._written = written
+  end
+  return self._written
+end
+
 -- Runs optimizer_fn() and marks the model's weights written, so that their cached
--- low-precision copies are cast again before the next GEMM reads them. A weight whose
--- version already moved during optimizer_fn was written by an optimizer that keeps the
--- count itself (and may have written the copy as well, tt_lowp_weight_mark_fresh): it is
--- left as the optimizer left it.
-function Context:optimizer_step(optimizer_fn)
+-- low-precision copies are cast again before the next GEMM reads them, except where the
+-- optimizer (opt, AdamW) wrote the copy in the same pass: those are marked fresh. A
+-- weight whose version already moved during optimizer_fn was written by an optimizer
+-- that keeps the count itself (and may have written the copy as well,
+-- tt_lowp_weight_mark_fresh): it is left as the optimizer left it.
+function Context:optimizer_step(optimizer_fn, opt)
   local half = self.precision == "bf16" or self.precision == "fp16"
   local params = half and self.model:parameters() or {}
+  local written = half and written_copies(self, opt) or false
   local before = {}
   for i, p in ipairs(params) do before[i] = C.tt_tensor_version(p) end
   optimizer_fn()
+  local fresh = {}
+  for _, p in ipairs(written or {}) do
+    C.tt_tensor_bump_version(p)
+    tffi.check(C.tt_lowp_weight_mark_fresh(p), 2)
+    fresh[T.key(p)] = true
+  end
   for i, p in ipairs(params) do
-    if C.tt_tensor_version(p) == before[i] then C.tt_tensor_bump_version(p) end
+    if not fresh[T.key(p)] and C.tt_tensor_version(p) == before[i] then
+      C.tt_tensor_bump_version(p)
+    end
   end
 end
 

@@ -189,6 +189,50 @@ describe("cached low-precision weights", function()
   end)
 end)
 
+describe("AdamW writes the bf16 copies in its own pass", function()
+  -- Three steps of a bf16 model under ctx:step with AdamW, the copies written by the
+  -- update or cast before each forward: the same losses to the bit, and no cast after
+  -- the first step when the update writes them.
+  local Two = tetra.nn.Module:extend("Two")
+  function Two:init()
+    self:add("a", tetra.nn.Linear(16, 32, { bias = true }))
+    self:add("b", tetra.nn.Linear(32, 8, { bias = false }))
+  end
+  function Two:forward(x) return self.b(self.a(x)) end
+
+  local function run(writes)
+    tetra.manual_seed(9)
+    local model = Two()
+    local ctx = amp.wrap(model, "bf16")
+    ctx.optimizer_writes_copies = writes
+    local opt = tetra.optim.AdamW(model:parameters(), { lr = 1e-2, weight_decay = 0.1 })
+    local x = tetra.randn(4, 16)
+    local losses, step_casts = {}, {}
+    for s = 1, 4 do
+      local c0 = casts()
+      local loss = model:forward(x):sum()
+      step_casts[s] = casts() - c0
+      losses[s] = loss:item()
+      loss:backward()
+      ctx:step(model:parameters(), function() opt:step(1e-2) end,
+               function() return opt:clip_grad_norm(1.0) end, nil, opt)
+      model:zero_grad()
+    end
+    return losses, step_casts, ctx
+  end
+
+  it("gives the losses of casting each step, with no cast after the first", function()
+    local a, ca, ctx = run(nil)
+    local b, cb = run(false)
+    expect(type(ctx._written)).to_be("table")
+    expect(#ctx._written).to_be(2)   -- the two weights; biases are never cast
+    for s = 1, 4 do expect(a[s]).to_be(b[s]) end
+    expect(a[4] < a[1]).to_be(true)
+    expect(ca).to_equal({ 2, 0, 0, 0 })
+    expect(cb).to_equal({ 2, 2, 2, 2 })
+  end)
+end)
+
 describe("weight gradients accumulated in place (beta = 1)", function()
   it("adds the second gradient inside the GEMM: same sums, one allocation fewer", function()
     tetra.manual_seed(6)
