@@ -530,8 +530,10 @@ function M.evaluate(cfg, lay, cl)
   local head_act = granted(nds * act_b) + granted(stats * act_b) +
                    (tp > 1 and granted(nd * act_b) or 0) + granted(n * Vl * 4)
   -- When backward starts: the logits' gradient, the head weight's gradient and the
-  -- gradient of its input exist at once.
-  local head_peak = granted(n * Vl * 4) + granted(Vl * d * 4) + granted(nd * act_b)
+  -- gradient of its input exist at once. The weight's gradient is a new tensor only when
+  -- the weight has none yet: a later micro-batch's GEMM adds into the one there (beta = 1).
+  local head_peak = granted(n * Vl * 4) + granted(nd * act_b)
+  local head_wgrad = granted(Vl * d * 4)
 
   -- Per-chunk times of one micro-batch.
   local rate_mm = cl.peak_flops * cl.matmul * cl.sustained
@@ -643,9 +645,10 @@ function M.evaluate(cfg, lay, cl)
       if vs == pp * v - 1 then per = per + head_act end
       act = act + held[s][c - 1] * per
     end
-    act = act + (s == pp - 1 and head_peak or recv_act)
+    local at_head = head_peak + (n_micro == 1 and head_wgrad or 0)
+    act = act + (s == pp - 1 and at_head or recv_act)
     local at_peak = pbytes + obytes + cbytes +
-                    (n_micro > 1 and gbytes + act or math.max(act, gbytes + head_peak))
+                    (n_micro > 1 and gbytes + act or math.max(act, gbytes + at_head))
     -- The optimizer: AdamW reads param, grad, m, v and writes param, m, v (fp32).
     local opt_elems = zero and padded / group or nparams
     local t_opt = 28 * opt_elems / rate_bw
