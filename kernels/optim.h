@@ -11,6 +11,7 @@
 */
 #ifndef TT_KERNELS_OPTIM_H
 #define TT_KERNELS_OPTIM_H
+#include <math.h>
 #include <stdint.h>
 
 /* Tensors handled by one CUDA launch of the multi-tensor kernels: their pointers and
@@ -71,5 +72,24 @@ typedef struct tt_optim_kernels {
 
 extern const tt_optim_kernels tt_optim_cpu;
 extern const tt_optim_kernels tt_optim_cuda __attribute__((weak));
+
+/* clip_finish's arithmetic, one definition for the CPU entry and the CUDA kernel (which
+** runs it on one thread), so the two cannot drift apart. */
+#ifdef __CUDACC__
+#define TT_OPTIM_HD __host__ __device__
+#else
+#define TT_OPTIM_HD
+#endif
+static inline TT_OPTIM_HD void tt_clip_finish_math(const float *sumsq, int parts, float *norm,
+                                                   float *coef, float *found_inf,
+                                                   double replicas, double max_norm) {
+  double total = 0.0;
+  for (int i = 0; i < 2 * parts; i++) total += (double)sumsq[i];
+  double nrm = sqrt(total / replicas);
+  double c = max_norm / (nrm + 1e-6);
+  *norm = (float)nrm;
+  *coef = max_norm > 0.0 && isfinite(nrm) && c < 1.0 ? (float)c : 1.0f;
+  if (!isfinite(nrm)) *found_inf = 1.0f;
+}
 
 #endif

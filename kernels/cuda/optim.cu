@@ -281,13 +281,7 @@ static int sum_squares_multi(const float *const *x, const int64_t *n, int count,
 
 __global__ void clip_finish_kernel(const float *sumsq, int parts, float *norm, float *coef,
                                    float *found_inf, double replicas, double max_norm) {
-  double total = 0.0;
-  for (int i = 0; i < 2 * parts; i++) total += (double)sumsq[i];
-  double nrm = sqrt(total / replicas);
-  double c = max_norm / (nrm + 1e-6);
-  *norm = (float)nrm;
-  *coef = max_norm > 0.0 && isfinite(nrm) && c < 1.0 ? (float)c : 1.0f;
-  if (!isfinite(nrm)) *found_inf = 1.0f;
+  tt_clip_finish_math(sumsq, parts, norm, coef, found_inf, replicas, max_norm);
 }
 
 static int clip_finish(const float *sumsq, int parts, float *norm, float *coef,
