@@ -660,7 +660,15 @@ function M.evaluate(cfg, lay, cl)
     if group > 1 then
       local kind = zero and "reduce_scatter" or "all_reduce"
       local total = ring(kind, grad_bytes, group, bw_dp, cl.latency_s)
-      local bucket = math.min(grad_bytes, (cfg.dist and cfg.dist.bucket_mb or 25) * 2 ^ 20)
+      -- What is still in flight when backward ends: with fixed buckets a whole one;
+      -- Tetra's reducer shrinks them toward the end (engine/dist/reducer.c), leaving 1/32
+      -- of the gradient bytes, or the first-registered parameter (the embedding) where it
+      -- is larger: it is produced last and travels alone.
+      local cap = (cfg.dist and cfg.dist.bucket_mb or 25) * 2 ^ 20
+      local bucket = math.min(grad_bytes, cap)
+      if not cl.fixed_buckets then
+        bucket = math.min(cap, grad_bytes, math.max(grad_bytes / 32, (elems[1] or 0) * dp_b))
+      end
       local last = ring(kind, bucket, group, bw_dp, cl.latency_s)
       local hidden = 0
       for c = 0, v - 1 do hidden = hidden + bwd[s][c] end

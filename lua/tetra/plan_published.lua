@@ -77,9 +77,13 @@ M.sources = {
 -- optimizer reducing bf16 gradients; torchtitan's FSDP2 prefetches (overlaps) its
 -- parameter all-gathers and reduce-scatters gradients in fp32 (MixedPrecisionPolicy's
 -- reduce_dtype float32, its default).
+-- fixed_buckets: their data-parallel buckets keep their size to the end of backward
+-- (Tetra's shrink toward it, tetra.plan).
 M.engines = {
-  megatron_weak = { dp_bytes = 2, overlap_param_gather = true, overlap_tp = true },
-  megatron_strong = { dp_bytes = 2, overlap_param_gather = true, overlap_tp = true },
+  megatron_weak = { dp_bytes = 2, overlap_param_gather = true, overlap_tp = true,
+                    fixed_buckets = true },
+  megatron_strong = { dp_bytes = 2, overlap_param_gather = true, overlap_tp = true,
+                      fixed_buckets = true },
   -- Eager PyTorch's scaled_dot_product_attention ran its flash backend, FlashAttention-2
   -- (the per-op checkpointing policy saves aten._scaled_dot_product_flash_attention;
   -- the cuDNN one joined that list only in December 2025), which reaches "only 35%
@@ -88,9 +92,9 @@ M.engines = {
   -- Eager PyTorch runs every elementwise op as its own kernel (elementwise = "eager",
   -- counted op by op in tetra.plan); torch.compile fuses them (the planner's default).
   torchtitan = { dp_bytes = 4, overlap_param_gather = true, overlap_tp = true,
-                 attention = 0.35, elementwise = "eager" },
+                 attention = 0.35, elementwise = "eager", fixed_buckets = true },
   torchtitan_compile = { dp_bytes = 4, overlap_param_gather = true, overlap_tp = true,
-                         attention = 0.35 },
+                         attention = 0.35, fixed_buckets = true },
 }
 
 -- The planner's prediction for row: the best layout with the row's sizes on `cluster`
