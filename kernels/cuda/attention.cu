@@ -455,16 +455,24 @@ static int forward_pairs(const tt_attention_args *a, int dtype,
   return 1;
 }
 
-static int fused_forward(const tt_attention_args *a, int dtype, const void *q, const void *k,
-                         const void *v, void *out, float *lse) {
-  /* what cuDNN cannot take at all is known before the positions are read back */
+/* The block pairs cuDNN runs for this call: 1 with `pairs` filled, 0 when it cannot take
+** the call (the fallback kernel runs), -1 on error. What cuDNN cannot take at all is known
+** before the positions are read back. */
+static int fused_pairs(const tt_attention_args *a, int dtype, std::vector<block_pair> &pairs) {
   const block_pair whole = {{0, a->tq, 0}, {0, a->tk, 0}, 0, 0};
   tt_sdpa_shape s0 = pair_shape(a, dtype, whole);
   if (!tt_cudnn_sdpa_supported(&s0)) return 0;
-  std::vector<block_pair> pairs;
   int rc = block_pairs(a, pairs);
   if (rc <= 0 || pairs.empty()) return rc < 0 ? -1 : 0;
-  s0 = pair_shape(a, dtype, pairs[0]);
+  return 1;
+}
+
+static int fused_forward(const tt_attention_args *a, int dtype, const void *q, const void *k,
+                         const void *v, void *out, float *lse) {
+  std::vector<block_pair> pairs;
+  int rc = fused_pairs(a, dtype, pairs);
+  if (rc <= 0) return rc;
+  tt_sdpa_shape s0 = pair_shape(a, dtype, pairs[0]);
   if (pairs.size() == 1 && pairs[0].q.len == a->tq)
     return tt_cudnn_sdpa_forward(&s0, q, row_ptr(k, pairs[0].k.start, a->k_stride[1]),
                                  row_ptr(v, pairs[0].k.start, a->v_stride[1]), out, lse);
@@ -520,14 +528,10 @@ static int backward_pairs(const tt_attention_args *a, int dtype,
 static int fused_backward(const tt_attention_args *a, int dtype, const void *q, const void *k,
                           const void *v, const void *out, const float *lse, const void *dout,
                           void *dq, void *dk, void *dv) {
-  /* what cuDNN cannot take at all is known before the positions are read back */
-  const block_pair whole = {{0, a->tq, 0}, {0, a->tk, 0}, 0, 0};
-  tt_sdpa_shape s0 = pair_shape(a, dtype, whole);
-  if (!tt_cudnn_sdpa_supported(&s0)) return 0;
   std::vector<block_pair> pairs;
-  int rc = block_pairs(a, pairs);
-  if (rc <= 0 || pairs.empty()) return rc < 0 ? -1 : 0;
-  s0 = pair_shape(a, dtype, pairs[0]);
+  int rc = fused_pairs(a, dtype, pairs);
+  if (rc <= 0) return rc;
+  tt_sdpa_shape s0 = pair_shape(a, dtype, pairs[0]);
   /* One pair covering every query and key: straight into the gradients. */
   if (pairs.size() == 1 && pairs[0].q.len == a->tq && pairs[0].k.len == a->tk)
     return tt_cudnn_sdpa_backward(&s0, q, k, v, out, lse, dout, dq, dk, dv);
