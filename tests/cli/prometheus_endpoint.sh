@@ -7,7 +7,9 @@
 #     finish every step;
 #  3. the step time while a scraper hammers the endpoint at 50 scrapes/s against quiet
 #     windows of the same run: printed, and it must stay within 15% (the machine is
-#     shared: its load varies more than the endpoint costs). What the endpoint costs is
+#     shared: its load varies more than the endpoint costs; tools/bench/prometheus.sh
+#     pools 9 such runs with paired windows and a decoy server, and puts the step-time
+#     change at -0.6% +- 1.5%). What the endpoint costs is
 #     measured directly, and held to the 2%: the CPU seconds of the endpoint's
 #     thread (tetra_exporter_cpu_seconds_total) must stay under 2% of the CPU seconds
 #     training used in the same windows: the most it could slow a step down were it to

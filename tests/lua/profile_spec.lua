@@ -72,6 +72,65 @@ describe("tetra profile's split", function()
   end)
 end)
 
+-- parts with separate forward and backward costs.
+local function parts_fb(list)
+  local parts = {}
+  for i, fb in ipairs(list) do parts[i] = { forward_s = fb[1], backward_s = fb[2] } end
+  return parts
+end
+
+describe("tetra profile's prediction", function()
+  it("replays 1F1B: the slow stage's work back to back, the other's fill and drain", function()
+    -- Stage 0 (embedding free, one block) F 1 B 2; stage 1 (one block, head free) F 3 B 4;
+    -- 4 micro-batches: F0 on stage 0, then stage 1 busy 4 x 7, then stage 0's last B:
+    -- 1 + 28 + 2 = 31 (where (m + S - 1) x the slowest stage would say 35).
+    local parts = parts_fb({ { 0, 0 }, { 1, 2 }, { 3, 4 }, { 0, 0 } })
+    expect(profile.predict(parts, { 1, 1 }, 4, "1f1b")).to_be_near(31, 1e-12)
+    -- GPipe: all forwards, then all backwards. Stage 1's forwards end at 1 + 4 x 3 = 13,
+    -- its backwards at 13 + 16 = 29; stage 0's last backward waits for micro-batch 0's on
+    -- stage 1 (the last one it runs): 29 + 2.
+    expect(profile.predict(parts, { 1, 1 }, 4, "gpipe")).to_be_near(31, 1e-12)
+    -- One micro-batch: everything in a row.
+    expect(profile.predict(parts, { 1, 1 }, 1, "1f1b")).to_be_near(10, 1e-12)
+  end)
+
+  it("takes a block across when the fill and drain make that faster", function()
+    -- Blocks (F/B) 3/4, 1/2, 4/2 over two stages, 3 micro-batches: 1,2 has the smaller
+    -- slowest stage (7 against 8) but 2,1 the shorter step (32 against 34): its first
+    -- stage's fill and drain are shorter.
+    local parts = parts_fb({ { 0, 0 }, { 3, 4 }, { 1, 2 }, { 4, 2 }, { 0, 0 } })
+    expect(table.concat(profile.balanced_split(parts, 2), ",")).to_be("1,2")
+    expect(profile.predict(parts, { 1, 2 }, 3, "1f1b")).to_be_near(34, 1e-12)
+    local counts, t = profile.best_split(parts, 2, 3, "1f1b")
+    expect(table.concat(counts, ",")).to_be("2,1")
+    expect(t).to_be_near(32, 1e-12)
+  end)
+
+  it("moves blocks to where the predicted step is shortest", function()
+    math.randomseed(11)
+    for _ = 1, 200 do
+      local n = math.random(2, 9)
+      local S = math.random(2, math.min(n, 4))
+      local m = math.random(1, 8)
+      local list = { { math.random(), math.random() } }
+      for i = 1, n do list[i + 1] = { math.random(), 2 * math.random() } end
+      list[n + 2] = { 3 * math.random(), 6 * math.random() }
+      local parts = parts_fb(list)
+      local counts, t = profile.best_split(parts, S, m, "1f1b")
+      local total = 0
+      for s = 1, S do
+        expect(counts[s] >= 1).to_be(true)
+        total = total + counts[s]
+      end
+      expect(total).to_be(n)
+      expect(t).to_be_near(profile.predict(parts, counts, m, "1f1b"), 1e-12)
+      -- never worse than the split that only balances the slowest stage
+      local even = profile.predict(parts, profile.balanced_split(parts, S), m, "1f1b")
+      expect(t <= even + 1e-12).to_be(true)
+    end
+  end)
+end)
+
 describe("tetra profile's timings", function()
   it("times every part of a real model; a block's activations are its saved tensors", function()
     local recipe = dofile(here .. "/../../recipes/llama.lua")
@@ -98,5 +157,19 @@ describe("tetra profile's timings", function()
     expect(prof.parts[2].act_bytes).to_be(prof.parts[3].act_bytes)
     -- The head keeps at least its logits (2 x 16 x 128 floats).
     expect(prof.parts[5].act_bytes >= 2 * 16 * 128 * 4).to_be(true)
+  end)
+
+  it("sees a block made costlier by replacing its MLP (tests/fixtures/heavy_first.lua)", function()
+    local recipe = dofile(here .. "/../fixtures/heavy_first.lua")
+    local cfg = config.build({ defaults = recipe.defaults, world_size = false, sets = {
+      "model.dim=32", "model.n_layers=3", "model.ffn_hidden=32", "model.first_ffn_hidden=512",
+      "model.vocab_size=64", "model.seq_len=8", "train.batch_size=2",
+      "train.gradient_accumulation_steps=1", "parallel.pipeline_parallel_size=1" } })
+    local prof = profile.profile(recipe, cfg, 1)
+    -- The first block's MLP keeps (2 x 8 x 512) hidden activations where the others keep
+    -- (2 x 8 x 32): the block that runs is the replaced one.
+    local extra = 3 * 2 * 8 * (512 - 32) * 4
+    expect(prof.parts[2].act_bytes >= prof.parts[3].act_bytes + extra / 2).to_be(true)
+    expect(prof.parts[3].act_bytes).to_be(prof.parts[4].act_bytes)
   end)
 end)

@@ -4,18 +4,18 @@
 -- The layer profiler: builds the configured model whole on train.device and times the
 -- forward and the backward of each part a pipeline stage can hold (the embedding, every
 -- block, the head with its loss) on one micro-batch (train.batch_size / data parallel
--- size / train.gradient_accumulation_steps rows of model.seq_len tokens), the fastest of
--- --reps runs (default 5: the run least disturbed by the rest of the machine), and the activation memory each part's forward leaves for its
--- backward (what the allocator holds after it, less what it held before: the output and
--- every saved tensor). From these it proposes the split of the blocks over
--- parallel.pipeline_parallel_size stages whose slowest stage is fastest (the embedding's
--- time counts on the first stage, the head's on the last), prints it as
--- parallel.pipeline_stages, and the step time both splits predict: a 1F1B step of m
--- micro-batches over S stages takes about (m + S - 1) times the slowest stage's forward
--- and backward. Then it measures both: it trains --measure-steps steps (default 8) with
--- each split under `LAUNCHER -np WORLD tetra run ...` (default launcher: mpirun), the
--- splits taking turns --measure-rounds times (default 2), and compares the median step
--- times, each run's first step left out.
+-- size / train.gradient_accumulation_steps rows of model.seq_len tokens), the parts run
+-- in one chain as a pipeline would run them (time_chain), the median of --reps runs
+-- (default 5), and the activation memory each part's forward leaves for its backward
+-- (what the allocator holds after it, less what it held before: the output and every
+-- saved tensor). From these it proposes the split of the blocks over
+-- parallel.pipeline_parallel_size stages (the embedding on the first stage, the head on
+-- the last) whose step, replayed with the engine's own schedule (M.predict), is
+-- shortest, prints it as parallel.pipeline_stages, and the step both splits predict.
+-- Then it measures both: it trains --measure-steps steps (default 8) with each split
+-- under `LAUNCHER -np WORLD tetra run ...` (default launcher: mpirun), the splits taking
+-- turns --measure-rounds times (default 2), and compares the median step times, each
+-- run's first step left out, pooled and round by round.
 -- Exit 2 with one line on bad usage; config errors as `tetra run` gives them.
 local ffi = require("ffi")
 local config = require("tetra.config")
@@ -47,32 +47,43 @@ local function median(xs)
   return (s[n / 2] + s[n / 2 + 1]) / 2
 end
 
-local function min_of(xs)
-  local m = math.huge
-  for _, x in ipairs(xs) do m = math.min(m, x) end
-  return m
-end
-
 -- -- Timing the parts ------------------------------------------------------------------
 
--- Times forward(x) -> y and the backward of y (from grad_of(y), or from y itself when
--- grad_of is nil: a scalar loss). x, when given, is made a leaf that requires grad, so the
--- backward stops there. Returns forward seconds, backward seconds, activation bytes.
-local function time_part(dev, clock, x, forward, grad_of)
-  if x then tffi.check(C.tt_set_requires_grad(x, 1)) end
-  collectgarbage()   -- the collector's pauses (tensors' finalizers) stay out of the times
-  local live0 = T.memory_stats(dev).live_bytes
-  local t0 = clock()
-  local y = forward(x)
-  local t1 = clock()
-  local act = T.memory_stats(dev).live_bytes - live0
-  local g = grad_of and grad_of(y)
-  local t2 = clock()
-  if g then tffi.check(C.tt_backward_with(y, g)) else F.backward(y) end
-  local t3 = clock()
-  if g then free(g) end
-  free(y)
-  return t1 - t0, t3 - t2, act
+-- One micro-batch through the whole model as a pipeline of one part per stage would run
+-- it: the parts' forwards back to back, each on the one before's output (cut from the
+-- tape: a leaf that requires grad, so each backward stops there), then the backwards from
+-- the loss down, each from the gradient the one after left on its input. So every part
+-- runs on real activations with the whole micro-batch's tape alive, the caches as full
+-- as in training. Returns each part's forward seconds, backward seconds and activation
+-- bytes (what the allocator holds after its forward, less before: its output and every
+-- tensor its ops saved).
+local function time_chain(dev, clock, ids, targets, parts)
+  local n = #parts
+  local fwd, bwd, act = {}, {}, {}
+  local inputs, outputs = {}, {}
+  local x = nil
+  for i = 1, n do
+    local live0 = T.memory_stats(dev).live_bytes
+    local t0 = clock()
+    local y = parts[i](x, ids, targets)
+    fwd[i] = clock() - t0
+    act[i] = T.memory_stats(dev).live_bytes - live0
+    inputs[i], outputs[i] = x, y
+    if i < n then
+      x = y:detach()
+      tffi.check(C.tt_set_requires_grad(x, 1))
+    end
+  end
+  for i = n, 1, -1 do
+    local g = i < n and inputs[i + 1].grad or nil
+    local t0 = clock()
+    if g then tffi.check(C.tt_backward_with(outputs[i], g)) else F.backward(outputs[i]) end
+    bwd[i] = clock() - t0
+    if g then free(g) end
+    free(outputs[i])
+    if inputs[i + 1] then free(inputs[i + 1]) end
+  end
+  return fwd, bwd, act
 end
 
 -- The profile of cfg's model: { parts = { { name, forward_s, backward_s, act_bytes } ...
@@ -96,44 +107,38 @@ function M.profile(recipe, cfg, reps)
   local rows = t.batch_size / (p.data_parallel_size or 1) /
                (t.gradient_accumulation_steps or 1)
   rows = math.max(1, math.floor(rows))
-  local T_len, dim = cfg.model.seq_len, cfg.model.dim
+  local T_len = cfg.model.seq_len
   local data = train.mock_data(cfg.model.vocab_size, t.seed or 0)
   -- On a GPU each reading waits for the device, so a part's time is its kernels'.
   local clock = function()
     if dev ~= C.TT_CPU then tffi.check(C.tt_cuda_synchronize()) end
     return metrics.now()
   end
-  local ones = function(y) return T.ones(y:shape(), { device = dev }) end
 
   local n = #blocks
+  local chain = { function(_, ids) return model:embed(ids) end }
+  for i = 1, n do chain[i + 1] = function(x) return blocks[i](x) end end
+  chain[n + 2] = function(x, _, targets)
+    local logits = model:head(x)
+    local loss = F.cross_entropy(logits, targets)
+    free(logits)
+    return loss
+  end
   local samples = {}   -- part index -> { fwd = {}, bwd = {}, act = {} }
   for i = 1, n + 2 do samples[i] = { fwd = {}, bwd = {}, act = {} } end
-  local function record(i, f, b, a)
-    local s = samples[i]
-    s.fwd[#s.fwd + 1], s.bwd[#s.bwd + 1], s.act[#s.act + 1] = f, b, a
-  end
   for rep = 0, reps do   -- rep 0 warms the allocator's cache and the caches: not kept
     local tokens = data:batch(rep + 1, rows, T_len, "train")
     local moved = T.moved(tokens, dev)
     local ids, targets = train.inputs_targets(moved)
     free(moved)
-    local f, b, a = time_part(dev, clock, nil, function() return model:embed(ids) end, ones)
-    if rep > 0 then record(1, f, b, a) end
-    for i = 1, n do
-      local x = T.randn({ rows, T_len, dim }, { device = dev })
-      f, b, a = time_part(dev, clock, x, function(h) return blocks[i](h) end, ones)
-      free(x)
-      if rep > 0 then record(i + 1, f, b, a) end
+    collectgarbage()   -- the collector's pauses (tensors' finalizers) stay out of the times
+    local f, b, a = time_chain(dev, clock, ids, targets, chain)
+    if rep > 0 then
+      for i = 1, n + 2 do
+        local s = samples[i]
+        s.fwd[rep], s.bwd[rep], s.act[rep] = f[i], b[i], a[i]
+      end
     end
-    local h = T.randn({ rows, T_len, dim }, { device = dev })
-    f, b, a = time_part(dev, clock, h, function(x)
-      local logits = model:head(x)
-      local loss = F.cross_entropy(logits, targets)
-      free(logits)
-      return loss
-    end)
-    free(h)
-    if rep > 0 then record(n + 2, f, b, a) end
     free(ids); free(targets)
     model:zero_grad()
   end
@@ -142,7 +147,7 @@ function M.profile(recipe, cfg, reps)
     local s = samples[i]
     parts[i] = { name = i == 1 and "embedding" or i == n + 2 and "head + loss" or
                         plan.blocks .. "." .. (i - 2),
-                 forward_s = min_of(s.fwd), backward_s = min_of(s.bwd),
+                 forward_s = median(s.fwd), backward_s = median(s.bwd),
                  act_bytes = median(s.act) }
   end
   return { parts = parts, micro_rows = rows, seq_len = T_len, n_blocks = n }
@@ -150,28 +155,44 @@ end
 
 -- -- Splitting -------------------------------------------------------------------------
 
--- The forward + backward seconds of each stage for `counts` (blocks per stage): the
--- embedding on the first stage, the head on the last.
-function M.stage_times(parts, counts)
-  local out, k = {}, 2
+-- The forward and the backward seconds of each stage for `counts` (blocks per stage),
+-- 0-based as tetra.plan.replay takes them ({ [s] = { [0] = seconds } }): the embedding
+-- on the first stage, the head on the last.
+function M.stage_fb(parts, counts)
+  local fwd, bwd, k = {}, {}, 2
+  local S = #counts
   for s, c in ipairs(counts) do
-    local sum = 0
+    local f, b = 0, 0
     for _ = 1, c do
-      sum = sum + parts[k].forward_s + parts[k].backward_s
+      f, b = f + parts[k].forward_s, b + parts[k].backward_s
       k = k + 1
     end
-    out[s] = sum
+    if s == 1 then f, b = f + parts[1].forward_s, b + parts[1].backward_s end
+    if s == S then
+      local h = parts[#parts]
+      f, b = f + h.forward_s, b + h.backward_s
+    end
+    fwd[s - 1], bwd[s - 1] = { [0] = f }, { [0] = b }
   end
-  out[1] = out[1] + parts[1].forward_s + parts[1].backward_s
-  local h = parts[#parts]
-  out[#out] = out[#out] + h.forward_s + h.backward_s
+  return fwd, bwd
+end
+
+-- The forward + backward seconds of each stage for `counts` (1-based).
+function M.stage_times(parts, counts)
+  local fwd, bwd = M.stage_fb(parts, counts)
+  local out = {}
+  for s = 1, #counts do out[s] = fwd[s - 1][0] + bwd[s - 1][0] end
   return out
 end
 
-local function max_of(xs)
-  local m = -math.huge
-  for _, x in ipairs(xs) do m = math.max(m, x) end
-  return m
+-- The step `counts` predicts: the engine's own schedule (parallel.pipeline_schedule,
+-- 1F1B by default) replayed over n_micro micro-batches with the stages' times
+-- (tetra.plan.replay), transfers taken as free. Unlike (m + S - 1) x the slowest stage,
+-- it counts the fill and drain of a split whose stages differ at what they cost.
+function M.predict(parts, counts, n_micro, kind)
+  local fwd, bwd = M.stage_fb(parts, counts)
+  local lay = { pp = #counts, v = 1, schedule = kind or "1f1b" }
+  return (require("tetra.plan").replay(lay, n_micro, fwd, bwd, 0))
 end
 
 -- The counts (blocks per stage, each at least one) over `stages` stages that make the
@@ -205,6 +226,31 @@ function M.balanced_split(parts, stages)
     j = i
   end
   return counts
+end
+
+-- From the balanced split, moves one block at a time across a stage boundary while that
+-- makes the predicted step (M.predict) shorter: the slowest stage decides most of a
+-- step, the others' fill and drain the rest.
+function M.best_split(parts, stages, n_micro, kind)
+  local counts = M.balanced_split(parts, stages)
+  local best = M.predict(parts, counts, n_micro, kind)
+  local moved = true
+  while moved do
+    moved = false
+    for s = 1, stages - 1 do
+      for _, d in ipairs({ 1, -1 }) do   -- a block from stage s + 1 to s, or back
+        local a, b = counts[s] + d, counts[s + 1] - d
+        if a >= 1 and b >= 1 then
+          local try = {}
+          for i, c in ipairs(counts) do try[i] = c end
+          try[s], try[s + 1] = a, b
+          local t = M.predict(parts, try, n_micro, kind)
+          if t < best * (1 - 1e-9) then counts, best, moved = try, t, true end
+        end
+      end
+    end
+  end
+  return counts, best
 end
 
 -- -- Measuring -------------------------------------------------------------------------
@@ -343,7 +389,8 @@ function M.main(...)
 
   local prof = M.profile(recipe, cfg, o.reps)
   local parts = prof.parts
-  print(string.format("%s on %s: micro-batch %d x %d tokens, fastest of %d runs",
+  print(string.format("%s on %s: micro-batch %d x %d tokens, parts timed in one chain, " ..
+                      "median of %d runs",
     o.file, cfg.train.device or "cpu", prof.micro_rows, prof.seq_len, o.reps))
   print(string.format("%-16s %9s %9s %9s %11s", "part", "fwd ms", "bwd ms", "total ms",
                       "act MiB"))
@@ -362,20 +409,21 @@ function M.main(...)
 
   local pipeline = require("tetra.parallel.pipeline")
   local uniform = pipeline.stage_layers(prof.n_blocks, S)
-  local balanced = M.balanced_split(parts, S)
   local n_micro = cfg.train.gradient_accumulation_steps or 1
-  local factor = n_micro + S - 1
+  local kind = p.pipeline_schedule or "1f1b"
+  local balanced = M.best_split(parts, S, n_micro, kind)
   local function describe(name, counts)
     local st = M.stage_times(parts, counts)
     local parts_s = {}
     for s, v in ipairs(st) do parts_s[s] = string.format("%.2f", v * 1e3) end
+    local step = M.predict(parts, counts, n_micro, kind)
     print(string.format("%-9s pipeline_stages=%-12s stages (fwd+bwd ms) %s; predicted " ..
-      "1F1B step %.1f ms", name, table.concat(counts, ","), table.concat(parts_s, " / "),
-      factor * max_of(st) * 1e3))
-    return max_of(st)
+      "step %.1f ms", name, table.concat(counts, ","), table.concat(parts_s, " / "),
+      step * 1e3))
+    return step
   end
-  print(string.format("pipeline over %d stages, %d micro-batches (1F1B: (m + S - 1) x " ..
-                      "the slowest stage):", S, n_micro))
+  print(string.format("pipeline over %d stages, %d micro-batches (%s, replayed with these " ..
+                      "times; the optimizer and transfers left out):", S, n_micro, kind))
   local u = describe("uniform", uniform)
   local b = describe("balanced", balanced)
   local same = table.concat(uniform, ",") == table.concat(balanced, ",")
@@ -392,8 +440,9 @@ function M.main(...)
 
   -- The two splits take turns, so that a change in the machine's load between runs
   -- weighs on both alike.
-  local pooled = { uniform = {}, balanced = {} }
-  for _ = 1, o.measure_rounds do
+  local pooled, ratios = { uniform = {}, balanced = {} }, {}
+  for r = 1, o.measure_rounds do
+    local round = {}
     for _, which in ipairs({ { "uniform", uniform }, { "balanced", balanced } }) do
       local times, err = measure(o, which[2], world, which[1])
       if not times then
@@ -401,7 +450,9 @@ function M.main(...)
         return 1
       end
       for _, v in ipairs(times) do table.insert(pooled[which[1]], v) end
+      round[which[1]] = median(times)
     end
+    ratios[r] = round.uniform / round.balanced
   end
   local measured = {}
   for _, name in ipairs({ "uniform", "balanced" }) do
@@ -411,6 +462,21 @@ function M.main(...)
   end
   print(string.format("measured: the balanced split is %.2fx as fast as the uniform one",
                       measured.uniform / measured.balanced))
+  if #ratios >= 2 then
+    -- Each round's two runs ran side by side in time: their ratio is freer of the
+    -- machine's drifts than the pooled medians. The geometric mean and its 95% interval
+    -- (two standard errors of the logs).
+    local logs, words, sum = {}, {}, 0
+    for i, x in ipairs(ratios) do
+      logs[i], words[i] = math.log(x), string.format("%.2f", x)
+      sum = sum + logs[i]
+    end
+    local mean, var = sum / #logs, 0
+    for _, l in ipairs(logs) do var = var + (l - mean) ^ 2 end
+    local half = 2 * math.sqrt(var / (#logs - 1) / #logs)
+    print(string.format("per round: %s; geometric mean %.2fx (95%%: %.2f-%.2fx)",
+      table.concat(words, " "), math.exp(mean), math.exp(mean - half), math.exp(mean + half)))
+  end
   return 0
 end
 

@@ -127,19 +127,21 @@ M.TransformerBlock = TransformerBlock
 
 -- parts: { {name, norm1}, {name, attention}, {name, norm2}, {name, mlp} }; the names are
 -- the parameter-name prefixes, e.g. Llama's attention_norm / attention / ffn_norm /
--- feed_forward or GPT-2's ln_1 / attn / ln_2 / mlp.
+-- feed_forward or GPT-2's ln_1 / attn / ln_2 / mlp. The block finds its parts by name
+-- on each call, so one replaced with add (a wider MLP, say) is the one that runs.
 function TransformerBlock:init(parts)
   assert(#parts == 4, "TransformerBlock: expected {norm1, attention, norm2, mlp}")
-  self._parts = {}
+  self._part_names = {}
   for i, p in ipairs(parts) do
     self:add(p[1], p[2])
-    self._parts[i] = p[2]
+    self._part_names[i] = p[1]
   end
 end
 
 -- x: (B, T, D); extra arguments go to the attention (positions). -> (B, T, D)
 function TransformerBlock:forward(x, ...)
-  local norm1, attn, norm2, mlp = self._parts[1], self._parts[2], self._parts[3], self._parts[4]
+  local names = self._part_names
+  local norm1, attn, norm2, mlp = self[names[1]], self[names[2]], self[names[3]], self[names[4]]
   local h = norm1(x)
   local a = attn(h, ...)
   free(h)
