@@ -106,6 +106,7 @@ function M.cluster(name, over)
   local c = {}
   for k, v in pairs(base) do c[k] = v end
   for k, v in pairs(over or {}) do c[k] = v end
+  c.sync_wait = c.sync_wait or 0   -- no preset carries one: a measured figure (--sync-wait)
   c.devices = c.devices_per_node * c.nodes
   return c
 end
@@ -578,13 +579,20 @@ function M.evaluate(cfg, lay, cl)
     -- Overlapped tensor-parallel communication (cl.overlap_tp) shows only where it
     -- outlasts the block's matmuls.
     if cl.overlap_tp then comm_f, comm_b = math.max(0, comm_f - mm), math.max(0, comm_b - 2 * mm) end
+    -- Blocking collectives also wait for the last rank to arrive: cl.sync_wait of the
+    -- computation since the previous one (the block's syncs split its work between them,
+    -- so the waits add up to that share of the whole).
+    if (tp > 1 or cp > 1) and not cl.overlap_tp then
+      comm_f, comm_b = comm_f + (cl.sync_wait or 0) * fwd, comm_b + (cl.sync_wait or 0) * bwd
+    end
     return fwd, bwd, comm_f, comm_b
   end
   local bf, bb, bcf, bcb = block_time()
   local head_mm = 2 * n * head_w / rate_mm
   local head_ew = (3 * n * Vl * 4 + 4 * seq_n * d * act_b) / rate_bw
   local head_f, head_b = head_mm + head_ew, 2 * head_mm + head_ew
-  local head_comm = tp > 1 and 2 * ring("all_reduce", n * 4 * 3, tp, bw_tp, cl.latency_s) or 0
+  local head_comm = tp > 1 and 2 * ring("all_reduce", n * 4 * 3, tp, bw_tp, cl.latency_s) +
+                    (cl.sync_wait or 0) * (head_f + head_b) or 0
   local embed_comm = tp > 1 and ring("all_reduce", n * d * act_b, tp, bw_tp, cl.latency_s) or 0
 
   local fwd, bwd, comm_mb = {}, {}, {}

@@ -76,6 +76,35 @@ describe("plan data-parallel overlap", function()
   end)
 end)
 
+describe("plan sync wait", function()
+  -- cluster.sync_wait: each blocking tensor- or context-parallel collective also waits
+  -- for the last rank, that share of the computation since the one before. Data and
+  -- pipeline parallelism have no such collectives in a block: unchanged.
+  local function eval(sizes, wait)
+    local sets = { "model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=4",
+                   "model.ffn_hidden=768", "model.vocab_size=4096", "model.seq_len=128",
+                   "train.batch_size=8" }
+    for k, v in pairs(sizes) do sets[#sets + 1] = "parallel." .. k .. "=" .. v end
+    local cfg = build(llama, sets)
+    return plan.evaluate(cfg, plan.layout_of(cfg),
+                         plan.cluster("cpu", { devices_per_node = 2, sync_wait = wait }))
+  end
+  it("adds that share of the blocks' and head's work under tensor parallelism", function()
+    local a, b = eval({ tensor_parallel_size = 2 }, 0), eval({ tensor_parallel_size = 2 }, 0.1)
+    local added = b.exposed_comm_s - a.exposed_comm_s
+    -- every block and the head sync; the embedding and the optimizer (in compute_s) do not
+    expect(added > 0.08 * a.compute_s and added <= 0.1 * a.compute_s).to_be(true)
+    expect(b.step_s - a.step_s).to_be_near(added, 1e-12)
+  end)
+  it("adds it to context parallelism's blocks, not to data or pipeline parallelism", function()
+    local a, b = eval({ context_parallel_size = 2 }, 0), eval({ context_parallel_size = 2 }, 0.1)
+    expect(b.exposed_comm_s - a.exposed_comm_s > 0.03 * a.compute_s).to_be(true)
+    for _, sizes in ipairs({ { data_parallel_size = 2 }, { pipeline_parallel_size = 2 } }) do
+      expect(eval(sizes, 0.1).step_s).to_be(eval(sizes, 0).step_s)
+    end
+  end)
+end)
+
 describe("plan pipeline replay", function()
   -- The engine's own schedules (tetra.parallel.pipeline.schedule) with every forward 1
   -- and every backward 2 time units: m micro-batches over S stages end after

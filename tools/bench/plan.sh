@@ -5,6 +5,9 @@
 # planner's prediction. Calibration, from measurements taken here and now:
 #   links       an all-reduce of 4 KiB .. 16 MiB between 2 ranks (tools/bench/plan_comm.lua):
 #               latency from the smallest, bandwidth from the two largest
+#   sync wait   what each extra blocking collective between GEMMs costs in waiting for
+#               the other rank (plan_comm.lua's segments synced each against once), as a
+#               share of the GEMM time: tensor and context parallelism sync every block
 #   sustained   the first layout of each rank count (one process; dp 2) sets the cpu
 #               cluster's sustained fraction for that many ranks (tetra sweep
 #               --calibrate: a shared machine gives 2 ranks less than 2 cores); every
@@ -49,6 +52,8 @@ read -r lat_us bw_gbs < <(awk '/^allreduce/ { n++; b[n] = $2; t[n] = $3 }
   END { printf "%.1f %.3f\n", 1e6 * t[1], (b[n] - b[n-1]) / (t[n] - t[n-1]) / 1e9 }' "$work/comm.txt")
 echo "# all-reduce between 2 ranks: $(awk '/^allreduce/ { printf "%s B %.0f us; ", $2, 1e6 * $3 }' "$work/comm.txt")"
 echo "# links: latency ${lat_us} us, bandwidth ${bw_gbs} GB/s"
+read -r sync_wait < <(awk '/^sync/ { printf "%.4f\n", $3 / $2 }' "$work/comm.txt")
+echo "# a blocking all-reduce after $(awk '/^sync/ { printf "%.1f ms", 1e3 * $2 }' "$work/comm.txt") of GEMM waits $(awk '/^sync/ { printf "%.2f ms", 1e3 * $3 }' "$work/comm.txt") more than one after the whole run of them: sync wait ${sync_wait}"
 
 model=(--set model.dim=256 --set model.n_layers=4 --set model.n_heads=8 --set model.n_kv_heads=4
        --set model.ffn_hidden=768 --set model.vocab_size=4096 --set model.seq_len=128 --batch 8)
@@ -59,7 +64,7 @@ args=()
 for l in "${layouts[@]}"; do args+=(--layout "$l"); done
 [ -n "$keep" ] && args+=(--keep "$keep")
 "$tetra" sweep "${model[@]}" --steps "$steps" --repeat "$repeat" --calibrate --json --intra-gbs "$bw_gbs" \
-  --inter-gbs "$bw_gbs" --latency-us "$lat_us" "${args[@]}" >"$work/sweep.json" 2>"$work/sweep.err"
+  --inter-gbs "$bw_gbs" --latency-us "$lat_us" --sync-wait "$sync_wait" "${args[@]}" >"$work/sweep.json" 2>"$work/sweep.err"
 rc=$?
 grep '^# calibrated' "$work/sweep.err"
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

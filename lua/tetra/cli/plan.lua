@@ -11,7 +11,7 @@ M.usage = [[
 usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--cluster NAME]
                   [--nodes N] [--devices-per-node N] [--peak-tflops X] [--mem-gib X]
                   [--mem-bw-gbs X] [--intra-gbs X] [--inter-gbs X] [--latency-us X]
-                  [--sustained X]
+                  [--sustained X] [--sync-wait X]
                   [--tp N] [--pp N] [--dp N] [--cp N] [--top K | --all] [--json]
                   [--write FILE] [--pick N]
        tetra plan --published
@@ -25,6 +25,9 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
   --intra-gbs X, --inter-gbs X, --latency-us X, --sustained X   override the cluster's
                   figures (GB/s per device; sustained: the share of the kernel rates a
                   whole step reaches)
+  --sync-wait X   what a blocking tensor- or context-parallel collective costs in waiting
+                  for the last rank to arrive, as a share of the computation since the
+                  previous one (default 0; tools/bench/plan.sh measures this machine's)
   --tp/--pp/--dp/--cp N  only layouts with that size
   --top K         print the best K layouts (default 15); --all prints every one
   --json          a JSON list of objects instead of the table
@@ -54,7 +57,7 @@ function M.parse(args)
     ["--peak-tflops"] = { "peak_flops", 1e12 }, ["--mem-gib"] = { "mem_bytes", 2 ^ 30 },
     ["--mem-bw-gbs"] = { "mem_bw", 1e9 }, ["--intra-gbs"] = { "intra_bw", 1e9 },
     ["--inter-gbs"] = { "inter_bw", 1e9 }, ["--latency-us"] = { "latency_s", 1e-6 },
-    ["--sustained"] = { "sustained", 1 },
+    ["--sustained"] = { "sustained", 1 }, ["--sync-wait"] = { "sync_wait", 1, zero = true },
   }
   while i <= #args do
     local a = args[i]
@@ -83,7 +86,13 @@ function M.parse(args)
       o.cluster = value()
       if not o.cluster then return nil, "--cluster needs a name (h100, h200, cpu)" end
     elseif overrides[a] then
-      local v, err = number(a, value())
+      local raw = value()
+      local v, err = number(a, raw)
+      if overrides[a].zero then
+        v = tonumber(raw or "")
+        if not v or v < 0 then err = a .. " needs a number of 0 or more, got '" .. tostring(raw) .. "'" end
+        if v and v < 0 then v = nil end
+      end
       if not v then return nil, err end
       o.over[overrides[a][1]] = v * overrides[a][2]
     elseif a == "--tp" or a == "--pp" or a == "--dp" or a == "--cp" then
