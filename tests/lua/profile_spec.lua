@@ -37,6 +37,17 @@ local function brute_best(parts, n, S)
   return best
 end
 
+-- counts splits n blocks over S stages, each holding at least one.
+local function expect_split(counts, n, S)
+  local total = 0
+  for s = 1, S do
+    expect(counts[s] >= 1).to_be(true)
+    total = total + counts[s]
+  end
+  expect(#counts).to_be(S)
+  expect(total).to_be(n)
+end
+
 describe("tetra profile's split", function()
   it("sums a stage's blocks, the embedding on the first and the head on the last", function()
     local st = profile.stage_times(parts_of(1, { 2, 3, 4, 5 }, 10), { 1, 2, 1 })
@@ -59,12 +70,7 @@ describe("tetra profile's split", function()
       for i = 1, n do blocks[i] = math.random() * (math.random() < 0.2 and 10 or 1) end
       local parts = parts_of(math.random() * 3, blocks, math.random() * 6)
       local counts = profile.balanced_split(parts, S)
-      local total = 0
-      for s = 1, S do
-        expect(counts[s] >= 1).to_be(true)
-        total = total + counts[s]
-      end
-      expect(total).to_be(n)
+      expect_split(counts, n, S)
       local m = 0
       for _, v in ipairs(profile.stage_times(parts, counts)) do m = math.max(m, v) end
       expect(m).to_be_near(brute_best(parts, n, S), 1e-12)
@@ -117,12 +123,7 @@ describe("tetra profile's prediction", function()
       list[n + 2] = { 3 * math.random(), 6 * math.random() }
       local parts = parts_fb(list)
       local counts, t = profile.best_split(parts, S, m, "1f1b")
-      local total = 0
-      for s = 1, S do
-        expect(counts[s] >= 1).to_be(true)
-        total = total + counts[s]
-      end
-      expect(total).to_be(n)
+      expect_split(counts, n, S)
       expect(t).to_be_near(profile.predict(parts, counts, m, "1f1b"), 1e-12)
       -- never worse than the split that only balances the slowest stage
       local even = profile.predict(parts, profile.balanced_split(parts, S), m, "1f1b")

@@ -11,7 +11,7 @@
 set -eu
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 tetra="${1:-$root/build/tetra}"
-runs="${2:-6}"
+runs="${2:-9}"
 seconds="${3:-100}"
 clients="$root/tests/cli/prometheus_clients.py"
 tmp="$(mktemp -d)"
