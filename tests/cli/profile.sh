@@ -90,6 +90,14 @@ rc=$?
 [ "$rc" -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] &&
   grep -q "the run with parallel.pipeline_stages=2,2 failed (false -np 2 .*): exit status 1, no output" "$tmp/err" ||
   fail "a failing launcher: exit $rc, $(cat "$tmp/err") $(tail -3 "$tmp/out")"
+# A launcher that explains itself between lines of dashes (as mpirun does): its words.
+OMP_NUM_THREADS=1 "$tetra" profile "$here/../../recipes/tiny.lua" --set model.n_layers=4 \
+  --set model.vocab_size=16384 --set parallel.pipeline_parallel_size=2 --reps 1 \
+  --launcher "sh -c 'echo ------; echo launcher says no; echo ------; exit 3' --" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ "$rc" -eq 1 ] && [ "$(wc -l < "$tmp/err")" -eq 1 ] &&
+  grep -q "failed (sh -c .*): launcher says no$" "$tmp/err" ||
+  fail "a launcher's framed message: exit $rc, $(cat "$tmp/err")"
 # Under mpirun it refuses (it launches mpirun itself).
 # (Both ranks say it, and their lines may interleave: the message is looked for anywhere.)
 if mpirun --oversubscribe -np 2 "$tetra" profile "$recipe" >"$tmp/out" 2>&1; then

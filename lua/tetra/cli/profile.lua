@@ -266,6 +266,14 @@ end
 
 local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+-- The first line of a launcher's output that has words in it (mpirun frames its
+-- messages in lines of dashes), or nil.
+local function first_words(out)
+  for line in out:gmatch("[^\n]+") do
+    if line:find("%a") then return (line:gsub("^%s+", ""):gsub("%s+$", "")) end
+  end
+end
+
 -- Trains `steps` steps of file with the given --set values and `counts` as
 -- parallel.pipeline_stages under the launcher; returns the step times after the first
 -- (from the metrics file) or nil and a message.
@@ -303,7 +311,7 @@ local function measure(opts, counts, world, tag)
   if not ok or #times == 0 then
     return nil, "the run with parallel.pipeline_stages=" .. table.concat(counts, ",") ..
                 " failed (" .. cmd .. "): " ..
-                (out:match("(tetra[^\n]*)") or out:match("([^\n]+)\n?$") or
+                (out:match("(tetra[^\n]*)") or first_words(out) or
                  "exit status " .. tostring(status >= 256 and status / 256 or status) ..
                  ", no output")
   end
