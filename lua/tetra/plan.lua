@@ -583,7 +583,7 @@ function M.evaluate(cfg, lay, cl)
     -- computation since the previous one (the block's syncs split its work between them,
     -- so the waits add up to that share of the whole).
     if (tp > 1 or cp > 1) and not cl.overlap_tp then
-      comm_f, comm_b = comm_f + (cl.sync_wait or 0) * fwd, comm_b + (cl.sync_wait or 0) * bwd
+      comm_f, comm_b = comm_f + cl.sync_wait * fwd, comm_b + cl.sync_wait * bwd
     end
     return fwd, bwd, comm_f, comm_b
   end
@@ -592,7 +592,7 @@ function M.evaluate(cfg, lay, cl)
   local head_ew = (3 * n * Vl * 4 + 4 * seq_n * d * act_b) / rate_bw
   local head_f, head_b = head_mm + head_ew, 2 * head_mm + head_ew
   local head_comm = tp > 1 and 2 * ring("all_reduce", n * 4 * 3, tp, bw_tp, cl.latency_s) +
-                    (cl.sync_wait or 0) * (head_f + head_b) or 0
+                    cl.sync_wait * (head_f + head_b) or 0
   local embed_comm = tp > 1 and ring("all_reduce", n * d * act_b, tp, bw_tp, cl.latency_s) or 0
 
   local fwd, bwd, comm_mb = {}, {}, {}

@@ -73,10 +73,6 @@ def pool(path):
     return 0
 
 
-def paired(windows, kind):
-    return estimate(paired_logs(windows, kind))
-
-
 def estimate(logs):
     """The mean of log ratios as a percent change, and its 95% half-width (2 standard
     errors)."""
@@ -115,13 +111,12 @@ def toggle(port, seconds, hz, window, decoy=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     d = decoy and http.client.HTTPConnection("127.0.0.1", decoy, timeout=5)
 
-    def scrape_once(conn=c):
-        conn.request("GET", "/metrics")
-        return sums(conn.getresponse().read().decode())
+    def scrape_once():
+        c.request("GET", "/metrics")
+        return sums(c.getresponse().read().decode())
 
     kinds = ["quiet", "loud", "quiet", "decoy"] if decoy else ["quiet", "loud"]
-    # per kind: step seconds, steps, training CPU seconds, endpoint CPU seconds, and each
-    # window's mean step time
+    # per kind: step seconds, steps, training CPU seconds, endpoint CPU seconds
     totals = {k: [0.0, 0.0, 0.0, 0.0] for k in kinds}
     windows = []   # (kind, mean step seconds) of each window in turn
     n, end, turn = 0, time.monotonic() + seconds, 0
@@ -182,7 +177,7 @@ def toggle(port, seconds, hz, window, decoy=None):
     if keep:
         with open(keep, "a") as f:
             f.write(json.dumps(windows) + "\n")
-    est, half = paired(windows, "loud")
+    est, half = estimate(paired_logs(windows, "loud"))
     line += f"paired windows: scraped {est:+.2f}% +- {half:.2f}% (95%) on the quiet ones beside them; "
     line += (f"endpoint thread {l[3] * 1e3:.1f} ms CPU for {n} scrapes "
              f"<{l[3] / max(l[2], 1e-9) * 100:.3f}% of training CPU>; training waited "

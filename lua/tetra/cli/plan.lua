@@ -87,11 +87,14 @@ function M.parse(args)
       if not o.cluster then return nil, "--cluster needs a name (h100, h200, cpu)" end
     elseif overrides[a] then
       local raw = value()
-      local v, err = number(a, raw)
-      if overrides[a].zero then
+      local v, err
+      if overrides[a].zero then   -- 0 is a value here (--sync-wait)
         v = tonumber(raw or "")
-        if not v or v < 0 then err = a .. " needs a number of 0 or more, got '" .. tostring(raw) .. "'" end
-        if v and v < 0 then v = nil end
+        if not v or v < 0 then
+          v, err = nil, a .. " needs a number of 0 or more, got '" .. tostring(raw) .. "'"
+        end
+      else
+        v, err = number(a, raw)
       end
       if not v then return nil, err end
       o.over[overrides[a][1]] = v * overrides[a][2]

@@ -24,6 +24,7 @@ local T = require("tetra.tensor")
 local F = require("tetra.nn.functional")
 local tffi = require("tetra.ffi")
 local train = require("tetra.train")
+local plan_model = require("tetra.plan")
 
 local C = ffi.C
 local free = F.free
@@ -192,7 +193,7 @@ end
 function M.predict(parts, counts, n_micro, kind)
   local fwd, bwd = M.stage_fb(parts, counts)
   local lay = { pp = #counts, v = 1, schedule = kind or "1f1b" }
-  return (require("tetra.plan").replay(lay, n_micro, fwd, bwd, 0))
+  return (plan_model.replay(lay, n_micro, fwd, bwd, 0))
 end
 
 -- The counts (blocks per stage, each at least one) over `stages` stages that make the
