@@ -9,7 +9,10 @@
 ** from the root run (and leave the tape): other graphs recorded on the same tape, such as
 ** pipeline micro-batches waiting for their own backward, stay until their turn or until
 ** tt_tape_clear. Leaves keep .grad across calls (gradient accumulation) until zeroed;
-** intermediate gradients are dropped as soon as their node has run.
+** intermediate gradients are dropped as soon as their node has run. Gradients toward
+** chosen leaves can be deferred to a second pass (tt_set_deferred_grads): a node then
+** runs in two parts (first toward its other inputs), the way zero-bubble pipelines split
+** input and weight gradients.
 */
 #include "tt_internal.h"
 
@@ -164,9 +167,101 @@ static void mark_reachable(const tt_tensor *root, unsigned char *reach) {
   }
 }
 
+/* Deferred gradients (tt_set_deferred_grads). Each reachable node gets a kind: */
+enum { NODE_SKIP, NODE_NOW, NODE_SPLIT, NODE_LATER };
+/* NODE_NOW runs in the first pass; NODE_LATER (every input needing grad is deferred)
+** in the second; NODE_SPLIT (both kinds of input) computes its other inputs' gradients
+** in the first pass and its deferred inputs' in the second, keeping its output's
+** gradient in between. Deferred: a listed leaf, or the output of a NODE_LATER node. */
+static tt_tensor **tt_deferred;
+static int tt_n_deferred;
+
+int tt_set_deferred_grads(tt_tensor *const *leaves, int n) {
+  free(tt_deferred);
+  tt_deferred = NULL;
+  tt_n_deferred = 0;
+  if (n <= 0) return 0;
+  tt_deferred = malloc(sizeof(tt_tensor *) * (size_t)n);
+  TT_CHECK(tt_deferred, "autograd: out of host memory (%d deferred gradients)", n);
+  memcpy(tt_deferred, leaves, sizeof(tt_tensor *) * (size_t)n);
+  tt_n_deferred = n;
+  return 0;
+}
+
+/* Sorts the reachable nodes into kinds (kind[i], from reach[i]), in creation order so
+** that a node's inputs are classified before it. Marks the deferred tensors. */
+static void classify(unsigned char *kind) {
+  for (int d = 0; d < tt_n_deferred; d++)
+    if (tt_deferred[d]->requires_grad) tt_deferred[d]->grad_deferred = 1;
+  for (int64_t i = 0; i < tt_tape_len; i++) {
+    if (!kind[i]) continue;
+    tt_node *node = tt_tape[i];
+    int now = 0, later = 0;
+    for (int k = 0; k < node->n_inputs; k++) {
+      tt_tensor *in = node->inputs[k];
+      if (!in || !in->requires_grad) continue;
+      if (in->grad_deferred) later++; else now++;
+    }
+    kind[i] = later == 0 ? NODE_NOW : now == 0 ? NODE_LATER : NODE_SPLIT;
+    if (kind[i] == NODE_LATER) node->out->grad_deferred = 1;
+  }
+}
+
+/* Hides from a node's backward its inputs of one kind (deferred ones when `deferred`,
+** else the others) by clearing their requires_grad: backward functions compute only the
+** gradients their inputs need. Returns which inputs to show again (show_inputs). */
+static unsigned hide_inputs(tt_node *node, int deferred) {
+  unsigned hidden = 0;
+  for (int k = 0; k < node->n_inputs; k++) {
+    tt_tensor *in = node->inputs[k];
+    if (in && in->requires_grad && in->grad_deferred == deferred) {
+      in->requires_grad = 0;
+      hidden |= 1u << k;
+    }
+  }
+  return hidden;
+}
+
+static void show_inputs(tt_node *node, unsigned hidden) {
+  for (int k = 0; k < node->n_inputs; k++)
+    if (hidden & (1u << k)) node->inputs[k]->requires_grad = 1;
+}
+
+/* Runs node i's backward toward its inputs of one kind (`part` 0: the others, 1: the
+** deferred ones; -1: all), then counts those uses done: a leaf's grad-ready hook fires
+** at its last. */
+static void run_node(int64_t i, int part, int *rc) {
+  tt_node *node = tt_tape[i];
+  tt_tensor *g = node->out->grad;
+  if (g && *rc == 0) {
+    unsigned hidden = part >= 0 ? hide_inputs(node, !part) : 0;
+    *rc = node->backward(node, g);
+    show_inputs(node, hidden);
+    if (*rc != 0) tt_error_context("backward of %s", node->name);
+  }
+  for (int k = 0; k < node->n_inputs; k++) {
+    tt_tensor *in = node->inputs[k];
+    if (!in || !in->requires_grad || (part >= 0 && in->grad_deferred != part)) continue;
+    if (--in->tape_uses == 0 && in->is_leaf && tt_grad_hook && *rc == 0)
+      tt_grad_hook(in, tt_grad_hook_ud);
+  }
+}
+
+/* Done with node i: its output's gradient and the node go. */
+static void retire_node(int64_t i, int rc) {
+  tt_node *node = tt_tape[i];
+  tt_tensor_release(node->out->grad);
+  node->out->grad = NULL;
+  node->out->grad_deferred = 0;
+  node_free(node);
+  tt_tape[i] = NULL;
+  if (tt_tick_hook && rc == 0) tt_tick_hook(tt_tick_hook_ud);
+}
+
 /* Runs the reachable nodes in reverse order, freeing each once it ran; the unreachable
 ** ones keep their order at the front of the tape. A leaf's grad-ready hook fires when
-** its last reachable use has added its contribution. After an error the whole tape is
+** its last reachable use has added its contribution. With deferred gradients, a second
+** pass in the same order does the work toward them. After an error the whole tape is
 ** dropped and the use counts reset. */
 int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
   char a[160], b[160];
@@ -177,45 +272,50 @@ int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
            "backward: gradient shape %s differs from the tensor's %s",
            tt_shape_str(grad_root->shape, grad_root->ndim, a, sizeof a),
            tt_shape_str(root->shape, root->ndim, b, sizeof b));
-  unsigned char *reach = calloc((size_t)(tt_tape_len > 0 ? tt_tape_len : 1), 1);
-  TT_CHECK(reach, "backward: out of host memory (%lld tape nodes)", (long long)tt_tape_len);
+  unsigned char *kind = calloc((size_t)(tt_tape_len > 0 ? tt_tape_len : 1), 1);
+  TT_CHECK(kind, "backward: out of host memory (%lld tape nodes)", (long long)tt_tape_len);
   int saved_mode = tt_grad_enabled;
   tt_grad_enabled = 0;
   int rc = tt_accumulate_grad(root, grad_root);
-  mark_reachable(root, reach);
+  mark_reachable(root, kind);
+  classify(kind);
   for (int64_t i = tt_tape_len - 1; i >= 0 && rc == 0; i--) {
-    tt_node *node = tt_tape[i];
-    if (!reach[i]) continue;
-    tt_tensor *g = node->out->grad;
-    if (g) {
-      rc = node->backward(node, g);
-      if (rc != 0) tt_error_context("backward of %s", node->name);
-      tt_tensor_release(node->out->grad);
-      node->out->grad = NULL;
+    if (kind[i] == NODE_NOW) {
+      run_node(i, -1, &rc);
+      retire_node(i, rc);
+    } else if (kind[i] == NODE_SPLIT) {
+      /* Its own reference keeps the output's gradient from being taken over (shared)
+      ** by an input now: the second pass reads it. */
+      tt_tensor *g = tt_tape[i]->out->grad;
+      tt_tensor_retain(g);
+      run_node(i, 0, &rc);
+      tt_tensor_release(g);
+      if (tt_tick_hook && rc == 0) tt_tick_hook(tt_tick_hook_ud);
     }
-    for (int k = 0; k < node->n_inputs; k++) {
-      tt_tensor *in = node->inputs[k];
-      if (!in || !in->requires_grad) continue;
-      if (--in->tape_uses == 0 && in->is_leaf && tt_grad_hook && rc == 0)
-        tt_grad_hook(in, tt_grad_hook_ud);
-    }
-    node_free(node);
-    tt_tape[i] = NULL;
-    if (tt_tick_hook && rc == 0) tt_tick_hook(tt_tick_hook_ud);
   }
+  for (int64_t i = tt_tape_len - 1; i >= 0 && rc == 0; i--) {
+    if (kind[i] != NODE_SPLIT && kind[i] != NODE_LATER) continue;
+    run_node(i, kind[i] == NODE_SPLIT ? 1 : -1, &rc);
+    retire_node(i, rc);
+  }
+  for (int d = 0; d < tt_n_deferred; d++) tt_deferred[d]->grad_deferred = 0;
   int64_t n = 0;
   for (int64_t i = 0; i < tt_tape_len; i++)
     if (tt_tape[i]) tt_tape[n++] = tt_tape[i];
   tt_tape_len = n;
   if (rc != 0) {
     for (int64_t i = 0; i < tt_tape_len; i++) {
-      tt_tape[i]->out->tape_uses = 0;
-      for (int k = 0; k < tt_tape[i]->n_inputs; k++)
-        if (tt_tape[i]->inputs[k]) tt_tape[i]->inputs[k]->tape_uses = 0;
+      tt_node *node = tt_tape[i];
+      node->out->tape_uses = 0;
+      node->out->grad_deferred = 0;
+      tt_tensor_release(node->out->grad);   /* a split node's kept gradient */
+      node->out->grad = NULL;
+      for (int k = 0; k < node->n_inputs; k++)
+        if (node->inputs[k]) node->inputs[k]->tape_uses = 0;
     }
     tt_tape_clear();
   }
-  free(reach);
+  free(kind);
   if (!root->is_leaf) {
     tt_tensor_release(root->grad);
     root->grad = NULL;

@@ -68,6 +68,8 @@ typedef struct tt_tensor {
   int is_leaf;                    /* created by the user, not by a recorded op */
   struct tt_tensor *grad;         /* accumulated gradient (leaves keep it) */
   int64_t tape_uses;              /* internal: pending uses during backward */
+  int grad_deferred;              /* internal: during backward, its gradient waits for the
+                                  ** deferred pass (tt_set_deferred_grads) */
   struct tt_tensor *lowp;         /* internal: cached bf16/f16 copy (tetra_amp.h), or NULL */
   int64_t lowp_version;           /* internal: storage version the copy was made from */
 } tt_tensor;
@@ -166,6 +168,13 @@ void tt_set_grad_ready_hook(tt_grad_ready_fn fn, void *userdata);
 ** progress there: MPI moves bytes only inside MPI calls). */
 typedef void (*tt_backward_tick_fn)(void *userdata);
 void tt_set_backward_tick_hook(tt_backward_tick_fn fn, void *userdata);
+/* Leaves whose gradients backward computes last: every node's work toward them (and
+** toward tensors made only from them) waits until every other gradient is complete,
+** then runs in the same reverse order. Data parallelism defers the first blocks' weights
+** so that the embedding's gradient, otherwise the last, starts reducing while they are
+** computed. The same gradients result; only their order changes. The caller keeps the
+** leaves alive while set; n = 0 clears. */
+int tt_set_deferred_grads(tt_tensor *const *leaves, int n);
 
 /* -- Scalar conversions (round-to-nearest-even; fp8 saturates to its max finite) ----- */
 

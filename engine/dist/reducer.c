@@ -1,8 +1,8 @@
 /*
 ** reducer.c — data-parallel gradient averaging in buckets, overlapped with backward.
 **
-** Parameters are packed, in reverse order (roughly the order backward finishes their
-** gradients), into flat buckets of at most bucket_mb megabytes, smaller toward the end
+** Parameters are packed, in the order backward finishes their gradients (by default the
+** reverse parameter order), into flat buckets of at most bucket_mb megabytes, smaller toward the end
 ** of backward (group_from_tail says how). The autograd grad-ready hook copies each
 ** finished gradient into its bucket; a full bucket starts a non-blocking all-reduce (or
 ** reduce-scatter for ZeRO-1) while backward keeps running. Buckets always start in
@@ -76,6 +76,9 @@ struct tt_dist_reducer {
   int n_params;
   tt_tensor **params;          /* retained */
   unsigned char *row_sparse;   /* param -> 1 when its gradient travels as touched rows */
+  int *tail;                   /* i -> the parameter whose gradient is i-th from the end */
+  int n_deferred;              /* tail[0 .. n_deferred) are computed last (deferred) */
+  tt_tensor **deferred;        /* their tensors, for tt_set_deferred_grads */
   int *slot_of;                /* param -> slot */
   grad_slot *slots;
   int n_buckets;
@@ -86,15 +89,16 @@ struct tt_dist_reducer {
   int failed;                  /* an error inside the hook; reported by finish */
   char error[256];
   double exposed_s;
+  int held;                    /* buckets complete while an earlier one was not (per step) */
   int n_shards;
   zero_shard *shards;
 };
 
 /* -- Bucket layout -------------------------------------------------------------------- */
 
-/* Which bucket each parameter goes to, counted from the tail (group 0 holds parameter
-** 0, whose gradient backward produces last): walking from parameter 0, a group takes
-** parameters until the next would pass its cap. The tail group's cap is 1/32 of all the
+/* Which bucket each parameter goes to, counted from the tail (group[i] for parameter
+** tail[i]; group 0 holds tail[0], whose gradient backward produces last): walking from
+** the tail, a group takes parameters until the next would pass its cap. The tail group's cap is 1/32 of all the
 ** gradient bytes and each earlier group's twice the next one's, up to bucket_mb: what is
 ** still in flight when backward ends is small, while large models keep bucket_mb
 ** buckets everywhere but at the very end. A row-sparse parameter is a group of its own. */
@@ -104,23 +108,24 @@ static int group_from_tail(tt_dist_reducer *r, double bucket_mb, int *group) {
   double max_cap = bucket_mb * 1024.0 * 1024.0, cap = total / 32.0;
   int g = -1;
   int64_t fill = 0;
-  for (int p = 0; p < r->n_params; p++) {
+  for (int i = 0; i < r->n_params; i++) {
+    int p = r->tail[i], prev_sparse = i > 0 && r->row_sparse[r->tail[i - 1]];
     int64_t bytes = tt_tensor_numel(r->params[p]) * elem;
-    int alone = r->row_sparse[p] || (p > 0 && r->row_sparse[p - 1]);
     double limit = cap < max_cap ? cap : max_cap;
-    if (g < 0 || alone || (fill > 0 && (double)(fill + bytes) > limit)) {
-      if (g >= 0 && !r->row_sparse[p - 1]) cap *= 2.0;
+    if (g < 0 || r->row_sparse[p] || prev_sparse ||
+        (fill > 0 && (double)(fill + bytes) > limit)) {
+      if (g >= 0 && !prev_sparse) cap *= 2.0;
       g++;
       fill = 0;
     }
-    group[p] = g;
+    group[i] = g;
     fill += bytes;
   }
   return g + 1;
 }
 
 static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
-  /* Bucket b holds consecutive slots; slot s is parameter n-1-s. */
+  /* Bucket b holds consecutive slots; slot s is parameter tail[n-1-s]. */
   TT_ALLOC(r->slots, sizeof(grad_slot) * (size_t)r->n_params);
   TT_ALLOC(r->slot_of, sizeof(int) * (size_t)r->n_params);
   TT_ALLOC(r->buckets, sizeof(grad_bucket) * (size_t)r->n_params);
@@ -130,7 +135,7 @@ static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
   r->n_buckets = group_from_tail(r, bucket_mb, group);
   int64_t fill = 0;
   for (int s = 0; s < r->n_params; s++) {
-    int p = r->n_params - 1 - s, nb = r->n_buckets - 1 - group[p];
+    int i = r->n_params - 1 - s, p = r->tail[i], nb = r->n_buckets - 1 - group[i];
     grad_bucket *bk = &r->buckets[nb];
     if (bk->n_slots == 0) {
       bk->first_slot = s;
@@ -220,9 +225,11 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
     r->shards[i].view->grad = NULL;
     tt_tensor_release(r->shards[i].view);
   }
-  for (int i = 0; i < r->n_params; i++) tt_tensor_release(r->params[i]);
+  for (int i = 0; r->params && i < r->n_params; i++) tt_tensor_release(r->params[i]);
   free(r->params);
   free(r->row_sparse);
+  free(r->tail);
+  free(r->deferred);
   free(r->slot_of);
   free(r->slots);
   free(r->buckets);
@@ -230,14 +237,17 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
   free(r);
 }
 
-int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double bucket_mb,
-                        int zero_stage, const int *row_sparse, tt_dist_reducer **out) {
+int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
+                        const tt_dist_reducer_opts *o, tt_dist_reducer **out) {
   *out = NULL;
   TT_CHECK(c, "data parallel: no group");
   TT_CHECK(n > 0, "data parallel: no parameters to reduce");
-  TT_CHECK(zero_stage == 0 || zero_stage == 1,
-           "parallel.zero_stage = %d: only 0 and 1 are implemented", zero_stage);
-  TT_CHECK(bucket_mb > 0, "dist.bucket_mb = %g: must be positive", bucket_mb);
+  TT_CHECK(o->zero_stage == 0 || o->zero_stage == 1,
+           "parallel.zero_stage = %d: only 0 and 1 are implemented", o->zero_stage);
+  TT_CHECK(o->bucket_mb > 0, "dist.bucket_mb = %g: must be positive", o->bucket_mb);
+  TT_CHECK(o->n_deferred >= 0 && o->n_deferred < n && (o->tail_order || !o->n_deferred),
+           "data parallel: %d deferred gradients of %d parameters (and a tail order?)",
+           o->n_deferred, n);
   for (int i = 0; i < n; i++) {
     const tt_tensor *p = params[i];
     TT_CHECK(p && tt_dtype_is_float(p->dtype), "data parallel: parameter %d is not a float "
@@ -246,7 +256,7 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double buck
              "data parallel: parameters mix dtypes or devices (parameter %d is %s, "
              "parameter 0 is %s)", i, tt_dtype_name(p->dtype), tt_dtype_name(params[0]->dtype));
     TT_CHECK(tt_tensor_is_contiguous(p), "data parallel: parameter %d is not contiguous", i);
-    TT_CHECK(!row_sparse || !row_sparse[i] || (p->ndim == 2 && p->dtype == TT_F32),
+    TT_CHECK(!o->row_sparse || !o->row_sparse[i] || (p->ndim == 2 && p->dtype == TT_F32),
              "data parallel: parameter %d cannot travel as rows "
              "(dist.sparse_embedding_grad): it is %s with %d dims, not an f32 table (V, D)",
              i, tt_dtype_name(p->dtype), p->ndim);
@@ -254,25 +264,34 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double buck
   tt_dist_reducer *r = calloc(1, sizeof *r);
   TT_CHECK(r, "data parallel: out of host memory");
   r->comm = c;
-  r->zero_stage = zero_stage;
-  r->params = malloc(sizeof(tt_tensor *) * (size_t)n);
+  r->zero_stage = o->zero_stage;
+  r->n_params = n;
+  r->params = calloc((size_t)n, sizeof(tt_tensor *));
   r->row_sparse = calloc((size_t)n, 1);
-  if (!r->params || !r->row_sparse) {
-    free(r->params);
-    free(r->row_sparse);
-    free(r);
-    return tt_set_error("data parallel: out of host memory");
-  }
-  for (int i = 0; i < n; i++) {
+  r->tail = calloc((size_t)n, sizeof(int));
+  r->deferred = calloc((size_t)n, sizeof(tt_tensor *));
+  unsigned char *seen = calloc((size_t)n, 1);
+  int rc = r->params && r->row_sparse && r->tail && r->deferred && seen
+               ? 0 : tt_set_error("data parallel: out of host memory");
+  for (int i = 0; i < n && rc == 0; i++) {
     tt_tensor_retain(params[i]);
     r->params[i] = params[i];
-    r->row_sparse[i] = row_sparse && row_sparse[i];
+    r->row_sparse[i] = o->row_sparse && o->row_sparse[i];
+    int p = o->tail_order ? o->tail_order[i] : i;
+    if (p < 0 || p >= n || seen[p])
+      rc = tt_set_error("data parallel: tail order entry %d (%d) is not a new parameter "
+                        "index below %d", i, p, n);
+    else
+      seen[p] = 1;
+    r->tail[i] = p;
   }
-  r->n_params = n;
+  free(seen);
+  r->n_deferred = o->n_deferred;
+  for (int i = 0; i < r->n_deferred && rc == 0; i++) r->deferred[i] = params[r->tail[i]];
   int prev = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
-  int rc = plan_buckets(r, bucket_mb);
-  if (rc == 0 && zero_stage == 1) rc = make_shards(r);
+  if (rc == 0) rc = plan_buckets(r, o->bucket_mb);
+  if (rc == 0 && o->zero_stage == 1) rc = make_shards(r);
   tt_set_grad_enabled(prev);
   if (rc != 0) {
     tt_dist_reducer_free(r);
@@ -512,8 +531,10 @@ static void on_grad_ready(tt_tensor *leaf, void *userdata) {
   r->hint = s + 1 < r->n_params ? s + 1 : 0;
   int prev = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
-  if (fill_slot(r, s) != 0 || start_ready_buckets(r) != 0 || progress(r) != 0)
-    remember_failure(r);
+  if (fill_slot(r, s) != 0) remember_failure(r);
+  const grad_bucket *bk = &r->buckets[r->slots[s].bucket];
+  if (bk->n_ready == bk->n_slots && r->slots[s].bucket > r->next_start) r->held++;
+  if (!r->failed && (start_ready_buckets(r) != 0 || progress(r) != 0)) remember_failure(r);
   tt_set_grad_enabled(prev);
 }
 
@@ -540,14 +561,17 @@ static void reset_step(tt_dist_reducer *r) {
   r->next_start = 0;
   r->hint = 0;
   r->failed = 0;
+  r->held = 0;
 }
 
 int tt_dist_reducer_arm(tt_dist_reducer *r, int armed) {
   if (armed && !r->armed) {
     reset_step(r);
+    TT_TRY(tt_set_deferred_grads(r->deferred, r->n_deferred));
     tt_set_grad_ready_hook(on_grad_ready, r);
     tt_set_backward_tick_hook(on_backward_tick, r);
   } else if (!armed && r->armed) {
+    tt_set_deferred_grads(NULL, 0);
     tt_set_grad_ready_hook(NULL, NULL);
     tt_set_backward_tick_hook(NULL, NULL);
   }
@@ -592,6 +616,7 @@ int64_t tt_dist_reducer_sparse_rows(const tt_dist_reducer *r) {
   return rows;
 }
 double tt_dist_reducer_exposed_s(const tt_dist_reducer *r) { return r->exposed_s; }
+int tt_dist_reducer_held(const tt_dist_reducer *r) { return r->held; }
 int tt_dist_reducer_num_shards(const tt_dist_reducer *r) { return r->n_shards; }
 tt_tensor *tt_dist_reducer_shard(const tt_dist_reducer *r, int i) {
   return i >= 0 && i < r->n_shards ? r->shards[i].view : NULL;

@@ -170,18 +170,30 @@ int tt_mesh_rank_at(const tt_mesh *m, int tp, int cp, int dp, int pp);
 /* -- Data-parallel gradient reducer ----------------------------------------------------- */
 /* Averages the gradients of `params` over `c` in buckets of at most bucket_mb megabytes,
 ** smaller toward the end of backward (the last about 1/32 of the gradient bytes).
-** Buckets follow the reverse parameter order (the order backward produces gradients);
-** a bucket starts reducing as soon as its last gradient is ready, while backward goes
-** on, always in bucket order so every rank issues the same sequence, and its averages
-** are written back as soon as it completes.
-** zero_stage 1: buckets are reduce-scattered instead; each rank keeps the averaged
-** gradient of its 1/n share of every bucket (ZeRO-1) and updates only that share.
-** row_sparse (n flags, or NULL): parameters, f32 tables (V, D) such as an embedding,
-** whose gradient travels as the rows some rank touched (nonzero), in a bucket of their
-** own; the result is the dense average. The same flags on every rank. */
+** Buckets follow the order backward produces gradients (tail_order); a bucket starts
+** reducing as soon as its last gradient is ready, while backward goes on, always in
+** bucket order so every rank issues the same sequence, and its averages are written
+** back as soon as it completes. */
+typedef struct {
+  double bucket_mb;
+  /* 1: buckets are reduce-scattered instead; each rank keeps the averaged gradient of
+  ** its 1/n share of every bucket (ZeRO-1) and updates only that share. */
+  int zero_stage;
+  /* n flags, or NULL: parameters, f32 tables (V, D) such as an embedding, whose gradient
+  ** travels as the rows some rank touched (nonzero), in a bucket of their own; the
+  ** result is the dense average. The same flags on every rank. */
+  const int *row_sparse;
+  /* n parameter indices from the last gradient backward produces to the first; NULL:
+  ** the reverse parameter order (0 last). */
+  const int *tail_order;
+  /* The first n_deferred of tail_order: gradients computed after all others while the
+  ** reducer is armed (tt_set_deferred_grads), so the ones that follow them in tail_order
+  ** (an embedding table, produced last otherwise) start reducing meanwhile. */
+  int n_deferred;
+} tt_dist_reducer_opts;
 typedef struct tt_dist_reducer tt_dist_reducer;
-int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n, double bucket_mb,
-                        int zero_stage, const int *row_sparse, tt_dist_reducer **out);
+int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
+                        const tt_dist_reducer_opts *opts, tt_dist_reducer **out);
 void tt_dist_reducer_free(tt_dist_reducer *r);
 /* Arms (1) or disarms (0) the grad-ready hook for the next backward. Armed only for the
 ** last micro-batch of an accumulation. */
@@ -198,6 +210,9 @@ int64_t tt_dist_reducer_sparse_rows(const tt_dist_reducer *r);
 /* Seconds spent waiting inside finish during the last step (communication left exposed
 ** after overlap) and seconds from the first bucket start to the last completion. */
 double tt_dist_reducer_exposed_s(const tt_dist_reducer *r);
+/* Buckets that were complete during the last backward while an earlier one was not, so
+** they waited to start: 0 when tail_order is the order backward really produces. */
+int tt_dist_reducer_held(const tt_dist_reducer *r);
 /* ZeRO-1 shards: this rank owns `num_shards` pieces, each a view into one parameter
 ** (shard_param(i) is that parameter's index), shaped (k) for vectors and (1, k) for
 ** matrices, whose ->grad holds the averaged gradient of the piece after finish. */

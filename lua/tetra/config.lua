@@ -152,6 +152,8 @@ M.schema = {
     bucket_mb = num(25, 0),
     sparse_embedding_grad = bool(false, "average an embedding's gradient as the rows " ..
                                  "the step's tokens touched, not the whole table"),
+    defer_weight_grads = bool(true, "compute the first blocks' weight gradients after " ..
+                              "the embedding's, so its reduction overlaps them"),
   },
 }
 

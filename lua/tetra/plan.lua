@@ -27,7 +27,8 @@
 -- collectives over the links each group spans, the pipeline's bubble from the same
 -- schedule replay, and the optimizer. What computation hides is not counted: Tetra's
 -- tensor- and context-parallel collectives block (exposed); the data-parallel reduction
--- overlaps the last micro-batch's backward (the last bucket stays exposed); ZeRO-1's
+-- overlaps the last micro-batch's backward (the last bucket stays exposed, the embedding's
+-- hidden by the deferred weight gradients); ZeRO-1's
 -- parameter all-gather after the optimizer is exposed. Activation recompute (full, or
 -- torchtitan's per-op selective policy), FP8 matmuls (opts of M.layouts) and eager
 -- elementwise kernels (cluster.elementwise = "eager") are priced only to compare
@@ -671,15 +672,28 @@ function M.evaluate(cfg, lay, cl)
       -- What is still in flight when backward ends: with fixed buckets a whole one;
       -- Tetra's reducer shrinks them toward the end (engine/dist/reducer.c), leaving 1/32
       -- of the gradient bytes, or the first-registered parameter (the embedding) where it
-      -- is larger: it is produced last and travels alone.
-      local cap = (cfg.dist and cfg.dist.bucket_mb or 25) * 2 ^ 20
-      local bucket = math.min(grad_bytes, cap)
-      if not cl.fixed_buckets then
-        bucket = math.min(cap, grad_bytes, math.max(grad_bytes / 32, (elems[1] or 0) * dp_b))
-      end
-      local last = ring(kind, bucket, group, bw_dp, cl.latency_s)
+      -- is larger: it is produced last and travels alone. Unless the weight gradients
+      -- that follow it are deferred (dist.defer_weight_grads, parallel/data.lua: as many
+      -- elements as the embedding, at most half of the rest, about half their backward's
+      -- work): then it travels while they are computed.
       local hidden = 0
       for c = 0, v - 1 do hidden = hidden + bwd[s][c] end
+      local cap = (cfg.dist and cfg.dist.bucket_mb or 25) * 2 ^ 20
+      local tail = math.min(cap, grad_bytes, grad_bytes / 32)
+      local first = math.min(cap, (elems[1] or 0) * dp_b)
+      local last
+      if cl.fixed_buckets then
+        last = ring(kind, math.min(grad_bytes, cap), group, bw_dp, cl.latency_s)
+      elseif first <= tail then
+        last = ring(kind, tail, group, bw_dp, cl.latency_s)
+      else
+        last = ring(kind, first, group, bw_dp, cl.latency_s)
+        local rest = nparams - elems[1]
+        if s == 0 and rest > 0 and (cfg.dist or {}).defer_weight_grads ~= false then
+          local hide = 0.5 * hidden * math.min(elems[1], rest / 2) / rest
+          last = math.max(ring(kind, tail, group, bw_dp, cl.latency_s), last - hide)
+        end
+      end
       t_dp = math.max(last, total - hidden)
       if zero then
         t_ag = ring("all_gather", padded * dp_b, group, bw_dp, cl.latency_s)

@@ -286,10 +286,9 @@ function train.setup(cfg, model, data, opts)
   end
   telemetry.start(cfg, mesh, dev ~= C.TT_CPU and dev or nil)
   trace.setup(cfg, mesh)
-  local params, tensors = {}, {}
-  for i, e in ipairs(par:placements()) do params[i], tensors[i] = { e.name, e.tensor }, e.tensor end
-  local ddp = parallel.data.wrap(tensors, mesh, cfg,
-                                 parallel.data.row_sparse(par.model, par:placements(), cfg))
+  local params = {}
+  for i, e in ipairs(par:placements()) do params[i] = { e.name, e.tensor } end
+  local ddp = parallel.data.wrap(par:placements(), mesh, cfg, par.model)
   local accum = t.gradient_accumulation_steps or 1
   local seq_len = cfg.model.seq_len
 

@@ -273,3 +273,92 @@ Test(autograd, interleaved_graphs_backward_separately) {
   tt_tensor *all[] = {x[0], x[1], p[0], p[1], p[2], loss[0], loss[1]};
   for (int i = 0; i < 7; i++) tt_tensor_release(all[i]);
 }
+
+/* Deferred gradients (tt_set_deferred_grads): a table looked up first, then a layer whose
+** weights are deferred; w1 reaches the linear through a scale (a node toward deferred
+** tensors only), w2 is used twice, and c is added to h by tt_add_rms_norm, whose add
+** hands its gradient on as it is, while silu adds to h's afterwards (the add's kept
+** gradient must not be that memory). Backward gives bit-identical gradients either way, but with w1, b1, w2, c
+** deferred the table's gradient is complete before any of theirs, and each leaf's hook
+** still fires once, at its final value. */
+enum { DV = 6, DN = 5 };
+typedef struct order_log {
+  int n;
+  tt_tensor *order[8];
+  double sum_at_hook[8];
+} order_log;
+
+static void log_order(tt_tensor *leaf, void *ud) {
+  order_log *log = ud;
+  double s = 0;
+  for (int64_t k = 0; k < tt_tensor_numel(leaf->grad); k++) s += tt_tensor_get(leaf->grad, k);
+  log->sum_at_hook[log->n] = s;
+  log->order[log->n++] = leaf;
+}
+
+static void table_net(tt_tensor *const *p, tt_tensor *ids, order_log *log) {
+  tt_tensor *x = NULL, *w1s = NULL, *h = NULL, *a = NULL, *o = NULL, *sq = NULL, *l = NULL;
+  tt_tensor *s = NULL, *half = NULL, *loss = NULL, *z = NULL, *m = NULL, *hc = NULL, *t = NULL;
+  cr_assert(tt_embedding(p[0], ids, &x) == 0, "%s", tt_last_error());
+  cr_assert(tt_scale(p[1], 1.5, &w1s) == 0);
+  cr_assert(tt_linear(x, w1s, p[2], &h) == 0);
+  cr_assert(tt_silu(h, &a) == 0);
+  cr_assert(tt_add_rms_norm(h, p[4], NULL, 1e-5, TT_F32, &hc, &z) == 0, "%s", tt_last_error());
+  cr_assert(tt_mul(a, hc, &t) == 0);
+  cr_assert(tt_mul(t, z, &m) == 0);
+  cr_assert(tt_linear(m, p[3], NULL, &o) == 0);
+  cr_assert(tt_mul(o, o, &sq) == 0);
+  cr_assert(tt_mean(sq, NULL, 0, 0, &l) == 0);
+  cr_assert(tt_sum(p[3], NULL, 0, 0, &s) == 0);
+  cr_assert(tt_scale(s, 0.5, &half) == 0);
+  cr_assert(tt_add(l, half, &loss) == 0);
+  tt_set_grad_ready_hook(log_order, log);
+  cr_assert(tt_backward(loss) == 0, "%s", tt_last_error());
+  tt_set_grad_ready_hook(NULL, NULL);
+  tt_tensor *all[] = {x, w1s, h, a, o, sq, l, s, half, loss, z, m, hc, t};
+  for (int i = 0; i < 14; i++) tt_tensor_release(all[i]);
+}
+
+Test(autograd, deferred_grads_come_last_and_equal) {
+  int64_t se[2] = {DV, D_IN}, s1[2] = {D_H, D_IN}, sb[1] = {D_H}, s2[2] = {D_OUT, D_H};
+  int64_t sid[1] = {DN}, sh[2] = {DN, D_H};
+  double idv[DN] = {1, 4, 1, 0, 5};
+  tt_tensor *p[5] = {tt_test_rand(se, 2, 21), tt_test_rand(s1, 2, 22), tt_test_rand(sb, 1, 23),
+                     tt_test_rand(s2, 2, 24), tt_test_rand(sh, 2, 25)};
+  tt_tensor *ids = NULL, *plain[5];
+  cr_assert(tt_tensor_from_f64(idv, sid, 1, TT_I64, &ids) == 0);
+  for (int i = 0; i < 5; i++) tt_set_requires_grad(p[i], 1);
+  order_log before = {0}, after = {0};
+  table_net(p, ids, &before);
+  cr_assert_eq(before.n, 5);
+  cr_assert_eq(before.order[4], p[0], "without deferral the table's gradient comes last");
+  for (int i = 0; i < 5; i++) {
+    plain[i] = p[i]->grad;
+    p[i]->grad = NULL;
+  }
+  cr_assert(tt_set_deferred_grads(p + 1, 4) == 0);
+  table_net(p, ids, &after);
+  cr_assert(tt_set_deferred_grads(NULL, 0) == 0);
+  cr_assert_eq(tt_tape_size(), 0);
+  cr_assert_eq(after.n, 5, "each leaf's hook fires once (%d calls)", after.n);
+  cr_assert_eq(after.order[0], p[0], "the table's gradient comes first when the rest waits");
+  for (int i = 0; i < 5; i++) {
+    cr_assert(memcmp(p[i]->grad->storage->data, plain[i]->storage->data,
+                     (size_t)tt_tensor_numel(p[i]) * sizeof(float)) == 0,
+              "parameter %d: deferred gradient differs", i);
+    cr_assert_eq(p[i]->tape_uses, 0);
+    cr_assert_eq(p[i]->grad_deferred, 0);
+  }
+  for (int k = 0; k < 5; k++) {
+    double s = 0;
+    for (int64_t e = 0; e < tt_tensor_numel(after.order[k]); e++)
+      s += tt_tensor_get(after.order[k]->grad, e);
+    cr_assert_float_eq(after.sum_at_hook[k], s, 1e-12, "hook %d fired before its gradient "
+                       "was complete", k);
+  }
+  for (int i = 0; i < 5; i++) {
+    tt_tensor_release(plain[i]);
+    tt_tensor_release(p[i]);
+  }
+  tt_tensor_release(ids);
+}

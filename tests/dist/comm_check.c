@@ -354,7 +354,9 @@ static double avg_grad(int64_t i) { return (g_size - 1) / 2.0 + 0.25 * (double)i
 static double p_init(int r, int64_t i) { (void)r; return 1.0 + (double)i; }
 static double p_twice(int64_t i) { return 2.0 * (1.0 + (double)i); }
 
-static void check_reducer(int zero_stage) {
+/* tail_order: NULL, or the order backward finishes the gradients (the last first), the
+** first n_deferred of them deferred (their backward runs after the others'). */
+static void check_reducer(int zero_stage, const int *tail_order, int n_deferred) {
   tt_comm *w = tt_comm_world();
   enum { NP = 4 };
   int64_t shapes[NP][2] = {{3, 4}, {5, 1}, {2, 2}, {7, 1}};
@@ -365,7 +367,9 @@ static void check_reducer(int zero_stage) {
   }
   tt_dist_reducer *r = NULL;
   /* 40 bytes per bucket: several buckets, some holding more than one parameter */
-  OK(tt_dist_reducer_new(w, params, NP, 40.0 / (1024 * 1024), zero_stage, NULL, &r));
+  tt_dist_reducer_opts o = {.bucket_mb = 40.0 / (1024 * 1024), .zero_stage = zero_stage,
+                            .tail_order = tail_order, .n_deferred = n_deferred};
+  OK(tt_dist_reducer_new(w, params, NP, &o, &r));
   CHECK(tt_dist_reducer_num_buckets(r) >= 3, "bucket count %d", tt_dist_reducer_num_buckets(r));
   for (int accum = 0; accum < 2; accum++) {
     /* Two micro-batches: the hook is armed only for the last; each contributes half. */
@@ -411,6 +415,19 @@ static void check_reducer(int zero_stage) {
   }
   tt_dist_reducer_free(r);
   for (int k = 0; k < NP; k++) tt_tensor_release(params[k]);
+}
+
+/* A tail order that repeats a parameter is refused with the entry named. */
+static void check_reducer_bad_order(void) {
+  int64_t shape[1] = {4};
+  tt_tensor *params[2] = {filled(shape, 1, TT_F32, 0, p_init), filled(shape, 1, TT_F32, 0, p_init)};
+  const int twice[2] = {1, 1};
+  tt_dist_reducer_opts o = {.bucket_mb = 1.0, .tail_order = twice, .n_deferred = 1};
+  tt_dist_reducer *r = NULL;
+  CHECK(tt_dist_reducer_new(tt_comm_world(), params, 2, &o, &r) != 0 && r == NULL &&
+            strstr(tt_last_error(), "tail order entry 1 (1)") != NULL,
+        "repeated tail order entry: %s", tt_last_error());
+  for (int k = 0; k < 2; k++) tt_tensor_release(params[k]);
 }
 
 /* Row-sparse tables (embeddings): rank r touches rows touched(r, v) of a table (V, D);
@@ -467,8 +484,10 @@ static void check_reducer_sparse(int zero_stage) {
   sparse_params(dense);
   const int flags[SP_NP] = {1, 0, 1};
   tt_dist_reducer *rs = NULL, *rd = NULL;
-  OK(tt_dist_reducer_new(w, sparse, SP_NP, 25.0, zero_stage, flags, &rs));
-  OK(tt_dist_reducer_new(w, dense, SP_NP, 25.0, zero_stage, NULL, &rd));
+  tt_dist_reducer_opts os = {.bucket_mb = 25.0, .zero_stage = zero_stage, .row_sparse = flags};
+  tt_dist_reducer_opts od = {.bucket_mb = 25.0, .zero_stage = zero_stage};
+  OK(tt_dist_reducer_new(w, sparse, SP_NP, &os, &rs));
+  OK(tt_dist_reducer_new(w, dense, SP_NP, &od, &rd));
   CHECK(tt_dist_reducer_num_buckets(rs) == 3, "sparse tables in buckets of their own: %d "
         "buckets, want 3", tt_dist_reducer_num_buckets(rs));
   OK(tt_dist_reducer_arm(rs, 1));
@@ -529,8 +548,12 @@ int main(void) {
   check_point_to_point();
   check_mesh();
   check_autograd();
-  check_reducer(0);
-  check_reducer(1);
+  const int tail[4] = {2, 1, 3, 0};
+  for (int zero = 0; zero <= 1; zero++) {
+    check_reducer(zero, NULL, 0);
+    check_reducer(zero, tail, 2);
+  }
+  check_reducer_bad_order();
   check_reducer_sparse(0);
   check_reducer_sparse(1);
   int failures = g_failures;

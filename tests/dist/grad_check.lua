@@ -43,6 +43,10 @@ function recipe.run(cfg)
     if env.rank == 0 and env.ddp.sparse_rows then
       print(string.format("sparse embedding rows: %d", env.ddp.sparse_rows))
     end
+    -- Whether the buckets followed the order backward produced the gradients in.
+    if env.rank == 0 and env.ddp.held then
+      print(string.format("buckets held: %d, deferred: %d", env.ddp.held, env.ddp.deferred))
+    end
     if c.dp ~= 0 or c.cp ~= 0 then return end
     local list, meta = {}, {}
     for i, e in ipairs(entries) do

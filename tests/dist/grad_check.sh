@@ -125,6 +125,15 @@ for name in "${sparse_checks[@]}"; do
     grep 'sparse embedding rows' "$work/$name.log"; status=1
   fi
 done
+# Data parallelism computes the first blocks' weight gradients after the embedding's
+# (dist.defer_weight_grads), and its buckets must follow the order backward then produces
+# the gradients in: no bucket may wait for an earlier one (rank 0 prints the count).
+for name in dp2_zero1 cp2_dp2 gpt2_tp4_vocab250_dp2_zero1; do
+  if ! grep -qE '^buckets held: 0, deferred: [1-9][0-9]*$' "$work/$name.log"; then
+    echo "FAIL: $name: gradients deferred and buckets in backward's order expected:"
+    grep 'buckets held' "$work/$name.log"; status=1
+  fi
+done
 # Every layout of 2, 4 and 8 ranks over (tp, cp, dp, pp), on a Llama every size divides
 # (as tests/dist/layouts.txt's grid).
 grid="model.n_layers=8 model.n_heads=8 model.n_kv_heads=8 model.ffn_hidden=128 train.batch_size=16"
@@ -136,5 +145,8 @@ for np in 2 4 8; do
       "$grid"
   done; done; done; done
 done
+if grep -hE '^buckets held: [1-9]' "$work"/*.log; then
+  echo "FAIL: some layout's gradient buckets waited for an earlier one (above)"; status=1
+fi
 [ "$status" = 0 ] && echo PASS
 exit "$status"

@@ -11,6 +11,8 @@
 --   buckets          how many gradient buckets the reducer made
 --   sparse_rows      embedding rows the last step's row exchange moved (-1: the dense
 --                    path; dist.sparse_embedding_grad)
+--   deferred         parameters whose gradients backward computes after the embedding's
+--                    (dist.defer_weight_grads)
 local tetra = require("tetra")
 local metrics = tetra.metrics
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -54,10 +56,11 @@ return {
     if env.rank == 0 then
       print(string.format('{"ranks":%d,"params":%d,"batch_size":%d,"seq_len":%d,' ..
         '"step_time_s":%.4f,"tokens_per_s":%.0f,"exposed_comm_s":%.4f,"comm_s":%.4f,' ..
-        '"exposed_fraction":%.3f,"buckets":%d,"sparse_rows":%d}', env.mesh.size, env.model:num_params(),
+        '"exposed_fraction":%.3f,"buckets":%d,"sparse_rows":%d,"deferred":%d}', env.mesh.size, env.model:num_params(),
         cfg.train.batch_size, cfg.model.seq_len, median(step_times),
         cfg.train.batch_size * cfg.model.seq_len / median(step_times), ex, comm,
-        comm > 0 and ex / comm or 0.0, env.ddp.num_buckets or 0, env.ddp.sparse_rows or -1))
+        comm > 0 and ex / comm or 0.0, env.ddp.num_buckets or 0, env.ddp.sparse_rows or -1,
+        env.ddp.deferred))
     end
   end,
 }

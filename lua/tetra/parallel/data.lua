@@ -1,6 +1,6 @@
 -- tetra.parallel.data: data parallelism.
 --
---   local ddp = tetra.parallel.data.wrap(params, mesh, cfg)
+--   local ddp = tetra.parallel.data.wrap(entries, mesh, cfg, model)
 --   ddp:attach_optimizer(opt)          -- once, after creating the optimizer (ZeRO-1)
 --   per optimizer step:
 --     ddp:begin_step()
@@ -20,6 +20,10 @@
 -- cfg.dist.sparse_embedding_grad = true (default false: README, Performance) only the
 -- rows some rank touched travel (the result is the dense average; data.row_sparse says
 -- which parameters qualify).
+-- The first blocks' weight gradients are computed after the tables' (data.tail_order),
+-- so that the tables' reduction overlaps them; ddp.deferred says how many parameters, and
+-- after finish_grads ddp.held how many buckets waited for an earlier one (0 when the
+-- order is right).
 -- After finish_grads, ddp.exposed_comm_s is the time it waited and ddp.sparse_rows the
 -- rows that travelled that way (-1: none did, e.g. past half the table).
 -- With cp > 1 the gradients are averaged over dp x cp (the ranks that hold the same
@@ -45,12 +49,8 @@ end
 local DDP = {}
 DDP.__index = DDP
 
--- Flags (1 or 0, aligned with entries, par:placements()'s list) of the parameters whose
--- gradient travels as touched rows under cfg.dist.sparse_embedding_grad = true: an
--- Embedding's f32 weight that no other module of model shares and no other pipeline
--- stage holds (a tied head's gradient fills every row). nil when none does.
-function data.row_sparse(model, entries, cfg)
-  if not ((cfg and cfg.dist) or {}).sparse_embedding_grad then return nil end
+-- The model's Embedding tables: key -> true, and how many module slots hold each tensor.
+local function embedding_tables(model)
   local users, tables = {}, {}
   for _, nm in ipairs(model:named_modules()) do
     local m = nm[2]
@@ -63,6 +63,16 @@ function data.row_sparse(model, entries, cfg)
       end
     end
   end
+  return tables, users
+end
+
+-- Flags (1 or 0, aligned with entries, par:placements()'s list) of the parameters whose
+-- gradient travels as touched rows under cfg.dist.sparse_embedding_grad = true: an
+-- Embedding's f32 weight that no other module of model shares and no other pipeline
+-- stage holds (a tied head's gradient fills every row). nil when none does.
+function data.row_sparse(model, entries, cfg)
+  if not ((cfg and cfg.dist) or {}).sparse_embedding_grad then return nil end
+  local tables, users = embedding_tables(model)
   local flags, any = {}, false
   for i, e in ipairs(entries) do
     local t, key = e.tensor, tensor.key(e.tensor)
@@ -74,27 +84,67 @@ function data.row_sparse(model, entries, cfg)
   return any and flags or nil
 end
 
--- params: the parameters to average; row_sparse: data.row_sparse's flags, or nil.
-function data.wrap(params, mesh, cfg, row_sparse)
+-- The order backward finishes the gradients of entries (0-based indices, the last one
+-- first) when the first blocks' weight gradients are deferred (cfg.dist.defer_weight_grads,
+-- default true), and how many lead it (deferred). The embedding tables a model starts with
+-- are looked up first in forward, so backward produces their gradients last, with nothing
+-- left to overlap their reduction with; deferring the weight gradients of the parameters
+-- that follow them (as many bytes as the tables, at most half of the rest) moves the
+-- tables' reduction before that work. nil when entries do not start with a table.
+function data.tail_order(model, entries, cfg)
+  if ((cfg and cfg.dist) or {}).defer_weight_grads == false then return nil end
+  local tables = embedding_tables(model)
+  local n, k = #entries, 0
+  while k < n and tables[tensor.key(entries[k + 1].tensor)] do k = k + 1 end
+  if k == 0 or k == n then return nil end
+  local table_numel, rest_numel = 0, 0
+  for i = 1, n do
+    local numel = entries[i].tensor:numel()
+    if i <= k then table_numel = table_numel + numel else rest_numel = rest_numel + numel end
+  end
+  local j, numel = k, 0
+  while j < n and numel < table_numel and numel + entries[j + 1].tensor:numel() <= rest_numel / 2 do
+    j = j + 1
+    numel = numel + entries[j].tensor:numel()
+  end
+  if j == k then return nil end
+  local order = {}
+  for i = k, j - 1 do order[#order + 1] = i end
+  for i = 0, k - 1 do order[#order + 1] = i end
+  for i = j, n - 1 do order[#order + 1] = i end
+  return order, j - k
+end
+
+-- entries: par:placements()'s list (each .tensor a parameter to average); model: the
+-- module they belong to (data.row_sparse, data.tail_order), or nil.
+function data.wrap(entries, mesh, cfg, model)
   cfg = cfg or {}
   local p, d = cfg.parallel or {}, cfg.dist or {}
   local group = mesh.cp.size > 1 and mesh.dpcp or mesh.dp
+  local params = {}
+  for i, e in ipairs(entries) do params[i] = e.tensor end
   local self = setmetatable({ params = params, mesh = mesh, group = group,
                               dp_rank = mesh.dp.rank, dp_size = mesh.dp.size,
-                              zero_stage = p.zero_stage or 0, step = 0,
+                              zero_stage = p.zero_stage or 0, step = 0, deferred = 0,
                               exposed_comm_s = 0.0 }, DDP)
   if self.zero_stage ~= 0 and self.zero_stage ~= 1 then
     error("parallel.zero_stage = " .. tostring(self.zero_stage) ..
           ": only 0 and 1 are implemented", 2)
   end
   if group.size > 1 then
-    local arr = tensor.tensor_array(params)
+    local row_sparse = model and data.row_sparse(model, entries, cfg)
+    local order, n_deferred
+    if model then order, n_deferred = data.tail_order(model, entries, cfg) end
+    local opts = ffi.new("tt_dist_reducer_opts", {
+      bucket_mb = d.bucket_mb or 25.0, zero_stage = self.zero_stage,
+      row_sparse = row_sparse and ffi.new("int[?]", #params, row_sparse) or nil,
+      tail_order = order and ffi.new("int[?]", #params, order) or nil,
+      n_deferred = n_deferred or 0 })
     local box = ffi.new("tt_dist_reducer *[1]")
-    local flags = row_sparse and ffi.new("int[?]", #params, row_sparse) or nil
-    check(C.tt_dist_reducer_new(group._c, arr, #params, d.bucket_mb or 25.0,
-                                self.zero_stage, flags, box))
+    check(C.tt_dist_reducer_new(group._c, tensor.tensor_array(params), #params, opts, box))
     self._reducer = ffi.gc(box[0], C.tt_dist_reducer_free)
     self.num_buckets = C.tt_dist_reducer_num_buckets(box[0])
+    self.deferred = n_deferred or 0
   end
   return self
 end
@@ -126,6 +176,7 @@ function DDP:finish_grads()
   check(C.tt_dist_reducer_finish(self._reducer))
   self.exposed_comm_s = C.tt_dist_reducer_exposed_s(self._reducer)
   self.sparse_rows = tonumber(C.tt_dist_reducer_sparse_rows(self._reducer))
+  self.held = C.tt_dist_reducer_held(self._reducer)
 end
 
 -- Mean of a per-rank number over the reduction group (dp, or dp x cp under context
