@@ -25,6 +25,9 @@ static void *tt_grad_hook_ud;
 void tt_set_grad_enabled(int enabled) { tt_grad_enabled = enabled != 0; }
 int tt_is_grad_enabled(void) { return tt_grad_enabled; }
 int64_t tt_tape_size(void) { return tt_tape_len; }
+const char *tt_tape_node_name(int64_t i) {
+  return i >= 0 && i < tt_tape_len ? tt_tape[i]->name : NULL;
+}
 
 static tt_backward_tick_fn tt_tick_hook;
 static void *tt_tick_hook_ud;
@@ -172,7 +175,9 @@ enum { NODE_SKIP, NODE_NOW, NODE_SPLIT, NODE_LATER };
 /* NODE_NOW runs in the first pass; NODE_LATER (every input needing grad is deferred)
 ** in the second; NODE_SPLIT (both kinds of input) computes its other inputs' gradients
 ** in the first pass and its deferred inputs' in the second, keeping its output's
-** gradient in between. Deferred: a listed leaf, or the output of a NODE_LATER node. */
+** gradient in between. Deferred: a listed leaf, or the output of a NODE_LATER node. A
+** node marked whole (node->whole) is never split: with both kinds it runs in the first
+** pass, its deferred inputs' gradients included. */
 static tt_tensor **tt_deferred;
 static int tt_n_deferred;
 
@@ -202,7 +207,10 @@ static void classify(unsigned char *kind) {
       if (!in || !in->requires_grad) continue;
       if (in->grad_deferred) later++; else now++;
     }
-    kind[i] = later == 0 ? NODE_NOW : now == 0 ? NODE_LATER : NODE_SPLIT;
+    /* A node that must run whole runs in the first pass when anything needs it there. */
+    kind[i] = later == 0 || (now > 0 && node->whole) ? NODE_NOW
+              : now == 0                              ? NODE_LATER
+                                                      : NODE_SPLIT;
     if (kind[i] == NODE_LATER) node->out->grad_deferred = 1;
   }
 }

@@ -424,6 +424,7 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
       rc = -1;
     } else {
       node->ctx = st;
+      node->whole = 1;   /* backward records the gradient's amax: one run only */
       tt_node_save(node, q[0]);
       tt_node_save(node, q[1]);
       node->f[0] = scale[0];

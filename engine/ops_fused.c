@@ -1,9 +1,11 @@
 /*
-** ops_fused.c — tt_add_rms_norm: the residual add and the RMSNorm that follows it in a
-** pre-norm transformer block, in one pass over memory (kernels/fused.h).
+** ops_fused.c — tt_add_rms_norm and tt_add_layer_norm: the residual add and the RMSNorm
+** or LayerNorm that follows it in a pre-norm transformer block, in one pass over memory
+** (kernels/fused.h).
 **
 **   h = x + residual          the residual stream, in x's dtype (f32 or bf16)
 **   y = rmsnorm(h) * weight   in y_dtype: bf16 feeds a bf16 GEMM without a separate cast
+**   (or layernorm(h) * weight + bias)
 **
 ** Autograd sees the two ops it computes, an add and a norm, each with its own node, so
 ** gradients reach x, residual and weight as they would through tt_add and tt_rmsnorm.
@@ -40,19 +42,22 @@ static int add_backward(tt_node *node, tt_tensor *g) {
 
 /* -- The norm's backward ---------------------------------------------------------------- */
 
-/* inputs: h, weight (may be NULL); saved: the contiguous h, rstd. i[0]: y's dtype. */
+/* inputs: h, weight, bias (either may be NULL; bias only for LayerNorm); saved: the
+** contiguous h, rstd, and LayerNorm's mean. i[0]: y's dtype. */
 static int norm_backward(tt_node *node, tt_tensor *grad_out) {
-  tt_tensor *h = node->inputs[0], *weight = node->inputs[1];
+  tt_tensor *h = node->inputs[0], *weight = node->inputs[1], *bias = node->inputs[2];
   tt_tensor *hc = node->saved[0], *rstd = node->saved[1];
+  tt_tensor *mean = node->n_saved > 2 ? node->saved[2] : NULL;
   const int need_h = tt_needs_grad(h), need_w = weight && tt_needs_grad(weight);
-  if (!need_h && !need_w) return 0;
+  const int need_b = bias && tt_needs_grad(bias);
+  if (!need_h && !need_w && !need_b) return 0;
   const tt_fused_kernels *k = NULL;
   TT_TRY(fused_table(node->name, hc->device, &k));
   const int64_t D = hc->shape[hc->ndim - 1], N = tt_tensor_numel(hc) / D;
   const int64_t P = (N + TT_FUSED_ROWS_PER_PART - 1) / TT_FUSED_ROWS_PER_PART;
   /* h's gradient buffer takes the sum in place when it is already there. */
   const int in_place = need_h && tt_grad_accumulates_in_place(h);
-  tt_tensor *g = NULL, *wc = NULL, *dh = NULL, *dw = NULL, *parts = NULL;
+  tt_tensor *g = NULL, *wc = NULL, *dh = NULL, *dw = NULL, *db = NULL, *parts = NULL;
   int rc = -1;
   if (tt_contiguous_nograd(grad_out, &g) != 0) goto done;
   if (g->dtype != (int)node->i[0]) {
@@ -62,26 +67,34 @@ static int norm_backward(tt_node *node, tt_tensor *grad_out) {
   }
   if (weight && tt_contiguous_nograd(weight, &wc) != 0) goto done;
   if (need_h && !in_place && tt_empty_like(hc, &dh) != 0) goto done;
-  if (need_w) {
-    const int64_t ps[2] = {P, D};
-    if (tt_empty_like(wc, &dw) != 0 || tt_tensor_empty(ps, 2, TT_F32, hc->device, &parts) != 0)
-      goto done;
+  if (need_w && tt_empty_like(wc, &dw) != 0) goto done;
+  if (need_b && tt_empty_like(bias, &db) != 0) goto done;
+  if (need_w || need_b) {
+    const int64_t ps[2] = {2 * P, D};
+    if (tt_tensor_empty(ps, 2, TT_F32, hc->device, &parts) != 0) goto done;
   }
   void *dh_out = in_place ? tt_tensor_data(h->grad) : dh ? tt_tensor_data(dh) : NULL;
-  if (k->rmsnorm_backward(dh_out, dw ? tt_tensor_data(dw) : NULL,
-                          parts ? tt_tensor_data(parts) : NULL, tt_tensor_data(g),
-                          in_place ? dh_out : NULL, tt_tensor_data(hc),
-                          wc ? tt_tensor_data(wc) : NULL, tt_tensor_data(rstd), N, D,
-                          hc->dtype, g->dtype) != 0)
+  void *dh_in = in_place ? dh_out : NULL, *pp = parts ? tt_tensor_data(parts) : NULL;
+  float *dwp = dw ? tt_tensor_data(dw) : NULL;
+  const float *wp = wc ? tt_tensor_data(wc) : NULL;
+  if ((mean ? k->layernorm_backward(dh_out, dwp, db ? tt_tensor_data(db) : NULL, pp,
+                                    tt_tensor_data(g), dh_in, tt_tensor_data(hc), wp,
+                                    tt_tensor_data(mean), tt_tensor_data(rstd), N, D,
+                                    hc->dtype, g->dtype)
+            : k->rmsnorm_backward(dh_out, dwp, pp, tt_tensor_data(g), dh_in,
+                                  tt_tensor_data(hc), wp, tt_tensor_data(rstd), N, D,
+                                  hc->dtype, g->dtype)) != 0)
     goto done;
   if (dh && tt_accumulate_grad(h, dh) != 0) goto done;
   if (dw && tt_accumulate_grad(weight, dw) != 0) goto done;
+  if (db && tt_accumulate_grad(bias, db) != 0) goto done;
   rc = 0;
 done:
   tt_tensor_release(g);
   tt_tensor_release(wc);
   tt_tensor_release(dh);
   tt_tensor_release(dw);
+  tt_tensor_release(db);
   tt_tensor_release(parts);
   return rc;
 }
@@ -89,7 +102,7 @@ done:
 /* -- The op ----------------------------------------------------------------------------- */
 
 static int check_args(const char *op, tt_tensor *x, tt_tensor *residual, tt_tensor *weight,
-                      double eps, int y_dtype) {
+                      tt_tensor *bias, double eps, int y_dtype) {
   char a[96], b[96];
   TT_TRY(io_dtype(op, "x", x));
   TT_CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] >= 1, "%s: x %s must have a non-empty last dim",
@@ -97,37 +110,41 @@ static int check_args(const char *op, tt_tensor *x, tt_tensor *residual, tt_tens
   TT_CHECK(eps >= 0.0 && isfinite(eps), "%s: eps must be finite and >= 0 (got %g)", op, eps);
   TT_CHECK(y_dtype == TT_F32 || y_dtype == TT_BF16, "%s: y dtype %s; expected f32 or bf16", op,
            tt_dtype_name(y_dtype));
-  tt_tensor *all[3] = {x, residual, weight};
-  TT_TRY(tt_check_same_device(op, all, 3));
+  tt_tensor *all[4] = {x, residual, weight, bias};
+  TT_TRY(tt_check_same_device(op, all, 4));
   if (residual) {
     int same = residual->ndim == x->ndim && residual->dtype == x->dtype;
     for (int d = 0; same && d < x->ndim; d++) same = residual->shape[d] == x->shape[d];
     TT_CHECK(same, "%s: residual %s must match x %s (shape and dtype)", op,
              tt_tensor_describe(residual, a, sizeof a), tt_tensor_describe(x, b, sizeof b));
   }
-  if (weight) {
-    const int64_t D = x->shape[x->ndim - 1];
-    TT_CHECK(weight->dtype == TT_F32 && weight->ndim == 1 && weight->shape[0] == D,
-             "%s: weight %s must be f32 (%lld) to match x %s", op,
-             tt_tensor_describe(weight, a, sizeof a), (long long)D,
+  const int64_t D = x->shape[x->ndim - 1];
+  tt_tensor *vecs[2] = {weight, bias};
+  for (int i = 0; i < 2; i++)
+    TT_CHECK(!vecs[i] || (vecs[i]->dtype == TT_F32 && vecs[i]->ndim == 1 &&
+                          vecs[i]->shape[0] == D),
+             "%s: %s %s must be f32 (%lld) to match x %s", op, i ? "bias" : "weight",
+             tt_tensor_describe(vecs[i], a, sizeof a), (long long)D,
              tt_tensor_describe(x, b, sizeof b));
-  }
   return 0;
 }
 
-int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double eps,
-                    int y_dtype, tt_tensor **h_out, tt_tensor **y_out) {
-  const char *op = "add_rms_norm";
+/* Both ops: `layer` 1 is LayerNorm (mean, bias), 0 RMSNorm (bias NULL). */
+static int add_norm(const char *op, int layer, tt_tensor *x, tt_tensor *residual,
+                    tt_tensor *weight, tt_tensor *bias, double eps, int y_dtype,
+                    tt_tensor **h_out, tt_tensor **y_out) {
   TT_CHECK(x && h_out && y_out, "%s: x, h_out and y_out must not be NULL", op);
   *h_out = *y_out = NULL;
-  TT_TRY(check_args(op, x, residual, weight, eps, y_dtype));
+  TT_TRY(check_args(op, x, residual, weight, bias, eps, y_dtype));
   const tt_fused_kernels *k = NULL;
   TT_TRY(fused_table(op, x->device, &k));
   const int64_t D = x->shape[x->ndim - 1], N = tt_tensor_numel(x) / D;
-  tt_tensor *xc = NULL, *resc = NULL, *wc = NULL, *h = NULL, *y = NULL, *rstd = NULL;
+  tt_tensor *xc = NULL, *resc = NULL, *wc = NULL, *bc = NULL, *h = NULL, *y = NULL;
+  tt_tensor *rstd = NULL, *mean = NULL;
   if (tt_contiguous_nograd(x, &xc) != 0) goto fail;
   if (residual && tt_contiguous_nograd(residual, &resc) != 0) goto fail;
   if (weight && tt_contiguous_nograd(weight, &wc) != 0) goto fail;
+  if (bias && tt_contiguous_nograd(bias, &bc) != 0) goto fail;
   if (residual) {
     if (tt_empty_like(xc, &h) != 0) goto fail;
   } else {
@@ -135,33 +152,44 @@ int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double
     h = xc;
   }
   if (tt_tensor_empty(x->shape, x->ndim, y_dtype, x->device, &y) != 0 ||
-      tt_tensor_empty(&N, 1, TT_F32, x->device, &rstd) != 0)
+      tt_tensor_empty(&N, 1, TT_F32, x->device, &rstd) != 0 ||
+      (layer && tt_tensor_empty(&N, 1, TT_F32, x->device, &mean) != 0))
     goto fail;
-  if (k->add_rmsnorm_forward(residual ? tt_tensor_data(h) : NULL, tt_tensor_data(y),
-                             tt_tensor_data(rstd), tt_tensor_data(xc),
-                             resc ? tt_tensor_data(resc) : NULL, wc ? tt_tensor_data(wc) : NULL,
-                             N, D, (float)eps, x->dtype, y_dtype) != 0)
+  void *hp = residual ? tt_tensor_data(h) : NULL, *resp = resc ? tt_tensor_data(resc) : NULL;
+  const float *wp = wc ? tt_tensor_data(wc) : NULL;
+  if ((layer ? k->add_layernorm_forward(hp, tt_tensor_data(y), tt_tensor_data(mean),
+                                        tt_tensor_data(rstd), tt_tensor_data(xc), resp, wp,
+                                        bc ? tt_tensor_data(bc) : NULL, N, D, (float)eps,
+                                        x->dtype, y_dtype)
+             : k->add_rmsnorm_forward(hp, tt_tensor_data(y), tt_tensor_data(rstd),
+                                      tt_tensor_data(xc), resp, wp, N, D, (float)eps, x->dtype,
+                                      y_dtype)) != 0)
     goto fail;
-  /* The recorded graph: h = add(x, residual), then y = norm(h, weight). Without a
+  /* The recorded graph: h = add(x, residual), then y = norm(h, weight, bias). Without a
   ** residual, h is x itself. */
   tt_tensor *hin = residual ? h : x;
   if (residual) {
     tt_tensor *ins[2] = {x, residual};
-    if (tt_should_record(ins, 2) && !tt_record("add_rms_norm.add", add_backward, h, ins, 2))
+    if (tt_should_record(ins, 2) && !tt_record(layer ? "add_layer_norm.add" : "add_rms_norm.add",
+                                               add_backward, h, ins, 2))
       goto fail;
   }
-  tt_tensor *nins[2] = {hin, weight};
-  if (tt_should_record(nins, 2)) {
-    tt_node *node = tt_record("add_rms_norm.norm", norm_backward, y, nins, 2);
+  tt_tensor *nins[3] = {hin, weight, bias};
+  if (tt_should_record(nins, 3)) {
+    tt_node *node = tt_record(layer ? "add_layer_norm.norm" : "add_rms_norm.norm",
+                              norm_backward, y, nins, 3);
     if (!node) goto fail;
     tt_node_save(node, h);
     tt_node_save(node, rstd);
+    if (layer) tt_node_save(node, mean);
     node->i[0] = y_dtype;
   }
   tt_tensor_release(xc);
   tt_tensor_release(resc);
   tt_tensor_release(wc);
+  tt_tensor_release(bc);
   tt_tensor_release(rstd);
+  tt_tensor_release(mean);
   if (!residual) {
     tt_tensor_release(h);
     tt_tensor_retain(x);
@@ -174,8 +202,20 @@ fail:
   tt_tensor_release(xc);
   tt_tensor_release(resc);
   tt_tensor_release(wc);
+  tt_tensor_release(bc);
   tt_tensor_release(h);
   tt_tensor_release(y);
   tt_tensor_release(rstd);
+  tt_tensor_release(mean);
   return -1;
+}
+
+int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double eps,
+                    int y_dtype, tt_tensor **h_out, tt_tensor **y_out) {
+  return add_norm("add_rms_norm", 0, x, residual, weight, NULL, eps, y_dtype, h_out, y_out);
+}
+
+int tt_add_layer_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, tt_tensor *bias,
+                      double eps, int y_dtype, tt_tensor **h_out, tt_tensor **y_out) {
+  return add_norm("add_layer_norm", 1, x, residual, weight, bias, eps, y_dtype, h_out, y_out);
 }

@@ -160,6 +160,9 @@ int tt_detach(tt_tensor *t, tt_tensor **out);   /* shares storage, no history */
 /* Drops every recorded node without running backward (e.g. after an eval forward). */
 void tt_tape_clear(void);
 int64_t tt_tape_size(void);
+/* The name of the op recorded at tape position i (0: the oldest), or NULL out of range:
+** what a forward recorded, for tests and debugging. */
+const char *tt_tape_node_name(int64_t i);
 /* Called for each leaf once its gradient for this backward is complete (used by data
 ** parallelism to start reducing gradient buckets while backward still runs). */
 typedef void (*tt_grad_ready_fn)(tt_tensor *leaf, void *userdata);

@@ -56,6 +56,10 @@ int tt_layernorm(tt_tensor *x, tt_tensor *weight, tt_tensor *bias, double eps,
 ** weight; the statistics are f32. */
 int tt_add_rms_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, double eps,
                     int y_dtype, tt_tensor **h_out, tt_tensor **y_out);
+/* The same with LayerNorm: *y_out = layernorm(h) * weight + bias (bias: f32 (D) or NULL);
+** also differentiable in bias. */
+int tt_add_layer_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, tt_tensor *bias,
+                      double eps, int y_dtype, tt_tensor **h_out, tt_tensor **y_out);
 
 /* -- Rotary embedding (kernels/cpu/rope.c) ------------------------------------------ */
 /* x: (B, T, H, Dh), Dh even. positions: (T) i32/i64, or NULL for 0..T-1.

@@ -51,6 +51,8 @@ struct tt_node {
   double f[4];                               /* scalar arguments */
   int64_t i[8];                              /* integer arguments */
   void *ctx;                                 /* anything else */
+  int whole;   /* 1: its backward has effects beyond the gradients (an fp8 amax history),
+               ** so deferred gradients never split it in two runs (autograd.c) */
 };
 
 /* True when grad mode is on and any of the n inputs (NULLs allowed) requires grad. */

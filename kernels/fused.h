@@ -1,7 +1,7 @@
 /*
 ** fused.h — kernel table of the fused memory-bound kernels of the bf16 path: residual add
-** + RMSNorm (+ cast), its backward with a deterministic two-stage weight-gradient
-** reduction, and SwiGLU, each reading and writing f32 or bf16 and computing in f32.
+** + RMSNorm or LayerNorm (+ cast), their backward with a deterministic two-stage
+** weight-gradient reduction, and SwiGLU, each reading and writing f32 or bf16 and computing in f32.
 **
 ** These kernels move bytes, not flops: their speed is the bytes they touch over the
 ** device's copy bandwidth (tools/bench/kernels_cuda.c prints that ratio). Fusing the
@@ -38,6 +38,21 @@ typedef struct tt_fused_kernels {
   int (*rmsnorm_backward)(void *dh, float *dw, float *partials, const void *dy,
                           const void *dh_in, const void *h, const float *w, const float *rstd,
                           int64_t N, int64_t D, int dtype, int y_dtype);
+  /* LayerNorm's twins of the two above. h = x + res as there; mean and rstd =
+  ** 1 / sqrt(var + eps) over the rounded h (var: the mean of (h - mean)^2, two passes);
+  ** y = (h - mean) rstd w + b (w NULL: 1, b NULL: 0), rounded to y_dtype. mean: (N). */
+  int (*add_layernorm_forward)(void *h, void *y, float *mean, float *rstd, const void *x,
+                               const void *res, const float *w, const float *b, int64_t N,
+                               int64_t D, float eps, int dtype, int y_dtype);
+  /* With g = dy w and xhat = (h - mean) rstd: dh = rstd (g - mean_j(g) - xhat
+  ** mean_j(g xhat)) (+ dh_in, which may alias dh), in dtype; dw = sum over rows of dy xhat
+  ** and db = sum over rows of dy, each through its half of `partials` (2 ceil(N /
+  ** TT_FUSED_ROWS_PER_PART) D floats: dw's, then db's) and one ordered reduction. dh_in,
+  ** dw, db may be NULL (partials too when dw and db are). */
+  int (*layernorm_backward)(void *dh, float *dw, float *db, float *partials, const void *dy,
+                            const void *dh_in, const void *h, const float *w,
+                            const float *mean, const float *rstd, int64_t N, int64_t D,
+                            int dtype, int y_dtype);
   /* y = silu(gate) * up; n elements, all in dtype. */
   int (*swiglu_forward)(void *y, const void *gate, const void *up, int64_t n, int dtype);
   /* dgate = dy up s (1 + g (1 - s)), dup = dy g s, s = sigmoid(g); either may be NULL. */

@@ -1,6 +1,6 @@
 /*
 ** fused.c — CPU twins of the fused memory-bound kernels (kernels/fused.h): residual add
-** + RMSNorm (+ cast) forward and backward, SwiGLU, on f32 or bf16 buffers with f32
+** + RMSNorm or LayerNorm (+ cast) forward and backward, SwiGLU, on f32 or bf16 buffers with f32
 ** arithmetic inside.
 **
 ** They follow the CUDA kernels step by step, roundings included: h is rounded to its
@@ -12,6 +12,10 @@
 #include "fused.h"
 #include "tt_internal.h"
 #include <math.h>
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
 
 static inline float ld(const void *p, int dtype, int64_t i) {
   return dtype == TT_BF16 ? tt_bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -34,78 +38,225 @@ static int check_dtypes(const char *op, int dtype, int y_dtype) {
   return 0;
 }
 
-/* -- Residual add + RMSNorm ------------------------------------------------------------ */
+/* -- Residual add + RMSNorm or LayerNorm ----------------------------------------------- */
+
+/* Rows are worked on as f32 arrays so that the arithmetic loops vectorise: f32 rows in
+** place, bf16 ones through per-thread scratch rows. */
+
+/* Row `off` of src as f32: src itself for f32, else read into scratch. */
+static const float *in_row(const void *src, int dtype, int64_t off, int64_t D, float *scratch) {
+  if (dtype != TT_BF16) return (const float *)src + off;
+  const uint16_t *s = (const uint16_t *)src + off;
+  for (int64_t j = 0; j < D; j++) scratch[j] = tt_bf16_to_float(s[j]);
+  return scratch;
+}
+
+/* Where to compute row `off` of dst: dst itself for f32, else scratch (then out_done). */
+static float *out_row(void *dst, int dtype, int64_t off, float *scratch) {
+  return dtype != TT_BF16 ? (float *)dst + off : scratch;
+}
+
+/* A row computed in out_row's place goes to dst, rounded to bf16 (f32: already there). */
+static void out_done(void *dst, int dtype, int64_t off, int64_t D, const float *row) {
+  if (dtype != TT_BF16) return;
+  uint16_t *d = (uint16_t *)dst + off;
+  for (int64_t j = 0; j < D; j++) d[j] = tt_float_to_bf16(row[j]);
+}
+
+/* k scratch rows of D floats for each thread of the parallel loops below (NULL + error
+** when out of memory); thread t's start at rows + t k D. */
+static float *scratch_rows(int64_t D, int k, int nthr) {
+  float *rows = malloc(sizeof(float) * (size_t)D * (size_t)k * (size_t)nthr);
+  if (!rows) tt_set_error("fused norm: out of host memory (%d x %lld-wide rows)", k * nthr,
+                          (long long)D);
+  return rows;
+}
+
+/* Both norms in one loop: mean NULL is RMSNorm (statistics of h^2, no centring, no bias);
+** otherwise LayerNorm (mean, then the variance in a second pass over the rounded h). */
+static int add_norm_forward(const char *op, void *h, void *y, float *mean, float *rstd,
+                            const void *x, const void *res, const float *w, const float *b,
+                            int64_t N, int64_t D, float eps, int dtype, int y_dtype) {
+  TT_TRY(check_dtypes(op, dtype, y_dtype));
+  const int nthr = omp_get_max_threads();
+  float *rows = scratch_rows(D, 3, nthr);
+  if (!rows) return -1;
+#pragma omp parallel num_threads(nthr) if (N * D > TT_PARALLEL_GRAIN)
+  {
+    float *s0 = rows + (size_t)omp_get_thread_num() * 3 * D, *s1 = s0 + D, *s2 = s1 + D;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t o = n * D;
+      const float *hv = in_row(x, dtype, o, D, s0);
+      if (res) {
+        const float *rv = in_row(res, dtype, o, D, s1);
+        float *hw = out_row(h, dtype, o, s0);
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) hw[j] = hv[j] + rv[j];
+        if (dtype == TT_BF16)
+          for (int64_t j = 0; j < D; j++) hw[j] = rounded(hw[j], dtype);
+        out_done(h, dtype, o, D, hw);
+        hv = hw;
+      }
+      float s = 0.0f, mu = 0.0f;
+      if (mean) {
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < D; j++) s += hv[j];
+        mu = s / (float)D;
+        s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < D; j++) s += (hv[j] - mu) * (hv[j] - mu);
+        mean[n] = mu;
+      } else {
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < D; j++) s += hv[j] * hv[j];
+      }
+      const float r = 1.0f / sqrtf(s / (float)D + eps);
+      rstd[n] = r;
+      float *yv = out_row(y, y_dtype, o, s2);
+      if (w) {
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) yv[j] = (hv[j] - mu) * r * w[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) yv[j] = (hv[j] - mu) * r;
+      }
+      if (b) {
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) yv[j] += b[j];
+      }
+      out_done(y, y_dtype, o, D, yv);
+    }
+  }
+  free(rows);
+  return 0;
+}
 
 static int add_rmsnorm_forward(void *h, void *y, float *rstd, const void *x, const void *res,
                                const float *w, int64_t N, int64_t D, float eps, int dtype,
                                int y_dtype) {
-  TT_TRY(check_dtypes("add_rmsnorm", dtype, y_dtype));
-  /* Without a residual the input is h. */
-  const void *hin = res ? h : x;
-#pragma omp parallel for schedule(static) if (N * D > TT_PARALLEL_GRAIN)
-  for (int64_t n = 0; n < N; n++) {
-    const int64_t o = n * D;
-    float ss = 0.0f;
-    for (int64_t j = 0; j < D; j++) {
-      float v = ld(x, dtype, o + j);
-      if (res) {
-        v = rounded(v + ld(res, dtype, o + j), dtype);
-        st(h, dtype, o + j, v);
+  return add_norm_forward("add_rmsnorm", h, y, NULL, rstd, x, res, w, NULL, N, D, eps, dtype,
+                          y_dtype);
+}
+
+static int add_layernorm_forward(void *h, void *y, float *mean, float *rstd, const void *x,
+                                 const void *res, const float *w, const float *b, int64_t N,
+                                 int64_t D, float eps, int dtype, int y_dtype) {
+  return add_norm_forward("add_layernorm", h, y, mean, rstd, x, res, w, b, N, D, eps, dtype,
+                          y_dtype);
+}
+
+/* Stage one: partials[p, j] = sum of dy xhat over rows [p R, (p+1) R), in row order
+** (xhat = (h - mean) rstd, mean 0 for RMSNorm), and after the P x D of those, the sums of
+** dy when db is wanted; stage two: dw[j], db[j] = sums of the partials in part order. */
+static int param_grads(float *dw, float *db, float *partials, const void *dy, const void *h,
+                       const float *mean, const float *rstd, int64_t N, int64_t D, int dtype,
+                       int y_dtype) {
+  const int64_t R = TT_FUSED_ROWS_PER_PART, P = (N + R - 1) / R;
+  float *pw = partials, *pb = partials + P * D;
+  const int nthr = omp_get_max_threads();
+  float *rows = scratch_rows(D, 2, nthr);
+  if (!rows) return -1;
+#pragma omp parallel num_threads(nthr) if (N * D > TT_PARALLEL_GRAIN)
+  {
+    float *s0 = rows + (size_t)omp_get_thread_num() * 2 * D, *s1 = s0 + D;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+      float *sw = pw + p * D, *sb = pb + p * D;
+      for (int64_t j = 0; j < D; j++) sw[j] = sb[j] = 0.0f;
+      const int64_t end = (p + 1) * R < N ? (p + 1) * R : N;
+      for (int64_t n = p * R; n < end; n++) {
+        const float mu = mean ? mean[n] : 0.0f, r = rstd[n];
+        const float *g = in_row(dy, y_dtype, n * D, D, s0);
+        if (dw) {
+          const float *a = in_row(h, dtype, n * D, D, s1);
+#pragma omp simd
+          for (int64_t j = 0; j < D; j++) sw[j] += g[j] * ((a[j] - mu) * r);
+        }
+        if (db) {
+#pragma omp simd
+          for (int64_t j = 0; j < D; j++) sb[j] += g[j];
+        }
       }
-      ss += v * v;
     }
-    const float r = 1.0f / sqrtf(ss / (float)D + eps);
-    rstd[n] = r;
-    for (int64_t j = 0; j < D; j++)
-      st(y, y_dtype, o + j, ld(hin, dtype, o + j) * r * (w ? w[j] : 1.0f));
+  }
+  free(rows);
+#pragma omp parallel for schedule(static) if (P * D > TT_PARALLEL_GRAIN)
+  for (int64_t j = 0; j < D; j++) {
+    float sw = 0.0f, sb = 0.0f;
+    for (int64_t p = 0; p < P; p++) {
+      sw += pw[p * D + j];
+      sb += pb[p * D + j];
+    }
+    if (dw) dw[j] = sw;
+    if (db) db[j] = sb;
   }
   return 0;
 }
 
-/* Stage one: partials[p, j] = sum of dy h rstd over rows [p R, (p+1) R), in row order;
-** stage two: dw[j] = sum of partials[., j] in part order. */
-static void weight_grad(float *dw, float *partials, const void *dy, const void *h,
-                        const float *rstd, int64_t N, int64_t D, int dtype, int y_dtype) {
-  const int64_t R = TT_FUSED_ROWS_PER_PART, P = (N + R - 1) / R;
-#pragma omp parallel for schedule(static) if (N * D > TT_PARALLEL_GRAIN)
-  for (int64_t p = 0; p < P; p++) {
-    float *part = partials + p * D;
-    for (int64_t j = 0; j < D; j++) part[j] = 0.0f;
-    const int64_t end = (p + 1) * R < N ? (p + 1) * R : N;
-    for (int64_t n = p * R; n < end; n++)
-      for (int64_t j = 0; j < D; j++)
-        part[j] += ld(dy, y_dtype, n * D + j) * (ld(h, dtype, n * D + j) * rstd[n]);
+static int norm_backward(const char *op, void *dh, float *dw, float *db, float *partials,
+                         const void *dy, const void *dh_in, const void *h, const float *w,
+                         const float *mean, const float *rstd, int64_t N, int64_t D, int dtype,
+                         int y_dtype) {
+  TT_TRY(check_dtypes(op, dtype, y_dtype));
+  if (!w) dw = NULL;
+  TT_CHECK(!(dw || db) || partials, "%s: a weight gradient needs the partials workspace", op);
+  if (dw || db) TT_TRY(param_grads(dw, db, partials, dy, h, mean, rstd, N, D, dtype, y_dtype));
+  if (!dh) return 0;
+  const int nthr = omp_get_max_threads();
+  float *rows = scratch_rows(D, 4, nthr);
+  if (!rows) return -1;
+#pragma omp parallel num_threads(nthr) if (N * D > TT_PARALLEL_GRAIN)
+  {
+    float *s0 = rows + (size_t)omp_get_thread_num() * 4 * D, *s1 = s0 + D, *s2 = s1 + D;
+    float *gw = s2 + D;   /* g = dy w */
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      const int64_t o = n * D;
+      const float r = rstd[n], mu = mean ? mean[n] : 0.0f;
+      const float *g = in_row(dy, y_dtype, o, D, s0), *a = in_row(h, dtype, o, D, s1);
+      if (w) {
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) gw[j] = g[j] * w[j];
+        g = gw;
+      }
+      float dot = 0.0f, sg = 0.0f;   /* sums of g (h - mu) and of g */
+#pragma omp simd reduction(+ : dot, sg)
+      for (int64_t j = 0; j < D; j++) {
+        dot += g[j] * (a[j] - mu);
+        sg += g[j];
+      }
+      const float c = dot * r * r * r / (float)D, m = mean ? sg / (float)D : 0.0f;
+      /* dh may be dh_in itself: each element is read before it is written. */
+      const float *d = dh_in ? in_row(dh_in, dtype, o, D, s2) : NULL;
+      float *out = out_row(dh, dtype, o, s2);
+      if (d) {
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) out[j] = r * (g[j] - m) - (a[j] - mu) * c + d[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < D; j++) out[j] = r * (g[j] - m) - (a[j] - mu) * c;
+      }
+      out_done(dh, dtype, o, D, out);
+    }
   }
-#pragma omp parallel for schedule(static) if (P * D > TT_PARALLEL_GRAIN)
-  for (int64_t j = 0; j < D; j++) {
-    float s = 0.0f;
-    for (int64_t p = 0; p < P; p++) s += partials[p * D + j];
-    dw[j] = s;
-  }
+  free(rows);
+  return 0;
 }
 
 static int rmsnorm_backward(void *dh, float *dw, float *partials, const void *dy,
                             const void *dh_in, const void *h, const float *w,
                             const float *rstd, int64_t N, int64_t D, int dtype, int y_dtype) {
-  TT_TRY(check_dtypes("rmsnorm_backward", dtype, y_dtype));
-  TT_CHECK(!dw || partials, "rmsnorm_backward: a weight gradient needs the partials workspace");
-  if (dw && w) weight_grad(dw, partials, dy, h, rstd, N, D, dtype, y_dtype);
-  if (!dh) return 0;
-#pragma omp parallel for schedule(static) if (N * D > TT_PARALLEL_GRAIN)
-  for (int64_t n = 0; n < N; n++) {
-    const int64_t o = n * D;
-    const float r = rstd[n];
-    float dot = 0.0f;
-    for (int64_t j = 0; j < D; j++)
-      dot += ld(dy, y_dtype, o + j) * (w ? w[j] : 1.0f) * ld(h, dtype, o + j);
-    const float c = dot * r * r * r / (float)D;
-    for (int64_t j = 0; j < D; j++) {
-      float v = r * ld(dy, y_dtype, o + j) * (w ? w[j] : 1.0f) - ld(h, dtype, o + j) * c;
-      if (dh_in) v += ld(dh_in, dtype, o + j);
-      st(dh, dtype, o + j, v);
-    }
-  }
-  return 0;
+  return norm_backward("rmsnorm_backward", dh, dw, NULL, partials, dy, dh_in, h, w, NULL, rstd,
+                       N, D, dtype, y_dtype);
+}
+
+static int layernorm_backward(void *dh, float *dw, float *db, float *partials, const void *dy,
+                              const void *dh_in, const void *h, const float *w,
+                              const float *mean, const float *rstd, int64_t N, int64_t D,
+                              int dtype, int y_dtype) {
+  return norm_backward("layernorm_backward", dh, dw, db, partials, dy, dh_in, h, w, mean, rstd,
+                       N, D, dtype, y_dtype);
 }
 
 /* -- SwiGLU ---------------------------------------------------------------------------- */
@@ -137,6 +288,8 @@ static int swiglu_backward(void *dgate, void *dup, const void *dy, const void *g
 const tt_fused_kernels tt_fused_cpu = {
   .add_rmsnorm_forward = add_rmsnorm_forward,
   .rmsnorm_backward = rmsnorm_backward,
+  .add_layernorm_forward = add_layernorm_forward,
+  .layernorm_backward = layernorm_backward,
   .swiglu_forward = swiglu_forward,
   .swiglu_backward = swiglu_backward,
 };

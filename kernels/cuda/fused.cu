@@ -1,6 +1,6 @@
 /*
 ** fused.cu — CUDA kernels of the fused memory-bound family (kernels/fused.h): residual
-** add + RMSNorm (+ cast) forward and backward, SwiGLU; f32 or bf16 in memory, f32 in
+** add + RMSNorm or LayerNorm (+ cast) forward and backward, SwiGLU; f32 or bf16 in memory, f32 in
 ** registers.
 **
 ** Row kernels run one block per row. Each thread walks its row in groups of 8 values
@@ -8,7 +8,7 @@
 ** buffer's rows start 16-byte aligned (aligned base pointers and D a multiple of 8);
 ** what is left of a row (or all of it otherwise) goes value by value. A thread reads
 ** back only what it wrote itself, so the forward's second pass over h needs no barrier.
-** The RMSNorm weight gradient is a deterministic two-stage reduction: stage one sums
+** The norms' weight (and bias) gradients are a deterministic two-stage reduction: stage one sums
 ** TT_FUSED_ROWS_PER_PART rows per partial (one thread per column and partial, rows in
 ** order), stage two adds the partials in order; no atomics, the same sums every run.
 */
@@ -65,26 +65,29 @@ static int64_t vec_reach(int64_t D, std::initializer_list<const void *> ptrs) {
   return D;
 }
 
-/* -- Residual add + RMSNorm -------------------------------------------------------------- */
+/* -- Residual add + RMSNorm or LayerNorm ------------------------------------------------- */
 
+/* Both norms (as kernels/cpu/fused.c): mean NULL is RMSNorm (statistics of h^2, no
+** centring, no bias); otherwise LayerNorm, whose variance takes a second pass over h. */
 template <typename T, typename Y>
-__global__ void add_rms_fwd(T *h, Y *y, float *rstd, const T *x, const T *res, const float *w,
-                            int64_t D, int64_t Dv, float eps) {
+__global__ void add_norm_fwd(T *h, Y *y, float *mean, float *rstd, const T *x, const T *res,
+                             const float *w, const float *b, int64_t D, int64_t Dv,
+                             float eps) {
   __shared__ float scratch[32];
   const int64_t o = (int64_t)blockIdx.x * D;
-  float ss = 0.0f;
+  float s = 0.0f;   /* sum of h (LayerNorm) or of h^2 (RMSNorm) */
   for (int64_t j = threadIdx.x * VW; j < Dv; j += blockDim.x * VW) {
     float a[VW];
     ld8(x + o + j, a);
     if (res) {
-      float b[VW];
-      ld8(res + o + j, b);
+      float c[VW];
+      ld8(res + o + j, c);
 #pragma unroll
-      for (int k = 0; k < VW; k++) a[k] = rnd<T>(a[k] + b[k]);
+      for (int k = 0; k < VW; k++) a[k] = rnd<T>(a[k] + c[k]);
       st8(h + o + j, a);
     }
 #pragma unroll
-    for (int k = 0; k < VW; k++) ss += a[k] * a[k];
+    for (int k = 0; k < VW; k++) s += mean ? a[k] : a[k] * a[k];
   }
   for (int64_t j = Dv + threadIdx.x; j < D; j += blockDim.x) {
     float a = tt_ld(x, o + j);
@@ -92,41 +95,72 @@ __global__ void add_rms_fwd(T *h, Y *y, float *rstd, const T *x, const T *res, c
       a = rnd<T>(a + tt_ld(res, o + j));
       tt_st(h, o + j, a);
     }
-    ss += a * a;
+    s += mean ? a : a * a;
   }
-  ss = tt_block_sum(ss, scratch);
-  const float r = rsqrtf(ss / (float)D + eps);
-  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  s = tt_block_sum(s, scratch);
   const T *hin = res ? h : x;
+  float mu = 0.0f;
+  if (mean) {
+    mu = s / (float)D;
+    s = 0.0f;
+    for (int64_t j = threadIdx.x * VW; j < Dv; j += blockDim.x * VW) {
+      float a[VW];
+      ld8(hin + o + j, a);
+#pragma unroll
+      for (int k = 0; k < VW; k++) s += (a[k] - mu) * (a[k] - mu);
+    }
+    for (int64_t j = Dv + threadIdx.x; j < D; j += blockDim.x) {
+      const float d = tt_ld(hin, o + j) - mu;
+      s += d * d;
+    }
+    s = tt_block_sum(s, scratch);
+    if (threadIdx.x == 0) mean[blockIdx.x] = mu;
+  }
+  const float r = rsqrtf(s / (float)D + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
   for (int64_t j = threadIdx.x * VW; j < Dv; j += blockDim.x * VW) {
     float a[VW];
     ld8(hin + o + j, a);
 #pragma unroll
-    for (int k = 0; k < VW; k++) a[k] *= r * (w ? w[j + k] : 1.0f);
+    for (int k = 0; k < VW; k++) {
+      a[k] = (a[k] - mu) * r * (w ? w[j + k] : 1.0f);
+      if (b) a[k] += b[j + k];
+    }
     st8(y + o + j, a);
   }
-  for (int64_t j = Dv + threadIdx.x; j < D; j += blockDim.x)
-    tt_st(y, o + j, tt_ld(hin, o + j) * r * (w ? w[j] : 1.0f));
+  for (int64_t j = Dv + threadIdx.x; j < D; j += blockDim.x) {
+    float v = (tt_ld(hin, o + j) - mu) * r * (w ? w[j] : 1.0f);
+    if (b) v += b[j];
+    tt_st(y, o + j, v);
+  }
 }
 
 template <typename T, typename Y>
-__global__ void rms_bwd_dh(T *dh, const Y *dy, const T *dh_in, const T *h, const float *w,
-                           const float *rstd, int64_t D, int64_t Dv) {
+__global__ void norm_bwd_dh(T *dh, const Y *dy, const T *dh_in, const T *h, const float *w,
+                            const float *mean, const float *rstd, int64_t D, int64_t Dv) {
   __shared__ float scratch[32];
   const int64_t o = (int64_t)blockIdx.x * D;
-  const float r = rstd[blockIdx.x];
-  float dot = 0.0f;
+  const float r = rstd[blockIdx.x], mu = mean ? mean[blockIdx.x] : 0.0f;
+  float dot = 0.0f, sg = 0.0f;   /* sums of g (h - mu) and of g, g = dy w */
   for (int64_t j = threadIdx.x * VW; j < Dv; j += blockDim.x * VW) {
     float g[VW], a[VW];
     ld8(dy + o + j, g);
     ld8(h + o + j, a);
 #pragma unroll
-    for (int k = 0; k < VW; k++) dot += g[k] * (w ? w[j + k] : 1.0f) * a[k];
+    for (int k = 0; k < VW; k++) {
+      const float gw = g[k] * (w ? w[j + k] : 1.0f);
+      dot += gw * (a[k] - mu);
+      sg += gw;
+    }
   }
-  for (int64_t j = Dv + threadIdx.x; j < D; j += blockDim.x)
-    dot += tt_ld(dy, o + j) * (w ? w[j] : 1.0f) * tt_ld(h, o + j);
+  for (int64_t j = Dv + threadIdx.x; j < D; j += blockDim.x) {
+    const float gw = tt_ld(dy, o + j) * (w ? w[j] : 1.0f);
+    dot += gw * (tt_ld(h, o + j) - mu);
+    sg += gw;
+  }
   dot = tt_block_sum(dot, scratch);
-  const float c = dot * r * r * r / (float)D;
+  if (mean) sg = tt_block_sum(sg, scratch);
+  const float c = dot * r * r * r / (float)D, m = mean ? sg / (float)D : 0.0f;
   for (int64_t j = threadIdx.x * VW; j < Dv; j += blockDim.x * VW) {
     float g[VW], a[VW], d[VW];
     ld8(dy + o + j, g);
@@ -134,36 +168,43 @@ __global__ void rms_bwd_dh(T *dh, const Y *dy, const T *dh_in, const T *h, const
     if (dh_in) ld8(dh_in + o + j, d);
 #pragma unroll
     for (int k = 0; k < VW; k++)
-      g[k] = r * g[k] * (w ? w[j + k] : 1.0f) - a[k] * c + (dh_in ? d[k] : 0.0f);
+      g[k] = r * (g[k] * (w ? w[j + k] : 1.0f) - m) - (a[k] - mu) * c + (dh_in ? d[k] : 0.0f);
     st8(dh + o + j, g);
   }
   for (int64_t j = Dv + threadIdx.x; j < D; j += blockDim.x) {
-    float v = r * tt_ld(dy, o + j) * (w ? w[j] : 1.0f) - tt_ld(h, o + j) * c;
+    float v = r * (tt_ld(dy, o + j) * (w ? w[j] : 1.0f) - m) - (tt_ld(h, o + j) - mu) * c;
     if (dh_in) v += tt_ld(dh_in, o + j);
     tt_st(dh, o + j, v);
   }
 }
 
-/* Stage one: partials[p, j] = sum over rows [p R, (p+1) R) of dy h rstd, rows in order. */
+/* Stage one: over rows [p R, (p+1) R), rows in order, pw[p, j] = sum of dy xhat (xhat =
+** (h - mean) rstd, mean 0 for RMSNorm) and pb[p, j] = sum of dy; either may be NULL. */
 template <typename T, typename Y>
-__global__ void rms_dw_partials(float *partials, const Y *dy, const T *h, const float *rstd,
-                                int64_t N, int64_t D) {
+__global__ void norm_param_partials(float *pw, float *pb, const Y *dy, const T *h,
+                                    const float *mean, const float *rstd, int64_t N,
+                                    int64_t D) {
   const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, p = blockIdx.y;
   if (j >= D) return;
   const int64_t n0 = p * TT_FUSED_ROWS_PER_PART;
   const int64_t n1 = n0 + TT_FUSED_ROWS_PER_PART < N ? n0 + TT_FUSED_ROWS_PER_PART : N;
-  float s = 0.0f;
-  for (int64_t n = n0; n < n1; n++) s += tt_ld(dy, n * D + j) * (tt_ld(h, n * D + j) * rstd[n]);
-  partials[p * D + j] = s;
+  float sw = 0.0f, sb = 0.0f;
+  for (int64_t n = n0; n < n1; n++) {
+    const float g = tt_ld(dy, n * D + j), mu = mean ? mean[n] : 0.0f;
+    sw += g * ((tt_ld(h, n * D + j) - mu) * rstd[n]);
+    sb += g;
+  }
+  if (pw) pw[p * D + j] = sw;
+  if (pb) pb[p * D + j] = sb;
 }
 
-/* Stage two: dw[j] = sum of partials[., j], partials in order. */
-__global__ void sum_partials(float *dw, const float *partials, int64_t P, int64_t D) {
+/* Stage two: out[j] = sum of partials[., j], partials in order. */
+__global__ void sum_partials(float *out, const float *partials, int64_t P, int64_t D) {
   const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (j >= D) return;
   float s = 0.0f;
   for (int64_t p = 0; p < P; p++) s += partials[p * D + j];
-  dw[j] = s;
+  out[j] = s;
 }
 
 /* fn.template operator()<T, Y>() for dtype, y_dtype each f32 or bf16. */
@@ -177,18 +218,67 @@ static int dispatch2(const char *op, int dtype, int y_dtype, Fn &&fn) {
   });
 }
 
+static int add_norm_forward(const char *op, void *h, void *y, float *mean, float *rstd,
+                            const void *x, const void *res, const float *w, const float *b,
+                            int64_t N, int64_t D, float eps, int dtype, int y_dtype) {
+  if (N == 0) return 0;
+  TT_CHECK(N <= 0x7fffffff, "%s: %lld rows is too many for one launch", op, (long long)N);
+  const int64_t Dv = vec_reach(D, {h, y, x, res, w, b});
+  return dispatch2(op, dtype, y_dtype, [&](auto *ttag, auto *ytag) {
+    using T = std::remove_pointer_t<decltype(ttag)>;
+    using Y = std::remove_pointer_t<decltype(ytag)>;
+    add_norm_fwd<T, Y><<<(unsigned)N, FUSED_THREADS, 0, tt_cuda_cur_stream()>>>(
+        (T *)h, (Y *)y, mean, rstd, (const T *)x, (const T *)res, w, b, D, Dv, eps);
+    TT_CU_LAUNCHED("add_norm_fwd");
+    return 0;
+  });
+}
+
 static int add_rmsnorm_forward(void *h, void *y, float *rstd, const void *x, const void *res,
                                const float *w, int64_t N, int64_t D, float eps, int dtype,
                                int y_dtype) {
+  return add_norm_forward("add_rmsnorm", h, y, NULL, rstd, x, res, w, NULL, N, D, eps, dtype,
+                          y_dtype);
+}
+
+static int add_layernorm_forward(void *h, void *y, float *mean, float *rstd, const void *x,
+                                 const void *res, const float *w, const float *b, int64_t N,
+                                 int64_t D, float eps, int dtype, int y_dtype) {
+  return add_norm_forward("add_layernorm", h, y, mean, rstd, x, res, w, b, N, D, eps, dtype,
+                          y_dtype);
+}
+
+static int norm_backward(const char *op, void *dh, float *dw, float *db, float *partials,
+                         const void *dy, const void *dh_in, const void *h, const float *w,
+                         const float *mean, const float *rstd, int64_t N, int64_t D, int dtype,
+                         int y_dtype) {
+  if (!w) dw = NULL;
+  TT_CHECK(!(dw || db) || partials, "%s: a weight gradient needs the partials workspace", op);
   if (N == 0) return 0;
-  TT_CHECK(N <= 0x7fffffff, "add_rmsnorm: %lld rows is too many for one launch", (long long)N);
-  const int64_t Dv = vec_reach(D, {h, y, x, res, w});
-  return dispatch2("add_rmsnorm", dtype, y_dtype, [&](auto *ttag, auto *ytag) {
+  TT_CHECK(N <= 0x7fffffff, "%s: %lld rows is too many for one launch", op, (long long)N);
+  const int64_t P = (N + TT_FUSED_ROWS_PER_PART - 1) / TT_FUSED_ROWS_PER_PART;
+  TT_CHECK(P <= 65535, "%s: %lld rows is too many for one launch", op, (long long)N);
+  const int64_t Dv = vec_reach(D, {dh, dy, dh_in, h, w});
+  return dispatch2(op, dtype, y_dtype, [&](auto *ttag, auto *ytag) {
     using T = std::remove_pointer_t<decltype(ttag)>;
     using Y = std::remove_pointer_t<decltype(ytag)>;
-    add_rms_fwd<T, Y><<<(unsigned)N, FUSED_THREADS, 0, tt_cuda_cur_stream()>>>(
-        (T *)h, (Y *)y, rstd, (const T *)x, (const T *)res, w, D, Dv, eps);
-    TT_CU_LAUNCHED("add_rms_fwd");
+    cudaStream_t s = tt_cuda_cur_stream();
+    if (dw || db) {
+      float *pw = dw ? partials : NULL, *pb = db ? partials + P * D : NULL;
+      const dim3 grid((unsigned)((D + 127) / 128), (unsigned)P);
+      norm_param_partials<T, Y><<<grid, 128, 0, s>>>(pw, pb, (const Y *)dy, (const T *)h, mean,
+                                                     rstd, N, D);
+      TT_CU_LAUNCHED("norm_param_partials");
+      const unsigned blocks = (unsigned)((D + 127) / 128);
+      if (dw) sum_partials<<<blocks, 128, 0, s>>>(dw, pw, P, D);
+      if (db) sum_partials<<<blocks, 128, 0, s>>>(db, pb, P, D);
+      TT_CU_LAUNCHED("sum_partials");
+    }
+    if (dh) {
+      norm_bwd_dh<T, Y><<<(unsigned)N, FUSED_THREADS, 0, s>>>(
+          (T *)dh, (const Y *)dy, (const T *)dh_in, (const T *)h, w, mean, rstd, D, Dv);
+      TT_CU_LAUNCHED("norm_bwd_dh");
+    }
     return 0;
   });
 }
@@ -196,32 +286,16 @@ static int add_rmsnorm_forward(void *h, void *y, float *rstd, const void *x, con
 static int rmsnorm_backward(void *dh, float *dw, float *partials, const void *dy,
                             const void *dh_in, const void *h, const float *w,
                             const float *rstd, int64_t N, int64_t D, int dtype, int y_dtype) {
-  TT_CHECK(!dw || partials, "rmsnorm_backward: a weight gradient needs the partials workspace");
-  if (N == 0) return 0;
-  TT_CHECK(N <= 0x7fffffff, "rmsnorm_backward: %lld rows is too many for one launch",
-           (long long)N);
-  const int64_t P = (N + TT_FUSED_ROWS_PER_PART - 1) / TT_FUSED_ROWS_PER_PART;
-  TT_CHECK(P <= 65535, "rmsnorm_backward: %lld rows is too many for one launch", (long long)N);
-  const int64_t Dv = vec_reach(D, {dh, dy, dh_in, h, w});
-  return dispatch2("rmsnorm_backward", dtype, y_dtype, [&](auto *ttag, auto *ytag) {
-    using T = std::remove_pointer_t<decltype(ttag)>;
-    using Y = std::remove_pointer_t<decltype(ytag)>;
-    cudaStream_t s = tt_cuda_cur_stream();
-    if (dw && w) {
-      const dim3 grid((unsigned)((D + 127) / 128), (unsigned)P);
-      rms_dw_partials<T, Y><<<grid, 128, 0, s>>>(partials, (const Y *)dy, (const T *)h, rstd,
-                                                 N, D);
-      TT_CU_LAUNCHED("rms_dw_partials");
-      sum_partials<<<(unsigned)((D + 127) / 128), 128, 0, s>>>(dw, partials, P, D);
-      TT_CU_LAUNCHED("sum_partials");
-    }
-    if (dh) {
-      rms_bwd_dh<T, Y><<<(unsigned)N, FUSED_THREADS, 0, s>>>(
-          (T *)dh, (const Y *)dy, (const T *)dh_in, (const T *)h, w, rstd, D, Dv);
-      TT_CU_LAUNCHED("rms_bwd_dh");
-    }
-    return 0;
-  });
+  return norm_backward("rmsnorm_backward", dh, dw, NULL, partials, dy, dh_in, h, w, NULL, rstd,
+                       N, D, dtype, y_dtype);
+}
+
+static int layernorm_backward(void *dh, float *dw, float *db, float *partials, const void *dy,
+                              const void *dh_in, const void *h, const float *w,
+                              const float *mean, const float *rstd, int64_t N, int64_t D,
+                              int dtype, int y_dtype) {
+  return norm_backward("layernorm_backward", dh, dw, db, partials, dy, dh_in, h, w, mean, rstd,
+                       N, D, dtype, y_dtype);
 }
 
 /* -- SwiGLU ------------------------------------------------------------------------------ */
@@ -302,6 +376,8 @@ static int swiglu_backward(void *dgate, void *dup, const void *dy, const void *g
 extern "C" const tt_fused_kernels tt_fused_cuda = {
   add_rmsnorm_forward,
   rmsnorm_backward,
+  add_layernorm_forward,
+  layernorm_backward,
   swiglu_forward,
   swiglu_backward,
 };

@@ -1,7 +1,7 @@
 /*
 ** test_fused.c — the fused memory-bound CUDA kernels (kernels/cuda/fused.cu) against
 ** their CPU twins (kernels/cpu/fused.c), through the ops:
-**   tt_add_rms_norm forward and backward, f32 -> f32, f32 -> bf16 (the cast into a bf16
+**   tt_add_rms_norm and tt_add_layer_norm (bias too) forward and backward, f32 -> f32, f32 -> bf16 (the cast into a bf16
 **   GEMM) and bf16 -> bf16, at D = 4096, 1024 and 1000 (multiples of 8: the 128-bit path)
 **   and 77 (odd: the scalar path only), on strided x (a transpose) and with more rows than
 **   one weight-gradient partial; h's gradient arriving from a second use first (the
@@ -31,18 +31,29 @@ static tt_tensor *as_dtype(tt_tensor *t, int dtype, int device) {
   return o;
 }
 
-/* h = x + res (returned) and y = rmsnorm(h) * w (in *y_out), checked to succeed. */
-static tt_tensor *run_arn(tt_tensor *x, tt_tensor *res, tt_tensor *w, int y_dtype,
-                          tt_tensor **y_out) {
+/* h = x + res (returned) and y = rmsnorm(h) * w, or layernorm(h) * w + b when b is given
+** (in *y_out), checked to succeed. */
+static tt_tensor *run_arn(tt_tensor *x, tt_tensor *res, tt_tensor *w, tt_tensor *b,
+                          int y_dtype, tt_tensor **y_out) {
   tt_tensor *h = NULL, *y = NULL;
-  cr_assert_eq(tt_add_rms_norm(x, res, w, 1e-5, y_dtype, &h, &y), 0, "%s", tt_last_error());
+  cr_assert_eq(b ? tt_add_layer_norm(x, res, w, b, 1e-5, y_dtype, &h, &y)
+                 : tt_add_rms_norm(x, res, w, 1e-5, y_dtype, &h, &y),
+               0, "%s", tt_last_error());
   *y_out = y;
   return h;
 }
 
-static void check_arn(int64_t N, int64_t D, int dtype, int y_dtype, int strided) {
+/* layer: LayerNorm with a bias (else RMSNorm). */
+static void check_arn(int64_t N, int64_t D, int dtype, int y_dtype, int strided, int layer) {
   const int64_t s[2] = {N, D}, st[2] = {D, N}, ps[1] = {D};
   tt_tensor *x0 = randn(strided ? st : s, 2, 1.0), *r0 = randn(s, 2, 1.0), *w0 = randn(ps, 1, 0.5);
+  tt_tensor *b0 = randn(ps, 1, 0.5);
+  tt_tensor *bc = layer ? as_dtype(b0, TT_F32, TT_CPU) : NULL;
+  tt_tensor *bg = layer ? as_dtype(b0, TT_F32, GPU) : NULL;
+  if (layer) {
+    cr_assert_eq(tt_set_requires_grad(bc, 1), 0);
+    cr_assert_eq(tt_set_requires_grad(bg, 1), 0);
+  }
   /* CPU and GPU leaves holding the same values in dtype; x passed as a transposed view
   ** of its leaf when strided. */
   tt_tensor *xc = as_dtype(x0, dtype, TT_CPU), *rc = as_dtype(r0, dtype, TT_CPU);
@@ -61,9 +72,9 @@ static void check_arn(int64_t N, int64_t D, int dtype, int y_dtype, int strided)
     xgv = xg;
   }
   tt_tensor *yc = NULL, *yg = NULL;
-  tt_tensor *hc = run_arn(xcv, rc, wc, y_dtype, &yc);
+  tt_tensor *hc = run_arn(xcv, rc, wc, bc, y_dtype, &yc);
   for (int i = 0; i < 3; i++) poison(N * D);
-  tt_tensor *hg = run_arn(xgv, rg, wg, y_dtype, &yg);
+  tt_tensor *hg = run_arn(xgv, rg, wg, bg, y_dtype, &yg);
   const double tol_h = dtype == TT_F32 ? 1e-6 : 0.0, tol_y = y_dtype == TT_F32 ? 1e-5 : 8e-3;
   double eh = rel_err(hg, hc), ey = rel_err(yg, yc);
   cr_assert(eh <= tol_h, "N %lld D %lld: h relative error %g", (long long)N, (long long)D, eh);
@@ -84,26 +95,39 @@ static void check_arn(int64_t N, int64_t D, int dtype, int y_dtype, int strided)
   cr_assert(ex <= tol_g && er <= tol_g, "N %lld D %lld: grad x %g, grad residual %g",
             (long long)N, (long long)D, ex, er);
   cr_assert(ew <= 1e-4, "N %lld D %lld: grad weight %g", (long long)N, (long long)D, ew);
-  tt_tensor *all[] = {x0, r0, w0, xc, rc, xg, rg, wc, wg, xcv, xgv, yc, yg, hc, hg, g0, gc, gg,
-                      q0, qc, qg};
+  if (layer) {
+    double eb = rel_err(bg->grad, bc->grad);
+    cr_assert(eb <= 1e-4, "N %lld D %lld: grad bias %g", (long long)N, (long long)D, eb);
+  }
+  tt_tensor *all[] = {x0, r0, w0, b0, bc, bg, xc, rc, xg, rg, wc, wg, xcv, xgv, yc, yg, hc, hg,
+                      g0, gc, gg, q0, qc, qg};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }
 
 Test(cuda_fused, add_rms_norm_f32) {
-  check_arn(130, 4096, TT_F32, TT_F32, 0);
-  check_arn(67, 1000, TT_F32, TT_F32, 1);
-  check_arn(65, 77, TT_F32, TT_F32, 0);
+  check_arn(130, 4096, TT_F32, TT_F32, 0, 0);
+  check_arn(67, 1000, TT_F32, TT_F32, 1, 0);
+  check_arn(65, 77, TT_F32, TT_F32, 0, 0);
 }
 
 Test(cuda_fused, add_rms_norm_cast_to_bf16) {
-  check_arn(130, 1024, TT_F32, TT_BF16, 0);
-  check_arn(33, 77, TT_F32, TT_BF16, 1);
+  check_arn(130, 1024, TT_F32, TT_BF16, 0, 0);
+  check_arn(33, 77, TT_F32, TT_BF16, 1, 0);
 }
 
 Test(cuda_fused, add_rms_norm_bf16) {
-  check_arn(130, 4096, TT_BF16, TT_BF16, 0);
-  check_arn(67, 1000, TT_BF16, TT_BF16, 1);
-  check_arn(65, 77, TT_BF16, TT_BF16, 0);
+  check_arn(130, 4096, TT_BF16, TT_BF16, 0, 0);
+  check_arn(67, 1000, TT_BF16, TT_BF16, 1, 0);
+  check_arn(65, 77, TT_BF16, TT_BF16, 0, 0);
+}
+
+Test(cuda_fused, add_layer_norm) {
+  check_arn(130, 4096, TT_F32, TT_F32, 0, 1);
+  check_arn(67, 1000, TT_F32, TT_F32, 1, 1);
+  check_arn(65, 77, TT_F32, TT_F32, 0, 1);
+  check_arn(130, 768, TT_F32, TT_BF16, 0, 1);
+  check_arn(130, 1024, TT_BF16, TT_BF16, 0, 1);
+  check_arn(65, 77, TT_BF16, TT_BF16, 1, 1);
 }
 
 Test(cuda_fused, weight_gradient_is_deterministic) {

@@ -251,6 +251,38 @@ describe("models", function()
     expect(loss).to_be_near(math.log(64), 0.02)
   end)
 
+  -- The residual add before each block's second norm runs fused with it (one pass over
+  -- memory): the tape holds the fused op's nodes, not an add and a norm apart; a norm
+  -- whose forward a parallel plan replaced (sequence parallelism) keeps them apart.
+  it("fuses the residual add into the second norm of each block", function()
+    local function ops(model)
+      C.tt_tape_clear()
+      model(ids_tensor({ { 1, 2, 3, 4 } })):free()
+      local count = {}
+      for i = 0, tonumber(C.tt_tape_size()) - 1 do
+        local name = ffi.string(C.tt_tape_node_name(i))
+        count[name] = (count[name] or 0) + 1
+      end
+      C.tt_tape_clear()
+      return count
+    end
+    local l = ops(llama.Model(TINY))
+    expect(l["add_rms_norm.norm"]).to_be(2)
+    expect(l["add_rms_norm.add"]).to_be(2)
+    local g = ops(gpt2.Model({ vocab_size = 64, dim = 32, n_layers = 2, n_heads = 4,
+                               ffn_hidden = 64, seq_len = 8, norm_eps = 1e-5 }))
+    expect(g["add_layer_norm.norm"]).to_be(2)
+    local m = llama.Model(TINY)
+    for _, nm in ipairs(m:named_modules()) do
+      local mod = nm[2]
+      if mod.__name == "RMSNorm" then
+        local class_forward = mod.forward
+        mod.forward = function(self, x) return class_forward(self, x) end
+      end
+    end
+    expect(ops(m)["add_rms_norm.norm"]).to_be(nil)
+  end)
+
   it("frees intermediates: a forward leaves only the output and the tape alive", function()
     local m = llama.Model(TINY)
     local ids = ids_tensor({ { 1, 2, 3, 4 } })

@@ -50,7 +50,7 @@ static void *ptr(tt_tensor *t) { return tt_tensor_data(t); }
 typedef struct bufs {
   int64_t N;
   tt_tensor *f[5], *b[5];   /* f32 and bf16 */
-  tt_tensor *w, *stats, *parts, *dw;
+  tt_tensor *w, *bias, *stats, *mean, *parts, *dw, *db;
 } bufs;
 
 typedef int (*bench_fn)(bufs *B, int dtype);
@@ -118,6 +118,26 @@ static int run_rms_unfused(bufs *B, int dtype) {
                                       B->N, D, 1e-5f);
 }
 
+static int run_add_ln(bufs *B, int dtype) {
+  return tt_fused_cuda.add_layernorm_forward(ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 3)),
+                                             ptr(B->mean), ptr(B->stats), ptr(buf(B, dtype, 0)),
+                                             ptr(buf(B, dtype, 1)), ptr(B->w), ptr(B->bias), B->N,
+                                             D, 1e-5f, dtype, dtype);
+}
+
+static int run_ln_bwd(bufs *B, int dtype) {
+  return tt_fused_cuda.layernorm_backward(ptr(buf(B, dtype, 2)), ptr(B->dw), ptr(B->db),
+                                          ptr(B->parts), ptr(buf(B, dtype, 0)),
+                                          ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 1)), ptr(B->w),
+                                          ptr(B->mean), ptr(B->stats), B->N, D, dtype, dtype);
+}
+
+static int run_ln_unfused(bufs *B, int dtype) {
+  (void)dtype;
+  return tt_norm_cuda.layernorm_forward(ptr(B->f[3]), ptr(B->mean), ptr(B->stats), ptr(B->f[0]),
+                                        ptr(B->w), ptr(B->bias), B->N, D, 1e-5f);
+}
+
 static int run_swiglu(bufs *B, int dtype) {
   return tt_fused_cuda.swiglu_forward(ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 0)),
                                       ptr(buf(B, dtype, 1)), B->N * FF, dtype);
@@ -165,9 +185,12 @@ int main(int argc, char **argv) {
     B.b[i] = rand_dev(N * FF, TT_BF16);
   }
   B.w = rand_dev(D, TT_F32);
+  B.bias = rand_dev(D, TT_F32);
   B.stats = rand_dev(N, TT_F32);
+  B.mean = rand_dev(N, TT_F32);
   B.dw = rand_dev(D, TT_F32);
-  B.parts = rand_dev((N + TT_FUSED_ROWS_PER_PART - 1) / TT_FUSED_ROWS_PER_PART * D, TT_F32);
+  B.db = rand_dev(D, TT_F32);
+  B.parts = rand_dev(2 * ((N + TT_FUSED_ROWS_PER_PART - 1) / TT_FUSED_ROWS_PER_PART) * D, TT_F32);
   /* Bytes per element: f32 4, bf16 2; e.g. add + RMSNorm reads x, res and writes h, y. */
   const bench_case cases[] = {
     {"copy (cudaMemcpy d2d)", run_copy, TT_F32, 2 * 4, 0},
@@ -178,6 +201,11 @@ int main(int argc, char **argv) {
     {"add+rmsnorm fwd f32->bf16", run_add_rms_cast, TT_F32, 3 * 4 + 2, 0},
     {"rmsnorm bwd (+dh, dw)", run_rms_bwd, TT_F32, 4 * 4, 0},
     {"rmsnorm bwd (+dh, dw)", run_rms_bwd, TT_BF16, 4 * 2, 0},
+    {"layernorm fwd (unfused)", run_ln_unfused, TT_F32, 2 * 4, 0},
+    {"add+layernorm fwd", run_add_ln, TT_F32, 4 * 4, 0},
+    {"add+layernorm fwd", run_add_ln, TT_BF16, 4 * 2, 0},
+    {"layernorm bwd (+dh,dw,db)", run_ln_bwd, TT_F32, 4 * 4, 0},
+    {"layernorm bwd (+dh,dw,db)", run_ln_bwd, TT_BF16, 4 * 2, 0},
     {"swiglu fwd (unfused)", run_swiglu_unfused, TT_F32, 3 * 4, 1},
     {"swiglu fwd", run_swiglu, TT_F32, 3 * 4, 1},
     {"swiglu fwd", run_swiglu, TT_BF16, 3 * 2, 1},
@@ -203,8 +231,11 @@ int main(int argc, char **argv) {
     tt_tensor_release(B.b[i]);
   }
   tt_tensor_release(B.w);
+  tt_tensor_release(B.bias);
   tt_tensor_release(B.stats);
+  tt_tensor_release(B.mean);
   tt_tensor_release(B.dw);
+  tt_tensor_release(B.db);
   tt_tensor_release(B.parts);
   return 0;
 }

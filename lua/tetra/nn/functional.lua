@@ -91,14 +91,20 @@ function F.rmsnorm(x, w, eps) return take(C.tt_rmsnorm(x, w, eps, pout), 3) end
 -- h = x + residual (x itself when residual is nil), y = rmsnorm(h) * w; returns h, y.
 -- y_dtype "bf16" writes y in bf16 for a bf16 GEMM (default: x's dtype).
 local pair = ffi.new("tt_tensor *[2]")
-function F.add_rms_norm(x, residual, w, eps, y_dtype)
-  local dt = y_dtype and T.dtype(y_dtype) or x._dtype
-  if C.tt_add_rms_norm(x, residual, w, eps or 1e-5, dt, pair, pair + 1) ~= 0 then
-    T.raise(ffi.string(C.tt_last_error()))
-  end
+local function take_pair(status)
+  if status ~= 0 then T.raise(ffi.string(C.tt_last_error())) end
   local h, y = T.wrap(pair), T.wrap(pair + 1)
   pair[0], pair[1] = nil, nil
   return h, y
+end
+function F.add_rms_norm(x, residual, w, eps, y_dtype)
+  local dt = y_dtype and T.dtype(y_dtype) or x._dtype
+  return take_pair(C.tt_add_rms_norm(x, residual, w, eps or 1e-5, dt, pair, pair + 1))
+end
+-- The same with LayerNorm (tt_add_layer_norm): y = layernorm(h) * w + b (b may be nil).
+function F.add_layer_norm(x, residual, w, b, eps, y_dtype)
+  local dt = y_dtype and T.dtype(y_dtype) or x._dtype
+  return take_pair(C.tt_add_layer_norm(x, residual, w, b, eps or 1e-5, dt, pair, pair + 1))
 end
 function F.layernorm(x, w, b, eps) return take(C.tt_layernorm(x, w, b, eps, pout), 3) end
 function F.gelu(x) return take(C.tt_gelu(x, pout), 3) end

@@ -65,6 +65,12 @@ function RMSNorm:forward(x)
   return F.rmsnorm(x, self.weight, self.eps)
 end
 
+-- The residual add before the norm, fused with it (one pass over memory): returns
+-- h = x + residual and the norm of h.
+function RMSNorm:add_forward(x, residual)
+  return F.add_rms_norm(x, residual, self.weight, self.eps)
+end
+
 -- -- LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias --------------------------
 
 local LayerNorm = Module:extend("LayerNorm")
@@ -81,6 +87,11 @@ end
 
 function LayerNorm:forward(x)
   return F.layernorm(x, self.weight, self.bias, self.eps)
+end
+
+-- As RMSNorm:add_forward: h = x + residual and the norm of h, in one pass.
+function LayerNorm:add_forward(x, residual)
+  return F.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
 end
 
 -- -- ModuleList: an ordered container; children are named "0", "1", ... --------------

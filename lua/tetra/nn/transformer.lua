@@ -121,7 +121,8 @@ end
 
 -- -- TransformerBlock ------------------------------------------------------------------
 
--- Pre-norm residual block: x = x + attn(norm1(x)); x = x + mlp(norm2(x)).
+-- Pre-norm residual block: x = x + attn(norm1(x)); x = x + mlp(norm2(x)), the second
+-- residual add fused with norm2 where the norm allows (fusable).
 local TransformerBlock = Module:extend("TransformerBlock")
 M.TransformerBlock = TransformerBlock
 
@@ -138,6 +139,13 @@ function TransformerBlock:init(parts)
   end
 end
 
+-- Whether the residual add before a norm can run fused with it (add_forward, one pass
+-- over memory): the norm has the method and runs its class's forward, not one a
+-- parallel plan put in its place (sequence parallelism's, which needs the add apart).
+local function fusable(norm)
+  return norm.add_forward ~= nil and rawget(norm, "forward") == nil
+end
+
 -- x: (B, T, D); extra arguments go to the attention (positions). -> (B, T, D)
 function TransformerBlock:forward(x, ...)
   local names = self._part_names
@@ -145,9 +153,14 @@ function TransformerBlock:forward(x, ...)
   local h = norm1(x)
   local a = attn(h, ...)
   free(h)
-  local x1 = F.add(x, a)
+  local x1
+  if fusable(norm2) then
+    x1, h = norm2:add_forward(x, a)
+  else
+    x1 = F.add(x, a)
+    h = norm2(x1)
+  end
   free(a)
-  h = norm2(x1)
   local m = mlp(h)
   free(h)
   local y = F.add(x1, m)
