@@ -1,7 +1,7 @@
 /*
 ** ops_activation.c — tt_silu, tt_gelu, tt_swiglu: validation, dispatch through the
 ** activation kernel table (kernels/activation.h) and their autograd nodes; bf16 SwiGLU
-** runs the fused vectorised kernels (kernels/fused.h).
+** and GELU run the fused vectorised kernels (kernels/fused.h).
 **
 ** Each node saves the contiguous input(s) it read, so backward never re-copies a strided
 ** view.
@@ -20,18 +20,29 @@ static const tt_activation_kernels *act_kernels(int device) {
 
 /* -- SiLU and GELU: y = f(x), x any shape ------------------------------------------- */
 
+/* f32 runs the activation family's kernels; bf16 GELU the fused vectorised one
+** (kernels/fused.h), which reads and writes bf16 and computes in f32. */
 static int unary_backward(tt_node *node, tt_tensor *grad_out) {
   int kind = (int)node->i[0];
   tt_tensor *x = node->inputs[0], *xc = node->saved[0];
   if (!tt_needs_grad(x)) return 0;
   const tt_activation_kernels *k = act_kernels(xc->device);
+  const tt_fused_kernels *fk = TT_KERNELS(tt_fused, xc->device);
+  const int low = xc->dtype != TT_F32;
   int (*bwd)(float *, const float *, const float *, int64_t) =
       !k ? NULL : kind == ACT_SILU ? k->silu_backward : k->gelu_backward;
-  if (!bwd) return tt_no_kernel(node->name, xc->device);
+  if (low ? !fk || !fk->gelu_backward : !bwd) return tt_no_kernel(node->name, xc->device);
   tt_tensor *g = NULL, *dx = NULL;
   int rc = -1;
   if (tt_contiguous_nograd(grad_out, &g) != 0 || tt_empty_like(xc, &dx) != 0) goto done;
-  if (bwd(tt_tensor_data(dx), tt_tensor_data(g), tt_tensor_data(xc), tt_tensor_numel(xc)))
+  if (g->dtype != xc->dtype) {
+    tt_set_error("%s: output gradient is %s, the input %s", node->name, tt_dtype_name(g->dtype),
+                 tt_dtype_name(xc->dtype));
+    goto done;
+  }
+  if (low ? fk->gelu_backward(tt_tensor_data(dx), tt_tensor_data(g), tt_tensor_data(xc),
+                              tt_tensor_numel(xc), xc->dtype)
+          : bwd(tt_tensor_data(dx), tt_tensor_data(g), tt_tensor_data(xc), tt_tensor_numel(xc)))
     goto done;
   rc = tt_accumulate_grad(x, dx);
 done:
@@ -43,15 +54,24 @@ done:
 static int unary_op(int kind, tt_tensor *x, tt_tensor **out) {
   const char *op = act_names[kind];
   TT_CHECK(x && out, "%s: x and out must not be NULL", op);
-  TT_TRY(tt_check_dtype(op, "x", x, TT_F32));
+  const int low = x->dtype != TT_F32;
+  if (kind == ACT_GELU)
+    TT_CHECK(x->dtype == TT_F32 || x->dtype == TT_BF16, "%s: x is %s; expected f32 or bf16",
+             op, tt_dtype_name(x->dtype));
+  else
+    TT_TRY(tt_check_dtype(op, "x", x, TT_F32));
   const tt_activation_kernels *k = act_kernels(x->device);
+  const tt_fused_kernels *fk = TT_KERNELS(tt_fused, x->device);
   int (*fwd)(float *, const float *, int64_t) =
       !k ? NULL : kind == ACT_SILU ? k->silu_forward : k->gelu_forward;
-  if (!fwd) return tt_no_kernel(op, x->device);
+  if (low ? !fk || !fk->gelu_forward : !fwd) return tt_no_kernel(op, x->device);
 
   tt_tensor *xc = NULL, *y = NULL;
   if (tt_contiguous_nograd(x, &xc) != 0 || tt_empty_like(xc, &y) != 0) goto fail;
-  if (fwd(tt_tensor_data(y), tt_tensor_data(xc), tt_tensor_numel(xc)) != 0) goto fail;
+  if (low ? fk->gelu_forward(tt_tensor_data(y), tt_tensor_data(xc), tt_tensor_numel(xc),
+                             xc->dtype)
+          : fwd(tt_tensor_data(y), tt_tensor_data(xc), tt_tensor_numel(xc)))
+    goto fail;
   if (tt_should_record(&x, 1)) {
     tt_node *node = tt_record(op, unary_backward, y, &x, 1);
     if (!node) goto fail;

@@ -20,7 +20,7 @@
 
 static int fused_table(const char *op, int device, const tt_fused_kernels **pk) {
   const tt_fused_kernels *k = TT_KERNELS(tt_fused, device);
-  if (!k || !k->add_rmsnorm_forward) return tt_no_kernel(op, device);
+  if (!k || !k->add_norm_forward) return tt_no_kernel(op, device);
   *pk = k;
   return 0;
 }
@@ -77,13 +77,9 @@ static int norm_backward(tt_node *node, tt_tensor *grad_out) {
   void *dh_in = in_place ? dh_out : NULL, *pp = parts ? tt_tensor_data(parts) : NULL;
   float *dwp = dw ? tt_tensor_data(dw) : NULL;
   const float *wp = wc ? tt_tensor_data(wc) : NULL;
-  if ((mean ? k->layernorm_backward(dh_out, dwp, db ? tt_tensor_data(db) : NULL, pp,
-                                    tt_tensor_data(g), dh_in, tt_tensor_data(hc), wp,
-                                    tt_tensor_data(mean), tt_tensor_data(rstd), N, D,
-                                    hc->dtype, g->dtype)
-            : k->rmsnorm_backward(dh_out, dwp, pp, tt_tensor_data(g), dh_in,
-                                  tt_tensor_data(hc), wp, tt_tensor_data(rstd), N, D,
-                                  hc->dtype, g->dtype)) != 0)
+  if (k->norm_backward(dh_out, dwp, db ? tt_tensor_data(db) : NULL, pp, tt_tensor_data(g),
+                       dh_in, tt_tensor_data(hc), wp, mean ? tt_tensor_data(mean) : NULL,
+                       tt_tensor_data(rstd), N, D, hc->dtype, g->dtype) != 0)
     goto done;
   if (dh && tt_accumulate_grad(h, dh) != 0) goto done;
   if (dw && tt_accumulate_grad(weight, dw) != 0) goto done;
@@ -157,13 +153,10 @@ static int add_norm(const char *op, int layer, tt_tensor *x, tt_tensor *residual
     goto fail;
   void *hp = residual ? tt_tensor_data(h) : NULL, *resp = resc ? tt_tensor_data(resc) : NULL;
   const float *wp = wc ? tt_tensor_data(wc) : NULL;
-  if ((layer ? k->add_layernorm_forward(hp, tt_tensor_data(y), tt_tensor_data(mean),
-                                        tt_tensor_data(rstd), tt_tensor_data(xc), resp, wp,
-                                        bc ? tt_tensor_data(bc) : NULL, N, D, (float)eps,
-                                        x->dtype, y_dtype)
-             : k->add_rmsnorm_forward(hp, tt_tensor_data(y), tt_tensor_data(rstd),
-                                      tt_tensor_data(xc), resp, wp, N, D, (float)eps, x->dtype,
-                                      y_dtype)) != 0)
+  if (k->add_norm_forward(hp, tt_tensor_data(y), mean ? tt_tensor_data(mean) : NULL,
+                          tt_tensor_data(rstd), tt_tensor_data(xc), resp, wp,
+                          bc ? tt_tensor_data(bc) : NULL, N, D, (float)eps, x->dtype,
+                          y_dtype) != 0)
     goto fail;
   /* The recorded graph: h = add(x, residual), then y = norm(h, weight, bias). Without a
   ** residual, h is x itself. */

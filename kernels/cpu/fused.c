@@ -1,6 +1,6 @@
 /*
 ** fused.c — CPU twins of the fused memory-bound kernels (kernels/fused.h): residual add
-** + RMSNorm or LayerNorm (+ cast) forward and backward, SwiGLU, on f32 or bf16 buffers with f32
+** + RMSNorm or LayerNorm (+ cast) forward and backward, SwiGLU, GELU, on f32 or bf16 buffers with f32
 ** arithmetic inside.
 **
 ** They follow the CUDA kernels step by step, roundings included: h is rounded to its
@@ -74,9 +74,10 @@ static float *scratch_rows(int64_t D, int k, int nthr) {
 
 /* Both norms in one loop: mean NULL is RMSNorm (statistics of h^2, no centring, no bias);
 ** otherwise LayerNorm (mean, then the variance in a second pass over the rounded h). */
-static int add_norm_forward(const char *op, void *h, void *y, float *mean, float *rstd,
-                            const void *x, const void *res, const float *w, const float *b,
-                            int64_t N, int64_t D, float eps, int dtype, int y_dtype) {
+static int add_norm_forward(void *h, void *y, float *mean, float *rstd, const void *x,
+                            const void *res, const float *w, const float *b, int64_t N,
+                            int64_t D, float eps, int dtype, int y_dtype) {
+  const char *op = mean ? "add_layernorm" : "add_rmsnorm";
   TT_TRY(check_dtypes(op, dtype, y_dtype));
   const int nthr = omp_get_max_threads();
   float *rows = scratch_rows(D, 3, nthr);
@@ -132,20 +133,6 @@ static int add_norm_forward(const char *op, void *h, void *y, float *mean, float
   return 0;
 }
 
-static int add_rmsnorm_forward(void *h, void *y, float *rstd, const void *x, const void *res,
-                               const float *w, int64_t N, int64_t D, float eps, int dtype,
-                               int y_dtype) {
-  return add_norm_forward("add_rmsnorm", h, y, NULL, rstd, x, res, w, NULL, N, D, eps, dtype,
-                          y_dtype);
-}
-
-static int add_layernorm_forward(void *h, void *y, float *mean, float *rstd, const void *x,
-                                 const void *res, const float *w, const float *b, int64_t N,
-                                 int64_t D, float eps, int dtype, int y_dtype) {
-  return add_norm_forward("add_layernorm", h, y, mean, rstd, x, res, w, b, N, D, eps, dtype,
-                          y_dtype);
-}
-
 /* Stage one: partials[p, j] = sum of dy xhat over rows [p R, (p+1) R), in row order
 ** (xhat = (h - mean) rstd, mean 0 for RMSNorm), and after the P x D of those, the sums of
 ** dy when db is wanted; stage two: dw[j], db[j] = sums of the partials in part order. */
@@ -194,10 +181,10 @@ static int param_grads(float *dw, float *db, float *partials, const void *dy, co
   return 0;
 }
 
-static int norm_backward(const char *op, void *dh, float *dw, float *db, float *partials,
-                         const void *dy, const void *dh_in, const void *h, const float *w,
-                         const float *mean, const float *rstd, int64_t N, int64_t D, int dtype,
-                         int y_dtype) {
+static int norm_backward(void *dh, float *dw, float *db, float *partials, const void *dy,
+                         const void *dh_in, const void *h, const float *w, const float *mean,
+                         const float *rstd, int64_t N, int64_t D, int dtype, int y_dtype) {
+  const char *op = mean ? "layernorm_backward" : "rmsnorm_backward";
   TT_TRY(check_dtypes(op, dtype, y_dtype));
   if (!w) dw = NULL;
   TT_CHECK(!(dw || db) || partials, "%s: a weight gradient needs the partials workspace", op);
@@ -244,21 +231,6 @@ static int norm_backward(const char *op, void *dh, float *dw, float *db, float *
   return 0;
 }
 
-static int rmsnorm_backward(void *dh, float *dw, float *partials, const void *dy,
-                            const void *dh_in, const void *h, const float *w,
-                            const float *rstd, int64_t N, int64_t D, int dtype, int y_dtype) {
-  return norm_backward("rmsnorm_backward", dh, dw, NULL, partials, dy, dh_in, h, w, NULL, rstd,
-                       N, D, dtype, y_dtype);
-}
-
-static int layernorm_backward(void *dh, float *dw, float *db, float *partials, const void *dy,
-                              const void *dh_in, const void *h, const float *w,
-                              const float *mean, const float *rstd, int64_t N, int64_t D,
-                              int dtype, int y_dtype) {
-  return norm_backward("layernorm_backward", dh, dw, db, partials, dy, dh_in, h, w, mean, rstd,
-                       N, D, dtype, y_dtype);
-}
-
 /* -- SwiGLU ---------------------------------------------------------------------------- */
 
 static inline float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
@@ -285,11 +257,36 @@ static int swiglu_backward(void *dgate, void *dup, const void *dy, const void *g
   return 0;
 }
 
+/* -- GELU ------------------------------------------------------------------------------ */
+
+static const float GELU_K = 0.7978845608028654f, GELU_C = 0.044715f;   /* sqrt(2/pi) */
+
+static int gelu_forward(void *y, const void *x, int64_t n, int dtype) {
+  TT_TRY(check_dtypes("gelu", dtype, dtype));
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
+  for (int64_t i = 0; i < n; i++) {
+    const float v = ld(x, dtype, i);
+    st(y, dtype, i, v * sigmoid(2.0f * GELU_K * (v + GELU_C * v * v * v)));
+  }
+  return 0;
+}
+
+static int gelu_backward(void *dx, const void *dy, const void *x, int64_t n, int dtype) {
+  TT_TRY(check_dtypes("gelu_backward", dtype, dtype));
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
+  for (int64_t i = 0; i < n; i++) {
+    const float v = ld(x, dtype, i), s = sigmoid(2.0f * GELU_K * (v + GELU_C * v * v * v));
+    const float du = GELU_K * (1.0f + 3.0f * GELU_C * v * v);
+    st(dx, dtype, i, ld(dy, dtype, i) * (s + 2.0f * v * s * (1.0f - s) * du));
+  }
+  return 0;
+}
+
 const tt_fused_kernels tt_fused_cpu = {
-  .add_rmsnorm_forward = add_rmsnorm_forward,
-  .rmsnorm_backward = rmsnorm_backward,
-  .add_layernorm_forward = add_layernorm_forward,
-  .layernorm_backward = layernorm_backward,
+  .add_norm_forward = add_norm_forward,
+  .norm_backward = norm_backward,
   .swiglu_forward = swiglu_forward,
   .swiglu_backward = swiglu_backward,
+  .gelu_forward = gelu_forward,
+  .gelu_backward = gelu_backward,
 };

@@ -1,6 +1,6 @@
 /*
 ** fused.cu — CUDA kernels of the fused memory-bound family (kernels/fused.h): residual
-** add + RMSNorm or LayerNorm (+ cast) forward and backward, SwiGLU; f32 or bf16 in memory, f32 in
+** add + RMSNorm or LayerNorm (+ cast) forward and backward, SwiGLU, GELU; f32 or bf16 in memory, f32 in
 ** registers.
 **
 ** Row kernels run one block per row. Each thread walks its row in groups of 8 values
@@ -218,9 +218,10 @@ static int dispatch2(const char *op, int dtype, int y_dtype, Fn &&fn) {
   });
 }
 
-static int add_norm_forward(const char *op, void *h, void *y, float *mean, float *rstd,
-                            const void *x, const void *res, const float *w, const float *b,
-                            int64_t N, int64_t D, float eps, int dtype, int y_dtype) {
+static int add_norm_forward(void *h, void *y, float *mean, float *rstd, const void *x,
+                            const void *res, const float *w, const float *b, int64_t N,
+                            int64_t D, float eps, int dtype, int y_dtype) {
+  const char *op = mean ? "add_layernorm" : "add_rmsnorm";
   if (N == 0) return 0;
   TT_CHECK(N <= 0x7fffffff, "%s: %lld rows is too many for one launch", op, (long long)N);
   const int64_t Dv = vec_reach(D, {h, y, x, res, w, b});
@@ -234,24 +235,10 @@ static int add_norm_forward(const char *op, void *h, void *y, float *mean, float
   });
 }
 
-static int add_rmsnorm_forward(void *h, void *y, float *rstd, const void *x, const void *res,
-                               const float *w, int64_t N, int64_t D, float eps, int dtype,
-                               int y_dtype) {
-  return add_norm_forward("add_rmsnorm", h, y, NULL, rstd, x, res, w, NULL, N, D, eps, dtype,
-                          y_dtype);
-}
-
-static int add_layernorm_forward(void *h, void *y, float *mean, float *rstd, const void *x,
-                                 const void *res, const float *w, const float *b, int64_t N,
-                                 int64_t D, float eps, int dtype, int y_dtype) {
-  return add_norm_forward("add_layernorm", h, y, mean, rstd, x, res, w, b, N, D, eps, dtype,
-                          y_dtype);
-}
-
-static int norm_backward(const char *op, void *dh, float *dw, float *db, float *partials,
-                         const void *dy, const void *dh_in, const void *h, const float *w,
-                         const float *mean, const float *rstd, int64_t N, int64_t D, int dtype,
-                         int y_dtype) {
+static int norm_backward(void *dh, float *dw, float *db, float *partials, const void *dy,
+                         const void *dh_in, const void *h, const float *w, const float *mean,
+                         const float *rstd, int64_t N, int64_t D, int dtype, int y_dtype) {
+  const char *op = mean ? "layernorm_backward" : "rmsnorm_backward";
   if (!w) dw = NULL;
   TT_CHECK(!(dw || db) || partials, "%s: a weight gradient needs the partials workspace", op);
   if (N == 0) return 0;
@@ -281,21 +268,6 @@ static int norm_backward(const char *op, void *dh, float *dw, float *db, float *
     }
     return 0;
   });
-}
-
-static int rmsnorm_backward(void *dh, float *dw, float *partials, const void *dy,
-                            const void *dh_in, const void *h, const float *w,
-                            const float *rstd, int64_t N, int64_t D, int dtype, int y_dtype) {
-  return norm_backward("rmsnorm_backward", dh, dw, NULL, partials, dy, dh_in, h, w, NULL, rstd,
-                       N, D, dtype, y_dtype);
-}
-
-static int layernorm_backward(void *dh, float *dw, float *db, float *partials, const void *dy,
-                              const void *dh_in, const void *h, const float *w,
-                              const float *mean, const float *rstd, int64_t N, int64_t D,
-                              int dtype, int y_dtype) {
-  return norm_backward("layernorm_backward", dh, dw, db, partials, dy, dh_in, h, w, mean, rstd,
-                       N, D, dtype, y_dtype);
 }
 
 /* -- SwiGLU ------------------------------------------------------------------------------ */
@@ -373,11 +345,62 @@ static int swiglu_backward(void *dgate, void *dup, const void *dy, const void *g
   });
 }
 
+/* -- GELU (x sigmoid(2u), as the CPU twin) ------------------------------------------------ */
+
+__device__ __forceinline__ float gelu_s(float v) {
+  return sigmoidf_(2.0f * 0.7978845608028654f * (v + 0.044715f * v * v * v));
+}
+
+__device__ __forceinline__ float gelu_d(float v) {
+  const float s = gelu_s(v), du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * v * v);
+  return s + 2.0f * v * s * (1.0f - s) * du;
+}
+
+/* Groups of 8 below nv, single values above (as swiglu_fwd). dy NULL: the forward. */
+template <typename T>
+__global__ void gelu_kernel(T *out, const T *dy, const T *x, int64_t n, int64_t nv) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  for (int64_t i = t * VW; i < nv; i += stride * VW) {
+    float v[VW], d[VW];
+    ld8(x + i, v);
+    if (dy) ld8(dy + i, d);
+#pragma unroll
+    for (int k = 0; k < VW; k++) v[k] = dy ? d[k] * gelu_d(v[k]) : v[k] * gelu_s(v[k]);
+    st8(out + i, v);
+  }
+  for (int64_t i = nv + t; i < n; i += stride) {
+    const float v = tt_ld(x, i);
+    tt_st(out, i, dy ? tt_ld(dy, i) * gelu_d(v) : v * gelu_s(v));
+  }
+}
+
+static int gelu_launch(const char *op, void *out, const void *dy, const void *x, int64_t n,
+                       int dtype) {
+  if (n == 0) return 0;
+  const int64_t nv = vec_reach(n, {out, dy, x}) / VW * VW;
+  return dispatch2(op, dtype, dtype, [&](auto *ttag, auto *) {
+    using T = std::remove_pointer_t<decltype(ttag)>;
+    gelu_kernel<T><<<tt_cuda_blocks((n + VW - 1) / VW, FUSED_THREADS), FUSED_THREADS, 0,
+                     tt_cuda_cur_stream()>>>((T *)out, (const T *)dy, (const T *)x, n, nv);
+    TT_CU_LAUNCHED("gelu_kernel");
+    return 0;
+  });
+}
+
+static int gelu_forward(void *y, const void *x, int64_t n, int dtype) {
+  return gelu_launch("gelu", y, NULL, x, n, dtype);
+}
+
+static int gelu_backward(void *dx, const void *dy, const void *x, int64_t n, int dtype) {
+  return gelu_launch("gelu_backward", dx, dy, x, n, dtype);
+}
+
 extern "C" const tt_fused_kernels tt_fused_cuda = {
-  add_rmsnorm_forward,
-  rmsnorm_backward,
-  add_layernorm_forward,
-  layernorm_backward,
+  add_norm_forward,
+  norm_backward,
+  gelu_forward,
+  gelu_backward,
   swiglu_forward,
   swiglu_backward,
 };

@@ -6,7 +6,8 @@
 **   residual and weight against central differences, on strided x, odd sizes and more
 **   rows than one weight-gradient partial holds; without a residual;
 **   bf16 in and out: h rounded to bf16, statistics over the rounded h, y rounded;
-**   SwiGLU in bf16 against silu(g) u on the rounded inputs, and its gradients;
+**   SwiGLU in bf16 against silu(g) u on the rounded inputs, and its gradients; GELU in
+**   bf16 the same way;
 **   tt_add_layer_norm the same way (bias too), in bf16, and against add then tt_layernorm;
 **   rejected arguments name the op and the problem.
 */
@@ -237,6 +238,37 @@ Test(fused, swiglu_bf16) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }
 
+/* bf16 GELU (the fused kernel) against x sigmoid(2u) in float64 on the rounded inputs,
+** and its gradient; the f32 op (the activation family's kernel) on the same values agrees
+** to bf16 rounding. */
+Test(fused, gelu_bf16) {
+  const int64_t s[2] = {11, 37}, n = 11 * 37;
+  const double K = 0.7978845608028654, Cc = 0.044715;
+  tt_tensor *x32 = tt_test_rand(s, 2, 91), *x = to_dtype(x32, TT_BF16), *y = NULL, *y32 = NULL;
+  cr_assert(tt_set_requires_grad(x, 1) == 0);
+  cr_assert(tt_gelu(x, &y) == 0, "%s", tt_last_error());
+  cr_assert_eq(y->dtype, TT_BF16);
+  tt_tensor *d32 = tt_test_rand(s, 2, 92), *dy = to_dtype(d32, TT_BF16);
+  cr_assert(tt_backward_with(y, dy) == 0, "%s", tt_last_error());
+  cr_assert_eq(x->grad->dtype, TT_BF16);
+  double *yw = malloc(sizeof(double) * n), *dw = malloc(sizeof(double) * n);
+  for (int64_t i = 0; i < n; i++) {
+    const double v = tt_tensor_get(x, i), d = tt_tensor_get(dy, i);
+    const double sg = 1.0 / (1.0 + exp(-2.0 * K * (v + Cc * v * v * v)));
+    yw[i] = v * sg;
+    dw[i] = d * (sg + 2.0 * v * sg * (1.0 - sg) * K * (1.0 + 3.0 * Cc * v * v));
+  }
+  tt_test_assert_close(y, yw, n, 1.0 / 256, 1e-6, "gelu bf16");
+  tt_test_assert_close(x->grad, dw, n, 1.0 / 256, 1e-6, "gelu bf16 grad");
+  tt_tensor *xr = to_dtype(x, TT_F32);
+  cr_assert(tt_gelu(xr, &y32) == 0, "%s", tt_last_error());
+  tt_test_assert_close(y32, yw, n, 1e-5, 1e-7, "gelu f32 on the same values");
+  free(yw);
+  free(dw);
+  tt_tensor *all[] = {x32, x, y, d32, dy, xr, y32};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
 Test(fused, errors) {
   const int64_t s[2] = {3, 4}, s5[2] = {3, 5}, ps[1] = {5};
   tt_tensor *x = tt_test_rand(s, 2, 1), *r = tt_test_rand(s5, 2, 2), *w = tt_test_rand(ps, 1, 3);
@@ -249,6 +281,7 @@ Test(fused, errors) {
                        "add_layer_norm: bias");
   tt_tensor *xb = to_dtype(x, TT_BF16), *o = NULL;
   tt_test_assert_error(tt_swiglu(xb, x, &o), "expected both f32 or both bf16");
+  tt_test_assert_error(tt_silu(xb, &o), "silu");
   tt_tensor *all[] = {x, r, w, xb};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }

@@ -7,7 +7,7 @@
 **   one weight-gradient partial; h's gradient arriving from a second use first (the
 **   kernel adds the norm's part into it); the weight gradient bitwise equal across two
 **   runs (no atomics); bf16 SwiGLU forward and backward at an odd element count (vector
-**   groups and a tail) and at a misaligned start (scalar path).
+**   groups and a tail) and at a misaligned start (scalar path); bf16 GELU the same way.
 ** Tolerances: f32 outputs 1e-5 relative L2 (the order of the row sums differs); a bf16
 ** output may differ from the twin by one bf16 rounding where the f32 values straddle a
 ** rounding boundary: 8e-3.
@@ -192,4 +192,36 @@ static void check_swiglu(int64_t n, int64_t skip) {
 Test(cuda_fused, swiglu_bf16) {
   check_swiglu(100003, 0);
   check_swiglu(4099, 1);
+}
+
+/* GELU in bf16 on n elements starting `skip` elements in (skip 1: the scalar path). */
+static void check_gelu(int64_t n, int64_t skip) {
+  const int64_t total = n + skip;
+  tt_tensor *x0 = randn(&total, 1, 2.0), *d0 = randn(&total, 1, 1.0);
+  tt_tensor *xb[2], *db[2], *x[2], *d[2], *y[2];
+  const int dev[2] = {TT_CPU, GPU};
+  for (int i = 0; i < 2; i++) {
+    xb[i] = as_dtype(x0, TT_BF16, dev[i]);
+    db[i] = as_dtype(d0, TT_BF16, dev[i]);
+    cr_assert_eq(tt_narrow(xb[i], 0, skip, n, &x[i]), 0);
+    cr_assert_eq(tt_narrow(db[i], 0, skip, n, &d[i]), 0);
+    cr_assert_eq(tt_set_requires_grad(xb[i], 1), 0, "%s", tt_last_error());
+  }
+  for (int i = 0; i < 2; i++) {
+    tt_tensor_release(x[i]);
+    cr_assert_eq(tt_narrow(xb[i], 0, skip, n, &x[i]), 0);
+    if (i == 1) for (int k = 0; k < 3; k++) poison(n);
+    cr_assert_eq(tt_gelu(x[i], &y[i]), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward_with(y[i], d[i]), 0, "%s", tt_last_error());
+  }
+  double e = rel_err(y[1], y[0]), eg = rel_err(xb[1]->grad, xb[0]->grad);
+  cr_assert(e <= 8e-3 && eg <= 8e-3, "gelu n %lld skip %lld: y %g, grad %g", (long long)n,
+            (long long)skip, e, eg);
+  tt_tensor *all[] = {x0, d0, xb[0], xb[1], db[0], db[1], x[0], x[1], d[0], d[1], y[0], y[1]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+Test(cuda_fused, gelu_bf16) {
+  check_gelu(100003, 0);
+  check_gelu(4099, 1);
 }

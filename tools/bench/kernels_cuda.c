@@ -91,25 +91,25 @@ static int run_copy(bufs *B, int dtype) {
 }
 
 static int run_add_rms(bufs *B, int dtype) {
-  return tt_fused_cuda.add_rmsnorm_forward(ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 3)),
-                                           ptr(B->stats), ptr(buf(B, dtype, 0)),
-                                           ptr(buf(B, dtype, 1)), ptr(B->w), B->N, D, 1e-5f,
-                                           dtype, dtype);
+  return tt_fused_cuda.add_norm_forward(ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 3)), NULL,
+                                        ptr(B->stats), ptr(buf(B, dtype, 0)),
+                                        ptr(buf(B, dtype, 1)), ptr(B->w), NULL, B->N, D, 1e-5f,
+                                        dtype, dtype);
 }
 
 /* f32 residual stream in, bf16 out: the norm feeding a bf16 GEMM. */
 static int run_add_rms_cast(bufs *B, int dtype) {
   (void)dtype;
-  return tt_fused_cuda.add_rmsnorm_forward(ptr(B->f[2]), ptr(B->b[3]), ptr(B->stats),
-                                           ptr(B->f[0]), ptr(B->f[1]), ptr(B->w), B->N, D,
-                                           1e-5f, TT_F32, TT_BF16);
+  return tt_fused_cuda.add_norm_forward(ptr(B->f[2]), ptr(B->b[3]), NULL, ptr(B->stats),
+                                        ptr(B->f[0]), ptr(B->f[1]), ptr(B->w), NULL, B->N, D,
+                                        1e-5f, TT_F32, TT_BF16);
 }
 
 static int run_rms_bwd(bufs *B, int dtype) {
-  return tt_fused_cuda.rmsnorm_backward(ptr(buf(B, dtype, 2)), ptr(B->dw), ptr(B->parts),
-                                        ptr(buf(B, dtype, 0)), ptr(buf(B, dtype, 2)),
-                                        ptr(buf(B, dtype, 1)), ptr(B->w), ptr(B->stats), B->N,
-                                        D, dtype, dtype);
+  return tt_fused_cuda.norm_backward(ptr(buf(B, dtype, 2)), ptr(B->dw), NULL, ptr(B->parts),
+                                     ptr(buf(B, dtype, 0)), ptr(buf(B, dtype, 2)),
+                                     ptr(buf(B, dtype, 1)), ptr(B->w), NULL, ptr(B->stats), B->N,
+                                     D, dtype, dtype);
 }
 
 static int run_rms_unfused(bufs *B, int dtype) {
@@ -119,17 +119,17 @@ static int run_rms_unfused(bufs *B, int dtype) {
 }
 
 static int run_add_ln(bufs *B, int dtype) {
-  return tt_fused_cuda.add_layernorm_forward(ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 3)),
-                                             ptr(B->mean), ptr(B->stats), ptr(buf(B, dtype, 0)),
-                                             ptr(buf(B, dtype, 1)), ptr(B->w), ptr(B->bias), B->N,
-                                             D, 1e-5f, dtype, dtype);
+  return tt_fused_cuda.add_norm_forward(ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 3)),
+                                        ptr(B->mean), ptr(B->stats), ptr(buf(B, dtype, 0)),
+                                        ptr(buf(B, dtype, 1)), ptr(B->w), ptr(B->bias), B->N, D,
+                                        1e-5f, dtype, dtype);
 }
 
 static int run_ln_bwd(bufs *B, int dtype) {
-  return tt_fused_cuda.layernorm_backward(ptr(buf(B, dtype, 2)), ptr(B->dw), ptr(B->db),
-                                          ptr(B->parts), ptr(buf(B, dtype, 0)),
-                                          ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 1)), ptr(B->w),
-                                          ptr(B->mean), ptr(B->stats), B->N, D, dtype, dtype);
+  return tt_fused_cuda.norm_backward(ptr(buf(B, dtype, 2)), ptr(B->dw), ptr(B->db),
+                                     ptr(B->parts), ptr(buf(B, dtype, 0)), ptr(buf(B, dtype, 2)),
+                                     ptr(buf(B, dtype, 1)), ptr(B->w), ptr(B->mean),
+                                     ptr(B->stats), B->N, D, dtype, dtype);
 }
 
 static int run_ln_unfused(bufs *B, int dtype) {
@@ -147,6 +147,11 @@ static int run_swiglu_bwd(bufs *B, int dtype) {
   return tt_fused_cuda.swiglu_backward(ptr(buf(B, dtype, 3)), ptr(buf(B, dtype, 4)),
                                        ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 0)),
                                        ptr(buf(B, dtype, 1)), B->N * FF, dtype);
+}
+
+static int run_gelu(bufs *B, int dtype) {
+  return tt_fused_cuda.gelu_forward(ptr(buf(B, dtype, 2)), ptr(buf(B, dtype, 0)), B->N * FF,
+                                    dtype);
 }
 
 static int run_swiglu_unfused(bufs *B, int dtype) {
@@ -211,6 +216,8 @@ int main(int argc, char **argv) {
     {"swiglu fwd", run_swiglu, TT_BF16, 3 * 2, 1},
     {"swiglu bwd", run_swiglu_bwd, TT_F32, 5 * 4, 1},
     {"swiglu bwd", run_swiglu_bwd, TT_BF16, 5 * 2, 1},
+    {"gelu fwd", run_gelu, TT_F32, 2 * 4, 1},
+    {"gelu fwd", run_gelu, TT_BF16, 2 * 2, 1},
   };
   printf("| %-26s | %-5s | %9s | %8s | %8s | %7s |\n", "kernel", "dtype", "MB moved", "ms",
          "GB/s", "x copy");
