@@ -135,11 +135,12 @@ function data.wrap(entries, mesh, cfg, model)
     local row_sparse = model and data.row_sparse(model, entries, cfg)
     local order, n_deferred
     if model then order, n_deferred = data.tail_order(model, entries, cfg) end
+    -- The arrays are locals: a struct's pointer fields do not keep them alive.
+    local flags = row_sparse and ffi.new("int[?]", #params, row_sparse) or nil
+    local tail = order and ffi.new("int[?]", #params, order) or nil
     local opts = ffi.new("tt_dist_reducer_opts", {
-      bucket_mb = d.bucket_mb or 25.0, zero_stage = self.zero_stage,
-      row_sparse = row_sparse and ffi.new("int[?]", #params, row_sparse) or nil,
-      tail_order = order and ffi.new("int[?]", #params, order) or nil,
-      n_deferred = n_deferred or 0 })
+      bucket_mb = d.bucket_mb or 25.0, zero_stage = self.zero_stage, row_sparse = flags,
+      tail_order = tail, n_deferred = n_deferred or 0 })
     local box = ffi.new("tt_dist_reducer *[1]")
     check(C.tt_dist_reducer_new(group._c, tensor.tensor_array(params), #params, opts, box))
     self._reducer = ffi.gc(box[0], C.tt_dist_reducer_free)
