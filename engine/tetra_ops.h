@@ -62,11 +62,16 @@ int tt_add_layer_norm(tt_tensor *x, tt_tensor *residual, tt_tensor *weight, tt_t
                       double eps, int y_dtype, tt_tensor **h_out, tt_tensor **y_out);
 
 /* -- Rotary embedding (kernels/cpu/rope.c) ------------------------------------------ */
-/* x: (B, T, H, Dh), Dh even. positions: (T) i32/i64, or NULL for 0..T-1.
-** interleaved = 0: rotate-half (Llama/HF: pairs (i, i + Dh/2));
-** interleaved = 1: pairs (2i, 2i + 1) (Meta's original). */
+/* x: (B, T, H, Dh) f32 or bf16, Dh even (out: x's dtype, rotated in f32). positions: (T)
+** i32/i64, or NULL for 0..T-1. interleaved = 0: rotate-half (Llama/HF: pairs (i, i +
+** Dh/2)); interleaved = 1: pairs (2i, 2i + 1) (Meta's original). */
 int tt_rope(tt_tensor *x, tt_tensor *positions, double theta, int interleaved,
             tt_tensor **out);
+/* The same rotating x's own memory (x: contiguous, not a leaf that requires grad): *out
+** shares it, and x holds the rotated values afterwards. Backward never reads x, so this
+** is safe wherever nothing else kept x for its own backward (a projection's output, say). */
+int tt_rope_(tt_tensor *x, tt_tensor *positions, double theta, int interleaved,
+             tt_tensor **out);
 
 /* -- Attention (kernels/cpu/attention.c) -------------------------------------------- */
 /* q: (B, Tq, Hq, Dh), k and v: (B, Tk, Hkv, Dh), Hq a multiple of Hkv (grouped-query).

@@ -15,13 +15,14 @@ typedef struct tt_rope_kernels {
   /* table: (2, T, half). positions: (T) int32 (pos_i64 = 0) or int64, or NULL for 0..T-1 */
   int (*table)(float *table, const void *positions, int pos_i64, int64_t T, int64_t Dh,
                double theta);
-  /* out = rotate(x) by +angle. x, out: (B, T, H, Dh) */
-  int (*forward)(float *out, const float *x, const float *table, int64_t B, int64_t T,
-                 int64_t H, int64_t Dh, int interleaved);
+  /* out = rotate(x) by +angle. x, out: (B, T, H, Dh) in dtype (TT_F32 or TT_BF16),
+  ** rotated in f32 and rounded once; out may be x itself (in place). */
+  int (*forward)(void *out, const void *x, const float *table, int64_t B, int64_t T,
+                 int64_t H, int64_t Dh, int interleaved, int dtype);
   /* dx = rotate(dout) by -angle (the transpose of a rotation is its inverse).
-  ** dout, dx: (B, T, H, Dh) */
-  int (*backward)(float *dx, const float *dout, const float *table, int64_t B, int64_t T,
-                  int64_t H, int64_t Dh, int interleaved);
+  ** dout, dx: (B, T, H, Dh) in dtype; dx may be dout. */
+  int (*backward)(void *dx, const void *dout, const float *table, int64_t B, int64_t T,
+                  int64_t H, int64_t Dh, int interleaved, int dtype);
 } tt_rope_kernels;
 
 extern const tt_rope_kernels tt_rope_cpu;

@@ -4,11 +4,14 @@
 ** One (b, t) slab holds H heads of Dh values that all use the same T-row of the angle
 ** table, so the loops run over (b, t) in parallel and reuse that row across heads. The
 ** rotate-half layout vectorises directly (x[i] and x[i + half] are contiguous runs); the
-** interleaved layout works on (even, odd) pairs.
+** interleaved layout works on (even, odd) pairs. bf16 slabs are rotated in an f32 copy and
+** rounded once; out may be the input itself (in place).
 */
 #include "rope.h"
 #include "tt_internal.h"
 #include <math.h>
+#include <omp.h>
+#include <stdlib.h>
 
 /* table: (2, T, half) = cos then sin of pos[t] * theta^(-2i / Dh) */
 static int rope_table(float *table, const void *positions, int pos_i64, int64_t T,
@@ -29,48 +32,72 @@ static int rope_table(float *table, const void *positions, int pos_i64, int64_t 
   return 0;
 }
 
-/* Rotates every pair by the table angle times `dir` (+1 forward, -1 backward).
-** in, out: (B, T, H, Dh), table: (2, T, half) */
-static void rope_apply(float *out, const float *in, const float *table, int64_t B,
-                       int64_t T, int64_t H, int64_t Dh, int interleaved, float dir) {
-  int64_t half = Dh / 2;
-  const float *cos_t = table, *sin_t = table + T * half;
-#pragma omp parallel for schedule(static) if (B * T * H * Dh > TT_PARALLEL_GRAIN)
-  for (int64_t bt = 0; bt < B * T; bt++) {
-    int64_t t = bt % T;
-    const float *c = cos_t + t * half, *s = sin_t + t * half;
-    for (int64_t h = 0; h < H; h++) {
-      const float *x = in + (bt * H + h) * Dh;
-      float *y = out + (bt * H + h) * Dh;
-      if (interleaved) {
+/* Rotates the pairs of one (b, t) slab of H heads by the table row (c, s) times `dir`
+** (+1 forward, -1 backward); y may be x. */
+static void rotate_slab(float *y, const float *x, const float *c, const float *s, int64_t H,
+                        int64_t Dh, int interleaved, float dir) {
+  const int64_t half = Dh / 2;
+  for (int64_t h = 0; h < H; h++, x += Dh, y += Dh) {
+    if (interleaved) {
 #pragma omp simd
-        for (int64_t i = 0; i < half; i++) {
-          float x0 = x[2 * i], x1 = x[2 * i + 1], si = dir * s[i];
-          y[2 * i] = x0 * c[i] - x1 * si;
-          y[2 * i + 1] = x1 * c[i] + x0 * si;
-        }
-      } else {
+      for (int64_t i = 0; i < half; i++) {
+        float x0 = x[2 * i], x1 = x[2 * i + 1], si = dir * s[i];
+        y[2 * i] = x0 * c[i] - x1 * si;
+        y[2 * i + 1] = x1 * c[i] + x0 * si;
+      }
+    } else {
 #pragma omp simd
-        for (int64_t i = 0; i < half; i++) {
-          float x0 = x[i], x1 = x[i + half], si = dir * s[i];
-          y[i] = x0 * c[i] - x1 * si;
-          y[i + half] = x1 * c[i] + x0 * si;
-        }
+      for (int64_t i = 0; i < half; i++) {
+        float x0 = x[i], x1 = x[i + half], si = dir * s[i];
+        y[i] = x0 * c[i] - x1 * si;
+        y[i + half] = x1 * c[i] + x0 * si;
       }
     }
   }
 }
 
-static int rope_forward(float *out, const float *x, const float *table, int64_t B,
-                        int64_t T, int64_t H, int64_t Dh, int interleaved) {
-  rope_apply(out, x, table, B, T, H, Dh, interleaved, 1.0f);
+/* Every (b, t) slab rotated; bf16 slabs through an f32 copy (one per thread), rounded
+** once. in, out: (B, T, H, Dh) in dtype, out may be in; table: (2, T, half). */
+static int rope_apply(void *out, const void *in, const float *table, int64_t B, int64_t T,
+                      int64_t H, int64_t Dh, int interleaved, int dtype, float dir) {
+  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16, "rope: x is %s; expected f32 or bf16",
+           tt_dtype_name(dtype));
+  const int64_t half = Dh / 2, slab = H * Dh;
+  const float *cos_t = table, *sin_t = table + T * half;
+  const int nthr = omp_get_max_threads(), low = dtype == TT_BF16;
+  float *scratch = low ? malloc(sizeof(float) * (size_t)(slab * nthr)) : NULL;
+  TT_CHECK(!low || scratch, "rope: out of host memory (%d x %lld values)", nthr,
+           (long long)slab);
+#pragma omp parallel num_threads(nthr) if (B * T * slab > TT_PARALLEL_GRAIN)
+  {
+    float *f = low ? scratch + (size_t)omp_get_thread_num() * slab : NULL;
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+      const int64_t t = bt % T, o = bt * slab;
+      const float *c = cos_t + t * half, *s = sin_t + t * half;
+      if (!low) {
+        rotate_slab((float *)out + o, (const float *)in + o, c, s, H, Dh, interleaved, dir);
+        continue;
+      }
+      const uint16_t *src = (const uint16_t *)in + o;
+      uint16_t *dst = (uint16_t *)out + o;
+      for (int64_t j = 0; j < slab; j++) f[j] = tt_bf16_to_float(src[j]);
+      rotate_slab(f, f, c, s, H, Dh, interleaved, dir);
+      for (int64_t j = 0; j < slab; j++) dst[j] = tt_float_to_bf16(f[j]);
+    }
+  }
+  free(scratch);
   return 0;
 }
 
-static int rope_backward(float *dx, const float *dout, const float *table, int64_t B,
-                         int64_t T, int64_t H, int64_t Dh, int interleaved) {
-  rope_apply(dx, dout, table, B, T, H, Dh, interleaved, -1.0f);
-  return 0;
+static int rope_forward(void *out, const void *x, const float *table, int64_t B, int64_t T,
+                        int64_t H, int64_t Dh, int interleaved, int dtype) {
+  return rope_apply(out, x, table, B, T, H, Dh, interleaved, dtype, 1.0f);
+}
+
+static int rope_backward(void *dx, const void *dout, const float *table, int64_t B,
+                         int64_t T, int64_t H, int64_t Dh, int interleaved, int dtype) {
+  return rope_apply(dx, dout, table, B, T, H, Dh, interleaved, dtype, -1.0f);
 }
 
 const tt_rope_kernels tt_rope_cpu = {

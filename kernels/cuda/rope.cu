@@ -1,5 +1,6 @@
 /*
-** rope.cu — CUDA kernels of rotary position embedding (kernels/rope.h), f32.
+** rope.cu — CUDA kernels of rotary position embedding (kernels/rope.h), f32 or bf16 (f32
+** arithmetic), in place or not.
 ** The angle table is computed in float64 like the CPU twin, so both rotate by the same
 ** f32 cos/sin values; forward and backward are one thread per rotated pair.
 */
@@ -24,20 +25,21 @@ __global__ void rope_table(float *table, const void *pos, int pos_i64, int64_t T
   }
 }
 
-/* sign +1 rotates by +angle (forward), -1 by -angle (backward). */
-__global__ void rope_rotate(float *out, const float *x, const float *table, int64_t B,
-                            int64_t T, int64_t H, int64_t Dh, int interleaved, float sign) {
-  int64_t half = Dh / 2, n = B * T * H * half;
+/* sign +1 rotates by +angle (forward), -1 by -angle (backward). One thread per pair: it
+** reads both values before writing them, so out may be x (in place). */
+template <typename T>
+__global__ void rope_rotate(T *out, const T *x, const float *table, int64_t B, int64_t Tn,
+                            int64_t H, int64_t Dh, int interleaved, float sign) {
+  int64_t half = Dh / 2, n = B * Tn * H * half;
   for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n;
        k += (int64_t)gridDim.x * blockDim.x) {
     int64_t i = k % half, row = k / half;      /* row = (b, t, h) */
-    int64_t t = (row / H) % T;
-    float c = table[t * half + i], s = sign * table[T * half + t * half + i];
+    int64_t t = (row / H) % Tn;
+    float c = table[t * half + i], s = sign * table[Tn * half + t * half + i];
     int64_t a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
-    const float *xr = x + row * Dh;
-    float x0 = xr[a], x1 = xr[b];
-    out[row * Dh + a] = x0 * c - x1 * s;
-    out[row * Dh + b] = x0 * s + x1 * c;
+    float x0 = tt_ld(x, row * Dh + a), x1 = tt_ld(x, row * Dh + b);
+    tt_st(out, row * Dh + a, x0 * c - x1 * s);
+    tt_st(out, row * Dh + b, x0 * s + x1 * c);
   }
 }
 
@@ -51,24 +53,29 @@ static int table(float *tab, const void *positions, int pos_i64, int64_t T, int6
   return 0;
 }
 
-static int rotate(float *out, const float *x, const float *tab, int64_t B, int64_t T,
-                  int64_t H, int64_t Dh, int interleaved, float sign) {
+static int rotate(void *out, const void *x, const float *tab, int64_t B, int64_t T,
+                  int64_t H, int64_t Dh, int interleaved, int dtype, float sign) {
+  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16, "rope: x is %s; expected f32 or bf16",
+           tt_dtype_name(dtype));
   int64_t n = B * T * H * (Dh / 2);
   if (n == 0) return 0;
-  rope_rotate<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(out, x, tab, B, T, H, Dh,
-                                                                    interleaved, sign);
-  TT_CU_LAUNCHED("rope_rotate");
-  return 0;
+  return tt_cuda_dispatch_float("rope", dtype, [&](auto *tag) {
+    using E = std::remove_pointer_t<decltype(tag)>;
+    rope_rotate<E><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
+        (E *)out, (const E *)x, tab, B, T, H, Dh, interleaved, sign);
+    TT_CU_LAUNCHED("rope_rotate");
+    return 0;
+  });
 }
 
-static int forward(float *out, const float *x, const float *tab, int64_t B, int64_t T,
-                   int64_t H, int64_t Dh, int interleaved) {
-  return rotate(out, x, tab, B, T, H, Dh, interleaved, 1.0f);
+static int forward(void *out, const void *x, const float *tab, int64_t B, int64_t T,
+                   int64_t H, int64_t Dh, int interleaved, int dtype) {
+  return rotate(out, x, tab, B, T, H, Dh, interleaved, dtype, 1.0f);
 }
 
-static int backward(float *dx, const float *dout, const float *tab, int64_t B, int64_t T,
-                    int64_t H, int64_t Dh, int interleaved) {
-  return rotate(dx, dout, tab, B, T, H, Dh, interleaved, -1.0f);
+static int backward(void *dx, const void *dout, const float *tab, int64_t B, int64_t T,
+                    int64_t H, int64_t Dh, int interleaved, int dtype) {
+  return rotate(dx, dout, tab, B, T, H, Dh, interleaved, dtype, -1.0f);
 }
 
 extern "C" const tt_rope_kernels tt_rope_cuda = {

@@ -501,10 +501,8 @@ function M.evaluate(cfg, lay, cl)
   else
     keep(nds); keep(stats)                      -- norm 1
     if tp > 1 then keep(nd); keep(nd); keep(nd) end   -- wq, wk, wv inputs
-    keep(n * Hl * hd)                           -- wq
-    if not gpt then keep(n * Hl * hd) end       -- q rotated
-    keep(n * kvl * hd)                          -- wk
-    if not gpt then keep(n * kvl * hd) end      -- k rotated
+    keep(n * Hl * hd)                           -- wq (RoPE rotates it in place)
+    keep(n * kvl * hd)                          -- wk (the same)
     keep(n * kvl * hd)                          -- wv
     if cp > 1 then keep(mb * T * kvl * hd); keep(mb * T * kvl * hd) end  -- k, v gathered
     keep(n * Hl * hd); keep(n * Hl)             -- attention output, log-sum-exp

@@ -99,3 +99,92 @@ Test(rope, rejects_bad_arguments) {
   tt_tensor_release(p);
   tt_tensor_release(pf);
 }
+
+/* bf16 x: rotated in f32 from the bf16 values and rounded once (within one bf16 rounding
+** of the float64 rotation of those values), in both conventions; the gradient too. */
+Test(rope, bf16) {
+  int64_t s[4] = {2, 7, 3, 10};
+  for (int interleaved = 0; interleaved < 2; interleaved++) {
+    tt_tensor *x32 = tt_test_rand(s, 4, 31), *x = NULL, *y = NULL, *g32 = tt_test_rand(s, 4, 32);
+    tt_tensor *g = NULL, *xr = NULL, *gr = NULL;
+    cr_assert(tt_tensor_empty(s, 4, TT_BF16, TT_CPU, &x) == 0 && tt_copy_(x, x32) == 0);
+    cr_assert(tt_tensor_empty(s, 4, TT_BF16, TT_CPU, &g) == 0 && tt_copy_(g, g32) == 0);
+    cr_assert(tt_set_requires_grad(x, 1) == 0);
+    cr_assert(tt_rope(x, NULL, 1e4, interleaved, &y) == 0, "%s", tt_last_error());
+    cr_assert_eq(y->dtype, TT_BF16);
+    cr_assert(tt_backward_with(y, g) == 0, "%s", tt_last_error());
+    cr_assert_eq(x->grad->dtype, TT_BF16);
+    const int64_t n = tt_tensor_numel(x);
+    double *xv = tt_test_to_f64(x), *gv = tt_test_to_f64(g);
+    double *want = malloc(sizeof(double) * n), *gwant = malloc(sizeof(double) * n);
+    rope_ctx c = {2, 7, 3, 10, 1e4, interleaved};
+    double *in[2] = {xv, NULL};
+    rope_ref(in, want, &c);
+    c.theta = 1e4;
+    /* the gradient: rotation by the opposite angle = the reference at negated positions */
+    double *neg = malloc(sizeof(double) * 7);
+    for (int t = 0; t < 7; t++) neg[t] = -(double)t;
+    double *gin[2] = {gv, neg};
+    rope_ref(gin, gwant, &c);
+    tt_test_assert_close(y, want, n, 1.0 / 256, 1e-6, "bf16 rope");
+    tt_test_assert_close(x->grad, gwant, n, 1.0 / 256, 1e-6, "bf16 rope gradient");
+    free(xv);
+    free(gv);
+    free(want);
+    free(gwant);
+    free(neg);
+    tt_tensor *all[] = {x32, x, y, g32, g, xr, gr};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+  }
+}
+
+/* tt_rope_ on a projection's output (x W^T viewed as heads), as the attention does: the
+** values equal tt_rope's bitwise, in x's own memory (no new buffer), and the gradients of
+** the projection's input and weight equal those through tt_rope, bitwise. */
+Test(rope, in_place_matches_copy) {
+  int64_t sx[2] = {2 * 5, 8}, sw[2] = {3 * 6, 8}, heads[4] = {2, 5, 3, 6};
+  tt_tensor *x[2] = {tt_test_rand(sx, 2, 41), tt_test_rand(sx, 2, 41)};
+  tt_tensor *w[2] = {tt_test_rand(sw, 2, 42), tt_test_rand(sw, 2, 42)};
+  tt_tensor *y[2] = {NULL, NULL}, *g = tt_test_rand(heads, 4, 43);
+  for (int k = 0; k < 2; k++) {   /* k 0: tt_rope, 1: tt_rope_ */
+    tt_tensor *p = NULL, *h = NULL;
+    cr_assert(tt_set_requires_grad(x[k], 1) == 0 && tt_set_requires_grad(w[k], 1) == 0);
+    cr_assert(tt_linear(x[k], w[k], NULL, &p) == 0);
+    cr_assert(tt_view(p, heads, 4, &h) == 0);
+    tt_alloc_stats before, after;
+    tt_alloc_stats_get(TT_CPU, &before);
+    cr_assert((k ? tt_rope_(h, NULL, 1e4, 0, &y[k]) : tt_rope(h, NULL, 1e4, 0, &y[k])) == 0,
+              "%s", tt_last_error());
+    tt_alloc_stats_get(TT_CPU, &after);
+    if (k == 1) {
+      cr_assert_eq(y[1]->storage, p->storage, "rotated in place");
+      cr_assert_eq(after.live_bytes - before.live_bytes,
+                   (int64_t)tt_alloc_granted_bytes(2 * 5 * 3 * sizeof(float)),
+                   "in place: only the angle table is new");
+    }
+    tt_tensor_release(h);
+    tt_tensor_release(p);
+  }
+  const int64_t n = tt_tensor_numel(y[0]);
+  cr_assert(memcmp(tt_tensor_data(y[0]), tt_tensor_data(y[1]), sizeof(float) * n) == 0);
+  for (int k = 0; k < 2; k++) cr_assert(tt_backward_with(y[k], g) == 0, "%s", tt_last_error());
+  cr_assert(memcmp(tt_tensor_data(x[0]->grad), tt_tensor_data(x[1]->grad),
+                   sizeof(float) * tt_tensor_numel(x[0])) == 0, "grad x");
+  cr_assert(memcmp(tt_tensor_data(w[0]->grad), tt_tensor_data(w[1]->grad),
+                   sizeof(float) * tt_tensor_numel(w[0])) == 0, "grad w");
+  tt_tensor *all[] = {x[0], x[1], w[0], w[1], y[0], y[1], g};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+Test(rope, in_place_refusals) {
+  int64_t s[4] = {1, 4, 2, 6};
+  tt_tensor *leaf = tt_test_rand(s, 4, 51), *t = NULL, *y = NULL;
+  cr_assert(tt_set_requires_grad(leaf, 1) == 0);
+  tt_test_assert_error(tt_rope_(leaf, NULL, 1e4, 0, &y), "not a leaf that requires grad");
+  tt_tensor *plain = tt_test_rand(s, 4, 52);
+  cr_assert(tt_transpose(plain, 1, 2, &t) == 0);
+  tt_test_assert_error(tt_rope_(t, NULL, 1e4, 0, &y), "rope_: x f32[1, 2, 4, 6]");
+  cr_assert_null(y);
+  tt_tensor *all[] = {leaf, t, plain};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}

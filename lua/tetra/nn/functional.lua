@@ -114,6 +114,11 @@ function F.swiglu(gate, up) return take(C.tt_swiglu(gate, up, pout), 3) end
 function F.rope(x, theta, positions, interleaved)
   return take(C.tt_rope(x, positions, theta, interleaved and 1 or 0, pout), 3)
 end
+-- The same rotating x's own memory (tt_rope_): x must be contiguous and nothing else may
+-- need its old values (a projection's output viewed as heads); returns a tensor sharing it.
+function F.rope_(x, theta, positions, interleaved)
+  return take(C.tt_rope_(x, positions, theta, interleaved and 1 or 0, pout), 3)
+end
 
 -- Causal attention. q: (B, T, Hq, Dh), k, v: (B, T, Hkv, Dh) -> (B, T, Hq, Dh);
 -- positions: (T) index tensor shared by queries and keys, or nil for 0..T-1.

@@ -11,6 +11,7 @@ local Linear = require("tetra.nn.layers").Linear
 local M = {}
 
 local free = F.free
+local C = require("ffi").C
 
 -- -- Attention -------------------------------------------------------------------------
 
@@ -40,7 +41,8 @@ end
 
 -- proj(x) viewed as heads: (B, T, n, Dh), n = proj's output features / Dh (so a
 -- projection whose output features are split over ranks yields this rank's heads), rotated
--- at `positions` when `rotate`.
+-- at `positions` when `rotate`: in place when the heads are contiguous (the projection's
+-- own output, which nothing keeps for backward), else into a copy.
 function Attention:heads(proj, x, rotate, positions)
   local flat = proj(x)                                                -- (B, T, n*Dh)
   local n = tonumber(flat._shape[2]) / self.head_dim
@@ -48,7 +50,8 @@ function Attention:heads(proj, x, rotate, positions)
                            self.head_dim })
   free(flat)
   if not rotate then return h end
-  local r = F.rope(h, self.rope_theta, positions, self.rope_interleaved)
+  local rope = C.tt_tensor_is_contiguous(h) ~= 0 and F.rope_ or F.rope
+  local r = rope(h, self.rope_theta, positions, self.rope_interleaved)
   free(h)
   return r
 end
