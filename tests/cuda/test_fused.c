@@ -7,7 +7,8 @@
 **   one weight-gradient partial; h's gradient arriving from a second use first (the
 **   kernel adds the norm's part into it); the weight gradient bitwise equal across two
 **   runs (no atomics); bf16 SwiGLU forward and backward at an odd element count (vector
-**   groups and a tail) and at a misaligned start (scalar path); bf16 GELU the same way.
+**   groups and a tail) and at a misaligned start (scalar path); bf16 GELU the same way;
+**   bf16 RoPE (with its gradient) and RoPE in place.
 ** Tolerances: f32 outputs 1e-5 relative L2 (the order of the row sums differs); a bf16
 ** output may differ from the twin by one bf16 rounding where the f32 values straddle a
 ** rounding boundary: 8e-3.
@@ -224,4 +225,31 @@ static void check_gelu(int64_t n, int64_t skip) {
 Test(cuda_fused, gelu_bf16) {
   check_gelu(100003, 0);
   check_gelu(4099, 1);
+}
+
+/* RoPE in bf16 (tt_rope with its gradient, and tt_rope_ in place) against the CPU twin. */
+static void check_rope(int interleaved) {
+  const int64_t s[4] = {2, 23, 3, 34};
+  tt_tensor *x0 = randn(s, 4, 1.0), *g0 = randn(s, 4, 1.0);
+  tt_tensor *x[2] = {as_dtype(x0, TT_BF16, TT_CPU), as_dtype(x0, TT_BF16, GPU)};
+  tt_tensor *g[2] = {as_dtype(g0, TT_BF16, TT_CPU), as_dtype(g0, TT_BF16, GPU)};
+  tt_tensor *y[2] = {NULL, NULL}, *z[2] = {NULL, NULL};
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(tt_set_requires_grad(x[i], 1), 0);
+    if (i == 1) for (int k = 0; k < 3; k++) poison(2 * 23 * 3 * 34);
+    cr_assert_eq(tt_rope(x[i], NULL, 1e4, interleaved, &y[i]), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward_with(y[i], g[i]), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_rope_(g[i], NULL, 1e4, interleaved, &z[i]), 0, "%s", tt_last_error());
+    cr_assert(z[i]->storage == g[i]->storage, "rope_ rotates in place");
+  }
+  double ey = rel_err(y[1], y[0]), eg = rel_err(x[1]->grad, x[0]->grad), ez = rel_err(z[1], z[0]);
+  cr_assert(ey <= 8e-3 && eg <= 8e-3 && ez <= 8e-3,
+            "rope bf16 (interleaved %d): y %g, grad %g, in place %g", interleaved, ey, eg, ez);
+  tt_tensor *all[] = {x0, g0, x[0], x[1], g[0], g[1], y[0], y[1], z[0], z[1]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+Test(cuda_fused, rope_bf16_and_in_place) {
+  check_rope(0);
+  check_rope(1);
 }
