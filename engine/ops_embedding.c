@@ -1,7 +1,8 @@
 /*
 ** ops_embedding.c — tt_embedding: weight (V, D) looked up at ids (any shape, i32/i64)
-** gives (ids..., D). The backward scatter-adds the upstream rows into a zeroed (V, D)
-** gradient (kernels/embedding.h keeps that deterministic). ids never get a gradient.
+** gives (ids..., D), f32 or (tt_embedding_ex) rounded to bf16. The backward scatter-adds
+** the upstream rows (f32 or bf16) into a zeroed f32 (V, D) gradient (kernels/embedding.h
+** keeps that deterministic). ids never get a gradient.
 */
 #include "tt_internal.h"
 #include "embedding.h"
@@ -16,7 +17,7 @@ static int embedding_backward(tt_node *node, tt_tensor *grad_out) {
   if (tt_contiguous_nograd(grad_out, &g) != 0 || tt_zeros_like(weight, &dw) != 0) goto done;
   if (k->backward(tt_tensor_data(dw), tt_tensor_data(g), tt_tensor_data(ids),
                   ids->dtype == TT_I64, tt_tensor_numel(ids), weight->shape[0],
-                  weight->shape[1]) != 0)
+                  weight->shape[1], g->dtype) != 0)
     goto done;
   rc = tt_accumulate_grad(weight, dw);
 done:
@@ -25,9 +26,11 @@ done:
   return rc;
 }
 
-int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out) {
+int tt_embedding_ex(tt_tensor *weight, tt_tensor *ids, int out_dtype, tt_tensor **out) {
   TT_CHECK(weight && ids && out, "embedding: weight, ids and out must not be NULL");
   TT_TRY(tt_check_dtype("embedding", "weight", weight, TT_F32));
+  TT_CHECK(out_dtype == TT_F32 || out_dtype == TT_BF16,
+           "embedding: output dtype %s; expected f32 or bf16", tt_dtype_name(out_dtype));
   TT_TRY(tt_check_index("embedding", "ids", ids));
   tt_tensor *ins[2] = {weight, ids};
   TT_TRY(tt_check_same_device("embedding", ins, 2));
@@ -46,11 +49,11 @@ int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out) {
   shape[ids->ndim] = weight->shape[1];
   tt_tensor *wc = NULL, *idc = NULL, *y = NULL;
   if (tt_contiguous_nograd(weight, &wc) != 0 || tt_contiguous_nograd(ids, &idc) != 0 ||
-      tt_tensor_empty(shape, ids->ndim + 1, TT_F32, weight->device, &y) != 0)
+      tt_tensor_empty(shape, ids->ndim + 1, out_dtype, weight->device, &y) != 0)
     goto fail;
   if (k->forward(tt_tensor_data(y), tt_tensor_data(wc), tt_tensor_data(idc),
                  idc->dtype == TT_I64, tt_tensor_numel(idc), wc->shape[0],
-                 wc->shape[1]) != 0)
+                 wc->shape[1], out_dtype) != 0)
     goto fail;
   if (tt_should_record(ins, 2)) {
     tt_node *node = tt_record("embedding", embedding_backward, y, ins, 2);
@@ -66,4 +69,8 @@ fail:
   tt_tensor_release(idc);
   tt_tensor_release(y);
   return -1;
+}
+
+int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out) {
+  return tt_embedding_ex(weight, ids, TT_F32, out);
 }

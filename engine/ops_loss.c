@@ -1,5 +1,6 @@
 /*
-** ops_loss.c — tt_cross_entropy: logits (..., V) and targets (...) give the scalar mean
+** ops_loss.c — tt_cross_entropy: logits (..., V), f32 or bf16 (their gradient in the same
+** dtype; the loss and the arithmetic f32), and targets (...) give the scalar mean
 ** of -log softmax(logits)[target] over the targets that are not ignore_index. When every
 ** target is ignored the loss is 0 and the backward gives a zero gradient, so a batch made
 ** only of padding cannot poison the weights with NaN.
@@ -22,7 +23,7 @@ static int ce_backward(tt_node *node, tt_tensor *grad_out) {
   if (tt_contiguous_nograd(grad_out, &g) != 0 || tt_empty_like(lc, &dl) != 0) goto done;
   if (k->ce_backward(tt_tensor_data(dl), tt_tensor_data(g), tt_tensor_data(lc),
                      tt_tensor_data(stats), tt_tensor_data(tc), tc->dtype == TT_I64,
-                     node->i[0], N, V) != 0)
+                     node->i[0], N, V, lc->dtype) != 0)
     goto done;
   rc = tt_accumulate_grad(logits, dl);
 done:
@@ -36,7 +37,8 @@ int tt_cross_entropy(tt_tensor *logits, tt_tensor *targets, int64_t ignore_index
   char a[96], b[96];
   TT_CHECK(logits && targets && out,
            "cross_entropy: logits, targets and out must not be NULL");
-  TT_TRY(tt_check_dtype("cross_entropy", "logits", logits, TT_F32));
+  TT_CHECK(logits->dtype == TT_F32 || logits->dtype == TT_BF16,
+           "cross_entropy: logits are %s; expected f32 or bf16", tt_dtype_name(logits->dtype));
   TT_TRY(tt_check_index("cross_entropy", "targets", targets));
   tt_tensor *ins[2] = {logits, targets};
   TT_TRY(tt_check_same_device("cross_entropy", ins, 2));
@@ -60,7 +62,8 @@ int tt_cross_entropy(tt_tensor *logits, tt_tensor *targets, int64_t ignore_index
       tt_tensor_empty(NULL, 0, TT_F32, logits->device, &loss) != 0)
     goto fail;
   if (k->ce_forward(tt_tensor_data(loss), tt_tensor_data(stats), tt_tensor_data(lc),
-                    tt_tensor_data(tc), tc->dtype == TT_I64, ignore_index, N, V) != 0)
+                    tt_tensor_data(tc), tc->dtype == TT_I64, ignore_index, N, V,
+                    lc->dtype) != 0)
     goto fail;
   if (tt_should_record(ins, 2)) {
     tt_node *node = tt_record("cross_entropy", ce_backward, loss, ins, 2);

@@ -43,6 +43,9 @@ int tt_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_tensor **out);
 /* -- Embedding (kernels/cpu/embedding.c) -------------------------------------------- */
 /* weight: (V, D), ids: any shape, i32/i64 -> (ids..., D). Backward is a scatter-add. */
 int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out);
+/* The same with the rows in out_dtype: TT_F32, or TT_BF16 (rounded from the f32 table;
+** the gradient, bf16 too, is summed into the f32 table's in f32). */
+int tt_embedding_ex(tt_tensor *weight, tt_tensor *ids, int out_dtype, tt_tensor **out);
 
 /* -- Normalisation (kernels/cpu/norm.c) --------------------------------------------- */
 /* Over the last dim. weight/bias: (D) or NULL. */

@@ -1,7 +1,8 @@
 /*
 ** loss.h — kernel table of the fused cross-entropy loss on raw contiguous buffers.
 **
-** logits: (N, V) f32; targets: (N) int32 (tgt_i64 = 0) or int64. Rows whose target equals
+** logits: (N, V) in dtype, TT_F32 or TT_BF16 (the arithmetic f32); targets: (N) int32
+** (tgt_i64 = 0) or int64. Rows whose target equals
 ** ignore_index take no part; the loss is the mean over the others. When every row is
 ** ignored the loss is 0 and the gradient is zero (not NaN). Every entry returns 0, or -1
 ** with tt_last_error() set.
@@ -15,14 +16,14 @@ typedef struct tt_loss_kernels {
   ** row_stats: (2, N) workspace kept for the backward: per-row logsumexp, then per-row
   ** loss (0 for ignored rows). Fails naming the row when a target is outside [0, V) and
   ** is not ignore_index. */
-  int (*ce_forward)(float *loss, float *row_stats, const float *logits, const void *targets,
-                    int tgt_i64, int64_t ignore_index, int64_t N, int64_t V);
+  int (*ce_forward)(float *loss, float *row_stats, const void *logits, const void *targets,
+                    int tgt_i64, int64_t ignore_index, int64_t N, int64_t V, int dtype);
   /* dlogits[n, j] = dloss / count * (softmax(logits[n])[j] - (j == t_n)), zero rows for
   ** ignored targets. The softmax is recomputed row by row from the saved logsumexp.
-  ** dloss: one float (upstream gradient of the scalar loss). dlogits: (N, V) */
-  int (*ce_backward)(float *dlogits, const float *dloss, const float *logits,
+  ** dloss: one float (upstream gradient of the scalar loss). dlogits: (N, V) in dtype */
+  int (*ce_backward)(void *dlogits, const float *dloss, const void *logits,
                      const float *row_stats, const void *targets, int tgt_i64,
-                     int64_t ignore_index, int64_t N, int64_t V);
+                     int64_t ignore_index, int64_t N, int64_t V, int dtype);
 } tt_loss_kernels;
 
 extern const tt_loss_kernels tt_loss_cpu;

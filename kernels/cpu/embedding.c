@@ -1,6 +1,6 @@
 /*
-** embedding.c — CPU kernels of the token embedding: a row gather forward and a
-** scatter-add backward.
+** embedding.c — CPU kernels of the token embedding: a row gather forward (f32 rows, or
+** rounded to bf16) and a scatter-add backward (f32 sums of f32 or bf16 rows).
 **
 ** The backward must not race when two tokens share an id. Instead of atomics or
 ** per-thread copies of dweight, each thread owns a contiguous band of vocabulary rows and
@@ -11,10 +11,18 @@
 #include "embedding.h"
 #include "tt_internal.h"
 #include <omp.h>
+#include <string.h>
 
-/* weight: (V, D), ids: (n), out: (n, D) */
-static int embedding_forward(float *out, const float *weight, const void *ids, int ids_i64,
-                             int64_t n, int64_t V, int64_t D) {
+static int check_row_dtype(const char *op, int dtype) {
+  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16, "%s: rows in %s; expected f32 or bf16", op,
+           tt_dtype_name(dtype));
+  return 0;
+}
+
+/* weight: (V, D), ids: (n), out: (n, D) in out_dtype */
+static int embedding_forward(void *out, const float *weight, const void *ids, int ids_i64,
+                             int64_t n, int64_t V, int64_t D, int out_dtype) {
+  TT_TRY(check_row_dtype("embedding", out_dtype));
   int dtype = ids_i64 ? TT_I64 : TT_I32;
   int64_t bad = -1;
   for (int64_t i = 0; i < n; i++) {
@@ -28,15 +36,20 @@ static int embedding_forward(float *out, const float *weight, const void *ids, i
 #pragma omp parallel for schedule(static) if (n * D > TT_PARALLEL_GRAIN)
   for (int64_t i = 0; i < n; i++) {
     const float *src = weight + tt_index_at(ids, dtype, i) * D;
-    float *dst = out + i * D;
-    for (int64_t j = 0; j < D; j++) dst[j] = src[j];
+    if (out_dtype == TT_BF16) {
+      uint16_t *dst = (uint16_t *)out + i * D;
+      for (int64_t j = 0; j < D; j++) dst[j] = tt_float_to_bf16(src[j]);
+    } else {
+      memcpy((float *)out + i * D, src, sizeof(float) * (size_t)D);
+    }
   }
   return 0;
 }
 
-/* dweight: (V, D) +=, dout: (n, D) */
-static int embedding_backward(float *dweight, const float *dout, const void *ids,
-                              int ids_i64, int64_t n, int64_t V, int64_t D) {
+/* dweight: (V, D) +=, dout: (n, D) in dout_dtype */
+static int embedding_backward(float *dweight, const void *dout, const void *ids,
+                              int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype) {
+  TT_TRY(check_row_dtype("embedding_backward", dout_dtype));
   int dtype = ids_i64 ? TT_I64 : TT_I32;
 #pragma omp parallel if (n * D > TT_PARALLEL_GRAIN)
   {
@@ -46,9 +59,14 @@ static int embedding_backward(float *dweight, const float *dout, const void *ids
       int64_t id = tt_index_at(ids, dtype, i);
       if (id < lo || id >= hi) continue;
       float *dst = dweight + id * D;
-      const float *src = dout + i * D;
+      if (dout_dtype == TT_BF16) {
+        const uint16_t *src = (const uint16_t *)dout + i * D;
+        for (int64_t j = 0; j < D; j++) dst[j] += tt_bf16_to_float(src[j]);
+      } else {
+        const float *src = (const float *)dout + i * D;
 #pragma omp simd
-      for (int64_t j = 0; j < D; j++) dst[j] += src[j];
+        for (int64_t j = 0; j < D; j++) dst[j] += src[j];
+      }
     }
   }
   return 0;

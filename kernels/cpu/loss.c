@@ -6,12 +6,15 @@
 ** parallel; the per-row losses land in a buffer and are summed in row order in float64,
 ** so the loss does not depend on the thread count. The backward recomputes the softmax of
 ** each row from its saved logsumexp while writing the gradient: no (N, V) probability
-** tensor ever exists besides the gradient itself.
+** tensor ever exists besides the gradient itself. bf16 logits are read a row at a time into
+** f32 (one row per thread) and the gradient rounded to bf16 once.
 */
 #include "loss.h"
 #include "activation.h"   /* tt_vexpf */
 #include "tt_internal.h"
 #include <math.h>
+#include <omp.h>
+#include <stdlib.h>
 
 enum { SUM_BLOCK = 1024 };   /* columns per float partial sum */
 
@@ -50,54 +53,97 @@ static float row_logsumexp(const float *x, int64_t V) {
   return mx + (float)log(sum);
 }
 
-/* logits: (N, V), targets: (N), row_stats: (2, N), loss: (1) */
-static int ce_forward(float *loss, float *row_stats, const float *logits,
+/* Row n of logits as f32: the row itself, or (bf16) converted into scratch (V floats). */
+static const float *f32_row(const void *logits, int dtype, int64_t n, int64_t V,
+                            float *scratch) {
+  if (dtype != TT_BF16) return (const float *)logits + n * V;
+  const uint16_t *r = (const uint16_t *)logits + n * V;
+  for (int64_t j = 0; j < V; j++) scratch[j] = tt_bf16_to_float(r[j]);
+  return scratch;
+}
+
+static int check_dtype(int dtype) {
+  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16,
+           "cross_entropy: logits are %s; expected f32 or bf16", tt_dtype_name(dtype));
+  return 0;
+}
+
+/* k rows of V floats per thread for bf16 logits (NULL for f32); thread t's at t k V. */
+static int scratch_rows(int dtype, int64_t V, int k, int nthr, float **out) {
+  *out = NULL;
+  if (dtype != TT_BF16) return 0;
+  *out = malloc(sizeof(float) * (size_t)V * (size_t)k * (size_t)nthr);
+  TT_CHECK(*out, "cross_entropy: out of host memory (%d x %lld-wide rows)", k * nthr,
+           (long long)V);
+  return 0;
+}
+
+/* logits: (N, V) in dtype, targets: (N), row_stats: (2, N), loss: (1) */
+static int ce_forward(float *loss, float *row_stats, const void *logits,
                       const void *targets, int tgt_i64, int64_t ignore_index, int64_t N,
-                      int64_t V) {
+                      int64_t V, int dtype) {
+  TT_TRY(check_dtype(dtype));
   int64_t count = 0;
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
-  int dtype = tgt_i64 ? TT_I64 : TT_I32;
-  float *lse = row_stats, *row_loss = row_stats + N;
-#pragma omp parallel for schedule(static) if (N * V > TT_PARALLEL_GRAIN)
-  for (int64_t n = 0; n < N; n++) {
-    int64_t t = tt_index_at(targets, dtype, n);
-    if (t == ignore_index) {
-      lse[n] = 0.0f;
-      row_loss[n] = 0.0f;
-      continue;
+  const int tdtype = tgt_i64 ? TT_I64 : TT_I32, nthr = omp_get_max_threads();
+  float *lse = row_stats, *row_loss = row_stats + N, *scratch = NULL;
+  TT_TRY(scratch_rows(dtype, V, 1, nthr, &scratch));
+#pragma omp parallel num_threads(nthr) if (N * V > TT_PARALLEL_GRAIN)
+  {
+    float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * V : NULL;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      int64_t t = tt_index_at(targets, tdtype, n);
+      if (t == ignore_index) {
+        lse[n] = 0.0f;
+        row_loss[n] = 0.0f;
+        continue;
+      }
+      const float *x = f32_row(logits, dtype, n, V, mine);
+      lse[n] = row_logsumexp(x, V);
+      row_loss[n] = lse[n] - x[t];
     }
-    const float *x = logits + n * V;
-    lse[n] = row_logsumexp(x, V);
-    row_loss[n] = lse[n] - x[t];
   }
+  free(scratch);
   double total = 0.0;
   for (int64_t n = 0; n < N; n++) total += row_loss[n];
   *loss = count > 0 ? (float)(total / (double)count) : 0.0f;
   return 0;
 }
 
-/* dlogits, logits: (N, V), row_stats: (2, N), targets: (N), dloss: (1) */
-static int ce_backward(float *dlogits, const float *dloss, const float *logits,
+/* dlogits, logits: (N, V) in dtype, row_stats: (2, N), targets: (N), dloss: (1) */
+static int ce_backward(void *dlogits, const float *dloss, const void *logits,
                        const float *row_stats, const void *targets, int tgt_i64,
-                       int64_t ignore_index, int64_t N, int64_t V) {
+                       int64_t ignore_index, int64_t N, int64_t V, int dtype) {
+  TT_TRY(check_dtype(dtype));
   int64_t count = 0;
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
-  int dtype = tgt_i64 ? TT_I64 : TT_I32;
-  float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f;
-#pragma omp parallel for schedule(static) if (N * V > TT_PARALLEL_GRAIN)
-  for (int64_t n = 0; n < N; n++) {
-    int64_t t = tt_index_at(targets, dtype, n);
-    float *dx = dlogits + n * V;
-    if (t == ignore_index) {
-      for (int64_t j = 0; j < V; j++) dx[j] = 0.0f;
-      continue;
-    }
-    const float *x = logits + n * V;
-    float l = row_stats[n];
+  const int tdtype = tgt_i64 ? TT_I64 : TT_I32, nthr = omp_get_max_threads();
+  float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f, *scratch = NULL;
+  TT_TRY(scratch_rows(dtype, V, 2, nthr, &scratch));
+#pragma omp parallel num_threads(nthr) if (N * V > TT_PARALLEL_GRAIN)
+  {
+    float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * 2 * V : NULL;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      int64_t t = tt_index_at(targets, tdtype, n);
+      float *dx = mine ? mine + V : (float *)dlogits + n * V;
+      if (t == ignore_index) {
+        for (int64_t j = 0; j < V; j++) dx[j] = 0.0f;
+      } else {
+        const float *x = f32_row(logits, dtype, n, V, mine);
+        float l = row_stats[n];
 #pragma omp simd
-    for (int64_t j = 0; j < V; j++) dx[j] = scale * tt_vexpf(x[j] - l);
-    dx[t] -= scale;
+        for (int64_t j = 0; j < V; j++) dx[j] = scale * tt_vexpf(x[j] - l);
+        dx[t] -= scale;
+      }
+      if (mine) {
+        uint16_t *d = (uint16_t *)dlogits + n * V;
+        for (int64_t j = 0; j < V; j++) d[j] = tt_float_to_bf16(dx[j]);
+      }
+    }
   }
+  free(scratch);
   return 0;
 }
 

@@ -1,6 +1,6 @@
 /*
 ** embedding.cu — CUDA kernels of the embedding family (kernels/embedding.h): row gather
-** forward, scatter-add backward, f32 rows and i32/i64 ids.
+** forward, scatter-add backward, f32 or bf16 rows (f32 table and sums), i32/i64 ids.
 **
 ** The forward validates ids on the device and reports the first bad position through a
 ** flag read back after the launch (one small copy per call, which is also where the
@@ -19,7 +19,8 @@ __device__ __forceinline__ int64_t load_id(const void *ids, int ids_i64, int64_t
 }
 
 /* One block row per token; threads stride over D. bad: the smallest bad position. */
-__global__ void embedding_fwd(float *out, const float *weight, const void *ids, int ids_i64,
+template <typename T>
+__global__ void embedding_fwd(T *out, const float *weight, const void *ids, int ids_i64,
                               int64_t n, int64_t V, int64_t D,
                               unsigned long long *bad) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -29,13 +30,14 @@ __global__ void embedding_fwd(float *out, const float *weight, const void *ids, 
       continue;
     }
     const float *src = weight + id * D;
-    float *dst = out + i * D;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) dst[j] = src[j];
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) tt_st(out, i * D + j, src[j]);
   }
 }
 
-static int embedding_forward(float *out, const float *weight, const void *ids, int ids_i64,
-                             int64_t n, int64_t V, int64_t D) {
+static int embedding_forward(void *out, const float *weight, const void *ids, int ids_i64,
+                             int64_t n, int64_t V, int64_t D, int out_dtype) {
+  TT_CHECK(out_dtype == TT_F32 || out_dtype == TT_BF16,
+           "embedding: rows in %s; expected f32 or bf16", tt_dtype_name(out_dtype));
   if (n == 0) return 0;
   unsigned long long *bad_dev = NULL, bad = ~0ull;
   TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, tt_cuda_cur_stream()));
@@ -44,8 +46,12 @@ static int embedding_forward(float *out, const float *weight, const void *ids, i
   int threads = D >= 256 ? 256 : (int)((D + 31) / 32 * 32);
   cudaError_t e = cudaMemsetAsync(bad_dev, 0xff, sizeof bad, tt_cuda_cur_stream());
   if (e == cudaSuccess) {
-    embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(out, weight, ids,
-                                                                     ids_i64, n, V, D, bad_dev);
+    if (out_dtype == TT_BF16)
+      embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
+          (__nv_bfloat16 *)out, weight, ids, ids_i64, n, V, D, bad_dev);
+    else
+      embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
+          (float *)out, weight, ids, ids_i64, n, V, D, bad_dev);
     e = tt_cuda_launch_status();
   }
   if (e == cudaSuccess && tt_cuda_checks_deferred()) {   /* the step reads it later */
@@ -73,22 +79,30 @@ static int embedding_forward(float *out, const float *weight, const void *ids, i
   return rc;
 }
 
-__global__ void embedding_bwd(float *dweight, const float *dout, const void *ids, int ids_i64,
+template <typename T>
+__global__ void embedding_bwd(float *dweight, const T *dout, const void *ids, int ids_i64,
                               int64_t n, int64_t D) {
   int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (j >= D) return;
   for (int64_t i = 0; i < n; i++) {
     int64_t id = load_id(ids, ids_i64, i);
-    dweight[id * D + j] += dout[i * D + j];
+    dweight[id * D + j] += tt_ld(dout, i * D + j);
   }
 }
 
-static int embedding_backward(float *dweight, const float *dout, const void *ids,
-                              int ids_i64, int64_t n, int64_t V, int64_t D) {
+static int embedding_backward(float *dweight, const void *dout, const void *ids,
+                              int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype) {
   (void)V;
+  TT_CHECK(dout_dtype == TT_F32 || dout_dtype == TT_BF16,
+           "embedding_backward: rows in %s; expected f32 or bf16", tt_dtype_name(dout_dtype));
   if (n == 0 || D == 0) return 0;
-  embedding_bwd<<<(unsigned)((D + 127) / 128), 128, 0, tt_cuda_cur_stream()>>>(
-      dweight, dout, ids, ids_i64, n, D);
+  const unsigned blocks = (unsigned)((D + 127) / 128);
+  if (dout_dtype == TT_BF16)
+    embedding_bwd<<<blocks, 128, 0, tt_cuda_cur_stream()>>>(
+        dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, D);
+  else
+    embedding_bwd<<<blocks, 128, 0, tt_cuda_cur_stream()>>>(
+        dweight, (const float *)dout, ids, ids_i64, n, D);
   TT_CU_LAUNCHED("embedding_bwd");
   return 0;
 }

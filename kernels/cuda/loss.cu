@@ -1,5 +1,6 @@
 /*
-** loss.cu — CUDA kernels of the fused cross-entropy (kernels/loss.h), f32 logits.
+** loss.cu — CUDA kernels of the fused cross-entropy (kernels/loss.h), f32 or bf16 logits
+** (f32 arithmetic).
 **
 ** One block per row streams over the vocabulary twice (max, then the sum of exponentials)
 ** and keeps only the row's logsumexp and loss: no softmax tensor is stored. The mean over
@@ -20,17 +21,18 @@ __device__ __forceinline__ int64_t load_target(const void *t, int i64, int64_t i
 }
 
 /* row_stats[n] = lse, row_stats[N + n] = loss (0 when ignored); bad: first bad row. */
-__global__ void ce_rows(float *row_stats, const float *logits, const void *targets,
+template <typename T>
+__global__ void ce_rows(float *row_stats, const T *logits, const void *targets,
                         int tgt_i64, int64_t ignore_index, int64_t N, int64_t V,
                         unsigned long long *bad) {
   __shared__ float scratch[32];
   int64_t n = blockIdx.x;
-  const float *row = logits + n * V;
+  const T *row = logits + n * V;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, row[j]);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, tt_ld(row, j));
   m = tt_block_max(m, scratch);
   float s = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += __expf(row[j] - m);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += __expf(tt_ld(row, j) - m);
   s = tt_block_sum(s, scratch);
   if (threadIdx.x != 0) return;
   float lse = m + logf(s);
@@ -38,7 +40,7 @@ __global__ void ce_rows(float *row_stats, const float *logits, const void *targe
   float loss = 0;
   if (t != ignore_index) {
     if (t < 0 || t >= V) atomicMin(bad, (unsigned long long)n);
-    else loss = lse - row[t];
+    else loss = lse - tt_ld(row, t);
   }
   row_stats[n] = lse;
   row_stats[N + n] = loss;
@@ -63,8 +65,15 @@ __global__ void ce_mean(float *loss, float *count_out, const float *row_loss,
   }
 }
 
-static int ce_forward(float *loss, float *row_stats, const float *logits, const void *targets,
-                      int tgt_i64, int64_t ignore_index, int64_t N, int64_t V) {
+static int check_dtype(int dtype) {
+  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16,
+           "cross_entropy: logits are %s; expected f32 or bf16", tt_dtype_name(dtype));
+  return 0;
+}
+
+static int ce_forward(float *loss, float *row_stats, const void *logits, const void *targets,
+                      int tgt_i64, int64_t ignore_index, int64_t N, int64_t V, int dtype) {
+  TT_TRY(check_dtype(dtype));
   cudaStream_t st = tt_cuda_cur_stream();
   if (N == 0) {
     TT_CU(cudaMemsetAsync(loss, 0, sizeof(float), st));
@@ -76,8 +85,12 @@ static int ce_forward(float *loss, float *row_stats, const float *logits, const 
   TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, st));
   cudaError_t e = cudaMemsetAsync(bad_dev, 0xff, sizeof bad, st);
   if (e == cudaSuccess) {
-    ce_rows<<<(unsigned)N, CE_THREADS, 0, st>>>(row_stats, logits, targets, tgt_i64,
-                                                ignore_index, N, V, bad_dev);
+    if (dtype == TT_BF16)
+      ce_rows<<<(unsigned)N, CE_THREADS, 0, st>>>(row_stats, (const __nv_bfloat16 *)logits,
+                                                  targets, tgt_i64, ignore_index, N, V, bad_dev);
+    else
+      ce_rows<<<(unsigned)N, CE_THREADS, 0, st>>>(row_stats, (const float *)logits, targets,
+                                                  tgt_i64, ignore_index, N, V, bad_dev);
     ce_mean<<<1, 1024, 0, st>>>(loss, NULL, row_stats + N, targets, tgt_i64, ignore_index, N);
     e = tt_cuda_launch_status();
   }
@@ -102,32 +115,40 @@ static int ce_forward(float *loss, float *row_stats, const float *logits, const 
   return 0;
 }
 
-__global__ void ce_grad(float *dlogits, const float *dloss, const float *count,
-                        const float *logits, const float *lse, const void *targets,
-                        int tgt_i64, int64_t ignore_index, int64_t V) {
+template <typename T>
+__global__ void ce_grad(T *dlogits, const float *dloss, const float *count, const T *logits,
+                        const float *lse, const void *targets, int tgt_i64,
+                        int64_t ignore_index, int64_t V) {
   int64_t n = blockIdx.x;
   int64_t t = load_target(targets, tgt_i64, n);
-  float *d = dlogits + n * V;
+  T *d = dlogits + n * V;
   if (t == ignore_index) {
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) d[j] = 0;
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) tt_st(d, j, 0.0f);
     return;
   }
-  const float *row = logits + n * V;
+  const T *row = logits + n * V;
   float k = *dloss / *count, l = lse[n];
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-    d[j] = k * (__expf(row[j] - l) - (j == t ? 1.0f : 0.0f));
+    tt_st(d, j, k * (__expf(tt_ld(row, j) - l) - (j == t ? 1.0f : 0.0f)));
 }
 
-static int ce_backward(float *dlogits, const float *dloss, const float *logits,
+static int ce_backward(void *dlogits, const float *dloss, const void *logits,
                        const float *row_stats, const void *targets, int tgt_i64,
-                       int64_t ignore_index, int64_t N, int64_t V) {
+                       int64_t ignore_index, int64_t N, int64_t V, int dtype) {
+  TT_TRY(check_dtype(dtype));
   if (N == 0) return 0;
   cudaStream_t st = tt_cuda_cur_stream();
   float *count = NULL;
   TT_CU(cudaMallocAsync((void **)&count, sizeof(float), st));
   ce_mean<<<1, 1024, 0, st>>>(NULL, count, NULL, targets, tgt_i64, ignore_index, N);
-  ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>(dlogits, dloss, count, logits, row_stats, targets,
-                                              tgt_i64, ignore_index, V);
+  if (dtype == TT_BF16)
+    ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>((__nv_bfloat16 *)dlogits, dloss, count,
+                                                (const __nv_bfloat16 *)logits, row_stats,
+                                                targets, tgt_i64, ignore_index, V);
+  else
+    ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>((float *)dlogits, dloss, count,
+                                                (const float *)logits, row_stats, targets,
+                                                tgt_i64, ignore_index, V);
   cudaError_t e = tt_cuda_launch_status();
   cudaFreeAsync(count, st);
   TT_CU(e);

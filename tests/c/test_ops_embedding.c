@@ -124,3 +124,36 @@ Test(embedding, rejects_bad_arguments) {
   tt_tensor_release(wflat);
   tt_tensor_release(fids);
 }
+
+/* bf16 rows (tt_embedding_ex): each row is the f32 table's rounded once, exactly; a bf16
+** upstream gradient is summed into the f32 table's gradient exactly as the f32 op sums
+** the same values (one id repeated, so a row gets several contributions in order). */
+Test(embedding, bf16_rows) {
+  int64_t ws[2] = {9, 13}, is[2] = {2, 5};
+  tt_tensor *w = tt_test_rand(ws, 2, 61), *ids = tt_test_index(is, 2, 9, TT_I64, 62);
+  tt_tensor_set(ids, 3, tt_tensor_get(ids, 0));
+  tt_tensor *y = NULL, *y32 = NULL, *g = NULL, *g32 = NULL;
+  cr_assert(tt_set_requires_grad(w, 1) == 0);
+  cr_assert(tt_embedding_ex(w, ids, TT_BF16, &y) == 0, "%s", tt_last_error());
+  cr_assert_eq(y->dtype, TT_BF16);
+  for (int64_t i = 0; i < 10; i++)
+    for (int64_t j = 0; j < 13; j++) {
+      const double want = tt_bf16_to_float(tt_float_to_bf16(
+          (float)tt_tensor_get(w, (int64_t)tt_tensor_get(ids, i) * 13 + j)));
+      cr_assert_eq(tt_tensor_get(y, i * 13 + j), want, "row %lld col %lld", (long long)i,
+                   (long long)j);
+    }
+  int64_t gs[3] = {2, 5, 13};
+  tt_tensor *gr = tt_test_rand(gs, 3, 63);
+  cr_assert(tt_tensor_empty(gs, 3, TT_BF16, TT_CPU, &g) == 0 && tt_copy_(g, gr) == 0);
+  cr_assert(tt_tensor_empty(gs, 3, TT_F32, TT_CPU, &g32) == 0 && tt_copy_(g32, g) == 0);
+  cr_assert(tt_backward_with(y, g) == 0, "%s", tt_last_error());
+  tt_tensor *wl = tt_test_rand(ws, 2, 61);   /* the same values, a fresh leaf */
+  cr_assert(tt_set_requires_grad(wl, 1) == 0);
+  cr_assert(tt_embedding(wl, ids, &y32) == 0);
+  cr_assert(tt_backward_with(y32, g32) == 0, "%s", tt_last_error());
+  cr_assert(memcmp(tt_tensor_data(w->grad), tt_tensor_data(wl->grad), sizeof(float) * 9 * 13) == 0,
+            "bf16 rows' gradient differs from the f32 sums of the same values");
+  tt_tensor *all[] = {w, ids, y, y32, g, g32, gr, wl};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}

@@ -170,7 +170,8 @@ Test(cross_entropy, rejects_bad_arguments) {
                        "targets i32[5] cpu must be its leading dims");
   tt_test_assert_error(tt_cross_entropy(x, tf, IGNORE, &y),
                        "cross_entropy: targets must be i32 or i64, got f32");
-  tt_test_assert_error(tt_cross_entropy(t, t, IGNORE, &y), "cross_entropy: logits must be f32");
+  tt_test_assert_error(tt_cross_entropy(t, t, IGNORE, &y),
+                       "cross_entropy: logits are i32; expected f32 or bf16");
   ((int32_t *)tt_tensor_data(t))[3] = 6;
   tt_test_assert_error(tt_cross_entropy(x, t, IGNORE, &y),
                        "cross_entropy: target 6 at row 3 is outside [0, 6)");
@@ -181,4 +182,28 @@ Test(cross_entropy, rejects_bad_arguments) {
   tt_tensor_release(t);
   tt_tensor_release(tb);
   tt_tensor_release(tf);
+}
+
+/* bf16 logits: the loss is the f32 op's on the same (bf16) values, bitwise, and the
+** gradient is the f32 op's rounded to bf16 once, with an ignored row among the others. */
+Test(cross_entropy, bf16_logits) {
+  int64_t ls[2] = {7, 300}, ts[1] = {7};
+  tt_tensor *l32 = tt_test_rand(ls, 2, 71), *t = tt_test_index(ts, 1, 300, TT_I64, 72);
+  tt_tensor_set(t, 2, (double)IGNORE);
+  tt_tensor *lb = NULL, *lr = NULL, *yb = NULL, *yr = NULL;
+  cr_assert(tt_tensor_empty(ls, 2, TT_BF16, TT_CPU, &lb) == 0 && tt_copy_(lb, l32) == 0);
+  cr_assert(tt_tensor_empty(ls, 2, TT_F32, TT_CPU, &lr) == 0 && tt_copy_(lr, lb) == 0);
+  cr_assert(tt_set_requires_grad(lb, 1) == 0 && tt_set_requires_grad(lr, 1) == 0);
+  cr_assert(tt_cross_entropy(lb, t, IGNORE, &yb) == 0, "%s", tt_last_error());
+  cr_assert(tt_cross_entropy(lr, t, IGNORE, &yr) == 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_get(yb, 0), tt_tensor_get(yr, 0), "bf16 loss %g, f32 loss %g",
+               tt_tensor_get(yb, 0), tt_tensor_get(yr, 0));
+  cr_assert(tt_backward(yb) == 0 && tt_backward(yr) == 0, "%s", tt_last_error());
+  cr_assert_eq(lb->grad->dtype, TT_BF16);
+  for (int64_t i = 0; i < 7 * 300; i++)
+    cr_assert_eq(tt_tensor_get(lb->grad, i),
+                 tt_bf16_to_float(tt_float_to_bf16((float)tt_tensor_get(lr->grad, i))),
+                 "gradient element %lld", (long long)i);
+  tt_tensor *all[] = {l32, t, lb, lr, yb, yr};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }

@@ -8,7 +8,8 @@
 **   kernel adds the norm's part into it); the weight gradient bitwise equal across two
 **   runs (no atomics); bf16 SwiGLU forward and backward at an odd element count (vector
 **   groups and a tail) and at a misaligned start (scalar path); bf16 GELU the same way;
-**   bf16 RoPE (with its gradient) and RoPE in place.
+**   bf16 RoPE (with its gradient) and RoPE in place; the embedding's bf16 rows;
+**   cross-entropy on bf16 logits.
 ** Tolerances: f32 outputs 1e-5 relative L2 (the order of the row sums differs); a bf16
 ** output may differ from the twin by one bf16 rounding where the f32 values straddle a
 ** rounding boundary: 8e-3.
@@ -252,4 +253,52 @@ static void check_rope(int interleaved) {
 Test(cuda_fused, rope_bf16_and_in_place) {
   check_rope(0);
   check_rope(1);
+}
+
+/* The embedding with bf16 rows (tt_embedding_ex) and a bf16 gradient against the CPU twin:
+** the rows exactly (one rounding of the same f32 values), the f32 table's gradient to f32
+** rounding (the same sums in the same token order). */
+Test(cuda_fused, embedding_bf16_rows) {
+  const int64_t ws[2] = {1000, 77}, is[1] = {300}, gs[2] = {300, 77};
+  tt_tensor *w0 = randn(ws, 2, 1.0), *g0 = randn(gs, 2, 1.0), *ids0 = NULL;
+  cr_assert_eq(tt_tensor_empty(is, 1, TT_I64, TT_CPU, &ids0), 0);
+  for (int64_t i = 0; i < 300; i++) tt_tensor_set(ids0, i, (double)((i * 37) % 1000 / 3));
+  const int dev[2] = {TT_CPU, GPU};
+  tt_tensor *w[2], *ids[2], *g[2], *y[2];
+  for (int i = 0; i < 2; i++) {
+    w[i] = as_dtype(w0, TT_F32, dev[i]);
+    g[i] = as_dtype(g0, TT_BF16, dev[i]);
+    cr_assert_eq(tt_to_device(ids0, dev[i], &ids[i]), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_set_requires_grad(w[i], 1), 0);
+    if (i == 1) for (int k = 0; k < 3; k++) poison(300 * 77);
+    cr_assert_eq(tt_embedding_ex(w[i], ids[i], TT_BF16, &y[i]), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward_with(y[i], g[i]), 0, "%s", tt_last_error());
+  }
+  double ey = rel_err(y[1], y[0]), eg = rel_err(w[1]->grad, w[0]->grad);
+  cr_assert(ey == 0.0 && eg <= 1e-6, "embedding bf16 rows: y %g, grad %g", ey, eg);
+  tt_tensor *all[] = {w0, g0, ids0, w[0], w[1], ids[0], ids[1], g[0], g[1], y[0], y[1]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+/* Cross-entropy on bf16 logits (with an ignored row) against the CPU twin: the loss to f32
+** rounding (the sums run in another order), the bf16 gradient within one rounding. */
+Test(cuda_fused, cross_entropy_bf16_logits) {
+  const int64_t ls[2] = {65, 50257}, ts[1] = {65};
+  tt_tensor *l0 = randn(ls, 2, 2.0), *t0 = NULL;
+  cr_assert_eq(tt_tensor_empty(ts, 1, TT_I64, TT_CPU, &t0), 0);
+  for (int64_t i = 0; i < 65; i++)
+    tt_tensor_set(t0, i, i == 7 ? -100.0 : (double)(i * 773 % 50257));
+  const int dev[2] = {TT_CPU, GPU};
+  tt_tensor *l[2], *t[2], *y[2];
+  for (int i = 0; i < 2; i++) {
+    l[i] = as_dtype(l0, TT_BF16, dev[i]);
+    cr_assert_eq(tt_to_device(t0, dev[i], &t[i]), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_set_requires_grad(l[i], 1), 0);
+    cr_assert_eq(tt_cross_entropy(l[i], t[i], -100, &y[i]), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward(y[i]), 0, "%s", tt_last_error());
+  }
+  double ey = rel_err(y[1], y[0]), eg = rel_err(l[1]->grad, l[0]->grad);
+  cr_assert(ey <= 1e-5 && eg <= 8e-3, "cross-entropy bf16 logits: loss %g, grad %g", ey, eg);
+  tt_tensor *all[] = {l0, t0, l[0], l[1], t[0], t[1], y[0], y[1]};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }
