@@ -157,4 +157,41 @@ int tt_no_kernel(const char *op, int device);
 /* Grain for OpenMP loops: parallelise only when there is enough work. */
 enum { TT_PARALLEL_GRAIN = 32768 };
 
+/* -- f32 rows of f32 or bf16 buffers (CPU kernels) ------------------------------------ */
+/* CPU kernels that read or write bf16 work on f32 rows so that their loops vectorise: an
+** f32 row is used in place, a bf16 one goes through a scratch row. */
+
+/* The D values at src + off as f32: src itself for f32, else read into scratch. */
+static inline const float *tt_row_in(const void *src, int dtype, int64_t off, int64_t D,
+                                     float *scratch) {
+  if (dtype != TT_BF16) return (const float *)src + off;
+  const uint16_t *s = (const uint16_t *)src + off;
+  for (int64_t j = 0; j < D; j++) scratch[j] = tt_bf16_to_float(s[j]);
+  return scratch;
+}
+
+/* Where to compute the row at dst + off: dst itself for f32, else scratch (then
+** tt_row_done). */
+static inline float *tt_row_out(void *dst, int dtype, int64_t off, float *scratch) {
+  return dtype != TT_BF16 ? (float *)dst + off : scratch;
+}
+
+/* A row computed in tt_row_out's place goes to dst + off, rounded to bf16 (f32: it is
+** there already). */
+static inline void tt_row_done(void *dst, int dtype, int64_t off, int64_t D,
+                               const float *row) {
+  if (dtype != TT_BF16) return;
+  uint16_t *d = (uint16_t *)dst + off;
+  for (int64_t j = 0; j < D; j++) d[j] = tt_float_to_bf16(row[j]);
+}
+
+/* k scratch rows of D floats for each of nthr threads (thread t's start at t k D); NULL
+** with the error set, naming op, when out of memory. */
+static inline float *tt_scratch_rows(const char *op, int64_t D, int k, int nthr) {
+  float *rows = (float *)malloc(sizeof(float) * (size_t)D * (size_t)k * (size_t)nthr);
+  if (!rows) tt_set_error("%s: out of host memory (%d x %lld-wide rows)", op, k * nthr,
+                          (long long)D);
+  return rows;
+}
+
 #endif

@@ -40,38 +40,6 @@ static int check_dtypes(const char *op, int dtype, int y_dtype) {
 
 /* -- Residual add + RMSNorm or LayerNorm ----------------------------------------------- */
 
-/* Rows are worked on as f32 arrays so that the arithmetic loops vectorise: f32 rows in
-** place, bf16 ones through per-thread scratch rows. */
-
-/* Row `off` of src as f32: src itself for f32, else read into scratch. */
-static const float *in_row(const void *src, int dtype, int64_t off, int64_t D, float *scratch) {
-  if (dtype != TT_BF16) return (const float *)src + off;
-  const uint16_t *s = (const uint16_t *)src + off;
-  for (int64_t j = 0; j < D; j++) scratch[j] = tt_bf16_to_float(s[j]);
-  return scratch;
-}
-
-/* Where to compute row `off` of dst: dst itself for f32, else scratch (then out_done). */
-static float *out_row(void *dst, int dtype, int64_t off, float *scratch) {
-  return dtype != TT_BF16 ? (float *)dst + off : scratch;
-}
-
-/* A row computed in out_row's place goes to dst, rounded to bf16 (f32: already there). */
-static void out_done(void *dst, int dtype, int64_t off, int64_t D, const float *row) {
-  if (dtype != TT_BF16) return;
-  uint16_t *d = (uint16_t *)dst + off;
-  for (int64_t j = 0; j < D; j++) d[j] = tt_float_to_bf16(row[j]);
-}
-
-/* k scratch rows of D floats for each thread of the parallel loops below (NULL + error
-** when out of memory); thread t's start at rows + t k D. */
-static float *scratch_rows(int64_t D, int k, int nthr) {
-  float *rows = malloc(sizeof(float) * (size_t)D * (size_t)k * (size_t)nthr);
-  if (!rows) tt_set_error("fused norm: out of host memory (%d x %lld-wide rows)", k * nthr,
-                          (long long)D);
-  return rows;
-}
-
 /* Both norms in one loop: mean NULL is RMSNorm (statistics of h^2, no centring, no bias);
 ** otherwise LayerNorm (mean, then the variance in a second pass over the rounded h). */
 static int add_norm_forward(void *h, void *y, float *mean, float *rstd, const void *x,
@@ -80,7 +48,7 @@ static int add_norm_forward(void *h, void *y, float *mean, float *rstd, const vo
   const char *op = mean ? "add_layernorm" : "add_rmsnorm";
   TT_TRY(check_dtypes(op, dtype, y_dtype));
   const int nthr = omp_get_max_threads();
-  float *rows = scratch_rows(D, 3, nthr);
+  float *rows = tt_scratch_rows(op, D, 3, nthr);
   if (!rows) return -1;
 #pragma omp parallel num_threads(nthr) if (N * D > TT_PARALLEL_GRAIN)
   {
@@ -88,15 +56,15 @@ static int add_norm_forward(void *h, void *y, float *mean, float *rstd, const vo
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
       const int64_t o = n * D;
-      const float *hv = in_row(x, dtype, o, D, s0);
+      const float *hv = tt_row_in(x, dtype, o, D, s0);
       if (res) {
-        const float *rv = in_row(res, dtype, o, D, s1);
-        float *hw = out_row(h, dtype, o, s0);
+        const float *rv = tt_row_in(res, dtype, o, D, s1);
+        float *hw = tt_row_out(h, dtype, o, s0);
 #pragma omp simd
         for (int64_t j = 0; j < D; j++) hw[j] = hv[j] + rv[j];
         if (dtype == TT_BF16)
           for (int64_t j = 0; j < D; j++) hw[j] = rounded(hw[j], dtype);
-        out_done(h, dtype, o, D, hw);
+        tt_row_done(h, dtype, o, D, hw);
         hv = hw;
       }
       float s = 0.0f, mu = 0.0f;
@@ -114,7 +82,7 @@ static int add_norm_forward(void *h, void *y, float *mean, float *rstd, const vo
       }
       const float r = 1.0f / sqrtf(s / (float)D + eps);
       rstd[n] = r;
-      float *yv = out_row(y, y_dtype, o, s2);
+      float *yv = tt_row_out(y, y_dtype, o, s2);
       if (w) {
 #pragma omp simd
         for (int64_t j = 0; j < D; j++) yv[j] = (hv[j] - mu) * r * w[j];
@@ -126,7 +94,7 @@ static int add_norm_forward(void *h, void *y, float *mean, float *rstd, const vo
 #pragma omp simd
         for (int64_t j = 0; j < D; j++) yv[j] += b[j];
       }
-      out_done(y, y_dtype, o, D, yv);
+      tt_row_done(y, y_dtype, o, D, yv);
     }
   }
   free(rows);
@@ -142,7 +110,7 @@ static int param_grads(float *dw, float *db, float *partials, const void *dy, co
   const int64_t R = TT_FUSED_ROWS_PER_PART, P = (N + R - 1) / R;
   float *pw = partials, *pb = partials + P * D;
   const int nthr = omp_get_max_threads();
-  float *rows = scratch_rows(D, 2, nthr);
+  float *rows = tt_scratch_rows("norm_backward", D, 2, nthr);
   if (!rows) return -1;
 #pragma omp parallel num_threads(nthr) if (N * D > TT_PARALLEL_GRAIN)
   {
@@ -154,9 +122,9 @@ static int param_grads(float *dw, float *db, float *partials, const void *dy, co
       const int64_t end = (p + 1) * R < N ? (p + 1) * R : N;
       for (int64_t n = p * R; n < end; n++) {
         const float mu = mean ? mean[n] : 0.0f, r = rstd[n];
-        const float *g = in_row(dy, y_dtype, n * D, D, s0);
+        const float *g = tt_row_in(dy, y_dtype, n * D, D, s0);
         if (dw) {
-          const float *a = in_row(h, dtype, n * D, D, s1);
+          const float *a = tt_row_in(h, dtype, n * D, D, s1);
 #pragma omp simd
           for (int64_t j = 0; j < D; j++) sw[j] += g[j] * ((a[j] - mu) * r);
         }
@@ -191,7 +159,7 @@ static int norm_backward(void *dh, float *dw, float *db, float *partials, const 
   if (dw || db) TT_TRY(param_grads(dw, db, partials, dy, h, mean, rstd, N, D, dtype, y_dtype));
   if (!dh) return 0;
   const int nthr = omp_get_max_threads();
-  float *rows = scratch_rows(D, 4, nthr);
+  float *rows = tt_scratch_rows(op, D, 4, nthr);
   if (!rows) return -1;
 #pragma omp parallel num_threads(nthr) if (N * D > TT_PARALLEL_GRAIN)
   {
@@ -201,7 +169,7 @@ static int norm_backward(void *dh, float *dw, float *db, float *partials, const 
     for (int64_t n = 0; n < N; n++) {
       const int64_t o = n * D;
       const float r = rstd[n], mu = mean ? mean[n] : 0.0f;
-      const float *g = in_row(dy, y_dtype, o, D, s0), *a = in_row(h, dtype, o, D, s1);
+      const float *g = tt_row_in(dy, y_dtype, o, D, s0), *a = tt_row_in(h, dtype, o, D, s1);
       if (w) {
 #pragma omp simd
         for (int64_t j = 0; j < D; j++) gw[j] = g[j] * w[j];
@@ -215,8 +183,8 @@ static int norm_backward(void *dh, float *dw, float *db, float *partials, const 
       }
       const float c = dot * r * r * r / (float)D, m = mean ? sg / (float)D : 0.0f;
       /* dh may be dh_in itself: each element is read before it is written. */
-      const float *d = dh_in ? in_row(dh_in, dtype, o, D, s2) : NULL;
-      float *out = out_row(dh, dtype, o, s2);
+      const float *d = dh_in ? tt_row_in(dh_in, dtype, o, D, s2) : NULL;
+      float *out = tt_row_out(dh, dtype, o, s2);
       if (d) {
 #pragma omp simd
         for (int64_t j = 0; j < D; j++) out[j] = r * (g[j] - m) - (a[j] - mu) * c + d[j];
@@ -224,7 +192,7 @@ static int norm_backward(void *dh, float *dw, float *db, float *partials, const 
 #pragma omp simd
         for (int64_t j = 0; j < D; j++) out[j] = r * (g[j] - m) - (a[j] - mu) * c;
       }
-      out_done(dh, dtype, o, D, out);
+      tt_row_done(dh, dtype, o, D, out);
     }
   }
   free(rows);

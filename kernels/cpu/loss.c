@@ -53,29 +53,16 @@ static float row_logsumexp(const float *x, int64_t V) {
   return mx + (float)log(sum);
 }
 
-/* Row n of logits as f32: the row itself, or (bf16) converted into scratch (V floats). */
-static const float *f32_row(const void *logits, int dtype, int64_t n, int64_t V,
-                            float *scratch) {
-  if (dtype != TT_BF16) return (const float *)logits + n * V;
-  const uint16_t *r = (const uint16_t *)logits + n * V;
-  for (int64_t j = 0; j < V; j++) scratch[j] = tt_bf16_to_float(r[j]);
-  return scratch;
-}
-
 static int check_dtype(int dtype) {
   TT_CHECK(dtype == TT_F32 || dtype == TT_BF16,
            "cross_entropy: logits are %s; expected f32 or bf16", tt_dtype_name(dtype));
   return 0;
 }
 
-/* k rows of V floats per thread for bf16 logits (NULL for f32); thread t's at t k V. */
-static int scratch_rows(int dtype, int64_t V, int k, int nthr, float **out) {
-  *out = NULL;
-  if (dtype != TT_BF16) return 0;
-  *out = malloc(sizeof(float) * (size_t)V * (size_t)k * (size_t)nthr);
-  TT_CHECK(*out, "cross_entropy: out of host memory (%d x %lld-wide rows)", k * nthr,
-           (long long)V);
-  return 0;
+/* k scratch rows of V floats per thread for bf16 logits; NULL (no error) for f32. */
+static int scratch_for(int dtype, int64_t V, int k, int nthr, float **out) {
+  *out = dtype == TT_BF16 ? tt_scratch_rows("cross_entropy", V, k, nthr) : NULL;
+  return dtype == TT_BF16 && !*out ? -1 : 0;
 }
 
 /* logits: (N, V) in dtype, targets: (N), row_stats: (2, N), loss: (1) */
@@ -87,7 +74,7 @@ static int ce_forward(float *loss, float *row_stats, const void *logits,
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
   const int tdtype = tgt_i64 ? TT_I64 : TT_I32, nthr = omp_get_max_threads();
   float *lse = row_stats, *row_loss = row_stats + N, *scratch = NULL;
-  TT_TRY(scratch_rows(dtype, V, 1, nthr, &scratch));
+  TT_TRY(scratch_for(dtype, V, 1, nthr, &scratch));
 #pragma omp parallel num_threads(nthr) if (N * V > TT_PARALLEL_GRAIN)
   {
     float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * V : NULL;
@@ -99,7 +86,7 @@ static int ce_forward(float *loss, float *row_stats, const void *logits,
         row_loss[n] = 0.0f;
         continue;
       }
-      const float *x = f32_row(logits, dtype, n, V, mine);
+      const float *x = tt_row_in(logits, dtype, n * V, V, mine);
       lse[n] = row_logsumexp(x, V);
       row_loss[n] = lse[n] - x[t];
     }
@@ -120,27 +107,24 @@ static int ce_backward(void *dlogits, const float *dloss, const void *logits,
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
   const int tdtype = tgt_i64 ? TT_I64 : TT_I32, nthr = omp_get_max_threads();
   float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f, *scratch = NULL;
-  TT_TRY(scratch_rows(dtype, V, 2, nthr, &scratch));
+  TT_TRY(scratch_for(dtype, V, 2, nthr, &scratch));
 #pragma omp parallel num_threads(nthr) if (N * V > TT_PARALLEL_GRAIN)
   {
     float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * 2 * V : NULL;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; n++) {
       int64_t t = tt_index_at(targets, tdtype, n);
-      float *dx = mine ? mine + V : (float *)dlogits + n * V;
+      float *dx = tt_row_out(dlogits, dtype, n * V, mine ? mine + V : NULL);
       if (t == ignore_index) {
         for (int64_t j = 0; j < V; j++) dx[j] = 0.0f;
       } else {
-        const float *x = f32_row(logits, dtype, n, V, mine);
+        const float *x = tt_row_in(logits, dtype, n * V, V, mine);
         float l = row_stats[n];
 #pragma omp simd
         for (int64_t j = 0; j < V; j++) dx[j] = scale * tt_vexpf(x[j] - l);
         dx[t] -= scale;
       }
-      if (mine) {
-        uint16_t *d = (uint16_t *)dlogits + n * V;
-        for (int64_t j = 0; j < V; j++) d[j] = tt_float_to_bf16(dx[j]);
-      }
+      tt_row_done(dlogits, dtype, n * V, V, dx);
     }
   }
   free(scratch);

@@ -65,9 +65,8 @@ static int rope_apply(void *out, const void *in, const float *table, int64_t B, 
   const int64_t half = Dh / 2, slab = H * Dh;
   const float *cos_t = table, *sin_t = table + T * half;
   const int nthr = omp_get_max_threads(), low = dtype == TT_BF16;
-  float *scratch = low ? malloc(sizeof(float) * (size_t)(slab * nthr)) : NULL;
-  TT_CHECK(!low || scratch, "rope: out of host memory (%d x %lld values)", nthr,
-           (long long)slab);
+  float *scratch = low ? tt_scratch_rows("rope", slab, 1, nthr) : NULL;
+  if (low && !scratch) return -1;
 #pragma omp parallel num_threads(nthr) if (B * T * slab > TT_PARALLEL_GRAIN)
   {
     float *f = low ? scratch + (size_t)omp_get_thread_num() * slab : NULL;
@@ -75,15 +74,11 @@ static int rope_apply(void *out, const void *in, const float *table, int64_t B, 
     for (int64_t bt = 0; bt < B * T; bt++) {
       const int64_t t = bt % T, o = bt * slab;
       const float *c = cos_t + t * half, *s = sin_t + t * half;
-      if (!low) {
-        rotate_slab((float *)out + o, (const float *)in + o, c, s, H, Dh, interleaved, dir);
-        continue;
-      }
-      const uint16_t *src = (const uint16_t *)in + o;
-      uint16_t *dst = (uint16_t *)out + o;
-      for (int64_t j = 0; j < slab; j++) f[j] = tt_bf16_to_float(src[j]);
-      rotate_slab(f, f, c, s, H, Dh, interleaved, dir);
-      for (int64_t j = 0; j < slab; j++) dst[j] = tt_float_to_bf16(f[j]);
+      /* out may be in: a bf16 slab is read into f before it is written back */
+      const float *x = tt_row_in(in, dtype, o, slab, f);
+      float *y = tt_row_out(out, dtype, o, f);
+      rotate_slab(y, x, c, s, H, Dh, interleaved, dir);
+      tt_row_done(out, dtype, o, slab, y);
     }
   }
   free(scratch);
