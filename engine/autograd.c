@@ -29,6 +29,10 @@ const char *tt_tape_node_name(int64_t i) {
   return i >= 0 && i < tt_tape_len ? tt_tape[i]->name : NULL;
 }
 
+int tt_tape_node_dtype(int64_t i) {
+  return i >= 0 && i < tt_tape_len ? tt_tape[i]->out->dtype : -1;
+}
+
 static tt_backward_tick_fn tt_tick_hook;
 static void *tt_tick_hook_ud;
 

@@ -82,3 +82,68 @@ int tt_lowp_weight_mark_fresh(tt_tensor *w) {
   w->lowp_version = w->storage->version;
   return 0;
 }
+
+/* -- Grouped copies (one GEMM for several weights that read the same input) ----------- */
+
+/* The group's buffer when ws' copies already are consecutive row blocks of one buffer of
+** dtype (a new header over all of them), else NULL. */
+static tt_tensor *group_view(tt_tensor *const *ws, int n, int dtype, int64_t rows) {
+  const tt_tensor *first = ws[0]->lowp;
+  if (!first) return NULL;
+  const int64_t k = ws[0]->shape[1];
+  int64_t at = 0;
+  for (int i = 0; i < n; i++) {
+    const tt_tensor *l = ws[i]->lowp;
+    if (!l || l->dtype != dtype || l->storage != first->storage || l->ndim != 2 ||
+        l->stride[0] != k || l->stride[1] != 1 || l->offset != first->offset + at * k)
+      return NULL;
+    at += l->shape[0];
+  }
+  tt_tensor *whole = tt_tensor_header_alias(ws[0]->lowp);
+  if (whole) whole->shape[0] = rows;
+  return whole;
+}
+
+int tt_lowp_weight_group(tt_tensor *const *ws, int n, int dtype, tt_tensor **out) {
+  TT_CHECK(out, "tt_lowp_weight_group: out is NULL");
+  *out = NULL;
+  TT_CHECK(ws && n >= 1, "tt_lowp_weight_group: no weights");
+  int64_t rows = 0;
+  for (int i = 0; i < n; i++) {
+    tt_tensor *tmp = NULL;
+    TT_TRY(check_args("tt_lowp_weight_group", ws[i], dtype, &tmp));
+    TT_CHECK(ws[i]->ndim == 2 && ws[i]->shape[1] == ws[0]->shape[1] &&
+                 ws[i]->device == ws[0]->device,
+             "tt_lowp_weight_group: weight %d is not a matrix of %lld columns on device %d "
+             "like weight 0", i, (long long)ws[0]->shape[1], ws[0]->device);
+    for (int j = 0; j < i; j++)
+      TT_CHECK(ws[j] != ws[i], "tt_lowp_weight_group: weight %d appears twice", i);
+    rows += ws[i]->shape[0];
+  }
+  tt_tensor *whole = group_view(ws, n, dtype, rows);
+  if (!whole) {
+    /* One buffer, each weight's copy a row block of it (cast below, being new). */
+    const int64_t shape[2] = {rows, ws[0]->shape[1]};
+    TT_TRY(tt_tensor_empty(shape, 2, dtype, ws[0]->device, &whole));
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+      tt_lowp_weight_drop(ws[i]);
+      if (tt_narrow(whole, 0, at, ws[i]->shape[0], &ws[i]->lowp) != 0) {
+        tt_tensor_release(whole);
+        return tt_error_context("tt_lowp_weight_group");
+      }
+      ws[i]->lowp_version = -1;
+      at += ws[i]->shape[0];
+    }
+  }
+  for (int i = 0; i < n; i++) {   /* stale blocks cast again, in place */
+    tt_tensor *l = NULL;
+    if (tt_lowp_weight(ws[i], dtype, &l) != 0) {
+      tt_tensor_release(whole);
+      return -1;
+    }
+    tt_tensor_release(l);
+  }
+  *out = whole;
+  return 0;
+}

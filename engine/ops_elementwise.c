@@ -222,7 +222,31 @@ int tt_add_scalar(tt_tensor *a, double s, tt_tensor **out) {
 
 /* -- axpy ---------------------------------------------------------------------------- */
 
+static int is_half(int dtype) { return dtype == TT_BF16 || dtype == TT_F16; }
+
+/* a += alpha * b where a or b is bf16 / f16 (a low-precision activation's gradient
+** receiving its second contribution): the sum in f32, rounded once into a. */
+static int axpy_half(tt_tensor *a, double alpha, const tt_tensor *b) {
+  tt_tensor *a32 = NULL, *b32 = NULL;
+  int st = tt_tensor_empty(a->shape, a->ndim, TT_F32, a->device, &a32);
+  if (st == 0) st = tt_copy_(a32, a);
+  if (st == 0 && b->dtype != TT_F32) {
+    st = tt_tensor_empty(b->shape, b->ndim, TT_F32, b->device, &b32);
+    if (st == 0) st = tt_copy_(b32, b);
+  }
+  if (st == 0) st = tt_axpy_(a32, alpha, b32 ? b32 : b);
+  if (st == 0) st = tt_copy_(a, a32);
+  tt_tensor_release(b32);
+  tt_tensor_release(a32);
+  return st;
+}
+
 int tt_axpy_(tt_tensor *a, double alpha, const tt_tensor *b) {
+  TT_CHECK(a && b, "tt_axpy_: %s is NULL", a ? "b" : "a");
+  if ((is_half(a->dtype) || is_half(b->dtype)) && (is_half(a->dtype) || a->dtype == TT_F32) &&
+      (is_half(b->dtype) || b->dtype == TT_F32) && a->ndim == b->ndim &&
+      memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0)
+    return axpy_half(a, alpha, b);
   TT_TRY(check_f32("tt_axpy_", "a", a));
   TT_TRY(check_f32("tt_axpy_", "b", b));
   if (a->device != b->device)

@@ -298,6 +298,15 @@ static int backward_parts(tt_node *node, tt_tensor *g, tt_tensor *g_bias) {
       st = ta ? run_product(k, &L, C, B, mat_t(G), 1.0f, 0.0f)
               : run_product(k, &L, C, G, mat_t(B), 1.0f, 0.0f);
     }
+    if (st == 0 && a->dtype != TT_F32) {
+      /* a bf16 / f16 activation (the emulation): its gradient rounded, as the CUDA GEMM
+      ** writes it, before it meets the others */
+      tt_tensor *low = NULL;
+      st = tt_tensor_empty(a->shape, a->ndim, a->dtype, a->device, &low);
+      if (st == 0) st = tt_copy_(low, ga);
+      tt_tensor_release(ga);
+      ga = low;
+    }
     if (st == 0) st = tt_accumulate_grad(a, ga);
   }
   if (st == 0 && tt_needs_grad(b)) {
@@ -317,7 +326,12 @@ static int backward_parts(tt_node *node, tt_tensor *g, tt_tensor *g_bias) {
   }
   if (st == 0 && tt_needs_grad(bias)) {
     tt_tensor *gc = NULL;
-    st = tt_contiguous_nograd(g_bias == g ? gu : g_bias, &gc);
+    if (g_bias->dtype == TT_F32) {
+      st = tt_contiguous_nograd(g_bias == g ? gu : g_bias, &gc);
+    } else {   /* the emulation's bf16 / f16 output gradient, widened (exactly) */
+      st = tt_tensor_empty(g_bias->shape, g_bias->ndim, TT_F32, g_bias->device, &gc);
+      if (st == 0) st = tt_copy_(gc, g_bias);
+    }
     if (st == 0) st = tt_tensor_empty(bias->shape, 1, TT_F32, bias->device, &gbias);
     if (st == 0) {
       const int64_t n = bias->shape[0];
@@ -336,14 +350,15 @@ static int backward_parts(tt_node *node, tt_tensor *g, tt_tensor *g_bias) {
 
 /* out (lead..., M, N) = op(a_use) op(b_use) + bias, recorded as an op of a, b and bias
 ** with `backward` (a_use, b_use saved): a and b themselves, or f32 stand-ins of
-** their shapes that the product reads instead (the low-precision emulation). With
-** allow_row, a may be 1-D: one row. `compute` (saved as i[3]): the dtype the stand-ins
-** were rounded to, for their backward. */
+** their shapes that the product reads instead (the low-precision emulation, where a may
+** itself be in the compute dtype). With allow_row, a may be 1-D: one row. `compute`
+** (saved as i[3]): the dtype the stand-ins were rounded to, for their backward. The sums
+** are f32; out_dtype other than f32 (the emulation's bf16 / f16 output) rounds them once. */
 static int matmul_core(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
                        tt_tensor *bias, int ta, int tb, tt_tensor *a_use, tt_tensor *b_use,
-                       tt_backward_fn backward, int compute, tt_tensor **out) {
+                       tt_backward_fn backward, int compute, int out_dtype, tt_tensor **out) {
   char sa[160], sb[160], sc[160];
-  TT_TRY(tt_check_dtype(op, "a", a, TT_F32));
+  if (a_use == a) TT_TRY(tt_check_dtype(op, "a", a, TT_F32));
   TT_TRY(tt_check_dtype(op, "b", b, TT_F32));
   if (bias) TT_TRY(tt_check_dtype(op, "bias", bias, TT_F32));
   tt_tensor *in[3] = {a, b, bias};
@@ -396,6 +411,13 @@ static int matmul_core(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
     st = run_product(k, &L, mat_of(o, 0, nlead), mat_of(au, ta, nlead), mat_of(bu, tb, nlead),
                      1.0f, beta);
   }
+  if (st == 0 && out_dtype != TT_F32) {
+    tt_tensor *low = NULL;
+    st = tt_tensor_empty(shape, ndim, out_dtype, a->device, &low);
+    if (st == 0) st = tt_copy_(low, o);   /* the one rounding of the output */
+    tt_tensor_release(o);
+    o = low;
+  }
   if (st == 0 && tt_should_record(in, 3)) {
     tt_node *node = tt_record(op, backward, o, in, 3);
     if (!node) {
@@ -427,7 +449,8 @@ static int matmul_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
   TT_CHECK(a && b, "%s: %s is NULL", op, a ? "b" : "a");
   if (is_half(a->dtype) || is_half(b->dtype))
     return matmul_lowp(op, allow_row, a, b, bias, ta, tb, out);
-  return matmul_core(op, allow_row, a, b, bias, ta, tb, a, b, matmul_backward, TT_F32, out);
+  return matmul_core(op, allow_row, a, b, bias, ta, tb, a, b, matmul_backward, TT_F32, TT_F32,
+                     out);
 }
 
 int tt_matmul(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a, int trans_b,
@@ -449,7 +472,8 @@ int tt_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_tensor **out) {
 
 /* CUDA: the tensor-core GEMM reading w_low in place of a cast of w (matmul_lowp.cu). */
 int tt_cuda_linear_lowp_cached(tt_tensor *x, tt_tensor *w, tt_tensor *w_low, tt_tensor *bias,
-                               int compute_dtype, tt_tensor **out) __attribute__((weak));
+                               int compute_dtype, int out_dtype, tt_tensor **out)
+    __attribute__((weak));
 
 /* A new f32 tensor (contiguous, no grad) holding t's values rounded to dtype. */
 static int rounded_f32(tt_tensor *t, int dtype, tt_tensor **out) {
@@ -482,28 +506,33 @@ static int linear_lowp_cpu_backward(tt_node *node, tt_tensor *g) {
   return st;
 }
 
-/* The cpu emulation of tt_cuda_linear_lowp_cached: x rounded, w_low widened (exactly),
-** an f32 GEMM. */
+/* The cpu emulation of tt_cuda_linear_lowp_cached: x rounded (or widened, when it is
+** already in dtype), w_low widened (exactly), an f32 GEMM, the output rounded to
+** out_dtype. */
 static int linear_lowp_cpu(tt_tensor *x, tt_tensor *w, tt_tensor *w_low, tt_tensor *bias,
-                           int dtype, tt_tensor **out) {
+                           int dtype, int out_dtype, tt_tensor **out) {
   tt_tensor *xr = NULL, *wr = NULL;
   int st = rounded_f32(x, dtype, &xr);
   if (st == 0) st = rounded_f32(w_low, dtype, &wr);
   if (st == 0)
     st = matmul_core("tt_linear_lowp", 1, x, w, bias, 0, 1, xr, wr, linear_lowp_cpu_backward,
-                     dtype, out);
+                     dtype, out_dtype, out);
   tt_tensor_release(wr);
   tt_tensor_release(xr);
   return st;
 }
 
-int tt_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int dtype, tt_tensor **out) {
+int tt_linear_lowp_ex(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int dtype, int out_dtype,
+                      tt_tensor **out) {
   char sx[160], sw[160];
   TT_CHECK(out, "tt_linear_lowp: out is NULL");
   *out = NULL;
   TT_CHECK(x && w, "tt_linear_lowp: %s is NULL", x ? "w" : "x");
   TT_CHECK(dtype == TT_BF16 || dtype == TT_F16,
            "tt_linear_lowp: compute dtype %s; expected bf16 or f16", tt_dtype_name(dtype));
+  TT_CHECK(out_dtype == TT_F32 || out_dtype == dtype,
+           "tt_linear_lowp: output dtype %s; expected f32 or the compute dtype %s",
+           tt_dtype_name(out_dtype), tt_dtype_name(dtype));
   TT_CHECK(x->ndim >= 1 && w->ndim == 2 && x->shape[x->ndim - 1] == w->shape[1],
            "tt_linear_lowp: x is %s and w is %s; expected x (..., in) and w (out, in)",
            tt_shape_str(x->shape, x->ndim, sx, sizeof sx),
@@ -513,13 +542,258 @@ int tt_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int dtype, tt_te
   if (tt_device_is_cuda(x->device))
     TT_CHECK(tt_cuda_linear_lowp_cached, "tt_linear_lowp: this build has no CUDA GEMMs");
   else
-    TT_CHECK(x->dtype == TT_F32, "tt_linear_lowp: x is %s on the cpu; expected f32",
-             tt_dtype_name(x->dtype));
+    TT_CHECK(x->dtype == TT_F32 || x->dtype == dtype,
+             "tt_linear_lowp: x is %s on the cpu; expected f32 or %s", tt_dtype_name(x->dtype),
+             tt_dtype_name(dtype));
   tt_tensor *wl = NULL;
   TT_TRY(tt_lowp_weight(w, dtype, &wl));
   const int st = tt_device_is_cuda(x->device)
-                     ? tt_cuda_linear_lowp_cached(x, w, wl, bias, dtype, out)
-                     : linear_lowp_cpu(x, w, wl, bias, dtype, out);
+                     ? tt_cuda_linear_lowp_cached(x, w, wl, bias, dtype, out_dtype, out)
+                     : linear_lowp_cpu(x, w, wl, bias, dtype, out_dtype, out);
   tt_tensor_release(wl);
+  return st;
+}
+
+int tt_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int dtype, tt_tensor **out) {
+  TT_CHECK(x, "tt_linear_lowp: x is NULL");
+  return tt_linear_lowp_ex(x, w, bias, dtype, x->dtype == TT_F32 ? TT_F32 : dtype, out);
+}
+
+/* -- Several Linear layers on one input: one GEMM ---------------------------------------- */
+
+/* The CUDA tensor-core GEMM with the output's dtype chosen (matmul_lowp.cu). */
+int tt_cuda_matmul_lowp_ex(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a,
+                           int trans_b, int compute_dtype, int out_dtype, tt_tensor **out)
+    __attribute__((weak));
+
+/* out = op(a) op(b) of 2-D a and b at dtype (fp32 sums) in out_dtype, off the tape: the
+** CUDA GEMM, or on the cpu its emulation (operands rounded, an f32 GEMM, the output
+** rounded). */
+static int gemm_lowp(tt_tensor *a, tt_tensor *b, int ta, int tb, int dtype, int out_dtype,
+                     tt_tensor **out) {
+  const int grad = tt_is_grad_enabled();
+  tt_set_grad_enabled(0);
+  int st;
+  if (tt_device_is_cuda(a->device)) {
+    st = tt_cuda_matmul_lowp_ex
+             ? tt_cuda_matmul_lowp_ex(a, b, NULL, ta, tb, dtype, out_dtype, out)
+             : tt_set_error("tt_linear_lowp_group: this build has no CUDA GEMMs");
+  } else {
+    tt_tensor *ar = NULL, *br = NULL;
+    st = rounded_f32(a, dtype, &ar);
+    if (st == 0) st = rounded_f32(b, dtype, &br);
+    if (st == 0)
+      st = matmul_core("tt_linear_lowp_group", 0, ar, br, NULL, ta, tb, ar, br,
+                       matmul_backward, dtype, out_dtype, out);
+    tt_tensor_release(br);
+    tt_tensor_release(ar);
+  }
+  tt_set_grad_enabled(grad);
+  return st;
+}
+
+int tt_cuda_matmul_lowp_into(tt_tensor *a, tt_tensor *b, int trans_a, int trans_b,
+                             int compute_dtype, tt_tensor *c, float beta) __attribute__((weak));
+
+/* c (f32, contiguous) += op(a) op(b) of 2-D a and b at dtype: the weight-gradient GEMM
+** adding into a gradient buffer (beta = 1), on the GPU or in the cpu emulation. */
+static int gemm_lowp_into(tt_tensor *a, tt_tensor *b, int ta, int tb, int dtype, tt_tensor *c) {
+  if (tt_device_is_cuda(a->device))
+    return tt_cuda_matmul_lowp_into
+               ? tt_cuda_matmul_lowp_into(a, b, ta, tb, dtype, c, 1.0f)
+               : tt_set_error("tt_linear_lowp_group: this build has no CUDA GEMMs");
+  const tt_matmul_kernels *k = NULL;
+  tt_tensor *ar = NULL, *br = NULL;
+  int st = matmul_table("tt_linear_lowp_group", a->device, &k);
+  if (st == 0) st = rounded_f32(a, dtype, &ar);
+  if (st == 0) st = rounded_f32(b, dtype, &br);
+  if (st == 0) {
+    const lead_dims L = {0, {0}};
+    st = run_product(k, &L, mat_of(c, 0, 0), mat_of(ar, ta, 0), mat_of(br, tb, 0), 1.0f, 1.0f);
+  }
+  tt_tensor_release(br);
+  tt_tensor_release(ar);
+  return st;
+}
+
+/* t (..., n) as a 2-D (rows, n) tensor off the tape (a view when t is contiguous). */
+static int as_rows(tt_tensor *t, tt_tensor **out) {
+  const int64_t n = t->shape[t->ndim - 1];
+  const int64_t shape[2] = {n ? tt_tensor_numel(t) / n : 0, n};
+  const int grad = tt_is_grad_enabled();
+  tt_set_grad_enabled(0);
+  const int st = tt_view(t, shape, 2, out);
+  tt_set_grad_enabled(grad);
+  return st;
+}
+
+/* inputs: x, w_0 .. w_{n-1}, then their biases (or none); saved: x as 2-D rows and the
+** group's low-precision buffer. i[0]: n, i[1]: compute dtype, i[2]: 1 with biases,
+** i[3 + j]: w_j's output features. */
+static int group_backward(tt_node *node, tt_tensor *g) {
+  const int n = (int)node->i[0], dtype = (int)node->i[1], has_bias = (int)node->i[2];
+  tt_tensor *x = node->inputs[0], *x2 = node->saved[0], *wcat = node->saved[1];
+  tt_tensor *g2 = NULL, *gw = NULL, *dx = NULL, *dx_full = NULL;
+  int st = as_rows(g, &g2);
+  if (st == 0 && tt_needs_grad(x)) {
+    /* dX = G W (the output gradient rounded to dtype), in x's dtype */
+    st = gemm_lowp(g2, wcat, 0, 0, dtype, x->dtype == TT_F32 ? TT_F32 : dtype, &dx);
+    if (st == 0) {
+      tt_set_grad_enabled(0);
+      st = tt_view(dx, x->shape, x->ndim, &dx_full);
+      tt_set_grad_enabled(1);
+    }
+    if (st == 0) st = tt_accumulate_grad(x, dx_full);
+  }
+  if (st == 0 && has_bias) {   /* the bias gradients sum the unrounded gradient, in f32 */
+    st = tt_tensor_empty(g2->shape, 2, TT_F32, g2->device, &gw);
+    if (st == 0) st = tt_copy_(gw, g2);
+  }
+  const tt_matmul_kernels *k = NULL;
+  if (st == 0 && has_bias) st = matmul_table("tt_linear_lowp_group", g->device, &k);
+  int64_t at = 0;
+  for (int j = 0; st == 0 && j < n; j++) {
+    tt_tensor *w = node->inputs[1 + j], *b = has_bias ? node->inputs[1 + n + j] : NULL;
+    const int64_t nj = node->i[3 + j];
+    tt_tensor *gj = NULL, *dw = NULL, *gbj = NULL, *db = NULL;
+    if (tt_needs_grad(w)) {
+      /* dW_j = G_j^T X, f32 sums for the f32 master; added by the GEMM itself into a
+      ** gradient that exists (beta = 1), as tt_linear_lowp does */
+      st = tt_narrow(g2, 1, at, nj, &gj);
+      if (st == 0 && tt_grad_accumulates_in_place(w)) {
+        st = gemm_lowp_into(gj, x2, 1, 0, dtype, w->grad);
+      } else {
+        if (st == 0) st = gemm_lowp(gj, x2, 1, 0, dtype, TT_F32, &dw);
+        if (st == 0) st = tt_accumulate_grad(w, dw);
+      }
+    }
+    if (st == 0 && b && tt_needs_grad(b)) {
+      tt_tensor *view = NULL;
+      st = tt_narrow(gw, 1, at, nj, &view);
+      if (st == 0) st = tt_contiguous_nograd(view, &gbj);
+      if (st == 0) st = tt_tensor_empty(b->shape, 1, TT_F32, b->device, &db);
+      if (st == 0)
+        st = k->bias_backward(tt_tensor_data(db), tt_tensor_data(gbj), g2->shape[0], nj);
+      if (st == 0) st = tt_accumulate_grad(b, db);
+      tt_tensor_release(view);
+    }
+    tt_tensor_release(db);
+    tt_tensor_release(gbj);
+    tt_tensor_release(dw);
+    tt_tensor_release(gj);
+    at += nj;
+  }
+  tt_tensor_release(dx_full);
+  tt_tensor_release(dx);
+  tt_tensor_release(gw);
+  tt_tensor_release(g2);
+  return st;
+}
+
+int tt_linear_lowp_group(tt_tensor *x, tt_tensor *const *ws, tt_tensor *const *biases, int n,
+                         int dtype, int out_dtype, tt_tensor **outs) {
+  static const char *const op = "tt_linear_lowp_group";
+  char sx[160], sw[160];
+  TT_CHECK(outs, "%s: outs is NULL", op);
+  TT_CHECK(n >= 1 && n <= 3, "%s: %d weights; expected 1 to 3", op, n);
+  for (int j = 0; j < n; j++) outs[j] = NULL;
+  TT_CHECK(x && ws, "%s: %s is NULL", op, x ? "ws" : "x");
+  TT_CHECK(dtype == TT_BF16 || dtype == TT_F16, "%s: compute dtype %s; expected bf16 or f16",
+           op, tt_dtype_name(dtype));
+  TT_CHECK(out_dtype == TT_F32 || out_dtype == dtype,
+           "%s: output dtype %s; expected f32 or the compute dtype %s", op,
+           tt_dtype_name(out_dtype), tt_dtype_name(dtype));
+  TT_CHECK(x->ndim >= 1 && (x->dtype == TT_F32 || x->dtype == dtype),
+           "%s: x is %s of %d dims; expected f32 or %s with at least one dim", op,
+           tt_dtype_name(x->dtype), x->ndim, tt_dtype_name(dtype));
+  const int64_t k_in = x->shape[x->ndim - 1];
+  int64_t total = 0;
+  for (int j = 0; j < n; j++) {
+    TT_CHECK(ws[j], "%s: weight %d is NULL", op, j);
+    TT_CHECK(ws[j]->ndim == 2 && ws[j]->shape[1] == k_in && ws[j]->dtype == TT_F32 &&
+                 ws[j]->device == x->device,
+             "%s: x is %s and weight %d is %s %s; expected f32 weights (out, %lld) on x's "
+             "device", op, tt_shape_str(x->shape, x->ndim, sx, sizeof sx), j,
+             tt_dtype_name(ws[j]->dtype), tt_shape_str(ws[j]->shape, ws[j]->ndim, sw, sizeof sw),
+             (long long)k_in);
+    if (biases)
+      TT_CHECK(biases[j] && biases[j]->ndim == 1 && biases[j]->shape[0] == ws[j]->shape[0] &&
+                   biases[j]->dtype == TT_F32 && biases[j]->device == x->device,
+               "%s: bias %d must be f32 [%lld] on x's device (give every weight a bias, or "
+               "none)", op, j, (long long)ws[j]->shape[0]);
+    total += ws[j]->shape[0];
+  }
+
+  tt_tensor *wcat = NULL, *x2 = NULL, *y2 = NULL, *y = NULL, *bcat = NULL, *wide = NULL;
+  TT_TRY(tt_lowp_weight_group(ws, n, dtype, &wcat));
+  int st = as_rows(x, &x2);
+  const int grad = tt_is_grad_enabled();
+  tt_set_grad_enabled(0);
+  if (st == 0 && !biases) st = gemm_lowp(x2, wcat, 0, 1, dtype, out_dtype, &y2);
+  if (st == 0 && biases) {
+    /* the bias joins the fp32 sums before the one rounding, as in tt_linear_lowp */
+    st = gemm_lowp(x2, wcat, 0, 1, dtype, TT_F32, &wide);
+    if (st == 0) st = tt_tensor_empty(&total, 1, TT_F32, x->device, &bcat);
+    int64_t at = 0;
+    for (int j = 0; st == 0 && j < n; j++) {
+      tt_tensor *part = NULL;
+      st = tt_narrow(bcat, 0, at, ws[j]->shape[0], &part);
+      if (st == 0) st = tt_copy_(part, biases[j]);
+      tt_tensor_release(part);
+      at += ws[j]->shape[0];
+    }
+    tt_tensor *sum = NULL;
+    if (st == 0) st = tt_add(wide, bcat, &sum);
+    if (st == 0 && out_dtype != TT_F32) {
+      st = tt_tensor_empty(sum->shape, 2, out_dtype, x->device, &y2);
+      if (st == 0) st = tt_copy_(y2, sum);
+      tt_tensor_release(sum);
+    } else if (st == 0) {
+      y2 = sum;
+    }
+  }
+  if (st == 0) {
+    int64_t shape[TT_MAX_DIMS];
+    for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
+    shape[x->ndim - 1] = total;
+    st = tt_view(y2, shape, x->ndim, &y);
+  }
+  tt_set_grad_enabled(grad);
+
+  tt_tensor *in[1 + 2 * 3] = {x};
+  for (int j = 0; j < n; j++) {
+    in[1 + j] = ws[j];
+    in[1 + n + j] = biases ? biases[j] : NULL;
+  }
+  const int n_in = 1 + (biases ? 2 : 1) * n;
+  if (st == 0 && tt_should_record(in, n_in)) {
+    tt_node *node = tt_record(op, group_backward, y, in, n_in);
+    if (!node) {
+      st = -1;
+    } else {
+      tt_node_save(node, x2);
+      tt_node_save(node, wcat);
+      node->i[0] = n;
+      node->i[1] = dtype;
+      node->i[2] = biases != NULL;
+      for (int j = 0; j < n; j++) node->i[3 + j] = ws[j]->shape[0];
+    }
+  }
+  int64_t at = 0;
+  for (int j = 0; st == 0 && j < n; j++) {
+    st = tt_narrow(y, x->ndim - 1, at, ws[j]->shape[0], &outs[j]);
+    at += ws[j]->shape[0];
+  }
+  if (st != 0)
+    for (int j = 0; j < n; j++) {
+      tt_tensor_release(outs[j]);
+      outs[j] = NULL;
+    }
+  tt_tensor_release(y);
+  tt_tensor_release(y2);
+  tt_tensor_release(wide);
+  tt_tensor_release(bcat);
+  tt_tensor_release(x2);
+  tt_tensor_release(wcat);
   return st;
 }

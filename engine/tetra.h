@@ -112,6 +112,10 @@ const char *tt_tensor_describe(const tt_tensor *t, char *buf, size_t n);
 
 /* Views share storage. These are differentiable (they record on the tape). */
 int tt_view(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out);      /* -1 infers one dim; copies when not viewable */
+/* As tt_view, but a non-contiguous t whose strides allow it (a run of dims split or
+** merged, such as the last dim of a column block split into heads) gives a strided view,
+** not a contiguous copy; only what cannot be viewed is copied. */
+int tt_reshape(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out);
 int tt_transpose(tt_tensor *t, int dim0, int dim1, tt_tensor **out);
 int tt_permute(tt_tensor *t, const int *dims, int ndim, tt_tensor **out);
 int tt_narrow(tt_tensor *t, int dim, int64_t start, int64_t length, tt_tensor **out);
@@ -163,6 +167,8 @@ int64_t tt_tape_size(void);
 /* The name of the op recorded at tape position i (0: the oldest), or NULL out of range:
 ** what a forward recorded, for tests and debugging. */
 const char *tt_tape_node_name(int64_t i);
+/* The dtype of that op's output, or -1 out of range. */
+int tt_tape_node_dtype(int64_t i);
 /* Called for each leaf once its gradient for this backward is complete (used by data
 ** parallelism to start reducing gradient buckets while backward still runs). */
 typedef void (*tt_grad_ready_fn)(tt_tensor *leaf, void *userdata);

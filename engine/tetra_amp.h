@@ -151,6 +151,11 @@ int tt_lowp_weight(tt_tensor *w, int dtype, tt_tensor **out);
 /* The copy's buffer in dtype, allocated when absent, without casting anything: for an
 ** optimizer that writes it. *out is a new reference. Mark it fresh once written. */
 int tt_lowp_weight_buffer(tt_tensor *w, int dtype, tt_tensor **out);
+/* The copies of n weights of one column count as consecutive row blocks of one buffer
+** (n_0 + n_1 + ..., in): each weight's copy (tt_lowp_weight, the optimizer's buffer) is
+** its block, so the group is cast once per change like a single weight, and *out (a new
+** reference) is the whole buffer, read by one GEMM (tt_linear_lowp_group). */
+int tt_lowp_weight_group(tt_tensor *const *ws, int n, int dtype, tt_tensor **out);
 /* The copy holds w's current values (it was written alongside w's last write). */
 int tt_lowp_weight_mark_fresh(tt_tensor *w);
 /* Drops w's copy (frees its memory). */
@@ -163,5 +168,18 @@ int64_t tt_lowp_weight_casts(void);
 ** cpu an exact emulation of its arithmetic (operands and the output gradient rounded,
 ** f32 GEMMs). Differentiable in x, w (an f32 gradient for an f32 master) and bias. */
 int tt_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int dtype, tt_tensor **out);
+/* The same with the output's dtype chosen: f32, or dtype itself (bf16 activations between
+** GEMMs: the fp32 sums rounded once). x may be f32 or dtype (widened exactly, not
+** rounded again); its gradient comes in x's dtype. tt_linear_lowp writes f32 for an f32
+** x and dtype for an x in dtype. */
+int tt_linear_lowp_ex(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int dtype, int out_dtype,
+                      tt_tensor **out);
+/* Several Linear layers on one x in one GEMM (fused QKV, fused w1 | w3): outs[j] =
+** x W_j^T + b_j as tt_linear_lowp_ex computes it, all from one product with the
+** weights' copies side by side (tt_lowp_weight_group). n: 1 to 3; biases: NULL, or one
+** per weight. Each outs[j] is a view of the shared (..., sum of out features) result
+** (its rows strided); backward runs one dX GEMM and one dW GEMM per weight. */
+int tt_linear_lowp_group(tt_tensor *x, tt_tensor *const *ws, tt_tensor *const *biases, int n,
+                         int dtype, int out_dtype, tt_tensor **outs);
 
 #endif

@@ -34,6 +34,15 @@ static int permute_backward(tt_node *node, tt_tensor *g) {
 
 static int narrow_backward(tt_node *node, tt_tensor *g) {
   tt_tensor *in = node->inputs[0], *full = NULL, *part = NULL;
+  if (in->grad && !in->is_leaf) {
+    /* A gradient is being gathered already (the other parts of one result, such as a
+    ** fused q/k/v GEMM's): this part's is added into its block, not into a zero copy of
+    ** the whole. */
+    TT_TRY(tt_narrow(in->grad, (int)node->i[0], node->i[1], node->i[2], &part));
+    const int rc = tt_axpy_(part, 1.0, g);
+    tt_tensor_release(part);
+    return rc;
+  }
   TT_TRY(tt_zeros_like(in, &full));
   int rc = tt_narrow(full, (int)node->i[0], node->i[1], node->i[2], &part);
   if (rc == 0) rc = tt_copy_(part, g);
@@ -81,8 +90,50 @@ static int finish(const char *name, tt_backward_fn bw, tt_tensor *in, tt_tensor 
 
 /* -- Views --------------------------------------------------------------------------- */
 
+/* Strides that show t's elements, in row-major order, as `shape` without moving them:
+** 1 and stride[] filled when they exist, else 0. The dims of t fall into runs in which
+** each dim steps over exactly the next one's extent (memory-contiguous among themselves);
+** every run must be re-split into whole dims of `shape`, which then step through the run
+** at its innermost stride. */
+static int view_strides(const tt_tensor *t, const int64_t *shape, int ndim, int64_t *stride) {
+  if (t->ndim == 0 || tt_tensor_numel(t) == 0) return 0;
+  int vd = ndim - 1;
+  int64_t base = t->stride[t->ndim - 1], run = 1, covered = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    run *= t->shape[d];
+    const int run_ends = d == 0 || (t->shape[d - 1] != 1 && t->stride[d - 1] != run * base);
+    if (!run_ends) continue;
+    while (vd >= 0 && (covered < run || shape[vd] == 1)) {
+      stride[vd] = covered * base;
+      covered *= shape[vd];
+      vd--;
+    }
+    if (covered != run) return 0;
+    if (d > 0) {
+      base = t->stride[d - 1];
+      run = covered = 1;
+    }
+  }
+  return vd == -1;
+}
+
+static int view_impl(const char *op, int keep_strides, tt_tensor *t, const int64_t *shape,
+                     int ndim, tt_tensor **out);
+
 int tt_view(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out) {
+  return view_impl("view", 0, t, shape, ndim, out);
+}
+
+int tt_reshape(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out) {
+  return view_impl("reshape", 1, t, shape, ndim, out);
+}
+
+/* keep_strides: a strided view when t's strides allow one (tt_reshape); otherwise, or
+** when they do not, the view of a contiguous t or of a contiguous copy (tt_view). */
+static int view_impl(const char *op, int keep_strides, tt_tensor *t, const int64_t *shape,
+                     int ndim, tt_tensor **out) {
   char a[160], b[160];
+  (void)op;
   TT_CHECK(ndim >= 0 && ndim <= TT_MAX_DIMS, "view: %d dims, at most %d", ndim, TT_MAX_DIMS);
   int64_t want[TT_MAX_DIMS], known, n = tt_tensor_numel(t);
   int infer = -1;
@@ -112,6 +163,17 @@ int tt_view(tt_tensor *t, const int64_t *shape, int ndim, tt_tensor **out) {
   TT_CHECK(known == n, "view: shape %s has %lld elements, tensor %s has %lld",
            tt_shape_str(want, ndim, a, sizeof a), (long long)known,
            tt_shape_str(t->shape, t->ndim, b, sizeof b), (long long)n);
+  int64_t strides[TT_MAX_DIMS];
+  if (keep_strides && !tt_tensor_is_contiguous(t) && view_strides(t, want, ndim, strides)) {
+    tt_tensor *v = tt_tensor_header_alias(t);
+    if (!v) return -1;
+    v->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+      v->shape[i] = want[i];
+      v->stride[i] = strides[i];
+    }
+    return finish("view", view_backward, t, v, NULL, out);
+  }
   tt_tensor *base = NULL;
   /* Not viewable without a copy: reshape semantics, through a contiguous copy. */
   TT_TRY(tt_contiguous(t, &base));

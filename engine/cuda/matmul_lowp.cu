@@ -254,18 +254,21 @@ static int check_float_cuda(const char *op, const char *arg, const tt_tensor *t)
   return 0;
 }
 
-/* Shapes as in tt_matmul; allow_row lets a be 1-D (one row). */
-/* b_low: b's cached low-precision copy (tt_lowp_weight) to read instead of casting b, or
-** NULL. */
+/* Shapes as in tt_matmul; allow_row lets a be 1-D (one row). b_low: b's cached
+** low-precision copy (tt_lowp_weight) to read instead of casting b, or NULL. The output
+** is written in out_dtype (-1: a's dtype). */
 static int lowp_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
                      tt_tensor *b_low, tt_tensor *bias, int ta, int tb, int compute,
-                     tt_tensor **out) {
+                     int out_dtype, tt_tensor **out) {
   char sa[160], sb[160];
   TT_CHECK(out, "%s: out is NULL", op);
   *out = NULL;
   TT_CHECK(a && b, "%s: %s is NULL", op, a ? "b" : "a");
   TT_CHECK(compute == TT_BF16 || compute == TT_F16,
            "%s: compute dtype %s; expected bf16 or f16", op, tt_dtype_name(compute));
+  TT_CHECK(out_dtype < 0 || out_dtype == TT_F32 || out_dtype == compute,
+           "%s: output dtype %s; expected f32 or %s", op, tt_dtype_name(out_dtype),
+           tt_dtype_name(compute));
   TT_TRY(check_float_cuda(op, "a", a));
   TT_TRY(check_float_cuda(op, "b", b));
   if (bias) TT_TRY(check_float_cuda(op, "bias", bias));
@@ -308,7 +311,7 @@ static int lowp_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
   shape[ndim++] = p.n;
 
   tt_tensor *o = NULL, *al = NULL, *bl = NULL, *biasc = NULL;
-  int st = tt_tensor_empty(shape, ndim, a->dtype, a->device, &o);
+  int st = tt_tensor_empty(shape, ndim, out_dtype < 0 ? a->dtype : out_dtype, a->device, &o);
   if (st == 0) st = tt_cuda_cast_contiguous(a, compute, &al);
   if (st == 0) st = tt_cuda_cast_contiguous(b_low ? b_low : b, compute, &bl);
   /* cuBLASLt's bias epilogue reads the bias in the output's dtype. */
@@ -345,7 +348,42 @@ static int lowp_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
 extern "C" int tt_cuda_matmul_lowp(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a,
                                    int trans_b, int compute_dtype, tt_tensor **out) {
   return lowp_impl("tt_cuda_matmul_lowp", 0, a, b, NULL, bias, trans_a != 0, trans_b != 0,
-                   compute_dtype, out);
+                   compute_dtype, -1, out);
+}
+
+extern "C" int tt_cuda_matmul_lowp_ex(tt_tensor *a, tt_tensor *b, tt_tensor *bias,
+                                      int trans_a, int trans_b, int compute_dtype,
+                                      int out_dtype, tt_tensor **out) {
+  return lowp_impl("tt_cuda_matmul_lowp", 0, a, b, NULL, bias, trans_a != 0, trans_b != 0,
+                   compute_dtype, out_dtype, out);
+}
+
+extern "C" int tt_cuda_matmul_lowp_into(tt_tensor *a, tt_tensor *b, int trans_a, int trans_b,
+                                        int compute_dtype, tt_tensor *c, float beta) {
+  static const char *const op = "tt_cuda_matmul_lowp_into";
+  TT_CHECK(a && b && c, "%s: %s is NULL", op, !a ? "a" : !b ? "b" : "c");
+  TT_TRY(check_float_cuda(op, "a", a));
+  TT_TRY(check_float_cuda(op, "b", b));
+  TT_CHECK(compute_dtype == TT_BF16 || compute_dtype == TT_F16,
+           "%s: compute dtype %s; expected bf16 or f16", op, tt_dtype_name(compute_dtype));
+  TT_CHECK(a->ndim == 2 && b->ndim == 2, "%s: a and b must be matrices", op);
+  const int64_t m = trans_a ? a->shape[1] : a->shape[0], k = trans_a ? a->shape[0] : a->shape[1];
+  const int64_t n = trans_b ? b->shape[0] : b->shape[1];
+  TT_CHECK((trans_b ? b->shape[1] : b->shape[0]) == k, "%s: inner dims differ", op);
+  TT_CHECK(c->ndim == 2 && c->shape[0] == m && c->shape[1] == n && c->dtype == TT_F32 &&
+               tt_tensor_is_contiguous(c) && c->device == a->device && b->device == a->device,
+           "%s: c must be a contiguous f32 [%lld, %lld] on a's device", op, (long long)m,
+           (long long)n);
+  TT_CU(cudaSetDevice(a->device));
+  tt_tensor *al = NULL, *bl = NULL;
+  int st = tt_cuda_cast_contiguous(a, compute_dtype, &al);
+  if (st == 0) st = tt_cuda_cast_contiguous(b, compute_dtype, &bl);
+  if (st == 0)
+    st = gemm(trans_a != 0, trans_b != 0, m, n, k, opnd(al, a->shape[1], 0),
+              opnd(bl, b->shape[1], 0), opnd(c, n, 0), 1, beta, NULL);
+  tt_tensor_release(bl);
+  tt_tensor_release(al);
+  return st;
 }
 
 extern "C" int tt_cuda_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
@@ -356,11 +394,11 @@ extern "C" int tt_cuda_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
            "tt_cuda_linear_lowp: x is %s and w is %s; expected x (..., in) and w (out, in)",
            tt_shape_str(x->shape, x->ndim, sx, sizeof sx),
            tt_shape_str(w->shape, w->ndim, sw, sizeof sw));
-  return lowp_impl("tt_cuda_linear_lowp", 1, x, w, NULL, bias, 0, 1, compute_dtype, out);
+  return lowp_impl("tt_cuda_linear_lowp", 1, x, w, NULL, bias, 0, 1, compute_dtype, -1, out);
 }
 
 extern "C" int tt_cuda_linear_lowp_cached(tt_tensor *x, tt_tensor *w, tt_tensor *w_low,
-                                          tt_tensor *bias, int compute_dtype,
+                                          tt_tensor *bias, int compute_dtype, int out_dtype,
                                           tt_tensor **out) {
   char sx[160], sw[160];
   TT_CHECK(x && w && w_low, "tt_cuda_linear_lowp_cached: %s is NULL",
@@ -374,7 +412,7 @@ extern "C" int tt_cuda_linear_lowp_cached(tt_tensor *x, tt_tensor *w, tt_tensor 
                w_low->shape[1] == w->shape[1] && w_low->device == w->device,
            "tt_cuda_linear_lowp_cached: w_low is not a copy of w");
   return lowp_impl("tt_cuda_linear_lowp_cached", 1, x, w, w_low, bias, 0, 1, compute_dtype,
-                   out);
+                   out_dtype, out);
 }
 
 TT_CUDA_FAMILY(matmul_lowp)

@@ -20,13 +20,21 @@
 ** gradient. */
 int tt_cuda_matmul_lowp(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a,
                         int trans_b, int compute_dtype, tt_tensor **out);
+/* The same written in out_dtype (f32 or compute_dtype). */
+int tt_cuda_matmul_lowp_ex(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int trans_a,
+                           int trans_b, int compute_dtype, int out_dtype, tt_tensor **out);
+/* c (f32, contiguous (m, n)) = op(a) op(b) + beta c for matrices a and b, at compute_dtype
+** with fp32 sums: a weight-gradient GEMM adding into an existing gradient (beta = 1). */
+int tt_cuda_matmul_lowp_into(tt_tensor *a, tt_tensor *b, int trans_a, int trans_b,
+                             int compute_dtype, tt_tensor *c, float beta);
 /* x: (..., in), w: (out, in), bias: (out) or NULL -> (..., out), as tt_linear. */
 int tt_cuda_linear_lowp(tt_tensor *x, tt_tensor *w, tt_tensor *bias, int compute_dtype,
                         tt_tensor **out);
 /* As tt_cuda_linear_lowp, with w's low-precision copy w_low (tt_lowp_weight: w's shape,
-** compute_dtype, contiguous) read instead of a cast of w; w still receives the gradient. */
+** compute_dtype, contiguous) read instead of a cast of w; w still receives the gradient.
+** The GEMM writes out_dtype (f32, or compute_dtype: bf16 activations between GEMMs). */
 int tt_cuda_linear_lowp_cached(tt_tensor *x, tt_tensor *w, tt_tensor *w_low, tt_tensor *bias,
-                               int compute_dtype, tt_tensor **out);
+                               int compute_dtype, int out_dtype, tt_tensor **out);
 /* A contiguous copy of t (any float dtype, any strides, on a CUDA device) in dtype; t
 ** itself (retained) when it already is one. No grad. */
 int tt_cuda_cast_contiguous(tt_tensor *t, int dtype, tt_tensor **out);

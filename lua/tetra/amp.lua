@@ -33,6 +33,12 @@
 --                arithmetic on the CPU (engine/fp8.c): fp32 sums, bf16 Y and dX, f32 dW.
 --                train.fp8_layers picks the layers; under data, context and tensor
 --                parallelism the ranks agree their amaxes (opts.amax_group);
+--                Under bf16 the activations between GEMMs are bf16 as well: the norms
+--                write bf16, the GEMMs that read them write bf16 (RoPE, attention, SwiGLU,
+--                GELU and the loss take it), and the layers whose output joins the
+--                residual stream write f32 (half_gemm below). Under bf16 and fp16
+--                the layers that read one x (q/k/v, w1 | w3) run as one GEMM through
+--                tetra.nn.linears (group_gemm below);
 --   fp16 also    a dynamic loss scaler: the loss is scaled up before backward, the grads
 --                unscaled and checked before clipping and the optimizer, and a step with
 --                inf/NaN grads skipped while the scale backs off.
@@ -137,8 +143,44 @@ local function half_linear(x, w, bias, dtype)
   return take(C.tt_linear_lowp(x, w, bias, dtype, pout))
 end
 
-local function half_gemm(dtype)
-  return function(x, w, bias) return half_linear(x, w, bias, dtype) end
+-- A Linear layer's GEMM under bf16 / fp16. Under bf16 the activations between GEMMs are
+-- bf16 too: a layer given a bf16 x writes bf16 (its fp32 sums rounded once), except one
+-- whose output is added into the residual stream (built with residual = true: attention's
+-- output projection, the MLP's down projection), which writes f32, so the residual
+-- stream, its adds and its norms' statistics stay f32 and so do the activations that
+-- tensor and pipeline parallelism sum or send between blocks. An f32 x (fp16, or a layer
+-- whose input no norm wrote) gives f32.
+local function half_gemm(dtype, residual)
+  local lowp_out = dtype == C.TT_BF16 and not residual
+  return function(x, w, bias)
+    local out = (lowp_out and x._dtype == dtype) and dtype or C.TT_F32
+    return take(C.tt_linear_lowp_ex(x, w, bias, dtype, out, pout))
+  end
+end
+
+-- The grouped GEMM of the Linear layers that read one x (tetra.nn.linears: fused QKV,
+-- fused w1 | w3) under bf16 / fp16: one product with the weights' copies side by side,
+-- each output a view of it; the output dtype follows x as in half_gemm. One function per
+-- dtype, so layers given the same one can be grouped.
+local group_gemms = {}
+local function group_gemm(dtype)
+  if group_gemms[dtype] then return group_gemms[dtype] end
+  local outs = ffi.new("tt_tensor *[3]")
+  local f = function(x, ws, bs)
+    local n = #ws
+    local wa = ffi.new("tt_tensor *[3]", ws)
+    local ba = bs and ffi.new("tt_tensor *[3]", bs) or nil
+    local out = (dtype == C.TT_BF16 and x._dtype == dtype) and dtype or C.TT_F32
+    tffi.check(C.tt_linear_lowp_group(x, wa, ba, n, dtype, out, outs), 2)
+    local r = {}
+    for j = 1, n do
+      r[j] = T.wrap(outs + (j - 1))
+      outs[j - 1] = nil
+    end
+    return unpack(r, 1, n)
+  end
+  group_gemms[dtype] = f
+  return f
 end
 
 -- Each layer owns its scaling state (three amax histories); the closure keeps it alive
@@ -240,10 +282,15 @@ function amp.wrap(model, cfg, opts)
   local linears = {}
   for _, nm in ipairs(model:named_modules()) do
     local path, m = nm[1], nm[2]
+    -- bf16 activations start at the norms: each writes its output (a GEMM's operand) in
+    -- bf16, read by the GEMM as it is
+    if precision == "bf16" and m.add_forward then m.y_dtype = "bf16" end
     if m.gemm then
       linears[#linears + 1] = path
       if precision ~= "fp8" then
-        m.gemm = half_gemm(precision == "bf16" and C.TT_BF16 or C.TT_F16)
+        local dtype = precision == "bf16" and C.TT_BF16 or C.TT_F16
+        m.gemm = half_gemm(dtype, m.residual)
+        if not m.residual then m.gemm_group = group_gemm(dtype) end
         ctx.layers = ctx.layers + 1
       elseif fp8_selected(pats, path, m) then
         local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0, opts.amax_group,

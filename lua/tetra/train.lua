@@ -538,6 +538,11 @@ function train.generate(model, prompt_ids, opts)
         y = full
       end
       local logits = to_dev(y, C.TT_CPU)               -- (1, T, V), contiguous
+      if logits._dtype ~= C.TT_F32 then                -- a bf16 head's: widened
+        local wide = logits:float()
+        free(logits)
+        logits = wide
+      end
       local V = tonumber(logits._shape[2])
       local last = ffi.cast("float *", C.tt_tensor_data(logits)) + (T - 1) * V
       local id = sample(last, V, opts.temperature or 0.8, opts.top_k or 40)

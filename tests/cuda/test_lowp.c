@@ -244,3 +244,115 @@ Test(cuda_lowp, linear_cached_weight_matches_the_cpu_twin) {
   tt_tensor *all[] = {x, w, bias, xd, wd, bd, xv, xdv, g, gd};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }
+
+/* bf16 activations between GEMMs: a bf16 x read as it is, the output written in bf16
+** (the fp32 sums rounded once) or in f32 (a layer feeding the residual stream), and the
+** gradient of x in bf16, against the CPU twin on the same values. */
+Test(cuda_lowp, linear_bf16_activations_match_the_cpu_twin) {
+  int64_t xs[3] = {2, 37, 67}, ws[2] = {45, 67}, bs[1] = {45}, gs[3] = {2, 37, 45};
+  tt_tensor *x32 = randn(xs, 3, 1.0), *w = randn(ws, 2, 0.1), *bias = randn(bs, 1, 0.1);
+  tt_tensor *x = cast(x32, TT_BF16), *xd = to_dev(x, GPU), *wd = to_dev(w, GPU);
+  tt_tensor *bd = to_dev(bias, GPU);
+  cr_assert_eq(xd->dtype, TT_BF16);
+  const int outs[2] = {TT_BF16, TT_F32};
+  for (int o = 0; o < 2; o++) {
+    tt_tensor *leaves[6] = {x, w, bias, xd, wd, bd};
+    for (int i = 0; i < 6; i++) {
+      tt_tensor_release(leaves[i]->grad);
+      leaves[i]->grad = NULL;
+      cr_assert_eq(tt_set_requires_grad(leaves[i], 1), 0);
+    }
+    tt_tensor *ref = NULL, *out = NULL;
+    cr_assert_eq(tt_linear_lowp_ex(x, w, bias, TT_BF16, outs[o], &ref), 0, "%s",
+                 tt_last_error());
+    poison(2 * 37 * 45);
+    cr_assert_eq(tt_linear_lowp_ex(xd, wd, bd, TT_BF16, outs[o], &out), 0, "%s",
+                 tt_last_error());
+    cr_assert_eq(out->dtype, outs[o]);
+    const double tol = outs[o] == TT_BF16 ? 8e-3 : 1e-5;
+    double e = rel_err(out, ref);
+    cr_assert(e <= tol, "forward (%s out): relative error %g", tt_dtype_name(outs[o]), e);
+    tt_tensor *g = randn(gs, 3, 1.0), *gl = cast(g, outs[o]), *gd = to_dev(gl, GPU);
+    cr_assert_eq(tt_backward_with(ref, gl), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward_with(out, gd), 0, "%s", tt_last_error());
+    cr_assert_eq(xd->grad->dtype, TT_BF16);
+    double ex = rel_err(xd->grad, x->grad), ew = rel_err(wd->grad, w->grad);
+    cr_assert(ex <= 8e-3 && ew <= 1e-5, "backward (%s out): grad x %g, grad w %g",
+              tt_dtype_name(outs[o]), ex, ew);
+    tt_tensor *tmp[] = {ref, out, g, gl, gd};
+    for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) tt_tensor_release(tmp[i]);
+  }
+  tt_tensor *all[] = {x32, w, bias, x, xd, wd, bd};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+/* Fused q/k/v (and w1 | w3): tt_linear_lowp_group on the GPU against its CPU twin on the
+** same values, bf16 x in, bf16 out, with biases: the three outputs (strided views of one
+** GEMM's result), then dX, each dW and each db. */
+Test(cuda_lowp, linear_group_matches_the_cpu_twin) {
+  int64_t xs[3] = {2, 19, 64}, gs[3] = {2, 19, 0};
+  const int64_t rows[3] = {64, 16, 16};
+  tt_tensor *x32 = randn(xs, 3, 1.0), *x = cast(x32, TT_BF16), *xd = to_dev(x, GPU);
+  tt_tensor *w[3], *wd[3], *b[3], *bd[3];
+  for (int j = 0; j < 3; j++) {
+    int64_t ws[2] = {rows[j], 64};
+    w[j] = randn(ws, 2, 0.1);
+    b[j] = randn(&rows[j], 1, 0.1);
+    wd[j] = to_dev(w[j], GPU);
+    bd[j] = to_dev(b[j], GPU);
+    tt_tensor *leaves[4] = {w[j], b[j], wd[j], bd[j]};
+    for (int i = 0; i < 4; i++) cr_assert_eq(tt_set_requires_grad(leaves[i], 1), 0);
+  }
+  cr_assert_eq(tt_set_requires_grad(x, 1), 0);
+  cr_assert_eq(tt_set_requires_grad(xd, 1), 0);
+  tt_tensor *ref[3], *out[3];
+  cr_assert_eq(tt_linear_lowp_group(x, w, b, 3, TT_BF16, TT_BF16, ref), 0, "%s",
+               tt_last_error());
+  poison(2 * 19 * 96);
+  cr_assert_eq(tt_linear_lowp_group(xd, wd, bd, 3, TT_BF16, TT_BF16, out), 0, "%s",
+               tt_last_error());
+  /* One backward per device of sum_j <out_j, g_j> (g_j bf16 values): the three parts
+  ** of the shared result's gradient meet before the group's node runs. */
+  tt_tensor *loss_ref = NULL, *loss_dev = NULL;
+  for (int j = 0; j < 3; j++) {
+    cr_assert_eq(out[j]->dtype, TT_BF16);
+    double e = rel_err(out[j], ref[j]);
+    cr_assert(e <= 8e-3, "output %d: relative error %g", j, e);
+    gs[2] = rows[j];
+    tt_tensor *g = randn(gs, 3, 1.0), *gl = cast(g, TT_BF16), *g32 = cast(gl, TT_F32);
+    tt_tensor *gd = to_dev(g32, GPU);
+    tt_tensor **loss[2] = {&loss_ref, &loss_dev};
+    tt_tensor *o[2] = {ref[j], out[j]}, *gg[2] = {g32, gd};
+    for (int d = 0; d < 2; d++) {
+      tt_tensor *wide = cast(o[d], TT_F32), *prod = NULL, *s = NULL, *acc = NULL;
+      cr_assert_eq(tt_mul(wide, gg[d], &prod), 0, "%s", tt_last_error());
+      cr_assert_eq(tt_sum(prod, NULL, 0, 0, &s), 0, "%s", tt_last_error());
+      if (*loss[d]) {
+        cr_assert_eq(tt_add(*loss[d], s, &acc), 0, "%s", tt_last_error());
+        tt_tensor_release(*loss[d]);
+        tt_tensor_release(s);
+        *loss[d] = acc;
+      } else {
+        *loss[d] = s;
+      }
+      tt_tensor_release(prod);
+      tt_tensor_release(wide);
+    }
+    tt_tensor *tmp[] = {g, gl, g32, gd};
+    for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) tt_tensor_release(tmp[i]);
+  }
+  cr_assert_eq(tt_backward(loss_ref), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_backward(loss_dev), 0, "%s", tt_last_error());
+  tt_tensor_release(loss_ref);
+  tt_tensor_release(loss_dev);
+  double ex = rel_err(xd->grad, x->grad);
+  cr_assert(ex <= 8e-3, "grad x: relative error %g", ex);
+  for (int j = 0; j < 3; j++) {
+    double ew = rel_err(wd[j]->grad, w[j]->grad), eb = rel_err(bd[j]->grad, b[j]->grad);
+    cr_assert(ew <= 1e-5 && eb <= 1e-5, "weight %d: grad w %g, grad b %g", j, ew, eb);
+    tt_tensor *tmp[] = {ref[j], out[j], w[j], wd[j], b[j], bd[j]};
+    for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) tt_tensor_release(tmp[i]);
+  }
+  tt_tensor *all[] = {x32, x, xd};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}

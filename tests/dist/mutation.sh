@@ -78,9 +78,10 @@ mutant sp_partial_grads parallel/tensor.lua "self[name] = g:copy_to_group(p)" "s
 # A key/value head held by two ranks: their weight gradients not summed.
 mutant kv_copies parallel/tensor.lua "local w = copies:copy_to_group(self.weight)" \
   "local w = F.scale(self.weight, 1.0)" llama_tp4_kv2 grad_norm
-# Tensor-parallel layers left in f32 under bf16 (amp's GEMM not used).
+# Tensor-parallel layers left in f32 under bf16 (amp's GEMM not used; their bf16 input
+# widened, as an f32 layer would need).
 mutant tp_precision parallel/tensor.lua "local y = self.gemm(xc, self.weight, self.bias)" \
-  "local y = F.linear(xc, self.weight, self.bias)" llama_tp2_bf16 loss
+  "local y = F.linear(xc:float(), self.weight, self.bias)" llama_tp2_bf16 loss
 # Context parallelism: the keys of the other chunks not gathered (each rank attends
 # within its own chunks).
 mutant cp_gather parallel/context.lua "if positions == nil then return plain(self, q, k, v) end" \

@@ -2,11 +2,13 @@
 -- its fp32 loss curve on a learnable token stream, with the rounding emulated on CPU.
 --
 -- Stated distances (max over 25 steps of |loss - fp32 loss|, losses start near 5.5):
---   bf16 <= 0.06 (measured 0.051: the emulation rounds the output gradient to bf16 as the
---   CUDA GEMM does; when it rounded dX and dW instead the gap was 0.035), fp8 <= 0.25 (e4m3 keeps 3 mantissa bits: relative rounding 6%; at this
---   steep learning rate the fp8 curve lags fp32 by 0.14-0.16 on the fast-falling part,
---   depending on the build's float contraction; precision_spec holds fp8 to 5e-2 at a
---   gentler rate).
+--   bf16 <= 0.06 (measured 0.021 with bf16 activations between GEMMs and q/k/v and
+--   w1 | w3 fused, 0.027 with bf16 activations alone, 0.051 when they were f32; the
+--   emulation rounds the output gradient to bf16 as the CUDA GEMM does; when it rounded
+--   dX and dW instead the gap was 0.035), fp8 <= 0.25 (e4m3 keeps 3 mantissa bits:
+--   relative rounding 6%; at this steep learning rate the fp8 curve lags fp32 by
+--   0.14-0.16 on the fast-falling part, depending on the build's float contraction;
+--   precision_spec holds fp8 to 5e-2 at a gentler rate).
 -- And the fp16 loss scaler: an injected overflow skips exactly that step.
 local tetra = require("tetra")
 local amp = require("tetra.amp")
@@ -121,5 +123,59 @@ describe("fp16 loss scaler", function()
     -- 1024 -> (step 2 overflow) 512 -> (steps 3, 4 clean: growth) 1024
     expect(s:scale()).to_be(1024)
     expect(s:skipped_steps()).to_be(1)
+  end)
+end)
+
+-- Under bf16 the activations between GEMMs are bf16 (the norms' outputs, q/k/v, the
+-- attention's output, the MLP's hidden, the logits) and the residual stream is f32, and
+-- the projections that read one input run as one GEMM (q/k/v; Llama's w1 and w3): the
+-- ops one forward records, in order, with their dtypes, for both model families.
+describe("bf16 activations end to end", function()
+  local ffi = require("ffi")
+  local function forward_dtypes(recipe, over)
+    local cfg = config()
+    for k, v in pairs(over or {}) do cfg.model[k] = v end
+    cfg.train.precision = "bf16"
+    C.tt_manual_seed(0)
+    local model = recipe.Model(cfg.model)
+    amp.wrap(model, cfg)
+    C.tt_tape_clear()
+    local ids = tetra.randint(0, cfg.model.vocab_size, 2, 8)
+    local logits = model(ids)
+    local ops = {}
+    for i = 0, tonumber(C.tt_tape_size()) - 1 do
+      ops[#ops + 1] = ffi.string(C.tt_tape_node_name(i)) .. ":" ..
+                      ffi.string(C.tt_dtype_name(C.tt_tape_node_dtype(i)))
+    end
+    C.tt_tape_clear()
+    return table.concat(ops, " "), logits.dtype
+  end
+
+  it("Llama: bf16 from each norm to the next residual add, f32 residual stream", function()
+    local ops, logits = forward_dtypes(tiny, { n_layers = 1 })
+    expect(ops).to_be(
+      "embedding:f32 add_rms_norm.norm:bf16 " ..
+      -- q, k and v from one GEMM, their heads strided views of it, q and k rotated into
+      -- contiguous copies
+      "tt_linear_lowp_group:bf16 narrow:bf16 narrow:bf16 narrow:bf16 " ..
+      "view:bf16 rope:bf16 view:bf16 rope:bf16 view:bf16 attention:bf16 view:bf16 " ..
+      "tt_linear_lowp:f32 add_rms_norm.add:f32 add_rms_norm.norm:bf16 " ..
+      -- w1 and w3 from one GEMM
+      "tt_linear_lowp_group:bf16 narrow:bf16 narrow:bf16 swiglu:bf16 tt_linear_lowp:f32 " ..
+      "tt_add:f32 add_rms_norm.norm:bf16 tt_linear_lowp:bf16")
+    expect(logits).to_be("bf16")
+  end)
+
+  it("GPT-2: the same with LayerNorm, GELU and the tied head", function()
+    local gpt2 = dofile(here .. "/recipes/gpt2.lua")
+    local ops, logits = forward_dtypes(gpt2, { n_layers = 1, dim = 64, n_heads = 4,
+                                               ffn_hidden = 128, seq_len = 8 })
+    expect(ops).to_be(
+      "embedding:f32 embedding:f32 tt_add:f32 add_layer_norm.norm:bf16 " ..
+      "tt_linear_lowp_group:bf16 narrow:bf16 narrow:bf16 narrow:bf16 view:bf16 view:bf16 " ..
+      "view:bf16 attention:bf16 view:bf16 tt_linear_lowp:f32 add_layer_norm.add:f32 " ..
+      "add_layer_norm.norm:bf16 tt_linear_lowp:bf16 gelu:bf16 tt_linear_lowp:f32 tt_add:f32 " ..
+      "add_layer_norm.norm:bf16 tt_linear_lowp:bf16")
+    expect(logits).to_be("bf16")
   end)
 end)

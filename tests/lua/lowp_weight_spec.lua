@@ -97,7 +97,74 @@ describe("tt_linear_lowp (cpu emulation of the bf16 tensor-core GEMM)", function
     expect(max_diff(b.grad:tolist(), db) < 1e-5).to_be(true)
   end)
 
+  it("bf16 output and bf16 input (activations between GEMMs): the f32 sums rounded once",
+     function()
+    tetra.manual_seed(6)
+    local x = tetra.randn(5, 7):requires_grad_()
+    local w = tetra.randn(3, 7):requires_grad_()
+    local b = tetra.randn(3):requires_grad_()
+    local y = T.take(C.tt_linear_lowp_ex(x, w, b, C.TT_BF16, C.TT_BF16, pout))
+    expect(y.dtype).to_be("bf16")
+    local ref = ref_forward(rows_of(x), rows_of(w), b:tolist())
+    local got = rows_of(y:float())
+    for i = 1, 5 do
+      for o = 1, 3 do
+        if got[i][o] ~= bf16(ref[i][o]) then
+          -- the one rounding: equal to the float64 sum rounded, or next to it when the f32
+          -- sum sits on the other side of a rounding boundary
+          expect(math.abs(got[i][o] - ref[i][o]) <= math.abs(ref[i][o]) * 2 ^ -8).to_be(true)
+        end
+      end
+    end
+    -- a bf16 x is read as it is (not rounded again), and its gradient comes in bf16
+    local xb = x:detach():cast("bf16"):requires_grad_()
+    local y2 = T.take(C.tt_linear_lowp(xb, w, b, C.TT_BF16, pout))
+    expect(y2.dtype).to_be("bf16")
+    expect(max_diff(rows_of(y2:float()), rows_of(y:float()))).to_be(0)
+    local g = tetra.randn(5, 3)
+    y2:backward(g:cast("bf16"))
+    expect(xb.grad.dtype).to_be("bf16")
+    expect(w.grad.dtype).to_be("f32")
+    local G, W = rows_of(g:cast("bf16"):float()), rows_of(w)
+    for i = 1, 5 do
+      for k = 1, 7 do
+        local s = 0
+        for o = 1, 3 do s = s + G[i][o] * bf16(W[o][k]) end
+        expect(math.abs(xb.grad:float():tolist()[i][k] - s) <= math.abs(s) * 2 ^ -8 + 1e-6)
+          .to_be(true)
+      end
+    end
+  end)
+
+  it("a bf16 activation used by several GEMMs sums its gradients in f32, rounded once",
+     function()
+    tetra.manual_seed(7)
+    local h = tetra.randn(4, 6):cast("bf16"):requires_grad_()
+    local w1, w2 = tetra.randn(5, 6), tetra.randn(3, 6)
+    local a = T.take(C.tt_linear_lowp(h, w1, nil, C.TT_BF16, pout))
+    local c = T.take(C.tt_linear_lowp(h, w2, nil, C.TT_BF16, pout))
+    local ga, gc = tetra.randn(4, 5):cast("bf16"), tetra.randn(4, 3):cast("bf16")
+    a:backward(ga)
+    local first = h.grad:float():tolist()
+    c:backward(gc)
+    expect(h.grad.dtype).to_be("bf16")
+    -- the second contribution alone, then the sum of the two bf16 parts rounded once
+    local h2 = h:detach():requires_grad_()
+    T.take(C.tt_linear_lowp(h2, w2, nil, C.TT_BF16, pout)):backward(gc)
+    local second, got = h2.grad:float():tolist(), h.grad:float():tolist()
+    for i = 1, 4 do
+      for k = 1, 6 do expect(got[i][k]).to_be(bf16(first[i][k] + second[i][k])) end
+    end
+  end)
+
   it("refuses bad input with one line", function()
+    local ok0, err0 = pcall(function()
+      return T.take(C.tt_linear_lowp_ex(tetra.randn(2, 3), tetra.randn(4, 3), nil, C.TT_BF16,
+                                        C.TT_F16, pout))
+    end)
+    expect(ok0).to_be(false)
+    expect(tostring(err0):find("output dtype f16; expected f32 or the compute dtype bf16", 1,
+                               true) ~= nil).to_be(true)
     local ok, err = pcall(lowp_linear, tetra.randn(2, 3), tetra.randn(4, 5))
     expect(ok).to_be(false)
     expect(tostring(err):find("tt_linear_lowp: x is [2, 3] and w is [4, 5]", 1, true) ~= nil)
@@ -273,5 +340,158 @@ describe("F.add_rms_norm", function()
     local ok, err = pcall(F.add_rms_norm, x, tetra.randn(5, 15), w)
     expect(ok).to_be(false)
     expect(tostring(err):find("must match x", 1, true) ~= nil).to_be(true)
+  end)
+end)
+
+describe("tt_linear_lowp_group (fused QKV, fused w1 | w3: one GEMM)", function()
+  local ffi = require("ffi")
+  local function group(x, ws, bs, out_dtype)
+    local n = #ws
+    local wa = ffi.new("tt_tensor *[3]", ws)
+    local ba = bs and ffi.new("tt_tensor *[3]", bs) or nil
+    local outs = ffi.new("tt_tensor *[3]")
+    local st = C.tt_linear_lowp_group(x, wa, ba, n, C.TT_BF16, out_dtype, outs)
+    if st ~= 0 then error(ffi.string(C.tt_last_error()), 2) end
+    local r = {}
+    for j = 1, n do r[j] = T.wrap(outs + (j - 1)) end
+    return r
+  end
+  local function ulps_apart(a, b)   -- bf16 values: at most one rounding step apart
+    for i = 1, #a do
+      if type(a[i]) == "table" then
+        if not ulps_apart(a[i], b[i]) then return false end
+      elseif math.abs(a[i] - b[i]) > math.abs(b[i]) * 2 ^ -7 + 1e-30 then
+        return false
+      end
+    end
+    return true
+  end
+
+  for _, case in ipairs({ { "bf16", "bf16", true }, { "bf16", "f32", false },
+                          { "f32", "f32", true } }) do
+    local xdt, odt, with_bias = case[1], case[2], case[3]
+    it(string.format("equals the layers apart: x %s, out %s, %s", xdt, odt,
+                     with_bias and "biases" or "no biases"), function()
+      tetra.manual_seed(11)
+      local function leaf(t) return t:requires_grad_() end
+      local x0 = tetra.randn(2, 5, 12)
+      local xa = leaf(xdt == "bf16" and x0:cast("bf16") or x0:clone())
+      local xb = leaf(xdt == "bf16" and x0:cast("bf16") or x0:clone())
+      local sizes = { 8, 4, 4 }
+      local wa, wb, ba, bb = {}, {}, {}, {}
+      for j = 1, 3 do
+        local w, b = tetra.randn(sizes[j], 12), tetra.randn(sizes[j])
+        wa[j], wb[j] = leaf(w:clone()), leaf(w:clone())
+        ba[j], bb[j] = leaf(b:clone()), leaf(b:clone())
+      end
+      local odtype = odt == "bf16" and C.TT_BF16 or C.TT_F32
+      local fused = group(xa, wa, with_bias and ba or nil, odtype)
+      local loss_f, loss_a = 0, 0
+      local gs = {}
+      for j = 1, 3 do
+        local apart = T.take(C.tt_linear_lowp_ex(xb, wb[j], with_bias and bb[j] or nil,
+                                                 C.TT_BF16, odtype, pout))
+        expect(fused[j].dtype).to_be(odt)
+        expect(fused[j]:shape()[3]).to_be(sizes[j])
+        expect(ulps_apart(fused[j]:float():tolist(), apart:float():tolist())).to_be(true)
+        gs[j] = tetra.randn(2, 5, sizes[j]):cast(odt)
+        loss_f = loss_f + (fused[j]:float() * gs[j]:float()):sum()
+        loss_a = loss_a + (apart:float() * gs[j]:float()):sum()
+      end
+      loss_f:backward()
+      loss_a:backward()
+      local function close(a, b, t)
+        for i, v in ipairs(a) do
+          if type(v) == "table" then close(v, b[i], t)
+          elseif math.abs(v - b[i]) > t * (math.abs(b[i]) + 1e-3) then
+            error(string.format("%g vs %g", v, b[i]), 2)
+          end
+        end
+      end
+      -- dX from one GEMM: sum_j round(G_j) round(W_j), rounded once to x's dtype (the
+      -- layers apart round each part first, so they are no reference here)
+      local ref
+      for j = 1, 3 do
+        local gr = gs[j]:cast("bf16"):float():view(10, sizes[j])
+        local wr = wa[j]:detach():cast("bf16"):float()
+        local part = tetra.matmul(gr, wr)
+        ref = ref and ref + part or part
+      end
+      local tol = xdt == "bf16" and 2 ^ -8 or 1e-5
+      local got = xa.grad:float():view(10, 12):tolist()
+      for i, row in ipairs(ref:tolist()) do
+        for c, v in ipairs(row) do
+          if math.abs(got[i][c] - v) > tol * math.abs(v) + 1e-6 then
+            error(string.format("dX[%d][%d] = %g, expected %g", i, c, got[i][c], v))
+          end
+        end
+      end
+      expect(xa.grad.dtype).to_be(xdt)
+      for j = 1, 3 do
+        expect(wa[j].grad.dtype).to_be("f32")
+        close(wa[j].grad:tolist(), wb[j].grad:tolist(), 1e-5)
+        if with_bias then close(ba[j].grad:tolist(), bb[j].grad:tolist(), 1e-5) end
+      end
+    end)
+  end
+
+  it("casts the group once per change of its weights, and each weight's copy is its block",
+     function()
+    tetra.manual_seed(12)
+    local ws = { tetra.randn(6, 8), tetra.randn(2, 8) }
+    local x = tetra.randn(3, 8)
+    local c0 = casts()
+    group(x, ws, nil, C.TT_F32)
+    group(x, ws, nil, C.TT_F32)
+    expect(casts() - c0).to_be(2)
+    -- a single GEMM of one member reads its block: no cast
+    local apart = T.take(C.tt_linear_lowp(x, ws[2], nil, C.TT_BF16, pout))
+    expect(casts() - c0).to_be(2)
+    expect(max_diff(rows_of(apart), ref_forward(rows_of(x), rows_of(ws[2]))) < 1e-5).to_be(true)
+    -- a write to one member casts that block again, in place, and nothing else
+    ws[2]:fill_(0.5)
+    local out = group(x, ws, nil, C.TT_F32)
+    expect(casts() - c0).to_be(3)
+    expect(max_diff(rows_of(out[2]:contiguous()), ref_forward(rows_of(x), rows_of(ws[2]))) <
+           1e-5).to_be(true)
+  end)
+
+  it("adds each weight's next gradient inside its own GEMM (beta = 1)", function()
+    tetra.manual_seed(13)
+    local ws = { tetra.randn(6, 8):requires_grad_(), tetra.randn(2, 8):requires_grad_() }
+    local x1, x2 = tetra.randn(3, 8), tetra.randn(3, 8)
+    local function run(x)
+      local o = group(x, ws, nil, C.TT_F32)
+      local total = o[1]:contiguous():sum() + o[2]:contiguous():sum()
+      total:backward()
+    end
+    local function allocs() return tetra.memory_stats().num_allocs end
+    run(x1)                                  -- the group's buffer and casts
+    for _, w in ipairs(ws) do w:zero_grad() end
+    local a0 = allocs()
+    run(x1)
+    local first = allocs() - a0
+    local g1 = { ws[1].grad:clone(), ws[2].grad:clone() }
+    a0 = allocs()
+    run(x2)
+    expect(allocs() - a0).to_be(first - 2)   -- no temporary per weight
+    local sums = { ws[1].grad:clone(), ws[2].grad:clone() }
+    for _, w in ipairs(ws) do w:zero_grad() end
+    run(x2)
+    for j = 1, 2 do
+      expect(max_diff(sums[j]:tolist(), (g1[j] + ws[j].grad):tolist()) < 1e-5).to_be(true)
+    end
+  end)
+
+  it("refuses bad input with one line", function()
+    local ok, err = pcall(group, tetra.randn(3, 8), { tetra.randn(4, 8), tetra.randn(4, 7) },
+                          nil, C.TT_F32)
+    expect(ok).to_be(false)
+    expect(tostring(err):find("tt_linear_lowp_group: x is [3, 8] and weight 1 is f32 [4, 7]",
+                              1, true) ~= nil).to_be(true)
+    ok, err = pcall(group, tetra.randn(3, 8), { tetra.randn(4, 8) }, { tetra.randn(3) },
+                    C.TT_F32)
+    expect(ok).to_be(false)
+    expect(tostring(err):find("bias 0 must be f32 [4]", 1, true) ~= nil).to_be(true)
   end)
 end)

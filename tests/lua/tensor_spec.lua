@@ -271,3 +271,64 @@ describe("memory", function()
     expect(peak - before < 256 * 1024 * 1024).to_be(true)
   end)
 end)
+
+describe("reshape (a strided view where the strides allow, else a copy)", function()
+  local F = tetra.nn.functional
+  local C = require("ffi").C
+  local function data(t) return tonumber(require("ffi").cast("intptr_t", C.tt_tensor_data(t))) end
+
+  it("splits a column block's last dim into heads without a copy", function()
+    local x = tetra.randn(2, 5, 12)
+    local c = x:narrow(2, 4, 8)                    -- (2, 5, 8), rows 12 apart
+    local r = F.reshape(c, { 2, 5, 2, 4 })
+    expect(r:is_contiguous()).to_be(false)
+    expect(data(r)).to_be(data(c))                 -- the same memory
+    local X, R = x:tolist(), r:tolist()
+    for b = 1, 2 do
+      for t = 1, 5 do
+        for h = 1, 2 do
+          for d = 1, 4 do expect(R[b][t][h][d]).to_be(X[b][t][4 + (h - 1) * 4 + d]) end
+        end
+      end
+    end
+    -- writes through the view land in the block and nowhere else
+    r:fill_(7)
+    local Y = x:tolist()
+    for t = 1, 5 do
+      expect(Y[1][t][4]).to_be(X[1][t][4])
+      expect(Y[1][t][5]).to_be(7)
+      expect(Y[2][t][12]).to_be(7)
+    end
+    -- tt_view keeps its contract: a contiguous result (here a copy)
+    local v = F.view(c, { 2, 5, 2, 4 })
+    expect(v:is_contiguous()).to_be(true)
+    expect(data(v) ~= data(c)).to_be(true)
+  end)
+
+  it("merges dims that are one run, and copies what is not viewable", function()
+    local x = tetra.randn(2, 5, 12)
+    local c = x:narrow(2, 0, 8)
+    local rows = F.reshape(c, { 10, 8 })            -- dims 0 and 1 are one run
+    expect(data(rows)).to_be(data(c))
+    expect(rows:tolist()[7][3]).to_be(x:tolist()[2][2][3])
+    local flat = F.reshape(c, { 2, 40 })            -- rows of 8 are 12 apart: a copy
+    expect(flat:is_contiguous()).to_be(true)
+    expect(flat:tolist()[2][9]).to_be(x:tolist()[2][2][1])
+    local tr = F.reshape(x:transpose(0, 1), { 120 })  -- a transpose: a copy
+    expect(tr:tolist()[13]).to_be(x:tolist()[2][1][1])
+  end)
+
+  it("carries the gradient back through the strided view", function()
+    local x = tetra.randn(3, 12):requires_grad_()
+    local r = F.reshape(x:narrow(1, 4, 8), { 3, 2, 4 })
+    local w = tetra.randn(3, 2, 4)
+    ;(r * w):sum():backward()
+    local G, W = x.grad:tolist(), w:tolist()
+    for i = 1, 3 do
+      for j = 1, 12 do
+        local want = j > 4 and W[i][math.floor((j - 5) / 4) + 1][(j - 5) % 4 + 1] or 0
+        expect(G[i][j]).to_be(want)
+      end
+    end
+  end)
+end)

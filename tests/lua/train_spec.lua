@@ -359,6 +359,20 @@ describe("training loop", function()
     expect(#env.generate(long, { max_new_tokens = 2, temperature = 0 })).to_be(2)
   end)
 
+  it("generates from a bf16 head's logits (read as bf16, not as floats)", function()
+    local env = tiny.setup(tiny_cfg({ "train.precision=bf16" }))
+    local got = env.generate({ 1, 2, 3 }, { max_new_tokens = 1, temperature = 0 })
+    local logits
+    tetra.nn.functional.no_grad(function()
+      logits = env.model(tetra.from_table({ { 1, 2, 3 } }, { dtype = "i64" }))
+    end)
+    expect(logits.dtype).to_be("bf16")
+    local row = logits:float():tolist()[1][3]
+    local best = 1
+    for i = 2, #row do if row[i] > row[best] then best = i end end
+    expect(got[1]).to_be(best - 1)
+  end)
+
   it("rejects a batch that does not split into micro-batches", function()
     -- tetra.config rejects this too; train.setup checks again for configs built in code.
     local cfg = tiny_cfg({ "train.gradient_accumulation_steps=4" })

@@ -70,6 +70,13 @@ function F.view(x, dims)
   return take(C.tt_view(x, s, n, pout), 3)
 end
 
+-- As F.view, but a strided x gives a strided view where its strides allow (tt_reshape):
+-- the heads of one block of a fused q/k/v result, without a copy.
+function F.reshape(x, dims)
+  local s, n = shape_of(dims)
+  return take(C.tt_reshape(x, s, n, pout), 3)
+end
+
 function F.narrow(x, dim, start, length)
   return take(C.tt_narrow(x, dim, start, length, pout), 3)
 end

@@ -14,7 +14,9 @@ M.Linear = Linear
 
 -- opts: bias (default false), std (default 0.02), weight (an existing (out, in) parameter
 -- to share instead of drawing one: a language-model head tied to the embedding), fp8
--- (default true; false keeps this layer out of FP8 under train.precision=fp8).
+-- (default true; false keeps this layer out of FP8 under train.precision=fp8), residual
+-- (default false; true: the output is added into a residual stream, so under bf16 it is
+-- written in f32, tetra.amp).
 function Linear:init(in_features, out_features, opts)
   opts = opts or {}
   self.in_features, self.out_features = in_features, out_features
@@ -24,6 +26,7 @@ function Linear:init(in_features, out_features, opts)
     self:param("bias", F.parameter(F.zeros({ out_features })))
   end
   if opts.fp8 == false then self.fp8 = false end
+  if opts.residual then self.residual = true end
 end
 
 -- The GEMM y = x W^T + b every Linear runs: tetra.amp replaces it per layer with one at
@@ -33,6 +36,32 @@ Linear.gemm = F.linear
 -- x: (..., in) -> (..., out)
 function Linear:forward(x)
   return self.gemm(x, self.weight, self.bias)
+end
+
+-- Several Linear layers on the same x (attention's q, k and v projections; the gate and
+-- up projections of a SwiGLU MLP) -> their outputs, in order. One GEMM when tetra.amp
+-- gave every layer the same grouped GEMM (bf16 / fp16: tt_linear_lowp_group, the
+-- outputs strided views of one result) and nothing replaced their forward (tensor
+-- parallelism wraps it); otherwise each layer's own forward.
+function M.linears(x, layers)
+  local group = layers[1].gemm_group
+  local with_bias = layers[1].bias ~= nil
+  for _, m in ipairs(layers) do
+    if m.gemm_group ~= group or rawget(m, "forward") ~= nil or (m.bias ~= nil) ~= with_bias then
+      group = nil
+    end
+  end
+  if group then
+    local ws, bs = {}, with_bias and {} or nil
+    for i, m in ipairs(layers) do
+      ws[i] = m.weight
+      if bs then bs[i] = m.bias end
+    end
+    return group(x, ws, bs)
+  end
+  local outs = {}
+  for i, m in ipairs(layers) do outs[i] = m(x) end
+  return unpack(outs)
 end
 
 -- -- Embedding: a lookup table (V, D) -------------------------------------------------
@@ -61,14 +90,19 @@ function RMSNorm:init(dim, eps)
   self:param("weight", F.parameter(F.full({ dim }, 1.0)))
 end
 
+-- A norm's output dtype is x's, or self.y_dtype when set (tetra.amp sets "bf16" under
+-- bf16: the output is the next GEMM's operand).
 function RMSNorm:forward(x)
-  return F.rmsnorm(x, self.weight, self.eps)
+  if not self.y_dtype then return F.rmsnorm(x, self.weight, self.eps) end
+  local h, y = F.add_rms_norm(x, nil, self.weight, self.eps, self.y_dtype)
+  F.free(h)
+  return y
 end
 
 -- The residual add before the norm, fused with it (one pass over memory): returns
 -- h = x + residual and the norm of h.
 function RMSNorm:add_forward(x, residual)
-  return F.add_rms_norm(x, residual, self.weight, self.eps)
+  return F.add_rms_norm(x, residual, self.weight, self.eps, self.y_dtype)
 end
 
 -- -- LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias --------------------------
@@ -86,12 +120,15 @@ function LayerNorm:init(dim, eps, opts)
 end
 
 function LayerNorm:forward(x)
-  return F.layernorm(x, self.weight, self.bias, self.eps)
+  if not self.y_dtype then return F.layernorm(x, self.weight, self.bias, self.eps) end
+  local h, y = F.add_layer_norm(x, nil, self.weight, self.bias, self.eps, self.y_dtype)
+  F.free(h)
+  return y
 end
 
 -- As RMSNorm:add_forward: h = x + residual and the norm of h, in one pass.
 function LayerNorm:add_forward(x, residual)
-  return F.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+  return F.add_layer_norm(x, residual, self.weight, self.bias, self.eps, self.y_dtype)
 end
 
 -- -- ModuleList: an ordered container; children are named "0", "1", ... --------------

@@ -6,7 +6,8 @@
 -- the output projection, so the forward never transposes or copies.
 local F = require("tetra.nn.functional")
 local Module = require("tetra.nn.module")
-local Linear = require("tetra.nn.layers").Linear
+local layers = require("tetra.nn.layers")
+local Linear, linears = layers.Linear, layers.linears
 
 local M = {}
 
@@ -36,18 +37,19 @@ function Attention:init(cfg)
   self:add("wq", Linear(cfg.dim, n_heads * hd, lin))
   self:add("wk", Linear(cfg.dim, n_kv * hd, lin))
   self:add("wv", Linear(cfg.dim, n_kv * hd, lin))
-  self:add("wo", Linear(n_heads * hd, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std }))
+  self:add("wo", Linear(n_heads * hd, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std,
+                                                  residual = true }))
 end
 
--- proj(x) viewed as heads: (B, T, n, Dh), n = proj's output features / Dh (so a
--- projection whose output features are split over ranks yields this rank's heads), rotated
--- at `positions` when `rotate`: in place when the heads are contiguous (the projection's
--- own output, which nothing keeps for backward), else into a copy.
-function Attention:heads(proj, x, rotate, positions)
-  local flat = proj(x)                                                -- (B, T, n*Dh)
+-- A projection's output flat (B, T, n*Dh) viewed as heads: (B, T, n, Dh), n = its
+-- features / Dh (so a projection whose output features are split over ranks yields this
+-- rank's heads), rotated at `positions` when `rotate`: in place when the heads are
+-- contiguous (the projection's own output, which nothing keeps for backward), else into
+-- a copy (the strided views of a fused q/k/v GEMM). Consumes flat.
+function Attention:heads(flat, rotate, positions)
   local n = tonumber(flat._shape[2]) / self.head_dim
-  local h = F.view(flat, { tonumber(flat._shape[0]), tonumber(flat._shape[1]), n,
-                           self.head_dim })
+  local h = F.reshape(flat, { tonumber(flat._shape[0]), tonumber(flat._shape[1]), n,
+                              self.head_dim })
   free(flat)
   if not rotate then return h end
   local rope = C.tt_tensor_is_contiguous(h) ~= 0 and F.rope_ or F.rope
@@ -64,9 +66,10 @@ end
 
 -- x: (B, T, D); positions: (T) index tensor or nil for 0..T-1 -> (B, T, D)
 function Attention:forward(x, positions)
-  local q = self:heads(self.wq, x, self.rope, positions)
-  local k = self:heads(self.wk, x, self.rope, positions)
-  local v = self:heads(self.wv, x, false, positions)
+  local fq, fk, fv = linears(x, { self.wq, self.wk, self.wv })       -- one GEMM under amp
+  local q = self:heads(fq, self.rope, positions)
+  local k = self:heads(fk, self.rope, positions)
+  local v = self:heads(fv, false, positions)
   local o = self:attend(q, k, v, positions)                           -- (B, T, H, Dh)
   free(q); free(k); free(v)
   local flat = F.view(o, { tonumber(o._shape[0]), tonumber(o._shape[1]),
@@ -87,13 +90,14 @@ M.SwiGLU = SwiGLU
 function SwiGLU:init(cfg)
   local std = cfg.std or 0.02
   self:add("w1", Linear(cfg.dim, cfg.hidden, { bias = cfg.bias, std = std }))
-  self:add("w2", Linear(cfg.hidden, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std }))
+  self:add("w2", Linear(cfg.hidden, cfg.dim, { bias = cfg.bias, std = cfg.out_std or std,
+                                               residual = true }))
   self:add("w3", Linear(cfg.dim, cfg.hidden, { bias = cfg.bias, std = std }))
 end
 
 -- x: (..., D) -> (..., D)
 function SwiGLU:forward(x)
-  local gate, up = self.w1(x), self.w3(x)
+  local gate, up = linears(x, { self.w1, self.w3 })                 -- one GEMM under amp
   local h = F.swiglu(gate, up)
   free(gate); free(up)
   local y = self.w2(h)
@@ -110,7 +114,8 @@ function GeluMLP:init(cfg)
   local std = cfg.std or 0.02
   local bias = cfg.bias ~= false
   self:add("c_fc", Linear(cfg.dim, cfg.hidden, { bias = bias, std = std }))
-  self:add("c_proj", Linear(cfg.hidden, cfg.dim, { bias = bias, std = cfg.out_std or std }))
+  self:add("c_proj", Linear(cfg.hidden, cfg.dim, { bias = bias, std = cfg.out_std or std,
+                                                   residual = true }))
 end
 
 function GeluMLP:forward(x)
