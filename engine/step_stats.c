@@ -13,6 +13,7 @@
 #include "tetra_amp.h"
 #include "optim.h"
 #include "step_stats.h"
+#include <math.h>
 #include <string.h>
 
 /* Present only when the CUDA library is linked (kernels/cuda/cast.cu, engine/cuda). */
@@ -68,6 +69,15 @@ int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss) {
   int64_t one = 1;
   int rc = tt_view(loss, &one, 1, &flat);
   if (rc == 0) rc = tt_copy_(slot, flat);
+  /* A loss that is not finite skips the update, as a gradient that is not would: found_inf
+  ** (on CUDA the unscale kernel's check, by 1, of the one value, without a wait). */
+  float *s = tt_tensor_data(stats);
+  if (rc == 0 && !tt_device_is_cuda(stats->device) && !isfinite(s[TT_STAT_LOSS]))
+    s[TT_STAT_FOUND_INF] = 1.0f;
+  if (rc == 0 && tt_device_is_cuda(stats->device))
+    rc = tt_cuda_unscale_flag ? tt_cuda_unscale_flag(s + TT_STAT_LOSS, TT_F32, 1, 1.0f,
+                                                     s + TT_STAT_FOUND_INF)
+                              : tt_no_kernel(op, stats->device);
   tt_tensor_release(flat);
   tt_tensor_release(slot);
   return rc;

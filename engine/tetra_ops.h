@@ -142,7 +142,8 @@ int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);
 ** max_norm <= 0 or the norm is not finite; a norm that is not finite also sets
 ** TT_STAT_FOUND_INF, so tt_adamw_multi skips the update). No wait. */
 int tt_clip_finish(tt_tensor *stats, tt_tensor *gathered, double replicas, double max_norm);
-/* stats[TT_STAT_LOSS] = the one value of loss (a device copy). */
+/* stats[TT_STAT_LOSS] = the one value of loss (a device copy); a loss that is not finite
+** also sets TT_STAT_FOUND_INF, so the update that follows is skipped. No wait. */
 int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss);
 /* Divides the grads of n params by the loss scale in place (f32, bf16 or f16 grads) and
 ** sets stats[TT_STAT_FOUND_INF] to 1 when one held inf or NaN; on CUDA without waiting. */

@@ -440,6 +440,25 @@ function Context:step(params, optimizer_fn, clip_fn, group, opt)
   return skipped, norm
 end
 
+-- Context:step without a wait for the device in the middle, for an optimizer that keeps
+-- the step's scalars on the device (AdamW): step_launch runs the unscale (fp16: found_inf
+-- into the stats), clip_async_fn (the norm and the clip coefficient into the stats) and
+-- the update, which the device skips when found_inf is set (a gradient, the norm or a
+-- loss put in the stats by tt_step_stats_set_loss was not finite); step_finish then makes
+-- the step's one read and returns skipped, norm, loss (the stats' loss).
+function Context:step_launch(params, optimizer_fn, clip_async_fn, group, opt)
+  self:unscale(params, group, opt)
+  if clip_async_fn then clip_async_fn() end
+  self:optimizer_step(optimizer_fn, opt)
+end
+
+function Context:step_finish(opt)
+  local s = opt:read_stats()
+  if s.found_inf then opt:uncount_step() end   -- the device skipped the update
+  local skipped = self:update(s.found_inf)
+  return skipped, s.found_inf and 0 / 0 or s.grad_norm, s.loss
+end
+
 -- The weights whose bf16 copy an AdamW update writes in its own pass (tt_adamw_multi's
 -- bf16 outputs into the copies' buffers), decided at the first step, when the forward
 -- has made the copies: under bf16, for an optimizer that can (opt.set_bf16_copies) and

@@ -32,6 +32,13 @@ function M.new(cfg)
   }, Guard)
 end
 
+-- Whether the verdict on a step's loss must come before its update (a spike check
+-- compares the loss with the window on the host); without one, a loss that is not
+-- finite can skip the update on the device (tetra.train's one read per step).
+function Guard:needs_loss_first()
+  return self.enabled and self.zscore > 0
+end
+
 -- The data position (1-based global batch index) step `step` reads.
 function Guard:position(step)
   local pos = step

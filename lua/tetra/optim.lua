@@ -225,6 +225,12 @@ function AdamW:step(lr)
   self:end_step()
 end
 
+-- The last update was skipped on the device (found_inf, known from read_stats after it
+-- was launched): its step no longer counts, so the next one's bias correction is right.
+function AdamW:uncount_step()
+  self.step_count = self.step_count - 1
+end
+
 -- -- SGD -------------------------------------------------------------------------------
 
 local SGD = {}

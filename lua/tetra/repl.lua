@@ -236,7 +236,9 @@ exit()           leave (or Ctrl-D)]])
                                env.device)
         local mine = data.local_rows and global or env.ddp:batch_slice(global)
         env.ddp:begin_step()
-        local value = env.mesh.dpcp:mean(strategy:forward_backward(mine, 1))
+        local sum = strategy:forward_backward(mine, 1)   -- a one-value tensor, or a number
+        if type(sum) ~= "number" then sum = sum:item() end
+        local value = env.mesh.dpcp:mean(sum)
         print(("loss %.4f on %d x %d tokens; gradients kept, activations recorded"):format(
           value, cfg.train.batch_size, cfg.model.seq_len))
         return

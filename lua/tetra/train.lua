@@ -221,6 +221,36 @@ end
 
 local to_dev = require("tetra.tensor").moved
 
+-- Batches to device `dev` without a wait for the GPU (a plain copy from pageable memory
+-- waits for it): through two page-locked staging buffers used in turns. The copy from a
+-- buffer is in stream order before the step's one read of its stats, so by the time the
+-- buffer's turn comes again (two steps later) it has finished. On the CPU: the batch.
+local function uploader(dev)
+  if dev == C.TT_CPU then return function(t) return t end end
+  tffi.cdef_header("tetra_cuda.h")
+  local bufs, sizes, turn = {}, { 0, 0 }, 0
+  local box = ffi.new("void *[1]")
+  return function(host)
+    local c = host
+    if not host:is_contiguous() then c = host:contiguous() end
+    local n = tonumber(C.tt_tensor_numel(c)) * tonumber(C.tt_dtype_size(c._dtype))
+    turn = turn % 2 + 1
+    if sizes[turn] < n then
+      if bufs[turn] then C.tt_cuda_host_free(bufs[turn]) end
+      tffi.check(C.tt_cuda_host_alloc(n, box))
+      bufs[turn], sizes[turn] = box[0], n
+    end
+    ffi.copy(bufs[turn], C.tt_tensor_data(c), n)
+    local out = F.empty(host:shape(), c._dtype, dev)
+    if n > 0 then
+      tffi.check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(out), dev, bufs[turn], n))
+    end
+    if c ~= host then free(c) end
+    free(host)
+    return out
+  end
+end
+
 -- -- Setup -------------------------------------------------------------------------------
 
 -- Builds the training environment: env.model, env.optimizer, env.data, env.cfg, env.mesh,
@@ -304,10 +334,13 @@ function train.setup(cfg, model, data, opts)
   -- The norm of the whole model: local unless some parameters are split or sharded.
   local shards = ddp.shards
   local clip
+  local clip_async   -- the same leaving the norm on the device (AdamW)
   if par:global_norm() or shards then
     clip = function(max_norm) return par:clip_grad_norm(optimizer, max_norm, shards) end
+    clip_async = function(max_norm) par:clip_grad_norm(optimizer, max_norm, shards, true) end
   else
     clip = function(max_norm) return optimizer:clip_grad_norm(max_norm) end
+    clip_async = function(max_norm) optimizer:clip_grad_norm_async(max_norm) end
   end
   local strategy = require("tetra.parallel.step").new(par, ddp, ctx, cfg)
   local env = {
@@ -358,6 +391,7 @@ function train.setup(cfg, model, data, opts)
   end
 
   local mem = ffi.new("tt_alloc_stats")
+  local upload = uploader(dev)
   function env.step()
     local step = env.step_count + 1
     trace.begin_step(step)
@@ -374,41 +408,68 @@ function train.setup(cfg, model, data, opts)
     while next_read() and next_read() < pos do
       free(data:batch(next_read(), t.batch_size, seq_len, "train"))
     end
-    local global = to_dev(data:batch(pos, t.batch_size, seq_len, "train"), dev)
+    local global = upload(data:batch(pos, t.batch_size, seq_len, "train"))
     local mine = data.local_rows and global or ddp:batch_slice(global)
     local data_wait = metrics.now() - t0
     if trace.on then trace.span("data_wait", t0, t0 + data_wait, { step = step }) end
-    local clock = require("tetra.parallel.step").compute_clock(dev)
-    local fb0 = clock()
-    local loss_sum = forward_backward(mine, accum)
+    local timer = strategy.timer
+    timer:reset()
+    local fb0 = timer:mark()
+    local loss_sum = forward_backward(mine, accum)   -- a device tensor, or a number
     if mine ~= global then free(mine) end
     free(global)
-    local fb = clock() - fb0
+    local fb1 = timer:mark()
     if guard:poisoned(pos) then   -- the test switch: what a diverged step looks like
-      loss_sum = 0 / 0
+      if type(loss_sum) == "number" then loss_sum = 0 / 0
+      else tffi.check(C.tt_fill_(loss_sum, 0 / 0)) end
       local p = optimizer.params[1]
       local g = p and p._grad
       if g ~= nil then tffi.check(C.tt_fill_(g, 0 / 0)) end
     end
     if on_grads then on_grads(env, step) end
-    local opt0, ow0 = clock(), metrics.now()
-    local loss = global_mean(loss_sum / accum)
-    local bad = guard:judge_loss(loss)
-    -- fp16: unscale, then check (the verdict agreed over every rank), then clip; the
-    -- optimizer steps unless the grads were not finite. Under ZeRO-1
-    -- env.optimizer.params are this rank's grad shards: those are the ones unscaled.
+    local opt0, ow0 = timer:mark(), metrics.now()
     local lr = env.schedule(step)
     local opt = env.optimizer
-    local skipped, grad_norm
-    if bad then   -- the update is skipped before any work on the grads
-      skipped, grad_norm = true, 0 / 0
-      ctx.skipped_steps = ctx.skipped_steps + 1
+    local loss, bad, skipped, grad_norm, opt1
+    if type(loss_sum) ~= "number" and opt.read_stats and not guard:needs_loss_first() then
+      -- One wait for the device per step: the mean loss over the ranks (dp x cp) joins
+      -- the norm and found_inf in the optimizer's stats; fp16's unscale, the clip and the
+      -- update are launched (the device skips the update when a gradient, the norm or the
+      -- loss is not finite); then the one read, and the verdicts from what it brought.
+      local mean = F.scale(loss_sum, 1.0 / (accum * mesh.dpcp.size))
+      free(loss_sum)
+      if mesh.dpcp.size > 1 then mesh.dpcp:all_reduce(mean, "sum") end
+      tffi.check(C.tt_step_stats_set_loss(opt:stats(), mean))
+      free(mean)
+      ctx:step_launch(opt.params, function() ddp:optimizer_step(opt, lr) end,
+                      function() clip_async(t.max_grad_norm) end, mesh.world, opt)
+      opt1 = timer:mark()
+      skipped, grad_norm, loss = ctx:step_finish(opt)
+      bad = guard:judge_loss(loss)
+      if skipped and not bad and guard.enabled and not ctx.scaler then bad = "nonfinite_grad" end
     else
-      skipped, grad_norm = ctx:step(opt.params,
-        function() ddp:optimizer_step(opt, lr) end,
-        function() return clip(t.max_grad_norm) end, mesh.world, opt)
-      -- Non-finite grads outside fp16 (where overflows are the scaler's routine).
-      if skipped and guard.enabled and not ctx.scaler then bad = "nonfinite_grad" end
+      if type(loss_sum) ~= "number" then
+        local v = F.item(loss_sum)
+        free(loss_sum)
+        loss_sum = v
+      end
+      loss = global_mean(loss_sum / accum)
+      bad = guard:judge_loss(loss)
+      -- fp16: unscale, then check (the verdict agreed over every rank), then clip; the
+      -- optimizer steps unless the grads were not finite. Under ZeRO-1
+      -- env.optimizer.params are this rank's grad shards: those are the ones unscaled.
+      if bad then   -- the update is skipped before any work on the grads
+        skipped, grad_norm = true, 0 / 0
+        ctx.skipped_steps = ctx.skipped_steps + 1
+      else
+        skipped, grad_norm = ctx:step(opt.params,
+          function() ddp:optimizer_step(opt, lr) end,
+          function() return clip(t.max_grad_norm) end, mesh.world, opt)
+        -- Non-finite grads outside fp16 (where overflows are the scaler's routine).
+        if skipped and guard.enabled and not ctx.scaler then bad = "nonfinite_grad" end
+      end
+      opt1 = timer:mark()
+      timer:wait(opt1)   -- CUDA: the update may still run (a second wait in this step)
     end
     bad = guard.enabled and agree(bad) or nil
     local roll_back = guard:finish(step, pos, loss, bad)
@@ -416,14 +477,16 @@ function train.setup(cfg, model, data, opts)
     local peak = tonumber(mem.peak_bytes)
     model:zero_grad()
     C.tt_tape_clear()   -- drops any recorded branch no backward reached
-    local optimizer_s = clock() - opt0   -- synchronises a GPU: the step's real time
+    -- compute times, between marks the device has passed (the read waited for them)
+    local fb = timer:seconds(fb0, fb1)
+    local optimizer_s = timer:seconds(opt0, opt1)
     if trace.on then trace.span("optimizer", ow0, metrics.now(), { step = step }) end
     env.step_count = step
     local tokens = t.batch_size * seq_len
     env.tokens_seen = env.tokens_seen + tokens
     local dt = metrics.now() - t0
     local exposed = C.tt_dist_wait_seconds() - wait0
-    local forward = strategy.forward_s
+    local forward = strategy:forward_seconds()
     local r = { step = step, loss = loss, lr = lr,
                 grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
                 step_time_s = dt, data_wait_s = data_wait,

@@ -373,6 +373,37 @@ describe("training loop", function()
     expect(got[1]).to_be(best - 1)
   end)
 
+  -- On CUDA every read of a device value waits for the device; tests/cuda/step_syncs.sh
+  -- counts those waits on a GPU. Here the same step is counted by its reads: the loss
+  -- values (F.item) and the optimizer's stats (read_stats).
+  it("reads the device once per step: loss, norm and found_inf together", function()
+    local F = tetra.nn.functional
+    local function reads(sets)
+      local env = tiny.setup(tiny_cfg(sets))
+      local items, stats = 0, 0
+      local item, read = F.item, env.optimizer.read_stats
+      F.item = function(...) items = items + 1; return item(...) end
+      env.optimizer.read_stats = function(...) stats = stats + 1; return read(...) end
+      local ok, err = pcall(function()
+        env.step()
+        items, stats = 0, 0
+        for _ = 1, 3 do env.step() end
+      end)
+      F.item = item
+      if not ok then error(err, 0) end
+      return items / 3, stats / 3, env
+    end
+    local items, stats, env = reads({ "train.gradient_accumulation_steps=2" })
+    expect(items).to_be(0)
+    expect(stats).to_be(1)
+    expect(env.optimizer.step_count).to_be(4)
+    items, stats = reads({ "train.gradient_accumulation_steps=2", "train.precision=fp16" })
+    expect(items + stats).to_be(1)
+    -- a spike check must see the loss before the update: one read more
+    items, stats = reads({ "train.gradient_accumulation_steps=2", "train.spike_zscore=3" })
+    expect(items + stats).to_be(2)
+  end)
+
   it("rejects a batch that does not split into micro-batches", function()
     -- tetra.config rejects this too; train.setup checks again for configs built in code.
     local cfg = tiny_cfg({ "train.gradient_accumulation_steps=4" })

@@ -332,8 +332,9 @@ end
 -- shards: ddp.shards under ZeRO-1 (the optimizer's params are those shards), else nil.
 -- Scales every gradient the optimizer uses by min(1, max_norm / (norm + 1e-6)), as
 -- tt_clip_grad_norm does (AdamW: in its update, from the coefficient computed on the
--- device). Returns the norm.
-function Par:clip_grad_norm(opt, max_norm, shards)
+-- device). Returns the norm; with async (AdamW only) nothing: the norm stays in the
+-- optimizer's stats for the step's one read.
+function Par:clip_grad_norm(opt, max_norm, shards, async)
   -- The counted tensors stay the same from step to step: listed once.
   local counted = self._counted
   if not counted then
@@ -356,8 +357,10 @@ function Par:clip_grad_norm(opt, max_norm, shards)
     -- AdamW: the sums of squares gathered and added on the device, the coefficient
     -- applied by its update; one read of the norm.
     opt:clip_grad_norm_async(max_norm, counted, { group = self.mesh.world, replicas = replicas })
+    if async then return nil end
     return opt:read_stats().grad_norm
   end
+  assert(not async, "clip_grad_norm: async needs an optimizer with device stats (AdamW)")
   local norm = math.sqrt(self.mesh.world:sum(sq_norm(counted)) / replicas)
   if max_norm and max_norm > 0 and norm == norm and norm < math.huge then
     local coef = max_norm / (norm + 1e-6)

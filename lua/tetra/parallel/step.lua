@@ -15,9 +15,14 @@
 -- global batch. Tensor and sequence parallelism need nothing here: their collectives are
 -- differentiable ops inside forward and backward.
 --
--- After forward_backward, strategy.forward_s holds the seconds its forwards computed
--- (time blocked on communication left out: that is exposed communication); train.lua
--- counts the rest of forward_backward as backward.
+-- forward_backward returns the sum of the micro-batch losses: a one-value tensor on the
+-- device (plain: nothing waits for it; the training step reads it with its other
+-- scalars, once) or a number (pipelined: the schedule reads each last-stage loss).
+-- After forward_backward, strategy:forward_seconds() gives the seconds its forwards
+-- computed (time blocked on communication left out: that is exposed communication; on
+-- CUDA known once the device has got that far, see M.timer); train.lua counts the rest
+-- of forward_backward as backward.
+local ffi = require("ffi")
 local F = require("tetra.nn.functional")
 local tffi = require("tetra.ffi")
 local C = tffi.C
@@ -36,7 +41,8 @@ Pipelined.__index = Pipelined
 -- par: tetra.parallel.apply's result; ddp: tetra.parallel.data's wrapper; ctx: the
 -- tetra.amp context.
 function M.new(par, ddp, ctx, cfg)
-  local self = { par = par, ddp = ddp, ctx = ctx, model = par.model, forward_s = 0 }
+  local self = { par = par, ddp = ddp, ctx = ctx, model = par.model,
+                  timer = M.timer(par.device) }
   -- A tied parameter's gradient must be summed over the stages before the reducer
   -- averages it: the reducer then copies every gradient at finish instead of during
   -- backward.
@@ -67,6 +73,54 @@ function M.compute_clock(device)
   end
 end
 
+-- Compute time without waiting for the device. M.timer(device): t:mark() -> a mark,
+-- t:seconds(a, b) -> the compute seconds between two marks, t:reset() before each step.
+-- On the cpu a mark is the wall clock minus the time blocked in collectives (the seconds
+-- are known at once). On CUDA it is an event recorded on the current stream, so the host
+-- never waits for it; the seconds between two marks are known once the device has passed
+-- the second, which the step's one read of its stats guarantees. The events are pooled
+-- and reused after reset().
+local CpuTimer = {}
+CpuTimer.__index = CpuTimer
+function CpuTimer:mark() return metrics.now() - C.tt_dist_wait_seconds() end
+function CpuTimer:seconds(a, b) return b - a end
+function CpuTimer:reset() end
+function CpuTimer:wait() end
+
+local CudaTimer = {}
+CudaTimer.__index = CudaTimer
+
+function CudaTimer:mark()
+  self.used = self.used + 1
+  local e = self.pool[self.used]
+  if not e then
+    local box = ffi.new("tt_cuda_event *[1]")
+    tffi.check(C.tt_cuda_event_create(1, box))
+    e = ffi.gc(box[0], C.tt_cuda_event_destroy)
+    self.pool[self.used] = e
+  end
+  tffi.check(C.tt_cuda_event_record(e, C.tt_cuda_get_stream()))
+  return e
+end
+
+function CudaTimer:seconds(a, b)
+  tffi.check(C.tt_cuda_event_elapsed_ms(a, b, self.ms))
+  return self.ms[0] / 1000
+end
+
+function CudaTimer:reset() self.used = 0 end
+
+-- Waits until the device has passed mark m, unless it already has (no wait then).
+function CudaTimer:wait(m)
+  if C.tt_cuda_event_query(m) ~= 1 then tffi.check(C.tt_cuda_event_synchronize(m)) end
+end
+
+function M.timer(device)
+  if device == nil or device == C.TT_CPU then return setmetatable({}, CpuTimer) end
+  tffi.cdef_header("tetra_cuda.h")
+  return setmetatable({ pool = {}, used = 0, ms = ffi.new("float[1]") }, CudaTimer)
+end
+
 local function finish(self)
   self.par:sync_tied_grads()
   self.ddp:finish_grads()
@@ -87,17 +141,27 @@ end
 -- the sum of the micro-batch losses.
 function Plain:forward_backward(tokens, n_micro)
   local rows = tonumber(tokens._shape[0]) / n_micro
-  local sum = 0.0
-  local clock = M.compute_clock(self.par.device)
-  self.forward_s = 0
+  local sum = nil
+  local timer = self.timer
+  self.forward_marks = {}
   for m = 0, n_micro - 1 do
     local mb = micro_rows(tokens, m, rows)
-    local f0, w0 = clock(), metrics.now()
+    local f0, w0 = timer:mark(), metrics.now()
     local loss = loss_of(self, mb)
-    self.forward_s = self.forward_s + clock() - f0
+    local marks = self.forward_marks
+    marks[#marks + 1] = f0
+    marks[#marks + 1] = timer:mark()
     if trace.on then trace.span("forward", w0, metrics.now(), { micro = m }) end
     if mb ~= tokens then free(mb) end
-    sum = sum + F.item(loss)
+    -- the losses summed where they are (no wait for the device)
+    local value = F.detach(loss)
+    if sum then
+      local s = F.add(sum, value)
+      free(sum); free(value)
+      sum = s
+    else
+      sum = value
+    end
     local mean = n_micro > 1 and F.scale(loss, 1.0 / n_micro) or loss
     local scaled = self.ctx:scale_loss(mean)             -- fp16: x loss scale
     self.ddp:before_backward(self.overlap and m == n_micro - 1)
@@ -112,6 +176,13 @@ function Plain:forward_backward(tokens, n_micro)
   return sum
 end
 
+-- The seconds the last forward_backward's forwards computed.
+function Plain:forward_seconds()
+  local t, marks = 0, self.forward_marks or {}
+  for i = 1, #marks, 2 do t = t + self.timer:seconds(marks[i], marks[i + 1]) end
+  return t
+end
+
 function Plain:eval_loss(tokens)
   local loss = loss_of(self, tokens)
   local v = F.item(loss)
@@ -124,10 +195,11 @@ function Pipelined:forward_backward(tokens, n_micro)
   local sum = self.pipe:train_step(tokens, n_micro, function(is_last)
     ddp:before_backward(overlap and is_last)
   end, self.ctx:scale())
-  self.forward_s = self.pipe.forward_s
   finish(self)
   return sum
 end
+
+function Pipelined:forward_seconds() return self.pipe.forward_s end
 
 function Pipelined:eval_loss(tokens)
   return self.pipe:forward_loss(tokens)
