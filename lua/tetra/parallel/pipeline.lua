@@ -5,7 +5,8 @@
 --   pp.schedule(kind, stages, stage, n_micro)   -- this stage's ops: { "F"|"B", micro }
 --   pp.split(model, plan.pipeline, group, cfg)  -- keeps this stage's part of model
 --   local pipe = pp.runner(par, cfg)            -- the pipelined step (tetra.parallel.step)
---   pipe:train_step(tokens, n_micro, before_backward) -> summed micro-batch losses
+--   pipe:train_step(tokens, n_micro, before_backward) -> summed micro-batch losses (a
+--                                                        one-value device tensor)
 --   pipe:forward_loss(tokens)                   -- no tape: the mean loss of one batch
 --
 -- Stage s of S holds a contiguous run of the model's blocks (uniformly: n_layers / S
@@ -254,30 +255,40 @@ end
 -- Forward and backward of tokens' n_micro micro-batches (the rows of this DP rank),
 -- following the schedule; the parameters' .grad accumulate the gradient of the mean
 -- micro-batch loss, times loss_scale (fp16; 1 otherwise). before_backward(is_last) runs
--- before each backward. Returns the sum of the micro-batch losses (the same on every
--- stage: the last one broadcasts it).
+-- before each backward. Returns the sum of the micro-batch losses, a one-value tensor on
+-- the device, the same on every stage (the last one broadcasts it); nothing waits for the
+-- device. self.forward_marks: pairs of self.timer's marks (tetra.parallel.step.timer)
+-- around each forward, whose seconds (receives' waits left out) the step breakdown adds.
 function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
   local rows = tonumber(tokens._shape[0]) / n_micro
-  local inputs, roots, loss_sum = {}, {}, 0.0
+  local inputs, roots, loss_sum = {}, {}, nil
   self.pending = {}
   local ops = M.schedule(self.kind, self.stages, self.stage, n_micro, self.virtual)
   local n_backward, last_vs = 0, self.n_virtual - 1
-  -- Seconds the forwards computed (receives' waits left out), for the step breakdown.
-  local clock = require("tetra.parallel.step").compute_clock(self.par.device)
-  self.forward_s = 0
+  self.timer = self.timer or require("tetra.parallel.step").timer(self.par.device)
+  local timer, marks = self.timer, {}
+  self.forward_marks = marks
   for _, op in ipairs(ops) do
     local m, c = op[2], op[3]
     local vs = c * self.stages + self.stage
     local key = m * self.virtual + c
     if op[1] == "F" then
       local mb = micro_rows(tokens, m, rows)
-      local f0, w0 = clock(), metrics.now()
+      local f0, w0 = timer:mark(), metrics.now()
       local x, y = self:forward(mb, m, c, true)
-      self.forward_s = self.forward_s + clock() - f0
+      marks[#marks + 1] = f0
+      marks[#marks + 1] = timer:mark()
       if trace.on then trace.span("F", w0, metrics.now(), { micro = m, chunk = c }) end
       if mb ~= tokens then free(mb) end
       if vs == last_vs then
-        loss_sum = loss_sum + F.item(y)
+        local value = F.detach(y)   -- summed where it is
+        if loss_sum then
+          local sum = F.add(loss_sum, value)
+          free(loss_sum); free(value)
+          loss_sum = sum
+        else
+          loss_sum = value
+        end
         local s = (loss_scale or 1.0) / n_micro
         if s ~= 1.0 then
           local scaled = F.scale(y, s)
@@ -313,7 +324,17 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
   end
   for _, h in ipairs(self.pending) do h:wait() end
   self.pending = nil
-  return self:share_loss(loss_sum)
+  -- the last stage's sum, on every stage of the pipeline
+  local shared = loss_sum or F.empty({}, C.TT_F32, self.par.device)
+  self.group:broadcast(shared, self.stages - 1)
+  return shared
+end
+
+-- The seconds the last train_step's forwards computed.
+function Pipeline:forward_seconds()
+  local t, marks = 0, self.forward_marks or {}
+  for i = 1, #marks, 2 do t = t + self.timer:seconds(marks[i], marks[i + 1]) end
+  return t
 end
 
 -- x (a Lua number known to the last stage) on every stage. It travels as a (hi, lo)

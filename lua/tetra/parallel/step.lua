@@ -16,8 +16,8 @@
 -- differentiable ops inside forward and backward.
 --
 -- forward_backward returns the sum of the micro-batch losses: a one-value tensor on the
--- device (plain: nothing waits for it; the training step reads it with its other
--- scalars, once) or a number (pipelined: the schedule reads each last-stage loss).
+-- device that nothing waits for (the training step reads it with its other scalars,
+-- once; pipelined, the last stage broadcasts it to the others).
 -- After forward_backward, strategy:forward_seconds() gives the seconds its forwards
 -- computed (time blocked on communication left out: that is exposed communication; on
 -- CUDA known once the device has got that far, see M.timer); train.lua counts the rest
@@ -49,6 +49,7 @@ function M.new(par, ddp, ctx, cfg)
   self.overlap = par.tied_group == nil
   if par.stage then
     self.pipe = require("tetra.parallel.pipeline").runner(par, cfg)
+    self.pipe.timer = self.timer   -- train.lua resets it each step
     return setmetatable(self, Pipelined)
   end
   return setmetatable(self, Plain)
@@ -199,7 +200,7 @@ function Pipelined:forward_backward(tokens, n_micro)
   return sum
 end
 
-function Pipelined:forward_seconds() return self.pipe.forward_s end
+function Pipelined:forward_seconds() return self.pipe:forward_seconds() end
 
 function Pipelined:eval_loss(tokens)
   return self.pipe:forward_loss(tokens)
