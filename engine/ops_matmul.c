@@ -639,9 +639,10 @@ static int group_backward(tt_node *node, tt_tensor *g) {
     /* dX = G W (the output gradient rounded to dtype), in x's dtype */
     st = gemm_lowp(g2, wcat, 0, 0, dtype, x->dtype == TT_F32 ? TT_F32 : dtype, &dx);
     if (st == 0) {
+      const int grad = tt_is_grad_enabled();
       tt_set_grad_enabled(0);
       st = tt_view(dx, x->shape, x->ndim, &dx_full);
-      tt_set_grad_enabled(1);
+      tt_set_grad_enabled(grad);
     }
     if (st == 0) st = tt_accumulate_grad(x, dx_full);
   }

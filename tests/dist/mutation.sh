@@ -61,9 +61,10 @@ mutant() {
   echo "caught: $name (row $rowname, $what): ${summary#compare_loss: }"
 }
 
-# The global gradient norm of a split model 29% off.
-mutant tp_grad_norm parallel/init.lua "return opt:read_stats().grad_norm" \
-  "return 1.29 * opt:read_stats().grad_norm" llama_tp2 grad_norm
+# The global gradient norm of a split model 1.29 times too small (the sum of squares
+# divided by 1.29^2 times the replicas: what the clip and the step's one read both see).
+mutant tp_grad_norm parallel/init.lua "{ group = self.mesh.world, replicas = replicas })" \
+  "{ group = self.mesh.world, replicas = replicas * 1.6641 })" llama_tp2 grad_norm
 # Data-parallel replicas counted once each in the norm (as if the gradients were summed).
 mutant zero_norm_replicas parallel/init.lua "local replicas = shards and 1 or self.mesh.dpcp.size" \
   "local replicas = 1" llama_tp2_dp2 grad_norm
@@ -78,10 +79,10 @@ mutant sp_partial_grads parallel/tensor.lua "self[name] = g:copy_to_group(p)" "s
 # A key/value head held by two ranks: their weight gradients not summed.
 mutant kv_copies parallel/tensor.lua "local w = copies:copy_to_group(self.weight)" \
   "local w = F.scale(self.weight, 1.0)" llama_tp4_kv2 grad_norm
-# Tensor-parallel layers left in f32 under bf16 (amp's GEMM not used; their bf16 input
+# Row-parallel layers left in f32 under bf16 (amp's GEMM not used; their bf16 input
 # widened, as an f32 layer would need).
-mutant tp_precision parallel/tensor.lua "local y = self.gemm(xc, self.weight, self.bias)" \
-  "local y = F.linear(xc:float(), self.weight, self.bias)" llama_tp2_bf16 loss
+mutant tp_precision parallel/tensor.lua "local part = self.gemm(x, self.weight, nil)" \
+  "local part = F.linear(x:float(), self.weight, nil)" llama_tp2_bf16 loss
 # Context parallelism: the keys of the other chunks not gathered (each rank attends
 # within its own chunks).
 mutant cp_gather parallel/context.lua "if positions == nil then return plain(self, q, k, v) end" \

@@ -41,13 +41,17 @@ end
 -- Several Linear layers on the same x (attention's q, k and v projections; the gate and
 -- up projections of a SwiGLU MLP) -> their outputs, in order. One GEMM when tetra.amp
 -- gave every layer the same grouped GEMM (bf16 / fp16: tt_linear_lowp_group, the
--- outputs strided views of one result) and nothing replaced their forward (tensor
--- parallelism wraps it); otherwise each layer's own forward.
+-- outputs strided views of one result) and either none has a forward of its own or all
+-- have one that only transforms x before that GEMM, the same for all (group_input: a
+-- column-parallel wrapper's gather, which then runs once); otherwise each layer's own
+-- forward.
 function M.linears(x, layers)
-  local group = layers[1].gemm_group
+  local group, input = layers[1].gemm_group, layers[1].group_input
   local with_bias = layers[1].bias ~= nil
   for _, m in ipairs(layers) do
-    if m.gemm_group ~= group or rawget(m, "forward") ~= nil or (m.bias ~= nil) ~= with_bias then
+    local own = rawget(m, "forward") ~= nil
+    if m.gemm_group ~= group or (m.bias ~= nil) ~= with_bias or m.group_input ~= input or
+       own ~= (input ~= nil) then
       group = nil
     end
   end
@@ -57,7 +61,10 @@ function M.linears(x, layers)
       ws[i] = m.weight
       if bs then bs[i] = m.bias end
     end
-    return group(x, ws, bs)
+    local xi = input and input(x) or x
+    local outs = { group(xi, ws, bs) }
+    if xi ~= x then F.free(xi) end
+    return unpack(outs)
   end
   local outs = {}
   for i, m in ipairs(layers) do outs[i] = m(x) end

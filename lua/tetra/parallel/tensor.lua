@@ -110,6 +110,18 @@ local function reduce_output(g, sp, part)
   return g:reduce_from_group(part)
 end
 
+-- The input transform of the column-parallel layers of group g (and sp): one function
+-- per (g, sp), which nn.linears finds on each layer (group_input) to run the layers that
+-- read one x (q/k/v, w1 | w3) as one GEMM on one gathered input.
+local input_fns = setmetatable({}, { __mode = "k" })
+local function group_input(g, sp)
+  local per = input_fns[g] or {}
+  input_fns[g] = per
+  local key = sp and "sp" or "plain"
+  per[key] = per[key] or function(x) return gather_input(g, sp, x) end
+  return per[key]
+end
+
 local function column_forward(g, sp)
   return function(self, x)
     local xc = gather_input(g, sp, x)
@@ -247,6 +259,7 @@ function M.apply(m, path, style, g, opts)
     split_param(m, "weight", 0, g, sliced)
     split_param(m, "bias", 0, g, sliced)
     m.forward = column_forward(g, sp)
+    m.group_input = group_input(g, sp)
   elseif style == "heads_column" then
     local hd = assert(opts.head_dim, "heads_column needs the attention's head_dim")
     local heads = m.out_features / hd
@@ -255,6 +268,7 @@ function M.apply(m, path, style, g, opts)
       split_param(m, "weight", 0, g, sliced)
       split_param(m, "bias", 0, g, sliced)
       m.forward = column_forward(g, sp)
+      m.group_input = group_input(g, sp)
     else   -- fewer heads than ranks: each head on size / heads ranks
       local per = g.size / heads
       local head = math.floor(g.rank / per)
