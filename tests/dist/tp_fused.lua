@@ -5,7 +5,6 @@
 -- sequence parallelism) in front of each instead of one per projection, and steps that
 -- run clean. Exits non-zero on the first mismatch.
 local tetra = require("tetra")
-local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local sp = os.getenv("TT_SP") == "1"
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -20,11 +19,7 @@ local function fail(msg) error(string.format("rank %d (sp %s): %s", env.rank, to
 C.tt_tape_clear()
 local ids = tetra.randint(0, cfg.model.vocab_size, 2, cfg.model.seq_len)
 local logits = env.model(ids)
-local count = {}
-for i = 0, tonumber(C.tt_tape_size()) - 1 do
-  local name = ffi.string(C.tt_tape_node_name(i))
-  count[name] = (count[name] or 0) + 1
-end
+local count = tetra.nn.functional.tape_ops()
 C.tt_tape_clear()
 logits:free()
 local L = cfg.model.n_layers

@@ -258,11 +258,7 @@ describe("models", function()
     local function ops(model)
       C.tt_tape_clear()
       model(ids_tensor({ { 1, 2, 3, 4 } })):free()
-      local count = {}
-      for i = 0, tonumber(C.tt_tape_size()) - 1 do
-        local name = ffi.string(C.tt_tape_node_name(i))
-        count[name] = (count[name] or 0) + 1
-      end
+      local count = tetra.nn.functional.tape_ops()
       C.tt_tape_clear()
       return count
     end

@@ -158,6 +158,17 @@ end
 
 F.no_grad = T.no_grad
 
+-- The ops the tape holds now, counted by name ({ ["tt_linear_lowp_group"] = 4, ... }):
+-- what a forward recorded, for tests and debugging.
+function F.tape_ops()
+  local count = {}
+  for i = 0, tonumber(C.tt_tape_size()) - 1 do
+    local name = ffi.string(C.tt_tape_node_name(i))
+    count[name] = (count[name] or 0) + 1
+  end
+  return count
+end
+
 -- Backward from a scalar loss: accumulates .grad of the leaves and frees the tape.
 function F.backward(loss)
   if C.tt_backward(loss) ~= 0 then error(ffi.string(C.tt_last_error()), 2) end

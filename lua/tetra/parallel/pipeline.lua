@@ -281,14 +281,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
       if trace.on then trace.span("F", w0, metrics.now(), { micro = m, chunk = c }) end
       if mb ~= tokens then free(mb) end
       if vs == last_vs then
-        local value = F.detach(y)   -- summed where it is
-        if loss_sum then
-          local sum = F.add(loss_sum, value)
-          free(loss_sum); free(value)
-          loss_sum = sum
-        else
-          loss_sum = value
-        end
+        loss_sum = require("tetra.parallel.step").add_loss(loss_sum, y)
         local s = (loss_scale or 1.0) / n_micro
         if s ~= 1.0 then
           local scaled = F.scale(y, s)
@@ -331,11 +324,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
 end
 
 -- The seconds the last train_step's forwards computed.
-function Pipeline:forward_seconds()
-  local t, marks = 0, self.forward_marks or {}
-  for i = 1, #marks, 2 do t = t + self.timer:seconds(marks[i], marks[i + 1]) end
-  return t
-end
+function Pipeline:forward_seconds() return self.timer:total(self.forward_marks or {}) end
 
 -- x (a Lua number known to the last stage) on every stage. It travels as a (hi, lo)
 -- pair of floats, so the double does not round to float.

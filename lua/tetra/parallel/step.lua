@@ -116,10 +116,28 @@ function CudaTimer:wait(m)
   if C.tt_cuda_event_query(m) ~= 1 then tffi.check(C.tt_cuda_event_synchronize(m)) end
 end
 
+-- The seconds between each pair of marks: marks[1]..marks[2] + marks[3]..marks[4] + ...
+local function total(self, marks)
+  local t = 0
+  for i = 1, #marks, 2 do t = t + self:seconds(marks[i], marks[i + 1]) end
+  return t
+end
+CpuTimer.total, CudaTimer.total = total, total
+
 function M.timer(device)
   if device == nil or device == C.TT_CPU then return setmetatable({}, CpuTimer) end
   tffi.cdef_header("tetra_cuda.h")
   return setmetatable({ pool = {}, used = 0, ms = ffi.new("float[1]") }, CudaTimer)
+end
+
+-- sum (nil at first) + a micro-batch's loss, off the tape and where they are: nothing
+-- waits for the device. Returns the new sum.
+function M.add_loss(sum, loss)
+  local value = F.detach(loss)
+  if not sum then return value end
+  local s = F.add(sum, value)
+  free(sum); free(value)
+  return s
 end
 
 local function finish(self)
@@ -154,15 +172,7 @@ function Plain:forward_backward(tokens, n_micro)
     marks[#marks + 1] = timer:mark()
     if trace.on then trace.span("forward", w0, metrics.now(), { micro = m }) end
     if mb ~= tokens then free(mb) end
-    -- the losses summed where they are (no wait for the device)
-    local value = F.detach(loss)
-    if sum then
-      local s = F.add(sum, value)
-      free(sum); free(value)
-      sum = s
-    else
-      sum = value
-    end
+    sum = M.add_loss(sum, loss)
     local mean = n_micro > 1 and F.scale(loss, 1.0 / n_micro) or loss
     local scaled = self.ctx:scale_loss(mean)             -- fp16: x loss scale
     self.ddp:before_backward(self.overlap and m == n_micro - 1)
@@ -178,11 +188,7 @@ function Plain:forward_backward(tokens, n_micro)
 end
 
 -- The seconds the last forward_backward's forwards computed.
-function Plain:forward_seconds()
-  local t, marks = 0, self.forward_marks or {}
-  for i = 1, #marks, 2 do t = t + self.timer:seconds(marks[i], marks[i + 1]) end
-  return t
-end
+function Plain:forward_seconds() return self.timer:total(self.forward_marks or {}) end
 
 function Plain:eval_loss(tokens)
   local loss = loss_of(self, tokens)
