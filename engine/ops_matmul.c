@@ -566,28 +566,40 @@ int tt_cuda_matmul_lowp_ex(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int tran
                            int trans_b, int compute_dtype, int out_dtype, tt_tensor **out)
     __attribute__((weak));
 
-/* out = op(a) op(b) of 2-D a and b at dtype (fp32 sums) in out_dtype, off the tape: the
-** CUDA GEMM, or on the cpu its emulation (operands rounded, an f32 GEMM, the output
-** rounded). */
+/* t as an operand of the dtype GEMMs below, rounded once: on the cpu an f32 tensor holding
+** t's values rounded to dtype (what the emulation multiplies), on CUDA t in dtype,
+** contiguous (t itself when it already is). */
+static int operand_lowp(tt_tensor *t, int dtype, tt_tensor **out) {
+  if (!tt_device_is_cuda(t->device)) return rounded_f32(t, dtype, out);
+  if (t->dtype == dtype && tt_tensor_is_contiguous(t)) {
+    tt_tensor_retain(t);
+    *out = t;
+    return 0;
+  }
+  TT_TRY(tt_tensor_empty(t->shape, t->ndim, dtype, t->device, out));
+  if (tt_copy_(*out, t) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* out = op(a) op(b) of 2-D operands (operand_lowp's, or views of them) at dtype, fp32
+** sums, in out_dtype, off the tape: the CUDA GEMM, or on the cpu its emulation (an f32
+** GEMM of the rounded values, the output rounded). */
 static int gemm_lowp(tt_tensor *a, tt_tensor *b, int ta, int tb, int dtype, int out_dtype,
                      tt_tensor **out) {
   const int grad = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
   int st;
-  if (tt_device_is_cuda(a->device)) {
+  if (tt_device_is_cuda(a->device))
     st = tt_cuda_matmul_lowp_ex
              ? tt_cuda_matmul_lowp_ex(a, b, NULL, ta, tb, dtype, out_dtype, out)
              : tt_set_error("tt_linear_lowp_group: this build has no CUDA GEMMs");
-  } else {
-    tt_tensor *ar = NULL, *br = NULL;
-    st = rounded_f32(a, dtype, &ar);
-    if (st == 0) st = rounded_f32(b, dtype, &br);
-    if (st == 0)
-      st = matmul_core("tt_linear_lowp_group", 0, ar, br, NULL, ta, tb, ar, br,
-                       matmul_backward, dtype, out_dtype, out);
-    tt_tensor_release(br);
-    tt_tensor_release(ar);
-  }
+  else
+    st = matmul_core("tt_linear_lowp_group", 0, a, b, NULL, ta, tb, a, b, matmul_backward,
+                     dtype, out_dtype, out);
   tt_set_grad_enabled(grad);
   return st;
 }
@@ -595,25 +607,20 @@ static int gemm_lowp(tt_tensor *a, tt_tensor *b, int ta, int tb, int dtype, int 
 int tt_cuda_matmul_lowp_into(tt_tensor *a, tt_tensor *b, int trans_a, int trans_b,
                              int compute_dtype, tt_tensor *c, float beta) __attribute__((weak));
 
-/* c (f32, contiguous) += op(a) op(b) of 2-D a and b at dtype: the weight-gradient GEMM
-** adding into a gradient buffer (beta = 1), on the GPU or in the cpu emulation. */
+/* c (f32, contiguous) += op(a) op(b) of 2-D operands as gemm_lowp's: the weight-gradient
+** GEMM adding into a gradient buffer (beta = 1), on the GPU or in the cpu emulation. */
 static int gemm_lowp_into(tt_tensor *a, tt_tensor *b, int ta, int tb, int dtype, tt_tensor *c) {
   if (tt_device_is_cuda(a->device))
     return tt_cuda_matmul_lowp_into
                ? tt_cuda_matmul_lowp_into(a, b, ta, tb, dtype, c, 1.0f)
                : tt_set_error("tt_linear_lowp_group: this build has no CUDA GEMMs");
   const tt_matmul_kernels *k = NULL;
-  tt_tensor *ar = NULL, *br = NULL;
-  int st = matmul_table("tt_linear_lowp_group", a->device, &k);
-  if (st == 0) st = rounded_f32(a, dtype, &ar);
-  if (st == 0) st = rounded_f32(b, dtype, &br);
-  if (st == 0) {
-    const lead_dims L = {0, {0}};
-    st = run_product(k, &L, mat_of(c, 0, 0), mat_of(ar, ta, 0), mat_of(br, tb, 0), 1.0f, 1.0f);
-  }
-  tt_tensor_release(br);
-  tt_tensor_release(ar);
-  return st;
+  TT_TRY(matmul_table("tt_linear_lowp_group", a->device, &k));
+  const lead_dims L = {0, {0}};
+  const mat A = mat_of(a, ta, 0), B = mat_of(b, tb, 0);
+  TT_CHECK(blas_ok(&A) && blas_ok(&B), "tt_linear_lowp_group: internal error: an operand "
+           "is not in a BLAS layout");
+  return run_product(k, &L, mat_of(c, 0, 0), A, B, 1.0f, 1.0f);
 }
 
 /* t (..., n) as a 2-D (rows, n) tensor off the tape (a view when t is contiguous). */
@@ -628,16 +635,18 @@ static int as_rows(tt_tensor *t, tt_tensor **out) {
 }
 
 /* inputs: x, w_0 .. w_{n-1}, then their biases (or none); saved: x as 2-D rows and the
-** group's low-precision buffer. i[0]: n, i[1]: compute dtype, i[2]: 1 with biases,
-** i[3 + j]: w_j's output features. */
+** group's weights side by side, both as operand_lowp made them. i[0]: n, i[1]: compute
+** dtype, i[2]: 1 with biases, i[3 + j]: w_j's output features. */
 static int group_backward(tt_node *node, tt_tensor *g) {
   const int n = (int)node->i[0], dtype = (int)node->i[1], has_bias = (int)node->i[2];
-  tt_tensor *x = node->inputs[0], *x2 = node->saved[0], *wcat = node->saved[1];
-  tt_tensor *g2 = NULL, *gw = NULL, *dx = NULL, *dx_full = NULL;
+  tt_tensor *x = node->inputs[0], *xo = node->saved[0], *wo = node->saved[1];
+  tt_tensor *g2 = NULL, *go = NULL, *gw = NULL, *dx = NULL, *dx_full = NULL;
   int st = as_rows(g, &g2);
+  /* the output gradient rounded to dtype once, for dX and every dW */
+  if (st == 0) st = operand_lowp(g2, dtype, &go);
   if (st == 0 && tt_needs_grad(x)) {
-    /* dX = G W (the output gradient rounded to dtype), in x's dtype */
-    st = gemm_lowp(g2, wcat, 0, 0, dtype, x->dtype == TT_F32 ? TT_F32 : dtype, &dx);
+    /* dX = G W, in x's dtype */
+    st = gemm_lowp(go, wo, 0, 0, dtype, x->dtype == TT_F32 ? TT_F32 : dtype, &dx);
     if (st == 0) {
       const int grad = tt_is_grad_enabled();
       tt_set_grad_enabled(0);
@@ -660,11 +669,11 @@ static int group_backward(tt_node *node, tt_tensor *g) {
     if (tt_needs_grad(w)) {
       /* dW_j = G_j^T X, f32 sums for the f32 master; added by the GEMM itself into a
       ** gradient that exists (beta = 1), as tt_linear_lowp does */
-      st = tt_narrow(g2, 1, at, nj, &gj);
+      st = tt_narrow(go, 1, at, nj, &gj);
       if (st == 0 && tt_grad_accumulates_in_place(w)) {
-        st = gemm_lowp_into(gj, x2, 1, 0, dtype, w->grad);
+        st = gemm_lowp_into(gj, xo, 1, 0, dtype, w->grad);
       } else {
-        if (st == 0) st = gemm_lowp(gj, x2, 1, 0, dtype, TT_F32, &dw);
+        if (st == 0) st = gemm_lowp(gj, xo, 1, 0, dtype, TT_F32, &dw);
         if (st == 0) st = tt_accumulate_grad(w, dw);
       }
     }
@@ -687,6 +696,7 @@ static int group_backward(tt_node *node, tt_tensor *g) {
   tt_tensor_release(dx_full);
   tt_tensor_release(dx);
   tt_tensor_release(gw);
+  tt_tensor_release(go);
   tt_tensor_release(g2);
   return st;
 }
@@ -725,15 +735,19 @@ int tt_linear_lowp_group(tt_tensor *x, tt_tensor *const *ws, tt_tensor *const *b
     total += ws[j]->shape[0];
   }
 
-  tt_tensor *wcat = NULL, *x2 = NULL, *y2 = NULL, *y = NULL, *bcat = NULL, *wide = NULL;
+  tt_tensor *wcat = NULL, *x2 = NULL, *xo = NULL, *wo = NULL, *y2 = NULL, *y = NULL;
+  tt_tensor *bcat = NULL, *wide = NULL;
   TT_TRY(tt_lowp_weight_group(ws, n, dtype, &wcat));
   int st = as_rows(x, &x2);
   const int grad = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
-  if (st == 0 && !biases) st = gemm_lowp(x2, wcat, 0, 1, dtype, out_dtype, &y2);
+  /* the operands as the GEMMs read them, kept for backward */
+  if (st == 0) st = operand_lowp(x2, dtype, &xo);
+  if (st == 0) st = operand_lowp(wcat, dtype, &wo);
+  if (st == 0 && !biases) st = gemm_lowp(xo, wo, 0, 1, dtype, out_dtype, &y2);
   if (st == 0 && biases) {
     /* the bias joins the fp32 sums before the one rounding, as in tt_linear_lowp */
-    st = gemm_lowp(x2, wcat, 0, 1, dtype, TT_F32, &wide);
+    st = gemm_lowp(xo, wo, 0, 1, dtype, TT_F32, &wide);
     if (st == 0) st = tt_tensor_empty(&total, 1, TT_F32, x->device, &bcat);
     int64_t at = 0;
     for (int j = 0; st == 0 && j < n; j++) {
@@ -772,8 +786,8 @@ int tt_linear_lowp_group(tt_tensor *x, tt_tensor *const *ws, tt_tensor *const *b
     if (!node) {
       st = -1;
     } else {
-      tt_node_save(node, x2);
-      tt_node_save(node, wcat);
+      tt_node_save(node, xo);
+      tt_node_save(node, wo);
       node->i[0] = n;
       node->i[1] = dtype;
       node->i[2] = biases != NULL;
@@ -794,6 +808,8 @@ int tt_linear_lowp_group(tt_tensor *x, tt_tensor *const *ws, tt_tensor *const *b
   tt_tensor_release(y2);
   tt_tensor_release(wide);
   tt_tensor_release(bcat);
+  tt_tensor_release(wo);
+  tt_tensor_release(xo);
   tt_tensor_release(x2);
   tt_tensor_release(wcat);
   return st;
