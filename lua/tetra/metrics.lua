@@ -26,6 +26,18 @@ local ts = ffi.new("tt_metrics_timespec")
 local CLOCK_MONOTONIC = 1
 
 -- Seconds from an arbitrary origin, monotonic, sub-microsecond resolution.
+-- The median of a list of numbers (the mean of the two middle ones for an even count; nil
+-- for none); xs is left as it was.
+function metrics.median(xs)
+  local s = {}
+  for i, x in ipairs(xs) do s[i] = x end
+  table.sort(s)
+  local n = #s
+  if n == 0 then return nil end
+  if n % 2 == 1 then return s[(n + 1) / 2] end
+  return (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
 function metrics.now()
   ffi.C.tt_metrics_clock_gettime(CLOCK_MONOTONIC, ts)
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9

@@ -18,10 +18,7 @@ local metrics = tetra.metrics
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local llama = dofile(here .. "/../../recipes/llama.lua")
 
-local function median(xs)
-  table.sort(xs)
-  return xs[math.floor((#xs + 1) / 2)]
-end
+local median = tetra.metrics.median
 
 local function blocking_allreduce_s(env, reps)
   local g = env.mesh.dp

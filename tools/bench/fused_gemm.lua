@@ -12,10 +12,7 @@ local T = require("tetra.tensor")
 local F = tetra.nn.functional
 local now = tetra.metrics.now
 
-local function median(xs)
-  table.sort(xs)
-  return xs[math.floor((#xs + 1) / 2)]
-end
+local median = tetra.metrics.median
 
 return {
   name = "bench_fused_gemm",

@@ -38,15 +38,7 @@ local function usage_error(msg)
   return 2
 end
 
-local function median(xs)
-  local s = {}
-  for i, x in ipairs(xs) do s[i] = x end
-  table.sort(s)
-  local n = #s
-  if n == 0 then return nil end
-  if n % 2 == 1 then return s[(n + 1) / 2] end
-  return (s[n / 2] + s[n / 2 + 1]) / 2
-end
+local median = require("tetra.metrics").median
 
 -- -- Timing the parts ------------------------------------------------------------------
 

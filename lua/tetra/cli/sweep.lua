@@ -84,12 +84,7 @@ function M.parse_layout(text, batch)
   return lay
 end
 
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  if n == 0 then return nil end
-  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
-end
+local median = require("tetra.metrics").median
 
 -- Medians over steps > 2 of a metrics file: step_time_s, tokens_per_s, exposed_comm_s,
 -- peak_bytes; nil when fewer than one such step.

@@ -63,17 +63,6 @@ local function micro_rows(tokens, m, n)
   return c
 end
 
--- A clock for the compute time of a region: wall time minus the time blocked in
--- collectives. On a GPU the region's kernels are waited for first, so the time is theirs
--- and not only their launches'.
-function M.compute_clock(device)
-  local sync = device ~= nil and device ~= C.TT_CPU
-  return function()
-    if sync then tffi.check(C.tt_cuda_synchronize()) end
-    return metrics.now() - C.tt_dist_wait_seconds()
-  end
-end
-
 -- Compute time without waiting for the device. M.timer(device): t:mark() -> a mark,
 -- t:seconds(a, b) -> the compute seconds between two marks, t:reset() before each step.
 -- On the cpu a mark is the wall clock minus the time blocked in collectives (the seconds
