@@ -263,6 +263,163 @@ void tt_alloc_empty_cache(int device) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* -- Private pools (CUDA graphs) ---------------------------------------------------- */
+
+struct tt_alloc_pool {
+  int device;
+  int released;             /* the owner let go: free the pool with its last storage */
+  int64_t live;             /* storages of the pool not yet freed */
+  free_block *classes[TT_NUM_CLASSES];
+  free_block *huge;         /* blocks above the cached classes, any size */
+  tt_alloc_pool_stats stats;
+};
+
+/* Per thread: a data loader thread's CPU tensors never land in a pool the training
+** thread uses for CPU work. */
+static __thread tt_alloc_pool *tt_pool_current;
+
+int tt_alloc_pool_new(int device, tt_alloc_pool **out) {
+  TT_CHECK(out, "alloc_pool_new: out is NULL");
+  TT_CHECK(cache_for(device) && tt_backend_for(device), "alloc_pool_new: bad device %d",
+           device);
+  tt_alloc_pool *p = calloc(1, sizeof *p);
+  TT_CHECK(p, "alloc_pool_new: out of host memory");
+  p->device = device;
+  *out = p;
+  return 0;
+}
+
+int tt_alloc_pool_use(int device, tt_alloc_pool *pool) {
+  if (!pool) {
+    if (tt_pool_current && tt_pool_current->device == device) tt_pool_current = NULL;
+    return 0;
+  }
+  TT_CHECK(!pool->released, "alloc_pool_use: the pool was released");
+  TT_CHECK(pool->device == device, "alloc_pool_use: the pool is of device %d, not %d",
+           pool->device, device);
+  TT_CHECK(!tt_pool_current || tt_pool_current == pool,
+           "alloc_pool_use: this thread already allocates from another pool");
+  tt_pool_current = pool;
+  return 0;
+}
+
+tt_alloc_pool *tt_alloc_pool_current(int device) {
+  return tt_pool_current && tt_pool_current->device == device ? tt_pool_current : NULL;
+}
+
+int tt_alloc_pool_stats_get(const tt_alloc_pool *pool, tt_alloc_pool_stats *out) {
+  TT_CHECK(pool && out, "alloc_pool_stats_get: pool or out is NULL");
+  device_cache *c = cache_for(pool->device);
+  pthread_mutex_lock(&c->lock);
+  *out = pool->stats;
+  pthread_mutex_unlock(&c->lock);
+  return 0;
+}
+
+/* Every free block of the pool back to the device's cache, and the pool freed. Its
+** blocks were last used on the stream that ran the graph: ordered like any freed block. */
+static void pool_destroy(tt_alloc_pool *pool) {
+  device_cache *c = cache_for(pool->device);
+  for (int i = 0; i <= TT_NUM_CLASSES; i++) {
+    free_block *b = i < TT_NUM_CLASSES ? pool->classes[i] : pool->huge;
+    while (b) {
+      free_block *next = b->next;
+      pthread_mutex_lock(&c->lock);
+      c->stats.cached_bytes -= (int64_t)b->size;
+      pthread_mutex_unlock(&c->lock);
+      cached_free_block(pool->device, b->ptr, b->size, b->stream, b->idle);
+      free(b);
+      b = next;
+    }
+  }
+  if (tt_pool_current == pool) tt_pool_current = NULL;
+  free(pool);
+}
+
+void tt_alloc_pool_release(tt_alloc_pool *pool) {
+  if (!pool) return;
+  device_cache *c = cache_for(pool->device);
+  pthread_mutex_lock(&c->lock);
+  pool->released = 1;
+  int last = pool->live == 0;
+  pthread_mutex_unlock(&c->lock);
+  if (tt_pool_current == pool) tt_pool_current = NULL;
+  if (last) pool_destroy(pool);
+}
+
+/* A block of the pool for `nbytes`: one of its free ones of the size class (any size at
+** least nbytes for huge requests), else a new one from the device's cache or the device. */
+static void *pool_alloc(tt_alloc_pool *pool, size_t nbytes, size_t *pgranted, void **pstream) {
+  device_cache *c = cache_for(pool->device);
+  size_t size = nbytes;
+  int cls = size_class(&size);
+  free_block *b = NULL;
+  pthread_mutex_lock(&c->lock);
+  free_block **link = cls >= 0 ? &pool->classes[cls] : &pool->huge;
+  for (; *link; link = &(*link)->next)
+    if ((*link)->size >= size) break;
+  if (*link) {
+    b = *link;
+    *link = b->next;
+    c->stats.cached_bytes -= (int64_t)b->size;
+    c->stats.live_bytes += (int64_t)b->size;
+    if (c->stats.live_bytes > c->stats.peak_bytes) c->stats.peak_bytes = c->stats.live_bytes;
+    c->stats.num_allocs++;
+    c->stats.num_cache_hits++;
+    pool->stats.taken_bytes += (int64_t)b->size;
+    pool->live++;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (b) {
+    void *p = b->ptr;
+    *pgranted = b->size;
+    *pstream = b->stream;
+    free(b);
+    return p;
+  }
+  void *p = cached_alloc(pool->device, nbytes, pgranted, pstream);
+  if (!p) return NULL;
+  pthread_mutex_lock(&c->lock);
+  pool->stats.reserved_bytes += (int64_t)*pgranted;
+  pool->stats.taken_bytes += (int64_t)*pgranted;
+  pool->stats.grown++;
+  pool->live++;
+  pthread_mutex_unlock(&c->lock);
+  return p;
+}
+
+/* A storage of the pool freed: its block back to the pool's free list. */
+static void pool_free(tt_alloc_pool *pool, void *p, size_t size, void *stream) {
+  device_cache *c = cache_for(pool->device);
+  free_block *b = malloc(sizeof *b);
+  size_t rounded = size;
+  int cls = size_class(&rounded);
+  pthread_mutex_lock(&c->lock);
+  c->stats.live_bytes -= (int64_t)size;
+  pool->stats.taken_bytes -= (int64_t)size;
+  pool->live--;
+  if (b) {
+    b->ptr = p;
+    b->size = size;
+    b->stream = stream;
+    b->idle = 0;
+    free_block **head = cls >= 0 ? &pool->classes[cls] : &pool->huge;
+    b->next = *head;
+    *head = b;
+    c->stats.cached_bytes += (int64_t)size;
+  } else {   /* no host memory for the record: the block leaves the pool (and the graph
+             ** may write it later), so say so rather than hand it out */
+    pool->stats.reserved_bytes -= (int64_t)size;
+  }
+  int last = pool->released && pool->live == 0;
+  pthread_mutex_unlock(&c->lock);
+  if (!b) {
+    fprintf(stderr, "tetra: alloc pool: out of host memory; a block of %zu bytes leaks\n",
+            size);
+  }
+  if (last) pool_destroy(pool);
+}
+
 /* -- Storage ------------------------------------------------------------------------- */
 
 tt_storage *tt_storage_new(size_t nbytes, int device) {
@@ -272,7 +429,10 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
     return NULL;
   }
   size_t granted = 0;
-  s->data = cached_alloc(device, nbytes, &granted, &s->stream);
+  tt_alloc_pool *pool = tt_alloc_pool_current(device);
+  s->data = pool ? pool_alloc(pool, nbytes, &granted, &s->stream)
+                 : cached_alloc(device, nbytes, &granted, &s->stream);
+  s->pool = s->data ? pool : NULL;
   if (!s->data) {
     free(s);
     return NULL;
@@ -286,6 +446,7 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
 void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  if (!s->external) cached_free(s->device, s->data, s->nbytes, s->stream);
+  if (s->pool) pool_free(s->pool, s->data, s->nbytes, s->stream);
+  else if (!s->external) cached_free(s->device, s->data, s->nbytes, s->stream);
   free(s);
 }

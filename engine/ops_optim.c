@@ -295,6 +295,13 @@ int tt_adamw_multi(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *con
   TT_TRY(check_adamw_cfg(op, cfg, step));
   int device;
   TT_TRY(check_adamw_multi(op, params, m, v, bf16, n, stats, &device));
+  TT_CHECK(!cfg->lr_from_stats || stats, "%s: lr_from_stats needs the stats tensor", op);
+  if (cfg->lr_from_stats && !tt_device_is_cuda(device)) {   /* CUDA: NaN weights show it */
+    const float *s = tt_tensor_data(stats);
+    TT_CHECK(isfinite(s[TT_STAT_LR]) && s[TT_STAT_BC1] > 0.0f && s[TT_STAT_BC2] > 0.0f,
+             "%s: lr_from_stats, but the stats' update slots are unset "
+             "(tt_step_stats_set_update before the update)", op);
+  }
   const tt_optim_kernels *k = TT_KERNELS(tt_optim, device);
   if (!k || !k->adamw_multi) return tt_no_kernel(op, device);
   size_t cap = (size_t)n + 1;
@@ -324,6 +331,7 @@ int tt_adamw_multi(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *con
       .bc2 = (float)(1.0 - pow(cfg->beta2, (double)step)),
       .grad_scale = s ? s + TT_STAT_GRAD_SCALE : NULL,
       .found_inf = s ? s + TT_STAT_FOUND_INF : NULL,
+      .hyper = cfg->lr_from_stats ? s + TT_STAT_LR : NULL,
     };
     rc = k->adamw_multi(&a);
   }

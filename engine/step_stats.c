@@ -40,6 +40,12 @@ int tt_step_stats_new(int device, tt_tensor **out) {
   tt_tensor *t = NULL;
   TT_TRY(tt_tensor_zeros(&n, 1, TT_F32, device, &t));
   int rc = tt_step_stats_reset(t);
+  if (rc == 0) {   /* the update slots: NaN (an update that reads them unset writes NaN) */
+    const tt_optim_kernels *k = TT_KERNELS(tt_optim, device);
+    rc = k && k->fill ? k->fill((float *)tt_tensor_data(t) + TT_STAT_LR,
+                                TT_STEP_STATS_N - TT_STAT_LR, NAN)
+                      : tt_no_kernel("step_stats_new", device);
+  }
   if (rc) {
     tt_tensor_release(t);
     return rc;
@@ -54,8 +60,24 @@ int tt_step_stats_reset(tt_tensor *stats) {
   const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
   if (!k || !k->fill) return tt_no_kernel("step_stats_reset", stats->device);
   float *s = tt_tensor_data(stats);
-  TT_TRY(k->fill(s, TT_STEP_STATS_N, 0.0f));
+  TT_TRY(k->fill(s, TT_STAT_LR, 0.0f));
   return k->fill(s + TT_STAT_GRAD_SCALE, 1, 1.0f);
+}
+
+int tt_step_stats_set_update(tt_tensor *stats, double lr, double beta1, double beta2,
+                             int64_t step) {
+  const char *op = "step_stats_set_update";
+  TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
+  TT_CHECK(lr >= 0.0 && beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0 &&
+               step >= 1,
+           "%s: need lr >= 0, betas in [0, 1) and step >= 1 (got lr %g, betas (%g, %g), "
+           "step %lld)", op, lr, beta1, beta2, (long long)step);
+  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
+  if (!k || !k->fill) return tt_no_kernel(op, stats->device);
+  float *s = tt_tensor_data(stats);
+  TT_TRY(k->fill(s + TT_STAT_LR, 1, (float)lr));
+  TT_TRY(k->fill(s + TT_STAT_BC1, 1, (float)(1.0 - pow(beta1, (double)step))));
+  return k->fill(s + TT_STAT_BC2, 1, (float)(1.0 - pow(beta2, (double)step)));
 }
 
 int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss) {

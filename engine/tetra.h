@@ -53,6 +53,7 @@ typedef struct tt_storage {
   int external;        /* 1: memory not ours (mmap, caller buffer); never freed */
   void *stream;        /* the device stream current when it was allocated (NULL: default) */
   int64_t version;     /* bumped by every in-place write (tt_storage_bump_version) */
+  struct tt_alloc_pool *pool;   /* the private pool it came from (tt_alloc_pool_use), or NULL */
 } tt_storage;
 
 typedef struct tt_tensor {
@@ -144,6 +145,29 @@ void tt_alloc_empty_cache(int device);
 /* The bytes a request of nbytes takes from the allocator (its size class): what
 ** live_bytes and peak_bytes count. The planner (lua/tetra/plan.lua) sums these. */
 size_t tt_alloc_granted_bytes(size_t nbytes);
+
+/* A private pool of one device's memory, for work captured into a CUDA graph: the graph
+** writes the blocks its captured kernels used every time it is replayed, so none of them
+** may go to another tensor while the graph lives. While a pool is in use on a thread
+** (tt_alloc_pool_use), that thread's new storages on the pool's device come from it (its
+** own freed blocks first, then the device's cache or the device); a storage of the pool,
+** freed at any time on any thread, goes back to the pool, never to the device's cache.
+** The blocks return to the device's cache once the pool is released and its last storage
+** freed. Pool storages count in live_bytes while held and in cached_bytes when free. */
+typedef struct tt_alloc_pool tt_alloc_pool;
+int tt_alloc_pool_new(int device, tt_alloc_pool **out);
+/* Routes this thread's allocations on pool's device to pool; NULL stops (device: the
+** device whose routing stops). Nested use is refused. */
+int tt_alloc_pool_use(int device, tt_alloc_pool *pool);
+/* The pool this thread allocates from on device, or NULL. */
+tt_alloc_pool *tt_alloc_pool_current(int device);
+void tt_alloc_pool_release(tt_alloc_pool *pool);
+typedef struct tt_alloc_pool_stats {
+  int64_t reserved_bytes;  /* every block the pool holds, taken or free */
+  int64_t taken_bytes;     /* held by live storages */
+  int64_t grown;           /* blocks the pool took from the device or its cache */
+} tt_alloc_pool_stats;
+int tt_alloc_pool_stats_get(const tt_alloc_pool *pool, tt_alloc_pool_stats *out);
 
 /* -- Threads ------------------------------------------------------------------------ */
 

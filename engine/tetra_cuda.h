@@ -80,8 +80,10 @@ int tt_cuda_event_elapsed_ms(tt_cuda_event *start, tt_cuda_event *end, float *ou
 /* Capture the work issued on the current stream (a stream of tt_cuda_stream_create: the
 ** legacy default stream cannot be captured) between begin and end into a graph, then
 ** replay it with one launch. The captured kernels keep their pointers: every tensor they
-** touch must stay allocated, at the same address, until the graph is destroyed, and no
-** host wait may happen while capturing (it fails with a message naming the capture). */
+** touch must stay allocated, at the same address, until the graph is destroyed (allocate
+** the capture's tensors from a private pool, tt_alloc_pool_use in tetra.h, so that blocks
+** freed during or after it stay the graph's), and no host wait may happen while capturing
+** (it fails with a message naming the capture). */
 typedef struct tt_cuda_graph tt_cuda_graph;
 int tt_cuda_graph_begin(void);
 /* Ends the capture begun on the current stream; *out: the instantiated graph. */

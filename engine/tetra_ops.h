@@ -100,6 +100,10 @@ typedef struct tt_adamw_config {
   double beta2;
   double eps;
   double weight_decay;   /* decoupled: p -= lr * wd * p */
+  /* tt_adamw_multi only: nonzero takes lr and the step's bias corrections from the stats
+  ** (TT_STAT_LR..TT_STAT_BC2, written by tt_step_stats_set_update) instead of lr and step,
+  ** so that a captured update replays with each step's values. */
+  int lr_from_stats;
 } tt_adamw_config;
 /* One fused AdamW step over n parameters, using params[i]->grad (params without grad are
 ** skipped). m and v: f32 state tensors shaped like the params. step: 1-based, for bias
@@ -126,12 +130,24 @@ enum {
   TT_STAT_SUMSQ_HI = 4,    /* the float64 sum of squares of the grads as two floats */
   TT_STAT_SUMSQ_LO = 5,
   TT_STAT_ERRORS = 6,      /* device-side input checks that failed (tt_step_stats_errors) */
-  TT_STEP_STATS_N = 8
+  /* The update's inputs that change every step, set by the host before the step (a reset
+  ** leaves them): the learning rate and the bias corrections 1 - beta^step. */
+  TT_STAT_LR = 8,
+  TT_STAT_BC1 = 9,
+  TT_STAT_BC2 = 10,
+  TT_STEP_STATS_N = 12
 };
-/* A new stats tensor on device, reset (tt_step_stats_reset). */
+/* A new stats tensor on device, reset (tt_step_stats_reset); the update slots hold NaN
+** until tt_step_stats_set_update writes them. */
 int tt_step_stats_new(int device, tt_tensor **out);
-/* Every slot 0 but TT_STAT_GRAD_SCALE, 1; stream-ordered, no wait on the device. */
+/* Every slot before TT_STAT_LR 0 but TT_STAT_GRAD_SCALE, 1; stream-ordered, no wait on the
+** device. */
 int tt_step_stats_reset(tt_tensor *stats);
+/* The update slots: TT_STAT_LR = lr, TT_STAT_BC1/BC2 = 1 - beta1^step, 1 - beta2^step
+** (computed in float64, as tt_adamw_multi does from its step argument). On CUDA by small
+** kernels, no wait: launched before a replayed step, they feed its captured update. */
+int tt_step_stats_set_update(tt_tensor *stats, double lr, double beta1, double beta2,
+                             int64_t step);
 /* The sum of squares of the grads of n params (missing grads count as zero) into the
 ** TT_STAT_SUMSQ_* slots; on the device, deterministic, no wait. */
 int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);

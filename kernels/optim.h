@@ -32,6 +32,7 @@ typedef struct tt_adamw_multi_args {
   float lr, beta1, beta2, eps, weight_decay, bc1, bc2;
   const float *grad_scale; /* device scalar, or NULL: each g is multiplied by it first */
   const float *found_inf;  /* device scalar, or NULL: when nonzero nothing is written */
+  const float *hyper;      /* device lr, bc1, bc2 (replacing the three above), or NULL */
 } tt_adamw_multi_args;
 
 typedef struct tt_optim_kernels {

@@ -86,10 +86,16 @@ static int local_rank(void) {
 
 /* -- Backend table ------------------------------------------------------------------ */
 
+/* During a capture (tt_cuda_graph_begin, thread-local mode) cudaMalloc is refused as
+** potentially unsafe; it joins no stream, so a block the capture's pool needs beyond the
+** warmed cache is allocated with the thread's mode relaxed for that one call. */
 static void *cuda_alloc(size_t nbytes, int device) {
   void *p = NULL;
   if (use_device(device) != 0) return NULL;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   cudaError_t e = cudaMalloc(&p, nbytes ? nbytes : 256);
+  cudaThreadExchangeStreamCaptureMode(&mode);
   if (e != cudaSuccess) {
     cudaGetLastError();
     tt_cu_fail(e, "cudaMalloc", __FILE__, __LINE__);
@@ -507,8 +513,9 @@ extern "C" int tt_cuda_graph_capturing(void) {
 }
 
 /* Thread-local mode: another thread's unrelated CUDA calls (the data loader's copies) do
-** not break the capture; this thread's cudaMalloc (the caching allocator growing) is then
-** refused, so a capture needs a warm-up step that has grown the cache first. */
+** not break the capture; this thread's own unsafe calls are refused, except the caching
+** allocator's cudaMalloc (cuda_alloc relaxes the mode for it). A warm-up step that grows
+** the cache first still keeps cudaMalloc out of the step. */
 extern "C" int tt_cuda_graph_begin(void) {
   TT_CHECK(g_initialised, "cuda: call tt_cuda_init first");
   TT_CHECK(g_stream, "cuda graph capture: the current stream is the legacy default stream, "

@@ -47,10 +47,11 @@ static int adamw(float *p, const float *g, float *m, float *v, int64_t n, float 
 
 static int adamw_multi(const tt_adamw_multi_args *a) {
   if (a->found_inf && *a->found_inf != 0.0f) return 0;
+  float lr = a->hyper ? a->hyper[0] : a->lr, bc1 = a->hyper ? a->hyper[1] : a->bc1,
+        bc2 = a->hyper ? a->hyper[2] : a->bc2;
   for (int t = 0; t < a->count; t++)
     adamw_tensor(a->p[t], a->g[t], a->m[t], a->v[t], a->bf16 ? a->bf16[t] : NULL, a->n[t],
-                 a->grad_scale, a->lr, a->beta1, a->beta2, a->eps, a->weight_decay, a->bc1,
-                 a->bc2);
+                 a->grad_scale, lr, a->beta1, a->beta2, a->eps, a->weight_decay, bc1, bc2);
   return 0;
 }
 

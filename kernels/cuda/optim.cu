@@ -187,8 +187,13 @@ static int mt_fill(mt_table *t, const int64_t *n, int first, int count) {
 /* The arithmetic of adamw_kernel's CPU twin (kernels/cpu/optim.c), element by element. */
 __global__ void adamw_multi_kernel(adamw_table tab, float lr, float b1, float b2, float eps,
                                    float wd, float bc1, float bc2, const float *gscale,
-                                   const float *found_inf) {
+                                   const float *found_inf, const float *hyper) {
   if (found_inf && *found_inf != 0.0f) return;
+  if (hyper) {
+    lr = hyper[0];
+    bc1 = hyper[1];
+    bc2 = hyper[2];
+  }
   int64_t lo, hi;
   int t = mt_locate(tab.t, &lo, &hi);
   float *p = tab.p[t], *m = tab.m[t], *v = tab.v[t];
@@ -224,7 +229,7 @@ static int adamw_multi(const tt_adamw_multi_args *a) {
     }
     adamw_multi_kernel<<<blocks, MT_THREADS, 0, st>>>(tab, a->lr, a->beta1, a->beta2, a->eps,
                                                       a->weight_decay, a->bc1, a->bc2,
-                                                      a->grad_scale, a->found_inf);
+                                                      a->grad_scale, a->found_inf, a->hyper);
     TT_CU_LAUNCHED("adamw_multi_kernel");
   }
   return 0;

@@ -1024,6 +1024,9 @@ end
 function M.load(env, path)
   local state
   path, state = open_resumable(path)
+  -- A captured step (train.cuda_graphs) read the tensors the load may replace: the next
+  -- step captures again.
+  if env.drop_graph then env.drop_graph() end
   local opt = env.optimizer
   if state.optimizer ~= (opt.m and "adamw" or "sgd") then
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),

@@ -131,12 +131,22 @@ function AdamW:_build_groups()
   self._cfg = ffi.new("tt_adamw_config")
 end
 
--- The stats tensor of this step, reset on its first use in the step (the next update
--- ends the step).
-function AdamW:stats()
+-- The stats tensor, made at the first call.
+function AdamW:stats_tensor()
   if not self._stats then
     local p = self.params[1]
     self._stats = take(C.tt_step_stats_new(p and p._device or C.TT_CPU, pout), 2)
+    self._fresh_stats = true
+  end
+  return self._stats
+end
+
+-- The stats tensor of this step, reset on its first use in the step (the next update
+-- ends the step).
+function AdamW:stats()
+  self:stats_tensor()
+  if self._fresh_stats then
+    self._fresh_stats = false
   elseif not self._pending then
     check(C.tt_step_stats_reset(self._stats))
   end
@@ -210,14 +220,27 @@ function AdamW:set_bf16_copies(list)
   self:_build_groups()
 end
 
--- One update with learning rate lr (default: the constructor's). Uses this step's clip
--- coefficient and found_inf when clip_grad_norm (or an unscale into the stats) ran.
-function AdamW:step(lr)
+-- Counts the next update and writes its learning rate (default: the constructor's) and
+-- bias corrections into the stats, where the update reads them (a device write, no
+-- wait). step() does it itself unless self.external_update is set: then the caller does,
+-- before the update is launched or a captured one replayed (tetra.train's CUDA graphs).
+function AdamW:set_update(lr)
   self.step_count = self.step_count + 1
+  self._lr = lr or self.lr
+  check(C.tt_step_stats_set_update(self:stats_tensor(), self._lr, self.beta1, self.beta2,
+                                   self.step_count))
+end
+
+-- One update with learning rate lr (default: the constructor's; ignored with
+-- external_update, see set_update). Uses this step's clip coefficient and found_inf when
+-- clip_grad_norm (or an unscale into the stats) ran.
+function AdamW:step(lr)
+  if not self.external_update then self:set_update(lr) end
   local cfg = self._cfg
-  cfg.lr = lr or self.lr
+  cfg.lr = self._lr
   cfg.beta1, cfg.beta2, cfg.eps = self.beta1, self.beta2, self.eps
-  local stats = self._pending and self._stats or nil
+  cfg.lr_from_stats = 1
+  local stats = self:stats()
   for _, g in ipairs(self.groups) do
     cfg.weight_decay = g.wd
     check(C.tt_adamw_multi(g.c_p, g.c_m, g.c_v, g.c_bf16, g.n, cfg, self.step_count, stats))

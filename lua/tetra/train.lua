@@ -35,6 +35,7 @@
 local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local F = require("tetra.nn.functional")
+local graph = require("tetra.graph")
 local optim = require("tetra.optim")
 local metrics = require("tetra.metrics")
 local amp = require("tetra.amp")
@@ -225,12 +226,29 @@ local to_dev = require("tetra.tensor").moved
 -- waits for it): through two page-locked staging buffers used in turns. The copy from a
 -- buffer is in stream order before the step's one read of its stats, so by the time the
 -- buffer's turn comes again (two steps later) it has finished. On the CPU: the batch.
+-- upload(host, into): into a device tensor of the batch's shape and dtype instead (the
+-- static input of a captured step), also on the CPU.
+local function upload_check(host, into)
+  if into._dtype ~= host._dtype or into:numel() ~= host:numel() then
+    error("train: a batch of another shape or dtype than the captured step's input", 3)
+  end
+end
+
 local function uploader(dev)
-  if dev == C.TT_CPU then return function(t) return t end end
+  if dev == C.TT_CPU then
+    return function(t, into)
+      if not into then return t end
+      upload_check(t, into)
+      tffi.check(C.tt_copy_(into, t))
+      free(t)
+      return into
+    end
+  end
   tffi.cdef_header("tetra_cuda.h")
   local bufs, sizes, turn = {}, { 0, 0 }, 0
   local box = ffi.new("void *[1]")
-  return function(host)
+  return function(host, into)
+    if into then upload_check(host, into) end
     local c = host
     if not host:is_contiguous() then c = host:contiguous() end
     local n = tonumber(C.tt_tensor_numel(c)) * tonumber(C.tt_dtype_size(c._dtype))
@@ -241,7 +259,7 @@ local function uploader(dev)
       bufs[turn], sizes[turn] = box[0], n
     end
     ffi.copy(bufs[turn], C.tt_tensor_data(c), n)
-    local out = F.empty(host:shape(), c._dtype, dev)
+    local out = into or F.empty(host:shape(), c._dtype, dev)
     if n > 0 then
       tffi.check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(out), dev, bufs[turn], n))
     end
@@ -261,7 +279,8 @@ end
 -- and moved to train.device here; env.par is tetra.parallel.apply's result.
 -- opts: plan (the model's parallel plan, recipes/plans/; needed for tensor, context or
 -- pipeline parallelism), tokenizer (tok:encode(text), tok:decode(ids); for samples),
--- on_grads(env, step) (see env.step).
+-- on_grads(env, step) (see env.step), graph_check (train.cuda_graphs' steps on the CPU in
+-- tetra.graph's check mode, for tests).
 -- Metrics record of a step: step, loss, lr, grad_norm (before clipping; nil on a skipped
 -- step), tokens, tokens_per_s, step_time_s, data_wait_s, exposed_comm_s (seconds blocked
 -- on communication: what computation did not hide, pipeline bubbles included),
@@ -272,7 +291,9 @@ end
 -- activations, gradients, communication buffers), live_bytes and cached_bytes (after the
 -- optimizer update). The step's time by phase, which add up to step_time_s: data_wait_s,
 -- forward_s and backward_s (computing, waits left out), exposed_comm_s, optimizer_s
--- (clipping, the update, zeroing; waits left out), other_s. mfu (0-1) when the device's
+-- (clipping, the update, zeroing; waits left out), other_s; a step replayed from a CUDA
+-- graph (train.cuda_graphs) has graph_s instead (forward, backward and the update in one
+-- timing; forward_s, backward_s and optimizer_s are 0). mfu (0-1) when the device's
 -- peak is known (tetra.mfu; train.peak_tflops). train.run adds checkpoint_s (the loop's
 -- time on checkpoints since the previous record) and eval_loss.
 function train.setup(cfg, model, data, opts)
@@ -307,6 +328,14 @@ function train.setup(cfg, model, data, opts)
   local ctx = amp.wrap(model, cfg, { amax_group = amax_group, partial = lay.pp > 1,
                                      fail = dist.fail })
   local dev = train.device(t.device)
+  if t.cuda_graphs and dev ~= C.TT_CPU then
+    -- A capture needs a stream of its own (the legacy default stream cannot be
+    -- captured): the whole run goes on it, so the warm-up steps grow the allocator's
+    -- cache and make the GEMM workspaces there. It lives as long as the process.
+    local box = ffi.new("tt_cuda_stream *[1]")
+    tffi.check(C.tt_cuda_stream_create(box))
+    tffi.check(C.tt_cuda_set_stream(box[0]))
+  end
   if dev ~= C.TT_CPU then train.to_device(model, dev) end
   par.device = dev
   local peak_tflops = mfu.peak_tflops(cfg, mfu.device_name(dev))
@@ -390,8 +419,122 @@ function train.setup(cfg, model, data, opts)
     return res
   end
 
+  -- The mean loss over the ranks (dp x cp) into the optimizer's stats beside the norm and
+  -- found_inf, then fp16's unscale, the clip and the update launched (the device skips
+  -- the update when a gradient, the norm or the loss is not finite): no read.
+  local function launch_update(loss_sum, lr)
+    local opt = env.optimizer
+    local mean = F.scale(loss_sum, 1.0 / (accum * mesh.dpcp.size))
+    free(loss_sum)
+    if mesh.dpcp.size > 1 then mesh.dpcp:all_reduce(mean, "sum") end
+    tffi.check(C.tt_step_stats_set_loss(opt:stats(), mean))
+    free(mean)
+    ctx:step_launch(opt.params, function() ddp:optimizer_step(opt, lr) end,
+                    function() clip_async(t.max_grad_norm) end, mesh.world, opt)
+  end
+
+  -- train.cuda_graphs: after `warmup` eager steps (the allocator's cache grown, the bf16
+  -- copies set up), the next step's forward, backward and update are captured into one
+  -- CUDA graph (tetra.graph) reading the batch from a static input tensor, and every step
+  -- from then on copies its batch there, writes its learning rate and bias corrections
+  -- into the optimizer's stats (AdamW:set_update) and replays the graph: no Lua and no
+  -- launch per kernel, and still one read per step. opts.graph_check runs the same steps
+  -- on the CPU in tetra.graph's check mode (tests).
+  local graphs = nil
+  if t.cuda_graphs or opts.graph_check then
+    graphs = { warmup = 2, check = opts.graph_check and true or false }
+  end
+  env.graphs = graphs
+  -- Drops the captured step (the next step captures again): after anything that moves or
+  -- replaces tensors the graph reads (a roll-back, a checkpoint load).
+  function env.drop_graph()
+    if graphs and graphs.graph then
+      graphs.graph:close()
+      graphs.graph = nil
+      if graphs.input then free(graphs.input) end
+      graphs.input = nil
+      env.optimizer.external_update = nil
+    end
+  end
+  local null_timer = require("tetra.parallel.step").null_timer()
+
   local mem = ffi.new("tt_alloc_stats")
   local upload = uploader(dev)
+  -- The end of a step, eager or replayed (s: what the step measured and decided): the
+  -- guard's verdict agreed over the ranks, the grads and the tape dropped, the record.
+  local function finish_step(s)
+    local step = s.step
+    local bad = guard.enabled and agree(s.bad) or nil
+    local roll_back = guard:finish(step, s.pos, s.loss, bad)
+    C.tt_alloc_stats_get(dev, mem)
+    local peak = tonumber(mem.peak_bytes)
+    model:zero_grad()
+    C.tt_tape_clear()   -- drops any recorded branch no backward reached
+    if trace.on then trace.span("optimizer", s.ow0, metrics.now(), { step = step }) end
+    env.step_count = step
+    local tokens = t.batch_size * seq_len
+    env.tokens_seen = env.tokens_seen + tokens
+    local t0, data_wait = s.t0, s.data_wait
+    local dt = metrics.now() - t0
+    local exposed = C.tt_dist_wait_seconds() - s.wait0
+    local r = { step = step, loss = s.loss, lr = s.lr,
+                grad_norm = s.grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
+                step_time_s = dt, data_wait_s = data_wait,
+                exposed_comm_s = exposed, forward_s = s.forward, backward_s = s.fb - s.forward,
+                optimizer_s = s.optimizer_s, graph_s = s.graph_s,
+                other_s = dt - data_wait - s.fb - exposed - s.optimizer_s - (s.graph_s or 0),
+                live_bytes = tonumber(mem.live_bytes), cached_bytes = tonumber(mem.cached_bytes),
+                param_bytes = env.memory.params, grad_bytes = env.memory.grads,
+                optimizer_bytes = env.memory.optimizer, peak_bytes = peak,
+                step_peak_bytes = peak - s.live0,
+                loss_scale = ctx:scale(), skipped = s.skipped, restarts = restarts,
+                guard = bad, data_position = s.pos, roll_back = roll_back or nil }
+    if data.stats then   -- tetra.data's loader reports its own throughput and queue
+      local st = data:stats()
+      r.loader_tokens_per_s, r.loader_queue_depth = st.tokens_per_s, st.queue_depth
+    end
+    if peak_tflops and peak_tflops > 0 then
+      r.mfu = flops_per_token * tokens / dt / (peak_tflops * 1e12 * (mesh.size or 1))
+    end
+    telemetry.step(r)
+    if trace.on then trace.span("step " .. step, t0, t0 + dt, { loss = r.loss }) end
+    return r
+  end
+
+  -- A step of the captured graph (train.cuda_graphs, after the warm-up): the batch is in
+  -- the static input `global`; the first such step captures, every one replays.
+  function env.graph_step(step, pos, t0, wait0, live0, data_wait, global)
+    local opt, lr = env.optimizer, env.schedule(step)
+    local timer = strategy.timer
+    opt.external_update = true
+    opt:set_update(lr)
+    if not graphs.graph then
+      local g = graph.new(dev, { check = graphs.check, readers = { opt } })
+      -- No timing marks inside: the graph is timed as a whole.
+      g:capture(function()
+        local timed = strategy.timer
+        strategy.timer = null_timer
+        local ok, err = pcall(function()
+          launch_update(forward_backward(global, accum), lr)
+        end)
+        strategy.timer = timed
+        if not ok then error(err, 0) end
+      end)
+      graphs.graph = g
+    end
+    local ow0 = metrics.now()
+    local g0 = timer:mark()
+    graphs.graph:replay()
+    local g1 = timer:mark()
+    local skipped, grad_norm, loss = ctx:step_finish(opt)
+    local bad = guard:judge_loss(loss)
+    if skipped and not bad and guard.enabled then bad = "nonfinite_grad" end
+    return finish_step({ step = step, pos = pos, t0 = t0, wait0 = wait0, live0 = live0,
+                         data_wait = data_wait, lr = lr, loss = loss, bad = bad,
+                         skipped = skipped, grad_norm = grad_norm, ow0 = ow0, fb = 0,
+                         forward = 0, optimizer_s = 0, graph_s = timer:seconds(g0, g1) })
+  end
+
   function env.step()
     local step = env.step_count + 1
     trace.begin_step(step)
@@ -408,12 +551,20 @@ function train.setup(cfg, model, data, opts)
     while next_read() and next_read() < pos do
       free(data:batch(next_read(), t.batch_size, seq_len, "train"))
     end
-    local global = upload(data:batch(pos, t.batch_size, seq_len, "train"))
-    local mine = data.local_rows and global or ddp:batch_slice(global)
+    local graphed = graphs and step > graphs.warmup
+    local global
+    if graphed and graphs.input then
+      global = upload(data:batch(pos, t.batch_size, seq_len, "train"), graphs.input)
+    else
+      global = upload(data:batch(pos, t.batch_size, seq_len, "train"))
+      if graphed then graphs.input = global end
+    end
     local data_wait = metrics.now() - t0
     if trace.on then trace.span("data_wait", t0, t0 + data_wait, { step = step }) end
     local timer = strategy.timer
     timer:reset()
+    if graphed then return env.graph_step(step, pos, t0, wait0, live0, data_wait, global) end
+    local mine = data.local_rows and global or ddp:batch_slice(global)
     local fb0 = timer:mark()
     local loss_sum = forward_backward(mine, accum)   -- a device tensor, or a number
     if mine ~= global then free(mine) end
@@ -436,13 +587,7 @@ function train.setup(cfg, model, data, opts)
       -- the norm and found_inf in the optimizer's stats; fp16's unscale, the clip and the
       -- update are launched (the device skips the update when a gradient, the norm or the
       -- loss is not finite); then the one read, and the verdicts from what it brought.
-      local mean = F.scale(loss_sum, 1.0 / (accum * mesh.dpcp.size))
-      free(loss_sum)
-      if mesh.dpcp.size > 1 then mesh.dpcp:all_reduce(mean, "sum") end
-      tffi.check(C.tt_step_stats_set_loss(opt:stats(), mean))
-      free(mean)
-      ctx:step_launch(opt.params, function() ddp:optimizer_step(opt, lr) end,
-                      function() clip_async(t.max_grad_norm) end, mesh.world, opt)
+      launch_update(loss_sum, lr)
       opt1 = timer:mark()
       skipped, grad_norm, loss = ctx:step_finish(opt)
       bad = guard:judge_loss(loss)
@@ -471,44 +616,13 @@ function train.setup(cfg, model, data, opts)
       opt1 = timer:mark()
       timer:wait(opt1)   -- CUDA: the update may still run (a second wait in this step)
     end
-    bad = guard.enabled and agree(bad) or nil
-    local roll_back = guard:finish(step, pos, loss, bad)
-    C.tt_alloc_stats_get(dev, mem)
-    local peak = tonumber(mem.peak_bytes)
-    model:zero_grad()
-    C.tt_tape_clear()   -- drops any recorded branch no backward reached
     -- compute times, between marks the device has passed (the read waited for them)
     local fb = timer:seconds(fb0, fb1)
-    local optimizer_s = timer:seconds(opt0, opt1)
-    if trace.on then trace.span("optimizer", ow0, metrics.now(), { step = step }) end
-    env.step_count = step
-    local tokens = t.batch_size * seq_len
-    env.tokens_seen = env.tokens_seen + tokens
-    local dt = metrics.now() - t0
-    local exposed = C.tt_dist_wait_seconds() - wait0
-    local forward = strategy:forward_seconds()
-    local r = { step = step, loss = loss, lr = lr,
-                grad_norm = grad_norm, tokens = env.tokens_seen, tokens_per_s = tokens / dt,
-                step_time_s = dt, data_wait_s = data_wait,
-                exposed_comm_s = exposed, forward_s = forward, backward_s = fb - forward,
-                optimizer_s = optimizer_s,
-                other_s = dt - data_wait - fb - exposed - optimizer_s,
-                live_bytes = tonumber(mem.live_bytes), cached_bytes = tonumber(mem.cached_bytes),
-                param_bytes = env.memory.params, grad_bytes = env.memory.grads,
-                optimizer_bytes = env.memory.optimizer, peak_bytes = peak,
-                step_peak_bytes = peak - live0,
-                loss_scale = ctx:scale(), skipped = skipped, restarts = restarts,
-                guard = bad, data_position = pos, roll_back = roll_back or nil }
-    if data.stats then   -- tetra.data's loader reports its own throughput and queue
-      local s = data:stats()
-      r.loader_tokens_per_s, r.loader_queue_depth = s.tokens_per_s, s.queue_depth
-    end
-    if peak_tflops and peak_tflops > 0 then
-      r.mfu = flops_per_token * tokens / dt / (peak_tflops * 1e12 * (mesh.size or 1))
-    end
-    telemetry.step(r)
-    if trace.on then trace.span("step " .. step, t0, t0 + dt, { loss = r.loss }) end
-    return r
+    return finish_step({ step = step, pos = pos, t0 = t0, wait0 = wait0, live0 = live0,
+                         data_wait = data_wait, lr = lr, loss = loss, bad = bad,
+                         skipped = skipped, grad_norm = grad_norm, ow0 = ow0, fb = fb,
+                         forward = strategy:forward_seconds(),
+                         optimizer_s = timer:seconds(opt0, opt1) })
   end
 
   -- Mean loss over n_batches held-out global batches (default train.eval_steps), no
@@ -865,11 +979,12 @@ end
 -- source, seeds the RNG (so the initial weights depend on the seed only), builds
 -- spec.Model(cfg.model) whole and the training state, which applies spec.plan (the
 -- model's parallel plan, recipes/plans/) for the layout; run(cfg) reports the model's
--- size and this rank's memory on rank 0 and trains.
+-- size and this rank's memory on rank 0 and trains. setup(cfg, extra): extra's fields
+-- join train.setup's opts (tests: graph_check, on_grads).
 function train.recipe(spec)
   local recipe = { name = spec.name, Model = spec.Model, plan = spec.plan,
                    defaults = spec.defaults }
-  function recipe.setup(cfg)
+  function recipe.setup(cfg, extra)
     local data, tokenizer = train.data_source(cfg)
     checkpoint.precheck(cfg)   -- a missing or corrupt checkpoint: before the model
     C.tt_manual_seed(cfg.train.seed or 0)
@@ -883,7 +998,9 @@ function train.recipe(spec)
     end
     local model = spec.Model(cfg.model)
     if source then hf.init_weights(model, source) end   -- before the plan splits it
-    return train.setup(cfg, model, data, { tokenizer = tokenizer, plan = spec.plan })
+    local opts = { tokenizer = tokenizer, plan = spec.plan }
+    for k, v in pairs(extra or {}) do opts[k] = v end
+    return train.setup(cfg, model, data, opts)
   end
   function recipe.run(cfg)
     local env = recipe.setup(cfg)

@@ -39,7 +39,7 @@ static void release_all(tt_tensor **a, int n) {
 Test(optim, adamw_three_steps_match_float64) {
   tt_tensor *p[NP], *m[NP], *v[NP];
   make_params(p, m, v);
-  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
   double *rp[NP], *rm[NP], *rv[NP], *g = malloc(sizeof(double) * 311 * 217);
   int64_t n[NP];
   for (int i = 0; i < NP; i++) {
@@ -195,7 +195,7 @@ Test(optim, rejects_bad_arguments_without_side_effects) {
   make_params(p, m, v);
   for (int i = 0; i < NP; i++) set_grad(p[i], 20 + i, 0);
   double *p0 = tt_test_to_f64(p[0]);
-  tt_adamw_config cfg = {1e-3, 0.9, 0.999, 1e-8, 0.0};
+  tt_adamw_config cfg = {1e-3, 0.9, 0.999, 1e-8, 0.0, 0};
   tt_tensor *wrong = NULL;
   cr_assert(tt_tensor_zeros(shapes[0], 2, TT_F32, TT_CPU, &wrong) == 0);
   tt_tensor *keep_v = v[2];

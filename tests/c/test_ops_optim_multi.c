@@ -103,7 +103,7 @@ Test(optim_multi, adamw_bitwise_per_tensor_three_steps) {
   set a, b;
   make_set(&a, 1);
   copy_set(&b, &a);
-  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
   for (int64_t step = 1; step <= 3; step++) {
     set_grads(&a, &b, 50 * step, 1.0f);
     cr_assert(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &cfg, step, NULL) == 0, "%s",
@@ -119,7 +119,7 @@ Test(optim_multi, grad_scale_from_stats_equals_prescaled_grads) {
   set a, b;
   make_set(&a, 2);
   copy_set(&b, &a);
-  tt_adamw_config cfg = {3e-3, 0.9, 0.999, 1e-8, 0.05};
+  tt_adamw_config cfg = {3e-3, 0.9, 0.999, 1e-8, 0.05, 0};
   float scale = 0.3712f;
   tt_tensor *stats = stats_with(scale, 0.0f);
   set_grads(&a, &b, 7, scale);
@@ -141,7 +141,7 @@ Test(optim_multi, found_inf_writes_nothing) {
     cr_assert(tt_tensor_zeros(shapes[i], 2, TT_BF16, TT_CPU, &bf[i]) == 0);
     cr_assert(tt_fill_(bf[i], 2.5) == 0);
   }
-  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
   tt_tensor *stats = stats_with(1.0f, 1.0f);
   set_grads(&a, &b, 9, 1.0f);
   cr_assert(tt_adamw_multi(a.p, a.m, a.v, bf, NT, &cfg, 1, stats) == 0, "%s",
@@ -165,7 +165,7 @@ Test(optim_multi, bf16_copy_is_the_rounded_update) {
     if (i != 5)   /* one parameter without a copy */
       cr_assert(tt_tensor_zeros(shapes[i], 2, TT_BF16, TT_CPU, &bf[i]) == 0);
   }
-  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
   set_grads(&a, &b, 11, 1.0f);
   cr_assert(tt_adamw_multi(a.p, a.m, a.v, bf, NT, &cfg, 1, NULL) == 0, "%s",
             tt_last_error());
@@ -258,7 +258,7 @@ Test(optim_multi, clip_through_stats_equals_clip_grad_norm_then_step) {
   make_set(&a, 6);
   copy_set(&b, &a);
   set_grads(&a, &b, 17, 1.0f);
-  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
   double max_norm = 0.5 * sqrt(ref_sumsq(a.p, NT)), norm;
   tt_tensor *stats = stats_with(1.0f, 0.0f);
   cr_assert(tt_grad_sumsq(a.p, NT, stats) == 0);
@@ -279,7 +279,7 @@ Test(optim_multi, rejects_bad_arguments_without_side_effects) {
   make_set(&a, 8);
   copy_set(&b, &a);
   set_grads(&a, &b, 19, 1.0f);
-  tt_adamw_config cfg = {1e-3, 0.9, 0.999, 1e-8, 0.0};
+  tt_adamw_config cfg = {1e-3, 0.9, 0.999, 1e-8, 0.0, 0};
   tt_tensor *bf[NT] = {0}, *f32 = NULL, *small = NULL;
   cr_assert(tt_tensor_zeros(shapes[2], 2, TT_F32, TT_CPU, &f32) == 0);
   bf[2] = f32;   /* f32, not bf16: fails after params 0 and 1 were checked */
@@ -290,7 +290,7 @@ Test(optim_multi, rejects_bad_arguments_without_side_effects) {
   int64_t three = 3;
   cr_assert(tt_tensor_zeros(&three, 1, TT_F32, TT_CPU, &small) == 0);
   tt_test_assert_error(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &cfg, 1, small),
-                       "adamw_multi: stats f32[3] cpu must be a contiguous f32 tensor of 8");
+                       "adamw_multi: stats f32[3] cpu must be a contiguous f32 tensor of 12");
   tt_test_assert_error(tt_grad_sumsq(a.p, NT, small), "grad_sumsq: stats f32[3] cpu");
   tt_test_assert_error(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &cfg, 0, NULL),
                        "adamw_multi: step is 1-based");
@@ -328,9 +328,47 @@ Test(optim_multi, step_stats_loss_unscale_and_read) {
   cr_assert(out[TT_STAT_FOUND_INF] == 1.0f, "a NaN grad must set found_inf");
   cr_assert(tt_step_stats_reset(stats) == 0);
   cr_assert(tt_step_stats_read(stats, out) == 0);
-  for (int k = 0; k < TT_STEP_STATS_N; k++)
+  for (int k = 0; k < TT_STAT_LR; k++)
     cr_assert(out[k] == (k == TT_STAT_GRAD_SCALE ? 1.0f : 0.0f), "slot %d after reset", k);
+  for (int k = TT_STAT_LR; k <= TT_STAT_BC2; k++)   /* the update slots: left as they were */
+    cr_assert(isnan(out[k]), "update slot %d after reset: %g (unset: NaN)", k, out[k]);
   tt_tensor_release(loss);
+  tt_tensor_release(stats);
+  free_set(&a);
+  free_set(&b);
+}
+
+/* The update's lr and bias corrections from the stats (what a replayed CUDA graph uses):
+** bitwise the update with lr and step as arguments, the values set for each step read by
+** the same call (same cfg, same step argument: only the stats change), and an update that
+** finds the slots unset refused before anything is written. */
+Test(optim_multi, adamw_lr_from_stats) {
+  set a, b;
+  make_set(&a, 41);
+  copy_set(&b, &a);
+  tt_tensor *stats = stats_with(1.0f, 0.0f);
+  tt_adamw_config ref = {3e-3, 0.9, 0.95, 1e-8, 0.1, 0};
+  tt_adamw_config dev = ref;
+  dev.lr = 123.0;   /* ignored: the stats' value is used */
+  dev.lr_from_stats = 1;
+  tt_test_assert_error(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &dev, 1, stats),
+                       "adamw_multi: lr_from_stats, but the stats' update slots are unset");
+  assert_sets_equal(&a, &b);
+  const double lrs[3] = {3e-3, 1e-3, 7e-4};
+  for (int64_t step = 1; step <= 3; step++) {
+    set_grads(&a, &b, 13 * step, 1.0f);
+    ref.lr = lrs[step - 1];
+    cr_assert(tt_step_stats_set_update(stats, lrs[step - 1], 0.9, 0.95, step) == 0, "%s",
+              tt_last_error());
+    cr_assert(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &dev, 1, stats) == 0, "%s",
+              tt_last_error());
+    cr_assert(tt_adamw_step(b.p, b.m, b.v, NT, &ref, step) == 0, "%s", tt_last_error());
+    assert_sets_equal(&a, &b);
+  }
+  tt_test_assert_error(tt_step_stats_set_update(stats, 1e-3, 0.9, 0.95, 0),
+                       "step_stats_set_update: need lr >= 0, betas in [0, 1) and step >= 1");
+  tt_test_assert_error(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &dev, 1, NULL),
+                       "adamw_multi: lr_from_stats needs the stats tensor");
   tt_tensor_release(stats);
   free_set(&a);
   free_set(&b);

@@ -202,7 +202,7 @@ Test(cuda, adamw_and_grad_norm) {
     cr_assert_eq(tt_tensor_zeros(s, 1, TT_F32, d ? GPU : TT_CPU, &v[d]), 0);
     tt_tensor_release(p0); tt_tensor_release(g); tt_tensor_release(gd);
   }
-  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+  tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
   double norms[2];
   for (int d = 0; d < 2; d++) {
     cr_assert_eq(tt_grad_norm(&p[d], 1, &norms[d]), 0, "%s", tt_last_error());

@@ -79,7 +79,7 @@ static void assert_same_bits(tt_tensor *gpu, tt_tensor *cpu_before, const char *
   tt_tensor_release(h);
 }
 
-static tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1};
+static tt_adamw_config cfg = {1e-2, 0.9, 0.95, 1e-8, 0.1, 0};
 
 /* -- Kernels against their CPU twins -------------------------------------------------- */
 
@@ -264,6 +264,9 @@ Test(step, deferred_checks_report_at_the_read) {
 
 /* -- CUDA graphs ---------------------------------------------------------------------- */
 
+/* Steps 2 and 3 with their own learning rates and bias corrections: eager, and one
+** capture replayed twice with the values written into the stats before each replay
+** (lr_from_stats), its memory from a private pool. Bitwise the same. */
 Test(step, graph_replay_equals_eager_steps) {
   set c, eager, graphed;
   make_cpu(&c);
@@ -273,22 +276,42 @@ Test(step, graph_replay_equals_eager_steps) {
   cr_assert_eq(tt_cuda_stream_create(&stream), 0);
   cr_assert_eq(tt_cuda_set_stream(stream), 0);
   tt_tensor *se = stats_on(GPU, 1.0f, 0.0f), *sgr = stats_on(GPU, 1.0f, 0.0f);
+  tt_adamw_config dev = cfg;
+  dev.lr_from_stats = 1;
+  const double lrs[4] = {0, 1e-2, 4e-3, 1e-3};
   /* warm-up step on both (the allocator's cache grows outside the capture) */
   optimizer_half(&eager, se, 1);
   optimizer_half(&graphed, sgr, 1);
   tt_cuda_graph *graph = NULL;
+  tt_alloc_pool *pool = NULL;
+  cr_assert_eq(tt_alloc_pool_new(GPU, &pool), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_alloc_pool_use(GPU, pool), 0, "%s", tt_last_error());
   cr_assert_eq(tt_cuda_graph_begin(), 0, "%s", tt_last_error());
   cr_assert(tt_cuda_graph_capturing());
-  optimizer_half(&graphed, sgr, 2);   /* bias corrections of step 2, fixed in the graph */
+  optimizer_half(&graphed, sgr, 2);
   float st[TT_STEP_STATS_N];
   cr_assert_neq(tt_step_stats_read(sgr, st), 0, "a host wait must fail while capturing");
   cr_assert_neq(tt_cuda_graph_end(&graph), 0, "a capture with a host wait must fail");
-  /* again, cleanly */
+  /* again, cleanly, the update reading lr and the bias corrections from the stats */
   cr_assert_eq(tt_cuda_graph_begin(), 0, "%s", tt_last_error());
-  optimizer_half(&graphed, sgr, 2);
+  cr_assert_eq(tt_step_stats_reset(sgr), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_grads_unscale_to_stats(graphed.p, NT, 1.0, sgr), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_grad_sumsq(graphed.p, NT, sgr), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_clip_finish(sgr, NULL, 1.0, 1.0), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_adamw_multi(graphed.p, graphed.m, graphed.v, graphed.bf, NT, &dev, 1, sgr),
+               0, "%s", tt_last_error());
   cr_assert_eq(tt_cuda_graph_end(&graph), 0, "%s", tt_last_error());
-  for (int r = 0; r < 2; r++) {
-    optimizer_half(&eager, se, 2);
+  cr_assert_eq(tt_alloc_pool_use(GPU, NULL), 0);
+  for (int64_t step = 2; step <= 3; step++) {
+    tt_adamw_config e = cfg;
+    e.lr = lrs[step];
+    cr_assert_eq(tt_step_stats_reset(se), 0);
+    cr_assert_eq(tt_grads_unscale_to_stats(eager.p, NT, 1.0, se), 0);
+    cr_assert_eq(tt_grad_sumsq(eager.p, NT, se), 0);
+    cr_assert_eq(tt_clip_finish(se, NULL, 1.0, 1.0), 0);
+    cr_assert_eq(tt_adamw_multi(eager.p, eager.m, eager.v, eager.bf, NT, &e, step, se), 0);
+    cr_assert_eq(tt_step_stats_set_update(sgr, lrs[step], cfg.beta1, cfg.beta2, step), 0,
+                 "%s", tt_last_error());
     cr_assert_eq(tt_cuda_graph_replay(graph), 0, "%s", tt_last_error());
   }
   for (int i = 0; i < NT; i++) {
@@ -297,6 +320,7 @@ Test(step, graph_replay_equals_eager_steps) {
     tt_tensor_release(h);
   }
   tt_cuda_graph_destroy(graph);
+  tt_alloc_pool_release(pool);
   cr_assert_eq(tt_cuda_set_stream(NULL), 0);
   tt_cuda_stream_destroy(stream);
   tt_tensor_release(se);

@@ -404,6 +404,75 @@ describe("training loop", function()
     expect(items + stats).to_be(2)
   end)
 
+  -- train.cuda_graphs: after two eager steps the step is captured once and replayed, its
+  -- batch copied into a static input and its learning rate and bias corrections written
+  -- into the optimizer's stats before each replay. The check mode runs that protocol on
+  -- the CPU (tetra.graph): the losses, norms and weights must be those of eager steps,
+  -- bit for bit, while the learning rate changes every step (warm-up, then cosine).
+  it("replays a captured step as eager steps run (train.cuda_graphs, CPU check)", function()
+    for _, precision in ipairs({ "fp32", "bf16" }) do
+      local sets = { "train.gradient_accumulation_steps=2", "train.max_grad_norm=0.05",
+                     "train.precision=" .. precision, "train.warmup_steps=3",
+                     "train.steps=7" }
+      local eager = tiny.setup(tiny_cfg(sets))
+      local graphed = tiny.setup(tiny_cfg(sets), { graph_check = true })
+      local lrs = {}
+      for step = 1, 7 do
+        local a, b = eager.step(), graphed.step()
+        expect(b.loss).to_be(a.loss)
+        expect(b.grad_norm).to_be(a.grad_norm)
+        expect(b.lr).to_be(a.lr)
+        lrs[step] = a.lr
+        if step > 2 then
+          expect(b.graph_s ~= nil).to_be(true)
+          expect(b.forward_s).to_be(0)
+        else
+          expect(b.graph_s).to_be(nil)
+        end
+      end
+      expect(lrs[4] ~= lrs[5] and lrs[5] ~= lrs[6]).to_be(true)
+      expect(graphed.graphs.graph.replays).to_be(5)
+      expect(graphed.optimizer.step_count).to_be(7)
+      local pa, pb = eager.model:named_parameters(), graphed.model:named_parameters()
+      for i = 1, #pa do
+        local x, y = pa[i][2]:float():tolist(), pb[i][2]:float():tolist()
+        expect(#x).to_be(#y)
+        local same = true
+        local function walk(u, v)
+          for k = 1, #u do
+            if type(u[k]) == "table" then walk(u[k], v[k]) elseif u[k] ~= v[k] then same = false end
+          end
+        end
+        walk(x, y)
+        expect(same).to_be(true)
+      end
+      graphed.drop_graph()
+    end
+  end)
+
+  it("refuses device reads and new memory in a captured step (tetra.graph check mode)", function()
+    local graph, F = require("tetra.graph"), tetra.nn.functional
+    local C = require("tetra.ffi").C
+    local x = tetra.from_table({ 1, 2, 3 })
+    local g = graph.new(C.TT_CPU, { check = true })
+    local ok, err = pcall(g.capture, g, function() return F.item(tetra.from_table({ 3 })) end)
+    expect(ok).to_be(false)
+    expect(tostring(err)).to_match("F%.item inside a captured step reads a device value")
+    g:close()
+    -- a replay that allocates more than the capture did
+    local n, kept = 4, {}
+    g = graph.new(C.TT_CPU, { check = true })
+    g:capture(function() kept[#kept + 1] = F.scale(x, 2.0) end)
+    g:replay()          -- the capture's run
+    n = #kept
+    ok, err = pcall(g.replay, g)   -- a second tensor kept: the pool must grow
+    expect(ok).to_be(false)
+    expect(tostring(err)).to_match("a replay took 1 new blocks beyond the capture's memory")
+    expect(n).to_be(1)
+    for _, t in ipairs(kept) do t:free() end
+    g:close()
+  end)
+
   it("rejects a batch that does not split into micro-batches", function()
     -- tetra.config rejects this too; train.setup checks again for configs built in code.
     local cfg = tiny_cfg({ "train.gradient_accumulation_steps=4" })

@@ -113,6 +113,11 @@ local function total(self, marks)
 end
 CpuTimer.total, CudaTimer.total = total, total
 
+-- Marks nothing and measures 0: inside a captured CUDA graph, which is timed as a whole.
+local NullTimer = { mark = function() return 0 end, seconds = function() return 0 end,
+                    reset = function() end, wait = function() end, total = function() return 0 end }
+function M.null_timer() return NullTimer end
+
 function M.timer(device)
   if device == nil or device == C.TT_CPU then return setmetatable({}, CpuTimer) end
   tffi.cdef_header("tetra_cuda.h")

@@ -1,14 +1,23 @@
 -- Configuration key of CUDA graph replay of the training step (train.cuda_graphs).
 -- tetra.config loads every file of this folder: each returns { section = { key = spec } }.
 --
--- The engine can capture and replay work (tt_cuda_graph_* in engine/tetra_cuda.h; the
--- optimizer half of a step is captured and replayed in tests/cuda/test_step.c), but the
--- whole step is not captured yet: the caching allocator has no private pool for a graph
--- (blocks freed during the capture would be handed to other tensors while the graph
--- still writes them), and the step still waits for the device for its timing breakdown
--- and its loss. So the key is refused with the reason until that is built and verified
--- on a GPU.
+-- With train.cuda_graphs, tetra.train runs two eager steps, then captures the next step's
+-- forward, backward and AdamW update into one CUDA graph (tetra.graph: its memory from a
+-- private allocator pool, the batch read from a static input tensor, the learning rate
+-- and bias corrections read from the optimizer's stats) and replays it every step after.
+-- What the captured step cannot hold is refused here with the reason:
+--   - collectives: NCCL calls wait on the host for their watchdog (engine/dist/nccl.c),
+--     which a capture refuses, so only single-process runs (every parallel size 1);
+--   - fp16's loss scale and fp8's scales change on the host between steps (the scale is
+--     a kernel argument of the captured backward), so fp32 and bf16 only;
+--   - SGD takes its learning rate as a kernel argument (AdamW reads it from its stats);
+--   - a spike check reads the loss before the update (a second read inside the step);
+--   - train.inject_nan_step poisons chosen steps from the host.
 local config = require("tetra.config")
+
+local function refuse(why, fix)
+  config.error("train.cuda_graphs: %s; %s, or set train.cuda_graphs=false", why, fix)
+end
 
 config.register_check(function(cfg)
   local t = cfg.train
@@ -19,21 +28,38 @@ config.register_check(function(cfg)
                  "is on %s): drop train.cuda_graphs", device)
   end
   local p = cfg.parallel or {}
-  if (p.pipeline_parallel_size or 1) > 1 or (p.tensor_parallel_size or 1) > 1 or
-     (p.context_parallel_size or 1) > 1 then
-    config.error("train.cuda_graphs can capture single-process or data-parallel steps only " ..
-                 "(this layout has tensor, pipeline or context parallelism): set " ..
-                 "train.cuda_graphs=false")
+  for _, key in ipairs({ "data_parallel_size", "tensor_parallel_size",
+                         "pipeline_parallel_size", "context_parallel_size" }) do
+    if (p[key] or 1) > 1 then
+      refuse(string.format("parallel.%s=%d: collectives wait on the host and cannot be " ..
+                           "captured yet (single-process runs only)", key, p[key]),
+             "run one process")
+    end
   end
-  config.error("train.cuda_graphs: capturing the training step is not built yet (the " ..
-               "allocator has no capture pool; the step still waits for the device for " ..
-               "its timings and loss): set train.cuda_graphs=false")
+  local precision = t.precision or "fp32"
+  if precision ~= "fp32" and precision ~= "bf16" then
+    refuse(string.format("train.precision=%s changes its scales on the host every step",
+                         precision), "use train.precision=bf16 or fp32")
+  end
+  if cfg.optim and cfg.optim.name == "sgd" then
+    refuse("optim.name=sgd takes its learning rate as a kernel argument",
+           "use optim.name=adamw")
+  end
+  if (t.spike_zscore or 0) > 0 then
+    refuse("train.spike_zscore reads the loss before the update (two reads per step)",
+           "set train.spike_zscore=0")
+  end
+  if (t.inject_nan_step or 0) > 0 then
+    refuse("train.inject_nan_step poisons steps from the host", "drop train.inject_nan_step")
+  end
 end)
 
 return {
   train = {
     cuda_graphs = { type = "bool", default = false,
-                    doc = "capture the training step in a CUDA graph and replay it " ..
-                          "(refused for now: see lua/tetra/schema/cuda_graphs.lua)" },
+                    doc = "after two eager steps, capture the training step (forward, " ..
+                          "backward, AdamW update) in one CUDA graph and replay it: " ..
+                          "single-process CUDA runs in fp32 or bf16 (see " ..
+                          "lua/tetra/schema/cuda_graphs.lua)" },
   },
 }
