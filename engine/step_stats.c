@@ -19,6 +19,8 @@
 /* Present only when the CUDA library is linked (kernels/cuda/cast.cu, engine/cuda). */
 extern int tt_cuda_unscale_flag(void *data, int dtype, int64_t n, float inv_scale,
                                 float *found_inf_dev) __attribute__((weak));
+extern int tt_cuda_unscale_flag_dev(void *data, int dtype, int64_t n, const float *inv_dev,
+                                    float *found_inf_dev) __attribute__((weak));
 extern int tt_cuda_checks_flag(void *dst) __attribute__((weak));
 extern int tt_cuda_checks_take(void) __attribute__((weak));
 
@@ -105,28 +107,58 @@ int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss) {
   return rc;
 }
 
-int tt_grads_unscale_to_stats(tt_tensor *const *params, int n, double inv_scale,
-                              tt_tensor *stats) {
-  const char *op = "unscale grads";
+int tt_step_stats_set_scale(tt_tensor *stats, double scale) {
+  const char *op = "step_stats_set_scale";
   TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
+  TT_CHECK(scale > 0.0 && isfinite(scale), "%s: the loss scale must be finite and > 0 (got %g)",
+           op, scale);
+  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
+  if (!k || !k->fill) return tt_no_kernel(op, stats->device);
+  float *s = tt_tensor_data(stats);
+  TT_TRY(k->fill(s + TT_STAT_LOSS_SCALE, 1, (float)scale));
+  return k->fill(s + TT_STAT_INV_SCALE, 1, (float)(1.0 / scale));
+}
+
+/* The grads of params divided by the scale: inv_scale, or on CUDA with by_stats the
+** stats' TT_STAT_INV_SCALE read by the kernels (the CPU reads it at once). */
+static int unscale_to_stats(const char *op, tt_tensor *const *params, int n, double inv_scale,
+                            int by_stats, tt_tensor *stats) {
+  TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
+  float *s = tt_tensor_data(stats);
   if (!tt_device_is_cuda(stats->device)) {
     int found = 0;
+    if (by_stats) inv_scale = s[TT_STAT_INV_SCALE];
+    TT_CHECK(inv_scale > 0.0 && isfinite(inv_scale), "%s: the inverse loss scale is %g (the "
+             "stats' scale is unset: tt_step_stats_set_scale first)", op, inv_scale);
     TT_TRY(tt_grads_unscale_check(params, n, inv_scale, &found));
-    if (found) ((float *)tt_tensor_data(stats))[TT_STAT_FOUND_INF] = 1.0f;
+    if (found) s[TT_STAT_FOUND_INF] = 1.0f;
     return 0;
   }
-  if (!tt_cuda_unscale_flag) return tt_no_kernel(op, stats->device);
+  if (!(by_stats ? (void *)tt_cuda_unscale_flag_dev : (void *)tt_cuda_unscale_flag))
+    return tt_no_kernel(op, stats->device);
   TT_CHECK(n >= 0 && (n == 0 || params), "%s: bad parameter list", op);
-  float *flag = (float *)tt_tensor_data(stats) + TT_STAT_FOUND_INF;
   for (int i = 0; i < n; i++) {
     tt_tensor *g = params[i] ? params[i]->grad : NULL;
     if (!g) continue;
     TT_CHECK(tt_tensor_is_contiguous(g) && g->device == stats->device,
              "%s: grad of param %d must be contiguous and on the stats' device", op, i);
-    TT_TRY(tt_cuda_unscale_flag(tt_tensor_data(g), g->dtype, tt_tensor_numel(g),
-                                (float)inv_scale, flag));
+    if (by_stats)
+      TT_TRY(tt_cuda_unscale_flag_dev(tt_tensor_data(g), g->dtype, tt_tensor_numel(g),
+                                      s + TT_STAT_INV_SCALE, s + TT_STAT_FOUND_INF));
+    else
+      TT_TRY(tt_cuda_unscale_flag(tt_tensor_data(g), g->dtype, tt_tensor_numel(g),
+                                  (float)inv_scale, s + TT_STAT_FOUND_INF));
   }
   return 0;
+}
+
+int tt_grads_unscale_to_stats(tt_tensor *const *params, int n, double inv_scale,
+                              tt_tensor *stats) {
+  return unscale_to_stats("unscale grads", params, n, inv_scale, 0, stats);
+}
+
+int tt_grads_unscale_by_stats(tt_tensor *const *params, int n, tt_tensor *stats) {
+  return unscale_to_stats("unscale grads", params, n, 0.0, 1, stats);
 }
 
 int tt_step_stats_read(tt_tensor *stats, float *out) {

@@ -55,6 +55,13 @@ int tt_cuda_stream_create(tt_cuda_stream **out);
 void tt_cuda_stream_destroy(tt_cuda_stream *s);
 int tt_cuda_set_stream(tt_cuda_stream *s);
 tt_cuda_stream *tt_cuda_get_stream(void);
+/* The current stream as the runtime's cudaStream_t (NULL: the legacy default stream), for
+** C code that calls CUDA itself (engine/dist/nccl.c). */
+void *tt_cuda_stream_raw(void);
+/* hook(), when set, runs every millisecond or so while the host waits for the device
+** (tt_cuda_host_wait polls instead of blocking): the NCCL watchdog checks the collectives
+** the device waits for there. NULL: block. */
+void tt_cuda_set_host_wait_hook(void (*hook)(void));
 int tt_cuda_stream_synchronize(tt_cuda_stream *s);
 /* The cuBLASLt workspace GEMMs issued on stream `s` (NULL: the default stream) use on the
 ** current device: one per stream, so GEMMs on two streams never share one. */

@@ -135,7 +135,11 @@ enum {
   TT_STAT_LR = 8,
   TT_STAT_BC1 = 9,
   TT_STAT_BC2 = 10,
-  TT_STEP_STATS_N = 12
+  /* fp16's loss scale and its inverse, set by the host before the step (a reset leaves
+  ** them): the backward's seed is multiplied by the one, the grads by the other. */
+  TT_STAT_LOSS_SCALE = 11,
+  TT_STAT_INV_SCALE = 12,
+  TT_STEP_STATS_N = 16
 };
 /* A new stats tensor on device, reset (tt_step_stats_reset); the update slots hold NaN
 ** until tt_step_stats_set_update writes them. */
@@ -148,6 +152,9 @@ int tt_step_stats_reset(tt_tensor *stats);
 ** kernels, no wait: launched before a replayed step, they feed its captured update. */
 int tt_step_stats_set_update(tt_tensor *stats, double lr, double beta1, double beta2,
                              int64_t step);
+/* TT_STAT_LOSS_SCALE = scale, TT_STAT_INV_SCALE = 1 / scale (scale > 0, finite); on CUDA
+** by small kernels, no wait. */
+int tt_step_stats_set_scale(tt_tensor *stats, double scale);
 /* The sum of squares of the grads of n params (missing grads count as zero) into the
 ** TT_STAT_SUMSQ_* slots; on the device, deterministic, no wait. */
 int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);
@@ -165,6 +172,9 @@ int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss);
 ** sets stats[TT_STAT_FOUND_INF] to 1 when one held inf or NaN; on CUDA without waiting. */
 int tt_grads_unscale_to_stats(tt_tensor *const *params, int n, double inv_scale,
                               tt_tensor *stats);
+/* The same with the inverse scale read from stats[TT_STAT_INV_SCALE] (set by
+** tt_step_stats_set_scale), on the device: a captured unscale replays with each step's. */
+int tt_grads_unscale_by_stats(tt_tensor *const *params, int n, tt_tensor *stats);
 /* The step's one read: copies the TT_STEP_STATS_N values to out (host). With CUDA deferred
 ** checks on, a recorded failure (an embedding id or a cross-entropy target out of range)
 ** makes it return -1 with that op's message. */

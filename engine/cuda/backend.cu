@@ -15,6 +15,8 @@ extern "C" {
 #include "tetra_cuda.h"
 }
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 
 /* -- Status messages ---------------------------------------------------------------- */
 
@@ -243,6 +245,8 @@ int tt_cuda_sm_count(void) {
 
 cudaStream_t tt_cuda_cur_stream(void) { return g_stream; }
 
+extern "C" void *tt_cuda_stream_raw(void) { return (void *)g_stream; }
+
 /* The workspace of (device, stream), made on first use. Lock held. */
 static int workspace_locked(int device, cudaStream_t stream, void **out) {
   for (int i = 0; i < g_num_workspaces; i++)
@@ -379,10 +383,14 @@ extern "C" int tt_cuda_event_record(tt_cuda_event *e, tt_cuda_stream *s) {
   return 0;
 }
 
+static void (*g_wait_hook)(void);
+static cudaError_t poll_until(cudaError_t (*query)(void *), void *what);
+
 extern "C" int tt_cuda_event_synchronize(tt_cuda_event *e) {
   TT_CHECK(e, "tt_cuda_event_synchronize: event is NULL");
   __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
-  TT_CU(cudaEventSynchronize(e->e));
+  if (!g_wait_hook) TT_CU(cudaEventSynchronize(e->e));
+  else TT_CU(poll_until([](void *ev) { return cudaEventQuery((cudaEvent_t)ev); }, (void *)e->e));
   return 0;
 }
 
@@ -410,6 +418,26 @@ extern "C" int tt_cuda_event_elapsed_ms(tt_cuda_event *start, tt_cuda_event *end
 ** the CUDA calls before the wait were capturable. */
 static int g_capture_waited;
 
+extern "C" void tt_cuda_set_host_wait_hook(void (*hook)(void)) { g_wait_hook = hook; }
+
+/* Waits until query(what) is no longer cudaErrorNotReady: blocking without a hook,
+** polling with one (spin a little, then sleep 20 us at a time, the hook every 50 polls),
+** so that the hook sees a collective the device waits for that never ends. */
+static cudaError_t poll_until(cudaError_t (*query)(void *), void *what) {
+  void (*hook)(void) = g_wait_hook;
+  for (int polls = 0;; polls++) {
+    cudaError_t r = query(what);
+    if (r != cudaErrorNotReady) return r;
+    if (hook && polls % 50 == 49) hook();
+    if (polls < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
 cudaError_t tt_cuda_host_wait(cudaStream_t s) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(s, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone) {
@@ -417,7 +445,8 @@ cudaError_t tt_cuda_host_wait(cudaStream_t s) {
     return cudaErrorStreamCaptureUnsupported;
   }
   __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
-  return cudaStreamSynchronize(s);
+  if (!g_wait_hook) return cudaStreamSynchronize(s);
+  return poll_until([](void *st) { return cudaStreamQuery((cudaStream_t)st); }, (void *)s);
 }
 
 extern "C" int64_t tt_cuda_host_sync_count(void) {

@@ -21,6 +21,9 @@ int tt_cuda_unscale_check(void *data, int dtype, int64_t n, float inv_scale,
 ** element was inf or NaN, untouched otherwise. No host wait. */
 int tt_cuda_unscale_flag(void *data, int dtype, int64_t n, float inv_scale,
                          float *found_inf_dev);
+/* The same with the inverse scale read from device memory (*inv_dev). */
+int tt_cuda_unscale_flag_dev(void *data, int dtype, int64_t n, const float *inv_dev,
+                             float *found_inf_dev);
 /* out = fp8(x * scale) (out_dtype TT_E4M3/TT_E5M2), or with fake = 1 the f32 value of
 ** that fp8 divided by scale again. x is f32, bf16 or f16. *amax = max |x|. */
 int tt_cuda_fp8_quantize(const void *x, int x_dtype, int64_t n, float scale, int fp8_dtype,

@@ -77,5 +77,16 @@ int tt_nccl_test(tt_comm_handle *h, int *done);
 void tt_nccl_abort(tt_comm *c);
 void tt_nccl_comm_free(tt_comm *c);
 void tt_nccl_event_free(tt_comm_handle *h);
+/* The deferred wait: the current compute stream waits for h's transfer (no host wait)
+** and the watchdog keeps h's event in its list until it completes. 0, or -1 with the
+** message. */
+int tt_nccl_join(tt_comm_handle *h);
+/* Watchdog pass over the collectives the device still waits for: a finished one leaves
+** the list (its latency reported), an asynchronous NCCL error is an error, one older than
+** the dist timeout fires the watchdog (which aborts the job). */
+int tt_nccl_poll_pending(void);
+/* 1 when waits on NCCL collectives are deferred to the device (the default; the
+** environment's TETRA_NCCL_HOST_WAIT=1 makes the host wait for each instead). */
+int tt_nccl_deferred(void);
 
 #endif

@@ -8,13 +8,22 @@
 ** in a set-up the other has not entered. Transfers run on
 ** the group's own stream so they overlap compute; a "ready" event recorded on the
 ** compute stream orders them after the kernels that produced the data, and a "done"
-** event recorded after them is what the watchdog polls. The host returns from wait only
-** once "done" completed, so later kernels on any stream see the result.
+** event recorded after them is what the watchdog polls. Waiting for a collective makes
+** the compute stream wait for "done" (tt_nccl_join): the host goes on launching, and
+** every later kernel on that stream sees the result. The event then joins the pending
+** list, which the watchdog polls at the next collective and while the host waits for the
+** device (tt_cuda_set_host_wait_hook): a collective that never ends is still reported,
+** at the step's read instead of at its own wait. TETRA_NCCL_HOST_WAIT=1 restores the
+** host wait per collective (comm.c polls "done" then). Inside a CUDA graph capture the
+** join is the capture's dependency and nothing is listed.
 **
 ** Built only with TETRA_HAVE_NCCL (the CUDA build defines it when libnccl is found);
 ** otherwise comm.c rejects CUDA tensors and the stubs at the end keep the links whole.
 */
 #include "dist_internal.h"
+#include "tetra_telemetry.h"
+#include <stdlib.h>
+#include <string.h>
 
 #ifdef TETRA_HAVE_NCCL
 #include "tetra_cuda.h"
@@ -115,15 +124,10 @@ static ncclRedOp_t nccl_op(int op) {
 
 /* Orders the comm stream after the work already queued on the compute stream. */
 static int after_compute(nccl_state *st, const tt_comm *c) {
-  tt_cuda_stream *compute = tt_cuda_get_stream();
-  if (compute) {
-    /* A custom compute stream is opaque here; waiting for it on the host is correct. */
-    if (tt_cuda_stream_synchronize(compute) != 0) return -1;
-    return 0;
-  }
+  cudaStream_t compute = (cudaStream_t)tt_cuda_stream_raw();
   cudaEvent_t ready;
   TT_CUDA_CALL(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), c);
-  cudaError_t e = cudaEventRecord(ready, 0);
+  cudaError_t e = cudaEventRecord(ready, compute);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(st->stream, ready, 0);
   cudaEventDestroy(ready);
   if (e != cudaSuccess) return cuda_failed(e, "cudaStreamWaitEvent", c);
@@ -208,13 +212,17 @@ int tt_nccl_test(tt_comm_handle *h, int *done) {
   return 0;
 }
 
+static void drop_pending(const tt_comm *c, int sync);
+
 void tt_nccl_abort(tt_comm *c) {
   nccl_state *st = c->nccl;
   if (st) ncclCommAbort(st->comm);
   c->nccl = NULL;
+  drop_pending(c, 0);
 }
 
 void tt_nccl_comm_free(tt_comm *c) {
+  drop_pending(c, 1);
   nccl_state *st = c->nccl;
   if (!st) return;
   ncclCommDestroy(st->comm);
@@ -226,6 +234,99 @@ void tt_nccl_comm_free(tt_comm *c) {
 void tt_nccl_event_free(tt_comm_handle *h) {
   if (h->nccl_event) cudaEventDestroy((cudaEvent_t)h->nccl_event);
   h->nccl_event = NULL;
+}
+
+/* -- Deferred waits ------------------------------------------------------------------ */
+
+typedef struct pending {
+  tt_comm_handle h;       /* comm, what, started: what the watchdog reports */
+  cudaEvent_t done;
+  struct pending *next;
+} pending;
+
+static pending *g_pending;   /* collectives run from the training thread: no lock */
+
+int tt_nccl_deferred(void) {
+  static int deferred = -1;
+  if (deferred < 0) {
+    const char *e = getenv("TETRA_NCCL_HOST_WAIT");
+    deferred = !(e && strcmp(e, "1") == 0);
+  }
+  return deferred;
+}
+
+/* The hook of the host's waits for the device: a failed pass is fatal there (the wait
+** cannot end while a transfer is broken). */
+static void host_wait_hook(void) {
+  if (tt_nccl_poll_pending() != 0) tt_dist_abort(tt_last_error(), 1);
+}
+
+int tt_nccl_join(tt_comm_handle *h) {
+  cudaStream_t compute = (cudaStream_t)tt_cuda_stream_raw();
+  cudaEvent_t done = (cudaEvent_t)h->nccl_event;
+  TT_CHECK(done, "%s on group %s: no transfer to wait for", h->what, h->comm->name);
+  TT_CUDA_CALL(cudaStreamWaitEvent(compute, done, 0), h->comm);
+  h->nccl_event = NULL;
+  enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(compute, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone) {
+    cudaEventDestroy(done);   /* the graph holds the dependency; no watchdog inside it */
+    return 0;
+  }
+  TT_TRY(tt_nccl_poll_pending());
+  pending *p = malloc(sizeof *p);
+  if (!p) {
+    cudaEventDestroy(done);
+    return tt_set_error("%s on group %s: out of host memory", h->what, h->comm->name);
+  }
+  p->h = *h;
+  p->done = done;
+  p->next = g_pending;
+  g_pending = p;
+  tt_cuda_set_host_wait_hook(host_wait_hook);
+  return 0;
+}
+
+/* Drops c's entries from the list (c is going away); with sync, after they finished. */
+static void drop_pending(const tt_comm *c, int sync) {
+  for (pending **l = &g_pending; *l;) {
+    pending *p = *l;
+    if (p->h.comm != c) {
+      l = &p->next;
+      continue;
+    }
+    if (sync) cudaEventSynchronize(p->done);
+    cudaEventDestroy(p->done);
+    *l = p->next;
+    free(p);
+  }
+}
+
+int tt_nccl_poll_pending(void) {
+  double now = tt_dist_now(), timeout = tt_dist_get_timeout();
+  for (pending **l = &g_pending; *l;) {
+    pending *p = *l;
+    const tt_comm *c = p->h.comm;
+    cudaError_t e = cudaEventQuery(p->done);
+    if (e == cudaSuccess) {   /* its latency as the host saw it: an upper bound */
+      if (c->size > 1) {
+        tt_telemetry_collective(p->h.what, c->name, now - p->h.started);
+        if (tt_trace_enabled()) tt_trace_collective(p->h.what, c->name, p->h.started, now);
+      }
+      cudaEventDestroy(p->done);
+      *l = p->next;
+      free(p);
+      continue;
+    }
+    if (e != cudaErrorNotReady) return cuda_failed(e, p->h.what, c);
+    nccl_state *st = c->nccl;
+    ncclResult_t async = ncclSuccess;
+    if (st) TT_NCCL_CALL(ncclCommGetAsyncError(st->comm, &async), c);
+    if (async != ncclSuccess) return nccl_failed(async, p->h.what, c);
+    if (timeout > 0 && now - p->h.started > timeout)
+      tt_dist_watchdog_fire(&p->h, now - p->h.started);
+    l = &p->next;
+  }
+  return 0;
 }
 
 #else
@@ -247,5 +348,11 @@ int tt_nccl_test(tt_comm_handle *h, int *done) {
 void tt_nccl_abort(tt_comm *c) { (void)c; }
 void tt_nccl_comm_free(tt_comm *c) { (void)c; }
 void tt_nccl_event_free(tt_comm_handle *h) { (void)h; }
+int tt_nccl_join(tt_comm_handle *h) {
+  (void)h;
+  return tt_set_error("collectives on CUDA tensors need a build with NCCL");
+}
+int tt_nccl_poll_pending(void) { return 0; }
+int tt_nccl_deferred(void) { return 0; }
 
 #endif

@@ -17,9 +17,10 @@ struct flags { unsigned amax_bits; int bad; };
 
 /* *bad_out = 1 when an element is not finite (every writer stores the same value). */
 template <typename T, typename F>
-__global__ void unscale_kernel(T *g, int64_t n, float inv, F *bad_out) {
+__global__ void unscale_kernel(T *g, int64_t n, float inv, const float *inv_dev, F *bad_out) {
   __shared__ float scratch[32];
   float bad = 0;
+  if (inv_dev) inv = *inv_dev;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     float v = tt_ld(g, i);
@@ -57,7 +58,7 @@ extern "C" int tt_cuda_unscale_check(void *data, int dtype, int64_t n, float inv
     using T = std::remove_pointer_t<decltype(tag)>;
     return with_flags(&f, [&](flags *dev) {
       unscale_kernel<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
-          (T *)data, n, inv_scale, &dev->bad);
+          (T *)data, n, inv_scale, (const float *)NULL, &dev->bad);
     });
   });
   TT_TRY(rc);
@@ -67,16 +68,27 @@ extern "C" int tt_cuda_unscale_check(void *data, int dtype, int64_t n, float inv
 
 /* The same pass with found_inf left on the device (a float flag, in the step stats):
 ** no host wait; the optimizer and the step's one read consume it. */
-extern "C" int tt_cuda_unscale_flag(void *data, int dtype, int64_t n, float inv_scale,
-                                    float *found_inf_dev) {
+static int unscale_flag(void *data, int dtype, int64_t n, float inv_scale,
+                        const float *inv_dev, float *found_inf_dev) {
   if (n == 0) return 0;
   return tt_cuda_dispatch_float("unscale grads", dtype, [&](auto *tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     unscale_kernel<T><<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
-        (T *)data, n, inv_scale, found_inf_dev);
+        (T *)data, n, inv_scale, inv_dev, found_inf_dev);
     TT_CU_LAUNCHED("unscale_kernel");
     return 0;
   });
+}
+
+extern "C" int tt_cuda_unscale_flag(void *data, int dtype, int64_t n, float inv_scale,
+                                    float *found_inf_dev) {
+  return unscale_flag(data, dtype, n, inv_scale, NULL, found_inf_dev);
+}
+
+/* The inverse scale read on the device (a captured unscale replays with each step's). */
+extern "C" int tt_cuda_unscale_flag_dev(void *data, int dtype, int64_t n, const float *inv_dev,
+                                        float *found_inf_dev) {
+  return unscale_flag(data, dtype, n, 0.0f, inv_dev, found_inf_dev);
 }
 
 __device__ __forceinline__ __nv_fp8_storage_t to_fp8(float v, int dtype) {

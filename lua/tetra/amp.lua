@@ -376,8 +376,31 @@ function amp.linear(model, x, w, bias)
 end
 
 function Context:scale_loss(loss)
-  if self.scaler then return self.scaler:scale_loss(loss) end
-  return loss
+  if not self.scaler then return loss end
+  local stats = self.scale_stats
+  if not stats then return self.scaler:scale_loss(loss) end
+  -- loss x the stats' scale, read on the device (a view of the slot shaped like loss)
+  local slot = take(C.tt_narrow(stats, 0, C.TT_STAT_LOSS_SCALE, 1, pout))
+  local s = take(C.tt_view(slot, loss._shape, loss._ndim, pout))
+  local out = take(C.tt_mul(loss, s, pout))
+  s:free()
+  slot:free()
+  return out
+end
+
+-- fp16 with an optimizer that keeps device stats (AdamW): the loss scale lives in
+-- stats' TT_STAT_LOSS_SCALE / TT_STAT_INV_SCALE slots, which write_scale() fills before
+-- each step (no wait), and scale_loss and the unscale read it there: a captured step
+-- (train.cuda_graphs) then replays with each step's scale. Without a scaler: no effect.
+function Context:use_stats_scale(stats)
+  if self.scaler then self.scale_stats = stats end
+end
+
+-- The scaler's current scale into the stats (use_stats_scale); call before each step.
+function Context:write_scale()
+  if self.scale_stats then
+    tffi.check(C.tt_step_stats_set_scale(self.scale_stats, self.scaler:scale()), 2)
+  end
 end
 
 -- 1 without a scaler.
@@ -396,7 +419,9 @@ end
 function Context:unscale(params, group, opt)
   if not self.scaler then return false end
   if opt and opt.unscale_into_stats then
-    opt:unscale_into_stats(params, 1.0 / self.scaler:scale(), group)
+    -- nil: the inverse scale the stats hold (use_stats_scale)
+    opt:unscale_into_stats(params, not self.scale_stats and 1.0 / self.scaler:scale() or nil,
+                           group)
     return nil
   end
   local found = self.scaler:unscale(params)

@@ -190,11 +190,16 @@ function AdamW:read_stats()
   return self.last_stats
 end
 
--- fp16: divides the grads of params by the loss scale (inv_scale = 1 / scale) in place
--- and leaves found_inf in the stats, agreed (max) over `group` on the device.
+-- fp16: divides the grads of params by the loss scale (inv_scale = 1 / scale, or nil:
+-- the stats' TT_STAT_INV_SCALE, read on the device) in place and leaves found_inf in the
+-- stats, agreed (max) over `group` on the device.
 function AdamW:unscale_into_stats(params, inv_scale, group)
   local stats = self:stats()
-  check(C.tt_grads_unscale_to_stats(carray(params), #params, inv_scale, stats))
+  if inv_scale then
+    check(C.tt_grads_unscale_to_stats(carray(params), #params, inv_scale, stats))
+  else
+    check(C.tt_grads_unscale_by_stats(carray(params), #params, stats))
+  end
   if group and group.size > 1 then
     local flag = take(C.tt_narrow(stats, 0, C.TT_STAT_FOUND_INF, 1, pout), 2)
     group:all_reduce(flag, "max")

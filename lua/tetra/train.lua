@@ -410,6 +410,9 @@ function train.setup(cfg, model, data, opts)
   -- forward and backward, without a wait each; the optimizer's one read of its stats
   -- reports a bad one (tetra.optim's read_stats; SGD has none: checked at once there).
   local deferred_checks = dev ~= C.TT_CPU and optimizer.read_stats ~= nil
+  -- fp16 with AdamW: the loss scale is written into the optimizer's stats before each
+  -- step and read there on the device (the backward's seed, the unscale).
+  if ctx.scaler and optimizer.stats_tensor then ctx:use_stats_scale(optimizer:stats_tensor()) end
   local function forward_backward(tokens, n)
     if not deferred_checks then return strategy:forward_backward(tokens, n) end
     tffi.check(C.tt_cuda_set_deferred_checks(1))
@@ -511,15 +514,21 @@ function train.setup(cfg, model, data, opts)
     if not graphs.graph then
       local g = graph.new(dev, { check = graphs.check, readers = { opt } })
       -- No timing marks inside: the graph is timed as a whole.
-      g:capture(function()
+      local ok, err = pcall(g.capture, g, function()
         local timed = strategy.timer
         strategy.timer = null_timer
-        local ok, err = pcall(function()
+        local done, why = pcall(function()
           launch_update(forward_backward(global, accum), lr)
         end)
         strategy.timer = timed
-        if not ok then error(err, 0) end
+        if not done then error(why, 0) end
       end)
+      if not ok then
+        g:close()
+        user_error(string.format("train.cuda_graphs: capturing step %d failed: %s (set " ..
+                                 "train.cuda_graphs=false to train without graphs)", step,
+                                 tostring(type(err) == "table" and err.message or err)))
+      end
       graphs.graph = g
     end
     local ow0 = metrics.now()
@@ -551,6 +560,7 @@ function train.setup(cfg, model, data, opts)
     while next_read() and next_read() < pos do
       free(data:batch(next_read(), t.batch_size, seq_len, "train"))
     end
+    ctx:write_scale()
     local graphed = graphs and step > graphs.warmup
     local global
     if graphed and graphs.input then

@@ -290,7 +290,7 @@ Test(optim_multi, rejects_bad_arguments_without_side_effects) {
   int64_t three = 3;
   cr_assert(tt_tensor_zeros(&three, 1, TT_F32, TT_CPU, &small) == 0);
   tt_test_assert_error(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &cfg, 1, small),
-                       "adamw_multi: stats f32[3] cpu must be a contiguous f32 tensor of 12");
+                       "adamw_multi: stats f32[3] cpu must be a contiguous f32 tensor of 16");
   tt_test_assert_error(tt_grad_sumsq(a.p, NT, small), "grad_sumsq: stats f32[3] cpu");
   tt_test_assert_error(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &cfg, 0, NULL),
                        "adamw_multi: step is 1-based");
@@ -330,7 +330,7 @@ Test(optim_multi, step_stats_loss_unscale_and_read) {
   cr_assert(tt_step_stats_read(stats, out) == 0);
   for (int k = 0; k < TT_STAT_LR; k++)
     cr_assert(out[k] == (k == TT_STAT_GRAD_SCALE ? 1.0f : 0.0f), "slot %d after reset", k);
-  for (int k = TT_STAT_LR; k <= TT_STAT_BC2; k++)   /* the update slots: left as they were */
+  for (int k = TT_STAT_LR; k <= TT_STAT_INV_SCALE; k++)   /* set by the host: left alone */
     cr_assert(isnan(out[k]), "update slot %d after reset: %g (unset: NaN)", k, out[k]);
   tt_tensor_release(loss);
   tt_tensor_release(stats);
@@ -369,6 +369,40 @@ Test(optim_multi, adamw_lr_from_stats) {
                        "step_stats_set_update: need lr >= 0, betas in [0, 1) and step >= 1");
   tt_test_assert_error(tt_adamw_multi(a.p, a.m, a.v, NULL, NT, &dev, 1, NULL),
                        "adamw_multi: lr_from_stats needs the stats tensor");
+  tt_tensor_release(stats);
+  free_set(&a);
+  free_set(&b);
+}
+
+/* fp16's scale from the stats: unscaling by the stats' inverse scale is bitwise the
+** unscale by the number, and it follows the value set for each step (only the stats
+** change between the calls); unset (NaN), the unscale is refused. */
+Test(optim_multi, unscale_by_stats_scale) {
+  set a, b;
+  make_set(&a, 31);
+  copy_set(&b, &a);
+  tt_zero_grad(a.p[0]);          /* the strided one: unscaling wants contiguous grads */
+  tt_zero_grad(b.p[0]);
+  tt_tensor *stats = stats_with(1.0f, 0.0f);
+  tt_test_assert_error(tt_grads_unscale_by_stats(a.p, NT, stats),
+                       "unscale grads: the inverse loss scale is nan");
+  const double scales[2] = {1024.0, 3.0};
+  for (int r = 0; r < 2; r++) {
+    set_grads(&a, &b, 37 + r, 1.0f);
+    tt_zero_grad(a.p[0]);
+    tt_zero_grad(b.p[0]);
+    cr_assert(tt_step_stats_set_scale(stats, scales[r]) == 0, "%s", tt_last_error());
+    cr_assert(tt_grads_unscale_by_stats(a.p, NT, stats) == 0, "%s", tt_last_error());
+    cr_assert(tt_grads_unscale_to_stats(b.p, NT, (double)(float)(1.0 / scales[r]), stats) == 0);
+    for (int i = 0; i < NT; i++)
+      if (a.p[i]->grad) assert_bitwise(a.p[i]->grad, b.p[i]->grad, "unscaled grad", i);
+    float out[TT_STEP_STATS_N];
+    cr_assert(tt_step_stats_read(stats, out) == 0);
+    cr_assert(out[TT_STAT_LOSS_SCALE] == (float)scales[r] &&
+              out[TT_STAT_INV_SCALE] == (float)(1.0 / scales[r]));
+  }
+  tt_test_assert_error(tt_step_stats_set_scale(stats, 0.0),
+                       "step_stats_set_scale: the loss scale must be finite and > 0");
   tt_tensor_release(stats);
   free_set(&a);
   free_set(&b);

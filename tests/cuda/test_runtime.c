@@ -9,7 +9,9 @@
 **     kernels: a slow GEMM on stream A writes a block, the block is freed while the GEMM
 **     still runs, stream B takes the same block and fills it; the fill must win;
 **   - with the launch check on (TETRA_CUDA_SYNC=1), a kernel that faults is reported by
-**     the call that launched it, naming the kernel.
+**     the call that launched it, naming the kernel;
+**   - with a host-wait hook set (the NCCL watchdog's), a host wait polls and calls it
+**     while the device works, and still returns the finished results.
 ** Without a GPU the program exits 77: ctest reports "Not Run".
 */
 #include "cuda_test.h"
@@ -129,6 +131,33 @@ Test(cuda_runtime, allocator_orders_a_block_reused_on_another_stream) {
   for (int i = 0; i < 4; i++) tt_tensor_release(ahead[i]);
   tt_cuda_stream_destroy(sa);
   tt_cuda_stream_destroy(sb);
+}
+
+static int g_hook_calls;
+static void count_hook(void) { g_hook_calls++; }
+
+Test(cuda_runtime, host_wait_polls_the_hook) {
+  int64_t n = 4096;
+  tt_tensor *x = full(n, n, 1.0), *y = NULL;
+  cr_assert_eq(tt_cuda_synchronize(), 0);
+  tt_cuda_set_host_wait_hook(count_hook);
+  g_hook_calls = 0;
+  /* about 20 ms of GEMMs on an H200, then a wait for them */
+  for (int i = 0; i < 40; i++) {
+    tt_tensor_release(y);
+    y = NULL;
+    cr_assert_eq(tt_matmul(x, x, NULL, 0, 0, &y), 0, "%s", tt_last_error());
+  }
+  int64_t before = tt_cuda_host_sync_count();
+  cr_assert_eq(tt_cuda_stream_synchronize(NULL), 0, "%s", tt_last_error());
+  tt_cuda_set_host_wait_hook(NULL);
+  cr_assert_eq(tt_cuda_host_sync_count() - before, 1);
+  cr_assert_gt(g_hook_calls, 0, "the host waited without calling the hook");
+  tt_tensor *h = to_dev(y, TT_CPU);
+  cr_assert_float_eq(tt_tensor_get(h, 12345), 4096.0, 0);
+  tt_tensor_release(h);
+  tt_tensor_release(y);
+  tt_tensor_release(x);
 }
 
 /* A tensor whose device pointer is unmapped: any kernel reading it faults. */

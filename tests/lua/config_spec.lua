@@ -211,19 +211,19 @@ describe("train.cuda_graphs", function()
       return config_error(function() config.build({ world_size = false, sets = sets }) end)
     end
     expect(refused({ "parallel.pipeline_parallel_size=2" })).to_match(
-      "^config error: train%.cuda_graphs: parallel%.pipeline_parallel_size=2: collectives wait")
+      "^config error: train%.cuda_graphs: parallel%.pipeline_parallel_size=2: collectives are polled from the host")
     expect(refused({ "parallel.data_parallel_size=2" })).to_match(
-      "^config error: train%.cuda_graphs: parallel%.data_parallel_size=2: collectives wait")
-    expect(refused({ "train.precision=fp16" })).to_match(
-      "^config error: train%.cuda_graphs: train%.precision=fp16 changes its scales on the host")
+      "^config error: train%.cuda_graphs: parallel%.data_parallel_size=2: collectives are polled from the host")
+    expect(refused({ "train.precision=fp8" })).to_match(
+      "^config error: train%.cuda_graphs: train%.precision=fp8 chooses its scales on the host")
     expect(refused({ "optim.name=sgd" })).to_match(
       "^config error: train%.cuda_graphs: optim%.name=sgd takes its learning rate as a kernel")
     expect(refused({ "train.loss_guard=true", "train.spike_zscore=3" })).to_match(
       "^config error: train%.cuda_graphs: train%.spike_zscore reads the loss before the update")
     expect(refused({ "train.inject_nan_step=3" })).to_match(
       "^config error: train%.cuda_graphs: train%.inject_nan_step poisons steps from the host")
-    -- what it can capture: one process, fp32 or bf16, AdamW
-    for _, precision in ipairs({ "fp32", "bf16" }) do
+    -- what it can capture: one process, fp32, bf16 or fp16, AdamW
+    for _, precision in ipairs({ "fp32", "bf16", "fp16" }) do
       cfg = config.build({ world_size = 1, sets = { "train.cuda_graphs=true", "train.device=cuda",
                                                     "train.precision=" .. precision } })
       expect(cfg.train.cuda_graphs).to_be(true)

@@ -408,19 +408,28 @@ describe("training loop", function()
   -- batch copied into a static input and its learning rate and bias corrections written
   -- into the optimizer's stats before each replay. The check mode runs that protocol on
   -- the CPU (tetra.graph): the losses, norms and weights must be those of eager steps,
-  -- bit for bit, while the learning rate changes every step (warm-up, then cosine).
+  -- bit for bit, while the learning rate changes every step (warm-up, then cosine) and,
+  -- in fp16, the loss scale too (grown every clean step until the grads overflow: steps
+  -- 3, 5 and 8 are skipped, replays that must back the scale off as eager steps do).
   it("replays a captured step as eager steps run (train.cuda_graphs, CPU check)", function()
-    for _, precision in ipairs({ "fp32", "bf16" }) do
+    for _, precision in ipairs({ "fp32", "bf16", "fp16" }) do
       local sets = { "train.gradient_accumulation_steps=2", "train.max_grad_norm=0.05",
                      "train.precision=" .. precision, "train.warmup_steps=3",
-                     "train.steps=7" }
+                     "train.steps=9" }
+      if precision == "fp16" then
+        sets[#sets + 1] = "train.loss_scale_init=1048576"
+        sets[#sets + 1] = "train.loss_scale_growth_interval=1"
+      end
       local eager = tiny.setup(tiny_cfg(sets))
       local graphed = tiny.setup(tiny_cfg(sets), { graph_check = true })
-      local lrs = {}
-      for step = 1, 7 do
+      local lrs, skips = {}, {}
+      for step = 1, 9 do
         local a, b = eager.step(), graphed.step()
         expect(b.loss).to_be(a.loss)
-        expect(b.grad_norm).to_be(a.grad_norm)
+        expect(b.skipped).to_be(a.skipped)
+        expect(b.loss_scale).to_be(a.loss_scale)
+        if not a.skipped then expect(b.grad_norm).to_be(a.grad_norm) end
+        if a.skipped then skips[#skips + 1] = step end
         expect(b.lr).to_be(a.lr)
         lrs[step] = a.lr
         if step > 2 then
@@ -431,8 +440,9 @@ describe("training loop", function()
         end
       end
       expect(lrs[4] ~= lrs[5] and lrs[5] ~= lrs[6]).to_be(true)
-      expect(graphed.graphs.graph.replays).to_be(5)
-      expect(graphed.optimizer.step_count).to_be(7)
+      expect(table.concat(skips, " ")).to_be(precision == "fp16" and "3 5 8" or "")
+      expect(graphed.graphs.graph.replays).to_be(7)
+      expect(graphed.optimizer.step_count).to_be(9 - #skips)
       local pa, pb = eager.model:named_parameters(), graphed.model:named_parameters()
       for i = 1, #pa do
         local x, y = pa[i][2]:float():tolist(), pb[i][2]:float():tolist()
@@ -448,6 +458,23 @@ describe("training loop", function()
       end
       graphed.drop_graph()
     end
+  end)
+
+  it("stops with one line when the step cannot be captured", function()
+    local env = tiny.setup(tiny_cfg({ "train.steps=4" }), { graph_check = true })
+    env.step()
+    env.step()
+    -- a read of the norm inside the step, as a hand-written clip might make
+    env.optimizer.clip_grad_norm_async = function(self, max_norm)
+      getmetatable(self).clip_grad_norm_async(self, max_norm)
+      return self:read_stats().grad_norm
+    end
+    local ok, err = pcall(env.step)
+    expect(ok).to_be(false)
+    expect(tostring(err)).to_match("^train%.cuda_graphs: capturing step 3 failed: .*read_stats " ..
+                                   "inside a captured step reads a device value.*set " ..
+                                   "train%.cuda_graphs=false")
+    expect(env.graphs.graph).to_be(nil)
   end)
 
   it("refuses device reads and new memory in a captured step (tetra.graph check mode)", function()

@@ -6,10 +6,12 @@
 -- private allocator pool, the batch read from a static input tensor, the learning rate
 -- and bias corrections read from the optimizer's stats) and replays it every step after.
 -- What the captured step cannot hold is refused here with the reason:
---   - collectives: NCCL calls wait on the host for their watchdog (engine/dist/nccl.c),
---     which a capture refuses, so only single-process runs (every parallel size 1);
---   - fp16's loss scale and fp8's scales change on the host between steps (the scale is
---     a kernel argument of the captured backward), so fp32 and bf16 only;
+--   - collectives: the gradient reducer polls its transfers (NCCL events) from
+--     the host (tt_comm_test) to overlap them, which a capture refuses, so only
+--     single-process runs (every parallel size 1);
+--   - fp8's scales are kept and chosen on the host between steps (fp16's loss scale is
+--     written into the optimizer's stats before each step and read there), so fp32,
+--     bf16 and fp16;
 --   - SGD takes its learning rate as a kernel argument (AdamW reads it from its stats);
 --   - a spike check reads the loss before the update (a second read inside the step);
 --   - train.inject_nan_step poisons chosen steps from the host.
@@ -31,15 +33,15 @@ config.register_check(function(cfg)
   for _, key in ipairs({ "data_parallel_size", "tensor_parallel_size",
                          "pipeline_parallel_size", "context_parallel_size" }) do
     if (p[key] or 1) > 1 then
-      refuse(string.format("parallel.%s=%d: collectives wait on the host and cannot be " ..
-                           "captured yet (single-process runs only)", key, p[key]),
+      refuse(string.format("parallel.%s=%d: collectives are polled from the host and " ..
+                           "cannot be captured yet (single-process runs only)", key, p[key]),
              "run one process")
     end
   end
   local precision = t.precision or "fp32"
-  if precision ~= "fp32" and precision ~= "bf16" then
-    refuse(string.format("train.precision=%s changes its scales on the host every step",
-                         precision), "use train.precision=bf16 or fp32")
+  if precision == "fp8" then
+    refuse("train.precision=fp8 chooses its scales on the host every step",
+           "use train.precision=bf16")
   end
   if cfg.optim and cfg.optim.name == "sgd" then
     refuse("optim.name=sgd takes its learning rate as a kernel argument",
@@ -59,7 +61,7 @@ return {
     cuda_graphs = { type = "bool", default = false,
                     doc = "after two eager steps, capture the training step (forward, " ..
                           "backward, AdamW update) in one CUDA graph and replay it: " ..
-                          "single-process CUDA runs in fp32 or bf16 (see " ..
+                          "single-process CUDA runs in fp32, bf16 or fp16 (see " ..
                           "lua/tetra/schema/cuda_graphs.lua)" },
   },
 }
