@@ -93,15 +93,15 @@ int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss) {
   int64_t one = 1;
   int rc = tt_view(loss, &one, 1, &flat);
   if (rc == 0) rc = tt_copy_(slot, flat);
-  /* A loss that is not finite skips the update, as a gradient that is not would: found_inf
-  ** (on CUDA the unscale kernel's check, by 1, of the one value, without a wait). */
+  /* A loss that is not finite, or above the spike limit, skips the update, as a gradient
+  ** that is not finite would: found_inf (and the spike flag), set on the device. */
   float *s = tt_tensor_data(stats);
-  if (rc == 0 && !tt_device_is_cuda(stats->device) && !isfinite(s[TT_STAT_LOSS]))
-    s[TT_STAT_FOUND_INF] = 1.0f;
-  if (rc == 0 && tt_device_is_cuda(stats->device))
-    rc = tt_cuda_unscale_flag ? tt_cuda_unscale_flag(s + TT_STAT_LOSS, TT_F32, 1, 1.0f,
-                                                     s + TT_STAT_FOUND_INF)
-                              : tt_no_kernel(op, stats->device);
+  if (rc == 0) {
+    const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
+    rc = k && k->loss_flags ? k->loss_flags(s + TT_STAT_LOSS, s + TT_STAT_LOSS_LIMIT,
+                                            s + TT_STAT_FOUND_INF, s + TT_STAT_SPIKE)
+                            : tt_no_kernel(op, stats->device);
+  }
   tt_tensor_release(flat);
   tt_tensor_release(slot);
   return rc;
@@ -117,6 +117,15 @@ int tt_step_stats_set_scale(tt_tensor *stats, double scale) {
   float *s = tt_tensor_data(stats);
   TT_TRY(k->fill(s + TT_STAT_LOSS_SCALE, 1, (float)scale));
   return k->fill(s + TT_STAT_INV_SCALE, 1, (float)(1.0 / scale));
+}
+
+int tt_step_stats_set_loss_limit(tt_tensor *stats, double limit) {
+  const char *op = "step_stats_set_loss_limit";
+  TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
+  TT_CHECK(!isnan(limit), "%s: the limit is NaN (+inf for no spike check)", op);
+  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
+  if (!k || !k->fill) return tt_no_kernel(op, stats->device);
+  return k->fill((float *)tt_tensor_data(stats) + TT_STAT_LOSS_LIMIT, 1, (float)limit);
 }
 
 /* The grads of params divided by the scale: inv_scale, or on CUDA with by_stats the

@@ -130,6 +130,7 @@ enum {
   TT_STAT_SUMSQ_HI = 4,    /* the float64 sum of squares of the grads as two floats */
   TT_STAT_SUMSQ_LO = 5,
   TT_STAT_ERRORS = 6,      /* device-side input checks that failed (tt_step_stats_errors) */
+  TT_STAT_SPIKE = 7,       /* nonzero: the loss was above TT_STAT_LOSS_LIMIT (AdamW skips) */
   /* The update's inputs that change every step, set by the host before the step (a reset
   ** leaves them): the learning rate and the bias corrections 1 - beta^step. */
   TT_STAT_LR = 8,
@@ -139,6 +140,8 @@ enum {
   ** them): the backward's seed is multiplied by the one, the grads by the other. */
   TT_STAT_LOSS_SCALE = 11,
   TT_STAT_INV_SCALE = 12,
+  /* The loss guard's spike limit (tt_step_stats_set_loss_limit; NaN or inf: none). */
+  TT_STAT_LOSS_LIMIT = 13,
   TT_STEP_STATS_N = 16
 };
 /* A new stats tensor on device, reset (tt_step_stats_reset); the update slots hold NaN
@@ -155,6 +158,8 @@ int tt_step_stats_set_update(tt_tensor *stats, double lr, double beta1, double b
 /* TT_STAT_LOSS_SCALE = scale, TT_STAT_INV_SCALE = 1 / scale (scale > 0, finite); on CUDA
 ** by small kernels, no wait. */
 int tt_step_stats_set_scale(tt_tensor *stats, double scale);
+/* TT_STAT_LOSS_LIMIT = limit (+inf: no spike check); the same way. */
+int tt_step_stats_set_loss_limit(tt_tensor *stats, double limit);
 /* The sum of squares of the grads of n params (missing grads count as zero) into the
 ** TT_STAT_SUMSQ_* slots; on the device, deterministic, no wait. */
 int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);
@@ -166,7 +171,8 @@ int tt_grad_sumsq(tt_tensor *const *params, int n, tt_tensor *stats);
 ** TT_STAT_FOUND_INF, so tt_adamw_multi skips the update). No wait. */
 int tt_clip_finish(tt_tensor *stats, tt_tensor *gathered, double replicas, double max_norm);
 /* stats[TT_STAT_LOSS] = the one value of loss (a device copy); a loss that is not finite
-** also sets TT_STAT_FOUND_INF, so the update that follows is skipped. No wait. */
+** also sets TT_STAT_FOUND_INF, and one above TT_STAT_LOSS_LIMIT sets it and TT_STAT_SPIKE,
+** so the update that follows is skipped. No wait. */
 int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss);
 /* Divides the grads of n params by the loss scale in place (f32, bf16 or f16 grads) and
 ** sets stats[TT_STAT_FOUND_INF] to 1 when one held inf or NaN; on CUDA without waiting. */

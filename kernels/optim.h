@@ -69,6 +69,9 @@ typedef struct tt_optim_kernels {
   ** All in device memory. */
   int (*clip_finish)(const float *sumsq, int parts, float *norm, float *coef,
                      float *found_inf, double replicas, double max_norm);
+  /* The loss's verdict, in device memory: a loss that is not finite sets *found_inf; one
+  ** above *limit (a spike) sets *found_inf and *spike. Either skips the update. */
+  int (*loss_flags)(const float *loss, const float *limit, float *found_inf, float *spike);
 } tt_optim_kernels;
 
 extern const tt_optim_kernels tt_optim_cpu;
@@ -91,6 +94,18 @@ static inline TT_OPTIM_HD void tt_clip_finish_math(const float *sumsq, int parts
   *norm = (float)nrm;
   *coef = max_norm > 0.0 && isfinite(nrm) && c < 1.0 ? (float)c : 1.0f;
   if (!isfinite(nrm)) *found_inf = 1.0f;
+}
+
+/* loss_flags' test, shared the same way. A NaN limit (never set) flags nothing. */
+static inline TT_OPTIM_HD void tt_loss_flags_math(const float *loss, const float *limit,
+                                                  float *found_inf, float *spike) {
+  float l = *loss;
+  if (!isfinite(l)) {
+    *found_inf = 1.0f;
+  } else if (l > *limit) {
+    *found_inf = 1.0f;
+    *spike = 1.0f;
+  }
 }
 
 #endif

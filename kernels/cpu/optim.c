@@ -118,6 +118,11 @@ static int fill(float *x, int64_t n, float value) {
   return 0;
 }
 
+static int loss_flags(const float *loss, const float *limit, float *found_inf, float *spike) {
+  tt_loss_flags_math(loss, limit, found_inf, spike);
+  return 0;
+}
+
 const tt_optim_kernels tt_optim_cpu = {
   .adamw = adamw,
   .sgd = sgd,
@@ -127,4 +132,5 @@ const tt_optim_kernels tt_optim_cpu = {
   .adamw_multi = adamw_multi,
   .sum_squares_multi = sum_squares_multi,
   .clip_finish = clip_finish,
+  .loss_flags = loss_flags,
 };

@@ -297,8 +297,20 @@ static int clip_finish(const float *sumsq, int parts, float *norm, float *coef,
   return 0;
 }
 
+__global__ void loss_flags_kernel(const float *loss, const float *limit, float *found_inf,
+                                  float *spike) {
+  tt_loss_flags_math(loss, limit, found_inf, spike);
+}
+
+static int loss_flags(const float *loss, const float *limit, float *found_inf, float *spike) {
+  loss_flags_kernel<<<1, 1, 0, tt_cuda_cur_stream()>>>(loss, limit, found_inf, spike);
+  TT_CU_LAUNCHED("loss_flags_kernel");
+  return 0;
+}
+
 extern "C" const tt_optim_kernels tt_optim_cuda = {
   adamw, sgd, sum_squares, scale, fill, adamw_multi, sum_squares_multi, clip_finish,
+  loss_flags,
 };
 
 TT_CUDA_FAMILY(optim)

@@ -477,10 +477,18 @@ function Context:step_launch(params, optimizer_fn, clip_async_fn, group, opt)
   self:optimizer_step(optimizer_fn, opt)
 end
 
+-- A spike (the loss above the stats' limit) skipped the update without counting as an
+-- overflow: the scaler does not see the step (as when the host skips it before unscaling).
 function Context:step_finish(opt)
   local s = opt:read_stats()
   if s.found_inf then opt:uncount_step() end   -- the device skipped the update
-  local skipped = self:update(s.found_inf)
+  local skipped
+  if s.spike then
+    skipped = true
+    self.skipped_steps = self.skipped_steps + 1
+  else
+    skipped = self:update(s.found_inf)
+  end
   return skipped, s.found_inf and 0 / 0 or s.grad_norm, s.loss
 end
 

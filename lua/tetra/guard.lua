@@ -32,11 +32,20 @@ function M.new(cfg)
   }, Guard)
 end
 
--- Whether the verdict on a step's loss must come before its update (a spike check
--- compares the loss with the window on the host); without one, a loss that is not
--- finite can skip the update on the device (tetra.train's one read per step).
-function Guard:needs_loss_first()
-  return self.enabled and self.zscore > 0
+-- The loss above which the next step is a spike: mean + spike_zscore x std of the
+-- window (math.huge when there is no spike check yet: no zscore, a window not full, or
+-- no spread). tetra.train puts it in the optimizer's stats, where the device compares the
+-- step's loss with it and skips the update of a spike without a read first.
+function Guard:loss_limit()
+  local n = #self.window
+  if not (self.enabled and self.zscore > 0 and n >= self.window_size) then return math.huge end
+  local mean, var = 0.0, 0.0
+  for _, x in ipairs(self.window) do mean = mean + x end
+  mean = mean / n
+  for _, x in ipairs(self.window) do var = var + (x - mean) ^ 2 end
+  local std = math.sqrt(var / n)
+  if not (std > 0) then return math.huge end
+  return mean + self.zscore * std
 end
 
 -- The data position (1-based global batch index) step `step` reads.
@@ -56,10 +65,13 @@ end
 
 local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
 
--- Why `loss` makes a step bad ("nonfinite_loss", "spike"), or nil.
-function Guard:judge_loss(loss)
+-- Why `loss` makes a step bad ("nonfinite_loss", "spike"), or nil. spike (optional):
+-- the device's verdict against loss_limit(), which then replaces the comparison here (the
+-- two agree but for rounding at the limit, and the device already acted on its own).
+function Guard:judge_loss(loss, spike)
   if not self.enabled then return nil end
   if not finite(loss) then return "nonfinite_loss" end
+  if spike ~= nil then return spike and "spike" or nil end
   local n = #self.window
   if self.zscore > 0 and n >= self.window_size then
     local mean, var = 0.0, 0.0

@@ -179,13 +179,16 @@ end
 
 -- The step's scalars, read from the device (the one wait for it): grad_norm, grad_scale
 -- (the clip coefficient the update applies), found_inf
--- (the update was or will be skipped: a gradient or the norm was not finite), loss.
+-- (the update was or will be skipped: a gradient, the norm or the loss was not finite, or
+-- the loss a spike), spike (the loss was above the limit tt_step_stats_set_loss_limit
+-- set), loss.
 -- A failed device-side input check (CUDA deferred checks) raises its message here.
 function AdamW:read_stats()
   check(C.tt_step_stats_read(self._stats or self:stats(), stats_box))
   self.last_stats = { grad_norm = stats_box[C.TT_STAT_GRAD_NORM],
                       grad_scale = stats_box[C.TT_STAT_GRAD_SCALE],
                       found_inf = stats_box[C.TT_STAT_FOUND_INF] ~= 0,
+                      spike = stats_box[C.TT_STAT_SPIKE] ~= 0,
                       loss = stats_box[C.TT_STAT_LOSS] }
   return self.last_stats
 end

@@ -461,6 +461,15 @@ function train.setup(cfg, model, data, opts)
   end
   local null_timer = require("tetra.parallel.step").null_timer()
 
+  -- What the device reads of the host's decisions, written into the optimizer's stats
+  -- before each step (no wait): fp16's loss scale, the loss guard's spike limit.
+  local function write_step_inputs()
+    ctx:write_scale()
+    if guard.enabled and guard.zscore > 0 and optimizer.stats_tensor then
+      tffi.check(C.tt_step_stats_set_loss_limit(optimizer:stats_tensor(), guard:loss_limit()))
+    end
+  end
+
   local mem = ffi.new("tt_alloc_stats")
   local upload = uploader(dev)
   -- The end of a step, eager or replayed (s: what the step measured and decided): the
@@ -536,8 +545,8 @@ function train.setup(cfg, model, data, opts)
     graphs.graph:replay()
     local g1 = timer:mark()
     local skipped, grad_norm, loss = ctx:step_finish(opt)
-    local bad = guard:judge_loss(loss)
-    if skipped and not bad and guard.enabled then bad = "nonfinite_grad" end
+    local bad = guard:judge_loss(loss, opt.last_stats.spike)
+    if skipped and not bad and guard.enabled and not ctx.scaler then bad = "nonfinite_grad" end
     return finish_step({ step = step, pos = pos, t0 = t0, wait0 = wait0, live0 = live0,
                          data_wait = data_wait, lr = lr, loss = loss, bad = bad,
                          skipped = skipped, grad_norm = grad_norm, ow0 = ow0, fb = 0,
@@ -560,7 +569,7 @@ function train.setup(cfg, model, data, opts)
     while next_read() and next_read() < pos do
       free(data:batch(next_read(), t.batch_size, seq_len, "train"))
     end
-    ctx:write_scale()
+    write_step_inputs()
     local graphed = graphs and step > graphs.warmup
     local global
     if graphed and graphs.input then
@@ -592,15 +601,16 @@ function train.setup(cfg, model, data, opts)
     local lr = env.schedule(step)
     local opt = env.optimizer
     local loss, bad, skipped, grad_norm, opt1
-    if type(loss_sum) ~= "number" and opt.read_stats and not guard:needs_loss_first() then
+    if type(loss_sum) ~= "number" and opt.read_stats then
       -- One wait for the device per step: the mean loss over the ranks (dp x cp) joins
       -- the norm and found_inf in the optimizer's stats; fp16's unscale, the clip and the
       -- update are launched (the device skips the update when a gradient, the norm or the
-      -- loss is not finite); then the one read, and the verdicts from what it brought.
+      -- loss is not finite, or the loss is a spike); then the one read, and the verdicts
+      -- from what it brought.
       launch_update(loss_sum, lr)
       opt1 = timer:mark()
       skipped, grad_norm, loss = ctx:step_finish(opt)
-      bad = guard:judge_loss(loss)
+      bad = guard:judge_loss(loss, opt.last_stats.spike)
       if skipped and not bad and guard.enabled and not ctx.scaler then bad = "nonfinite_grad" end
     else
       if type(loss_sum) ~= "number" then

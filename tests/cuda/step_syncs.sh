@@ -110,7 +110,8 @@ cd "$ROOT"
 # the eager one (same kernels, same order: equal up to float rounding of nothing, so the
 # tolerance is tight), each replayed step must wait for the device once, and the learning
 # rate must change under the replays (warm-up, then cosine). In fp16 the loss scale grows
-# every clean step until the grads overflow, so replays skip updates and back it off.
+# every clean step until the grads overflow, so replays skip updates and back it off; with
+# a spike check (window 2, z 2) the device skips the spikes' updates against the limit.
 "$TETRA" -e '
   local tetra = require("tetra")
   local tffi = require("tetra.ffi")
@@ -118,13 +119,19 @@ cd "$ROOT"
   local C = tffi.C
   local tiny = dofile("recipes/tiny.lua")
   local bad = false
-  for _, precision in ipairs({ "fp32", "bf16", "fp16" }) do
+  for _, case in ipairs({ "fp32", "bf16", "fp16", "spike" }) do
+    local precision = case == "spike" and "fp32" or case
     local function run(graphs)
       local sets = { "train.device=cuda", "train.precision=" .. precision, "train.warmup_steps=4",
                      "train.gradient_accumulation_steps=2", "train.cuda_graphs=" .. tostring(graphs) }
       if precision == "fp16" then
         sets[#sets + 1] = "train.loss_scale_init=1048576"
         sets[#sets + 1] = "train.loss_scale_growth_interval=1"
+      end
+      if case == "spike" then
+        for _, s in ipairs({ "train.spike_zscore=2", "train.spike_window=2", "train.max_bad_steps=100" }) do
+          sets[#sets + 1] = s
+        end
       end
       local cfg = require("tetra.config").build({ defaults = tiny.defaults, world_size = false,
         sets = sets })
@@ -146,9 +153,11 @@ cd "$ROOT"
       local dl = math.abs(a.loss - b.loss) / math.abs(a.loss)
       local dg = a.skipped and 0 or math.abs(a.grad_norm - b.grad_norm) / math.abs(a.grad_norm)
       print(string.format("%s step %d: loss %.6f / %.6f (graph)  grad norm %.6f / %.6f  lr %.2e  scale %g%s  graph %.3f ms  host waits %d",
-                          precision, s, a.loss, b.loss, a.grad_norm, b.grad_norm, b.lr,
-                          b.loss_scale, b.skipped and " skipped" or "", (b.graph_s or 0) * 1e3, b.waits))
-      if dl > 1e-5 or dg > 1e-4 or a.skipped ~= b.skipped or a.loss_scale ~= b.loss_scale then
+                          case, s, a.loss, b.loss, a.grad_norm, b.grad_norm, b.lr,
+                          b.loss_scale, b.skipped and (" skipped " .. tostring(b.guard)) or "",
+                          (b.graph_s or 0) * 1e3, b.waits))
+      if dl > 1e-5 or dg > 1e-4 or a.skipped ~= b.skipped or a.loss_scale ~= b.loss_scale or
+         a.guard ~= b.guard then
         print("FAIL: the replayed curve left the eager one"); bad = true
       end
       if s > 2 and not (b.graph_s and b.graph_s > 0) then print("FAIL: no graph time"); bad = true end

@@ -71,6 +71,17 @@ describe("the verdict", function()
     expect(g:judge_loss(2.5)).to_be(nil)
     expect(g:judge_loss(2.6)).to_be("spike")
     expect(g:judge_loss(0.1)).to_be(nil)   -- only upward spikes
+    -- the device's limit: mean + 2 std; its verdict, when given, is the one used
+    expect(g:loss_limit()).to_be(2.5)
+    expect(g:judge_loss(1.0, true)).to_be("spike")
+    expect(g:judge_loss(9.0, false)).to_be(nil)
+    expect(g:judge_loss(0 / 0, false)).to_be("nonfinite_loss")
+    -- no limit while the window fills, or without a spread
+    expect(new({ spike_zscore = 2 }):loss_limit()).to_be(math.huge)
+    local flat = new({ spike_zscore = 2 })
+    for i = 1, 4 do flat:finish(i, i, 1.0, nil) end
+    expect(flat:loss_limit()).to_be(math.huge)
+    expect(new({ spike_zscore = 0 }):loss_limit()).to_be(math.huge)
   end)
 
   it("does nothing when train.loss_guard is off", function()

@@ -399,9 +399,41 @@ describe("training loop", function()
     expect(env.optimizer.step_count).to_be(4)
     items, stats = reads({ "train.gradient_accumulation_steps=2", "train.precision=fp16" })
     expect(items + stats).to_be(1)
-    -- a spike check must see the loss before the update: one read more
-    items, stats = reads({ "train.gradient_accumulation_steps=2", "train.spike_zscore=3" })
-    expect(items + stats).to_be(2)
+    -- a spike check too: the device compares the loss with the guard's limit
+    items, stats = reads({ "train.gradient_accumulation_steps=2", "train.spike_zscore=3",
+                           "train.spike_window=2" })
+    expect(items + stats).to_be(1)
+  end)
+
+  -- The spike check on the device: a loss above the limit the guard wrote into the stats
+  -- skips the update there (the weights do not move, the step does not count), and the
+  -- verdict is the host's formula over the window (z-score above train.spike_zscore).
+  it("skips a spike's update on the device, as the z-score over the window says", function()
+    local env = tiny.setup(tiny_cfg({ "train.spike_zscore=0.5", "train.spike_window=3",
+                                      "train.max_bad_steps=100", "train.steps=14" }))
+    local window, spikes, counted = {}, 0, 0
+    for step = 1, 14 do
+      local before = env.model:named_parameters()[1][2]:float():tolist()
+      local r = env.step()
+      local z
+      if #window >= 3 then
+        local m = (window[1] + window[2] + window[3]) / 3
+        local sd = math.sqrt(((window[1] - m) ^ 2 + (window[2] - m) ^ 2 + (window[3] - m) ^ 2) / 3)
+        z = sd > 0 and (r.loss - m) / sd or nil
+      end
+      local spike = z ~= nil and z > 0.5
+      expect(r.guard == "spike").to_be(spike)
+      expect(r.skipped).to_be(spike)
+      local after = env.model:named_parameters()[1][2]:float():tolist()
+      expect(after[1][1] == before[1][1] and after[2][3] == before[2][3]).to_be(spike)
+      if spike then spikes = spikes + 1 else
+        counted = counted + 1
+        window[#window + 1] = r.loss
+        if #window > 3 then table.remove(window, 1) end
+      end
+    end
+    expect(spikes > 0).to_be(true)
+    expect(env.optimizer.step_count).to_be(counted)
   end)
 
   -- train.cuda_graphs: after two eager steps the step is captured once and replayed, its
@@ -410,15 +442,21 @@ describe("training loop", function()
   -- the CPU (tetra.graph): the losses, norms and weights must be those of eager steps,
   -- bit for bit, while the learning rate changes every step (warm-up, then cosine) and,
   -- in fp16, the loss scale too (grown every clean step until the grads overflow: steps
-  -- 3, 5 and 8 are skipped, replays that must back the scale off as eager steps do).
+  -- 3, 5 and 8 are skipped, replays that must back the scale off as eager steps do), and
+  -- with a spike check the guard's limit (steps 6, 8 and 9 are spikes).
   it("replays a captured step as eager steps run (train.cuda_graphs, CPU check)", function()
-    for _, precision in ipairs({ "fp32", "bf16", "fp16" }) do
+    for _, case in ipairs({ "fp32", "bf16", "fp16", "spike" }) do
+      local precision = case == "spike" and "fp32" or case
       local sets = { "train.gradient_accumulation_steps=2", "train.max_grad_norm=0.05",
                      "train.precision=" .. precision, "train.warmup_steps=3",
                      "train.steps=9" }
       if precision == "fp16" then
         sets[#sets + 1] = "train.loss_scale_init=1048576"
         sets[#sets + 1] = "train.loss_scale_growth_interval=1"
+      end
+      if case == "spike" then
+        for _, s in ipairs({ "train.spike_zscore=2.0", "train.spike_window=2",
+                             "train.max_bad_steps=100" }) do sets[#sets + 1] = s end
       end
       local eager = tiny.setup(tiny_cfg(sets))
       local graphed = tiny.setup(tiny_cfg(sets), { graph_check = true })
@@ -431,6 +469,7 @@ describe("training loop", function()
         if not a.skipped then expect(b.grad_norm).to_be(a.grad_norm) end
         if a.skipped then skips[#skips + 1] = step end
         expect(b.lr).to_be(a.lr)
+        expect(b.guard).to_be(a.guard)
         lrs[step] = a.lr
         if step > 2 then
           expect(b.graph_s ~= nil).to_be(true)
@@ -440,7 +479,7 @@ describe("training loop", function()
         end
       end
       expect(lrs[4] ~= lrs[5] and lrs[5] ~= lrs[6]).to_be(true)
-      expect(table.concat(skips, " ")).to_be(precision == "fp16" and "3 5 8" or "")
+      expect(table.concat(skips, " ")).to_be(({ fp16 = "3 5 8", spike = "6 8 9" })[case] or "")
       expect(graphed.graphs.graph.replays).to_be(7)
       expect(graphed.optimizer.step_count).to_be(9 - #skips)
       local pa, pb = eager.model:named_parameters(), graphed.model:named_parameters()
