@@ -132,6 +132,15 @@ static void cached_free_block(int device, void *p, size_t size, void *stream, in
   pthread_mutex_unlock(&c->lock);
 }
 
+void tt_alloc_mark_idle(int device) {
+  device_cache *c = cache_for(device);
+  if (!c) return;
+  pthread_mutex_lock(&c->lock);
+  for (int i = 0; i < TT_NUM_CLASSES; i++)
+    for (free_block *b = c->classes[i]; b; b = b->next) b->idle = 1;
+  pthread_mutex_unlock(&c->lock);
+}
+
 void tt_alloc_stream_retired(int device, void *key) {
   device_cache *c = cache_for(device);
   if (!c) return;

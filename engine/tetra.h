@@ -168,6 +168,10 @@ typedef struct tt_alloc_pool_stats {
   int64_t grown;           /* blocks the pool took from the device or its cache */
 } tt_alloc_pool_stats;
 int tt_alloc_pool_stats_get(const tt_alloc_pool *pool, tt_alloc_pool_stats *out);
+/* After the device finished everything queued (a synchronisation): every block cached
+** for device is idle, so taking one needs no ordering against the stream it was last used
+** on (a graph capture then touches no other stream). */
+void tt_alloc_mark_idle(int device);
 
 /* -- Threads ------------------------------------------------------------------------ */
 

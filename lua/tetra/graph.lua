@@ -97,6 +97,11 @@ function Graph:capture(fn)
     in_pool(self, function() without_reads(self, fn) end)
     self.fn, self.ran = fn, true
   else
+    -- Everything queued so far finished: the cached blocks the capture takes need no
+    -- ordering against another stream (the legacy default stream may not be touched
+    -- while a stream of ours is captured).
+    tffi.check(C.tt_cuda_synchronize(), 2)
+    C.tt_alloc_mark_idle(self.device)
     in_pool(self, function()
       tffi.check(C.tt_cuda_graph_begin(), 2)
       local ok, err = pcall(fn)

@@ -7,7 +7,8 @@
 **   - a stream prefers its own (or idle) blocks to another stream's;
 **   - a storage freed on another stream than it was allocated on orders the freeing
 **     stream after the allocating one, and then belongs to the freeing stream;
-**   - a retired (destroyed, drained) stream's blocks are idle;
+**   - a retired (destroyed, drained) stream's blocks are idle, and so is every block after
+**     tt_alloc_mark_idle (the device synchronised);
 **   - when ordering fails the allocation fails with the backend's message, and the block
 **     stays cached.
 */
@@ -123,6 +124,20 @@ Test(alloc_streams, retired_stream_blocks_are_idle) {
   cr_assert_eq(tt_tensor_data(u), p);
   cr_assert_eq(g_num_ordered, 0, "a drained stream's block still asked for ordering");
   free_on(&g_stream_b, u);
+}
+
+Test(alloc_streams, marked_idle_blocks_need_no_ordering) {
+  tt_tensor *t = new_on(&g_stream_a, 1000), *d = new_on(NULL, 1000);
+  void *pa = tt_tensor_data(t), *pd = tt_tensor_data(d);
+  free_on(&g_stream_a, t);
+  free_on(NULL, d);
+  tt_alloc_mark_idle(DEV);
+  tt_tensor *u = new_on(&g_stream_b, 1000), *v = new_on(&g_stream_b, 1000);
+  cr_assert((tt_tensor_data(u) == pa || tt_tensor_data(u) == pd) &&
+            (tt_tensor_data(v) == pa || tt_tensor_data(v) == pd));
+  cr_assert_eq(g_num_ordered, 0, "a block cached before the synchronisation asked for ordering");
+  free_on(&g_stream_b, u);
+  free_on(&g_stream_b, v);
 }
 
 Test(alloc_streams, failed_ordering_fails_the_allocation_and_keeps_the_block) {
