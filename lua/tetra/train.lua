@@ -279,8 +279,8 @@ end
 -- and moved to train.device here; env.par is tetra.parallel.apply's result.
 -- opts: plan (the model's parallel plan, recipes/plans/; needed for tensor, context or
 -- pipeline parallelism), tokenizer (tok:encode(text), tok:decode(ids); for samples),
--- on_grads(env, step) (see env.step), graph_check (train.cuda_graphs' steps on the CPU in
--- tetra.graph's check mode, for tests).
+-- on_grads(env, step) (see env.step; eager steps only: a replayed step runs no Lua),
+-- graph_check (train.cuda_graphs' steps on the CPU in tetra.graph's check mode, for tests).
 -- Metrics record of a step: step, loss, lr, grad_norm (before clipping; nil on a skipped
 -- step), tokens, tokens_per_s, step_time_s, data_wait_s, exposed_comm_s (seconds blocked
 -- on communication: what computation did not hide, pipeline bubbles included),
@@ -515,7 +515,7 @@ function train.setup(cfg, model, data, opts)
 
   -- A step of the captured graph (train.cuda_graphs, after the warm-up): the batch is in
   -- the static input `global`; the first such step captures, every one replays.
-  function env.graph_step(step, pos, t0, wait0, live0, data_wait, global)
+  local function graph_step(step, pos, t0, wait0, live0, data_wait, global)
     local opt, lr = env.optimizer, env.schedule(step)
     local timer = strategy.timer
     opt.external_update = true
@@ -582,7 +582,7 @@ function train.setup(cfg, model, data, opts)
     if trace.on then trace.span("data_wait", t0, t0 + data_wait, { step = step }) end
     local timer = strategy.timer
     timer:reset()
-    if graphed then return env.graph_step(step, pos, t0, wait0, live0, data_wait, global) end
+    if graphed then return graph_step(step, pos, t0, wait0, live0, data_wait, global) end
     local mine = data.local_rows and global or ddp:batch_slice(global)
     local fb0 = timer:mark()
     local loss_sum = forward_backward(mine, accum)   -- a device tensor, or a number

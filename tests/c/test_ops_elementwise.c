@@ -218,6 +218,43 @@ Test(elementwise, axpy_strided_and_expanded) {
   for (int i = 0; i < 8; i++) tt_tensor_release(rs[i]);
 }
 
+/* a half: a, b of `dt` (or f32 when b32) with the values of a rand f32 tensor. */
+static tt_tensor *half_of(const int64_t *shape, int ndim, int dt, uint64_t seed) {
+  tt_tensor *f = tt_test_rand(shape, ndim, seed), *h = NULL;
+  cr_assert(tt_tensor_empty(shape, ndim, dt, TT_CPU, &h) == 0);
+  cr_assert(tt_copy_(h, f) == 0, "%s", tt_last_error());
+  tt_tensor_release(f);
+  return h;
+}
+
+/* bf16 / f16 destinations: the one pass over contiguous operands gives the bits of the
+** passes it replaced (widen both to f32, the f32 axpy, round back), for a half or f32 b,
+** so the fast path changes no result. */
+Test(elementwise, axpy_half_one_pass_equals_widened_passes) {
+  const int64_t s[2] = {257, 129};
+  const int dts[2] = {TT_BF16, TT_F16};
+  for (int d = 0; d < 2; d++)
+    for (int b32 = 0; b32 < 2; b32++) {
+      tt_tensor *a = half_of(s, 2, dts[d], 50 + d), *b = half_of(s, 2, b32 ? TT_F32 : dts[d], 60);
+      tt_tensor *a32 = NULL, *b32t = NULL;
+      cr_assert(tt_tensor_empty(s, 2, TT_F32, TT_CPU, &a32) == 0);
+      cr_assert(tt_tensor_empty(s, 2, TT_F32, TT_CPU, &b32t) == 0);
+      cr_assert(tt_copy_(a32, a) == 0 && tt_copy_(b32t, b) == 0);
+      cr_assert(tt_axpy_(a32, -0.37, b32t) == 0, "%s", tt_last_error());
+      tt_tensor *want = NULL;
+      cr_assert(tt_tensor_empty(s, 2, dts[d], TT_CPU, &want) == 0);
+      cr_assert(tt_copy_(want, a32) == 0);
+      int64_t v0 = tt_tensor_version(a);
+      cr_assert(tt_axpy_(a, -0.37, b) == 0, "%s", tt_last_error());
+      cr_assert(tt_tensor_version(a) > v0, "the write did not bump the version");
+      cr_assert(memcmp(tt_tensor_data(a), tt_tensor_data(want), (size_t)(257 * 129 * 2)) == 0,
+                "%s, b %s: the one pass differs from the widened passes",
+                tt_dtype_name(dts[d]), b32 ? "f32" : tt_dtype_name(dts[d]));
+      tt_tensor *rs[] = {a, b, a32, b32t, want};
+      for (int i = 0; i < 5; i++) tt_tensor_release(rs[i]);
+    }
+}
+
 Test(elementwise, axpy_errors) {
   const int64_t s[2] = {3, 5}, t[2] = {5, 3};
   tt_tensor *a = tt_test_rand(s, 2, 40), *b = tt_test_rand(t, 2, 41), *i = NULL;

@@ -5,7 +5,9 @@
 ** deterministic gradient sum of squares and clip coefficient, unscaling into the stats;
 ** then the step's synchronisation: none between backward and the optimizer, one for the
 ** stats read, embedding ids and cross-entropy targets checked on the device and reported
-** at that read, and a CUDA graph of the optimizer step replayed bitwise like eager runs.
+** at that read, and a CUDA graph of the optimizer step replayed bitwise like eager runs;
+** the host-set slots: the spike limit (the loss against it on the device) and fp16's
+** loss scale (the unscale reading it there) against the CPU.
 **
 ** Without a GPU the program exits 77 before running anything: ctest reports "Not Run".
 */
@@ -164,6 +166,46 @@ Test(step, sumsq_clip_and_unscale_match_cpu_and_are_deterministic) {
   cr_assert_eq(tt_grads_unscale_to_stats(g.p, NT, 0.5, sg), 0);
   cr_assert_eq(tt_step_stats_read(sg, b), 0);
   cr_assert(b[TT_STAT_FOUND_INF] == 1.0f, "an inf grad must set found_inf on the device");
+  tt_tensor_release(sc);
+  tt_tensor_release(sg);
+  free_set(&c);
+  free_set(&g);
+}
+
+/* The loss's flags against the limit, and the unscale by the stats' scale, on both sides:
+** the same flags, the same grads bit for bit. */
+Test(step, spike_limit_and_stats_scale_match_the_cpu) {
+  const double loss_values[3] = {3.0, 1.5, NAN};
+  const float want_inf[3] = {1.0f, 0.0f, 1.0f}, want_spike[3] = {1.0f, 0.0f, 0.0f};
+  for (int d = 0; d < 2; d++) {
+    int dev = d ? GPU : TT_CPU;
+    tt_tensor *stats = stats_on(dev, 1.0f, 0.0f);
+    cr_assert_eq(tt_step_stats_set_loss_limit(stats, 2.0), 0, "%s", tt_last_error());
+    for (int i = 0; i < 3; i++) {
+      tt_tensor *loss = NULL;
+      cr_assert_eq(tt_tensor_full(NULL, 0, TT_F32, dev, loss_values[i], &loss), 0);
+      cr_assert_eq(tt_step_stats_reset(stats), 0);
+      cr_assert_eq(tt_step_stats_set_loss(stats, loss), 0, "%s", tt_last_error());
+      float out[TT_STEP_STATS_N];
+      cr_assert_eq(tt_step_stats_read(stats, out), 0, "%s", tt_last_error());
+      cr_assert(out[TT_STAT_FOUND_INF] == want_inf[i] && out[TT_STAT_SPIKE] == want_spike[i],
+                "%s, loss %g: found_inf %g spike %g", d ? "cuda" : "cpu", loss_values[i],
+                out[TT_STAT_FOUND_INF], out[TT_STAT_SPIKE]);
+      tt_tensor_release(loss);
+    }
+    tt_tensor_release(stats);
+  }
+  set c, g;
+  make_cpu(&c);
+  to_gpu(&g, &c);
+  tt_tensor *sc = stats_on(TT_CPU, 1.0f, 0.0f), *sg = stats_on(GPU, 1.0f, 0.0f);
+  cr_assert_eq(tt_step_stats_set_scale(sc, 512.0), 0);
+  cr_assert_eq(tt_step_stats_set_scale(sg, 512.0), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_grads_unscale_by_stats(c.p, NT, sc), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_grads_unscale_by_stats(g.p, NT, sg), 0, "%s", tt_last_error());
+  for (int i = 0; i < NT; i++) {
+    if (c.p[i]->grad) assert_same_bits(g.p[i]->grad, c.p[i]->grad, "grad unscaled", i);
+  }
   tt_tensor_release(sc);
   tt_tensor_release(sg);
   free_set(&c);

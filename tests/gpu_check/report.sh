@@ -34,11 +34,12 @@ canned() {
   echo "attention bf16 cuDNN    causal B=1 T=4096 32x128: fwd    1.10 ms  499.7 TFLOP/s, fwd+bwd    3.90 ms  422.9 TFLOP/s" > "$d/cudnn_attention.log"
   echo "step 6 loss 10.3 tokens_per_s=51234.5" > "$d/llama_1b.log"
   echo "step 6 loss 10.4 tokens_per_s=70123.4" > "$d/llama_1b_fp8.log"
+  printf 'gpu_train: 61.2M parameters on cuda\ngraphs: eager 401234 tokens/s, graphs 612345 tokens/s, graphs/eager 1.53\n' > "$d/graphs.log"
   printf '========= ERROR SUMMARY: 0 errors\nmemcheck clean: 9 processes, 0 errors\n' > "$d/memcheck.log"
   local name
   : > "$d/stages.tsv"
   for name in gpu unpack configure build built tests bench attention cudnn_attention llama_1b \
-              llama_1b_fp8 memcheck; do
+              llama_1b_fp8 graphs memcheck; do
     local status=ok kv
     for kv in "$@"; do [ "${kv%%=*}" = "$name" ] && status=${kv#*=}; done
     printf '%s\t%s\t%s\t%s\n' "$name" "$status" 10 100 >> "$d/stages.tsv"
@@ -68,7 +69,12 @@ expect "$d" 0 '^== gpu-check: PASS: every stage passed; NVIDIA H200, 580.159.04'
   '^built +ok .*built: 3 CUDA tests' '^llama_1b +ok .*tokens_per_s=51234.5' \
   '^llama_1b_fp8 +ok .*tokens_per_s=70123.4' '^memcheck +ok .*memcheck clean: 9 processes' \
   '^-- bench --' 'Llama-7B layer: 41.2% MFU' '^attention +ok .*392.6 TFLOP/s' \
-  '^cudnn_attention +ok .*bf16 cuDNN +causal B=1 T=4096.*422.9 TFLOP/s' '^-- cudnn_attention --'
+  '^cudnn_attention +ok .*bf16 cuDNN +causal B=1 T=4096.*422.9 TFLOP/s' '^-- cudnn_attention --' \
+  '^graphs +ok .*eager 401234 tokens/s, graphs 612345 tokens/s, graphs/eager 1.53' '^-- graphs --'
+
+d=$(canned graphs_missing)
+echo "gpu_train: 61.2M parameters on cuda" > "$d/graphs.log"
+expect "$d" 1 '^graphs +failed .*no graphs figure in the log'
 
 d=$(canned cudnn_missing)
 echo "attention_cuda: no usable cuDNN (see the line above)" > "$d/cudnn_attention.log"

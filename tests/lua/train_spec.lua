@@ -495,6 +495,15 @@ describe("training loop", function()
         walk(x, y)
         expect(same).to_be(true)
       end
+      -- dropped (as a checkpoint load does), the next step captures again
+      graphed.drop_graph()
+      expect(graphed.graphs.graph).to_be(nil)
+      for _ = 1, 2 do
+        local a, b = eager.step(), graphed.step()
+        expect(b.loss).to_be(a.loss)
+        expect(b.graph_s ~= nil).to_be(true)
+      end
+      expect(graphed.graphs.graph.replays).to_be(2)
       graphed.drop_graph()
     end
   end)
