@@ -66,6 +66,17 @@ int tt_step_stats_reset(tt_tensor *stats) {
   return k->fill(s + TT_STAT_GRAD_SCALE, 1, 1.0f);
 }
 
+/* stats[first + i] = values[i] for i < n: the host-set slots, by the fill kernel (no
+** wait on CUDA). The stats were checked by the caller. */
+static int write_slots(const char *op, tt_tensor *stats, int first, const float *values,
+                       int n) {
+  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
+  if (!k || !k->fill) return tt_no_kernel(op, stats->device);
+  float *s = tt_tensor_data(stats);
+  for (int i = 0; i < n; i++) TT_TRY(k->fill(s + first + i, 1, values[i]));
+  return 0;
+}
+
 int tt_step_stats_set_update(tt_tensor *stats, double lr, double beta1, double beta2,
                              int64_t step) {
   const char *op = "step_stats_set_update";
@@ -74,12 +85,9 @@ int tt_step_stats_set_update(tt_tensor *stats, double lr, double beta1, double b
                step >= 1,
            "%s: need lr >= 0, betas in [0, 1) and step >= 1 (got lr %g, betas (%g, %g), "
            "step %lld)", op, lr, beta1, beta2, (long long)step);
-  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
-  if (!k || !k->fill) return tt_no_kernel(op, stats->device);
-  float *s = tt_tensor_data(stats);
-  TT_TRY(k->fill(s + TT_STAT_LR, 1, (float)lr));
-  TT_TRY(k->fill(s + TT_STAT_BC1, 1, (float)(1.0 - pow(beta1, (double)step))));
-  return k->fill(s + TT_STAT_BC2, 1, (float)(1.0 - pow(beta2, (double)step)));
+  const float v[3] = {(float)lr, (float)(1.0 - pow(beta1, (double)step)),
+                      (float)(1.0 - pow(beta2, (double)step))};
+  return write_slots(op, stats, TT_STAT_LR, v, 3);   /* LR, BC1, BC2 */
 }
 
 int tt_step_stats_set_loss(tt_tensor *stats, tt_tensor *loss) {
@@ -112,20 +120,16 @@ int tt_step_stats_set_scale(tt_tensor *stats, double scale) {
   TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
   TT_CHECK(scale > 0.0 && isfinite(scale), "%s: the loss scale must be finite and > 0 (got %g)",
            op, scale);
-  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
-  if (!k || !k->fill) return tt_no_kernel(op, stats->device);
-  float *s = tt_tensor_data(stats);
-  TT_TRY(k->fill(s + TT_STAT_LOSS_SCALE, 1, (float)scale));
-  return k->fill(s + TT_STAT_INV_SCALE, 1, (float)(1.0 / scale));
+  const float v[2] = {(float)scale, (float)(1.0 / scale)};
+  return write_slots(op, stats, TT_STAT_LOSS_SCALE, v, 2);   /* LOSS_SCALE, INV_SCALE */
 }
 
 int tt_step_stats_set_loss_limit(tt_tensor *stats, double limit) {
   const char *op = "step_stats_set_loss_limit";
   TT_TRY(tt_step_stats_check(op, stats, TT_STATS_ANY_DEVICE));
   TT_CHECK(!isnan(limit), "%s: the limit is NaN (+inf for no spike check)", op);
-  const tt_optim_kernels *k = TT_KERNELS(tt_optim, stats->device);
-  if (!k || !k->fill) return tt_no_kernel(op, stats->device);
-  return k->fill((float *)tt_tensor_data(stats) + TT_STAT_LOSS_LIMIT, 1, (float)limit);
+  const float v = (float)limit;
+  return write_slots(op, stats, TT_STAT_LOSS_LIMIT, &v, 1);
 }
 
 /* The grads of params divided by the scale: inv_scale, or on CUDA with by_stats the

@@ -36,15 +36,21 @@ end
 -- window (math.huge when there is no spike check yet: no zscore, a window not full, or
 -- no spread). tetra.train puts it in the optimizer's stats, where the device compares the
 -- step's loss with it and skips the update of a spike without a read first.
-function Guard:loss_limit()
+-- The window's mean and standard deviation, once the spike check has a full window to
+-- judge by (nil otherwise).
+local function window_stats(self)
   local n = #self.window
-  if not (self.enabled and self.zscore > 0 and n >= self.window_size) then return math.huge end
+  if not (self.enabled and self.zscore > 0 and n >= self.window_size) then return nil end
   local mean, var = 0.0, 0.0
   for _, x in ipairs(self.window) do mean = mean + x end
   mean = mean / n
   for _, x in ipairs(self.window) do var = var + (x - mean) ^ 2 end
-  local std = math.sqrt(var / n)
-  if not (std > 0) then return math.huge end
+  return mean, math.sqrt(var / n)
+end
+
+function Guard:loss_limit()
+  local mean, std = window_stats(self)
+  if not (mean and std > 0) then return math.huge end
   return mean + self.zscore * std
 end
 
@@ -72,15 +78,8 @@ function Guard:judge_loss(loss, spike)
   if not self.enabled then return nil end
   if not finite(loss) then return "nonfinite_loss" end
   if spike ~= nil then return spike and "spike" or nil end
-  local n = #self.window
-  if self.zscore > 0 and n >= self.window_size then
-    local mean, var = 0.0, 0.0
-    for _, x in ipairs(self.window) do mean = mean + x end
-    mean = mean / n
-    for _, x in ipairs(self.window) do var = var + (x - mean) ^ 2 end
-    local std = math.sqrt(var / n)
-    if std > 0 and (loss - mean) / std > self.zscore then return "spike" end
-  end
+  local mean, std = window_stats(self)
+  if mean and std > 0 and (loss - mean) / std > self.zscore then return "spike" end
   return nil
 end
 
