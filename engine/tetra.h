@@ -143,7 +143,7 @@ int tt_alloc_stats_get(int device, tt_alloc_stats *out);
 void tt_alloc_reset_peak(int device);
 void tt_alloc_empty_cache(int device);
 /* The bytes a request of nbytes takes from the allocator (its size class): what
-** live_bytes and peak_bytes count. The planner (lua/tetra/plan.lua) sums these. */
+** live_bytes and peak_bytes count. The planner (lua/tetra/planner/init.lua) sums these. */
 size_t tt_alloc_granted_bytes(size_t nbytes);
 
 /* A private pool of one device's memory, for work captured into a CUDA graph: the graph

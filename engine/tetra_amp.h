@@ -10,7 +10,7 @@
 #define TETRA_AMP_H
 #include "tetra.h"
 
-/* -- Dynamic loss scaler (engine/amp.c) --------------------------------------------- */
+/* -- Dynamic loss scaler (engine/optim/amp.c) --------------------------------------------- */
 
 /* Zero fields of the config take the defaults shown (those of torch.cuda.amp). */
 typedef struct tt_loss_scaler_config {
@@ -50,7 +50,7 @@ int tt_loss_scaler_update(tt_loss_scaler *s, int found_inf);
 int tt_grads_unscale_check(tt_tensor *const *params, int n, double inv_scale,
                            int *found_inf);
 
-/* -- FP8 scaling (engine/fp8.c) ----------------------------------------------------- */
+/* -- FP8 scaling (engine/ops/fp8.c) ----------------------------------------------------- */
 
 enum { TT_FP8_MAX_HISTORY = 1024 };
 
@@ -124,12 +124,12 @@ int tt_fp8_linear_state_sync(tt_fp8_linear_state *st, int to_device);
 ** history, scales from the tensor's own amax). The arithmetic is that of cuBLASLt's FP8
 ** GEMMs (fp32 sums of exact fp8 products, the inverse scales and the bf16 bias applied
 ** in the epilogue, the output and dX rounded to bf16, dW in f32): on CUDA tensors it is
-** that GEMM, on the CPU an emulation of it (engine/fp8.c says exactly what). Output in
+** that GEMM, on the CPU an emulation of it (engine/ops/fp8.c says exactly what). Output in
 ** x's dtype. Differentiable in x, w and bias. */
 int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_state *st,
                   tt_tensor **out);
 
-/* -- Low-precision weight copies (engine/lowp_weight.c) ------------------------------ */
+/* -- Low-precision weight copies (engine/optim/lowp_weight.c) ------------------------------ */
 /*
 ** Under train.precision = bf16 / fp16 the GEMMs read a bf16 (f16) copy of each f32 master
 ** weight. The copy hangs off the weight's header and is remade only when the weight's

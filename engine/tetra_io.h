@@ -1,5 +1,5 @@
 /*
-** tetra_io.h — safetensors files (engine/safetensors.c).
+** tetra_io.h — safetensors files (engine/io/safetensors.c).
 **
 ** Format (huggingface/safetensors): 8 bytes little-endian header length N, N bytes of
 ** JSON { name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
@@ -42,7 +42,7 @@ int tt_safetensors_save(const char *path, const char *const *names,
                         tt_tensor *const *tensors, int n, const char *const *meta_keys,
                         const char *const *meta_values, int n_meta);
 
-/* -- Checksums (engine/checksum.c) --------------------------------------------------- */
+/* -- Checksums (engine/io/checksum.c) --------------------------------------------------- */
 
 /* CRC-32C of len bytes, continuing from crc (0 to start): crc32c("123456789") is
 ** 0xE3069283. */
@@ -50,7 +50,7 @@ uint32_t tt_crc32c(uint32_t crc, const void *data, size_t len);
 /* CRC-32C of a whole file. */
 int tt_crc32c_file(const char *path, uint32_t *out);
 
-/* -- Asynchronous checkpoint writer (engine/ckpt_writer.c) --------------------------- */
+/* -- Asynchronous checkpoint writer (engine/io/ckpt_writer.c) --------------------------- */
 /* Files queued, then written (each fsynced) and summed (CRC-32C) in order by one
 ** background thread, with fsyncs and renames between them. Queued tensors must be host tensors the caller no longer writes
 ** (the writer holds a reference until free); blobs are copied. */

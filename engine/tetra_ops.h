@@ -52,7 +52,7 @@ int tt_embedding_ex(tt_tensor *weight, tt_tensor *ids, int out_dtype, tt_tensor 
 int tt_rmsnorm(tt_tensor *x, tt_tensor *weight, double eps, tt_tensor **out);
 int tt_layernorm(tt_tensor *x, tt_tensor *weight, tt_tensor *bias, double eps,
                  tt_tensor **out);
-/* The pre-norm block's residual add and RMSNorm in one pass (engine/ops_fused.c):
+/* The pre-norm block's residual add and RMSNorm in one pass (engine/ops/fused.c):
 ** *h_out = x + residual (x's dtype; x itself, retained, when residual is NULL),
 ** *y_out = rmsnorm(h) * weight in y_dtype. x, residual: f32 or bf16, same shape and dtype;
 ** weight: f32 (D) or NULL; y_dtype: TT_F32 or TT_BF16. Differentiable in x, residual and
@@ -117,7 +117,7 @@ int tt_grad_norm(tt_tensor *const *params, int n, double *out);
 /* Scales all grads by min(1, max_norm / (norm + 1e-6)); returns the norm before. */
 int tt_clip_grad_norm(tt_tensor *const *params, int n, double max_norm, double *out_norm);
 
-/* -- The step's device-side scalars (engine/step_stats.c, engine/ops_optim.c) -------- */
+/* -- The step's device-side scalars (engine/optim/step_stats.c, engine/optim/optim.c) -------- */
 /* One f32 tensor of TT_STEP_STATS_N values on the parameters' device holds what a step
 ** computes and decides on the device: the multi-tensor AdamW reads the gradient scale and
 ** found_inf from it, the gradient norm and the loss land in it, and the host reads it with

@@ -1,7 +1,7 @@
 /*
 ** tetra_telemetry.h — the live training figures a Prometheus scraper reads.
 **
-** Read by the C compiler and by LuaJIT's ffi.cdef (lua/tetra/telemetry.lua): flat
+** Read by the C compiler and by LuaJIT's ffi.cdef (lua/tetra/obs/telemetry.lua): flat
 ** declarations only, no macros.
 **
 ** One store per process. The training thread writes into it (tt_telemetry_step once per
@@ -73,10 +73,10 @@ int tt_prom_port(void);
 double tt_prom_cpu_seconds(void);
 void tt_prom_stop(void);
 
-/* -- Trace (engine/trace.c) ---------------------------------------------------------- */
+/* -- Trace (engine/obs/trace.c) ---------------------------------------------------------- */
 /* While enabled, every collective of a group of more than one rank is recorded with its
-** start and completion (CLOCK_MONOTONIC seconds, tetra.metrics.now's clock) for the
-** Chrome/Perfetto trace tetra.trace writes. */
+** start and completion (CLOCK_MONOTONIC seconds, tetra.obs.metrics.now's clock) for the
+** Chrome/Perfetto trace tetra.obs.trace writes. */
 typedef struct tt_trace_event {
   const char *op;      /* "all_reduce", ... (static) */
   char group[24];
@@ -89,7 +89,7 @@ void tt_trace_collective(const char *op, const char *group, double start_s, doub
 /* Moves up to max recorded events into out (oldest first); returns how many. */
 int tt_trace_take(tt_trace_event *out, int max);
 
-/* -- NVML (loaded at run time; engine/nvml.c) ----------------------------------------- */
+/* -- NVML (loaded at run time; engine/obs/nvml.c) ----------------------------------------- */
 
 /* 1 when libnvidia-ml.so.1 loaded and initialised (tried once). */
 int tt_nvml_available(void);

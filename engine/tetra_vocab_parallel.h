@@ -6,7 +6,7 @@
 #ifndef TETRA_VOCAB_PARALLEL_H
 #define TETRA_VOCAB_PARALLEL_H
 
-#include "dist/tetra_dist.h"
+#include "tetra_dist.h"
 
 /* logits: (..., Vl) f32 on the CPU, this rank's columns [vocab_start, vocab_start + Vl)
 ** of the full (..., V) logits; targets: (...) i32/i64 global ids, the same on every rank

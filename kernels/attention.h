@@ -23,7 +23,7 @@
 ** gradients in the same dtype, lse always f32) go first to the optional fused entries
 ** (cuDNN's flash attention on CUDA; NULL on the CPU), which take what they support and
 ** answer 0 for the rest; the engine then runs the f32 kernels on f32 copies and rounds
-** the results (engine/ops_attention.c), which is also the CPU twin the fused path is
+** the results (engine/ops/attention.c), which is also the CPU twin the fused path is
 ** tested against.
 **
 ** Kernels take a workspace of f32 elements sized by the matching *_workspace entry (called

@@ -11,7 +11,7 @@
 -- when the run starts (under a second), through tetra.data's loader; or, with
 -- --set demo.tokenizer=byte, one token per byte. Files go to demo.work_dir.
 local tetra = require("tetra")
-local train, bytetok = tetra.train, require("tetra.bytetok")
+local train, bytetok = tetra.train, require("tetra.data.bytetok")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local llama = dofile(here .. "/llama.lua")

@@ -1,6 +1,6 @@
 /*
 ** backend.cu — the CUDA device backend: raw device memory for the engine's caching
-** allocator (engine/alloc.c keeps freed blocks per size class, so cudaMalloc and its
+** allocator (engine/core/alloc.c keeps freed blocks per size class, so cudaMalloc and its
 ** implicit synchronisation happen only while the working set grows, and asks here which
 ** stream is current and how to order one stream after another), copies between host and
 ** device, the current stream, events, pinned host buffers, the cuBLASLt handle shared by

@@ -1,6 +1,6 @@
 /*
 ** copy.cu — strided and casting copies between two tensors on one CUDA device
-** (tt_cuda_copy_strided, declared in engine/tt_internal.h): what tt_copy_ uses for
+** (tt_cuda_copy_strided, declared in engine/core/tt_internal.h): what tt_copy_ uses for
 ** tt_contiguous, tt_cast and strided assignment when the data is on a GPU.
 **
 ** One thread per element of the logical (row-major) index space; both sides are located

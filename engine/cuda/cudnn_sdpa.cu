@@ -1,6 +1,6 @@
 /*
 ** cudnn_sdpa.cu — flash attention on tensor cores through cuDNN's backend API, loaded at
-** run time (engine/cudnn_load.c); see tt_cudnn_sdpa.h.
+** run time (engine/cuda/cudnn_load.c); see tt_cudnn_sdpa.h.
 **
 ** cuDNN has no single "attention" call in its C API that every cuDNN 9 offers: its fused
 ** flash-attention engines recognise a graph of plain operations, the one cudnn-frontend
@@ -31,7 +31,7 @@
 #include "cuda/tt_cuda.h"
 #include "cuda/tt_cudnn_sdpa.h"
 extern "C" {
-#include "tt_cudnn.h"
+#include "cuda/tt_cudnn.h"
 }
 #ifndef TETRA_HAVE_CUDNN_HEADERS
 /* Built where CMake found no cudnn_graph.h: cuDNN cannot be described, so it is never

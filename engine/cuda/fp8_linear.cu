@@ -12,7 +12,7 @@
 ** layouts while recording its amax, so no GEMM is ever asked for a layout cuBLASLt
 ** rejects. cuBLASLt multiplies the fp32 sums by the two operands' inverse scales (device
 ** pointers: A_SCALE / B_SCALE), adds the bias (bf16) in the epilogue and rounds to bf16.
-** engine/fp8.c emulates exactly this on the CPU; tests/cuda/test_fp8_linear.c compares.
+** engine/ops/fp8.c emulates exactly this on the CPU; tests/cuda/test_fp8_linear.c compares.
 **
 ** Delayed scaling without host syncs: the metas (scale, inverse scale, amax history)
 ** live in device memory. A cast kernel reads the scale there and records the tensor's
@@ -29,8 +29,8 @@
 #include "cuda/tt_cuda_ops.h"
 extern "C" {
 #include "tetra_amp.h"
-#include "tetra_cuda_lowp.h"
-#include "dist/tetra_dist.h"
+#include "cuda/tetra_cuda_lowp.h"
+#include "tetra_dist.h"
 }
 
 /* Weak, like the engine's references to this library: a test program that links the

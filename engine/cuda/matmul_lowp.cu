@@ -22,7 +22,7 @@
 #include "cuda/tt_cuda_ops.h"
 extern "C" {
 #include "matmul.h"
-#include "tetra_cuda_lowp.h"
+#include "cuda/tetra_cuda_lowp.h"
 }
 
 /* -- Casts ---------------------------------------------------------------------------- */

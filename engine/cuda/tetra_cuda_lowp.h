@@ -4,7 +4,7 @@
 ** fp32 accumulation through cuBLASLt, the bias added in the GEMM's epilogue. This is the
 ** compute of train.precision = bf16: the parameters stay f32 (master weights, and the
 ** optimizer state beside them) and only the GEMMs see bf16 copies, made inside the op.
-** Flat C only: lua/tetra/amp.lua feeds this header to ffi.cdef.
+** Flat C only: lua/tetra/optim/amp.lua feeds this header to ffi.cdef.
 */
 #ifndef TETRA_CUDA_LOWP_H
 #define TETRA_CUDA_LOWP_H

@@ -14,7 +14,7 @@
 #include <nccl.h>
 #endif
 extern "C" {
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 }
 
 /* -- Status checks ------------------------------------------------------------------ */

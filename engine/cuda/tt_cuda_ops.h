@@ -1,5 +1,5 @@
 /*
-** tt_cuda_ops.h — device entry points of the precision code (engine/amp.c, engine/fp8.c)
+** tt_cuda_ops.h — device entry points of the precision code (engine/optim/amp.c, engine/ops/fp8.c)
 ** implemented in kernels/cuda/cast.cu. The engine declares them weak: in a build without
 ** CUDA they are NULL and never called, since no tensor lives on a GPU there.
 ** Pointers are device memory; every call runs on the current stream and returns 0 or -1

@@ -9,7 +9,7 @@
 ** pre-tokens are remembered in a word cache, which is what makes natural text fast.
 */
 #define _GNU_SOURCE   /* memmem */
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 
 /* -- Building ----------------------------------------------------------------------- */
 

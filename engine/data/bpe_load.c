@@ -3,7 +3,7 @@
 ** tokenizer.json (BPE model, ByteLevel pre-tokenizer, added tokens) and tiktoken rank
 ** files. Every error names the file (and line or JSON offset where there is one).
 */
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 
 static int new_bpe(int32_t hint, tt_bpe **out) {
   tt_bpe *bpe = malloc(sizeof *bpe);

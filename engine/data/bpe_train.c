@@ -11,7 +11,7 @@
 **    contain the pair and adjusts the counts of the neighbouring pairs: no full recount.
 ** 3. Write tokenizer.json (Hugging Face format), vocab.json and merges.txt.
 */
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 #include <errno.h>
 #include <pthread.h>
 #include <sys/stat.h>

@@ -1,8 +1,8 @@
 /*
-** cli.c — `tetra tokenizer ...` and `tetra data ...` (engine/main.c forwards argv here).
+** cli.c — `tetra tokenizer ...` and `tetra data ...` (engine/host/main.c forwards argv here).
 ** Each returns the process exit code: 0 ok, 1 failure (message on stderr), 2 usage.
 */
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 #include <errno.h>
 #include <time.h>
 #include <unistd.h>

@@ -3,7 +3,7 @@
 ** A stream owns a byte range of a source; the lines that start inside it are its
 ** documents, so any number of streams share any number of files without overlap.
 */
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 #include "tetra_io.h"
 #include <errno.h>
 #include <glob.h>

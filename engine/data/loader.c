@@ -20,7 +20,7 @@
 ** touched only by the worker holding the stream (busy flag) or, while workers are paused,
 ** by state save/restore.
 */
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 #include <pthread.h>
 #include <time.h>
 

@@ -16,7 +16,7 @@
 ** AWS_ENDPOINT_URL) unless tt_s3_configure names them.
 */
 #define _GNU_SOURCE
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 #include <errno.h>
 #include <fnmatch.h>
 #include <pthread.h>

@@ -7,7 +7,7 @@
 **   24 i32 vocabulary size   28 i32 EOS id   32..63 zero
 ** Readers map the file; the loader copies tokens straight from the mapping into batches.
 */
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <omp.h>

@@ -7,7 +7,7 @@
 ** each run is greedy. The only backtracking is in \s+(?!\S): a whitespace run followed
 ** by a non-space gives its last character to the next token.
 */
-#include "bpe_internal.h"
+#include "data/bpe_internal.h"
 #include <pthread.h>
 
 /* -- Character classes -------------------------------------------------------------- */
@@ -106,26 +106,6 @@ size_t tt_utf8_sanitize(const uint8_t *s, size_t len, uint8_t *dst) {
     }
   }
   return o;
-}
-
-int tt_utf8_put(uint32_t cp, uint8_t *out) {
-  if (cp < 0x80) { out[0] = (uint8_t)cp; return 1; }
-  if (cp < 0x800) {
-    out[0] = (uint8_t)(0xC0 | (cp >> 6));
-    out[1] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = (uint8_t)(0xE0 | (cp >> 12));
-    out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = (uint8_t)(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  out[0] = (uint8_t)(0xF0 | (cp >> 18));
-  out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
-  out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-  out[3] = (uint8_t)(0x80 | (cp & 0x3F));
-  return 4;
 }
 
 /* Decodes the code point at s[i] of well-formed text; *n gets its byte length. */

@@ -6,7 +6,7 @@
 ** The blocking functions are start + wait. Polling instead of a blocking MPI call is
 ** what lets a hung peer turn into a clear report instead of a silent hang.
 */
-#include "dist_internal.h"
+#include "dist/dist_internal.h"
 #include "tetra_telemetry.h"
 #include <sched.h>
 #include <time.h>

@@ -9,7 +9,7 @@
 ** between a replicated tensor and its shards. The group pointer rides in node->ctx and
 ** the dim in node->i[0]; groups outlive the tape.
 */
-#include "dist_internal.h"
+#include "dist/dist_internal.h"
 
 /* -- Backward functions -------------------------------------------------------------- */
 

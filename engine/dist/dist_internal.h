@@ -5,7 +5,7 @@
 #ifndef TT_DIST_INTERNAL_H
 #define TT_DIST_INTERNAL_H
 #include "tetra_dist.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <mpi.h>
 
 struct tt_comm {

@@ -7,7 +7,7 @@
 ** stages are the outermost blocks. A group along one dimension is the set of ranks that
 ** share the three other coordinates.
 */
-#include "dist_internal.h"
+#include "dist/dist_internal.h"
 
 enum { DIM_TP, DIM_CP, DIM_DP, DIM_PP, NUM_DIMS };
 static const char *const dim_names[NUM_DIMS] = {"tp", "cp", "dp", "pp"};

@@ -20,7 +20,7 @@
 ** Built only with TETRA_HAVE_NCCL (the CUDA build defines it when libnccl is found);
 ** otherwise comm.c rejects CUDA tensors and the stubs at the end keep the links whole.
 */
-#include "dist_internal.h"
+#include "dist/dist_internal.h"
 #include "tetra_telemetry.h"
 #include <stdlib.h>
 #include <string.h>

@@ -30,7 +30,7 @@
 ** bucket for a sparse bucket). After the optimizer has updated the shards in place,
 ** gather_params all-gathers every bucket's owned range.
 */
-#include "dist_internal.h"
+#include "dist/dist_internal.h"
 #include "embedding.h"
 
 typedef struct {

@@ -8,7 +8,7 @@
 ** compiler vectorises them.
 */
 #include "elementwise.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <omp.h>
 
 /* -- Walking a broadcast ------------------------------------------------------------- */

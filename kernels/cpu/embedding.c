@@ -9,7 +9,7 @@
 ** thread count. Scanning n ids per thread is cheap next to the n * D floats moved.
 */
 #include "embedding.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <omp.h>
 #include <string.h>
 

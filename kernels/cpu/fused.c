@@ -10,7 +10,7 @@
 ** threads; the stage-one partials split by part, stage two by column.
 */
 #include "fused.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <math.h>
 
 #include <omp.h>

@@ -11,7 +11,7 @@
 */
 #include "loss.h"
 #include "activation.h"   /* tt_vexpf */
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 ** (B*T, K) product).
 */
 #include "matmul.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <cblas.h>
 #include <limits.h>
 

@@ -8,7 +8,7 @@
 ** rows in row order (float64 accumulators).
 */
 #include "norm.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <math.h>
 #include <omp.h>
 

@@ -12,7 +12,7 @@
 ** memory.
 */
 #include "optim.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <math.h>
 
 enum { SUMSQ_RANGES = 64 };

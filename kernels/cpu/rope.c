@@ -8,7 +8,7 @@
 ** rounded once; out may be the input itself (in place).
 */
 #include "rope.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>

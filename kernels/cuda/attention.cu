@@ -16,7 +16,7 @@
 ** This is the correctness baseline on CUDA cores (f32). bf16 / f16 attention goes to
 ** cuDNN's fused flash attention on tensor cores (engine/cuda/cudnn_sdpa.cu) through the
 ** fused entries at the end of this file; what cuDNN does not take falls back to this
-** kernel on f32 copies (engine/ops_attention.c).
+** kernel on f32 copies (engine/ops/attention.c).
 **
 ** Explicit positions (context parallelism) reach cuDNN as block pairs: the queries and
 ** the keys are each cut into runs of consecutive positions (a CP rank's two chunks, the

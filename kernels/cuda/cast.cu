@@ -1,7 +1,7 @@
 /*
 ** cast.cu — CUDA side of the precision code: in-place gradient unscaling with the inf/NaN
-** check of the loss scaler (engine/amp.c), and FP8 quantisation with amax
-** (engine/fp8.c). Declared in engine/cuda/tt_cuda_ops.h.
+** check of the loss scaler (engine/optim/amp.c), and FP8 quantisation with amax
+** (engine/ops/fp8.c). Declared in engine/cuda/tt_cuda_ops.h.
 **
 ** Each kernel is one pass over the tensor; the flags (found_inf, amax) are reduced per
 ** block, then combined into a small device buffer that is read back after the launch;

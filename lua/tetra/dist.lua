@@ -17,7 +17,7 @@
 -- reports the collective, group and step, then aborts the job.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
-tffi.cdef_header("dist/tetra_dist.h")
+tffi.cdef_header("tetra_dist.h")
 local tensor = require("tetra.tensor")
 
 local C = ffi.C
@@ -145,7 +145,7 @@ function Group:barrier_async()
   return new_handle(C.tt_comm_barrier_async(self._c, hbox), nil)
 end
 
--- Differentiable collectives (see engine/dist/tetra_dist.h for the conjugate pairs).
+-- Differentiable collectives (see engine/tetra_dist.h for the conjugate pairs).
 function Group:copy_to_group(x) return take(C.tt_dist_copy_to_group(self._c, x, pout)) end
 function Group:reduce_from_group(x) return take(C.tt_dist_reduce_from_group(self._c, x, pout)) end
 function Group:gather_from_group(x, dim)

@@ -3,7 +3,7 @@
 -- engine/tetra.h is flat C written for this loader: its `#include "x.h"` lines are
 -- inlined, every other preprocessor line is dropped, and `#ifdef __cplusplus` blocks are
 -- skipped. A header is declared at most once per process, so module headers that
--- include tetra.h (tetra_amp.h, data/tetra_data.h, ...) can be loaded in any order.
+-- include tetra.h (tetra_amp.h, tetra_data.h, ...) can be loaded in any order.
 --
 -- One rewrite happens on the way: the fields of `struct tt_tensor` get a leading
 -- underscore (`_shape`, `_grad`, `_dtype` ...). The layout is unchanged, but the plain
@@ -43,7 +43,7 @@ local function dirname(path)
   return path:match("^(.*)/[^/]*$") or "."
 end
 
--- Resolves a header name ("tetra.h", "data/tetra_data.h", "engine/tetra_io.h") to a
+-- Resolves a header name ("tetra.h", "tetra_data.h", "engine/tetra_io.h") to a
 -- readable path, trying the including file's directory first.
 local function find_header(name, from_dir)
   if name:sub(1, 1) == "/" then
@@ -128,7 +128,7 @@ local function expand(path, out, added)
 end
 
 -- Declares one header (and whatever it includes that was not declared yet).
--- `name` is relative to engine/ ("tetra_io.h", "data/tetra_data.h") or absolute.
+-- `name` is relative to engine/ ("tetra_io.h", "tetra_data.h") or absolute.
 function M.cdef_header(name)
   local path = find_header(name)
   if not path then

@@ -21,9 +21,9 @@ for k, v in pairs(tensor) do
 end
 
 local submodules = {
-  nn = "tetra.nn", optim = "tetra.optim", train = "tetra.train", metrics = "tetra.metrics",
+  nn = "tetra.nn", optim = "tetra.optim", train = "tetra.train", metrics = "tetra.obs.metrics",
   config = "tetra.config", data = "tetra.data", dist = "tetra.dist",
-  parallel = "tetra.parallel", amp = "tetra.amp", io = "tetra.io", repl = "tetra.repl",
+  parallel = "tetra.parallel", amp = "tetra.optim.amp", io = "tetra.io", repl = "tetra.repl",
   spec = "tetra.spec",
 }
 

@@ -1,4 +1,4 @@
--- tetra.io: safetensors files from Lua (engine/safetensors.c).
+-- tetra.io: safetensors files from Lua (engine/io/safetensors.c).
 --
 --   local st = tetra.io
 --   st.save("w.safetensors", { ["wte.weight"] = w, bias = b }, { step = "10" })

@@ -1,5 +1,5 @@
 /*
-** test_alloc_pool.c — private allocator pools (engine/alloc.c, tt_alloc_pool_*), the memory
+** test_alloc_pool.c — private allocator pools (engine/core/alloc.c, tt_alloc_pool_*), the memory
 ** of a captured CUDA graph, on the CPU device (the pool logic does not depend on it):
 **   - while a pool is in use, new storages come from it, and freed ones go back to it and
 **     are reused there;
@@ -12,7 +12,7 @@
 */
 #include <criterion/criterion.h>
 #include <pthread.h>
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 
 enum { N = 1000 };   /* floats: one size class */
 

@@ -1,5 +1,5 @@
 /*
-** test_alloc_streams.c — the caching allocator's stream rules (engine/alloc.c), on the CPU:
+** test_alloc_streams.c — the caching allocator's stream rules (engine/core/alloc.c), on the CPU:
 ** a device backend of host memory with two pretend streams stands in for CUDA and
 ** records every "order the current stream after stream X" the allocator asks for.
 **   - a block freed and taken again on one stream needs no ordering;
@@ -15,7 +15,7 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 
 enum { DEV = 0 };
 static int g_stream_a, g_stream_b;   /* their addresses are the stream keys */

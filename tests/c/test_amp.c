@@ -5,7 +5,7 @@
 */
 #include <criterion/criterion.h>
 #include <math.h>
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include "tetra_amp.h"
 
 /* A leaf param of n values whose grad holds `grad` (copied). */

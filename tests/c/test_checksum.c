@@ -1,4 +1,4 @@
-/* CRC-32C (engine/checksum.c) against RFC 3720's test vectors, chunked = whole, and a
+/* CRC-32C (engine/io/checksum.c) against RFC 3720's test vectors, chunked = whole, and a
 ** file's checksum equals its bytes'. */
 #include "tt_test.h"
 #include "tetra_io.h"

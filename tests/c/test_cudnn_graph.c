@@ -12,7 +12,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include "tetra.h"
-#include "tt_cudnn.h"
+#include "cuda/tt_cudnn.h"
 #include "tt_skip_main.h"
 #ifdef TETRA_HAVE_CUDNN_HEADERS
 #include "cuda/tt_cudnn_sdpa.h"

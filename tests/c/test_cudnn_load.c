@@ -1,5 +1,5 @@
 /*
-** test_cudnn_load.c — the cuDNN loader's search order (engine/tt_cudnn.h), on the CPU.
+** test_cudnn_load.c — the cuDNN loader's search order (engine/cuda/tt_cudnn.h), on the CPU.
 **
 ** Each test builds a directory layout of its own under a temporary directory, with
 ** symlinks to the real cuDNN 9 graph library of this machine (found the way the system
@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "tt_cudnn.h"
+#include "cuda/tt_cudnn.h"
 #include "tt_skip_main.h"
 
 static char tmp[256], path[4096], why[2048];

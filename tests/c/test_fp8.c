@@ -6,7 +6,7 @@
 */
 #include <criterion/criterion.h>
 #include <math.h>
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include "tetra_amp.h"
 
 static tt_tensor *randn(int64_t *shape, int ndim, double std) {

@@ -6,7 +6,7 @@
 ** enough to span many blocks, against the analytic float64 gradients.
 */
 #include "tt_test.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 
 typedef struct attn_case {
   int64_t b, tq, tk, hq, hkv, dh;

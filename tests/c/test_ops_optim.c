@@ -5,7 +5,7 @@
 ** untouched on failure.
 */
 #include "tt_test.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 
 enum { NP = 3 };
 

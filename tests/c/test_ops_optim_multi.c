@@ -7,7 +7,7 @@
 ** tt_clip_finish match a float64 loop; bad arguments fail with one line, nothing written.
 */
 #include "tt_test.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include "tetra_amp.h"
 
 enum { NT = 9 };

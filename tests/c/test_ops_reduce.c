@@ -3,7 +3,7 @@
 ** loops; backward against finite differences; first-argmax routing; errors.
 */
 #include "tt_test.h"
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 
 /* -- Reference ----------------------------------------------------------------------- */
 

@@ -1,5 +1,5 @@
 /*
-** safetensors reading and writing (engine/safetensors.c) against a file written by
+** safetensors reading and writing (engine/io/safetensors.c) against a file written by
 ** PyTorch + safetensors (tests/fixtures/gen_safetensors_mixed.py) and against
 ** hand-written headers.
 */

@@ -1,6 +1,6 @@
 /*
-** test_telemetry.c — the telemetry store and its HTTP server (engine/telemetry.c,
-** engine/prometheus.c): a scraper thread formatting as fast as it can never sees a torn
+** test_telemetry.c — the telemetry store and its HTTP server (engine/obs/telemetry.c,
+** engine/obs/prometheus.c): a scraper thread formatting as fast as it can never sees a torn
 ** step (tetra_step, the step histogram's count and +Inf bucket, tokens are written
 ** together under one lock), and the server answers /metrics, 404 and 405 over a real
 ** loopback socket while a client that connected and said nothing is still open.

@@ -1,6 +1,6 @@
 /*
 ** fake_nvml.c — a libnvidia-ml.so.1 stand-in for tests/cli/nvml.sh: the NVML entry points
-** engine/nvml.c opens, answering fixed figures that depend on the device index, so the
+** engine/obs/nvml.c opens, answering fixed figures that depend on the device index, so the
 ** test can see which device was asked for and that every figure reaches its series.
 ** The real library is not on CI machines (it comes with the NVIDIA driver).
 */

@@ -12,7 +12,7 @@ for i = 6, #arg do sets[#sets + 1] = arg[i] end
 local recipe = dofile(recipe_path)
 local cfg = config.build({ defaults = recipe.defaults, sets = sets, world_size = false })
 local model = recipe.Model(cfg.model)
-require("tetra.hf").init_weights(model, source)
+require("tetra.checkpoint.hf").init_weights(model, source)
 local tokens = tetra.io.load(tokens_path).tokens
 tetra.no_grad(function()
   local ids, targets = F.inputs_targets(tokens)

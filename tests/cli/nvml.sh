@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# engine/nvml.c without a GPU: with no libnvidia-ml.so.1 the endpoint's text has no
+# engine/obs/nvml.c without a GPU: with no libnvidia-ml.so.1 the endpoint's text has no
 # DCGM_FI_* series and nothing fails; with a library of the test's own that answers
 # like NVML (tests/cli/fake_nvml.c), every figure appears under its dcgm-exporter name
 # with the right unit conversion, the device found through CUDA_VISIBLE_DEVICES (an
@@ -20,7 +20,7 @@ command -v "$cc" >/dev/null || fail "no C compiler"
 text() {   # LD_LIBRARY_PATH and CUDA_VISIBLE_DEVICES come from the caller
   "$tetra" -e '
     local C = require("ffi").C
-    local tel = require("tetra.telemetry")
+    local tel = require("tetra.obs.telemetry")
     C.tt_telemetry_configure("nv", 0, 0, 0, 0, 0, 0, 1)
     tel.text()
     io.write(tel.text())'

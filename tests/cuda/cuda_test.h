@@ -9,7 +9,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include "tetra_cuda.h"
 
 enum { GPU = 0 };

@@ -20,7 +20,7 @@
 */
 #include "cuda_test.h"
 #include "cuda/tt_cudnn_sdpa.h"
-#include "tt_cudnn.h"
+#include "cuda/tt_cudnn.h"
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

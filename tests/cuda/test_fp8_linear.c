@@ -1,6 +1,6 @@
 /*
 ** test_fp8_linear.c — tt_fp8_linear on a GPU (engine/cuda/fp8_linear.cu: cuBLASLt FP8
-** GEMMs, device-side delayed scaling) against the CPU emulation (engine/fp8.c), which
+** GEMMs, device-side delayed scaling) against the CPU emulation (engine/ops/fp8.c), which
 ** tests/c/test_fp8.c pins to a float64 model of the same arithmetic.
 **
 ** Both sides quantise with the same float scales, so the fp8 codes are equal; every

@@ -208,7 +208,7 @@ Test(cuda_lowp, errors_name_the_problem) {
 }
 
 /* tt_linear_lowp with cached weights: the GPU op against its CPU twin (the emulation in
-** engine/ops_matmul.c) on the same values, run twice so that the second backward adds
+** engine/ops/matmul.c) on the same values, run twice so that the second backward adds
 ** into the weight's gradient inside the GEMM (beta = 1); the weight is cast once for
 ** both forwards and both backwards; x is a strided view (a transpose). */
 Test(cuda_lowp, linear_cached_weight_matches_the_cpu_twin) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # checkpoint.async=true: the state is copied to host memory at the step and written by a
-# background thread (engine/ckpt_writer.c) while training goes on.
+# background thread (engine/io/ckpt_writer.c) while training goes on.
 #  1. one process, 30 steps, a save every 10, the writer thread held back 1 s
 #     (checkpoint.async_delay_ms, a test switch) so that each write overlaps the next
 #     steps and the next save has to wait for it (at most one in flight): the async checkpoints' model and optimizer files equal the synchronous run's

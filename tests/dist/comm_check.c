@@ -5,7 +5,7 @@
 ** fills its inputs from its rank, so the expected value of each element is a formula.
 ** Prints each failure with the rank and exits 1 when any check failed.
 */
-#include "dist/tetra_dist.h"
+#include "tetra_dist.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

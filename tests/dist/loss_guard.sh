@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The loss guard (train.loss_guard, tetra.guard) in fp32, where nothing else guards the
+# The loss guard (train.loss_guard, tetra.train.guard) in fp32, where nothing else guards the
 # loss. train.inject_nan_step poisons the batches at data positions 7-9 (a NaN loss and a
 # NaN gradient): those three steps are skipped, the third (train.max_bad_steps=3) rolls
 # back to the checkpoint of step 5 and the run skips positions 7-9, reading position 10

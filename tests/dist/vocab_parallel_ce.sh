@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Vocab-parallel cross-entropy (tetra.parallel.tensor, engine/ops_vocab_parallel.c) on 1,
+# Vocab-parallel cross-entropy (tetra.parallel.tensor, engine/ops/vocab_parallel.c) on 1,
 # 2 and 3 ranks: loss and gradients of each rank's vocabulary columns against a float64
 # reference of the plain cross-entropy (vocab_parallel_ce.lua).
 # Usage: bash vocab_parallel_ce.sh /path/to/tetra   (exit 77: skipped)

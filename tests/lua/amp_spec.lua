@@ -11,7 +11,7 @@
 --   precision_spec holds fp8 to 5e-2 at a gentler rate).
 -- And the fp16 loss scaler: an injected overflow skips exactly that step.
 local tetra = require("tetra")
-local amp = require("tetra.amp")
+local amp = require("tetra.optim.amp")
 local train = tetra.train
 local C = require("tetra.ffi").C
 

@@ -133,7 +133,7 @@ describe("train.fp8_fast_accum", function()
   end)
 
   it("reaches the layers' scaling state when accepted", function()
-    local amp = require("tetra.amp")
+    local amp = require("tetra.optim.amp")
     local nn = require("tetra.nn")
     local m = nn.Linear(16, 16)
     local ctx = amp.wrap(m, { train = { precision = "fp8", fp8_fast_accum = true } })

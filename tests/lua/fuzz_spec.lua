@@ -4,7 +4,7 @@
 -- valid document with random bytes replaced, inserted or deleted; the outcome must be a
 -- value or one user-facing error (a config or checkpoint message), never a Lua runtime
 -- error or a crash. Hugging Face folders (config.json, model.safetensors.index.json)
--- go through tetra.hf the same way. Deterministic: a fixed seed, 1500 inputs per format (a documented
+-- go through tetra.checkpoint.hf the same way. Deterministic: a fixed seed, 1500 inputs per format (a documented
 -- longer run: TETRA_FUZZ_N=100000 tetra test tests/lua/fuzz_spec.lua).
 local tetra = require("tetra")
 local config = require("tetra.config")
@@ -104,7 +104,7 @@ describe("fuzz", function()
   end)
 
   it("Hugging Face folders: config.json and the shard index, one error or a model", function()
-    local hf = require("tetra.hf")
+    local hf = require("tetra.checkpoint.hf")
     local dir = os.tmpname()
     os.remove(dir)
     local env = tiny.setup(config.build({ defaults = tiny.defaults, world_size = false,

@@ -1,6 +1,6 @@
--- tetra.guard: data positions after skipped windows, the roll back's window, the spike
+-- tetra.train.guard: data positions after skipped windows, the roll back's window, the spike
 -- z-score, and the state a checkpoint keeps.
-local guard = require("tetra.guard")
+local guard = require("tetra.train.guard")
 
 local function new(t)
   local train = { loss_guard = true, spike_zscore = 0, spike_window = 4, max_bad_steps = 3,

@@ -1,5 +1,5 @@
--- The cached low-precision weight copies of train.precision = bf16 (engine/lowp_weight.c,
--- tt_linear_lowp in engine/ops_matmul.c) and the in-place weight-gradient GEMM:
+-- The cached low-precision weight copies of train.precision = bf16 (engine/optim/lowp_weight.c,
+-- tt_linear_lowp in engine/ops/matmul.c) and the in-place weight-gradient GEMM:
 --   the copy is cast once per change of the weight (a counter), not once per GEMM, and
 --   again after every kind of in-place write (copy_, fill_, axpy_, set, the amp
 --   context's optimizer step); an optimizer that wrote the copy itself marks it fresh;

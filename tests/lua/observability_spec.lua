@@ -4,8 +4,8 @@
 local tetra = require("tetra")
 local train = tetra.train
 local config = require("tetra.config")
-local mfu = require("tetra.mfu")
-local telemetry = require("tetra.telemetry")
+local mfu = require("tetra.obs.mfu")
+local telemetry = require("tetra.obs.telemetry")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")

@@ -1,11 +1,11 @@
--- tetra.plan: the planner's memory is the engine's (a real one-process run's allocator
+-- tetra.planner: the planner's memory is the engine's (a real one-process run's allocator
 -- peak, the model's parameter count), its pipeline replay is the schedules' closed form,
 -- its layouts are the ones the layout rules accept, its YAML loads as the same layout, and
 -- it reproduces the published Megatron-LM and torchtitan rows within 15%, and the
 -- framework inputs those rows need (per-op selective recompute, eager elementwise
 -- kernels) cost what their hand counts say.
-local plan = require("tetra.plan")
-local published = require("tetra.plan_published")
+local plan = require("tetra.planner")
+local published = require("tetra.planner.published")
 local config = require("tetra.config")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."

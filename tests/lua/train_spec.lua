@@ -1,10 +1,10 @@
--- tetra.optim, tetra.train, tetra.metrics, tetra.bytetok: optimizer steps against float64
+-- tetra.optim, tetra.train, tetra.metrics, tetra.data.bytetok: optimizer steps against float64
 -- formulas, schedules against their closed forms, gradient accumulation against one big
 -- batch, the metrics contract, data determinism, generation, and a short real run whose
 -- loss must fall.
 local tetra = require("tetra")
 local optim, train, metrics = tetra.optim, tetra.train, tetra.metrics
-local bytetok = require("tetra.bytetok")
+local bytetok = require("tetra.data.bytetok")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
@@ -439,7 +439,7 @@ describe("training loop", function()
   -- train.cuda_graphs: after two eager steps the step is captured once and replayed, its
   -- batch copied into a static input and its learning rate and bias corrections written
   -- into the optimizer's stats before each replay. The check mode runs that protocol on
-  -- the CPU (tetra.graph): the losses, norms and weights must be those of eager steps,
+  -- the CPU (tetra.train.graph): the losses, norms and weights must be those of eager steps,
   -- bit for bit, while the learning rate changes every step (warm-up, then cosine) and,
   -- in fp16, the loss scale too (grown every clean step until the grads overflow: steps
   -- 3, 5 and 8 are skipped, replays that must back the scale off as eager steps do), and
@@ -525,8 +525,8 @@ describe("training loop", function()
     expect(env.graphs.graph).to_be(nil)
   end)
 
-  it("refuses device reads and new memory in a captured step (tetra.graph check mode)", function()
-    local graph, F = require("tetra.graph"), tetra.nn.functional
+  it("refuses device reads and new memory in a captured step (tetra.train.graph check mode)", function()
+    local graph, F = require("tetra.train.graph"), tetra.nn.functional
     local C = require("tetra.ffi").C
     local x = tetra.from_table({ 1, 2, 3 })
     local g = graph.new(C.TT_CPU, { check = true })

@@ -17,9 +17,9 @@
 */
 #include <stdio.h>
 #include <stdlib.h>
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include "tetra_cuda.h"
-#include "tt_cudnn.h"
+#include "cuda/tt_cudnn.h"
 #include "cuda/tt_cudnn_sdpa.h"
 
 enum { H = 32, DH = 128 };

@@ -3,7 +3,7 @@
 --   tetra -e 'dofile(arg[1])' tools/bench/data_loader.lua PATH TOKENIZER WORKERS SECONDS
 local tetra = require("tetra")
 local ffi = require("ffi")
-local metrics = require("tetra.metrics")
+local metrics = require("tetra.obs.metrics")
 local a = {}
 for i = 2, #arg do a[#a + 1] = arg[i] end
 local path, tok, workers, seconds = a[1], a[2], tonumber(a[3] or "1"), tonumber(a[4] or "5")

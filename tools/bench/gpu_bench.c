@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include "tetra_cuda.h"
 #include "cuda/tetra_cuda_lowp.h"
 #include "cuda/tt_cuda_ops.h"

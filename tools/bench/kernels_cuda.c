@@ -16,7 +16,7 @@
 */
 #include <stdio.h>
 #include <stdlib.h>
-#include "tt_internal.h"
+#include "core/tt_internal.h"
 #include "tetra_cuda.h"
 #include "activation.h"
 #include "fused.h"

@@ -5,7 +5,7 @@
 local tetra = require("tetra")
 local F = tetra.nn.functional
 local mesh = tetra.dist.init({ parallel = { data_parallel_size = 2 }, dist = { timeout_s = 60 } })
-local now = require("tetra.metrics").now
+local now = require("tetra.obs.metrics").now
 for _, n in ipairs({ 1024, 16384, 262144, 1048576, 4194304 }) do
   local t = F.zeros({ n })
   local times = {}

@@ -18,19 +18,19 @@ out="$root/build-fuzz"
 mkdir -p "$out"
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_jsonl fuzz_tokenizer_file fuzz_encode fuzz_safetensors fuzz_tfrecord)
-data_srcs=("$root"/engine/data/{unicode,unicode_tables,util,json,bpe,bpe_load}.c "$root/engine/error.c")
+data_srcs=("$root"/engine/data/{unicode,unicode_tables,bpe,bpe_load}.c "$root"/engine/common/*.c "$root/engine/core/error.c")
 # The tensor engine on the CPU (no MPI, no CUDA): what the safetensors reader builds on,
 # less the modules that need MPI, libmicrohttpd or the data library (nothing the reader
 # reaches; a new engine file that does not link here belongs in this list).
 engine_srcs=()
-for f in "$root"/engine/*.c "$root"/kernels/cpu/*.c; do
-  case "$f" in */engine/main.c|*/ops_vocab_parallel.c|*/fp8.c|*/nvml.c|*/telemetry.c|*/prometheus.c|*/trace.c|*/ckpt_writer.c) ;; *) engine_srcs+=("$f") ;; esac
+for f in "$root"/engine/{core,common,ops,optim,io}/*.c "$root"/kernels/cpu/*.c; do
+  case "$f" in */ops/vocab_parallel.c|*/ops/fp8.c|*/io/ckpt_writer.c) ;; *) engine_srcs+=("$f") ;; esac
 done
 for t in "${targets[@]}"; do
   srcs=("${data_srcs[@]}")
   extra=(-lpthread)
   if [ "$t" = fuzz_tfrecord ]; then
-    srcs+=("$root"/engine/data/{docs,shards,s3}.c "$root/engine/checksum.c")
+    srcs+=("$root"/engine/data/{docs,shards,s3}.c "$root/engine/io/checksum.c")
     extra=(-fopenmp -lpthread)
   fi
   if [ "$t" = fuzz_safetensors ]; then

@@ -1,4 +1,4 @@
--- `tetra convert`: Hugging Face model folders <-> Tetra checkpoints (tetra.hf).
+-- `tetra convert`: Hugging Face model folders <-> Tetra checkpoints (tetra.checkpoint.hf).
 --
 --   tetra convert --to hf CHECKPOINT OUT_DIR [--max-shard-size 5GB] [--rope-layout hf|meta]
 --   tetra convert --from hf HF_DIR OUT_CHECKPOINT [--rope-layout hf|meta]
@@ -47,7 +47,7 @@ function M.main(...)
     elseif a == "--max-shard-size" then
       local v = value()
       if not v then return usage("--max-shard-size needs a size (e.g. 5GB)") end
-      local ok, n = pcall(require("tetra.hf").parse_size, v)
+      local ok, n = pcall(require("tetra.checkpoint.hf").parse_size, v)
       if not ok then return usage("%s", n.message or tostring(n)) end
       opts.max_shard_size = n
     elseif a == "--rope-layout" then
@@ -66,7 +66,7 @@ function M.main(...)
   if direction == "from" and opts.max_shard_size then
     return usage("--max-shard-size applies to --to hf only")
   end
-  local hf = require("tetra.hf")
+  local hf = require("tetra.checkpoint.hf")
   if direction == "to" then
     local n, family = hf.export(paths[1], paths[2], opts)
     print(string.format("wrote %s (%s, %d safetensors file%s)", paths[2], family, n, n == 1 and "" or "s"))

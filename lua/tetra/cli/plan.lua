@@ -1,9 +1,9 @@
 -- tetra plan: every parallel layout of a model on a cluster, with each rank's memory and the
--- predicted step time, tokens/s and MFU, best first (lua/tetra/plan.lua does the sums).
+-- predicted step time, tokens/s and MFU, best first (lua/tetra/planner/init.lua does the sums).
 --
 --   tetra plan [FILE] [--model NAME] [--set k=v]... [--batch N] [--cluster NAME] [options]
 local config = require("tetra.config")
-local plan = require("tetra.plan")
+local plan = require("tetra.planner")
 
 local M = {}
 
@@ -157,7 +157,7 @@ local function count_text(n)
   return string.format("%.1fM", n / 1e6)
 end
 
--- The table of rows (records of tetra.plan.evaluate).
+-- The table of rows (records of tetra.planner.evaluate).
 function M.table(rows, cl, cfg)
   local out = {}
   local m = cfg.model
@@ -203,10 +203,10 @@ function M.json(rows)
   return require("tetra.checkpoint").encode_json(list)
 end
 
--- The published rows (tetra.plan_published) beside the planner's predictions, as a
+-- The published rows (tetra.planner.published) beside the planner's predictions, as a
 -- Markdown table.
 function M.published()
-  local P = require("tetra.plan_published")
+  local P = require("tetra.planner.published")
   local out = { "| run | GPUs | tp x pp x dp | batch | published | predicted | error | planner's layout |",
                 "|---|---|---|---|---|---|---|---|" }
   for _, row in ipairs(P.rows) do

@@ -9,7 +9,7 @@
 -- Bad usage, a missing file or one that is not metrics JSONL, and no gnuplot: one line,
 -- exit 2.
 local decode_json = require("tetra.checkpoint").decode_json
-local metrics = require("tetra.metrics")
+local metrics = require("tetra.obs.metrics")
 
 local M = {}
 

@@ -19,12 +19,12 @@
 -- Exit 2 with one line on bad usage; config errors as `tetra run` gives them.
 local ffi = require("ffi")
 local config = require("tetra.config")
-local metrics = require("tetra.metrics")
+local metrics = require("tetra.obs.metrics")
 local T = require("tetra.tensor")
 local F = require("tetra.nn.functional")
 local tffi = require("tetra.ffi")
 local train = require("tetra.train")
-local plan_model = require("tetra.plan")
+local plan_model = require("tetra.planner")
 
 local C = ffi.C
 local free = F.free
@@ -38,7 +38,7 @@ local function usage_error(msg)
   return 2
 end
 
-local median = require("tetra.metrics").median
+local median = require("tetra.obs.metrics").median
 
 -- -- Timing the parts ------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ end
 -- -- Splitting -------------------------------------------------------------------------
 
 -- The forward and the backward seconds of each stage for `counts` (blocks per stage),
--- 0-based as tetra.plan.replay takes them ({ [s] = { [0] = seconds } }): the embedding
+-- 0-based as tetra.planner.replay takes them ({ [s] = { [0] = seconds } }): the embedding
 -- on the first stage, the head on the last.
 function M.stage_fb(parts, counts)
   local fwd, bwd, k = {}, {}, 2
@@ -180,7 +180,7 @@ end
 
 -- The step `counts` predicts: the engine's own schedule (parallel.pipeline_schedule,
 -- 1F1B by default) replayed over n_micro micro-batches with the stages' times
--- (tetra.plan.replay), transfers taken as free. Unlike (m + S - 1) x the slowest stage,
+-- (tetra.planner.replay), transfers taken as free. Unlike (m + S - 1) x the slowest stage,
 -- it counts the fill and drain of a split whose stages differ at what they cost.
 function M.predict(parts, counts, n_micro, kind)
   local fwd, bwd = M.stage_fb(parts, counts)

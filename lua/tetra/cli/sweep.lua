@@ -8,7 +8,7 @@
 -- --chart FILE.png draws the comparison as bars (M.chart, with tetra plot's gnuplot
 -- helpers).
 local ffi = require("ffi")
-local plan = require("tetra.plan")
+local plan = require("tetra.planner")
 local cli_plan = require("tetra.cli.plan")
 local json = require("tetra.checkpoint")
 
@@ -84,7 +84,7 @@ function M.parse_layout(text, batch)
   return lay
 end
 
-local median = require("tetra.metrics").median
+local median = require("tetra.obs.metrics").median
 
 -- Medians over steps > 2 of a metrics file: step_time_s, tokens_per_s, exposed_comm_s,
 -- peak_bytes; nil when fewer than one such step.

@@ -13,7 +13,7 @@ local function usage_error(msg)
 end
 
 -- The event lines of one rank's file (one JSON object per line between the header and
--- the footer tetra.trace writes), or nil and a message.
+-- the footer tetra.obs.trace writes), or nil and a message.
 function M.read_events(path)
   local f, err = io.open(path, "r")
   if not f then return nil, "cannot read " .. path .. ": " .. tostring(err) end

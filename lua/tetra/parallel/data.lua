@@ -35,7 +35,7 @@
 -- parameters themselves are the master weights on CPU.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
-tffi.cdef_header("dist/tetra_dist.h")
+tffi.cdef_header("tetra_dist.h")
 local tensor = require("tetra.tensor")
 local F = require("tetra.nn.functional")
 

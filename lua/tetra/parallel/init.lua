@@ -62,7 +62,7 @@ end
 local function path_pattern(path)
   return "^" .. path:gsub("%.", "%%."):gsub("%*", "[^.]+") .. "$"
 end
-parallel.plan_pattern = path_pattern   -- tetra.plan matches plan paths the same way
+parallel.plan_pattern = path_pattern   -- tetra.planner matches plan paths the same way
 
 -- Array of { path, module } of model's modules that match plan path `path`.
 local function matching(model, path)

@@ -27,7 +27,7 @@
 -- of that result from the next stage (the last one starts from its loss), backpropagates
 -- with it and sends the gradient of its received activations back. The tape holds every
 -- micro-batch in flight; each backward runs only the nodes of its own micro-batch
--- (engine/autograd.c). Under tensor parallelism each tensor-parallel rank talks to its
+-- (engine/core/autograd.c). Under tensor parallelism each tensor-parallel rank talks to its
 -- counterpart (the pp group joins ranks of equal tp, cp and dp coordinates); with
 -- sequence parallelism the activations are this rank's slice of the sequence.
 -- Schedules (parallel.pipeline_schedule):
@@ -41,8 +41,8 @@
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 local F = require("tetra.nn.functional")
-local metrics = require("tetra.metrics")
-local trace = require("tetra.trace")
+local metrics = require("tetra.obs.metrics")
+local trace = require("tetra.obs.trace")
 local T = require("tetra.tensor")
 
 local C = ffi.C

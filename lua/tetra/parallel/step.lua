@@ -26,8 +26,8 @@ local ffi = require("ffi")
 local F = require("tetra.nn.functional")
 local tffi = require("tetra.ffi")
 local C = tffi.C
-local metrics = require("tetra.metrics")
-local trace = require("tetra.trace")
+local metrics = require("tetra.obs.metrics")
+local trace = require("tetra.obs.trace")
 
 local free = F.free
 local M = {}

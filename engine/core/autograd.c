@@ -1,0 +1,347 @@
+/*
+** autograd.c — the define-by-run tape.
+**
+** Every differentiable op that sees an input requiring grad appends a node (its backward
+** function, retained inputs, output and saved tensors) to one global tape. Creation order
+** is a topological order, so backward walks the tape from the end: a node runs once its
+** output's gradient is complete, adds into its inputs' gradients, and is freed at once,
+** which releases its saved activations as early as possible. Only the nodes reachable
+** from the root run (and leave the tape): other graphs recorded on the same tape, such as
+** pipeline micro-batches waiting for their own backward, stay until their turn or until
+** tt_tape_clear. Leaves keep .grad across calls (gradient accumulation) until zeroed;
+** intermediate gradients are dropped as soon as their node has run. Gradients toward
+** chosen leaves can be deferred to a second pass (tt_set_deferred_grads): a node then
+** runs in two parts (first toward its other inputs), the way zero-bubble pipelines split
+** input and weight gradients.
+*/
+#include "core/tt_internal.h"
+
+static tt_node **tt_tape;
+static int64_t tt_tape_len, tt_tape_cap;
+static int tt_grad_enabled = 1;
+static tt_grad_ready_fn tt_grad_hook;
+static void *tt_grad_hook_ud;
+
+void tt_set_grad_enabled(int enabled) { tt_grad_enabled = enabled != 0; }
+int tt_is_grad_enabled(void) { return tt_grad_enabled; }
+int64_t tt_tape_size(void) { return tt_tape_len; }
+const char *tt_tape_node_name(int64_t i) {
+  return i >= 0 && i < tt_tape_len ? tt_tape[i]->name : NULL;
+}
+
+int tt_tape_node_dtype(int64_t i) {
+  return i >= 0 && i < tt_tape_len ? tt_tape[i]->out->dtype : -1;
+}
+
+static tt_backward_tick_fn tt_tick_hook;
+static void *tt_tick_hook_ud;
+
+void tt_set_backward_tick_hook(tt_backward_tick_fn fn, void *userdata) {
+  tt_tick_hook = fn;
+  tt_tick_hook_ud = userdata;
+}
+
+void tt_set_grad_ready_hook(tt_grad_ready_fn fn, void *userdata) {
+  tt_grad_hook = fn;
+  tt_grad_hook_ud = userdata;
+}
+
+int tt_needs_grad(const tt_tensor *t) { return t && t->requires_grad; }
+
+int tt_set_requires_grad(tt_tensor *t, int requires_grad) {
+  TT_CHECK(t->is_leaf, "requires_grad: only leaf tensors (not results of ops) can change "
+           "requires_grad; use detach() first");
+  TT_CHECK(!requires_grad || tt_dtype_is_float(t->dtype),
+           "requires_grad: only float tensors can require grad, got %s", tt_dtype_name(t->dtype));
+  t->requires_grad = requires_grad != 0;
+  return 0;
+}
+
+int tt_zero_grad(tt_tensor *t) {
+  tt_tensor_release(t->grad);
+  t->grad = NULL;
+  return 0;
+}
+
+int tt_should_record(tt_tensor *const *inputs, int n) {
+  if (!tt_grad_enabled) return 0;
+  for (int i = 0; i < n; i++)
+    if (inputs[i] && inputs[i]->requires_grad) return 1;
+  return 0;
+}
+
+static void node_free(tt_node *node) {
+  if (node->free_ctx) node->free_ctx(node->ctx);
+  for (int i = 0; i < node->n_inputs; i++) tt_tensor_release(node->inputs[i]);
+  for (int i = 0; i < node->n_saved; i++) tt_tensor_release(node->saved[i]);
+  tt_tensor_release(node->out);
+  free(node);
+}
+
+tt_node *tt_record(const char *name, tt_backward_fn backward, tt_tensor *out,
+                   tt_tensor *const *inputs, int n_inputs) {
+  if (n_inputs > TT_NODE_MAX_INPUTS) {
+    tt_set_error("%s: %d inputs recorded, at most %d", name, n_inputs, TT_NODE_MAX_INPUTS);
+    return NULL;
+  }
+  if (tt_tape_len == tt_tape_cap) {
+    int64_t cap = tt_tape_cap ? tt_tape_cap * 2 : 256;
+    tt_node **grown = realloc(tt_tape, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      tt_set_error("%s: out of host memory growing the tape", name);
+      return NULL;
+    }
+    tt_tape = grown;
+    tt_tape_cap = cap;
+  }
+  tt_node *node = calloc(1, sizeof *node);
+  if (!node) {
+    tt_set_error("%s: out of host memory (tape node)", name);
+    return NULL;
+  }
+  node->name = name;
+  node->backward = backward;
+  node->out = out;
+  tt_tensor_retain(out);
+  node->n_inputs = n_inputs;
+  for (int i = 0; i < n_inputs; i++) {
+    node->inputs[i] = inputs[i];
+    tt_tensor_retain(inputs[i]);
+  }
+  out->requires_grad = 1;
+  out->is_leaf = 0;
+  tt_tape[tt_tape_len++] = node;
+  return node;
+}
+
+void tt_node_save(tt_node *node, tt_tensor *t) {
+  if (node->n_saved >= TT_NODE_MAX_SAVED) return;   /* a programming error caught by tests */
+  tt_tensor_retain(t);
+  node->saved[node->n_saved++] = t;
+}
+
+void tt_tape_clear(void) {
+  for (int64_t i = tt_tape_len - 1; i >= 0; i--) node_free(tt_tape[i]);
+  tt_tape_len = 0;
+}
+
+int tt_grad_accumulates_in_place(const tt_tensor *t) {
+  const tt_tensor *g = t ? t->grad : NULL;
+  return g && g->dtype == t->dtype && g->device == t->device && g->ndim == t->ndim &&
+         memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim) == 0 &&
+         tt_tensor_is_contiguous(g) && !g->requires_grad;
+}
+
+int tt_accumulate_grad(tt_tensor *t, tt_tensor *g) {
+  char a[160], b[160];
+  if (!tt_needs_grad(t)) return 0;
+  TT_CHECK(t->ndim == g->ndim &&
+               memcmp(t->shape, g->shape, sizeof(int64_t) * (size_t)t->ndim) == 0,
+           "autograd: gradient of shape %s for a tensor of shape %s",
+           tt_shape_str(g->shape, g->ndim, a, sizeof a), tt_shape_str(t->shape, t->ndim, b, sizeof b));
+  if (t->grad) return tt_axpy_(t->grad, 1.0, g);
+  /* First contribution: take g itself when nobody else can see its memory, else copy. */
+  if (g->dtype == t->dtype && g->refcount == 1 && g->storage->refcount == 1 &&
+      g->offset == 0 && tt_tensor_is_contiguous(g) && g->device == t->device && !g->requires_grad) {
+    tt_tensor_retain(g);
+    t->grad = g;
+    return 0;
+  }
+  tt_tensor *c = NULL;
+  TT_TRY(tt_tensor_empty(t->shape, t->ndim, t->dtype, t->device, &c));
+  if (tt_copy_(c, g) != 0) {
+    tt_tensor_release(c);
+    return -1;
+  }
+  t->grad = c;
+  return 0;
+}
+
+/* Marks the nodes reachable from root (reach[i] = 1) and counts, in every tensor that
+** requires grad, its uses by reachable nodes (tape_uses). Reverse creation order is
+** topological: when node i is visited, every reachable consumer of its output has been
+** counted already, so the node is reachable iff its output is root or has uses. Other
+** graphs on the tape (micro-batches still waiting for their backward) are left alone. */
+static void mark_reachable(const tt_tensor *root, unsigned char *reach) {
+  for (int64_t i = tt_tape_len - 1; i >= 0; i--) {
+    tt_node *node = tt_tape[i];
+    reach[i] = node->out == root || node->out->tape_uses > 0;
+    if (!reach[i]) continue;
+    for (int k = 0; k < node->n_inputs; k++) {
+      tt_tensor *in = node->inputs[k];
+      if (in && in->requires_grad) in->tape_uses++;
+    }
+  }
+}
+
+/* Deferred gradients (tt_set_deferred_grads). Each reachable node gets a kind: */
+enum { NODE_SKIP, NODE_NOW, NODE_SPLIT, NODE_LATER };
+/* NODE_NOW runs in the first pass; NODE_LATER (every input needing grad is deferred)
+** in the second; NODE_SPLIT (both kinds of input) computes its other inputs' gradients
+** in the first pass and its deferred inputs' in the second, keeping its output's
+** gradient in between. Deferred: a listed leaf, or the output of a NODE_LATER node. A
+** node marked whole (node->whole) is never split: with both kinds it runs in the first
+** pass, its deferred inputs' gradients included. */
+static tt_tensor **tt_deferred;
+static int tt_n_deferred;
+
+int tt_set_deferred_grads(tt_tensor *const *leaves, int n) {
+  free(tt_deferred);
+  tt_deferred = NULL;
+  tt_n_deferred = 0;
+  if (n <= 0) return 0;
+  tt_deferred = malloc(sizeof(tt_tensor *) * (size_t)n);
+  TT_CHECK(tt_deferred, "autograd: out of host memory (%d deferred gradients)", n);
+  memcpy(tt_deferred, leaves, sizeof(tt_tensor *) * (size_t)n);
+  tt_n_deferred = n;
+  return 0;
+}
+
+/* Sorts the reachable nodes into kinds (kind[i], from reach[i]), in creation order so
+** that a node's inputs are classified before it. Marks the deferred tensors. */
+static void classify(unsigned char *kind) {
+  for (int d = 0; d < tt_n_deferred; d++)
+    if (tt_deferred[d]->requires_grad) tt_deferred[d]->grad_deferred = 1;
+  for (int64_t i = 0; i < tt_tape_len; i++) {
+    if (!kind[i]) continue;
+    tt_node *node = tt_tape[i];
+    int now = 0, later = 0;
+    for (int k = 0; k < node->n_inputs; k++) {
+      tt_tensor *in = node->inputs[k];
+      if (!in || !in->requires_grad) continue;
+      if (in->grad_deferred) later++; else now++;
+    }
+    /* A node that must run whole runs in the first pass when anything needs it there. */
+    kind[i] = later == 0 || (now > 0 && node->whole) ? NODE_NOW
+              : now == 0                              ? NODE_LATER
+                                                      : NODE_SPLIT;
+    if (kind[i] == NODE_LATER) node->out->grad_deferred = 1;
+  }
+}
+
+/* Hides from a node's backward its inputs of one kind (deferred ones when `deferred`,
+** else the others) by clearing their requires_grad: backward functions compute only the
+** gradients their inputs need. Returns which inputs to show again (show_inputs). */
+static unsigned hide_inputs(tt_node *node, int deferred) {
+  unsigned hidden = 0;
+  for (int k = 0; k < node->n_inputs; k++) {
+    tt_tensor *in = node->inputs[k];
+    if (in && in->requires_grad && in->grad_deferred == deferred) {
+      in->requires_grad = 0;
+      hidden |= 1u << k;
+    }
+  }
+  return hidden;
+}
+
+static void show_inputs(tt_node *node, unsigned hidden) {
+  for (int k = 0; k < node->n_inputs; k++)
+    if (hidden & (1u << k)) node->inputs[k]->requires_grad = 1;
+}
+
+/* Runs node i's backward toward its inputs of one kind (`part` 0: the others, 1: the
+** deferred ones; -1: all), then counts those uses done: a leaf's grad-ready hook fires
+** at its last. */
+static void run_node(int64_t i, int part, int *rc) {
+  tt_node *node = tt_tape[i];
+  tt_tensor *g = node->out->grad;
+  if (g && *rc == 0) {
+    unsigned hidden = part >= 0 ? hide_inputs(node, !part) : 0;
+    *rc = node->backward(node, g);
+    show_inputs(node, hidden);
+    if (*rc != 0) tt_error_context("backward of %s", node->name);
+  }
+  for (int k = 0; k < node->n_inputs; k++) {
+    tt_tensor *in = node->inputs[k];
+    if (!in || !in->requires_grad || (part >= 0 && in->grad_deferred != part)) continue;
+    if (--in->tape_uses == 0 && in->is_leaf && tt_grad_hook && *rc == 0)
+      tt_grad_hook(in, tt_grad_hook_ud);
+  }
+}
+
+/* Done with node i: its output's gradient and the node go. */
+static void retire_node(int64_t i, int rc) {
+  tt_node *node = tt_tape[i];
+  tt_tensor_release(node->out->grad);
+  node->out->grad = NULL;
+  node->out->grad_deferred = 0;
+  node_free(node);
+  tt_tape[i] = NULL;
+  if (tt_tick_hook && rc == 0) tt_tick_hook(tt_tick_hook_ud);
+}
+
+/* Runs the reachable nodes in reverse order, freeing each once it ran; the unreachable
+** ones keep their order at the front of the tape. A leaf's grad-ready hook fires when
+** its last reachable use has added its contribution. With deferred gradients, a second
+** pass in the same order does the work toward them. After an error the whole tape is
+** dropped and the use counts reset. */
+int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
+  char a[160], b[160];
+  TT_CHECK(root->requires_grad, "backward: the tensor does not require grad (no recorded op "
+           "produced it from a tensor that requires grad)");
+  TT_CHECK(root->ndim == grad_root->ndim &&
+               memcmp(root->shape, grad_root->shape, sizeof(int64_t) * (size_t)root->ndim) == 0,
+           "backward: gradient shape %s differs from the tensor's %s",
+           tt_shape_str(grad_root->shape, grad_root->ndim, a, sizeof a),
+           tt_shape_str(root->shape, root->ndim, b, sizeof b));
+  unsigned char *kind = calloc((size_t)(tt_tape_len > 0 ? tt_tape_len : 1), 1);
+  TT_CHECK(kind, "backward: out of host memory (%lld tape nodes)", (long long)tt_tape_len);
+  int saved_mode = tt_grad_enabled;
+  tt_grad_enabled = 0;
+  int rc = tt_accumulate_grad(root, grad_root);
+  mark_reachable(root, kind);
+  classify(kind);
+  for (int64_t i = tt_tape_len - 1; i >= 0 && rc == 0; i--) {
+    if (kind[i] == NODE_NOW) {
+      run_node(i, -1, &rc);
+      retire_node(i, rc);
+    } else if (kind[i] == NODE_SPLIT) {
+      /* Its own reference keeps the output's gradient from being taken over (shared)
+      ** by an input now: the second pass reads it. */
+      tt_tensor *g = tt_tape[i]->out->grad;
+      tt_tensor_retain(g);
+      run_node(i, 0, &rc);
+      tt_tensor_release(g);
+      if (tt_tick_hook && rc == 0) tt_tick_hook(tt_tick_hook_ud);
+    }
+  }
+  for (int64_t i = tt_tape_len - 1; i >= 0 && rc == 0; i--) {
+    if (kind[i] != NODE_SPLIT && kind[i] != NODE_LATER) continue;
+    run_node(i, kind[i] == NODE_SPLIT ? 1 : -1, &rc);
+    retire_node(i, rc);
+  }
+  for (int d = 0; d < tt_n_deferred; d++) tt_deferred[d]->grad_deferred = 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < tt_tape_len; i++)
+    if (tt_tape[i]) tt_tape[n++] = tt_tape[i];
+  tt_tape_len = n;
+  if (rc != 0) {
+    for (int64_t i = 0; i < tt_tape_len; i++) {
+      tt_node *node = tt_tape[i];
+      node->out->tape_uses = 0;
+      node->out->grad_deferred = 0;
+      tt_tensor_release(node->out->grad);   /* a split node's kept gradient */
+      node->out->grad = NULL;
+      for (int k = 0; k < node->n_inputs; k++)
+        if (node->inputs[k]) node->inputs[k]->tape_uses = 0;
+    }
+    tt_tape_clear();
+  }
+  free(kind);
+  if (!root->is_leaf) {
+    tt_tensor_release(root->grad);
+    root->grad = NULL;
+  }
+  tt_grad_enabled = saved_mode;
+  return rc;
+}
+
+int tt_backward(tt_tensor *loss) {
+  TT_CHECK(tt_tensor_numel(loss) == 1, "backward: called on a tensor with %lld elements; "
+           "pass an explicit gradient for non-scalars", (long long)tt_tensor_numel(loss));
+  tt_tensor *one = NULL;
+  TT_TRY(tt_tensor_full(loss->shape, loss->ndim, loss->dtype, loss->device, 1.0, &one));
+  int rc = tt_backward_with(loss, one);
+  tt_tensor_release(one);
+  return rc;
+}

@@ -1,0 +1,449 @@
+/*
+** tensor.c — tensor headers, creation, element access, copies, casts and the RNG.
+** Views live in view.c, autograd in autograd.c.
+*/
+#include "core/tt_internal.h"
+#include <math.h>
+
+/* -- Headers ------------------------------------------------------------------------- */
+
+int tt_shape_numel_checked(const char *op, const int64_t *shape, int ndim, int64_t *numel) {
+  char buf[160];
+  TT_CHECK(ndim >= 0 && ndim <= TT_MAX_DIMS, "%s: %d dims requested, at most %d supported",
+           op, ndim, TT_MAX_DIMS);
+  /* span is the product of the sizes other than 0: the largest contiguous stride (and the
+  ** element count when no size is 0). Checking it, not just the count, keeps the strides
+  ** of an empty tensor such as [0, 2^40, 2^40] from overflowing too. */
+  int64_t span = 1;
+  int empty = 0;
+  for (int i = ndim - 1; i >= 0; i--) {
+    TT_CHECK(shape[i] >= 0, "%s: negative size %lld in dim %d", op, (long long)shape[i], i);
+    empty |= shape[i] == 0;
+    TT_CHECK(!__builtin_mul_overflow(span, shape[i] ? shape[i] : 1, &span),
+             "%s: shape %s is too large (its element count overflows 64 bits)", op,
+             tt_shape_str(shape, ndim, buf, sizeof buf));
+  }
+  *numel = empty ? 0 : span;
+  return 0;
+}
+
+/* Bytes of a tensor of `shape` and dtype, checked so that every byte offset fits in int64
+** (tt_tensor_data scales element offsets to bytes in int64). */
+static int shape_nbytes(const char *op, const int64_t *shape, int ndim, int dtype,
+                        size_t *nbytes) {
+  char buf[160];
+  int64_t numel;
+  TT_TRY(tt_shape_numel_checked(op, shape, ndim, &numel));
+  TT_CHECK(dtype >= 0 && dtype < TT_NUM_DTYPES, "%s: unknown dtype %d", op, dtype);
+  TT_CHECK(numel <= INT64_MAX / (int64_t)tt_dtype_size(dtype),
+           "%s: shape %s is too large (%lld %s elements overflow 64 bits of bytes)", op,
+           tt_shape_str(shape, ndim, buf, sizeof buf), (long long)numel, tt_dtype_name(dtype));
+  *nbytes = (size_t)numel * tt_dtype_size(dtype);
+  return 0;
+}
+
+/* A fresh header over `storage` (retained), contiguous strides. */
+static tt_tensor *header_new(tt_storage *storage, const int64_t *shape, int ndim, int dtype) {
+  tt_tensor *t = calloc(1, sizeof *t);
+  if (!t) {
+    tt_set_error("out of host memory (tensor header)");
+    return NULL;
+  }
+  t->storage = storage;
+  t->device = storage->device;
+  t->dtype = dtype;
+  t->ndim = ndim;
+  t->refcount = 1;
+  t->is_leaf = 1;
+  int64_t stride = 1;
+  for (int i = ndim - 1; i >= 0; i--) {
+    t->shape[i] = shape[i];
+    t->stride[i] = stride;
+    stride *= shape[i];
+  }
+  return t;
+}
+
+tt_tensor *tt_tensor_header_alias(tt_tensor *base) {
+  tt_tensor *t = calloc(1, sizeof *t);
+  if (!t) {
+    tt_set_error("out of host memory (tensor header)");
+    return NULL;
+  }
+  __atomic_add_fetch(&base->storage->refcount, 1, __ATOMIC_RELAXED);
+  t->storage = base->storage;
+  t->offset = base->offset;
+  t->ndim = base->ndim;
+  memcpy(t->shape, base->shape, sizeof t->shape);
+  memcpy(t->stride, base->stride, sizeof t->stride);
+  t->dtype = base->dtype;
+  t->device = base->device;
+  t->refcount = 1;
+  t->is_leaf = 1;
+  return t;
+}
+
+int64_t tt_shape_numel(const int64_t *shape, int ndim) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) n *= shape[i];
+  return n;
+}
+
+int tt_tensor_empty(const int64_t *shape, int ndim, int dtype, int device, tt_tensor **out) {
+  size_t nbytes;
+  TT_TRY(shape_nbytes("empty", shape, ndim, dtype, &nbytes));
+  tt_storage *s = tt_storage_new(nbytes, device);
+  if (!s) return -1;
+  tt_tensor *t = header_new(s, shape, ndim, dtype);
+  if (!t) {
+    tt_storage_release(s);
+    return -1;
+  }
+  *out = t;
+  return 0;
+}
+
+int tt_tensor_zeros(const int64_t *shape, int ndim, int dtype, int device, tt_tensor **out) {
+  TT_TRY(tt_tensor_empty(shape, ndim, dtype, device, out));
+  const tt_device_backend *be = tt_backend_for(device);
+  size_t nbytes = (size_t)tt_tensor_numel(*out) * tt_dtype_size(dtype);
+  if (!be || be->memset0(tt_tensor_data(*out), device, nbytes) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+int tt_tensor_full(const int64_t *shape, int ndim, int dtype, int device, double value,
+                   tt_tensor **out) {
+  TT_TRY(tt_tensor_empty(shape, ndim, dtype, device, out));
+  if (tt_fill_(*out, value) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+int tt_tensor_from_buffer(void *data, const int64_t *shape, int ndim, int dtype,
+                          tt_tensor **out) {
+  size_t nbytes;
+  TT_TRY(shape_nbytes("from_buffer", shape, ndim, dtype, &nbytes));
+  TT_CHECK(data != NULL, "from_buffer: NULL data");
+  tt_storage *s = calloc(1, sizeof *s);
+  TT_CHECK(s, "out of host memory (storage header)");
+  s->data = data;
+  s->nbytes = nbytes;
+  s->device = TT_CPU;
+  s->refcount = 1;
+  s->external = 1;
+  tt_tensor *t = header_new(s, shape, ndim, dtype);
+  if (!t) {
+    free(s);
+    return -1;
+  }
+  *out = t;
+  return 0;
+}
+
+int tt_tensor_from_f64(const double *values, const int64_t *shape, int ndim, int dtype,
+                       tt_tensor **out) {
+  TT_TRY(tt_tensor_empty(shape, ndim, dtype, TT_CPU, out));
+  if (tt_tensor_copy_from_f64(*out, values) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+void tt_tensor_retain(tt_tensor *t) {
+  if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
+}
+
+void tt_tensor_release(tt_tensor *t) {
+  if (!t) return;
+  if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  tt_tensor_release(t->grad);
+  tt_tensor_release(t->lowp);
+  tt_storage_release(t->storage);
+  free(t);
+}
+
+int64_t tt_tensor_numel(const tt_tensor *t) { return tt_shape_numel(t->shape, t->ndim); }
+
+int tt_tensor_is_contiguous(const tt_tensor *t) {
+  int64_t expected = 1;
+  for (int i = t->ndim - 1; i >= 0; i--) {
+    if (t->shape[i] != 1 && t->stride[i] != expected) return 0;
+    expected *= t->shape[i];
+  }
+  return 1;
+}
+
+void *tt_tensor_data(const tt_tensor *t) {
+  return (char *)t->storage->data + t->offset * (int64_t)tt_dtype_size(t->dtype);
+}
+
+const char *tt_shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
+  size_t used = 0;
+  used += (size_t)snprintf(buf + used, n - used, "[");
+  for (int i = 0; i < ndim && used < n; i++)
+    used += (size_t)snprintf(buf + used, n - used, i ? ", %lld" : "%lld", (long long)shape[i]);
+  if (used < n) snprintf(buf + used, n - used, "]");
+  return buf;
+}
+
+const char *tt_tensor_describe(const tt_tensor *t, char *buf, size_t n) {
+  char shape[160], dev[16];
+  if (t->device == TT_CPU) snprintf(dev, sizeof dev, "cpu");
+  else snprintf(dev, sizeof dev, "cuda:%d", t->device);
+  snprintf(buf, n, "%s%s %s", tt_dtype_name(t->dtype),
+           tt_shape_str(t->shape, t->ndim, shape, sizeof shape), dev);
+  return buf;
+}
+
+/* -- Element access ------------------------------------------------------------------ */
+
+static inline double load_elem(const void *p, int dtype) {
+  switch (dtype) {
+  case TT_F32: return *(const float *)p;
+  case TT_BF16: return tt_bf16_to_float(*(const uint16_t *)p);
+  case TT_F16: return tt_f16_to_float(*(const uint16_t *)p);
+  case TT_E4M3: case TT_E5M2: return tt_fp8_to_float(*(const uint8_t *)p, dtype);
+  case TT_I32: return *(const int32_t *)p;
+  case TT_I64: return (double)*(const int64_t *)p;
+  default: return 0.0;
+  }
+}
+
+static inline void store_elem(void *p, int dtype, double v) {
+  switch (dtype) {
+  case TT_F32: *(float *)p = (float)v; break;
+  case TT_BF16: *(uint16_t *)p = tt_float_to_bf16((float)v); break;
+  case TT_F16: *(uint16_t *)p = tt_float_to_f16((float)v); break;
+  case TT_E4M3: case TT_E5M2: *(uint8_t *)p = tt_float_to_fp8((float)v, dtype); break;
+  case TT_I32: *(int32_t *)p = (int32_t)v; break;
+  case TT_I64: *(int64_t *)p = (int64_t)v; break;
+  default: break;
+  }
+}
+
+/* Storage offset (elements) of logical flat index i. */
+static inline int64_t flat_to_offset(const tt_tensor *t, int64_t i) {
+  int64_t off = t->offset;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    int64_t sz = t->shape[d];
+    off += (i % sz) * t->stride[d];
+    i /= sz;
+  }
+  return off;
+}
+
+static inline void *elem_ptr(const tt_tensor *t, int64_t storage_off) {
+  return (char *)t->storage->data + storage_off * (int64_t)tt_dtype_size(t->dtype);
+}
+
+double tt_tensor_get(const tt_tensor *t, int64_t i) {
+  if (t->device != TT_CPU || i < 0 || i >= tt_tensor_numel(t)) return NAN;
+  return load_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype);
+}
+
+int tt_tensor_set(tt_tensor *t, int64_t i, double v) {
+  TT_CHECK(t->device == TT_CPU, "set: tensor is on cuda:%d; copy it to the cpu first",
+           t->device);
+  TT_CHECK(i >= 0 && i < tt_tensor_numel(t), "set: index %lld out of range for %lld elements",
+           (long long)i, (long long)tt_tensor_numel(t));
+  store_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype, v);
+  t->storage->version++;
+  return 0;
+}
+
+int tt_tensor_to_f64(const tt_tensor *t, double *dst) {
+  TT_CHECK(t->device == TT_CPU, "to_f64: tensor is on cuda:%d", t->device);
+  int64_t n = tt_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) dst[i] = load_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype);
+  return 0;
+}
+
+int tt_tensor_copy_from_f64(tt_tensor *t, const double *src) {
+  TT_CHECK(t->device == TT_CPU, "copy_from_f64: tensor is on cuda:%d", t->device);
+  int64_t n = tt_tensor_numel(t);
+  for (int64_t i = 0; i < n; i++) store_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype, src[i]);
+  t->storage->version++;
+  return 0;
+}
+
+/* -- Copies and casts ---------------------------------------------------------------- */
+
+/* Copies rows of the innermost dimension. Both tensors have the same shape; `outer`
+** rows of `inner` elements each are walked with per-dimension counters. */
+static void copy_strided_cpu(tt_tensor *dst, const tt_tensor *src) {
+  int nd = dst->ndim;
+  int64_t inner = nd ? dst->shape[nd - 1] : 1;
+  int64_t dstep = nd ? dst->stride[nd - 1] : 1, sstep = nd ? src->stride[nd - 1] : 1;
+  int64_t outer = inner ? tt_tensor_numel(dst) / inner : 0;
+  int same_f32 = dst->dtype == TT_F32 && src->dtype == TT_F32;
+  size_t dsz = tt_dtype_size(dst->dtype), ssz = tt_dtype_size(src->dtype);
+#pragma omp parallel for schedule(static) if (outer * inner > TT_PARALLEL_GRAIN)
+  for (int64_t r = 0; r < outer; r++) {
+    /* Offsets of row r: decompose r over dims 0..nd-2. */
+    int64_t doff = dst->offset, soff = src->offset, rem = r;
+    for (int d = nd - 2; d >= 0; d--) {
+      int64_t idx = rem % dst->shape[d];
+      rem /= dst->shape[d];
+      doff += idx * dst->stride[d];
+      soff += idx * src->stride[d];
+    }
+    if (same_f32) {
+      float *dp = (float *)dst->storage->data + doff;
+      const float *sp = (const float *)src->storage->data + soff;
+      if (dstep == 1 && sstep == 1) memcpy(dp, sp, (size_t)inner * sizeof(float));
+      else for (int64_t j = 0; j < inner; j++) dp[j * dstep] = sp[j * sstep];
+    } else {
+      char *dp = (char *)dst->storage->data + doff * (int64_t)dsz;
+      const char *sp = (const char *)src->storage->data + soff * (int64_t)ssz;
+      for (int64_t j = 0; j < inner; j++)
+        store_elem(dp + j * dstep * (int64_t)dsz, dst->dtype,
+                   load_elem(sp + j * sstep * (int64_t)ssz, src->dtype));
+    }
+  }
+}
+
+int tt_copy_(tt_tensor *dst, const tt_tensor *src) {
+  char a[160], b[160];
+  TT_CHECK(dst->ndim == src->ndim &&
+               memcmp(dst->shape, src->shape, sizeof(int64_t) * (size_t)dst->ndim) == 0,
+           "copy: shape mismatch, destination %s, source %s",
+           tt_shape_str(dst->shape, dst->ndim, a, sizeof a),
+           tt_shape_str(src->shape, src->ndim, b, sizeof b));
+  int64_t n = tt_tensor_numel(dst);
+  if (n == 0) return 0;
+  dst->storage->version++;
+  if (dst->device == TT_CPU && src->device == TT_CPU) {
+    copy_strided_cpu(dst, src);
+    return 0;
+  }
+  /* Whole-buffer copies between devices, or within one device, need no kernel. */
+  if (dst->dtype == src->dtype && tt_tensor_is_contiguous(dst) && tt_tensor_is_contiguous(src)) {
+    const tt_device_backend *be = tt_backend_for(tt_device_is_cuda(dst->device) ? dst->device
+                                                                                 : src->device);
+    if (!be) return -1;
+    return be->memcpy(tt_tensor_data(dst), dst->device, tt_tensor_data(src), src->device,
+                      (size_t)n * tt_dtype_size(dst->dtype));
+  }
+  if (dst->device == src->device && tt_cuda_copy_strided)
+    return tt_cuda_copy_strided(dst, src);
+  return tt_set_error("copy: strided or casting copy between cpu and cuda; make the tensor "
+                      "contiguous on its own device first");
+}
+
+int tt_fill_(tt_tensor *t, double value) {
+  int64_t n = tt_tensor_numel(t);
+  if (t->device != TT_CPU) {
+    /* Fill a host buffer and copy it over: fills are rare outside initialisation. */
+    tt_tensor *host = NULL;
+    TT_TRY(tt_tensor_full(t->shape, t->ndim, t->dtype, TT_CPU, value, &host));
+    int rc = tt_copy_(t, host);
+    tt_tensor_release(host);
+    return rc;
+  }
+  t->storage->version++;
+  if (t->dtype == TT_F32 && tt_tensor_is_contiguous(t)) {
+    float *p = tt_tensor_data(t), v = (float)value;
+    for (int64_t i = 0; i < n; i++) p[i] = v;
+    return 0;
+  }
+  for (int64_t i = 0; i < n; i++) store_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype, value);
+  return 0;
+}
+
+int tt_empty_like(const tt_tensor *t, tt_tensor **out) {
+  return tt_tensor_empty(t->shape, t->ndim, t->dtype, t->device, out);
+}
+
+int tt_zeros_like(const tt_tensor *t, tt_tensor **out) {
+  return tt_tensor_zeros(t->shape, t->ndim, t->dtype, t->device, out);
+}
+
+int tt_to_device(tt_tensor *t, int device, tt_tensor **out) {
+  if (t->device == device) {
+    tt_tensor_retain(t);
+    *out = t;
+    return 0;
+  }
+  tt_tensor *src = NULL, *dst = NULL;
+  TT_TRY(tt_contiguous(t, &src));
+  if (tt_tensor_empty(t->shape, t->ndim, t->dtype, device, &dst) != 0 || tt_copy_(dst, src) != 0) {
+    tt_tensor_release(src);
+    tt_tensor_release(dst);
+    return -1;
+  }
+  tt_tensor_release(src);
+  *out = dst;
+  return 0;
+}
+
+/* -- Random numbers ------------------------------------------------------------------ */
+/* splitmix64: one 64-bit word of state, so checkpoints save and restore it exactly. */
+
+static uint64_t tt_rng = 0x853c49e6748fea9bULL;
+
+/* The seed goes through the splitmix64 finaliser so that nearby seeds give unrelated
+** streams (a plain affine map would make seed s+1 the stream of s shifted by one draw). */
+void tt_manual_seed(uint64_t seed) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  tt_rng = z ^ (z >> 31);
+}
+uint64_t tt_rng_state(void) { return tt_rng; }
+void tt_rng_set_state(uint64_t state) { tt_rng = state; }
+
+static uint64_t rng_next(void) {
+  uint64_t z = (tt_rng += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1): 53 random bits, never exactly 0 (safe for log). */
+static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) * 0x1.0p-53; }
+
+int tt_tensor_randn(const int64_t *shape, int ndim, double mean, double std, tt_tensor **out) {
+  TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, TT_CPU, out));
+  float *p = tt_tensor_data(*out);
+  int64_t n = tt_tensor_numel(*out);
+  /* Box-Muller, both outputs used. */
+  for (int64_t i = 0; i < n; i += 2) {
+    double r = sqrt(-2.0 * log(rng_uniform())), a = 2.0 * M_PI * rng_uniform();
+    p[i] = (float)(mean + std * r * cos(a));
+    if (i + 1 < n) p[i + 1] = (float)(mean + std * r * sin(a));
+  }
+  return 0;
+}
+
+int tt_tensor_rand(const int64_t *shape, int ndim, double lo, double hi, tt_tensor **out) {
+  TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, TT_CPU, out));
+  float *p = tt_tensor_data(*out);
+  int64_t n = tt_tensor_numel(*out);
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * rng_uniform());
+  return 0;
+}
+
+int tt_tensor_randint(const int64_t *shape, int ndim, int64_t lo, int64_t hi, int dtype,
+                      tt_tensor **out) {
+  TT_CHECK(hi > lo, "randint: empty range [%lld, %lld)", (long long)lo, (long long)hi);
+  TT_CHECK(dtype == TT_I32 || dtype == TT_I64, "randint: dtype must be i32 or i64, got %s",
+           tt_dtype_name(dtype));
+  TT_TRY(tt_tensor_empty(shape, ndim, dtype, TT_CPU, out));
+  int64_t n = tt_tensor_numel(*out);
+  uint64_t range = (uint64_t)(hi - lo);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t v = lo + (int64_t)(rng_next() % range);
+    if (dtype == TT_I32) ((int32_t *)tt_tensor_data(*out))[i] = (int32_t)v;
+    else ((int64_t *)tt_tensor_data(*out))[i] = v;
+  }
+  return 0;
+}

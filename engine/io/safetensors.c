@@ -1,0 +1,716 @@
+/*
+** safetensors.c — reading and writing safetensors files (format in tetra_io.h).
+**
+** Reading maps the file and parses the JSON header with a small recursive-descent
+** parser that understands exactly what the format allows (objects, arrays, strings,
+** integers) and skips anything else it meets inside a tensor entry. Tensor bytes are
+** copied out of the mapping into engine storage, so the mapping never outlives the file
+** handle. Writing builds the header, pads it with spaces to a multiple of 8 bytes (so
+** the data starts aligned, as the Python writer does), and goes through a temporary
+** file that is fsynced and renamed: a crash leaves the old file or the new one.
+*/
+#include "tetra_io.h"
+#include "core/tt_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct st_entry {
+  char *name;
+  int dtype;                 /* tt_dtype or -1 */
+  char file_dtype[16];
+  int ndim;
+  int64_t shape[TT_MAX_DIMS];
+  uint64_t begin, end;       /* byte offsets into the data region */
+} st_entry;
+
+struct tt_safetensors {
+  char *path;
+  uint8_t *map;
+  size_t map_size;
+  const uint8_t *data;       /* start of the data region */
+  uint64_t data_size;
+  int n;
+  st_entry *entries;
+  int n_meta;
+  char **meta_keys;
+  char **meta_values;
+};
+
+/* -- Dtype names -------------------------------------------------------------------- */
+
+static const struct { const char *name; int dtype; } dtype_names[] = {
+  {"F32", TT_F32}, {"BF16", TT_BF16}, {"F16", TT_F16}, {"F8_E4M3", TT_E4M3},
+  {"F8_E5M2", TT_E5M2}, {"I32", TT_I32}, {"I64", TT_I64},
+};
+enum { N_DTYPE_NAMES = sizeof dtype_names / sizeof dtype_names[0] };
+
+static int dtype_from_file(const char *name) {
+  for (int i = 0; i < N_DTYPE_NAMES; i++)
+    if (!strcmp(dtype_names[i].name, name)) return dtype_names[i].dtype;
+  return -1;
+}
+
+static const char *dtype_to_file(int dtype) {
+  for (int i = 0; i < N_DTYPE_NAMES; i++)
+    if (dtype_names[i].dtype == dtype) return dtype_names[i].name;
+  return NULL;
+}
+
+/* -- JSON header parsing ------------------------------------------------------------ */
+
+typedef struct json {
+  const char *p, *end;
+  const char *path;          /* for messages */
+} json;
+
+static int json_fail(json *j, const char *what) {
+  return tt_set_error("safetensors: %s: bad header: %s", j->path, what);
+}
+
+static void json_ws(json *j) {
+  while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+    j->p++;
+}
+
+static int json_expect(json *j, char c) {
+  json_ws(j);
+  if (j->p >= j->end || *j->p != c) {
+    char msg[32];
+    snprintf(msg, sizeof msg, "expected '%c'", c);
+    return json_fail(j, msg);
+  }
+  j->p++;
+  return 0;
+}
+
+/* Peeks the next non-space character (0 at the end). */
+static char json_peek(json *j) {
+  json_ws(j);
+  return j->p < j->end ? *j->p : 0;
+}
+
+static void put_utf8(char *out, size_t *k, uint32_t cp) {
+  if (cp < 0x80) {
+    out[(*k)++] = (char)cp;
+  } else if (cp < 0x800) {
+    out[(*k)++] = (char)(0xC0 | (cp >> 6));
+    out[(*k)++] = (char)(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out[(*k)++] = (char)(0xE0 | (cp >> 12));
+    out[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[(*k)++] = (char)(0x80 | (cp & 0x3F));
+  } else {
+    out[(*k)++] = (char)(0xF0 | (cp >> 18));
+    out[(*k)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[(*k)++] = (char)(0x80 | (cp & 0x3F));
+  }
+}
+
+static int hex4(const char *s, uint32_t *out) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) {
+    char c = s[i];
+    v <<= 4;
+    if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
+    else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
+    else return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* Parses a string into a new malloc'd buffer (escapes decoded, UTF-8 kept). */
+static int json_string(json *j, char **out) {
+  TT_TRY(json_expect(j, '"'));
+  const char *start = j->p;
+  while (j->p < j->end && *j->p != '"') j->p += (*j->p == '\\') ? 2 : 1;
+  if (j->p >= j->end) return json_fail(j, "unterminated string");
+  size_t len = (size_t)(j->p - start);
+  char *s = malloc(len + 1);   /* decoding never grows: \uXXXX (6) -> at most 4 bytes */
+  if (!s) return tt_set_error("safetensors: out of host memory");
+  size_t k = 0;
+  for (const char *q = start; q < j->p; q++) {
+    if (*q != '\\') {
+      s[k++] = *q;
+      continue;
+    }
+    q++;
+    switch (*q) {
+    case 'n': s[k++] = '\n'; break;
+    case 't': s[k++] = '\t'; break;
+    case 'r': s[k++] = '\r'; break;
+    case 'b': s[k++] = '\b'; break;
+    case 'f': s[k++] = '\f'; break;
+    case 'u': {
+      uint32_t cp;
+      if (j->p - q < 5 || hex4(q + 1, &cp)) {
+        free(s);
+        return json_fail(j, "bad \\u escape");
+      }
+      q += 4;
+      /* A surrogate pair encodes one code point above U+FFFF. */
+      uint32_t lo;
+      if (cp >= 0xD800 && cp < 0xDC00 && j->p - q >= 7 && q[1] == '\\' && q[2] == 'u' &&
+          !hex4(q + 3, &lo) && lo >= 0xDC00 && lo < 0xE000) {
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        q += 6;
+      }
+      put_utf8(s, &k, cp);
+      break;
+    }
+    default: s[k++] = *q; break;   /* \" \\ \/ */
+    }
+  }
+  s[k] = '\0';
+  j->p++;
+  *out = s;
+  return 0;
+}
+
+static int json_uint(json *j, uint64_t *out) {
+  json_ws(j);
+  if (j->p >= j->end || *j->p < '0' || *j->p > '9') return json_fail(j, "expected an integer");
+  uint64_t v = 0;
+  while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+    uint64_t d = (uint64_t)(*j->p - '0');
+    if (v > (UINT64_MAX - d) / 10) return json_fail(j, "integer overflow");
+    v = v * 10 + d;
+    j->p++;
+  }
+  *out = v;
+  return 0;
+}
+
+/* Skips any JSON value (unknown fields). */
+static int json_skip(json *j, int depth) {
+  if (depth > 32) return json_fail(j, "nested too deeply");
+  char c = json_peek(j);
+  if (c == '"') {
+    char *s;
+    TT_TRY(json_string(j, &s));
+    free(s);
+    return 0;
+  }
+  if (c == '{' || c == '[') {
+    char close = c == '{' ? '}' : ']';
+    j->p++;
+    if (json_peek(j) == close) {
+      j->p++;
+      return 0;
+    }
+    for (;;) {
+      if (c == '{') {
+        char *key;
+        TT_TRY(json_string(j, &key));
+        free(key);
+        TT_TRY(json_expect(j, ':'));
+      }
+      TT_TRY(json_skip(j, depth + 1));
+      char n = json_peek(j);
+      j->p++;
+      if (n == close) return 0;
+      if (n != ',') return json_fail(j, "expected ',' or a closing bracket");
+    }
+  }
+  /* number, true, false, null */
+  const char *start = j->p;
+  while (j->p < j->end && *j->p != ',' && *j->p != '}' && *j->p != ']' && *j->p != ' ' &&
+         *j->p != '\n')
+    j->p++;
+  if (j->p == start) return json_fail(j, "expected a value");
+  return 0;
+}
+
+/* A list of unsigned integers: [a, b, ...] into vals (max entries). */
+static int json_uint_list(json *j, uint64_t *vals, int max, int *n) {
+  TT_TRY(json_expect(j, '['));
+  *n = 0;
+  if (json_peek(j) == ']') {
+    j->p++;
+    return 0;
+  }
+  for (;;) {
+    if (*n >= max) return json_fail(j, "too many entries in a list");
+    TT_TRY(json_uint(j, &vals[(*n)++]));
+    char c = json_peek(j);
+    j->p++;
+    if (c == ']') return 0;
+    if (c != ',') return json_fail(j, "expected ',' or ']'");
+  }
+}
+
+static int parse_entry(json *j, st_entry *e) {
+  int have_dtype = 0, have_shape = 0, have_offsets = 0;
+  TT_TRY(json_expect(j, '{'));
+  if (json_peek(j) == '}') return json_fail(j, "empty tensor entry");
+  for (;;) {
+    char *key;
+    TT_TRY(json_string(j, &key));
+    int rc = json_expect(j, ':');
+    if (!rc && !strcmp(key, "dtype")) {
+      char *v;
+      rc = json_string(j, &v);
+      if (!rc) {
+        snprintf(e->file_dtype, sizeof e->file_dtype, "%s", v);
+        e->dtype = dtype_from_file(v);
+        free(v);
+        have_dtype = 1;
+      }
+    } else if (!rc && !strcmp(key, "shape")) {
+      uint64_t dims[TT_MAX_DIMS];
+      rc = json_uint_list(j, dims, TT_MAX_DIMS, &e->ndim);
+      for (int i = 0; !rc && i < e->ndim; i++) {
+        if (dims[i] > (uint64_t)INT64_MAX) rc = json_fail(j, "dimension too large");
+        e->shape[i] = (int64_t)dims[i];
+      }
+      have_shape = 1;
+    } else if (!rc && !strcmp(key, "data_offsets")) {
+      uint64_t off[2];
+      int n = 0;
+      rc = json_uint_list(j, off, 2, &n);
+      if (!rc && n != 2) rc = json_fail(j, "data_offsets needs [begin, end]");
+      e->begin = off[0];
+      e->end = off[1];
+      have_offsets = 1;
+    } else if (!rc) {
+      rc = json_skip(j, 1);
+    }
+    free(key);
+    TT_TRY(rc);
+    char c = json_peek(j);
+    j->p++;
+    if (c == '}') break;
+    if (c != ',') return json_fail(j, "expected ',' or '}'");
+  }
+  if (!have_dtype || !have_shape || !have_offsets)
+    return tt_set_error("safetensors: %s: tensor '%s' lacks dtype, shape or data_offsets",
+                        j->path, e->name);
+  return 0;
+}
+
+static int parse_metadata(json *j, tt_safetensors *f) {
+  TT_TRY(json_expect(j, '{'));
+  if (json_peek(j) == '}') {
+    j->p++;
+    return 0;
+  }
+  for (;;) {
+    char *key, *val;
+    TT_TRY(json_string(j, &key));
+    if (json_expect(j, ':') || json_string(j, &val)) {
+      free(key);
+      return -1;
+    }
+    char **k2 = realloc(f->meta_keys, sizeof(char *) * (size_t)(f->n_meta + 1));
+    if (k2) f->meta_keys = k2;
+    char **v2 = k2 ? realloc(f->meta_values, sizeof(char *) * (size_t)(f->n_meta + 1)) : NULL;
+    if (v2) f->meta_values = v2;
+    if (!k2 || !v2) {
+      free(key);
+      free(val);
+      return tt_set_error("safetensors: out of host memory");
+    }
+    f->meta_keys[f->n_meta] = key;
+    f->meta_values[f->n_meta] = val;
+    f->n_meta++;
+    char c = json_peek(j);
+    j->p++;
+    if (c == '}') return 0;
+    if (c != ',') return json_fail(j, "expected ',' or '}' in __metadata__");
+  }
+}
+
+static int parse_header(tt_safetensors *f, const char *text, size_t len) {
+  json j = {text, text + len, f->path};
+  TT_TRY(json_expect(&j, '{'));
+  if (json_peek(&j) == '}') return 0;
+  int cap = 0;
+  for (;;) {
+    char *key;
+    TT_TRY(json_string(&j, &key));
+    if (json_expect(&j, ':')) {
+      free(key);
+      return -1;
+    }
+    if (!strcmp(key, "__metadata__")) {
+      free(key);
+      TT_TRY(parse_metadata(&j, f));
+    } else {
+      if (f->n == cap) {
+        cap = cap ? 2 * cap : 64;
+        st_entry *e2 = realloc(f->entries, sizeof(st_entry) * (size_t)cap);
+        if (!e2) {
+          free(key);
+          return tt_set_error("safetensors: out of host memory");
+        }
+        f->entries = e2;
+      }
+      st_entry *e = &f->entries[f->n++];
+      memset(e, 0, sizeof *e);
+      e->name = key;
+      TT_TRY(parse_entry(&j, e));
+    }
+    char c = json_peek(&j);
+    j.p++;
+    if (c == '}') return 0;
+    if (c != ',') return json_fail(&j, "expected ',' or '}' at top level");
+  }
+}
+
+/* Checks every entry's bytes against its shape and the data region, and that the last
+** tensor ends where the file does: bytes beyond it are a damaged or doctored file (the
+** reference implementation refuses them too). */
+static int check_entries(const tt_safetensors *f) {
+  uint64_t last_end = 0;
+  for (int i = 0; i < f->n; i++) {
+    const st_entry *e = &f->entries[i];
+    if (e->end > last_end) last_end = e->end;
+    if (e->end < e->begin || e->end > f->data_size)
+      return tt_set_error("safetensors: %s: tensor '%s' data_offsets [%llu, %llu] outside "
+                          "the %llu data bytes", f->path, e->name,
+                          (unsigned long long)e->begin, (unsigned long long)e->end,
+                          (unsigned long long)f->data_size);
+    /* Checked products: a size that wraps modulo 2^64 can match the bytes present (shape
+    ** [2^62 + 2] of F32 "needs" 8 bytes) and reading the tensor would run past them. The
+    ** shape of a dtype Tetra cannot load is checked as well: tt_safetensors_info gives it
+    ** out. */
+    int64_t numel;
+    uint64_t nbytes = 0;
+    if (tt_shape_numel_checked("safetensors", e->shape, e->ndim, &numel) != 0 ||
+        (e->dtype >= 0 && __builtin_mul_overflow((uint64_t)numel,
+                                                 (uint64_t)tt_dtype_size(e->dtype), &nbytes))) {
+      char shape[160];
+      return tt_set_error("safetensors: %s: tensor '%s' has shape %s, whose size overflows "
+                          "64 bits", f->path, e->name,
+                          tt_shape_str(e->shape, e->ndim, shape, sizeof shape));
+    }
+    if (e->dtype >= 0 && nbytes != e->end - e->begin)
+      return tt_set_error("safetensors: %s: tensor '%s' has %llu bytes, its shape and dtype "
+                          "%s need %llu", f->path, e->name,
+                          (unsigned long long)(e->end - e->begin), e->file_dtype,
+                          (unsigned long long)nbytes);
+  }
+  if (f->n > 0 && last_end != f->data_size)
+    return tt_set_error("safetensors: %s: %llu bytes follow the last tensor's data (the "
+                        "file is longer than its header says: appended or damaged)", f->path,
+                        (unsigned long long)(f->data_size - last_end));
+  return 0;
+}
+
+/* -- Reading ------------------------------------------------------------------------ */
+
+void tt_safetensors_close(tt_safetensors *f) {
+  if (!f) return;
+  if (f->map) munmap(f->map, f->map_size);
+  for (int i = 0; i < f->n; i++) free(f->entries[i].name);
+  free(f->entries);
+  for (int i = 0; i < f->n_meta; i++) {
+    free(f->meta_keys[i]);
+    free(f->meta_values[i]);
+  }
+  free(f->meta_keys);
+  free(f->meta_values);
+  free(f->path);
+  free(f);
+}
+
+static int open_mapped(tt_safetensors *f, const char *path) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return tt_set_error("safetensors: cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return tt_set_error("safetensors: cannot stat %s: %s", path, strerror(err));
+  }
+  if (st.st_size < 8) {
+    close(fd);
+    return tt_set_error("safetensors: %s: file too short (%lld bytes)", path,
+                        (long long)st.st_size);
+  }
+  f->map_size = (size_t)st.st_size;
+  void *m = mmap(NULL, f->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return tt_set_error("safetensors: cannot map %s: %s", path, strerror(errno));
+  f->map = m;
+  return 0;
+}
+
+int tt_safetensors_open(const char *path, tt_safetensors **out) {
+  *out = NULL;
+  tt_safetensors *f = calloc(1, sizeof *f);
+  if (!f) return tt_set_error("safetensors: out of host memory");
+  f->path = strdup(path);
+  if (!f->path || open_mapped(f, path)) {
+    if (!f->path) tt_set_error("safetensors: out of host memory");
+    tt_safetensors_close(f);
+    return -1;
+  }
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->map[i];
+  if (hlen > f->map_size - 8) {
+    tt_set_error("safetensors: %s: header length %llu exceeds the file (%zu bytes); not a "
+                 "safetensors file?", path, (unsigned long long)hlen, f->map_size);
+    tt_safetensors_close(f);
+    return -1;
+  }
+  f->data = f->map + 8 + hlen;
+  f->data_size = f->map_size - 8 - hlen;
+  if (parse_header(f, (const char *)f->map + 8, (size_t)hlen) || check_entries(f)) {
+    tt_safetensors_close(f);
+    return -1;
+  }
+  *out = f;
+  return 0;
+}
+
+int tt_safetensors_count(const tt_safetensors *f) { return f->n; }
+
+const char *tt_safetensors_name(const tt_safetensors *f, int i) {
+  return (i >= 0 && i < f->n) ? f->entries[i].name : NULL;
+}
+
+int tt_safetensors_find(const tt_safetensors *f, const char *name) {
+  for (int i = 0; i < f->n; i++)
+    if (!strcmp(f->entries[i].name, name)) return i;
+  return -1;
+}
+
+int tt_safetensors_info(const tt_safetensors *f, int i, int *dtype, int64_t *shape, int *ndim) {
+  TT_CHECK(i >= 0 && i < f->n, "safetensors: tensor index %d out of range (%d tensors)", i, f->n);
+  const st_entry *e = &f->entries[i];
+  if (dtype) *dtype = e->dtype;
+  if (ndim) *ndim = e->ndim;
+  if (shape) memcpy(shape, e->shape, sizeof(int64_t) * (size_t)e->ndim);
+  return 0;
+}
+
+static int lookup(const tt_safetensors *f, const char *name, const st_entry **pe) {
+  int i = tt_safetensors_find(f, name);
+  TT_CHECK(i >= 0, "safetensors: %s has no tensor '%s'", f->path, name);
+  *pe = &f->entries[i];
+  TT_CHECK((*pe)->dtype >= 0, "safetensors: %s: tensor '%s' has dtype %s, which Tetra cannot "
+           "load", f->path, name, (*pe)->file_dtype);
+  return 0;
+}
+
+int tt_safetensors_read(const tt_safetensors *f, const char *name, tt_tensor **out) {
+  const st_entry *e = NULL;
+  TT_TRY(lookup(f, name, &e));
+  tt_tensor *t;
+  TT_TRY(tt_tensor_empty(e->shape, e->ndim, e->dtype, TT_CPU, &t));
+  memcpy(tt_tensor_data(t), f->data + e->begin, (size_t)(e->end - e->begin));
+  *out = t;
+  return 0;
+}
+
+int tt_safetensors_read_into(const tt_safetensors *f, const char *name, tt_tensor *dst) {
+  const st_entry *e = NULL;
+  TT_TRY(lookup(f, name, &e));
+  int same = e->ndim == dst->ndim;
+  for (int d = 0; same && d < e->ndim; d++) same = e->shape[d] == dst->shape[d];
+  if (!same) {
+    char a[96], b[96];
+    return tt_set_error("safetensors: %s: tensor '%s' is %s, the destination is %s", f->path,
+                        name, tt_shape_str(e->shape, e->ndim, a, sizeof a),
+                        tt_shape_str(dst->shape, dst->ndim, b, sizeof b));
+  }
+  tt_tensor *src;
+  TT_TRY(tt_safetensors_read(f, name, &src));
+  int rc = 0;
+  if (dst->device == TT_CPU) {
+    rc = tt_copy_(dst, src);
+  } else {
+    tt_tensor *dev = NULL;
+    rc = tt_to_device(src, dst->device, &dev);
+    if (!rc) rc = tt_copy_(dst, dev);
+    tt_tensor_release(dev);
+  }
+  tt_tensor_release(src);
+  return rc;
+}
+
+int tt_safetensors_metadata_count(const tt_safetensors *f) { return f->n_meta; }
+
+const char *tt_safetensors_metadata_key(const tt_safetensors *f, int i) {
+  return (i >= 0 && i < f->n_meta) ? f->meta_keys[i] : NULL;
+}
+
+const char *tt_safetensors_metadata_get(const tt_safetensors *f, const char *key) {
+  for (int i = 0; i < f->n_meta; i++)
+    if (!strcmp(f->meta_keys[i], key)) return f->meta_values[i];
+  return NULL;
+}
+
+/* -- Writing ------------------------------------------------------------------------ */
+
+typedef struct sbuf {
+  char *s;
+  size_t len, cap;
+  int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+  if (b->oom) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *s2 = realloc(b->s, cap);
+    if (!s2) {
+      b->oom = 1;
+      return;
+    }
+    b->s = s2;
+    b->cap = cap;
+  }
+  memcpy(b->s + b->len, s, n);
+  b->len += n;
+  b->s[b->len] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_json_string(sbuf *b, const char *s) {
+  sb_put(b, "\"", 1);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') {
+      char esc[2] = {'\\', (char)c};
+      sb_put(b, esc, 2);
+    } else if (c < 0x20) {
+      char esc[8];
+      snprintf(esc, sizeof esc, "\\u%04x", c);
+      sb_str(b, esc);
+    } else {
+      sb_put(b, (const char *)&c, 1);
+    }
+  }
+  sb_put(b, "\"", 1);
+}
+
+static int write_all(int fd, const void *p, size_t n, const char *path) {
+  const char *q = p;
+  while (n > 0) {
+    ssize_t w = write(fd, q, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return tt_set_error("safetensors: writing %s: %s", path, strerror(errno));
+    }
+    q += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* The header: tensors in the given order, offsets packed back to back. */
+static int build_header(sbuf *b, const char *const *names, tt_tensor *const *tensors, int n,
+                        const char *const *meta_keys, const char *const *meta_values,
+                        int n_meta) {
+  sb_str(b, "{");
+  if (n_meta > 0) {
+    sb_str(b, "\"__metadata__\":{");
+    for (int i = 0; i < n_meta; i++) {
+      if (i) sb_str(b, ",");
+      sb_json_string(b, meta_keys[i]);
+      sb_str(b, ":");
+      sb_json_string(b, meta_values[i]);
+    }
+    sb_str(b, "}");
+  }
+  uint64_t offset = 0;
+  for (int i = 0; i < n; i++) {
+    const tt_tensor *t = tensors[i];
+    const char *dt = dtype_to_file(t->dtype);
+    TT_CHECK(dt, "safetensors: tensor '%s' has dtype %s, which the format cannot hold",
+             names[i], tt_dtype_name(t->dtype));
+    for (int k = 0; k < i; k++)
+      TT_CHECK(strcmp(names[k], names[i]) != 0, "safetensors: duplicate tensor name '%s'",
+               names[i]);
+    uint64_t nbytes = (uint64_t)tt_tensor_numel(t) * tt_dtype_size(t->dtype);
+    char num[64];
+    if (i || n_meta > 0) sb_str(b, ",");
+    sb_json_string(b, names[i]);
+    sb_str(b, ":{\"dtype\":\"");
+    sb_str(b, dt);
+    sb_str(b, "\",\"shape\":[");
+    for (int d = 0; d < t->ndim; d++) {
+      snprintf(num, sizeof num, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+      sb_str(b, num);
+    }
+    snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
+             (unsigned long long)(offset + nbytes));
+    sb_str(b, num);
+    offset += nbytes;
+  }
+  sb_str(b, "}");
+  while (b->len % 8 != 0) sb_str(b, " ");
+  TT_CHECK(!b->oom, "safetensors: out of host memory building the header");
+  return 0;
+}
+
+/* Writes one tensor's bytes in logical order (copying to a contiguous CPU tensor when
+** the view is strided or on a device). */
+static int write_tensor(int fd, tt_tensor *t, const char *path) {
+  tt_tensor *host = NULL;
+  if (t->device != TT_CPU) {
+    TT_TRY(tt_to_device(t, TT_CPU, &host));
+  } else {
+    TT_TRY(tt_contiguous(t, &host));
+  }
+  tt_tensor *c = host;
+  if (!tt_tensor_is_contiguous(host)) {
+    int rc = tt_clone(host, &c);
+    tt_tensor_release(host);
+    TT_TRY(rc);
+  }
+  size_t nbytes = (size_t)tt_tensor_numel(c) * tt_dtype_size(c->dtype);
+  int rc = write_all(fd, tt_tensor_data(c), nbytes, path);
+  tt_tensor_release(c);
+  return rc;
+}
+
+int tt_safetensors_save(const char *path, const char *const *names,
+                        tt_tensor *const *tensors, int n, const char *const *meta_keys,
+                        const char *const *meta_values, int n_meta) {
+  TT_CHECK(n >= 0 && n_meta >= 0, "safetensors: negative count");
+  sbuf b = {0};
+  if (build_header(&b, names, tensors, n, meta_keys, meta_values, n_meta)) {
+    free(b.s);
+    return -1;
+  }
+  size_t plen = strlen(path);
+  char *tmp = malloc(plen + 5);
+  if (!tmp) {
+    free(b.s);
+    return tt_set_error("safetensors: out of host memory");
+  }
+  memcpy(tmp, path, plen);
+  memcpy(tmp + plen, ".tmp", 5);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) {
+    tt_set_error("safetensors: cannot create %s: %s", tmp, strerror(errno));
+    free(tmp);
+    free(b.s);
+    return -1;
+  }
+  uint8_t len_le[8];
+  for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)b.len >> (8 * i));
+  int rc = write_all(fd, len_le, 8, tmp);
+  if (!rc) rc = write_all(fd, b.s, b.len, tmp);
+  for (int i = 0; !rc && i < n; i++) rc = write_tensor(fd, tensors[i], tmp);
+  if (!rc && fsync(fd) != 0) rc = tt_set_error("safetensors: fsync %s: %s", tmp, strerror(errno));
+  if (close(fd) != 0 && !rc) rc = tt_set_error("safetensors: close %s: %s", tmp, strerror(errno));
+  if (!rc && rename(tmp, path) != 0)
+    rc = tt_set_error("safetensors: rename %s -> %s: %s", tmp, path, strerror(errno));
+  if (rc) unlink(tmp);
+  free(tmp);
+  free(b.s);
+  return rc;
+}

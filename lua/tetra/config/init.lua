@@ -1,0 +1,699 @@
+-- tetra.config: the configuration schema, presets, merging and validation.
+--
+-- A config is a table of sections (train, parallel, data, model, optim, checkpoint, log,
+-- dist), each a table of keys. Precedence, lowest first:
+--   schema defaults < recipe defaults < model preset < YAML file < --set key=value
+-- The preset (llama-7b, gpt2-124m ...) is named by train.model_name or model.name and
+-- fills model.* keys the YAML and --set leave alone.
+--
+-- Validation runs before anything is allocated. Every problem is a config error naming
+-- the key and the fix; unknown keys suggest the nearest known one. Modules add their own
+-- keys with config.register(section, keys) or by dropping a file in lua/tetra/config/schema/
+-- that returns { section = { key = spec } }; cross-key rules go through
+-- config.register_check(fn), and a model read from elsewhere (model.init_from) through
+-- config.register_model_source(fn).
+
+local host = require("tetra.host")
+
+local M = {}
+
+-- -- Errors --------------------------------------------------------------------------
+
+local ConfigError = {}
+ConfigError.__index = ConfigError
+ConfigError.__tostring = function(e) return e.message end
+
+-- Raises a config error; main.c prints its message without a traceback.
+function M.error(fmt, ...)
+  error(setmetatable({ message = "config error: " .. fmt:format(...), user = true }, ConfigError), 0)
+end
+
+function M.is_error(e) return getmetatable(e) == ConfigError end
+
+-- A user-facing error printed as it is (a missing or unparsable file).
+local function file_error(msg)
+  error(setmetatable({ message = msg, user = true }, ConfigError), 0)
+end
+
+-- -- Schema --------------------------------------------------------------------------
+-- A key spec: { type = "int"|"num"|"bool"|"str"|"enum"|"list"|"any", default = v,
+--               min = n, values = {...} (enum), doc = "..." }
+
+local function int(default, min, doc) return { type = "int", default = default, min = min, doc = doc } end
+local function num(default, min, doc) return { type = "num", default = default, min = min, doc = doc } end
+local function bool(default, doc) return { type = "bool", default = default, doc = doc } end
+local function str(default, doc) return { type = "str", default = default, doc = doc } end
+local function enum(default, values, doc) return { type = "enum", default = default, values = values, doc = doc } end
+local function list(doc) return { type = "list", doc = doc } end
+local function any(default, doc) return { type = "any", default = default, doc = doc } end
+
+M.schema = {
+  train = {
+    model_name = str(nil, "preset: llama-7b, llama-1b, llama3-8b, llama3-70b, llama-tiny, gpt2-124m, gpt2-tiny"),
+    recipe = str(nil, "recipe name (recipes/NAME.lua) or path; default from the preset family"),
+    precision = enum("fp32", { "fp32", "bf16", "fp16", "fp8" }),
+    device = str("cpu", "cpu, cuda (this rank's GPU) or cuda:N"),
+    loss_scale_init = num(65536, 1, "fp16: initial dynamic loss scale"),
+    loss_scale_growth_factor = num(2, 1, "fp16: scale growth after loss_scale_growth_interval clean steps"),
+    loss_scale_backoff = num(0.5, 0, "fp16: scale factor on a step with inf/NaN grads (< 1)"),
+    loss_scale_growth_interval = int(2000, 1, "fp16: clean steps between scale growths"),
+    fp8_history = int(16, 1, "fp8: amax history length of the delayed scaling"),
+    fp8_margin = int(0, 0, "fp8: headroom in powers of two"),
+    batch_size = int(8, 1, "global batch in sequences per optimizer step"),
+    gradient_accumulation_steps = int(1, 1, "micro-batches per optimizer step and DP rank"),
+    steps = int(100, 0, "optimizer steps"),
+    lr = num(3e-4, 0, "peak learning rate"),
+    lr_schedule = enum("cosine", { "cosine", "constant", "linear" }),
+    warmup_steps = int(0, 0),
+    min_lr = num(0, 0, "learning rate at the end of the decay"),
+    weight_decay = num(0.1, 0),
+    max_grad_norm = num(1.0, 0, "0 disables clipping"),
+    seed = int(1234, 0),
+    eval_every = int(0, 0, "0 disables evaluation"),
+    eval_steps = int(10, 1),
+    sample_every = int(0, 0, "generate a text sample every N steps (0: at the end only)"),
+    sample_tokens = int(64, 0),
+    temperature = num(0.8, 0),
+    top_k = int(40, 0),
+    prompt = str(nil),
+    threads = int(0, 0, "CPU threads (0: OMP_NUM_THREADS or all cores)"),
+    micro_batch_size = int(nil, 1, "derived: batch_size / (gradient_accumulation_steps x data_parallel_size)"),
+  },
+  parallel = {
+    data_parallel_size = int(1, 1),
+    tensor_parallel_size = int(1, 1),
+    pipeline_parallel_size = int(1, 1),
+    context_parallel_size = int(1, 1),
+    virtual_pipeline_size = int(1, 1, "virtual stages per rank (interleaved 1F1B)"),
+    zero_stage = int(0, 0),
+    order = str("tp-cp-dp-pp", "mesh order, fastest-varying first"),
+    pipeline_schedule = enum("1f1b", { "gpipe", "1f1b", "interleaved_1f1b" }),
+    pipeline_stages = list("explicit layer counts per stage"),
+    sequence_parallel = bool(false),
+  },
+  data = {
+    input_path = any(nil, "file, glob or list of them"),
+    eval_path = any(nil, "held-out evaluation data (paths like input_path)"),
+    eval_fraction = num(0.01, 0, "without eval_path: the end of each training source held out for evaluation"),
+    vocab_file = str(nil),
+    merges_file = str(nil),
+    tokenizer = str("byte", "byte, or a tokenizer file"),
+    online_tokenization = bool(true),
+    shuffle_buffer_size = int(10000, 0),
+    num_workers = int(2, 0),
+    mock = bool(false, "random tokens instead of a corpus (benchmarks)"),
+    num_streams = int(1, 1),
+    datasets = list("[{path = ..., weight = ...}, ...]"),
+    prefetch = int(2, 1, "optimizer steps of sequences each loader stream keeps ready"),
+    text_field = str("text", "the JSONL field / TFRecord bytes feature holding the text"),
+    s3_endpoint = str(nil, "S3-compatible endpoint URL (default: AWS_ENDPOINT_URL, else AWS)"),
+    s3_region = str(nil, "S3 region (default: AWS_REGION, else us-east-1)"),
+    s3_retries = int(6, 0, "retries of a failed S3 request (5xx, timeouts, dropped connections)"),
+    s3_timeout_s = num(20, 0.1, "seconds before a stalled S3 connection or transfer is retried"),
+    s3_block_mb = num(8, 0.001, "MiB per ranged S3 read; one block per file is read ahead"),
+    seed = int(nil, 0),
+  },
+  model = {
+    name = str(nil, "preset name, same as train.model_name"),
+    family = enum(nil, { "llama", "gpt2" }),
+    dim = int(nil, 1),
+    n_layers = int(nil, 1),
+    n_heads = int(nil, 1),
+    n_kv_heads = int(nil, 1),
+    vocab_size = int(nil, 1),
+    seq_len = int(nil, 1),
+    ffn_hidden = int(nil, 1),
+    norm_eps = num(1e-5, 0),
+    rope_theta = num(10000, 0),
+    tie_embeddings = bool(nil),
+    init_std = num(0.02, 0),
+  },
+  optim = {
+    name = enum("adamw", { "adamw", "sgd" }),
+    beta1 = num(0.9, 0),
+    beta2 = num(0.95, 0),
+    eps = num(1e-8, 0),
+    momentum = num(0.9, 0),
+  },
+  checkpoint = {   -- lua/tetra/checkpoint/init.lua
+    dir = str(nil, "checkpoint directory (unset: no checkpoints)"),
+    every = int(0, 0, "save every N steps and at the last step (0: no periodic saves)"),
+    keep = int(2, 0, "checkpoints kept in dir, newest first (0: all)"),
+    resume = any(false, "true / \"auto\" (dir/latest, if any) / a checkpoint path"),
+  },
+  log = {
+    metrics_file = str(nil),
+    every = int(1, 1),
+    log_file = str(nil, "per-rank text log; {rank} is replaced by the rank"),
+    progress = bool(true),
+  },
+  dist = {
+    timeout_s = num(600, 0),
+    bucket_mb = num(25, 0),
+    sparse_embedding_grad = bool(false, "average an embedding's gradient as the rows " ..
+                                 "the step's tokens touched, not the whole table"),
+    defer_weight_grads = bool(true, "compute the first blocks' weight gradients after " ..
+                              "the embedding's, so its reduction overlaps them"),
+  },
+}
+
+local checks = {}
+
+-- Adds keys to a section (creating it). keys: { name = spec } where spec is a table
+-- made like the ones above, or a plain default value (type taken from it).
+function M.register(section, keys)
+  local sec = M.schema[section] or {}
+  M.schema[section] = sec
+  for name, spec in pairs(keys) do
+    if type(spec) ~= "table" or not spec.type then
+      local t = type(spec)
+      spec = { default = spec,
+               type = t == "number" and "num" or t == "boolean" and "bool" or t == "string" and "str" or "any" }
+    end
+    sec[name] = spec
+  end
+end
+
+-- fn(cfg) raises through config.error when the merged config is impossible.
+function M.register_check(fn) checks[#checks + 1] = fn end
+
+-- fn(merged, user) fills merged.model from a model the config names (model.init_from)
+-- before validation; user is the YAML and --set layer, whose model keys must agree.
+local model_sources = {}
+function M.register_model_source(fn) model_sources[#model_sources + 1] = fn end
+
+local schema_dirs_loaded = false
+local function load_schema_dir()
+  if schema_dirs_loaded then return end
+  schema_dirs_loaded = true
+  local dir = host.root .. "/lua/tetra/config/schema"
+  if not host.is_dir(dir) then return end
+  for _, f in ipairs(host.listdir(dir) or {}) do
+    local name = f:match("^(.-)%.lua$")
+    if name then
+      local ext = require("tetra.config.schema." .. name)
+      for section, keys in pairs(ext) do M.register(section, keys) end
+    end
+  end
+end
+
+-- -- Presets (published shapes) ------------------------------------------------------
+
+M.presets = {
+  -- Llama 2 7B (Touvron et al. 2023).
+  ["llama-7b"] = { family = "llama", dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 32,
+                   vocab_size = 32000, seq_len = 4096, ffn_hidden = 11008, norm_eps = 1e-5,
+                   rope_theta = 10000, tie_embeddings = false },
+  -- Llama 3.2 1B.
+  ["llama-1b"] = { family = "llama", dim = 2048, n_layers = 16, n_heads = 32, n_kv_heads = 8,
+                   vocab_size = 128256, seq_len = 2048, ffn_hidden = 8192, norm_eps = 1e-5,
+                   rope_theta = 500000, tie_embeddings = true },
+  -- Llama 3.1 8B and 70B (Meta 2024, "The Llama 3 Herd of Models", table 3).
+  ["llama3-8b"] = { family = "llama", dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 8,
+                    vocab_size = 128256, seq_len = 8192, ffn_hidden = 14336, norm_eps = 1e-5,
+                    rope_theta = 500000, tie_embeddings = false },
+  ["llama3-70b"] = { family = "llama", dim = 8192, n_layers = 80, n_heads = 64, n_kv_heads = 8,
+                     vocab_size = 128256, seq_len = 8192, ffn_hidden = 28672, norm_eps = 1e-5,
+                     rope_theta = 500000, tie_embeddings = false },
+  -- The benchmark model: trains in minutes on 2 CPU cores.
+  ["llama-tiny"] = { family = "llama", dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
+                     vocab_size = 4096, seq_len = 256, ffn_hidden = 768, norm_eps = 1e-5,
+                     rope_theta = 10000, tie_embeddings = false },
+  -- GPT-2 small (Radford et al. 2019).
+  ["gpt2-124m"] = { family = "gpt2", dim = 768, n_layers = 12, n_heads = 12, n_kv_heads = 12,
+                    vocab_size = 50257, seq_len = 1024, ffn_hidden = 3072, norm_eps = 1e-5,
+                    tie_embeddings = true },
+  ["gpt2-tiny"] = { family = "gpt2", dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
+                    vocab_size = 4096, seq_len = 256, ffn_hidden = 1024, norm_eps = 1e-5,
+                    tie_embeddings = true },
+}
+
+-- -- Helpers -------------------------------------------------------------------------
+
+local function deep_copy(v)
+  if type(v) ~= "table" then return v end
+  local out = {}
+  for k, x in pairs(v) do out[k] = deep_copy(x) end
+  return out
+end
+M.copy = deep_copy
+
+-- Merges `over` into a copy of `base`: sections and keys of `over` win; lists replace.
+function M.merge(base, over)
+  local out = deep_copy(base or {})
+  for section, keys in pairs(over or {}) do
+    if type(keys) == "table" and type(out[section]) == "table" and #keys == 0 then
+      for k, v in pairs(keys) do out[section][k] = deep_copy(v) end
+    else
+      out[section] = deep_copy(keys)
+    end
+  end
+  return out
+end
+
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = k end
+  table.sort(ks)
+  return ks
+end
+
+local function edit_distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+
+-- "did you mean" for an unknown key: the closest key of the same section, or the same
+-- key name in another section.
+local function suggest(section, key)
+  local best, best_d = nil, math.huge
+  local sec = M.schema[section]
+  if sec then
+    for _, k in ipairs(sorted_keys(sec)) do
+      local d = edit_distance(key, k)
+      if d < best_d then best, best_d = section .. "." .. k, d end
+    end
+    if best_d > math.max(2, math.floor(#key / 3)) then best = nil end
+  end
+  if not best then
+    for _, s in ipairs(sorted_keys(M.schema)) do
+      if M.schema[s][key] then best = s .. "." .. key; break end
+    end
+  end
+  return best and (" (did you mean '" .. best .. "'?)") or ""
+end
+
+local function suggest_section(name)
+  local best, best_d = nil, math.huge
+  for _, s in ipairs(sorted_keys(M.schema)) do
+    local d = edit_distance(name, s)
+    if d < best_d then best, best_d = s, d end
+  end
+  if best_d <= 2 then return " (did you mean '" .. best .. "'?)" end
+  return " (sections: " .. table.concat(sorted_keys(M.schema), ", ") .. ")"
+end
+
+local function show(v)
+  if type(v) == "string" then return ("'%s'"):format(v) end
+  if type(v) == "table" then return "a table" end
+  return tostring(v)
+end
+
+-- Parses a --set value: numbers, booleans, null and [flow, lists] as YAML reads them,
+-- anything else as the string itself.
+function M.parse_value(text)
+  if text == "" then return "" end
+  local v = host.parse_yaml(text)
+  if type(v) == "table" and not text:match("^%s*[%[{]") then return text end
+  if v == nil and not (text == "null" or text == "~" or text == "nil") then return text end
+  return v
+end
+
+-- "train.batch_size=8" -> section, key, value
+function M.parse_set(kv)
+  local path, value = kv:match("^([^=]+)=(.*)$")
+  if not path then M.error("--set needs key=value, got '%s'", kv) end
+  local section, key = path:match("^([%w_]+)%.([%w_]+)$")
+  if not section then
+    M.error("--set key '%s' must look like section.key (e.g. train.batch_size)", path)
+  end
+  return section, key, M.parse_value(value)
+end
+
+-- Applies a list of "k=v" strings to a copy of cfg.
+function M.apply_sets(cfg, sets)
+  cfg = deep_copy(cfg or {})
+  for _, kv in ipairs(sets or {}) do
+    local section, key, value = M.parse_set(kv)
+    cfg[section] = cfg[section] or {}
+    if type(cfg[section]) ~= "table" then M.error("'%s' is not a section", section) end
+    cfg[section][key] = value
+  end
+  return cfg
+end
+
+-- -- Validation ----------------------------------------------------------------------
+
+local function check_key(section, key, v, spec)
+  local name = section .. "." .. key
+  local t = spec.type
+  if t == "int" or t == "num" then
+    if type(v) ~= "number" or (t == "int" and v % 1 ~= 0) then
+      M.error("%s must be %s, got %s", name, t == "int" and "an integer" or "a number", show(v))
+    end
+    if spec.min and v < spec.min then
+      M.error("%s must be >= %s, got %s", name, tostring(spec.min), show(v))
+    end
+  elseif t == "bool" then
+    if type(v) ~= "boolean" then M.error("%s must be true or false, got %s", name, show(v)) end
+  elseif t == "str" then
+    if type(v) ~= "string" then M.error("%s must be a string, got %s", name, show(v)) end
+  elseif t == "enum" then
+    local ok = false
+    for _, x in ipairs(spec.values) do ok = ok or x == v end
+    if not ok then
+      M.error("%s must be one of %s, got %s", name, table.concat(spec.values, ", "), show(v))
+    end
+  elseif t == "list" then
+    if type(v) ~= "table" then M.error("%s must be a list, got %s", name, show(v)) end
+  end
+end
+
+-- The number of processes this job runs on (1 outside mpirun).
+function M.world_size()
+  for _, var in ipairs({ "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE" }) do
+    local v = tonumber(os.getenv(var) or "")
+    if v then return v end
+  end
+  return 1
+end
+
+local function check_model(cfg)
+  local m = cfg.model
+  for _, k in ipairs({ "dim", "n_layers", "n_heads", "vocab_size", "seq_len" }) do
+    if m[k] == nil then
+      M.error("model.%s is not set: pick a preset with train.model_name (%s) or set model.%s",
+              k, table.concat(sorted_keys(M.presets), ", "), k)
+    end
+  end
+  if m.dim % m.n_heads ~= 0 then
+    M.error("model.n_heads (%d) must divide model.dim (%d): head dim = dim / n_heads", m.n_heads, m.dim)
+  end
+  if m.n_heads % m.n_kv_heads ~= 0 then
+    M.error("model.n_kv_heads (%d) must divide model.n_heads (%d) (grouped-query attention)",
+            m.n_kv_heads, m.n_heads)
+  end
+  if m.family == "llama" and (m.dim / m.n_heads) % 2 ~= 0 then
+    M.error("model.dim / model.n_heads (%d) must be even for rotary embeddings", m.dim / m.n_heads)
+  end
+end
+
+-- Fills model keys that follow from others (family rules).
+local function derive_model(m)
+  if m.n_heads and not m.n_kv_heads then m.n_kv_heads = m.n_heads end
+  if m.dim and not m.ffn_hidden then
+    if m.family == "gpt2" then
+      m.ffn_hidden = 4 * m.dim
+    else
+      -- Llama: 2/3 of 4*dim, rounded up to a multiple of 256.
+      m.ffn_hidden = 256 * math.ceil(math.floor(8 * m.dim / 3) / 256)
+    end
+  end
+  if m.tie_embeddings == nil then m.tie_embeddings = m.family == "gpt2" end
+end
+
+-- Checks every key of cfg against the schema and fills defaults. Returns cfg.
+-- opts.world_size: the process count to check the layout against (false: skip).
+function M.validate(cfg, opts)
+  opts = opts or {}
+  load_schema_dir()
+  for _, section in ipairs(sorted_keys(cfg)) do
+    local keys = cfg[section]
+    if not M.schema[section] then
+      M.error("unknown section '%s'%s", tostring(section), suggest_section(tostring(section)))
+    end
+    if type(keys) ~= "table" then
+      M.error("'%s' must be a section of key: value pairs, got %s", section, show(keys))
+    end
+    for _, key in ipairs(sorted_keys(keys)) do
+      if not M.schema[section][key] then
+        M.error("unknown key '%s.%s'%s", section, tostring(key), suggest(section, tostring(key)))
+      end
+    end
+  end
+  for section, spec_keys in pairs(M.schema) do
+    cfg[section] = cfg[section] or {}
+    for key, spec in pairs(spec_keys) do
+      local v = cfg[section][key]
+      if spec.type == "list" and type(v) == "string" and v:match("^%s*%d+%s*,[%d%s,]*$") then
+        local items = {}   -- --set parallel.pipeline_stages=1,3 (no brackets to quote)
+        for n in v:gmatch("%d+") do items[#items + 1] = tonumber(n) end
+        v = items
+        cfg[section][key] = v
+      end
+      if v == nil then
+        cfg[section][key] = deep_copy(spec.default)
+      else
+        check_key(section, key, v, spec)
+      end
+    end
+  end
+  if cfg.model.dim or cfg.model.n_layers or cfg.model.n_heads then
+    derive_model(cfg.model)
+    check_model(cfg)
+  end
+  local world = opts.world_size
+  if world == nil then world = M.world_size() end
+  -- Every rule about the parallel layout lives in tetra.parallel.layout.
+  local problems = require("tetra.parallel.layout").problems(cfg, world or nil)
+  if #problems > 0 then
+    local msg = problems[1]
+    -- Started with the wrong process count (the guide's 64-process YAML on one machine),
+    -- nothing runs here anyway: name everything else this machine lacks too.
+    if world and msg:match("^this layout needs %d+ processes") then
+      local missing = require("tetra.config.preflight").problems(cfg)
+      if #missing > 0 then msg = msg .. "\nalso missing here:\n  " .. table.concat(missing, "\n  ") end
+    end
+    M.error("%s", msg)
+  end
+  if cfg.train.eval_every > 0 and not cfg.data.mock and not cfg.data.eval_path and
+     cfg.data.eval_fraction == 0 and cfg.data.input_path then
+    M.error("train.eval_every (%d) needs held-out data: set data.eval_path, or " ..
+            "data.eval_fraction > 0 to hold out the end of each training source, or " ..
+            "train.eval_every=0", cfg.train.eval_every)
+  end
+  if cfg.data.eval_fraction >= 1 then
+    M.error("data.eval_fraction (%g) must be below 1 (it is the held-out share of each source)",
+            cfg.data.eval_fraction)
+  end
+  if cfg.train.min_lr > cfg.train.lr then
+    M.error("train.min_lr (%g) must not exceed train.lr (%g)", cfg.train.min_lr, cfg.train.lr)
+  end
+  if cfg.train.warmup_steps > cfg.train.steps and cfg.train.steps > 0 then
+    M.error("train.warmup_steps (%d) must not exceed train.steps (%d)",
+            cfg.train.warmup_steps, cfg.train.steps)
+  end
+  local device = cfg.train.device
+  if device ~= "cpu" and device ~= "cuda" and not device:match("^cuda:%d+$") then
+    M.error("train.device must be cpu, cuda or cuda:N, got %s", show(device))
+  end
+  if cfg.train.loss_scale_backoff >= 1 then
+    M.error("train.loss_scale_backoff must be below 1, got %s", show(cfg.train.loss_scale_backoff))
+  end
+  local micro = cfg.train.batch_size /
+    (cfg.train.gradient_accumulation_steps * cfg.parallel.data_parallel_size)
+  if cfg.train.micro_batch_size and cfg.train.micro_batch_size ~= micro then
+    M.error("train.micro_batch_size (%d) disagrees with train.batch_size / (gradient_accumulation_steps " ..
+            "x data_parallel_size) = %g: set train.batch_size instead", cfg.train.micro_batch_size, micro)
+  end
+  cfg.train.micro_batch_size = micro
+  local ck = cfg.checkpoint
+  if (ck.every > 0 or ck.resume == true or ck.resume == "auto") and not ck.dir then
+    M.error("checkpoint.%s needs checkpoint.dir (where checkpoints go)",
+            ck.every > 0 and "every" or "resume")
+  end
+  local r = ck.resume
+  if not (type(r) == "boolean" or (type(r) == "string" and r ~= "")) then
+    M.error("checkpoint.resume must be true, false, \"auto\" or a checkpoint path, got %s", show(r))
+  end
+  for _, fn in ipairs(checks) do fn(cfg) end
+  return cfg
+end
+
+-- Keys a recipe's defaults introduce become known keys of their section.
+local function register_defaults(defaults)
+  for section, keys in pairs(defaults or {}) do
+    if type(keys) == "table" then
+      local sec = M.schema[section] or {}
+      M.schema[section] = sec
+      for key, v in pairs(keys) do
+        if not sec[key] then
+          local t = type(v)
+          sec[key] = { type = t == "number" and "num" or t == "boolean" and "bool" or
+                              t == "string" and "str" or "any" }
+        end
+      end
+    end
+  end
+end
+
+local function preset_name(cfg)
+  return (cfg.train and cfg.train.model_name) or (cfg.model and cfg.model.name)
+end
+
+-- Builds the final config, validated. The preset sits just below the layer that names
+-- it: named by the YAML or --set, it overrides the recipe defaults' model keys; named by
+-- the recipe defaults, those defaults' own model keys win over it.
+-- parts: { defaults = tbl, yaml = tbl, sets = {"k=v", ...}, world_size = n | false }
+function M.build(parts)
+  load_schema_dir()
+  register_defaults(parts.defaults)
+  local user = M.apply_sets(parts.yaml or {}, parts.sets)
+  -- Data the user names is what trains: a recipe's default mock tokens give way to
+  -- data.input_path (or data.datasets) from the YAML or --set; asking for both is an error.
+  local ud = user.data
+  if type(ud) == "table" and ((ud.input_path and ud.input_path ~= "") or ud.datasets) then
+    if ud.mock == true then
+      M.error("data.mock=true and data.input_path (or data.datasets) are both set: drop one " ..
+              "(mock trains on random tokens, ignoring the files)")
+    end
+    if ud.mock == nil then ud.mock = false end
+  end
+  local defaults = parts.defaults or {}
+  local name = preset_name(user)
+  local named_by_user = name ~= nil
+  name = name or preset_name(defaults)
+  local merged
+  if name then
+    local preset = M.presets[name]
+    if not preset then
+      M.error("unknown model preset '%s' (train.model_name): choose one of %s, or set model.* keys",
+              tostring(name), table.concat(sorted_keys(M.presets), ", "))
+    end
+    if named_by_user then
+      merged = M.merge(M.merge(defaults, { model = preset }), user)
+    else
+      merged = M.merge(M.merge({ model = preset }, defaults), user)
+    end
+  else
+    merged = M.merge(defaults, user)
+  end
+  for _, fn in ipairs(model_sources) do fn(merged, user) end
+  return M.validate(merged, { world_size = parts.world_size })
+end
+
+-- -- Loading files -------------------------------------------------------------------
+
+function M.load_yaml(path)
+  local t, err = host.load_yaml(path)
+  if err then M.error("%s", err) end
+  if t ~= nil and type(t) ~= "table" then M.error("%s: expected a mapping of sections", path) end
+  return t or {}
+end
+
+local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
+
+-- Finds a recipe by name ("llama" -> recipes/llama.lua) or path.
+function M.find_recipe(name, base_dir)
+  local candidates = {}
+  if name:find("/", 1, true) or name:match("%.lua$") then
+    candidates = { name, base_dir .. "/" .. name }
+  else
+    candidates = { host.root .. "/recipes/" .. name .. ".lua", host.source_dir .. "/recipes/" .. name .. ".lua" }
+  end
+  for _, p in ipairs(candidates) do
+    local f = io.open(p)
+    if f then f:close(); return p end
+  end
+  M.error("train.recipe: recipe '%s' not found (looked at %s)", name, table.concat(candidates, ", "))
+end
+
+local function load_recipe(path)
+  local chunk, err = loadfile(path)
+  if not chunk then file_error(err) end
+  return chunk()
+end
+
+-- Loads FILE (a Lua recipe or a YAML config) and builds its config.
+-- Returns recipe (table, or nil for a plain script that already ran), cfg.
+function M.load(file, sets, opts)
+  opts = opts or {}
+  if file:match("%.ya?ml$") then
+    local yaml = M.load_yaml(file)
+    local name = yaml.train and yaml.train.recipe
+    if not name then
+      local preset = M.presets[preset_name(M.apply_sets(yaml, sets)) or ""]
+      name = preset and preset.family or "llama"
+    end
+    local recipe = load_recipe(M.find_recipe(name, dirname(file)))
+    if type(recipe) ~= "table" then M.error("recipe '%s' did not return a recipe table", name) end
+    return recipe, M.build({ defaults = recipe.defaults, yaml = yaml, sets = sets,
+                             world_size = opts.world_size })
+  end
+  local recipe = load_recipe(file)
+  if type(recipe) ~= "table" or not (recipe.run or recipe.setup) then return nil, nil end
+  return recipe, M.build({ defaults = recipe.defaults, sets = sets, world_size = opts.world_size })
+end
+
+-- Only one rank prints a config error (every rank would find the same one).
+local function is_rank0()
+  for _, var in ipairs({ "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK" }) do
+    local v = tonumber(os.getenv(var) or "")
+    if v then return v == 0 end
+  end
+  return true
+end
+
+-- Reports a config error that every rank finds alike: rank 0 prints it; the others give
+-- it time to, since under mpirun the first rank to exit non-zero gets the job killed
+-- (rank 0's exit does that, once the message is out).
+local function report(e)
+  local ffi = require("ffi")
+  if is_rank0() then
+    io.stderr:write("tetra: ", e.message, "\n")
+    io.stderr:flush()
+  else
+    pcall(ffi.cdef, "int poll(void *fds, unsigned long nfds, int timeout);")
+    ffi.C.poll(nil, 0, 10000)
+  end
+  return 1
+end
+M.report = report
+
+-- `tetra run FILE [--set k=v]...`; returns the exit code.
+function M.run_file(file, sets)
+  local ok, recipe, cfg = pcall(M.load, file, sets)
+  if not ok then
+    if M.is_error(recipe) then return report(recipe) end
+    error(recipe, 0)
+  end
+  if not recipe then
+    if sets and #sets > 0 then
+      io.stderr:write("tetra: warning: --set ignored: ", file, " is not a recipe (it returned no table with run)\n")
+    end
+    return 0
+  end
+  if not recipe.run then M.error("recipe %s has no run(cfg) function", file) end
+  -- Config errors found while the recipe sets up (layout checks in tetra.train) are the
+  -- same on every rank: printed once, like the ones found while loading.
+  -- Other errors keep the traceback of where they happened.
+  local ran, rc = xpcall(recipe.run, function(e)
+    if M.is_error(e) or (type(e) == "table" and e.user) then return e end
+    return { message = debug.traceback(tostring(e), 2), user = true }
+  end, cfg)
+  if not ran then
+    if M.is_error(rc) then return report(rc) end
+    error(rc, 0)
+  end
+  if type(rc) == "number" then return rc end
+  return 0
+end
+
+-- The config as YAML-ish text (for logs and the REPL).
+function M.dump(cfg)
+  local lines = {}
+  for _, section in ipairs(sorted_keys(cfg)) do
+    lines[#lines + 1] = section .. ":"
+    for _, key in ipairs(sorted_keys(cfg[section])) do
+      local v = cfg[section][key]
+      if type(v) == "table" then
+        local parts = {}
+        for _, x in ipairs(v) do parts[#parts + 1] = type(x) == "table" and "{...}" or tostring(x) end
+        v = "[" .. table.concat(parts, ", ") .. "]"
+      end
+      lines[#lines + 1] = ("  %s: %s"):format(key, tostring(v))
+    end
+  end
+  return table.concat(lines, "\n")
+end
+
+return M

@@ -1,0 +1,48 @@
+-- Config keys of the observability sinks beyond the metrics file: the Prometheus
+-- endpoint (tetra.obs.telemetry), the step trace (tetra.obs.trace) and MFU's device peak
+-- (tetra.obs.mfu). docs/monitoring.md
+-- describes them.
+local config = require("tetra.config")
+
+config.register_check(function(cfg)
+  local log = cfg.log or {}
+  if log.trace_steps ~= nil then
+    local ok, err = require("tetra.obs.trace").parse_steps(log.trace_steps)
+    if not ok then config.error("%s", err) end
+  end
+  if log.prometheus_port == nil then return end
+  local tffi = require("tetra.ffi")
+  tffi.cdef_header("tetra_telemetry.h")
+  if tffi.C.tt_prom_available() == 0 then
+    config.error("log.prometheus_port: this tetra was built without libmicrohttpd, so it " ..
+                 "cannot serve metrics (apt-get install libmicrohttpd-dev and rebuild, or " ..
+                 "drop the key)")
+  end
+  if log.prometheus_port > 65535 then
+    config.error("log.prometheus_port = %d: not a TCP port (1-65535)", log.prometheus_port)
+  end
+  if not tostring(log.prometheus_job):match("^[%w_.:-]+$") then
+    config.error("log.prometheus_job = %q: use letters, digits and _ . : - only",
+                 tostring(log.prometheus_job))
+  end
+end)
+
+return {
+  log = {
+    prometheus_port = { type = "int", min = 0, doc = "serve Prometheus /metrics on this " ..
+      "port + the local rank (unset: no endpoint; 0: any free port)" },
+    prometheus_addr = { type = "str", default = "127.0.0.1",
+      doc = "address the endpoint binds (0.0.0.0 for a Prometheus on another host)" },
+    prometheus_job = { type = "str", default = "tetra", doc = "the job label of every series" },
+    prometheus_required = { type = "bool", default = true,
+      doc = "true: a port that cannot be bound stops the run; false: warn and train on" },
+    trace_steps = { type = "any", doc = "FIRST:LAST (or one step): write a Chrome/Perfetto " ..
+      "trace of those steps, one file per rank (tetra.obs.trace)" },
+    trace_dir = { type = "str", default = "trace", doc = "where log.trace_steps writes " ..
+      "trace-rank<R>.json" },
+  },
+  train = {
+    peak_tflops = { type = "num", min = 0, doc = "per-device dense peak TFLOP/s for MFU " ..
+      "(default: the device's from tetra.obs.mfu's table; needed on the CPU)" },
+  },
+}
