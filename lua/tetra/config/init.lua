@@ -196,6 +196,8 @@ local function load_schema_dir()
     end
   end
 end
+-- The whole schema, the files of schema/ included (tetra docs config prints it).
+M.load_schema = load_schema_dir
 
 -- -- Presets (published shapes) ------------------------------------------------------
 
