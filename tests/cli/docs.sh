@@ -2,7 +2,7 @@
 # The documentation against the code (README.md and docs/*.md):
 #  (a) docs/config.md is what `tetra docs config` prints now (the reference is generated
 #      from the schema, so a key added, removed or changed makes this fail until the page
-#      is generated again);
+#      is generated again), and every key has its help text;
 #  (b) every config key the pages name (`section.key` in backticks and code blocks, keys
 #      under a section of a YAML block, the key of every --set, whatever its section) is a
 #      key of that reference;
@@ -26,6 +26,8 @@ diff -u docs/config.md "$tmp/config.md" >"$tmp/diff" ||
   { cat "$tmp/diff"; fail "docs/config.md differs from the schema: regenerate it with \`build/tetra docs config > docs/config.md\`"; }
 n=$(grep -c '^| `[a-z_]*\.[a-z0-9_]*` |' docs/config.md)
 [ "$n" -gt 100 ] || fail "docs/config.md lists only $n keys"
+bare=$(grep '^| `.*|  |$' docs/config.md | cut -d'`' -f2 | tr '\n' ' ')
+[ -z "$bare" ] || fail "keys without help text: $bare(give their specs a doc)"
 echo "ok: docs/config.md is the schema's ($n keys)"
 
 # (b) and (c)
