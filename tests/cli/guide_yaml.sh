@@ -2,7 +2,8 @@
 # The deployment guide's YAML (recipes/configs/llama-7b.yaml), as written:
 #   - run verbatim on this machine (one process, no bucket credentials, no /data), it
 #     stops at once with what is missing: the 64 processes, the s3:// credentials, the
-#     tokenizer file; no traceback, nothing big allocated (a few seconds);
+#     tokenizer file; no traceback, nothing big allocated (it runs under an 8 GB
+#     address-space limit: the 7B model's 27 GB of weights cannot have been built);
 #   - a scaled copy, every key kept and only the values a small machine needs changed (a
 #     tiny model through --set, local JSONL and tokenizer paths, folders under a temp
 #     dir, 8 processes as dp2 x tp2 x pp2 with ZeRO-1 and sequence parallelism), trains,
@@ -18,7 +19,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # -- Verbatim. -----------------------------------------------------------------------------
 t0=$SECONDS
-if env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY "$tetra" run "$guide" >"$work/verbatim.log" 2>&1; then
+if (ulimit -v 8000000; env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY "$tetra" run "$guide") \
+     >"$work/verbatim.log" 2>&1; then
   cat "$work/verbatim.log"; fail "the guide's YAML ran on one process"
 fi
 cat "$work/verbatim.log"
@@ -29,7 +31,6 @@ for want in "this layout needs 64 processes (data 8 x tensor 2 x pipeline 4 x co
   grep -q -- "$want" "$work/verbatim.log" || fail "the verbatim run does not say '$want'"
 done
 ! grep -q "traceback" "$work/verbatim.log" || fail "a traceback"
-[ $((SECONDS - t0)) -lt 20 ] || fail "the verbatim run took $((SECONDS - t0)) s"
 echo "ok: verbatim: names the processes, the bucket credentials and the tokenizer file ($((SECONDS - t0)) s)"
 
 # -- A scaled copy. ----------------------------------------------------------------------
