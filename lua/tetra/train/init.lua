@@ -1013,7 +1013,7 @@ function train.recipe(spec)
     local family = hf and hf.family_of(spec.Model)
     if family and cfg.model.family and family ~= cfg.model.family then
       user_error(string.format("model.init_from=%s holds a %s model but recipe %s builds " ..
-        "a %s: run recipes/%s.lua", source, cfg.model.family, spec.name, family,
+        "a %s: run recipes/%s/model.lua", source, cfg.model.family, spec.name, family,
         cfg.model.family))
     end
     local model = spec.Model(cfg.model)
