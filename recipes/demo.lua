@@ -14,7 +14,7 @@ local tetra = require("tetra")
 local train, bytetok = tetra.train, require("tetra.data.bytetok")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-local llama = dofile(here .. "/llama.lua")
+local llama = dofile(here .. "/llama/model.lua")
 
 local FORTUNES = "/usr/share/games/fortunes"
 

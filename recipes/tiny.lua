@@ -2,10 +2,10 @@
 -- checking parallel layouts against the single-process loss curve, e.g.
 --   mpirun -n 2 tetra run recipes/tiny.lua --set parallel.data_parallel_size=2 \
 --     --set log.metrics_file=dp2.jsonl
--- The model is recipes/llama.lua's, with grouped-query attention (4 query heads sharing
+-- The model is recipes/llama/model.lua's, with grouped-query attention (4 query heads sharing
 -- 2 key/value heads) so that path is exercised too.
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-local llama = dofile(here .. "/llama.lua")
+local llama = dofile(here .. "/llama/model.lua")
 
 local train = require("tetra").train
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Hugging Face interop against transformers 4.40 on PyTorch (tools/setup-hf-refs):
-#  - export: tiny Llamas (grouped-query, odd sizes; untied and tied) and a tiny GPT-2
-#    trained 3 steps with checkpoints, converted with `tetra convert --to hf` (one of them
+#  - export: tiny Llamas (grouped-query, odd sizes; untied and tied), a tiny GPT-2 and a
+#    tiny Qwen2 (recipes/qwen2/: q/k/v biases) trained 3 steps with checkpoints, converted with `tetra convert --to hf` (one of them
 #    sharded), load with from_pretrained; logits and loss on the same tokens within 1e-4
 #    relative of Tetra's (tests/cli/hf_forward.lua);
 #  - import: random models saved by save_pretrained (sharded and not, and in bf16 and
@@ -28,12 +28,12 @@ fail() { echo "FAIL: $*"; exit 1; }
 ref() { "$PY" "$here/hf_reference.py" "$@" || fail "hf_reference.py $1"; }
 forward() {   # RECIPE SOURCE OUT [k=v ...]
   local recipe=$1 source=$2 out=$3; shift 3
-  "$TETRA" -e 'dofile(arg[1])' "$here/hf_forward.lua" "$root/recipes/$recipe.lua" "$source" \
+  "$TETRA" -e 'dofile(arg[1])' "$here/hf_forward.lua" "$root/recipes/$recipe/model.lua" "$source" \
     tokens.st "$out" "$@" >/dev/null || fail "tetra forward from $source"
 }
 train() {     # NAME RECIPE [--set ...]
   local name=$1 recipe=$2; shift 2
-  "$TETRA" run "$root/recipes/$recipe.lua" --set train.steps=3 --set train.batch_size=2 \
+  "$TETRA" run "$root/recipes/$recipe/model.lua" --set train.steps=3 --set train.batch_size=2 \
     --set train.warmup_steps=1 --set checkpoint.dir="$name" --set checkpoint.every=3 \
     "$@" >/dev/null || fail "training $name"
 }
@@ -50,7 +50,7 @@ refused() {   # PATTERN CMD...
 # The Python side runs three times (importing torch takes seconds): the inputs first,
 # every comparison once Tetra has written its side, then the damaged folders.
 ref tokens tokens.st 16 97 1 + random llama r_llama 20KB llama-tied r_llama_tied - \
-  gpt2 r_gpt2 20KB gpt2 r_gpt2_one - + cast r_llama r_llama_bf16 bfloat16 r_gpt2_one r_gpt2_f16 float16
+  gpt2 r_gpt2 20KB gpt2 r_gpt2_one - qwen2 r_qwen2 20KB + cast r_llama r_llama_bf16 bfloat16 r_gpt2_one r_gpt2_f16 float16
 compares=()
 
 # -- Export -------------------------------------------------------------------------------
@@ -60,6 +60,7 @@ train llama llama "${llama[@]}"
 train llama_tied llama "${llama[@]}" --set model.tie_embeddings=true --set model.rope_theta=5000
 train gpt2 gpt2 --set model.dim=40 --set model.n_heads=5 --set model.n_layers=2 \
   --set model.vocab_size=97 --set model.ffn_hidden=72 --set model.seq_len=16
+train qwen2 qwen2 "${llama[@]}" --set model.rope_theta=20000 --set model.norm_eps=1e-5
 # Tensor-parallel checkpoints hold slices: the export puts each parameter together.
 if command -v mpirun >/dev/null; then
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 \
@@ -79,35 +80,43 @@ convert --to hf llama hf_llama --max-shard-size 30KB
   fail "30KB shards: $(ls hf_llama)"
 convert --to hf llama_tied/step_000003 hf_llama_tied
 convert --to hf gpt2 hf_gpt2
-for m in llama llama_tied gpt2; do forward "${m%_tied}" "$m" "tetra_$m.st"; done
+convert --to hf qwen2 hf_qwen2
+for m in llama llama_tied gpt2 qwen2; do forward "${m%_tied}" "$m" "tetra_$m.st"; done
 compares+=(hf_llama tokens.st tetra_llama.st hf_llama_tied tokens.st tetra_llama_tied.st
-           hf_gpt2 tokens.st tetra_gpt2.st)
+           hf_gpt2 tokens.st tetra_gpt2.st hf_qwen2 tokens.st tetra_qwen2.st)
 
 # Round trips: every parameter bit for bit.
 convert --from hf hf_llama back_llama
 convert --from hf hf_llama_tied back_llama_tied
 convert --from hf hf_gpt2 back_gpt2
+convert --from hf hf_qwen2 back_qwen2
 convert --to hf llama hf_meta --rope-layout meta
 convert --from hf hf_meta back_meta --rope-layout meta
+convert --to hf qwen2 hf_qwen2_meta --rope-layout meta
+convert --from hf hf_qwen2_meta back_qwen2_meta --rope-layout meta
 same=(llama/step_000003/model.safetensors back_llama/model.safetensors
       llama_tied/step_000003/model.safetensors back_llama_tied/model.safetensors
       gpt2/step_000003/model.safetensors back_gpt2/model.safetensors
-      llama/step_000003/model.safetensors back_meta/model.safetensors)
+      qwen2/step_000003/model.safetensors back_qwen2/model.safetensors
+      llama/step_000003/model.safetensors back_meta/model.safetensors
+      qwen2/step_000003/model.safetensors back_qwen2_meta/model.safetensors)
 
 # -- Import -------------------------------------------------------------------------------
-for m in llama llama_tied gpt2 llama_bf16 gpt2_f16; do
+for m in llama llama_tied gpt2 qwen2 llama_bf16 gpt2_f16; do
   recipe=${m%%_*}
   convert --from hf "r_$m" "ck_$m"
   forward "$recipe" "ck_$m" "tetra_ck_$m.st"
   forward "$recipe" "hf:r_$m" "tetra_hf_$m.st"
 done
 # And the other way round: transformers' tensors come back bit for bit.
-for m in llama llama_tied gpt2; do convert --to hf "ck_$m" "rt_$m"; same+=("r_$m" "rt_$m"); done
+for m in llama llama_tied gpt2 qwen2; do convert --to hf "ck_$m" "rt_$m"; same+=("r_$m" "rt_$m"); done
 compares+=(r_llama tokens.st tetra_ck_llama.st r_llama tokens.st tetra_hf_llama.st
            r_llama_tied tokens.st tetra_ck_llama_tied.st r_llama_tied tokens.st tetra_hf_llama_tied.st
            r_gpt2 tokens.st tetra_ck_gpt2.st r_gpt2 tokens.st tetra_hf_gpt2.st
+           r_qwen2 tokens.st tetra_ck_qwen2.st r_qwen2 tokens.st tetra_hf_qwen2.st
            r_llama_bf16 tokens.st tetra_ck_llama_bf16.st r_gpt2_f16 tokens.st tetra_hf_gpt2_f16.st)
-ref compare "${compares[@]}" + same "${same[@]}" + meta hf_llama hf_meta 6 2
+ref compare "${compares[@]}" + same "${same[@]}" + meta hf_llama hf_meta 6 2 \
+  hf_qwen2 hf_qwen2_meta 6 2
 
 # Training starts from the imported weights, the same from hf:DIR and the checkpoint.
 first_loss() {   # SOURCE TAG [LAUNCHER...]: the first step's loss
@@ -138,6 +147,14 @@ refused "model.seq_len=16 contradicts model.init_from=hf:r_gpt2, whose model has
   "$TETRA" run "$root/recipes/gpt2.lua" --set model.init_from=hf:r_gpt2 --set model.seq_len=16
 refused "holds a gpt2 model but recipe llama" \
   "$TETRA" run "$root/recipes/llama.lua" --set model.init_from=hf:r_gpt2
+refused "holds a qwen2 model but recipe llama builds a llama: run recipes/qwen2/model.lua" \
+  "$TETRA" run "$root/recipes/llama.lua" --set model.init_from=hf:r_qwen2
+refused "holds a llama model but recipe qwen2 builds a qwen2" \
+  "$TETRA" run "$root/recipes/qwen2/model.lua" --set model.init_from=hf:r_llama
+rm -rf bad_window; cp -r r_qwen2 bad_window
+sed -i 's/"use_sliding_window": false/"use_sliding_window": true/' bad_window/config.json
+refused "bad_window/config.json: use_sliding_window = true is not supported" \
+  "$TETRA" convert --from hf bad_window o10
 refused "weights only.*model.init_from" \
   "$TETRA" run "$root/recipes/llama.lua" --set checkpoint.resume=ck_llama --set model.vocab_size=97 \
   --set model.dim=48 --set model.n_heads=6 --set model.n_kv_heads=2 --set model.ffn_hidden=70
@@ -167,7 +184,7 @@ refused "bad_up/model.safetensors.index.json: tensor 'transformer.wte.weight' ma
 rm -rf bad_pickle; mkdir bad_pickle; cp r_gpt2_one/config.json bad_pickle/; echo x >bad_pickle/pytorch_model.bin
 refused "bad_pickle has no model.safetensors.*pickles" "$TETRA" convert --from hf bad_pickle o9
 refused "hf_llama already exists" "$TETRA" convert --from hf r_llama hf_llama
-[ ! -e o1 ] && [ ! -e o1.tmp ] || fail "a refused conversion left output behind"
+[ ! -e o1 ] && [ ! -e o1.tmp ] && [ ! -e o10 ] || fail "a refused conversion left output behind"
 for args in "--to gguf llama x" "--from hf r_llama" "--to hf llama x --max-shard-size 5XB" \
             "--from hf r_llama x --rope-layout gptj" "--to hf llama x --shard"; do
   # shellcheck disable=SC2086

@@ -7,7 +7,8 @@ Each command takes its arguments once per job, repeated; "-" leaves an optional 
   compare HF_DIR TOKENS TETRA_OUT            from_pretrained(HF_DIR), logits and loss on
                                              TOKENS against Tetra's (TETRA_OUT); prints the
                                              max relative errors; exits 1 past 1e-4
-  random  llama|gpt2|llama-tied OUT SHARD|-  a randomly initialised model saved by
+  random  llama|gpt2|llama-tied|qwen2 OUT SHARD|-
+                                             a randomly initialised model saved by
                                              save_pretrained (safetensors; sharded at
                                              SHARD, e.g. 20KB)
   same    A B                                every tensor of A equals B's bit for bit (A, B:
@@ -54,19 +55,26 @@ def compare(hf_dir, tokens_path, tetra_out):
 
 
 def random_model(kind, out, shard=None):
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                              Qwen2Config, Qwen2ForCausalLM)
     torch.manual_seed(7)
     if kind == "gpt2":
         cfg = GPT2Config(vocab_size=97, n_positions=24, n_embd=40, n_layer=2, n_head=5,
                          n_inner=72, layer_norm_epsilon=1e-4)
         model = GPT2LMHeadModel(cfg)
+    elif kind == "qwen2":
+        cfg = Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=70,
+                          num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                          max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=20000.0)
+        model = Qwen2ForCausalLM(cfg)
     else:
         cfg = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=70,
                           num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
                           max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=5000.0,
                           tie_word_embeddings=kind == "llama-tied")
         model = LlamaForCausalLM(cfg)
-    # Norm weights and biases away from their 1 / 0 init, so a swapped one shows.
+    # Norm weights and biases (Qwen2's q, k, v ones too) away from their 1 / 0 init, so a
+    # swapped or dropped one shows.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
@@ -105,12 +113,12 @@ def meta(hf_dir, meta_dir, n_heads, n_kv):
         if heads is None:
             assert torch.equal(w, me[k]), k
             continue
-        rows, dim = w.shape
-        to_hf = me[k].view(heads, rows // heads // 2, 2, dim).transpose(1, 2).reshape(rows, dim)
+        rows, dim = w.shape[0], w.shape[1] if w.dim() == 2 else 1   # a weight or a bias
+        to_hf = me[k].reshape(heads, rows // heads // 2, 2, dim).transpose(1, 2).reshape(w.shape)
         if not torch.equal(to_hf, w) or torch.equal(me[k], w):
             sys.exit(f"FAIL: {k} in {meta_dir} is not the Meta-order permutation of {hf_dir}'s")
         checked += 1
-    print(f"{checked} q/k projections in Meta order")
+    print(f"{checked} q/k projection tensors in Meta order")
 
 
 def edit(path, what, name, dtype=None):

@@ -17,6 +17,12 @@ endif()
 if(TEST cli/prometheus_endpoint)
   set_tests_properties(cli/prometheus_endpoint PROPERTIES TIMEOUT 240)
 endif()
+# Hugging Face interop: four small models trained, each converted both ways and run by
+# transformers (three Python starts), plus the refusals: about a minute alone, more on a
+# busy machine.
+if(TEST cli/hf_convert)
+  set_tests_properties(cli/hf_convert PROPERTIES TIMEOUT 400)
+endif()
 # The layer profiler trains each of two pipeline splits twice under mpirun (4 steps);
 # it asserts no timing between the splits, so it shares the machine like the others.
 if(TEST cli/profile)

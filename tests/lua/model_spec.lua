@@ -10,6 +10,7 @@ local C = ffi.C
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local llama = dofile(here .. "/../../recipes/llama.lua")
 local gpt2 = dofile(here .. "/../../recipes/gpt2.lua")
+local qwen2 = dofile(here .. "/../../recipes/qwen2/model.lua")
 
 local TINY = { vocab_size = 64, dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2,
                ffn_hidden = 48, seq_len = 8, norm_eps = 1e-5, rope_theta = 10000.0,
@@ -249,6 +250,48 @@ describe("models", function()
     -- At init the logits are near zero, so the loss is close to log(V).
     local loss = F.cross_entropy(l, ids):item()
     expect(loss).to_be_near(math.log(64), 0.02)
+  end)
+
+  -- recipes/qwen2/: Llama's weights, drawn in the same order, plus zero q, k, v biases.
+  it("Qwen2 is Llama with biases on q, k and v", function()
+    tetra.manual_seed(3)
+    local l = llama.Model(TINY)
+    tetra.manual_seed(3)
+    local q = qwen2.Model(TINY)
+    local names = {}
+    for _, np in ipairs(q:named_parameters()) do names[#names + 1] = np[1] end
+    expect(names[4]).to_be("layers.0.attention.wq.bias")
+    expect(names[6]).to_be("layers.0.attention.wk.bias")
+    expect(names[8]).to_be("layers.0.attention.wv.bias")
+    expect(names[9]).to_be("layers.0.attention.wo.weight")
+    local dkv = TINY.n_kv_heads * TINY.dim / TINY.n_heads
+    expect(q:num_params()).to_be(l:num_params() + TINY.n_layers * (TINY.dim + 2 * dkv))
+    local ids = ids_tensor({ { 1, 2, 3, 4 }, { 4, 3, 2, 1 } })
+    expect(q(ids)).to_be_close(l(ids), 0, 0)
+    -- A value bias b adds b to every attention output row (softmax rows sum to 1), so
+    -- the block's attention output moves by wo b at every position.
+    local attn_q, attn_l = q.layers[1].attention, l.layers[1].attention
+    tetra.no_grad(function() attn_q.wv.bias:copy_(F.randn({ dkv }, 1.0)) end)
+    local bias, wo = attn_q.wv.bias:tolist(), attn_l.wo.weight:tolist()
+    local hd, group = TINY.dim / TINY.n_heads, TINY.n_heads / TINY.n_kv_heads
+    local shift = {}
+    for j = 1, TINY.dim do
+      shift[j] = 0
+      for i = 1, TINY.dim do   -- query head h reads key/value head floor(h / group)
+        local h, k = math.floor((i - 1) / hd), (i - 1) % hd
+        shift[j] = shift[j] + wo[j][i] * bias[math.floor(h / group) * hd + k + 1]
+      end
+    end
+    local x = F.randn({ 1, 4, TINY.dim }, 1.0)
+    local with, without = attn_q(x):tolist(), attn_l(x):tolist()
+    local worst = 0
+    for t = 1, 4 do
+      for j = 1, TINY.dim do
+        worst = math.max(worst, math.abs(with[1][t][j] - without[1][t][j] - shift[j]))
+      end
+    end
+    expect(worst < 1e-5).to_be(true)
+    expect(q(ids)).never.to_be_close(l(ids), 1e-3, 0)
   end)
 
   -- The residual add before each block's second norm runs fused with it (one pass over

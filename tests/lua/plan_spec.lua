@@ -11,10 +11,11 @@ local config = require("tetra.config")
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local llama = dofile(here .. "/../../recipes/llama.lua")
 local gpt2 = dofile(here .. "/../../recipes/gpt2.lua")
+local qwen2 = dofile(here .. "/../../recipes/qwen2/model.lua")
 
 local function build(recipe, sets)
   local cfg = config.build({ defaults = recipe.defaults, sets = sets or {}, world_size = false })
-  cfg.model.family = cfg.model.family or (recipe == gpt2 and "gpt2" or "llama")
+  cfg.model.family = cfg.model.family or recipe.name
   return cfg
 end
 
@@ -26,10 +27,23 @@ describe("plan memory", function()
   it("counts the parameters the recipes build", function()
     for _, case in ipairs({ { llama, small }, { llama, { "model.tie_embeddings=true" } },
                             { gpt2, { "model.dim=64", "model.n_layers=2", "model.n_heads=4",
-                                      "model.vocab_size=300", "model.seq_len=32" } } }) do
+                                      "model.vocab_size=300", "model.seq_len=32" } },
+                            { qwen2, small } }) do
       local cfg = build(case[1], case[2])
       local model = case[1].Model(cfg.model)
       expect(plan.parameter_count(cfg.model)).to_be(model:num_params())
+      -- recipes/<family>/presets.lua lists the parameters model.lua builds (in the order
+      -- its forward uses them).
+      local built, listed = {}, {}
+      for _, np in ipairs(model:named_parameters()) do built[#built + 1] = np[1] end
+      local head = require("tetra.models").of(cfg.model).head
+      for _, e in ipairs(plan.parameters(cfg.model)) do   -- a tied head is listed once
+        if not (cfg.model.tie_embeddings and e[1] == head) then
+          listed[#listed + 1] = e[1] .. "." .. e[2]
+        end
+      end
+      table.sort(listed); table.sort(built)
+      expect(listed).to_equal(built)
     end
   end)
 

@@ -1,5 +1,6 @@
--- tetra.checkpoint.hf: Hugging Face model folders <-> Tetra checkpoints, for Llama
--- (LlamaForCausalLM) and GPT-2 (GPT2LMHeadModel).
+-- tetra.checkpoint.hf: Hugging Face model folders <-> Tetra checkpoints, for every model
+-- family whose folder has an hf.lua (recipes/llama/hf.lua: LlamaForCausalLM,
+-- recipes/gpt2/hf.lua: GPT2LMHeadModel, recipes/qwen2/hf.lua: Qwen2ForCausalLM).
 --
 --   hf.export(checkpoint_dir, out_dir, opts)   -- config.json + model.safetensors (or
 --                                              -- model-0000K-of-0000N.safetensors and
@@ -13,21 +14,24 @@
 -- pytorch_model.bin files, which can run code, are never opened. Every size comes from
 -- config.json and must agree with each tensor's header before anything is read.
 --
--- The mapping, per family, is a list of rules: one Hugging Face tensor made from one or
--- more Tetra parameters by a kind of copy:
+-- A family's hf.lua gives its model_type, config.json keys (from_config, to_config) and
+-- its mapping, a list of rules: one Hugging Face tensor made from one or more Tetra
+-- parameters by a kind of copy, which this file carries out:
 --   copy   the same matrix under another name
 --   t      transposed (GPT-2's Conv1D layers store weights as (in, out))
 --   qkv    GPT-2's fused c_attn: the rows of wq, wk, wv stacked, then transposed
 --   cat    GPT-2's fused c_attn bias: the three biases end to end
---   rope   Llama's q_proj / k_proj: a copy, since Tetra's RoPE (engine/ops/rope.c,
---          rotate-half: dimension i pairs with i + Dh/2) is Hugging Face's; with
---          rope_layout "meta" the rows of each head are in Meta's interleaved order
---          (i pairs with i + 1) in the Hugging Face files and are permuted on the way
+--   rope   Llama's q_proj / k_proj (weights or biases): a copy, since Tetra's RoPE
+--          (engine/ops/rope.c, rotate-half: dimension i pairs with i + Dh/2) is Hugging
+--          Face's; with rope_layout "meta" the rows of each head are in Meta's
+--          interleaved order (i pairs with i + 1) in the Hugging Face files and are
+--          permuted on the way
 local ffi = require("ffi")
 local T = require("tetra.tensor")
 local st = require("tetra.io")
 local host = require("tetra.host")
 local checkpoint = require("tetra.checkpoint")
+local models = require("tetra.models")
 
 local M = {}
 
@@ -47,6 +51,26 @@ end
 
 -- -- config.json -----------------------------------------------------------------------
 
+-- The families that convert: { family name = its hf.lua }, and their model types.
+local function hf_families()
+  local out, types = {}, {}
+  for _, name in ipairs(models.names()) do
+    local h = models.hf(name)
+    if h then
+      out[name] = h
+      types[#types + 1] = string.format("%s (%s)", h.model_type, h.architecture)
+    end
+  end
+  return out, types
+end
+
+-- Family `name`'s hf.lua; one line if it has none.
+local function family_hf(name)
+  local h = models.hf(name)
+  if not h then fail("model family '%s' has no Hugging Face mapping (recipes/%s/hf.lua)", name, name) end
+  return h
+end
+
 -- Reads dir/config.json into Tetra's model.* keys (with family), refusing what Tetra's
 -- models do not compute.
 local function hf_model_config(dir)
@@ -57,149 +81,52 @@ local function hf_model_config(dir)
   if not ok or type(c) ~= "table" then
     fail("%s is not a JSON object (%s)", path, ok and "not an object" or tostring(c))
   end
-  local function int(key, default)
+  local get = {}
+  function get.fail(fmt, ...) fail("%s: " .. fmt, path, ...) end
+  function get.int(key, default)
     local v = c[key]
     if v == nil or v == checkpoint.null then v = default end
     if type(v) ~= "number" or v % 1 ~= 0 or v < 1 or v >= 2^31 then
-      fail("%s: %s must be a positive integer below 2^31, got %s", path, key, tostring(v))
+      get.fail("%s must be a positive integer below 2^31, got %s", key, tostring(v))
     end
     return v
   end
-  local function num(key, default, max)
+  function get.num(key, default, max)
     local v = c[key]
     if v == nil then v = default end
     if type(v) ~= "number" or not (v > 0 and v < max) then
-      fail("%s: %s must be a number in (0, %g), got %s", path, key, max, tostring(v))
+      get.fail("%s must be a number in (0, %g), got %s", key, max, tostring(v))
     end
     return v
   end
-  local function refuse(key, bad, why)
+  function get.refuse(key, bad, why)
     if c[key] ~= nil and c[key] ~= checkpoint.null and bad(c[key]) then
-      fail("%s: %s = %s is not supported: %s", path, key, tostring(c[key]), why)
+      get.fail("%s = %s is not supported: %s", key, tostring(c[key]), why)
     end
   end
-  local m
-  if c.model_type == "llama" then
-    m = { family = "llama", dim = int("hidden_size"), n_layers = int("num_hidden_layers"),
-          n_heads = int("num_attention_heads"), vocab_size = int("vocab_size"),
-          ffn_hidden = int("intermediate_size"), norm_eps = num("rms_norm_eps", 1e-6, 1),
-          rope_theta = num("rope_theta", 10000, 1e30),
-          tie_embeddings = c.tie_word_embeddings == true,
-          -- Not a weight's shape: kept for the way back, never imposed on training.
-          seq_len = int("max_position_embeddings", 2048) }
-    m.n_kv_heads = int("num_key_value_heads", m.n_heads)
-    refuse("hidden_act", function(v) return v ~= "silu" end, "Tetra's Llama uses SiLU")
-    refuse("rope_scaling", function() return true end, "Tetra's RoPE has no scaling")
-    refuse("attention_bias", function(v) return v ~= false end, "Tetra's Llama has no biases")
-    refuse("mlp_bias", function(v) return v ~= false end, "Tetra's Llama has no biases")
-    refuse("head_dim", function(v) return v ~= m.dim / m.n_heads end,
-           "Tetra's head size is hidden_size / num_attention_heads")
-    if m.dim % m.n_heads ~= 0 or (m.dim / m.n_heads) % 2 ~= 0 then
-      fail("%s: hidden_size %d over num_attention_heads %d must give an even head size",
-           path, m.dim, m.n_heads)
+  local families, types = hf_families()
+  for _, name in ipairs(models.names()) do
+    local h = families[name]
+    if h and h.model_type == c.model_type then
+      local m = h.from_config(c, get)
+      m.family = name
+      return m
     end
-    if m.n_heads % m.n_kv_heads ~= 0 then
-      fail("%s: num_key_value_heads %d must divide num_attention_heads %d", path,
-           m.n_kv_heads, m.n_heads)
-    end
-  elseif c.model_type == "gpt2" then
-    m = { family = "gpt2", dim = int("n_embd"), n_layers = int("n_layer"),
-          n_heads = int("n_head"), vocab_size = int("vocab_size"),
-          seq_len = int("n_positions"), norm_eps = num("layer_norm_epsilon", 1e-5, 1),
-          tie_embeddings = true }
-    m.n_kv_heads = m.n_heads
-    m.ffn_hidden = int("n_inner", 4 * m.dim)
-    refuse("activation_function", function(v) return v ~= "gelu_new" and v ~= "gelu_pytorch_tanh" end,
-           "Tetra's GPT-2 uses the tanh GELU (gelu_new)")
-    refuse("tie_word_embeddings", function(v) return v ~= true end,
-           "Tetra's GPT-2 ties lm_head to wte")
-    refuse("scale_attn_by_inverse_layer_idx", function(v) return v ~= false end,
-           "Tetra's attention scales by 1/sqrt(head size) only")
-    refuse("scale_attn_weights", function(v) return v ~= true end,
-           "Tetra's attention scales by 1/sqrt(head size)")
-    if m.dim % m.n_heads ~= 0 then
-      fail("%s: n_head %d must divide n_embd %d", path, m.n_heads, m.dim)
-    end
-  else
-    fail("%s: model_type %s: tetra converts llama (LlamaForCausalLM) and gpt2 " ..
-         "(GPT2LMHeadModel)", path, tostring(c.model_type))
   end
-  return m
-end
-
--- config.json for the Tetra model keys m.
-local function hf_config_json(m)
-  if m.family == "llama" then
-    return { architectures = { "LlamaForCausalLM" }, model_type = "llama",
-             hidden_size = m.dim, intermediate_size = m.ffn_hidden,
-             num_attention_heads = m.n_heads, num_hidden_layers = m.n_layers,
-             num_key_value_heads = m.n_kv_heads, vocab_size = m.vocab_size,
-             max_position_embeddings = m.seq_len, rms_norm_eps = m.norm_eps,
-             rope_theta = m.rope_theta, tie_word_embeddings = m.tie_embeddings == true,
-             hidden_act = "silu", attention_bias = false, mlp_bias = false,
-             initializer_range = m.init_std or 0.02, torch_dtype = "float32" }
-  end
-  return { architectures = { "GPT2LMHeadModel" }, model_type = "gpt2", n_embd = m.dim,
-           n_layer = m.n_layers, n_head = m.n_heads, n_positions = m.seq_len,
-           n_ctx = m.seq_len, vocab_size = m.vocab_size, n_inner = m.ffn_hidden,
-           activation_function = "gelu_new", layer_norm_epsilon = m.norm_eps,
-           tie_word_embeddings = true, initializer_range = m.init_std or 0.02,
-           torch_dtype = "float32" }
+  fail("%s: model_type %s: tetra converts %s", path, tostring(c.model_type),
+       table.concat(types, ", "))
 end
 
 -- -- The mapping -----------------------------------------------------------------------
 
 -- The rules of model m: { hf = name, kind = ..., tetra = { names }, shapes = { Tetra
--- shapes }, heads = (rope) } in Hugging Face's order. gpt2_prefix: "transformer." (what
--- GPT2LMHeadModel writes) or "" (the original GPT-2 files).
-local function rules_for(m, gpt2_prefix)
+-- shapes }, heads = (rope) } in Hugging Face's order. names: the tensor names of the
+-- folder being read (a family may accept more than one naming), nil when writing.
+local function rules_for(m, names)
   local R = {}
-  local function add(hf, kind, tetra, shapes, heads)
+  family_hf(m.family).rules(m, function(hf, kind, tetra, shapes, heads)
     R[#R + 1] = { hf = hf, kind = kind, tetra = tetra, shapes = shapes, heads = heads }
-  end
-  local D, V, Fh, hd = m.dim, m.vocab_size, m.ffn_hidden, m.dim / m.n_heads
-  if m.family == "llama" then
-    local q, kv = m.n_heads * hd, m.n_kv_heads * hd
-    add("model.embed_tokens.weight", "copy", { "tok_embeddings.weight" }, { { V, D } })
-    for i = 0, m.n_layers - 1 do
-      local h, p = "model.layers." .. i .. ".", "layers." .. i .. "."
-      add(h .. "self_attn.q_proj.weight", "rope", { p .. "attention.wq.weight" }, { { q, D } }, m.n_heads)
-      add(h .. "self_attn.k_proj.weight", "rope", { p .. "attention.wk.weight" }, { { kv, D } }, m.n_kv_heads)
-      add(h .. "self_attn.v_proj.weight", "copy", { p .. "attention.wv.weight" }, { { kv, D } })
-      add(h .. "self_attn.o_proj.weight", "copy", { p .. "attention.wo.weight" }, { { D, q } })
-      add(h .. "mlp.gate_proj.weight", "copy", { p .. "feed_forward.w1.weight" }, { { Fh, D } })
-      add(h .. "mlp.up_proj.weight", "copy", { p .. "feed_forward.w3.weight" }, { { Fh, D } })
-      add(h .. "mlp.down_proj.weight", "copy", { p .. "feed_forward.w2.weight" }, { { D, Fh } })
-      add(h .. "input_layernorm.weight", "copy", { p .. "attention_norm.weight" }, { { D } })
-      add(h .. "post_attention_layernorm.weight", "copy", { p .. "ffn_norm.weight" }, { { D } })
-    end
-    add("model.norm.weight", "copy", { "norm.weight" }, { { D } })
-    if not m.tie_embeddings then add("lm_head.weight", "copy", { "output.weight" }, { { V, D } }) end
-    return R
-  end
-  local t = gpt2_prefix or "transformer."
-  add(t .. "wte.weight", "copy", { "wte.weight" }, { { V, D } })
-  add(t .. "wpe.weight", "copy", { "wpe.weight" }, { { m.seq_len, D } })
-  for i = 0, m.n_layers - 1 do
-    local h, p = t .. "h." .. i .. ".", "h." .. i .. "."
-    for _, ln in ipairs({ "ln_1", "ln_2" }) do
-      add(h .. ln .. ".weight", "copy", { p .. ln .. ".weight" }, { { D } })
-      add(h .. ln .. ".bias", "copy", { p .. ln .. ".bias" }, { { D } })
-    end
-    local a = p .. "attn."
-    add(h .. "attn.c_attn.weight", "qkv", { a .. "wq.weight", a .. "wk.weight", a .. "wv.weight" },
-        { { D, D }, { D, D }, { D, D } })
-    add(h .. "attn.c_attn.bias", "cat", { a .. "wq.bias", a .. "wk.bias", a .. "wv.bias" },
-        { { D }, { D }, { D } })
-    add(h .. "attn.c_proj.weight", "t", { a .. "wo.weight" }, { { D, D } })
-    add(h .. "attn.c_proj.bias", "copy", { a .. "wo.bias" }, { { D } })
-    add(h .. "mlp.c_fc.weight", "t", { p .. "mlp.c_fc.weight" }, { { Fh, D } })
-    add(h .. "mlp.c_fc.bias", "copy", { p .. "mlp.c_fc.bias" }, { { Fh } })
-    add(h .. "mlp.c_proj.weight", "t", { p .. "mlp.c_proj.weight" }, { { D, Fh } })
-    add(h .. "mlp.c_proj.bias", "copy", { p .. "mlp.c_proj.bias" }, { { D } })
-  end
-  add(t .. "ln_f.weight", "copy", { "ln_f.weight" }, { { D } })
-  add(t .. "ln_f.bias", "copy", { "ln_f.bias" }, { { D } })
+  end, names)
   return R
 end
 
@@ -214,13 +141,15 @@ end
 
 local function transposed(t) return t:transpose(0, 1):contiguous() end
 
--- The rows of each head of w (heads x hd, in) reordered: "to_meta" takes rotate-half
--- order (pairs i, i + hd/2) to interleaved (pairs 2i, 2i + 1); otherwise the reverse.
+-- The rows of each head of w (heads x hd, in), or of a bias (heads x hd), reordered:
+-- "to_meta" takes rotate-half order (pairs i, i + hd/2) to interleaved (pairs 2i, 2i + 1);
+-- otherwise the reverse.
 local function permute_rope(w, heads, to_meta)
-  local rows, cols = w:size(0), w:size(1)
+  local shape = w:shape()
+  local rows, cols = shape[1], shape[2] or 1
   local hd = rows / heads
   local v = to_meta and w:view(heads, 2, hd / 2, cols) or w:view(heads, hd / 2, 2, cols)
-  return v:transpose(1, 2):contiguous():view(rows, cols)
+  return v:transpose(1, 2):contiguous():view(shape)
 end
 
 -- Stacks the rows of 1-D or 2-D tensors.
@@ -273,12 +202,13 @@ end
 
 -- -- Reading a Hugging Face folder -----------------------------------------------------
 
--- Non-parameter buffers older transformers versions saved: recomputed, never read.
-local function is_buffer(name)
-  return name:match("^h%.%d+%.attn%.bias$") or name:match("^h%.%d+%.attn%.masked_bias$") or
-         name:match("^transformer%.h%.%d+%.attn%.bias$") or
-         name:match("^transformer%.h%.%d+%.attn%.masked_bias$") or
-         name:match("%.rotary_emb%.inv_freq$")
+-- Non-parameter buffers older transformers versions saved (the family's hf.lua lists
+-- their patterns): recomputed, never read.
+local function is_buffer(h, name)
+  for _, pattern in ipairs(h.buffers or {}) do
+    if name:match(pattern) then return true end
+  end
+  return false
 end
 
 local INDEX = "model.safetensors.index.json"
@@ -347,13 +277,12 @@ local FLOAT_DTYPES = { f32 = true, bf16 = true, f16 = true }
 local function open_hf(dir)
   if not host.is_dir(dir) then fail("%s is not a directory (a Hugging Face model folder)", dir) end
   local m = hf_model_config(dir)
+  local h = family_hf(m.family)
   local files, where, listing = hf_files(dir)
-  local prefix = (m.family == "gpt2" and not where["transformer.wte.weight"] and
-                  where["wte.weight"]) and "" or "transformer."
-  local rules = rules_for(m, prefix)
+  local rules = rules_for(m, where)
   local wanted = {}
   for _, r in ipairs(rules) do wanted[r.hf] = r end
-  local head = "lm_head.weight"
+  local head = h.head
   local embed = rules[1].hf
   local function info(name)
     local f = files[where[name]]
@@ -382,7 +311,7 @@ local function open_hf(dir)
   for name in pairs(where) do names[#names + 1] = name end
   table.sort(names)
   for _, name in ipairs(names) do
-    if not wanted[name] and not is_buffer(name) then
+    if not wanted[name] and not is_buffer(h, name) then
       if name == head and m.tie_embeddings and
          shape_text(info(head).shape) == shape_text(info(embed).shape) and
          FLOAT_DTYPES[info(head).dtype] then
@@ -442,28 +371,54 @@ end
 local MODEL_KEYS = { "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden",
                      "norm_eps", "rope_theta", "tie_embeddings", "seq_len", "init_std" }
 
--- The model keys of an opened checkpoint (its state.json's config), family from its
--- parameter names.
+-- Whether the rules of model m name exactly the checkpoint's parameters.
+local function names_match(w, m)
+  local want, n = {}, 0
+  for _, r in ipairs(rules_for(m)) do
+    for _, name in ipairs(r.tetra) do
+      if not w.shape(name) then return false end
+      if not want[name] then n = n + 1 end
+      want[name] = true
+    end
+  end
+  return n == #w.names
+end
+
+-- The model keys of an opened checkpoint (its state.json's config). The family is the
+-- config's, else the one whose mapping names exactly the checkpoint's parameters, else
+-- the first whose embedding it holds (checkpoint_rules then says what differs).
 local function checkpoint_model(w)
   local c = type(w.state.config) == "table" and w.state.config.model
   if type(c) ~= "table" then fail("checkpoint %s: state.json has no model config", w.path) end
   local m = {}
   for _, k in ipairs(MODEL_KEYS) do m[k] = c[k] end
-  if w.shape("tok_embeddings.weight") then
-    m.family = "llama"
-  elseif w.shape("wte.weight") then
-    m.family = "gpt2"
-  else
-    fail("checkpoint %s holds neither a Llama (tok_embeddings.weight) nor a GPT-2 " ..
-         "(wte.weight) model", w.path)
-  end
   for _, k in ipairs({ "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden",
                        "seq_len" }) do
     if type(m[k]) ~= "number" then
       fail("checkpoint %s: state.json's model.%s is missing", w.path, k)
     end
   end
-  if m.family == "gpt2" then m.rope_theta = nil end
+  local families = hf_families()
+  if families[c.family] then
+    m.family = c.family
+  else
+    local names, embeds = {}, nil
+    for _, name in ipairs(models.names()) do
+      if families[name] then
+        names[#names + 1] = name
+        m.family = name
+        if names_match(w, m) then break end
+        m.family = nil
+        if not embeds and w.shape(models.get(name).embedding .. ".weight") then embeds = name end
+      end
+    end
+    m.family = m.family or embeds
+    if not m.family then
+      fail("checkpoint %s holds no model of a family with a Hugging Face mapping (%s): " ..
+           "its parameter names match none", w.path, table.concat(names, ", "))
+    end
+  end
+  if not models.get(m.family).rotary then m.rope_theta = nil end
   return m
 end
 
@@ -544,7 +499,7 @@ local function write_hf(out, m, rules, make, max_shard)
     checkpoint.write_file(tmp .. "/" .. INDEX, checkpoint.encode_json({
       metadata = { total_size = total }, weight_map = weight_map }) .. "\n")
   end
-  checkpoint.write_file(tmp .. "/config.json", checkpoint.encode_json(hf_config_json(m)) .. "\n")
+  checkpoint.write_file(tmp .. "/config.json", checkpoint.encode_json(family_hf(m.family).to_config(m)) .. "\n")
   local ok, err = os.rename(tmp, out)
   if not ok then fail("cannot rename %s to %s: %s", tmp, out, tostring(err)) end
   return #shards
@@ -654,10 +609,8 @@ function M.init_weights(model, source)
   end
 end
 
--- The family a recipe's model class computes ("llama" / "gpt2"), or nil.
-function M.family_of(Model)
-  local name = Model and Model.__name
-  return name and ({ Llama = "llama", GPT2 = "gpt2" })[name]
-end
+-- The family whose model.lua builds class Model, or nil (tetra.train checks a source's
+-- family against the recipe's with it).
+M.family_of = models.family_of
 
 return M

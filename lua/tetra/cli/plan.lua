@@ -140,11 +140,10 @@ function M.load_config(file, sets)
     end
     cfg = config.build({ defaults = recipe.defaults, sets = sets, world_size = false })
   end
-  -- The model's family (its parameter shapes): a preset names it; else the recipe's plan
-  -- does (GPT-2's blocks are "h", Llama's "layers").
+  -- The model's family (its parameter shapes): a preset names it; else the recipe's model.
   if not cfg.model.family then
-    local blocks = recipe and recipe.plan and recipe.plan.pipeline and recipe.plan.pipeline.blocks
-    cfg.model.family = blocks == "h" and "gpt2" or "llama"
+    local models = require("tetra.models")
+    cfg.model.family = recipe and models.family_of(recipe.Model) or models.default
   end
   return cfg
 end

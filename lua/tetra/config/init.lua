@@ -3,8 +3,9 @@
 -- A config is a table of sections (train, parallel, data, model, optim, checkpoint, log,
 -- dist), each a table of keys. Precedence, lowest first:
 --   schema defaults < recipe defaults < model preset < YAML file < --set key=value
--- The preset (llama-7b, gpt2-124m ...) is named by train.model_name or model.name and
--- fills model.* keys the YAML and --set leave alone.
+-- The preset (llama-7b, gpt2-124m ...; each model family's recipes/<family>/presets.lua,
+-- found through tetra.models) is named by train.model_name or model.name and fills
+-- model.* keys the YAML and --set leave alone.
 --
 -- Validation runs before anything is allocated. Every problem is a config error naming
 -- the key and the fix; unknown keys suggest the nearest known one. Modules add their own
@@ -14,6 +15,7 @@
 -- config.register_model_source(fn).
 
 local host = require("tetra.host")
+local models = require("tetra.models")
 
 local M = {}
 
@@ -49,8 +51,8 @@ local function any(default, doc) return { type = "any", default = default, doc =
 
 M.schema = {
   train = {
-    model_name = str(nil, "preset: llama-7b, llama-1b, llama3-8b, llama3-70b, llama-tiny, gpt2-124m, gpt2-tiny"),
-    recipe = str(nil, "recipe name (recipes/NAME.lua) or path; default from the preset family"),
+    model_name = str(nil, "preset (recipes/*/presets.lua): llama-7b, llama3-8b, gpt2-124m, qwen2-7b, ..."),
+    recipe = str(nil, "recipe name (recipes/NAME.lua or recipes/NAME/model.lua) or path; default from the preset family"),
     precision = enum("fp32", { "fp32", "bf16", "fp16", "fp8" },
                      "compute precision; fp32 master weights in every one (docs/precision.md)"),
     device = str("cpu", "cpu, cuda (this rank's GPU) or cuda:N"),
@@ -118,17 +120,17 @@ M.schema = {
   },
   model = {
     name = str(nil, "preset name, same as train.model_name"),
-    family = enum(nil, { "llama", "gpt2" }, "model family (set by the preset)"),
+    family = enum(nil, models.names(), "model family: a folder of recipes/ with a model.lua (set by the preset)"),
     dim = int(nil, 1, "model width"),
     n_layers = int(nil, 1, "transformer blocks"),
     n_heads = int(nil, 1, "attention heads"),
     n_kv_heads = int(nil, 1, "key/value heads (grouped-query attention; default n_heads)"),
     vocab_size = int(nil, 1, "vocabulary size"),
     seq_len = int(nil, 1, "training sequence length in tokens"),
-    ffn_hidden = int(nil, 1, "MLP hidden units (default from dim: Llama 8/3 dim rounded to 256, GPT-2 4 dim)"),
+    ffn_hidden = int(nil, 1, "MLP hidden units (default from dim, by the family's presets.lua)"),
     norm_eps = num(1e-5, 0, "epsilon of RMSNorm / LayerNorm"),
     rope_theta = num(10000, 0, "base of the rotary embedding frequencies (Llama)"),
-    tie_embeddings = bool(nil, "the output head shares the embedding (default: GPT-2 yes, Llama no)"),
+    tie_embeddings = bool(nil, "the output head shares the embedding (default: the family's presets.lua)"),
     init_std = num(0.02, 0, "standard deviation of the weights' normal init"),
   },
   optim = {
@@ -201,37 +203,6 @@ local function load_schema_dir()
 end
 -- The whole schema, the files of schema/ included (tetra docs config prints it).
 M.load_schema = load_schema_dir
-
--- -- Presets (published shapes) ------------------------------------------------------
-
-M.presets = {
-  -- Llama 2 7B (Touvron et al. 2023).
-  ["llama-7b"] = { family = "llama", dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 32,
-                   vocab_size = 32000, seq_len = 4096, ffn_hidden = 11008, norm_eps = 1e-5,
-                   rope_theta = 10000, tie_embeddings = false },
-  -- Llama 3.2 1B.
-  ["llama-1b"] = { family = "llama", dim = 2048, n_layers = 16, n_heads = 32, n_kv_heads = 8,
-                   vocab_size = 128256, seq_len = 2048, ffn_hidden = 8192, norm_eps = 1e-5,
-                   rope_theta = 500000, tie_embeddings = true },
-  -- Llama 3.1 8B and 70B (Meta 2024, "The Llama 3 Herd of Models", table 3).
-  ["llama3-8b"] = { family = "llama", dim = 4096, n_layers = 32, n_heads = 32, n_kv_heads = 8,
-                    vocab_size = 128256, seq_len = 8192, ffn_hidden = 14336, norm_eps = 1e-5,
-                    rope_theta = 500000, tie_embeddings = false },
-  ["llama3-70b"] = { family = "llama", dim = 8192, n_layers = 80, n_heads = 64, n_kv_heads = 8,
-                     vocab_size = 128256, seq_len = 8192, ffn_hidden = 28672, norm_eps = 1e-5,
-                     rope_theta = 500000, tie_embeddings = false },
-  -- The benchmark model: trains in minutes on 2 CPU cores.
-  ["llama-tiny"] = { family = "llama", dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
-                     vocab_size = 4096, seq_len = 256, ffn_hidden = 768, norm_eps = 1e-5,
-                     rope_theta = 10000, tie_embeddings = false },
-  -- GPT-2 small (Radford et al. 2019).
-  ["gpt2-124m"] = { family = "gpt2", dim = 768, n_layers = 12, n_heads = 12, n_kv_heads = 12,
-                    vocab_size = 50257, seq_len = 1024, ffn_hidden = 3072, norm_eps = 1e-5,
-                    tie_embeddings = true },
-  ["gpt2-tiny"] = { family = "gpt2", dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
-                    vocab_size = 4096, seq_len = 256, ffn_hidden = 1024, norm_eps = 1e-5,
-                    tie_embeddings = true },
-}
 
 -- -- Helpers -------------------------------------------------------------------------
 
@@ -387,7 +358,7 @@ local function check_model(cfg)
   for _, k in ipairs({ "dim", "n_layers", "n_heads", "vocab_size", "seq_len" }) do
     if m[k] == nil then
       M.error("model.%s is not set: pick a preset with train.model_name (%s) or set model.%s",
-              k, table.concat(sorted_keys(M.presets), ", "), k)
+              k, table.concat(sorted_keys(models.presets()), ", "), k)
     end
   end
   if m.dim % m.n_heads ~= 0 then
@@ -397,23 +368,17 @@ local function check_model(cfg)
     M.error("model.n_kv_heads (%d) must divide model.n_heads (%d) (grouped-query attention)",
             m.n_kv_heads, m.n_heads)
   end
-  if m.family == "llama" and (m.dim / m.n_heads) % 2 ~= 0 then
+  if m.family and models.of(m).rotary and (m.dim / m.n_heads) % 2 ~= 0 then
     M.error("model.dim / model.n_heads (%d) must be even for rotary embeddings", m.dim / m.n_heads)
   end
 end
 
--- Fills model keys that follow from others (family rules).
+-- Fills model keys that follow from others (the family's rules, its presets.lua).
 local function derive_model(m)
+  local fam = models.of(m)
   if m.n_heads and not m.n_kv_heads then m.n_kv_heads = m.n_heads end
-  if m.dim and not m.ffn_hidden then
-    if m.family == "gpt2" then
-      m.ffn_hidden = 4 * m.dim
-    else
-      -- Llama: 2/3 of 4*dim, rounded up to a multiple of 256.
-      m.ffn_hidden = 256 * math.ceil(math.floor(8 * m.dim / 3) / 256)
-    end
-  end
-  if m.tie_embeddings == nil then m.tie_embeddings = m.family == "gpt2" end
+  if m.dim and not m.ffn_hidden then m.ffn_hidden = fam.ffn_hidden(m.dim) end
+  if m.tie_embeddings == nil then m.tie_embeddings = fam.tied == true end
 end
 
 -- Checks every key of cfg against the schema and fills defaults. Returns cfg.
@@ -559,10 +524,11 @@ function M.build(parts)
   name = name or preset_name(defaults)
   local merged
   if name then
-    local preset = M.presets[name]
+    local presets = models.presets()
+    local preset = presets[name]
     if not preset then
       M.error("unknown model preset '%s' (train.model_name): choose one of %s, or set model.* keys",
-              tostring(name), table.concat(sorted_keys(M.presets), ", "))
+              tostring(name), table.concat(sorted_keys(presets), ", "))
     end
     if named_by_user then
       merged = M.merge(M.merge(defaults, { model = preset }), user)
@@ -587,13 +553,17 @@ end
 
 local function dirname(path) return path:match("^(.*)/[^/]*$") or "." end
 
--- Finds a recipe by name ("llama" -> recipes/llama.lua) or path.
+-- Finds a recipe by name ("llama" -> recipes/llama.lua; a model family without one ->
+-- recipes/NAME/model.lua) or path.
 function M.find_recipe(name, base_dir)
   local candidates = {}
   if name:find("/", 1, true) or name:match("%.lua$") then
     candidates = { name, base_dir .. "/" .. name }
   else
-    candidates = { host.root .. "/recipes/" .. name .. ".lua", host.source_dir .. "/recipes/" .. name .. ".lua" }
+    for _, dir in ipairs({ host.root, host.source_dir }) do
+      candidates[#candidates + 1] = dir .. "/recipes/" .. name .. ".lua"
+      candidates[#candidates + 1] = dir .. "/recipes/" .. name .. "/model.lua"
+    end
   end
   for _, p in ipairs(candidates) do
     local f = io.open(p)
@@ -616,8 +586,8 @@ function M.load(file, sets, opts)
     local yaml = M.load_yaml(file)
     local name = yaml.train and yaml.train.recipe
     if not name then
-      local preset = M.presets[preset_name(M.apply_sets(yaml, sets)) or ""]
-      name = preset and preset.family or "llama"
+      local preset = models.presets()[preset_name(M.apply_sets(yaml, sets)) or ""]
+      name = preset and preset.family or models.default
     end
     local recipe = load_recipe(M.find_recipe(name, dirname(file)))
     if type(recipe) ~= "table" then M.error("recipe '%s' did not return a recipe table", name) end

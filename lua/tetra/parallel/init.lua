@@ -20,7 +20,7 @@
 --                           model is built (layout.lua)
 --   tetra.parallel.step     the step strategies: plain and pipelined (step.lua)
 --
--- A plan (recipes/plans/llama.lua is one) says, by module path ("*" matches one path
+-- A plan (recipes/llama/plan.lua is one) says, by module path ("*" matches one path
 -- component), how a model splits:
 --   tensor   = { { path, style }, ... }   styles of tetra.parallel.tensor
 --   context  = { path, ... }              attention modules that gather over cp

@@ -4,7 +4,7 @@
 --   tensor.apply(module, style, group, opts)   -- opts.sequence: sequence parallelism
 --   tensor.vocab_parallel_cross_entropy(logits, targets, group, vocab_start)
 --
--- Styles (the `tensor` entries of a model's plan, recipes/plans/*.lua):
+-- Styles (the `tensor` entries of a model's plan, recipes/*/plan.lua):
 --   column      a Linear whose output features (W rows, bias) are split: x replicated
 --               goes in through copy_to_group (identity forward; backward all-reduces dx,
 --               every rank having used the same x); the output stays split.

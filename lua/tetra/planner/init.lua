@@ -9,8 +9,8 @@
 --   plan.yaml(cfg, r)                             -- that layout as a config for tetra run
 --
 -- Memory is the engine's own accounting, not a rule of thumb:
---   * parameters come from the model's shapes (the same module paths recipes/llama.lua and
---     recipes/gpt2.lua build) sliced by the model's plan (recipes/plans/*.lua) with the
+--   * parameters come from the model's shapes (the module paths its model.lua builds, as
+--     recipes/<family>/presets.lua lists them) sliced by its plan (plan.lua) with the
 --     styles and part sizes of tetra.parallel.tensor, and kept per pipeline stage as
 --     tetra.parallel.pipeline splits the blocks;
 --   * activations are every tensor a block's forward makes, since the autograd tape
@@ -37,6 +37,7 @@ local C = require("tetra.ffi").C
 local tensor_split = require("tetra.parallel.tensor")
 local pipeline = require("tetra.parallel.pipeline")
 local layout_rules = require("tetra.parallel.layout")
+local models = require("tetra.models")
 
 local M = {}
 
@@ -120,65 +121,19 @@ local function granted(bytes)
 end
 
 -- Every parameter of the whole model as { module path, param name, shape }, in the
--- order recipes/llama.lua and recipes/gpt2.lua build them. m: cfg.model.
+-- order its forward uses them (recipes/<family>/presets.lua lists them). m: cfg.model.
 function M.parameters(m)
-  local d, f, V = m.dim, m.ffn_hidden, m.vocab_size
-  local hd = d / m.n_heads
-  local dkv = (m.n_kv_heads or m.n_heads) * hd
-  local out = {}
-  local function add(path, name, shape) out[#out + 1] = { path, name, shape } end
-  if (m.family or "llama") == "gpt2" then
-    add("wte", "weight", { V, d }); add("wpe", "weight", { m.seq_len, d })
-    for i = 0, m.n_layers - 1 do
-      local p = "h." .. i
-      add(p .. ".ln_1", "weight", { d }); add(p .. ".ln_1", "bias", { d })
-      for _, n in ipairs({ "wq", "wk", "wv" }) do
-        local rows = n == "wq" and d or dkv
-        add(p .. ".attn." .. n, "weight", { rows, d }); add(p .. ".attn." .. n, "bias", { rows })
-      end
-      add(p .. ".attn.wo", "weight", { d, d }); add(p .. ".attn.wo", "bias", { d })
-      add(p .. ".ln_2", "weight", { d }); add(p .. ".ln_2", "bias", { d })
-      add(p .. ".mlp.c_fc", "weight", { f, d }); add(p .. ".mlp.c_fc", "bias", { f })
-      add(p .. ".mlp.c_proj", "weight", { d, f }); add(p .. ".mlp.c_proj", "bias", { d })
-    end
-    add("ln_f", "weight", { d }); add("ln_f", "bias", { d })
-    add("lm_head", "weight", { V, d })   -- tied: the same matrix as wte
-  else
-    add("tok_embeddings", "weight", { V, d })
-    for i = 0, m.n_layers - 1 do
-      local p = "layers." .. i
-      add(p .. ".attention_norm", "weight", { d })
-      add(p .. ".attention.wq", "weight", { d, d })
-      add(p .. ".attention.wk", "weight", { dkv, d })
-      add(p .. ".attention.wv", "weight", { dkv, d })
-      add(p .. ".attention.wo", "weight", { d, d })
-      add(p .. ".ffn_norm", "weight", { d })
-      add(p .. ".feed_forward.w1", "weight", { f, d })
-      add(p .. ".feed_forward.w3", "weight", { f, d })
-      add(p .. ".feed_forward.w2", "weight", { d, f })
-    end
-    add("norm", "weight", { d })
-    add("output", "weight", { V, d })
-  end
-  return out
+  return models.of(m).parameters(m)
 end
 
 -- Whether the head reuses the embedding's matrix.
 local function tied(m)
-  return (m.family or "llama") == "gpt2" or m.tie_embeddings == true
+  return models.of(m).tied == true or m.tie_embeddings == true
 end
 
--- The model's parallel plan (recipes/plans/<family>.lua).
-local plans = {}
+-- The model's parallel plan (recipes/<family>/plan.lua).
 function M.model_plan(m)
-  local fam = m.family or "llama"
-  if not plans[fam] then
-    local path = require("tetra.host").root .. "/recipes/plans/" .. fam .. ".lua"
-    local chunk, err = loadfile(path)
-    if not chunk then error("no parallel plan for model family '" .. fam .. "': " .. err, 0) end
-    plans[fam] = chunk()
-  end
-  return plans[fam]
+  return models.plan(models.of(m).name)
 end
 
 -- The tensor-parallel style the plan gives module `path`, nil when none.
@@ -246,11 +201,11 @@ local function rank_params(m, lay, s, r)
     for _, p in ipairs(pplan.last or {}) do if p == root then return s == lay.pp - 1 end end
     return true
   end
+  local fam = models.of(m)
   local tensors, seen_tied = {}, false
   for _, e in ipairs(M.parameters(m)) do
     local path, name, shape = e[1], e[2], e[3]
-    local is_head = path == "lm_head" or path == "output"
-    local is_embed = path == "wte" or path == "tok_embeddings"
+    local is_head, is_embed = path == fam.head, path == fam.embedding
     local skip = false
     if tied(m) and (is_head or is_embed) then
       -- One matrix: held once on a single stage, once on each end stage otherwise.
@@ -288,9 +243,10 @@ local function matmul_params(m, tp)
   local hd = m.dim / m.n_heads
   local block, head = 0, 0
   for _, mm in ipairs(block_matmuls(m, tp)) do block = block + mm.weights end
+  local head_path = models.of(m).head
   for _, e in ipairs(M.parameters(m)) do
     local path, name, shape = e[1], e[2], e[3]
-    if path == "output" or path == "lm_head" then
+    if path == head_path then
       head = local_numel(shape, name, style_of(plan, path), tp, 0, hd)
     end
   end
@@ -311,7 +267,7 @@ function M.parameter_count(m)
   for _, e in ipairs(M.parameters(m)) do
     local k = 1
     for _, s in ipairs(e[3]) do k = k * s end
-    if not (tied(m) and (e[1] == "lm_head" or e[1] == "output")) then n = n + k end
+    if not (tied(m) and e[1] == models.of(m).head) then n = n + k end
   end
   return n
 end
@@ -444,9 +400,14 @@ end
 -- contiguous, two residual adds, silu(w1 x) * w3 x. Backward is priced at twice this,
 -- as for fused kernels.
 local function eager_block_bytes(m, n, Hl, kvl, fl, act_b)
-  if (m.family or "llama") ~= "llama" then
-    error("cluster.elementwise = eager is counted for the llama family only, not '" ..
-          tostring(m.family) .. "'; leave it unset for fused elementwise kernels", 0)
+  if not models.of(m).eager_elementwise then
+    local counted = {}
+    for _, name in ipairs(models.names()) do
+      if models.get(name).eager_elementwise then counted[#counted + 1] = name end
+    end
+    error("cluster.elementwise = eager is counted for the " .. table.concat(counted, ", ") ..
+          " family only, not '" .. tostring(m.family) .. "'; leave it unset for fused " ..
+          "elementwise kernels", 0)
   end
   local hd = m.dim / m.n_heads
   local q, kv, f32 = Hl * hd, kvl * hd, 4
@@ -476,7 +437,7 @@ function M.evaluate(cfg, lay, cl)
   local Hl = H / tp
   local kvl = kv >= tp and kv / tp or 1
   local fl = f / tp
-  local gpt = (m.family or "llama") == "gpt2"
+  local block = models.of(m).block
 
   -- Activations. The autograd tape holds every op's inputs and output until backward
   -- (engine/core/autograd.c: tt_record retains both), so a micro-batch in flight costs every
@@ -485,7 +446,7 @@ function M.evaluate(cfg, lay, cl)
   -- (copy_to_group clones; sp_gather gathers) and each row-parallel output is summed
   -- into a new tensor. Element counts, one entry per tensor, of one block:
   local nd, nds = n * d, seq_n * d           -- whole sequence; the residual stream
-  local stats = gpt and 2 * seq_n or seq_n    -- LayerNorm: mean and 1/std; RMSNorm: 1/rms
+  local stats = block.layer_norm and 2 * seq_n or seq_n   -- LayerNorm: mean, 1/std; RMSNorm: 1/rms
   local tensors = {}
   local function keep(e) tensors[#tensors + 1] = e end
   if lay.recompute == "full" then
@@ -507,24 +468,24 @@ function M.evaluate(cfg, lay, cl)
     if cp > 1 then keep(mb * T * kvl * hd); keep(mb * T * kvl * hd) end  -- k, v gathered
     keep(n * Hl * hd); keep(n * Hl)             -- attention output, log-sum-exp
     keep(tp > 1 and nd or nds)                  -- wo (partial sums under tp)
-    if tp > 1 then keep(nds); if gpt then keep(nds) end end   -- summed (+ bias)
+    if tp > 1 then keep(nds); if block.out_bias then keep(nds) end end   -- summed (+ bias)
     keep(nds)                                   -- residual
     keep(nds); keep(stats)                      -- norm 2
-    if tp > 1 then keep(nd); if not gpt then keep(nd) end end  -- MLP inputs
+    if tp > 1 then keep(nd); if block.gated_mlp then keep(nd) end end  -- MLP inputs
     keep(n * fl); keep(n * fl)                  -- w1, w3 (c_fc, gelu)
-    if not gpt then keep(n * fl) end            -- swiglu
+    if block.gated_mlp then keep(n * fl) end    -- swiglu
     keep(tp > 1 and nd or nds)                  -- w2 (partial sums under tp)
-    if tp > 1 then keep(nds); if gpt then keep(nds) end end
+    if tp > 1 then keep(nds); if block.out_bias then keep(nds) end end
     keep(nds)                                   -- residual: the block's output
   end
   local block_act = 0
   for _, e in ipairs(tensors) do block_act = block_act + granted(e * act_b) end
   local Vl = math.ceil(V / tp)
   -- The first stage's embedding output (the vocab-parallel one's partial sums and their
-  -- sum; GPT-2 adds learned positions); a later stage's received activations instead.
+  -- sum; learned positions added to it); a later stage's received activations instead.
   local embed_act = granted(nds * act_b)
   if tp > 1 then embed_act = embed_act + granted(nd * act_b) end
-  if gpt then embed_act = embed_act + 2 * granted(nds * act_b) end
+  if block.learned_positions then embed_act = embed_act + 2 * granted(nds * act_b) end
   local recv_act = granted(nds * act_b)
   -- The last stage's head: final norm, the head's input copy under tp, the logits.
   local head_act = granted(nds * act_b) + granted(stats * act_b) +
@@ -856,7 +817,7 @@ function M.yaml(cfg, r, cl)
     end
   end
   lines[#lines + 1] = "train:"
-  lines[#lines + 1] = "  recipe: " .. (m.family or "llama")
+  lines[#lines + 1] = "  recipe: " .. models.of(m).name
   lines[#lines + 1] = "  batch_size: " .. t.batch_size
   lines[#lines + 1] = "  gradient_accumulation_steps: " .. r.grad_accum
   lines[#lines + 1] = "  precision: " .. (cl.precision or t.precision or "fp32")

@@ -277,7 +277,7 @@ end
 -- metrics record), env.evaluate([n_batches]) and env.generate(prompt_ids, opts).
 -- The model (built whole, on the CPU) is split for the layout, wrapped for the precision
 -- and moved to train.device here; env.par is tetra.parallel.apply's result.
--- opts: plan (the model's parallel plan, recipes/plans/; needed for tensor, context or
+-- opts: plan (the model's parallel plan, recipes/NAME/plan.lua; needed for tensor, context or
 -- pipeline parallelism), tokenizer (tok:encode(text), tok:decode(ids); for samples),
 -- on_grads(env, step) (see env.step; eager steps only: a replayed step runs no Lua),
 -- graph_check (train.cuda_graphs' steps on the CPU in tetra.train.graph's check mode, for tests).
@@ -309,7 +309,7 @@ function train.setup(cfg, model, data, opts)
   if (lay.tp > 1 or lay.cp > 1 or lay.pp > 1) and not opts.plan then
     dist.fail("this model has no parallel plan, so it runs with data parallelism only: " ..
               "set parallel.tensor/context/pipeline_parallel_size to 1, or give " ..
-              "train.setup a plan (recipes/plans/llama.lua is one)")
+              "train.setup a plan (recipes/llama/plan.lua is one)")
   end
   -- MFU counts the FLOPs of the whole model, so they are counted before it is split.
   local flops_per_token = mfu.flops_per_token(model, cfg.model)
@@ -998,7 +998,7 @@ end
 -- The recipe table for a model class (see recipes/llama.lua): setup(cfg) builds the data
 -- source, seeds the RNG (so the initial weights depend on the seed only), builds
 -- spec.Model(cfg.model) whole and the training state, which applies spec.plan (the
--- model's parallel plan, recipes/plans/) for the layout; run(cfg) reports the model's
+-- model's parallel plan, recipes/NAME/plan.lua) for the layout; run(cfg) reports the model's
 -- size and this rank's memory on rank 0 and trains. setup(cfg, extra): extra's fields
 -- join train.setup's opts (tests: graph_check, on_grads).
 function train.recipe(spec)
@@ -1013,7 +1013,7 @@ function train.recipe(spec)
     local family = hf and hf.family_of(spec.Model)
     if family and cfg.model.family and family ~= cfg.model.family then
       user_error(string.format("model.init_from=%s holds a %s model but recipe %s builds " ..
-        "a %s: run recipes/%s.lua", source, cfg.model.family, spec.name, family,
+        "a %s: run recipes/%s/model.lua", source, cfg.model.family, spec.name, family,
         cfg.model.family))
     end
     local model = spec.Model(cfg.model)

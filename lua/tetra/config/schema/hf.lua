@@ -4,8 +4,10 @@
 -- source's config; a YAML or --set value that contradicts it is an error. tetra.checkpoint.hf
 -- does the reading; tetra.train copies the weights in once the model is built.
 local config = require("tetra.config")
+local models = require("tetra.models")
 
--- The keys the source decides; seq_len only where it is a weight's shape (GPT-2's wpe).
+-- The keys the source decides; seq_len only where it is a weight's shape (learned
+-- positions, as GPT-2's wpe).
 local DECIDED = { "family", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
                   "ffn_hidden", "norm_eps", "rope_theta", "tie_embeddings", "seq_len" }
 
@@ -24,7 +26,8 @@ config.register_model_source(function(merged, user)
   end
   for _, key in ipairs(DECIDED) do
     local v = m[key]
-    if v ~= nil and not (key == "seq_len" and m.family ~= "gpt2") then
+    local shapes_seq_len = models.get(m.family).block.learned_positions
+    if v ~= nil and not (key == "seq_len" and not shapes_seq_len) then
       if um[key] ~= nil and um[key] ~= v then
         config.error("model.%s=%s contradicts model.init_from=%s, whose model has %s = %s: " ..
                      "drop model.%s", key, tostring(um[key]), source, key, tostring(v), key)
@@ -36,7 +39,8 @@ end)
 
 return {
   model = {
-    init_from = { type = "str", doc = "hf:DIR (a Hugging Face Llama or GPT-2 folder) or a " ..
-                  "Tetra checkpoint: its weights and model shape, fresh optimizer" },
+    init_from = { type = "str", doc = "hf:DIR (a Hugging Face folder of a model family " ..
+                  "with a recipes/<family>/hf.lua) or a Tetra checkpoint: its weights " ..
+                  "and model shape, fresh optimizer" },
   },
 }

@@ -1,4 +1,4 @@
--- How tetra.parallel splits recipes/gpt2.lua's GPT2 over the parallel dimensions. Paths
+-- How tetra.parallel splits model.lua's GPT2 over the parallel dimensions. Paths
 -- are module paths; "*" matches one path component. See lua/tetra/parallel/init.lua for
 -- the format and tensor.lua for the styles.
 return {

@@ -1,4 +1,4 @@
--- How tetra.parallel splits recipes/llama.lua's Llama over the parallel dimensions (the
+-- How tetra.parallel splits model.lua's Llama over the parallel dimensions (the
 -- role of torchtitan's parallelize_llama). Paths are module paths; "*" matches one path
 -- component. See lua/tetra/parallel/init.lua for the format and tensor.lua for the styles.
 return {

@@ -1,0 +1,57 @@
+-- Qwen2 <-> Hugging Face's Qwen2ForCausalLM: Llama's tensor names plus the q_proj,
+-- k_proj and v_proj biases, and Qwen2's config.json keys (Qwen2Config).
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local llama = dofile(here .. "/../llama/hf.lua")
+
+local M = {}
+
+M.model_type, M.architecture = "qwen2", "Qwen2ForCausalLM"
+M.head, M.buffers = llama.head, llama.buffers
+
+-- config.json (c) -> model keys; get as in recipes/llama/hf.lua. Qwen2Config's defaults
+-- where a key is absent.
+function M.from_config(c, get)
+  local m = { dim = get.int("hidden_size"), n_layers = get.int("num_hidden_layers"),
+              n_heads = get.int("num_attention_heads"), vocab_size = get.int("vocab_size"),
+              ffn_hidden = get.int("intermediate_size"), norm_eps = get.num("rms_norm_eps", 1e-6, 1),
+              rope_theta = get.num("rope_theta", 10000, 1e30),
+              tie_embeddings = c.tie_word_embeddings == true,
+              -- Not a weight's shape: kept for the way back, never imposed on training.
+              seq_len = get.int("max_position_embeddings", 32768) }
+  m.n_kv_heads = get.int("num_key_value_heads", 32)
+  get.refuse("hidden_act", function(v) return v ~= "silu" end, "Tetra's Qwen2 uses SiLU")
+  get.refuse("rope_scaling", function() return true end, "Tetra's RoPE has no scaling")
+  get.refuse("use_sliding_window", function(v) return v ~= false end,
+             "Tetra's attention is causal over the whole sequence")
+  get.refuse("attention_dropout", function(v) return v ~= 0 end, "Tetra has no dropout")
+  llama.check_heads(m, get)
+  return m
+end
+
+-- Model keys m -> config.json. The sliding window is off; its length is the sequence's,
+-- so no version of transformers narrows the attention.
+function M.to_config(m)
+  return { architectures = { M.architecture }, model_type = M.model_type,
+           hidden_size = m.dim, intermediate_size = m.ffn_hidden,
+           num_attention_heads = m.n_heads, num_hidden_layers = m.n_layers,
+           num_key_value_heads = m.n_kv_heads, vocab_size = m.vocab_size,
+           max_position_embeddings = m.seq_len, rms_norm_eps = m.norm_eps,
+           rope_theta = m.rope_theta, tie_word_embeddings = m.tie_embeddings == true,
+           hidden_act = "silu", use_sliding_window = false, sliding_window = m.seq_len,
+           max_window_layers = m.n_layers, attention_dropout = 0,
+           initializer_range = m.init_std or 0.02, torch_dtype = "float32" }
+end
+
+-- Llama's tensors, each q, k, v projection's weight followed by its bias; the q and k
+-- biases are reordered with their weights' rows under --rope-layout meta.
+function M.rules(m, add, names)
+  llama.rules(m, function(hf, kind, tetra, shapes, heads)
+    add(hf, kind, tetra, shapes, heads)
+    local proj = hf:match("^(.*%.self_attn%.[qkv]_proj%.)weight$")
+    if proj then
+      add(proj .. "bias", kind, { (tetra[1]:gsub("weight$", "bias")) }, { { shapes[1][1] } }, heads)
+    end
+  end, names)
+end
+
+return M
