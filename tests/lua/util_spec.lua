@@ -164,6 +164,15 @@ describe("tetra.util.fs", function()
     fs.remove_tree(d, "test")
   end)
 
+  it("quotes a path as one shell word", function()
+    local name = "it's a $HOME `x` \"y\""
+    expect(fs.shell_quote(name)).to_be("'it'\\''s a $HOME `x` \"y\"'")
+    local p = io.popen("printf '%s' " .. fs.shell_quote(name))
+    expect(p:read("*a")).to_be(name)
+    p:close()
+    expect(fs.shell_quote(42)).to_be("'42'")
+  end)
+
   it("finds this executable", function()
     local exe = fs.self_exe()
     expect(exe).to_match("tetra$")

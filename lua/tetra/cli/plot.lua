@@ -192,8 +192,7 @@ local function parse_args(args)
   return out_dir, runs
 end
 
--- A string as one shell word.
-local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local shell_quote = fs.shell_quote
 
 -- Whether gnuplot is on PATH; else nil and the one line to print (shared with tetra
 -- sweep's chart).

@@ -245,7 +245,8 @@ end
 
 -- -- Measuring -------------------------------------------------------------------------
 
-local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local fs = require("tetra.util.fs")
+local shell_quote = fs.shell_quote
 
 -- The first line of a launcher's output that has words in it (mpirun frames its
 -- messages in lines of dashes), or nil.
@@ -262,7 +263,7 @@ local function measure(opts, counts, world, tag)
   local tmp = os.tmpname()
   local mfile, log = tmp .. "-" .. tag .. ".jsonl", tmp .. "-" .. tag .. ".log"
   os.remove(tmp)
-  local words = { opts.launcher, "-np", tostring(world), shell_quote(require("tetra.util.fs").self_exe() or "tetra"), "run",
+  local words = { opts.launcher, "-np", tostring(world), shell_quote(fs.self_exe() or "tetra"), "run",
                   shell_quote(opts.file) }
   local sets = {}
   for _, s in ipairs(opts.sets) do sets[#sets + 1] = s end

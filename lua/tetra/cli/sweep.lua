@@ -48,7 +48,7 @@ function M.self_exe()
          error("cannot find the tetra executable (/proc/self/exe)", 0)
 end
 
-local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local shell_quote = require("tetra.util.fs").shell_quote
 
 -- A --layout value ("tp=2,pp=2,mb=1,...") as a layout table; nil, message if malformed.
 local LAYOUT_KEYS = { tp = true, pp = true, dp = true, cp = true, zero = true, sp = true,

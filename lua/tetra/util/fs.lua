@@ -12,6 +12,7 @@
 --   fs.remove_tree(path, who)        a file, or a folder and everything in it
 --   fs.listdir(path), fs.is_dir(path)  the host's (engine/host), sorted names
 --   fs.self_exe()                    this executable's path, or nil
+--   fs.shell_quote(path)             a path (or any string) as one word of a shell command
 local ffi = require("ffi")
 local host = require("tetra.host")
 local raise = require("tetra.util.errors").raise
@@ -87,6 +88,8 @@ function M.remove_tree(path, who)
   local ok, err = os.remove(path)
   if not ok then raise("%s: cannot remove %s: %s", who, path, tostring(err)) end
 end
+
+function M.shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 function M.self_exe()
   local buf = ffi.new("char[4096]")
