@@ -209,7 +209,7 @@ function dist.fail(msg)
   if C.tt_dist_is_initialized() ~= 0 and C.tt_dist_rank() ~= 0 then
     C.tt_dist_await_abort(30)
   end
-  error({ message = msg, user = true }, 0)
+  error(require("tetra.util.errors").new(msg), 0)
 end
 
 -- Prints on rank 0 only.

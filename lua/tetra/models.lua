@@ -28,6 +28,7 @@
 --                        learned_positions (a position embedding added to the tokens')
 --   eager_elementwise    true: cluster.elementwise = eager has a hand count for it
 local host = require("tetra.host")
+local errors = require("tetra.util.errors")
 
 local M = {}
 
@@ -75,14 +76,14 @@ local loaded = {}   -- "dir/part" -> what the file returned
 local function part(name, what, optional)
   local dir = find()[name]
   if not dir then
-    error(string.format("unknown model family '%s': recipes/ has %s", tostring(name),
-                        table.concat(M.names(), ", ")), 0)
+    errors.raise("unknown model family '%s': recipes/ has %s", tostring(name),
+                 table.concat(M.names(), ", "))
   end
   local path = dir .. "/" .. what .. ".lua"
   if loaded[path] == nil then
     if optional and not readable(path) then return nil end
     local chunk, err = loadfile(path)
-    if not chunk then error(err, 0) end
+    if not chunk then errors.raise(err) end
     loaded[path] = chunk()
   end
   return loaded[path]
@@ -117,8 +118,8 @@ function M.presets()
   for _, name in ipairs(M.names()) do
     for preset, keys in pairs(M.get(name).presets or {}) do
       if out[preset] then
-        error(string.format("model preset '%s' is defined by recipes/%s and recipes/%s",
-                            preset, out[preset].family, name), 0)
+        errors.raise("model preset '%s' is defined by recipes/%s and recipes/%s",
+                     preset, out[preset].family, name)
       end
       local m = { family = name }
       for k, v in pairs(keys) do m[k] = v end

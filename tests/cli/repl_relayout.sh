@@ -23,7 +23,7 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 "$TETRA" run recipes/tiny.lua --set train.steps=20 --set log.metrics_file="$work/ref.jsonl" \
   >/dev/null 2>&1 || fail "the single-process reference run failed"
 "$TETRA" -e '
-local json = require("tetra.checkpoint").decode_json
+local json = require("tetra.util.json").decode
 for line in io.lines(arg[1]) do
   local r = json(line)
   if r.step <= 9 then

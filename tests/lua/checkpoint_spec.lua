@@ -4,6 +4,7 @@
 -- names a complete checkpoint), keep prunes, and bad checkpoints fail with clear errors.
 local tetra = require("tetra")
 local checkpoint = require("tetra.checkpoint")
+local json = require("tetra.util.json")
 local config = require("tetra.config")
 local metrics = tetra.metrics
 local train = tetra.train
@@ -293,12 +294,12 @@ describe("checkpoint resume", function()
 
   it("round-trips state JSON exactly", function()
     local v = { a = 0.1, b = { 1, 2, 3 }, c = "x\"y\n", d = true, e = 2^60, f = {} }
-    local back = checkpoint.decode_json(checkpoint.encode_json(v))
+    local back = json.decode(json.encode(v))
     expect(back.a).to_be(0.1)
     expect(back.b).to_equal({ 1, 2, 3 })
     expect(back.c).to_be("x\"y\n")
     expect(back.d).to_be(true)
     expect(back.e).to_be(2^60)
-    expect(function() checkpoint.decode_json("{\"a\": }") end).to_error("offset")
+    expect(function() json.decode("{\"a\": }") end).to_error("offset")
   end)
 end)

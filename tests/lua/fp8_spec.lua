@@ -7,6 +7,7 @@
 local ffi = require("ffi")
 local tetra = require("tetra")
 local checkpoint = require("tetra.checkpoint")
+local json = require("tetra.util.json")
 local config = require("tetra.config")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -168,10 +169,10 @@ describe("fp8 checkpoints", function()
     -- its own amaxes and the run leaves the uninterrupted one: the state matters.
     local ck = dir .. "/step_000005"
     os.remove(ck .. "/fp8_00000.json")
-    local sums = checkpoint.decode_json(io.open(ck .. "/checksums.json"):read("*a"))
+    local sums = json.decode(io.open(ck .. "/checksums.json"):read("*a"))
     sums["fp8_00000.json"] = nil
     local f = io.open(ck .. "/checksums.json", "w")
-    f:write(checkpoint.encode_json(sums), "\n")
+    f:write(json.encode(sums), "\n")
     f:close()
     local bare = run(tiny.setup(tiny_cfg(sets)), 1)
     expect(bare[1][2] ~= full[6][2]).to_be(true)

@@ -1,6 +1,6 @@
 -- Mutation fuzzing of the text formats a user or a crash can hand us: the YAML config
 -- path (libyaml through host.parse_yaml, then tetra.config's checks) and a checkpoint's
--- index.json / state.json (tetra.checkpoint's JSON reader, then load). Each input is a
+-- index.json / state.json (tetra.util.json's reader, then tetra.checkpoint's load). Each input is a
 -- valid document with random bytes replaced, inserted or deleted; the outcome must be a
 -- value or one user-facing error (a config or checkpoint message), never a Lua runtime
 -- error or a crash. Hugging Face folders (config.json, model.safetensors.index.json)
@@ -9,6 +9,7 @@
 local tetra = require("tetra")
 local config = require("tetra.config")
 local checkpoint = require("tetra.checkpoint")
+local json = require("tetra.util.json")
 local host = require("tetra.host")
 
 local N = tonumber(os.getenv("TETRA_FUZZ_N") or "") or 1500
@@ -70,7 +71,7 @@ describe("fuzz", function()
     local bad = {}
     for i = 1, N do
       local doc = mutate(state)
-      local ok, err = pcall(checkpoint.decode_json, doc)
+      local ok, err = pcall(json.decode, doc)
       if not ok and not user_error(err) then bad[#bad + 1] = "decode " .. i .. ": " .. tostring(err) end
       if i % 10 == 0 then   -- the whole load path, on a tenth of them
         local f = assert(io.open(ck .. "/state.json", "w")); f:write(doc); f:close()
@@ -91,7 +92,7 @@ describe("fuzz", function()
       end
       st:close()
     end
-    local index = checkpoint.encode_json({ format = 1, tensors = tensors })
+    local index = json.encode({ format = 1, tensors = tensors })
     f = assert(io.open(ck .. "/index.json", "w")); f:write(index); f:close()
     expect(checkpoint.load(env, ck)).to_be(ck)   -- the unfuzzed index loads
     for i = 1, N / 10 do

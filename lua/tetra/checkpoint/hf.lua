@@ -32,14 +32,16 @@ local st = require("tetra.io")
 local host = require("tetra.host")
 local checkpoint = require("tetra.checkpoint")
 local models = require("tetra.models")
+local fs = require("tetra.util.fs")
+local json = require("tetra.util.json")
 
 local M = {}
 
-local fail, exists = checkpoint.fail, checkpoint.exists
+local fail, exists = require("tetra.util.errors").raise, fs.exists
 
 pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 
-local read_text = checkpoint.read_file   -- a whole file, or nil
+local read_text = fs.read_file   -- a whole file, or nil
 
 local function shape_text(s) return "[" .. table.concat(s, ", ") .. "]" end
 
@@ -77,7 +79,7 @@ local function hf_model_config(dir)
   local path = dir .. "/config.json"
   local text = read_text(path)
   if not text then fail("%s is missing (a Hugging Face model folder holds config.json)", path) end
-  local ok, c = pcall(checkpoint.decode_json, text)
+  local ok, c = pcall(json.decode, text)
   if not ok or type(c) ~= "table" then
     fail("%s is not a JSON object (%s)", path, ok and "not an object" or tostring(c))
   end
@@ -85,7 +87,7 @@ local function hf_model_config(dir)
   function get.fail(fmt, ...) fail("%s: " .. fmt, path, ...) end
   function get.int(key, default)
     local v = c[key]
-    if v == nil or v == checkpoint.null then v = default end
+    if v == nil or v == json.null then v = default end
     if type(v) ~= "number" or v % 1 ~= 0 or v < 1 or v >= 2^31 then
       get.fail("%s must be a positive integer below 2^31, got %s", key, tostring(v))
     end
@@ -100,7 +102,7 @@ local function hf_model_config(dir)
     return v
   end
   function get.refuse(key, bad, why)
-    if c[key] ~= nil and c[key] ~= checkpoint.null and bad(c[key]) then
+    if c[key] ~= nil and c[key] ~= json.null and bad(c[key]) then
       get.fail("%s = %s is not supported: %s", key, tostring(c[key]), why)
     end
   end
@@ -235,7 +237,7 @@ local function hf_files(dir)
     fail("%s has no model.safetensors or %s (pytorch_model.bin files are pickles, which " ..
          "can run code: tetra reads safetensors only)", dir, INDEX)
   end
-  local ok, idx = pcall(checkpoint.decode_json, text)
+  local ok, idx = pcall(json.decode, text)
   if not ok or type(idx) ~= "table" or type(idx.weight_map) ~= "table" then
     fail("%s is corrupt (%s)", path, ok and "no weight_map object" or tostring(idx))
   end
@@ -469,8 +471,8 @@ end
 local function write_hf(out, m, rules, make, max_shard)
   refuse_existing(out)
   local tmp = out .. ".tmp"
-  if exists(tmp) then checkpoint.remove_tree(tmp) end   -- left by an interrupted conversion
-  checkpoint.mkdir_p(tmp)
+  if exists(tmp) then fs.remove_tree(tmp, "checkpoint") end   -- left by an interrupted conversion
+  fs.mkdir_p(tmp, "checkpoint.dir")
   local shards, size = { {} }, 0
   for _, r in ipairs(rules) do
     local bytes = 4 * numel(hf_shape(r))
@@ -496,10 +498,10 @@ local function write_hf(out, m, rules, make, max_shard)
     collectgarbage()
   end
   if #shards > 1 then
-    checkpoint.write_file(tmp .. "/" .. INDEX, checkpoint.encode_json({
-      metadata = { total_size = total }, weight_map = weight_map }) .. "\n")
+    fs.write_file(tmp .. "/" .. INDEX, json.encode({
+      metadata = { total_size = total }, weight_map = weight_map }) .. "\n", "checkpoint")
   end
-  checkpoint.write_file(tmp .. "/config.json", checkpoint.encode_json(family_hf(m.family).to_config(m)) .. "\n")
+  fs.write_file(tmp .. "/config.json", json.encode(family_hf(m.family).to_config(m)) .. "\n", "checkpoint")
   local ok, err = os.rename(tmp, out)
   if not ok then fail("cannot rename %s to %s: %s", tmp, out, tostring(err)) end
   return #shards

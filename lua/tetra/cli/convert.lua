@@ -20,10 +20,7 @@ usage: tetra convert --to hf CHECKPOINT OUT_DIR [--max-shard-size SIZE] [--rope-
                      order (weights copied from Meta's checkpoints without permuting)
 ]]
 
-local function usage(fmt, ...)
-  io.stderr:write("tetra convert: ", fmt:format(...), " (tetra convert --help)\n")
-  return 2
-end
+local usage = require("tetra.util.errors").usage("tetra convert", "tetra convert --help")
 
 function M.main(...)
   local args = { ... }

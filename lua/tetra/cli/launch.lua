@@ -50,8 +50,6 @@ extern char **environ;
 ]]
 local C = ffi.C
 
-local EXIT_USAGE = 2
-
 local usage = [[
 usage: tetra launch [--max-restarts N] [--min-np M] [--backoff S] -- COMMAND...
   Runs COMMAND (e.g. mpirun -np 4 tetra run CONFIG --set checkpoint.dir=ckpt ...) and
@@ -66,10 +64,7 @@ local function say(fmt, ...)
   io.stderr:flush()
 end
 
-local function usage_error(fmt, ...)
-  say(fmt .. " (see tetra launch --help)", ...)
-  return EXIT_USAGE
-end
+local usage_error = require("tetra.util.errors").usage("tetra launch", "see tetra launch --help")
 
 -- -- The command ---------------------------------------------------------------------
 

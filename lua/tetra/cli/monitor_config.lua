@@ -10,10 +10,7 @@ local M = {}
 local USAGE = "usage: tetra monitor-config HOSTFILE --port BASE [--np N] [--job NAME] " ..
               "[--interval 15s]"
 
-local function usage_error(msg)
-  io.stderr:write("tetra monitor-config: ", msg, " (", USAGE, ")\n")
-  return 2
-end
+local usage_error = require("tetra.util.errors").usage("tetra monitor-config", USAGE)
 
 -- The hostfile's hosts in order: { { host =, slots = } ... }, or nil and a message.
 -- Lines: "host slots=N [max_slots=M]"; # starts a comment.

@@ -36,10 +36,7 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
                   each row's published figure beside the prediction (docs/planner.md)
 ]]
 
-local function usage_error(msg)
-  io.stderr:write("tetra plan: ", msg, " (see tetra plan --help)\n")
-  return 2
-end
+local usage_error = require("tetra.util.errors").usage("tetra plan", "see tetra plan --help")
 
 -- Parses a positive number option value; nil and a message if it is not one.
 local function number(opt, v)
@@ -184,7 +181,7 @@ function M.table(rows, cl, cfg)
   return table.concat(out, "\n") .. "\n"
 end
 
--- The rows as a JSON list (tetra.io's encoder).
+-- The rows as a JSON list.
 function M.json(rows)
   local list = {}
   for i, r in ipairs(rows) do
@@ -199,7 +196,7 @@ function M.json(rows)
                 tokens_per_s = r.tokens_per_s, mfu = r.mfu, fits = r.fits,
                 settings = plan.settings(r) }
   end
-  return require("tetra.checkpoint").encode_json(list)
+  return require("tetra.util.json").encode(list)
 end
 
 -- The published rows (tetra.planner.published) beside the planner's predictions, as a

@@ -8,8 +8,8 @@
 -- OUT_DIR/plot.gp, so a chart can be redrawn or restyled by hand (`gnuplot plot.gp`).
 -- Bad usage, a missing file or one that is not metrics JSONL, and no gnuplot: one line,
 -- exit 2.
-local decode_json = require("tetra.checkpoint").decode_json
-local metrics = require("tetra.obs.metrics")
+local json = require("tetra.util.json")
+local fs = require("tetra.util.fs")
 
 local M = {}
 
@@ -30,10 +30,7 @@ local function column_of(name)
   end
 end
 
-local function usage_error(msg)
-  io.stderr:write("tetra plot: ", msg, "\n")
-  return 2
-end
+local usage_error = require("tetra.util.errors").usage("tetra plot")
 
 -- The records of one metrics file: an array of tables, or nil and a one-line message.
 -- Every non-blank line must be a JSON object with a numeric step and loss.
@@ -44,7 +41,7 @@ function M.read_runs_file(path)
   for line in f:lines() do
     n = n + 1
     if line:find("%S") then
-      local ok, r = pcall(decode_json, line)
+      local ok, r = pcall(json.decode, line)
       if not ok or type(r) ~= "table" or type(r.step) ~= "number" or
          type(r.loss) ~= "number" then
         f:close()
@@ -195,8 +192,7 @@ local function parse_args(args)
   return out_dir, runs
 end
 
--- A string as one shell word.
-local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local shell_quote = fs.shell_quote
 
 -- Whether gnuplot is on PATH; else nil and the one line to print (shared with tetra
 -- sweep's chart).
@@ -244,7 +240,7 @@ function M.main(...)
   end
   local have, why = M.gnuplot_available()
   if not have then return usage_error(why) end
-  local ok, err = pcall(metrics.mkdir_p, out_dir .. "/data", "tetra plot")
+  local ok, err = pcall(fs.mkdir_p, out_dir .. "/data", "tetra plot")
   if not ok then return usage_error(tostring(err)) end
   for _, run in ipairs(runs) do
     run.data = out_dir .. "/data/" .. run.file_label .. ".dat"

@@ -25,6 +25,7 @@ local F = require("tetra.nn.functional")
 local tffi = require("tetra.ffi")
 local train = require("tetra.train")
 local plan_model = require("tetra.planner")
+local errors = require("tetra.util.errors")
 
 local C = ffi.C
 local free = F.free
@@ -33,10 +34,7 @@ local M = {}
 local USAGE = "usage: tetra profile RECIPE [--set key=value]... [--reps N] " ..
               "[--measure-steps N] [--measure-rounds R] [--no-measure] [--launcher CMD]"
 
-local function usage_error(msg)
-  io.stderr:write("tetra profile: ", msg, "\n")
-  return 2
-end
+local usage_error = errors.usage("tetra profile")
 
 local median = require("tetra.obs.metrics").median
 
@@ -91,9 +89,8 @@ function M.profile(recipe, cfg, reps)
   model:train()
   local plan = recipe.plan and recipe.plan.pipeline
   if not (plan and model.embed and model.head) then
-    error({ message = "tetra profile: recipe " .. tostring(recipe.name) .. " has no " ..
-            "pipeline plan (plan.pipeline with blocks, and model:embed / model:head)",
-            user = true }, 0)
+    errors.raise("tetra profile: recipe %s has no pipeline plan (plan.pipeline with " ..
+                 "blocks, and model:embed / model:head)", tostring(recipe.name))
   end
   local blocks = model:get(plan.blocks)
   local p = cfg.parallel or {}
@@ -248,16 +245,8 @@ end
 
 -- -- Measuring -------------------------------------------------------------------------
 
-pcall(ffi.cdef, "long readlink(const char *path, char *buf, size_t size);")
-
-local function self_exe()
-  local buf = ffi.new("char[4096]")
-  local n = C.readlink("/proc/self/exe", buf, 4095)
-  if n <= 0 then return "tetra" end
-  return ffi.string(buf, n)
-end
-
-local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local fs = require("tetra.util.fs")
+local shell_quote = fs.shell_quote
 
 -- The first line of a launcher's output that has words in it (mpirun frames its
 -- messages in lines of dashes), or nil.
@@ -274,7 +263,7 @@ local function measure(opts, counts, world, tag)
   local tmp = os.tmpname()
   local mfile, log = tmp .. "-" .. tag .. ".jsonl", tmp .. "-" .. tag .. ".log"
   os.remove(tmp)
-  local words = { opts.launcher, "-np", tostring(world), shell_quote(self_exe()), "run",
+  local words = { opts.launcher, "-np", tostring(world), shell_quote(fs.self_exe() or "tetra"), "run",
                   shell_quote(opts.file) }
   local sets = {}
   for _, s in ipairs(opts.sets) do sets[#sets + 1] = s end

@@ -7,10 +7,9 @@
 -- --repeat N runs the list in N interleaved rounds (medians over them, M.combine);
 -- --chart FILE.png draws the comparison as bars (M.chart, with tetra plot's gnuplot
 -- helpers).
-local ffi = require("ffi")
 local plan = require("tetra.planner")
 local cli_plan = require("tetra.cli.plan")
-local json = require("tetra.checkpoint")
+local json = require("tetra.util.json")
 
 local M = {}
 
@@ -41,22 +40,15 @@ usage: tetra sweep [FILE] [--model NAME] [--set key=value]... [--batch N]
                  the data go to F.dat and the gnuplot script to F.gp
 ]]
 
-local function usage_error(msg)
-  io.stderr:write("tetra sweep: ", msg, " (see tetra sweep --help)\n")
-  return 2
-end
-
-ffi.cdef [[ long readlink(const char *path, char *buf, size_t size); ]]
+local usage_error = require("tetra.util.errors").usage("tetra sweep", "see tetra sweep --help")
 
 -- This executable's path (to run the same tetra under mpirun).
 function M.self_exe()
-  local buf = ffi.new("char[4096]")
-  local n = tonumber(ffi.C.readlink("/proc/self/exe", buf, 4095))
-  if n <= 0 then error("cannot find the tetra executable (/proc/self/exe)", 0) end
-  return ffi.string(buf, n)
+  return require("tetra.util.fs").self_exe() or
+         error("cannot find the tetra executable (/proc/self/exe)", 0)
 end
 
-local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local shell_quote = require("tetra.util.fs").shell_quote
 
 -- A --layout value ("tp=2,pp=2,mb=1,...") as a layout table; nil, message if malformed.
 local LAYOUT_KEYS = { tp = true, pp = true, dp = true, cp = true, zero = true, sp = true,
@@ -94,7 +86,7 @@ function M.summarize(path)
   local st, tps, comm, peak = {}, {}, {}, {}
   for line in f:lines() do
     if line:sub(1, 1) == "{" then
-      local r = json.decode_json(line)
+      local r = json.decode(line)
       if r.step and r.step > 2 then
         st[#st + 1], tps[#tps + 1] = r.step_time_s, r.tokens_per_s
         comm[#comm + 1], peak[#peak + 1] = r.exposed_comm_s, r.peak_bytes
@@ -401,7 +393,7 @@ function M.main(...)
                   measured_step_s_runs = s and s.step_s_runs, failed = s == nil,
                   calibration = e.calibration or false }
     end
-    io.write(json.encode_json(list), "\n")
+    io.write(json.encode(list), "\n")
   else
     local fmt = "%-36s %5s %10s %10s %6s %9s %9s %6s %9s %9s\n"
     io.write(string.format("# %s; %d steps per run, medians of steps 3..%d%s; memory is rank " ..

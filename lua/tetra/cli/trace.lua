@@ -7,10 +7,7 @@ local M = {}
 
 local USAGE = "usage: tetra trace merge OUT.json trace/trace-rank*.json"
 
-local function usage_error(msg)
-  io.stderr:write("tetra trace: ", msg, " (", USAGE, ")\n")
-  return 2
-end
+local usage_error = require("tetra.util.errors").usage("tetra trace", USAGE)
 
 -- The event lines of one rank's file (one JSON object per line between the header and
 -- the footer tetra.obs.trace writes), or nil and a message.

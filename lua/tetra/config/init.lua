@@ -16,25 +16,25 @@
 
 local host = require("tetra.host")
 local models = require("tetra.models")
+local errors = require("tetra.util.errors")
 
 local M = {}
 
 -- -- Errors --------------------------------------------------------------------------
 
-local ConfigError = {}
-ConfigError.__index = ConfigError
-ConfigError.__tostring = function(e) return e.message end
+-- Config errors are user errors (tetra.util.errors) of kind "config": every rank finds
+-- them alike, so rank 0 alone prints them (report).
 
 -- Raises a config error; main.c prints its message without a traceback.
 function M.error(fmt, ...)
-  error(setmetatable({ message = "config error: " .. fmt:format(...), user = true }, ConfigError), 0)
+  error(errors.new("config error: " .. fmt:format(...), "config"), 0)
 end
 
-function M.is_error(e) return getmetatable(e) == ConfigError end
+function M.is_error(e) return errors.is(e, "config") end
 
 -- A user-facing error printed as it is (a missing or unparsable file).
 local function file_error(msg)
-  error(setmetatable({ message = msg, user = true }, ConfigError), 0)
+  error(errors.new(msg, "config"), 0)
 end
 
 -- -- Schema --------------------------------------------------------------------------
@@ -643,7 +643,7 @@ function M.run_file(file, sets)
   -- Other errors keep the traceback of where they happened.
   local ran, rc = xpcall(recipe.run, function(e)
     if M.is_error(e) or (type(e) == "table" and e.user) then return e end
-    return { message = debug.traceback(tostring(e), 2), user = true }
+    return errors.new(debug.traceback(tostring(e), 2))
   end, cfg)
   if not ran then
     if M.is_error(rc) then return report(rc) end

@@ -9,6 +9,9 @@
 --    checkpoint_s, live_bytes, cached_bytes, mfu: see tetra.train's env.step; restarts,
 --    data_position, guard and roll_back from the training loop's fault handling)
 local ffi = require("ffi")
+local json = require("tetra.util.json")
+local fs = require("tetra.util.fs")
+local raise = require("tetra.util.errors").raise
 
 local metrics = {}
 
@@ -18,8 +21,6 @@ ffi.cdef [[
 typedef struct tt_metrics_timespec { long tv_sec; long tv_nsec; } tt_metrics_timespec;
 int tt_metrics_clock_gettime(int clk, tt_metrics_timespec *ts) __asm__("clock_gettime");
 int tt_metrics_isatty(int fd) __asm__("isatty");
-int tt_metrics_mkdir(const char *path, unsigned int mode) __asm__("mkdir");
-char *tt_metrics_strerror(int errnum) __asm__("strerror");
 ]]
 
 local ts = ffi.new("tt_metrics_timespec")
@@ -49,58 +50,15 @@ end
 
 -- -- JSON ------------------------------------------------------------------------------
 
-local function encode_string(s)
-  return '"' .. s:gsub('[%c"\\]', function(c)
-    if c == '"' then return '\\"' end
-    if c == "\\" then return "\\\\" end
-    if c == "\n" then return "\\n" end
-    return string.format("\\u%04x", c:byte())
-  end) .. '"'
-end
-
-local encode_value
-function encode_value(v)
-  local t = type(v)
-  if t == "number" then
-    if v ~= v or v == math.huge or v == -math.huge then return "null" end
-    if v == math.floor(v) and math.abs(v) < 2^53 then return string.format("%d", v) end
-    return string.format("%.9g", v)
-  elseif t == "boolean" then
-    return tostring(v)
-  elseif t == "string" then
-    return encode_string(v)
-  elseif v == nil then
-    return "null"
-  elseif t == "table" and (#v > 0 or next(v) == nil) then   -- an array
-    local parts = {}
-    for i = 1, #v do parts[i] = encode_value(v[i]) end
-    return "[" .. table.concat(parts, ",") .. "]"
-  elseif t == "table" then
-    return metrics.encode(v)
-  end
-  return encode_string(tostring(v))
-end
-
--- The contract fields first, in this order, then any others sorted by name.
-local FIELD_ORDER = { "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s",
-                      "step_time_s" }
-local FIELD_RANK = {}
-for i, k in ipairs(FIELD_ORDER) do FIELD_RANK[k] = i end
+-- The contract fields first, in this order, then any others sorted by name; numbers with
+-- 9 significant digits, which a float32 loss or a timing does not need more than.
+local JSON_OPTS = { float = "%.9g",
+                    first = { "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s",
+                              "step_time_s" } }
 
 -- One table -> one JSON object on one line (nested tables become arrays or objects).
 function metrics.encode(record)
-  local keys = {}
-  for k in pairs(record) do keys[#keys + 1] = k end
-  table.sort(keys, function(a, b)
-    local ra, rb = FIELD_RANK[a] or 1e9, FIELD_RANK[b] or 1e9
-    if ra ~= rb then return ra < rb end
-    return a < b
-  end)
-  local parts = {}
-  for i, k in ipairs(keys) do
-    parts[i] = encode_string(k) .. ":" .. encode_value(record[k])
-  end
-  return "{" .. table.concat(parts, ",") .. "}"
+  return json.encode(record, JSON_OPTS)
 end
 
 -- -- Metrics file ----------------------------------------------------------------------
@@ -108,31 +66,12 @@ end
 local Writer = {}
 Writer.__index = Writer
 
--- An error the tetra binary prints as one line (no traceback): what the user must fix.
-local function user_error(fmt, ...)
-  local msg = fmt:format(...)
-  error(setmetatable({ message = msg, user = true },
-                     { __tostring = function(e) return e.message end }), 0)
-end
-
--- Creates the folder `path` and its parents (mkdir -p); `who` names the key in errors.
-function metrics.mkdir_p(path, who)
-  local prefix = path:sub(1, 1) == "/" and "" or "."
-  for part in path:gmatch("[^/]+") do
-    prefix = prefix .. "/" .. part
-    if ffi.C.tt_metrics_mkdir(prefix, 493) ~= 0 and ffi.errno() ~= 17 then   -- 0755; EEXIST
-      user_error("%s: cannot create the folder %s: %s", who, prefix,
-                 ffi.string(ffi.C.tt_metrics_strerror(ffi.errno())))
-    end
-  end
-end
-
 -- Opens `path` for writing (mode "w" or "a"), creating its folder; `who` names the key.
 function metrics.open_file(path, mode, who)
   local dir = path:match("^(.*)/[^/]*$")
-  if dir and dir ~= "" then metrics.mkdir_p(dir, who) end
+  if dir and dir ~= "" then fs.mkdir_p(dir, who) end
   local f, err = io.open(path, mode)
-  if not f then user_error("%s: cannot open %s: %s", who, path, tostring(err)) end
+  if not f then raise("%s: cannot open %s: %s", who, path, tostring(err)) end
   return f
 end
 

@@ -16,10 +16,7 @@ local C = ffi.C
 
 local M = { serving = false }
 
-local function user_error(msg)
-  error(setmetatable({ message = msg, user = true },
-                     { __tostring = function(e) return e.message end }), 0)
-end
+local user_error = require("tetra.util.errors").raise
 
 -- TETRA_RESTART_COUNT, set by the supervisor that restarts a failed job (absent: 0).
 function M.restart_count()

@@ -32,6 +32,8 @@
 -- left inside a collective.
 
 local host = require("tetra.host")
+local errors = require("tetra.util.errors")
+local fs = require("tetra.util.fs")
 local channel = require("tetra.repl.channel")
 
 local M = {}
@@ -324,8 +326,8 @@ local function wrap_step(env)
   env.step = function(...)
     local r, stop = uninterrupted(step_then_check, ...)
     if stop then
-      error({ message = "interrupted (Ctrl-C) after step " ..
-                        tostring(type(r) == "table" and r.step or "?"), user = true }, 0)
+      errors.raise("interrupted (Ctrl-C) after step %s",
+                   tostring(type(r) == "table" and r.step or "?"))
     end
     return r
   end
@@ -389,14 +391,6 @@ local function relayout_dir(mesh)
                                          pid:data_ptr("int32_t *")[0])
 end
 
-local function remove_tree(path)
-  for _, name in ipairs(host.listdir(path) or {}) do
-    local p = path .. "/" .. name
-    if host.is_dir(p) then remove_tree(p) else os.remove(p) end
-  end
-  os.remove(path)
-end
-
 -- relayout{ tp =, pp =, cp =, dp = } (missing: 1; dp: what the world size leaves): the
 -- same model and optimizer state in a new layout of the same ranks. The state goes
 -- through a checkpoint (saved in this layout, loaded into the new one: the reshard path
@@ -427,7 +421,7 @@ local function add_relayout(env)
     for k, key in pairs(RELAYOUT_KEYS) do cfg.parallel[key] = sizes[k] end
     local problems = require("tetra.parallel.layout").problems(cfg, world)
     if #problems > 0 then
-      error({ message = "relayout: " .. table.concat(problems, "; "), user = true }, 0)
+      errors.raise("relayout: %s", table.concat(problems, "; "))
     end
     -- The recipe's own env holds the live state (its step() counts in it).
     local current = rawget(env, "env") or env
@@ -448,7 +442,8 @@ local function add_relayout(env)
       return b
     end)
     mesh.world:barrier()
-    if mesh.rank == 0 then remove_tree(dir) end
+    -- A scratch copy: failing to remove it must not hide how the load went.
+    if mesh.rank == 0 then pcall(fs.remove_tree, dir, "relayout") end
     if not ok then error(built, 0) end
     for k, v in pairs(built) do env[k] = v end
     env.env, env.cfg = built, cfg

@@ -50,10 +50,7 @@ local train = {}
 local free = F.free
 
 -- A user-facing error: the tetra binary prints the message alone, without a traceback.
-local function user_error(msg)
-  error(setmetatable({ message = msg, user = true },
-                     { __tostring = function(e) return e.message end }), 0)
-end
+local user_error = require("tetra.util.errors").raise
 
 -- -- Data --------------------------------------------------------------------------------
 

@@ -1,0 +1,314 @@
+-- tetra.checkpoint.shards: which slices of the parameters and their optimizer moments this
+-- rank saves, the index.json that says where each slice went, and the load that puts
+-- this rank's slices together again from whatever layout wrote them (a reshard).
+local C = require("tetra.ffi").C
+local F = require("tetra.nn.functional")
+local fs = require("tetra.util.fs")
+local json = require("tetra.util.json")
+local fail = require("tetra.util.errors").raise
+local folder = require("tetra.checkpoint.dir")
+
+local M = {}
+
+-- -- This rank's slices ----------------------------------------------------------------------
+
+-- ZeRO-1 across ranks: each rank's optimizer holds only its shards.
+function M.zero_sharded(env)
+  return env.ddp.shards ~= nil
+end
+
+-- The kinds of optimizer state per parameter: { prefix, list } pairs (the lists follow
+-- opt.params).
+local function state_kinds(opt)
+  if opt.m then return { { "m", opt.m }, { "v", opt.v } } end
+  return { { "momentum", opt.buffers } }
+end
+
+-- This rank's parameters as an array of { name =, tensor =, shape = the whole
+-- parameter's shape, dim =, offset =, length = (the 0-based dim and the range of it the
+-- tensor holds), primary =, state = { m = tensor, v = tensor } (or momentum) }, from
+-- their placements. Under ZeRO-1 each parameter's whole moments are put together from
+-- the shards of every data-parallel rank (collective over that group), else they are the
+-- optimizer's own tensors.
+function M.local_slices(env)
+  local opt, entries = env.optimizer, env.par:placements()
+  local out = {}
+  for i, e in ipairs(entries) do
+    local pl = e.placement
+    out[i] = { name = pl.name, tensor = e.tensor, shape = pl.shape, dim = pl.dim,
+               offset = pl.offset, length = pl.length, primary = pl.primary, state = {} }
+  end
+  if not M.zero_sharded(env) then
+    for _, kind in ipairs(state_kinds(opt)) do
+      for i, t in ipairs(kind[2]) do out[i].state[kind[1]] = t end
+    end
+    return out
+  end
+  local params = {}
+  for i, e in ipairs(out) do params[i] = e.tensor end
+  for _, kind in ipairs(state_kinds(opt)) do
+    for i, w in ipairs(env.ddp:gather_shards(kind[2], params)) do out[i].state[kind[1]] = w end
+  end
+  return out
+end
+
+-- The { name, tensor } entries of model.safetensors or optim.safetensors from slices.
+function M.model_entries(slices)
+  local out = {}
+  for _, e in ipairs(slices) do out[#out + 1] = { e.name, e.tensor } end
+  return out
+end
+
+function M.optim_entries(slices)
+  local out = {}
+  for _, e in ipairs(slices) do
+    for _, prefix in ipairs({ "m", "v", "momentum" }) do
+      if e.state[prefix] then out[#out + 1] = { prefix .. "." .. e.name, e.state[prefix] } end
+    end
+  end
+  return out
+end
+
+-- -- Saving shards (tensor, pipeline, context parallelism) ---------------------------------
+
+local function group_rank(g) return g and g.rank or 0 end
+
+-- Whether parameters are split over ranks (tensor, pipeline parallelism) or held by
+-- several ranks of one model replica (context parallelism): then each rank writes the
+-- slices it holds, with index.json.
+function M.split_layout(env)
+  local l = env.par.layout
+  return l.tp > 1 or l.pp > 1 or l.cp > 1
+end
+
+local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end
+
+-- This rank's shard file and its part of the index (shard_NNNNN.json, merged into
+-- index.json by rank 0), appended to `files` (see tetra.checkpoint.save's plan) when
+-- this rank writes one.
+function M.shard_files(env, slices, rank, meta, files)
+  local mesh = env.mesh
+  if group_rank(mesh.dp) ~= 0 or group_rank(mesh.cp) ~= 0 then return end
+  local file = shard_name(rank)
+  local entries, index = {}, {}
+  for _, e in ipairs(slices) do
+    if e.primary then
+      local list = { { e.name, e.tensor } }
+      for _, kt in ipairs(M.optim_entries({ e })) do list[#list + 1] = kt end
+      for _, kt in ipairs(list) do
+        entries[#entries + 1] = kt
+        index[kt[1]] = { shape = e.shape, shards = { { file = file, dim = e.dim,
+                                                       offset = e.offset, length = e.length } } }
+      end
+    end
+  end
+  files[#files + 1] = { name = file, tensors = entries, meta = meta, summed = true }
+  files[#files + 1] = { name = string.format("shard_%05d.json", rank),
+                        bytes = json.encode(index) .. "\n" }
+end
+
+-- Rank 0, once every rank wrote: the text of index.json, merged from the
+-- shard_NNNNN.json parts in tmp (which it removes).
+function M.merge_index(tmp)
+  local parts = {}
+  for _, e in ipairs(fs.listdir(tmp) or {}) do
+    if e:match("^shard_%d+%.json$") then parts[#parts + 1] = e end
+  end
+  table.sort(parts)
+  local tensors = {}
+  for _, part in ipairs(parts) do
+    local text = fs.read_file(tmp .. "/" .. part)
+    for key, entry in pairs(json.decode(text)) do
+      local have = tensors[key]
+      if not have then
+        tensors[key] = entry
+      else
+        for _, s in ipairs(entry.shards) do have.shards[#have.shards + 1] = s end
+      end
+    end
+    local ok, err = os.remove(tmp .. "/" .. part)
+    if not ok then fail("checkpoint: cannot remove %s: %s", part, tostring(err)) end
+  end
+  return json.encode({ format = 1, tensors = tensors }) .. "\n"
+end
+
+-- -- The index of a checkpoint ---------------------------------------------------------------
+
+local function count(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v < 2^53 end
+
+-- What is wrong with an index.json entry ({ shape =, shards = { { file =, dim =, offset =,
+-- length = } } }), or nil.
+local function index_entry_problem(entry)
+  if type(entry) ~= "table" or type(entry.shape) ~= "table" or type(entry.shards) ~= "table" then
+    return "no shape or shards"
+  end
+  for _, n in ipairs(entry.shape) do
+    if not count(n) then return "a bad size in its shape" end
+  end
+  if #entry.shape == 0 then return "an empty shape" end
+  for _, sh in ipairs(entry.shards) do
+    if type(sh) ~= "table" or type(sh.file) ~= "string" or not sh.file:match("^[%w_.-]+$") then
+      return "a shard without a file name"
+    end
+    if not (count(sh.dim) and count(sh.offset) and count(sh.length)) or sh.dim >= #entry.shape or
+       sh.offset + sh.length > entry.shape[sh.dim + 1] then
+      return "a shard whose dim, offset or length does not fit the shape"
+    end
+  end
+end
+
+-- The tensors of checkpoint `path` as index.json lists them: { NAME = { shape =,
+-- shards = {...} } }; for a checkpoint written whole by rank 0 (no index.json), one
+-- whole-tensor shard per entry of model.safetensors and optim.safetensors.
+function M.load_index(path)
+  local text = fs.read_file(path .. "/index.json")
+  if text then
+    folder.verify(path .. "/index.json")
+    local ok, idx = pcall(json.decode, text)
+    if not ok or type(idx) ~= "table" or type(idx.tensors) ~= "table" then
+      fail("checkpoint: %s/index.json is corrupt (%s)", path, ok and "no tensors" or tostring(idx))
+    end
+    for name, entry in pairs(idx.tensors) do
+      local why = index_entry_problem(entry)
+      if why then fail("checkpoint: %s/index.json is corrupt (tensor '%s': %s)", path, tostring(name), why) end
+    end
+    return idx.tensors
+  end
+  local tensors = {}
+  for _, file in ipairs({ "model.safetensors", "optim.safetensors" }) do
+    -- A weights-only checkpoint (state.json's weights_only) has no optim.safetensors.
+    if file == "model.safetensors" or fs.exists(path .. "/" .. file) then
+      local f = folder.open_safetensors(path .. "/" .. file)
+      for _, name in ipairs(f:names()) do
+        local shape = f:info(name).shape
+        tensors[name] = { shape = shape, shards = { { file = file, dim = 0, offset = 0,
+                                                      length = shape[1] } } }
+      end
+      f:close()
+    end
+  end
+  return tensors
+end
+
+-- -- Putting a slice together ----------------------------------------------------------------
+
+local function shape_text(s) return "[" .. table.concat(s, ", ") .. "]" end
+
+-- The box { lo = {...}, hi = {...} } (per dim, 0-based bounds) that a tensor of the whole
+-- shape `shape` holding [offset, offset + length) of `dim` covers.
+local function box(shape, dim, offset, length)
+  local lo, hi = {}, {}
+  for d = 1, #shape do lo[d], hi[d] = 0, shape[d] end
+  lo[dim + 1], hi[dim + 1] = offset, offset + length
+  return { lo = lo, hi = hi }
+end
+
+-- t narrowed to [lo - base.lo, hi - base.lo) in every dim (a view; t itself when whole).
+local function sub(t, base, lo, hi)
+  local v = t
+  for d = 1, #lo do
+    if lo[d] ~= base.lo[d] or hi[d] ~= base.hi[d] then
+      local n = F.narrow(v, d - 1, lo[d] - base.lo[d], hi[d] - lo[d])
+      if v ~= t then F.free(v) end
+      v = n
+    end
+  end
+  return v
+end
+
+-- Fills t, the slice e (see M.local_slices) of checkpoint tensor `key`, from the shards
+-- that hold parts of it. files: path -> open file (a cache the caller closes).
+function M.assemble(path, tensors, files, key, e, t)
+  local entry = tensors[key]
+  if not entry then fail("checkpoint %s has no tensor '%s' (the model has it)", path, key) end
+  if shape_text(entry.shape) ~= shape_text(e.shape) then
+    fail("checkpoint %s: tensor '%s' has shape %s in the checkpoint but %s in the model",
+         path, key, shape_text(entry.shape), shape_text(e.shape))
+  end
+  local want = box(e.shape, e.dim, e.offset, e.length)
+  local covered, needed = 0, 1
+  for d = 1, #e.shape do needed = needed * (want.hi[d] - want.lo[d]) end
+  for _, s in ipairs(entry.shards) do
+    local have = box(entry.shape, s.dim, s.offset, s.length)
+    local lo, hi, n = {}, {}, 1
+    for d = 1, #e.shape do
+      lo[d] = math.max(want.lo[d], have.lo[d])
+      hi[d] = math.min(want.hi[d], have.hi[d])
+      n = n * math.max(0, hi[d] - lo[d])
+    end
+    if n > 0 then
+      local file = path .. "/" .. s.file
+      files[file] = files[file] or folder.open_safetensors(file)
+      local ok, src = pcall(files[file].read, files[file], key)
+      if not ok then fail("checkpoint %s: cannot read tensor '%s': %s", file, key, tostring(src)) end
+      local stored, claimed = src:shape(), {}
+      for d = 1, #entry.shape do claimed[d] = have.hi[d] - have.lo[d] end
+      if shape_text(stored) ~= shape_text(claimed) then
+        F.free(src)
+        fail("checkpoint %s: tensor '%s' has shape %s in the file but %s in index.json", file,
+             key, shape_text(stored), shape_text(claimed))
+      end
+      local from, to = sub(src, have, lo, hi), sub(t, want, lo, hi)
+      require("tetra.ffi").check(C.tt_copy_(to, from))
+      if from ~= src then F.free(from) end
+      if to ~= t then F.free(to) end
+      F.free(src)
+      covered = covered + n
+    end
+  end
+  if covered ~= needed then
+    fail("checkpoint %s: the shards of tensor '%s' do not cover this rank's part of it",
+         path, key)
+  end
+end
+
+-- -- Loading ---------------------------------------------------------------------------------
+
+-- Loads this rank's parameters and optimizer state, in its own layout, from the shards
+-- (or the whole tensors) of checkpoint `path`, whatever layout wrote them. Under ZeRO-1
+-- each parameter's whole moments are read, then this rank's shards of them kept.
+function M.load_state(env, path)
+  local tensors, opt, files = M.load_index(path), env.optimizer, {}
+  local kinds, zero = state_kinds(opt), M.zero_sharded(env)
+  local zeros = require("tetra.optim").state_like
+  local entries = env.par:placements()
+  if env.par.layout.pp == 1 then   -- every parameter of the model is on this rank
+    local known = {}
+    for _, e in ipairs(entries) do
+      known[e.placement.name] = true
+      for _, kind in ipairs(kinds) do known[kind[1] .. "." .. e.placement.name] = true end
+    end
+    for name in pairs(tensors) do
+      if not known[name] then
+        fail("checkpoint %s: tensor '%s' is not in the model or its optimizer state (a " ..
+             "different model or optimizer?)", path, name)
+      end
+    end
+  end
+  require("tetra.tensor").no_grad(function()
+    local whole = {}
+    local T = require("tetra.tensor")
+    for i, e in ipairs(entries) do
+      local pl = e.placement
+      M.assemble(path, tensors, files, pl.name, pl, e.tensor)
+      local total = T.sum(e.tensor)   -- NaN or Inf anywhere makes the sum so
+      local v = total:item()
+      F.free(total)
+      if v ~= v or v == math.huge or v == -math.huge then
+        fail("checkpoint %s: parameter '%s' holds NaN or Inf values (a corrupt or diverged " ..
+             "checkpoint); resume from an earlier one", path, pl.name)
+      end
+      for _, kind in ipairs(kinds) do
+        local target = zero and zeros(e.tensor) or kind[2][i]
+        M.assemble(path, tensors, files, kind[1] .. "." .. pl.name, pl, target)
+        whole[kind[1]] = whole[kind[1]] or {}
+        whole[kind[1]][i] = target
+      end
+    end
+    if not zero then return end
+    for _, kind in ipairs(kinds) do env.ddp:scatter_to_shards(whole[kind[1]], kind[2]) end
+  end)
+  for _, f in pairs(files) do f:close() end
+end
+
+return M
