@@ -298,7 +298,7 @@ function M.apply(m, path, style, g, opts)
       m.forward = column_forward(g, sp)
       m.group_input = group_input(g, sp)
     else   -- fewer heads than ranks: each head on size / heads ranks (M.slice)
-      local head = math.floor(g.rank / (g.size / heads))
+      local head = M.slice(style, "weight", m.weight:shape(), g.size, g.rank, hd).offset / hd
       local key = "heads" .. heads
       opts.groups[key] = opts.groups[key] or g:split(head, g.rank, g.name .. ".kv")
       split_param(m, "weight", style, g, opts)
