@@ -145,10 +145,7 @@ local function disk_tree(dir)
       end
     end
   end
-  walk(dir .. "/lua/tetra", "tetra", false)
-  local init = assert(io.open(dir .. "/lua/tetra/init.lua", "rb"))
-  modules.tetra = init:read("*a")
-  init:close()
+  walk(dir .. "/lua/tetra", "tetra", false)   -- lua/tetra/init.lua is module tetra
   walk(dir .. "/recipes", "recipes", true)
   return { modules = modules }
 end
@@ -178,7 +175,7 @@ local function graph(tree)
       if r.kind == "literal" then
         targets = { r.name }
       elseif r.kind == "prefix" then
-        targets = folder(tree, r.name:gsub("%.$", ""))
+        targets = folder(tree, (r.name:gsub("%.$", "")))
         if #targets == 0 then
           error(("%s:%d: require(%q .. x) names no folder of modules"):format(name, r.line, r.name), 0)
         end
@@ -339,6 +336,7 @@ end)
 describe("lua/tetra and recipes", function()
   it("are read whole", function()
     local tree = disk_tree(root)
+    expect(tree.modules.tetra).to_match("local submodules")
     expect(tree.modules["tetra.train"]).to_be_a("string")
     expect(tree.modules["tetra.parallel.layout"]).to_be_a("string")
     expect(tree.modules["recipes/llama.lua"]).to_be_a("string")
