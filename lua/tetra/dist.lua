@@ -19,6 +19,8 @@ local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("tetra_dist.h")
 local tensor = require("tetra.tensor")
+local layout = require("tetra.parallel.layout")
+local device = require("tetra.device")
 
 local C = ffi.C
 local take, pout = tensor.take, tensor.pout
@@ -237,33 +239,33 @@ end
 
 local current
 
--- Builds the mesh from cfg.parallel.{tensor,context,data,pipeline}_parallel_size and
--- cfg.parallel.order ("tp-cp-dp-pp", fastest first); sets the watchdog deadline from
+-- Builds the mesh from cfg.parallel.{tensor,context,data,pipeline}_parallel_size (as
+-- tetra.parallel.layout reads them) and cfg.parallel.order ("tp-cp-dp-pp", fastest first); sets the watchdog deadline from
 -- cfg.dist.timeout_s. Called again with the same layout, returns the same mesh.
 function dist.init(cfg)
   cfg = cfg or {}
   local p, d = cfg.parallel or {}, cfg.dist or {}
-  local layout = require("tetra.parallel").layout(cfg)
+  local sizes = layout.sizes(cfg)
   local order = p.order or "tp-cp-dp-pp"
   dist.start(d.force_mpi, d.timeout_s or 600)
-  if current and current.order == order and current.layout.tp == layout.tp and
-     current.layout.cp == layout.cp and current.layout.dp == layout.dp and
-     current.layout.pp == layout.pp then
+  if current and current.order == order and current.layout.tp == sizes.tp and
+     current.layout.cp == sizes.cp and current.layout.dp == sizes.dp and
+     current.layout.pp == sizes.pp then
     return current
   end
   -- CUDA tensors travel by NCCL, whose communicators are made with the groups below,
   -- in the one order every rank makes them (never at a group's first collective), on
-  -- this rank's GPU, which train.device starts first.
-  local device = cfg.train and cfg.train.device
-  if device and tostring(device):match("^cuda") and C.tt_dist_world_size() > 1 then
-    require("tetra.train").device(device)
+  -- this rank's GPU, which tetra.device starts first.
+  local dev = cfg.train and cfg.train.device
+  if dev and tostring(dev):match("^cuda") and C.tt_dist_world_size() > 1 then
+    device.start(dev)
     if C.tt_dist_nccl_enable() ~= 0 then dist.fail(ffi.string(C.tt_last_error())) end
   end
   local box = ffi.new("tt_mesh *[1]")
-  if C.tt_mesh_new(layout.tp, layout.cp, layout.dp, layout.pp, order, box) ~= 0 then
+  if C.tt_mesh_new(sizes.tp, sizes.cp, sizes.dp, sizes.pp, order, box) ~= 0 then
     dist.fail(ffi.string(C.tt_last_error()))
   end
-  local mesh = setmetatable({ _m = ffi.gc(box[0], C.tt_mesh_free), layout = layout,
+  local mesh = setmetatable({ _m = ffi.gc(box[0], C.tt_mesh_free), layout = sizes,
                               order = order, rank = C.tt_dist_rank(),
                               size = C.tt_dist_world_size(),
                               local_rank = C.tt_dist_local_rank(), coords = {} }, Mesh)

@@ -22,6 +22,21 @@ local function one_problem(c, world, pattern)
   expect(problems[1]).to_match(pattern)
 end
 
+describe("layout.sizes", function()
+  it("reads the four sizes and the counts that follow, 1 where unset", function()
+    expect(layout.sizes({})).to_equal({ tp = 1, cp = 1, dp = 1, pp = 1, world = 1, virtual = 1,
+                                        micro_batches = 1 })
+    expect(layout.sizes(cfg({ tensor_parallel_size = 2, data_parallel_size = 2,
+                              pipeline_parallel_size = 3, virtual_pipeline_size = 2 })))
+      .to_equal({ tp = 2, cp = 1, dp = 2, pp = 3, world = 12, virtual = 2, micro_batches = 2,
+                  micro_batch = 2 })
+    expect(layout.sizes(cfg({ context_parallel_size = 4 }, nil, { batch_size = 12,
+                                                                 gradient_accumulation_steps = 3 })))
+      .to_equal({ tp = 1, cp = 4, dp = 1, pp = 1, world = 4, virtual = 1, micro_batches = 3,
+                  micro_batch = 4 })
+  end)
+end)
+
 describe("layout.problems", function()
   it("accepts every dimension at once, with sequence parallelism and interleaving", function()
     expect(layout.problems(cfg({ tensor_parallel_size = 2, context_parallel_size = 2,
@@ -78,8 +93,13 @@ describe("layout.problems", function()
                 "train.batch_size %(6%) must be a multiple")
   end)
 
-  it("check raises the first problem as a config error", function()
-    expect(function() layout.check(cfg({ context_parallel_size = 3 }), nil) end)
-      .to_error("config error: model.seq_len %(32%) must be a multiple")
+  it("config.check_layout raises the first problem as a config error", function()
+    local config = require("tetra.config")
+    local ok, e = pcall(config.check_layout, cfg({ context_parallel_size = 3 }), nil)
+    expect(ok).to_be(false)
+    expect(config.is_error(e)).to_be(true)
+    expect(e.message).to_match("^config error: model.seq_len %(32%) must be a multiple")
+    expect(function() config.check_layout(cfg({ context_parallel_size = 2 }), 3) end)
+      .to_error("config error: this layout needs 2 processes")
   end)
 end)

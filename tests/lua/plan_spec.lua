@@ -72,6 +72,52 @@ describe("plan memory", function()
   end)
 end)
 
+describe("tensor-parallel slices", function()
+  -- One rule (tetra.parallel.tensor.slice) says what a rank holds of a styled module's
+  -- parameter: tensor.apply cuts it, the planner counts it.
+  local tensor = require("tetra.parallel.tensor")
+  local nn = require("tetra.nn")
+
+  it("gives each style's dim, offset and length", function()
+    expect(tensor.slice("vocab_head", "weight", { 10, 6 }, 3, 2))
+      .to_equal({ dim = 0, offset = 8, length = 2 })   -- parts of ceil(10 / 3) rows
+    expect(tensor.slice("column", "bias", { 9 }, 3, 1)).to_equal({ dim = 0, offset = 3, length = 3 })
+    expect(tensor.slice("row", "weight", { 9, 6 }, 3, 1)).to_equal({ dim = 1, offset = 2, length = 2 })
+    expect(tensor.slice("row", "bias", { 9 }, 3, 1)).to_be_nil()
+    expect(tensor.slice("heads_column", "weight", { 8, 16 }, 2, 1, 4))
+      .to_equal({ dim = 0, offset = 4, length = 4 })
+    -- Two key/value heads over four ranks: ranks 2 and 3 both hold head 1.
+    expect(tensor.slice("heads_column", "weight", { 8, 16 }, 4, 3, 4))
+      .to_equal({ dim = 0, offset = 4, length = 4, copy_rank = 1 })
+    expect(tensor.slice("sequence", "weight", { 16 }, 4, 3)).to_be_nil()
+  end)
+
+  it("is what tensor.apply cuts", function()
+    for _, case in ipairs({ { "column", 9 }, { "row", 9 }, { "vocab_head", 10 } }) do
+      local style, rows = case[1], case[2]
+      for rank = 0, 2 do
+        local m = nn.Linear(6, rows, { bias = true })
+        local g = { size = 3, rank = rank, name = "tp" }   -- apply reads no more of the group
+        tensor.apply(m, "head", style, g, { sliced = {}, groups = {} })
+        for _, pname in ipairs({ "weight", "bias" }) do
+          local whole = pname == "weight" and { rows, 6 } or { rows }
+          local part = tensor.slice(style, pname, whole, 3, rank)
+          local pl = m._placement and m._placement[pname]
+          if part then
+            expect({ pl.dim, pl.offset, pl.length }).to_equal({ part.dim, part.offset, part.length })
+            local shape = { unpack(whole) }
+            shape[part.dim + 1] = part.length
+            expect(m[pname]:shape()).to_equal(shape)
+          else
+            expect(pl).to_be_nil()
+            expect(m[pname]:shape()).to_equal(whole)
+          end
+        end
+      end
+    end
+  end)
+end)
+
 describe("plan data-parallel overlap", function()
   -- Tetra's reducer shrinks its buckets toward the end of backward, so what stays in
   -- flight after it is the embedding's gradient (produced last, travelling alone), not a

@@ -26,6 +26,7 @@ local tffi = require("tetra.ffi")
 local train = require("tetra.train")
 local plan_model = require("tetra.planner")
 local errors = require("tetra.util.errors")
+local layout = require("tetra.parallel.layout")
 
 local C = ffi.C
 local free = F.free
@@ -93,10 +94,7 @@ function M.profile(recipe, cfg, reps)
                  "blocks, and model:embed / model:head)", tostring(recipe.name))
   end
   local blocks = model:get(plan.blocks)
-  local p = cfg.parallel or {}
-  local rows = t.batch_size / (p.data_parallel_size or 1) /
-               (t.gradient_accumulation_steps or 1)
-  rows = math.max(1, math.floor(rows))
+  local rows = math.max(1, math.floor(layout.sizes(cfg).micro_batch))
   local T_len = cfg.model.seq_len
   local data = train.mock_data(cfg.model.vocab_size, t.seed or 0)
   -- On a GPU each reading waits for the device, so a part's time is its kernels'.
@@ -368,11 +366,9 @@ function M.main(...)
   fh:close()
   local recipe, cfg = config.load(o.file, o.sets, { world_size = false })
   if not recipe then return usage_error(o.file .. " is not a recipe (it returned no table with setup)") end
-  local p = cfg.parallel or {}
-  local S = p.pipeline_parallel_size or 1
-  local world = S * (p.tensor_parallel_size or 1) * (p.data_parallel_size or 1) *
-                (p.context_parallel_size or 1)
-  if (p.virtual_pipeline_size or 1) > 1 then
+  local p, sizes = cfg.parallel or {}, layout.sizes(cfg)
+  local S, world = sizes.pp, sizes.world
+  if sizes.virtual > 1 then
     return usage_error("parallel.virtual_pipeline_size > 1: the profiler splits for one " ..
                        "chunk per stage; set it to 1")
   end
@@ -399,7 +395,7 @@ function M.main(...)
 
   local pipeline = require("tetra.parallel.pipeline")
   local uniform = pipeline.stage_layers(prof.n_blocks, S)
-  local n_micro = cfg.train.gradient_accumulation_steps or 1
+  local n_micro = sizes.micro_batches
   local kind = p.pipeline_schedule or "1f1b"
   local balanced = M.best_split(parts, S, n_micro, kind)
   local function describe(name, counts)

@@ -12,30 +12,22 @@
 -- keys with config.register(section, keys) or by dropping a file in lua/tetra/config/schema/
 -- that returns { section = { key = spec } }; cross-key rules go through
 -- config.register_check(fn), and a model read from elsewhere (model.init_from) through
--- config.register_model_source(fn).
+-- config.register_model_source(fn). A schema file reaches those through
+-- tetra.config.registry (tetra.config loads it: it cannot require tetra.config back).
 
 local host = require("tetra.host")
 local models = require("tetra.models")
+local registry = require("tetra.config.registry")
 local errors = require("tetra.util.errors")
+local layout = require("tetra.parallel.layout")
 
 local M = {}
 
 -- -- Errors --------------------------------------------------------------------------
 
--- Config errors are user errors (tetra.util.errors) of kind "config": every rank finds
--- them alike, so rank 0 alone prints them (report).
-
--- Raises a config error; main.c prints its message without a traceback.
-function M.error(fmt, ...)
-  error(errors.new("config error: " .. fmt:format(...), "config"), 0)
-end
-
-function M.is_error(e) return errors.is(e, "config") end
-
--- A user-facing error printed as it is (a missing or unparsable file).
-local function file_error(msg)
-  error(errors.new(msg, "config"), 0)
-end
+-- config.error(fmt, ...) raises a config error; main.c prints its message without a
+-- traceback. config.is_error(e) tells one apart.
+M.error, M.is_error = registry.error, registry.is_error
 
 -- -- Schema --------------------------------------------------------------------------
 -- A key spec: { type = "int"|"num"|"bool"|"str"|"enum"|"list"|"any", default = v,
@@ -162,8 +154,6 @@ M.schema = {
   },
 }
 
-local checks = {}
-
 -- Adds keys to a section (creating it). keys: { name = spec } where spec is a table
 -- made like the ones above, or a plain default value (type taken from it).
 function M.register(section, keys)
@@ -179,13 +169,8 @@ function M.register(section, keys)
   end
 end
 
--- fn(cfg) raises through config.error when the merged config is impossible.
-function M.register_check(fn) checks[#checks + 1] = fn end
-
--- fn(merged, user) fills merged.model from a model the config names (model.init_from)
--- before validation; user is the YAML and --set layer, whose model keys must agree.
-local model_sources = {}
-function M.register_model_source(fn) model_sources[#model_sources + 1] = fn end
+-- Cross-key checks, fn(cfg), and model sources, fn(merged, user) (tetra.config.registry).
+M.register_check, M.register_model_source = registry.register_check, registry.register_model_source
 
 local schema_dirs_loaded = false
 local function load_schema_dir()
@@ -353,6 +338,13 @@ function M.world_size()
   return 1
 end
 
+-- Raises the first problem of cfg's parallel layout on `world` processes as a config
+-- error: the layout's rules for a config built in code, which has not met config.validate.
+function M.check_layout(cfg, world)
+  local problems = layout.problems(cfg, world)
+  if #problems > 0 then M.error("%s", problems[1]) end
+end
+
 local function check_model(cfg)
   local m = cfg.model
   for _, k in ipairs({ "dim", "n_layers", "n_heads", "vocab_size", "seq_len" }) do
@@ -424,7 +416,7 @@ function M.validate(cfg, opts)
   local world = opts.world_size
   if world == nil then world = M.world_size() end
   -- Every rule about the parallel layout lives in tetra.parallel.layout.
-  local problems = require("tetra.parallel.layout").problems(cfg, world or nil)
+  local problems = layout.problems(cfg, world or nil)
   if #problems > 0 then
     local msg = problems[1]
     -- Started with the wrong process count (the guide's 64-process YAML on one machine),
@@ -475,7 +467,7 @@ function M.validate(cfg, opts)
   if not (type(r) == "boolean" or (type(r) == "string" and r ~= "")) then
     M.error("checkpoint.resume must be true, false, \"auto\" or a checkpoint path, got %s", show(r))
   end
-  for _, fn in ipairs(checks) do fn(cfg) end
+  for _, fn in ipairs(registry.checks) do fn(cfg) end
   return cfg
 end
 
@@ -538,7 +530,7 @@ function M.build(parts)
   else
     merged = M.merge(defaults, user)
   end
-  for _, fn in ipairs(model_sources) do fn(merged, user) end
+  for _, fn in ipairs(registry.model_sources) do fn(merged, user) end
   return M.validate(merged, { world_size = parts.world_size })
 end
 
@@ -574,7 +566,7 @@ end
 
 local function load_recipe(path)
   local chunk, err = loadfile(path)
-  if not chunk then file_error(err) end
+  if not chunk then registry.raise(err) end
   return chunk()
 end
 

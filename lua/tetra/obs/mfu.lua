@@ -2,6 +2,8 @@
 --
 --   local flops = mfu.flops_per_token(model, cfg.model)   -- the whole model, before it
 --                                                         -- is split
+--   mfu.flops(n, cfg.model)    -- the same from n, the parameters a token is multiplied
+--                              -- by (tetra.planner counts them from the model's shapes)
 --   local peak = mfu.peak_tflops(cfg, device_name)        -- per device, nil: unknown
 --   r.mfu = flops * tokens_per_s / (peak * 1e12 * world_size)
 --
@@ -75,6 +77,12 @@ function M.flops_per_token(model, m)
       if not shared then n = n - tonumber(C.tt_tensor_numel(e.weight)) end
     end
   end
+  return M.flops(n, m)
+end
+
+-- Training FLOPs per token of model m (cfg.model) whose tokens are multiplied by n
+-- parameters: 6 n + 12 L d T.
+function M.flops(n, m)
   return 6 * n + 12 * m.n_layers * m.dim * m.seq_len
 end
 

@@ -46,15 +46,9 @@ local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local T = require("tetra.tensor")
 local F = require("tetra.nn.functional")
+local layout = require("tetra.parallel.layout")
 
 local parallel = {}
-
--- Sizes of the four dimensions from cfg.parallel, 1 where unset.
-function parallel.layout(cfg)
-  local p = (cfg and cfg.parallel) or {}
-  return { tp = p.tensor_parallel_size or 1, cp = p.context_parallel_size or 1,
-           dp = p.data_parallel_size or 1, pp = p.pipeline_parallel_size or 1 }
-end
 
 -- -- Plans --------------------------------------------------------------------------------
 
@@ -137,7 +131,7 @@ end
 -- Returns par (see the top of this file).
 function parallel.apply(model, plan, mesh, cfg)
   plan = plan or {}
-  local lay = parallel.layout(cfg)
+  local lay = layout.sizes(cfg)
   local p = cfg.parallel or {}
   local par = setmetatable({ model = model, mesh = mesh, layout = lay, plan = plan,
                              sequence = p.sequence_parallel and lay.tp > 1 or false,

@@ -1,25 +1,42 @@
 -- tetra.parallel.layout: every rule about the parallel layout, in one place (the role of
--- torchtitan's ParallelDims). tetra.config runs it while it validates a config, before
--- a model is built or anything large allocated; each broken rule is one line naming the
--- keys, their values and the fix.
+-- torchtitan's ParallelDims): the sizes a config gives, and the rules they must keep.
+-- tetra.config runs the rules while it validates a config, before a model is built or
+-- anything large allocated; each broken rule is one line naming the keys, their values
+-- and the fix. It requires nothing: the config, the mesh (tetra.dist), the parallel
+-- dimensions, the planner and the tools all read the layout here.
 --
---   layout.check(cfg, world_size)   -- raises the first problem (a config error)
+--   layout.sizes(cfg)                -- { tp, cp, dp, pp, world, virtual, ... }
 --   layout.problems(cfg, world_size) -- every problem, as an array of lines
 local M = {}
+
+-- The config key of each dimension's size (parallel.<key>).
+M.size_keys = { tp = "tensor_parallel_size", cp = "context_parallel_size",
+                dp = "data_parallel_size", pp = "pipeline_parallel_size" }
+
+-- The layout's sizes from cfg.parallel and cfg.train, 1 where a key is unset:
+--   tp, cp, dp, pp   the four dimensions; world = tp x cp x dp x pp, the processes they need
+--   virtual          model chunks per pipeline stage (parallel.virtual_pipeline_size)
+--   micro_batches    micro-batches per step (train.gradient_accumulation_steps)
+--   micro_batch      sequences of one micro-batch on one data-parallel rank:
+--                    train.batch_size / (dp x micro_batches); nil without train.batch_size
+function M.sizes(cfg)
+  local p, t = (cfg and cfg.parallel) or {}, (cfg and cfg.train) or {}
+  local s = {}
+  for dim, key in pairs(M.size_keys) do s[dim] = p[key] or 1 end
+  s.world = s.tp * s.cp * s.dp * s.pp
+  s.virtual = p.virtual_pipeline_size or 1
+  s.micro_batches = t.gradient_accumulation_steps or 1
+  s.micro_batch = t.batch_size and t.batch_size / (s.dp * s.micro_batches)
+  return s
+end
 
 -- Appends the problem `fmt, ...` to list.
 local function add(list, fmt, ...) list[#list + 1] = string.format(fmt, ...) end
 
-local function sizes(p)
-  return p.tensor_parallel_size or 1, p.context_parallel_size or 1,
-         p.data_parallel_size or 1, p.pipeline_parallel_size or 1
-end
-
 -- The rules of the mesh itself: its size and order, the batch split.
-local function mesh_rules(cfg, world, out)
+local function mesh_rules(cfg, s, world, out)
   local p, t = cfg.parallel or {}, cfg.train
-  local tp, cp, dp, pp = sizes(p)
-  local need = tp * cp * dp * pp
+  local tp, cp, dp, pp, need = s.tp, s.cp, s.dp, s.pp, s.world
   if world and world ~= need then
     add(out, "this layout needs %d processes (data %d x tensor %d x pipeline %d x context %d) " ..
         "but %d %s running: run it with `mpirun -np %d tetra run ...`, or change " ..
@@ -36,7 +53,7 @@ local function mesh_rules(cfg, world, out)
   if (p.zero_stage or 0) > 1 then
     add(out, "parallel.zero_stage must be 0 or 1, got %d", p.zero_stage)
   end
-  local accum = t.gradient_accumulation_steps or 1
+  local accum = s.micro_batches
   if t.batch_size % (accum * dp) ~= 0 then
     add(out, "train.batch_size (%d) must be a multiple of train.gradient_accumulation_steps x " ..
         "parallel.data_parallel_size (%d x %d = %d)", t.batch_size, accum, dp, accum * dp)
@@ -44,9 +61,9 @@ local function mesh_rules(cfg, world, out)
 end
 
 -- Tensor and sequence parallelism: what the model's sizes must allow.
-local function tensor_rules(cfg, out)
+local function tensor_rules(cfg, s, out)
   local m, p = cfg.model or {}, cfg.parallel or {}
-  local tp, cp = sizes(p)
+  local tp, cp = s.tp, s.cp
   if p.sequence_parallel and tp == 1 then
     add(out, "parallel.sequence_parallel=true needs parallel.tensor_parallel_size > 1 " ..
         "(it splits the sequence over the tensor-parallel ranks)")
@@ -80,26 +97,24 @@ local function tensor_rules(cfg, out)
   end
 end
 
-local function context_rules(cfg, out)
-  local m, p = cfg.model or {}, cfg.parallel or {}
-  local _, cp = sizes(p)
+local function context_rules(cfg, s, out)
+  local m, cp = cfg.model or {}, s.cp
   if cp > 1 and m.seq_len and m.seq_len % (2 * cp) ~= 0 then
     add(out, "model.seq_len (%d) must be a multiple of 2 x parallel.context_parallel_size (%d)",
         m.seq_len, 2 * cp)
   end
 end
 
-local function pipeline_rules(cfg, out)
-  local m, p, t = cfg.model or {}, cfg.parallel or {}, cfg.train or {}
-  local _, _, _, pp = sizes(p)
-  local v = p.virtual_pipeline_size or 1
+local function pipeline_rules(cfg, s, out)
+  local m, p = cfg.model or {}, cfg.parallel or {}
+  local pp, v = s.pp, s.virtual
   local schedule = p.pipeline_schedule or "1f1b"
   if schedule == "interleaved_1f1b" then
     if v < 2 then
       add(out, "parallel.pipeline_schedule=interleaved_1f1b needs parallel.virtual_pipeline_size " ..
           ">= 2 (model chunks per stage)")
     end
-    local micro = t.gradient_accumulation_steps or 1
+    local micro = s.micro_batches
     if pp > 1 and micro % pp ~= 0 then
       add(out, "parallel.pipeline_schedule=interleaved_1f1b: train.gradient_accumulation_steps " ..
           "(%d, the micro-batches) must be a multiple of parallel.pipeline_parallel_size (%d)",
@@ -133,18 +148,12 @@ end
 -- Every problem of cfg's layout (an empty array when there is none). world: the number
 -- of processes (nil: not checked).
 function M.problems(cfg, world)
-  local out = {}
-  mesh_rules(cfg, world, out)
-  tensor_rules(cfg, out)
-  context_rules(cfg, out)
-  pipeline_rules(cfg, out)
+  local out, s = {}, M.sizes(cfg)
+  mesh_rules(cfg, s, world, out)
+  tensor_rules(cfg, s, out)
+  context_rules(cfg, s, out)
+  pipeline_rules(cfg, s, out)
   return out
-end
-
--- Raises the first problem as a config error (tetra.config prints it once, on rank 0).
-function M.check(cfg, world)
-  local problems = M.problems(cfg, world)
-  if #problems > 0 then require("tetra.config").error("%s", problems[1]) end
 end
 
 return M

@@ -44,6 +44,8 @@ local F = require("tetra.nn.functional")
 local metrics = require("tetra.obs.metrics")
 local trace = require("tetra.obs.trace")
 local T = require("tetra.tensor")
+local timers = require("tetra.obs.timer")
+local micro = require("tetra.parallel.micro")
 
 local C = ffi.C
 local free = F.free
@@ -209,15 +211,6 @@ end
 function Pipeline:act_tag(m, vs) return 2 * (m * self.n_virtual + vs) end
 function Pipeline:grad_tag(m, vs) return 2 * (m * self.n_virtual + vs) + 1 end
 
--- Micro-batch m of tokens (B, T + 1): rows [m n, (m + 1) n), contiguous.
-local function micro_rows(tokens, m, n)
-  if n == tonumber(tokens._shape[0]) then return tokens end
-  local v = F.narrow(tokens, 0, m * n, n)
-  local c = F.contiguous(v)
-  free(v)
-  return c
-end
-
 -- Forward of chunk c of this stage (virtual stage vs = c stages + stage) for micro-batch
 -- m of tokens (b, T + 1): returns the chunk's input (the received activations; nil on
 -- virtual stage 0, which embeds the tokens) and its output (the mean loss on the last
@@ -257,7 +250,7 @@ end
 -- micro-batch loss, times loss_scale (fp16; 1 otherwise). before_backward(is_last) runs
 -- before each backward. Returns the sum of the micro-batch losses, a one-value tensor on
 -- the device, the same on every stage (the last one broadcasts it); nothing waits for the
--- device. self.forward_marks: pairs of self.timer's marks (tetra.parallel.step.timer)
+-- device. self.forward_marks: pairs of self.timer's marks (tetra.obs.timer)
 -- around each forward, whose seconds (receives' waits left out) the step breakdown adds.
 function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
   local rows = tonumber(tokens._shape[0]) / n_micro
@@ -265,7 +258,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
   self.pending = {}
   local ops = M.schedule(self.kind, self.stages, self.stage, n_micro, self.virtual)
   local n_backward, last_vs = 0, self.n_virtual - 1
-  self.timer = self.timer or require("tetra.parallel.step").timer(self.par.device)
+  self.timer = self.timer or timers.new(self.par.device)
   local timer, marks = self.timer, {}
   self.forward_marks = marks
   for _, op in ipairs(ops) do
@@ -273,7 +266,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
     local vs = c * self.stages + self.stage
     local key = m * self.virtual + c
     if op[1] == "F" then
-      local mb = micro_rows(tokens, m, rows)
+      local mb = micro.rows(tokens, m, rows)
       local f0, w0 = timer:mark(), metrics.now()
       local x, y = self:forward(mb, m, c, true)
       marks[#marks + 1] = f0
@@ -281,7 +274,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
       if trace.on then trace.span("F", w0, metrics.now(), { micro = m, chunk = c }) end
       if mb ~= tokens then free(mb) end
       if vs == last_vs then
-        loss_sum = require("tetra.parallel.step").add_loss(loss_sum, y)
+        loss_sum = micro.add_loss(loss_sum, y)
         local s = (loss_scale or 1.0) / n_micro
         if s ~= 1.0 then
           local scaled = F.scale(y, s)

@@ -20,14 +20,14 @@
 -- once; pipelined, the last stage broadcasts it to the others).
 -- After forward_backward, strategy:forward_seconds() gives the seconds its forwards
 -- computed (time blocked on communication left out: that is exposed communication; on
--- CUDA known once the device has got that far, see M.timer); train.lua counts the rest
--- of forward_backward as backward.
-local ffi = require("ffi")
+-- CUDA known once the device has got that far, see tetra.obs.timer); train.lua counts
+-- the rest of forward_backward as backward.
 local F = require("tetra.nn.functional")
-local tffi = require("tetra.ffi")
-local C = tffi.C
 local metrics = require("tetra.obs.metrics")
 local trace = require("tetra.obs.trace")
+local timers = require("tetra.obs.timer")
+local micro = require("tetra.parallel.micro")
+local pipeline = require("tetra.parallel.pipeline")
 
 local free = F.free
 local M = {}
@@ -42,96 +42,17 @@ Pipelined.__index = Pipelined
 -- tetra.amp context.
 function M.new(par, ddp, ctx, cfg)
   local self = { par = par, ddp = ddp, ctx = ctx, model = par.model,
-                  timer = M.timer(par.device) }
+                  timer = timers.new(par.device) }
   -- A tied parameter's gradient must be summed over the stages before the reducer
   -- averages it: the reducer then copies every gradient at finish instead of during
   -- backward.
   self.overlap = par.tied_group == nil
   if par.stage then
-    self.pipe = require("tetra.parallel.pipeline").runner(par, cfg)
+    self.pipe = pipeline.runner(par, cfg)
     self.pipe.timer = self.timer   -- train.lua resets it each step
     return setmetatable(self, Pipelined)
   end
   return setmetatable(self, Plain)
-end
-
-local function micro_rows(tokens, m, n)
-  if m == 0 and n == tonumber(tokens._shape[0]) then return tokens end
-  local v = F.narrow(tokens, 0, m * n, n)
-  local c = F.contiguous(v)
-  free(v)
-  return c
-end
-
--- Compute time without waiting for the device. M.timer(device): t:mark() -> a mark,
--- t:seconds(a, b) -> the compute seconds between two marks, t:reset() before each step.
--- On the cpu a mark is the wall clock minus the time blocked in collectives (the seconds
--- are known at once). On CUDA it is an event recorded on the current stream, so the host
--- never waits for it; the seconds between two marks are known once the device has passed
--- the second, which the step's one read of its stats guarantees. The events are pooled
--- and reused after reset().
-local CpuTimer = {}
-CpuTimer.__index = CpuTimer
-function CpuTimer:mark() return metrics.now() - C.tt_dist_wait_seconds() end
-function CpuTimer:seconds(a, b) return b - a end
-function CpuTimer:reset() end
-function CpuTimer:wait() end
-
-local CudaTimer = {}
-CudaTimer.__index = CudaTimer
-
-function CudaTimer:mark()
-  self.used = self.used + 1
-  local e = self.pool[self.used]
-  if not e then
-    local box = ffi.new("tt_cuda_event *[1]")
-    tffi.check(C.tt_cuda_event_create(1, box))
-    e = ffi.gc(box[0], C.tt_cuda_event_destroy)
-    self.pool[self.used] = e
-  end
-  tffi.check(C.tt_cuda_event_record(e, C.tt_cuda_get_stream()))
-  return e
-end
-
-function CudaTimer:seconds(a, b)
-  tffi.check(C.tt_cuda_event_elapsed_ms(a, b, self.ms))
-  return self.ms[0] / 1000
-end
-
-function CudaTimer:reset() self.used = 0 end
-
--- Waits until the device has passed mark m, unless it already has (no wait then).
-function CudaTimer:wait(m)
-  if C.tt_cuda_event_query(m) ~= 1 then tffi.check(C.tt_cuda_event_synchronize(m)) end
-end
-
--- The seconds between each pair of marks: marks[1]..marks[2] + marks[3]..marks[4] + ...
-local function total(self, marks)
-  local t = 0
-  for i = 1, #marks, 2 do t = t + self:seconds(marks[i], marks[i + 1]) end
-  return t
-end
-CpuTimer.total, CudaTimer.total = total, total
-
--- Marks nothing and measures 0: inside a captured CUDA graph, which is timed as a whole.
-local NullTimer = { mark = function() return 0 end, seconds = function() return 0 end,
-                    reset = function() end, wait = function() end, total = function() return 0 end }
-function M.null_timer() return NullTimer end
-
-function M.timer(device)
-  if device == nil or device == C.TT_CPU then return setmetatable({}, CpuTimer) end
-  tffi.cdef_header("tetra_cuda.h")
-  return setmetatable({ pool = {}, used = 0, ms = ffi.new("float[1]") }, CudaTimer)
-end
-
--- sum (nil at first) + a micro-batch's loss, off the tape and where they are: nothing
--- waits for the device. Returns the new sum.
-function M.add_loss(sum, loss)
-  local value = F.detach(loss)
-  if not sum then return value end
-  local s = F.add(sum, value)
-  free(sum); free(value)
-  return s
 end
 
 local function finish(self)
@@ -158,7 +79,7 @@ function Plain:forward_backward(tokens, n_micro)
   local timer = self.timer
   self.forward_marks = {}
   for m = 0, n_micro - 1 do
-    local mb = micro_rows(tokens, m, rows)
+    local mb = micro.rows(tokens, m, rows)
     local f0, w0 = timer:mark(), metrics.now()
     local loss = loss_of(self, mb)
     local marks = self.forward_marks
@@ -166,7 +87,7 @@ function Plain:forward_backward(tokens, n_micro)
     marks[#marks + 1] = timer:mark()
     if trace.on then trace.span("forward", w0, metrics.now(), { micro = m }) end
     if mb ~= tokens then free(mb) end
-    sum = M.add_loss(sum, loss)
+    sum = micro.add_loss(sum, loss)
     local mean = n_micro > 1 and F.scale(loss, 1.0 / n_micro) or loss
     local scaled = self.ctx:scale_loss(mean)             -- fp16: x loss scale
     self.ddp:before_backward(self.overlap and m == n_micro - 1)

@@ -84,12 +84,40 @@ local function slice_param(m, name, dim, offset, length, sliced, copy_rank)
                          split = true, copy_rank = copy_rank }
 end
 
--- slice_param for this rank's part (M.part) of the group.
-local function split_param(m, name, dim, group, sliced)
+-- The part of parameter `pname` (shape: the whole parameter's) of a module of style
+-- `style` that rank `rank` of `size` holds: { dim, offset, length, copy_rank }, or nil
+-- when every rank holds it whole. column, vocab and vocab_head split dim 0 (the output
+-- features, the vocabulary) in parts of M.part; heads_column too, by whole heads of
+-- head_dim rows, and with fewer heads than ranks gives each head to size / heads ranks
+-- (copy_rank: this rank's index among them); row splits dim 1 of the weight (the input
+-- features: its bias is added once, after the sum). tetra.planner prices these slices.
+function M.slice(style, pname, shape, size, rank, head_dim)
+  local dim
+  if style == "column" or style == "vocab" or style == "vocab_head" then
+    dim = 0
+  elseif style == "heads_column" then
+    local heads = shape[1] / head_dim
+    if heads < size then
+      local per = size / heads
+      local head = math.floor(rank / per)
+      return { dim = 0, offset = head * head_dim, length = head_dim, copy_rank = rank % per }
+    end
+    dim = 0
+  elseif style == "row" and pname == "weight" then
+    dim = 1
+  else
+    return nil
+  end
+  local offset, length = M.part(shape[dim + 1], size, rank)
+  return { dim = dim, offset = offset, length = length }
+end
+
+-- slice_param for this rank's part (M.slice) of param `name` of m under `style`.
+local function split_param(m, name, style, group, opts)
   local p = m[name]
   if p == nil then return end
-  local offset, length = M.part(p:shape()[dim + 1], group.size, group.rank)
-  slice_param(m, name, dim, offset, length, sliced)
+  local s = M.slice(style, name, p:shape(), group.size, group.rank, opts.head_dim)
+  slice_param(m, name, s.dim, s.offset, s.length, opts.sliced, s.copy_rank)
 end
 
 -- The sequence dim of an activation (B, T, D) or (T, D): the one before the features.
@@ -243,7 +271,7 @@ local LINEAR_STYLES = { column = true, heads_column = true, row = true, vocab_he
 -- head_dim (of the attention that holds m: heads_column splits whole heads), groups (a
 -- cache of subgroups of g).
 function M.apply(m, path, style, g, opts)
-  local sp, sliced = opts.sequence, opts.sliced
+  local sp = opts.sequence
   if LINEAR_STYLES[style] and not m.gemm then
     error(string.format("plan: %s is a %s, not a Linear: it cannot be %s-parallel", path,
                         m.__name, style), 0)
@@ -256,8 +284,8 @@ function M.apply(m, path, style, g, opts)
   end
   if style == "column" then
     even(m.out_features, "its output features")
-    split_param(m, "weight", 0, g, sliced)
-    split_param(m, "bias", 0, g, sliced)
+    split_param(m, "weight", style, g, opts)
+    split_param(m, "bias", style, g, opts)
     m.forward = column_forward(g, sp)
     m.group_input = group_input(g, sp)
   elseif style == "heads_column" then
@@ -265,35 +293,33 @@ function M.apply(m, path, style, g, opts)
     local heads = m.out_features / hd
     if heads >= g.size then
       even(heads, "its heads")
-      split_param(m, "weight", 0, g, sliced)
-      split_param(m, "bias", 0, g, sliced)
+      split_param(m, "weight", style, g, opts)
+      split_param(m, "bias", style, g, opts)
       m.forward = column_forward(g, sp)
       m.group_input = group_input(g, sp)
-    else   -- fewer heads than ranks: each head on size / heads ranks
-      local per = g.size / heads
-      local head = math.floor(g.rank / per)
+    else   -- fewer heads than ranks: each head on size / heads ranks (M.slice)
+      local head = M.slice(style, "weight", m.weight:shape(), g.size, g.rank, hd).offset / hd
       local key = "heads" .. heads
       opts.groups[key] = opts.groups[key] or g:split(head, g.rank, g.name .. ".kv")
-      local copies = opts.groups[key]
-      slice_param(m, "weight", 0, head * hd, hd, sliced, copies.rank)
-      slice_param(m, "bias", 0, head * hd, hd, sliced, copies.rank)
-      m.forward = replicated_column_forward(g, sp, copies)
+      split_param(m, "weight", style, g, opts)
+      split_param(m, "bias", style, g, opts)
+      m.forward = replicated_column_forward(g, sp, opts.groups[key])
     end
   elseif style == "vocab_head" then
-    split_param(m, "weight", 0, g, sliced)
-    split_param(m, "bias", 0, g, sliced)
+    split_param(m, "weight", style, g, opts)
+    split_param(m, "bias", style, g, opts)
     m.forward = column_forward(g, sp)
     m.vocab_start = m._placement.weight.offset
   elseif style == "row" then
     even(m.in_features, "its input features")
-    split_param(m, "weight", 1, g, sliced)
+    split_param(m, "weight", style, g, opts)
     m.forward = row_forward(g, sp)
   elseif style == "vocab" then
     if m.__name ~= "Embedding" then
       error(string.format("plan: %s is a %s, not an Embedding: it cannot be vocab-parallel",
                           path, m.__name), 0)
     end
-    split_param(m, "weight", 0, g, sliced)
+    split_param(m, "weight", style, g, opts)
     local pl = m._placement.weight
     m.forward = vocab_forward(g, sp, pl.offset, pl.length)
   elseif style == "sequence" then

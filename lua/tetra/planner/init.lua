@@ -38,6 +38,7 @@ local tensor_split = require("tetra.parallel.tensor")
 local pipeline = require("tetra.parallel.pipeline")
 local layout_rules = require("tetra.parallel.layout")
 local models = require("tetra.models")
+local flops = require("tetra.obs.mfu").flops
 
 local M = {}
 
@@ -143,26 +144,14 @@ local function style_of(plan, path)
   end
 end
 
--- Elements of param (shape, of module `path` with `style`) that tp rank `r` holds: the
--- slicing rules of tetra.parallel.tensor (column and vocab split dim 0, row the input
--- dim of a weight, heads_column by whole key/value heads).
+-- Elements of param `name` (shape, of a module with `style`) that tp rank `r` holds:
+-- the slice tetra.parallel.tensor gives it (tensor.slice).
 local function local_numel(shape, name, style, tp, r, head_dim)
   local n = 1
   for _, s in ipairs(shape) do n = n * s end
-  if tp == 1 or not style then return n end
-  local rows = shape[1]
-  if style == "column" or style == "vocab" or style == "vocab_head" then
-    local _, len = tensor_split.part(rows, tp, r)
-    return n / rows * len
-  elseif style == "heads_column" then
-    local heads = rows / head_dim
-    local mine = heads >= tp and heads / tp or 1
-    return n / rows * mine * head_dim
-  elseif style == "row" then
-    if name == "bias" then return n end
-    return n / shape[#shape] * (shape[#shape] / tp)
-  end
-  return n   -- sequence, sequence_output: replicated
+  local part = tp > 1 and style and tensor_split.slice(style, name, shape, tp, r, head_dim)
+  if not part then return n end
+  return n / shape[part.dim + 1] * part.length
 end
 
 -- The blocks (0-based layer indices) of pipeline stage s (0-based) of pp, chunk by chunk:
@@ -253,12 +242,12 @@ local function matmul_params(m, tp)
   return block, head
 end
 
--- Model FLOPs per token (forward + backward) as Megatron-LM and torchtitan count them:
--- 6 x the matmul weights (blocks and head; not the embedding lookup) + 12 x layers x dim
--- x seq_len for attention (its full square, not the causal half).
+-- Model FLOPs per token (forward + backward) as Megatron-LM and torchtitan count them
+-- (tetra.obs.mfu.flops), the multiplied parameters being the matmul weights (blocks and
+-- head; not the embedding lookup).
 function M.flops_per_token(m)
   local block, head = matmul_params(m, 1)
-  return 6 * (m.n_layers * block + head) + 12 * m.n_layers * m.dim * m.seq_len
+  return flops(m.n_layers * block + head, m)
 end
 
 -- Parameters of the whole model (a tied matrix once).
@@ -277,13 +266,10 @@ end
 -- The layout fields of a config: sizes, zero stage, sequence parallelism, micro-batch,
 -- schedule. lay: { tp, cp, dp, pp, v, zero, sp, micro_batch, schedule, recompute }.
 local function layout_of(cfg)
-  local p, t = cfg.parallel or {}, cfg.train
-  local dp = p.data_parallel_size or 1
-  local accum = t.gradient_accumulation_steps or 1
-  return { tp = p.tensor_parallel_size or 1, cp = p.context_parallel_size or 1, dp = dp,
-           pp = p.pipeline_parallel_size or 1, v = p.virtual_pipeline_size or 1,
+  local p, s = cfg.parallel or {}, layout_rules.sizes(cfg)
+  return { tp = s.tp, cp = s.cp, dp = s.dp, pp = s.pp, v = s.virtual,
            zero = p.zero_stage or 0, sp = p.sequence_parallel == true,
-           micro_batch = t.batch_size / (dp * accum), schedule = p.pipeline_schedule or "1f1b",
+           micro_batch = s.micro_batch, schedule = p.pipeline_schedule or "1f1b",
            recompute = "none" }
 end
 M.layout_of = layout_of
@@ -296,8 +282,7 @@ local function with_layout(cfg, lay)
   for k, v in pairs(cfg.parallel or {}) do c.parallel[k] = v end
   for k, v in pairs(cfg.train or {}) do c.train[k] = v end
   local p = c.parallel
-  p.tensor_parallel_size, p.context_parallel_size = lay.tp, lay.cp
-  p.data_parallel_size, p.pipeline_parallel_size = lay.dp, lay.pp
+  for dim, key in pairs(layout_rules.size_keys) do p[key] = lay[dim] end
   p.zero_stage, p.sequence_parallel = lay.zero, lay.sp
   p.pipeline_schedule, p.virtual_pipeline_size = lay.schedule, lay.v
   c.train.gradient_accumulation_steps = c.train.batch_size / (lay.dp * lay.micro_batch)
@@ -423,14 +408,14 @@ end
 -- the largest rank and rank 0), time (seconds) and throughput.
 function M.evaluate(cfg, lay, cl)
   local m, t = cfg.model, cfg.train
-  local W = lay.tp * lay.cp * lay.dp * lay.pp
+  local sizes = layout_rules.sizes(with_layout(cfg, lay))
+  local W, n_micro = sizes.world, sizes.micro_batches
   local T, d, f, V, L = m.seq_len, m.dim, m.ffn_hidden, m.vocab_size, m.n_layers
   local H = m.n_heads
   local hd = d / H
   local kv = m.n_kv_heads or H
   local tp, cp, pp, v = lay.tp, lay.cp, lay.pp, lay.v
   local act_b, par_b, grad_b = widths(cl.precision)
-  local n_micro = t.batch_size / (lay.dp * lay.micro_batch)
   local mb = lay.micro_batch
   local n = mb * T / cp                        -- tokens of one micro-batch on this rank
   local seq_n = lay.sp and n / tp or n        -- the residual stream's tokens

@@ -35,6 +35,7 @@ local host = require("tetra.host")
 local errors = require("tetra.util.errors")
 local fs = require("tetra.util.fs")
 local channel = require("tetra.repl.channel")
+local layout = require("tetra.parallel.layout")
 
 local M = {}
 
@@ -371,13 +372,9 @@ local function deep_copy(v)
   return out
 end
 
-local RELAYOUT_KEYS = { tp = "tensor_parallel_size", cp = "context_parallel_size",
-                        pp = "pipeline_parallel_size", dp = "data_parallel_size" }
-
 local function layout_text(cfg)
-  local p = cfg.parallel or {}
-  return ("tp=%d cp=%d dp=%d pp=%d"):format(p.tensor_parallel_size or 1,
-    p.context_parallel_size or 1, p.data_parallel_size or 1, p.pipeline_parallel_size or 1)
+  local s = layout.sizes(cfg)
+  return ("tp=%d cp=%d dp=%d pp=%d"):format(s.tp, s.cp, s.dp, s.pp)
 end
 
 -- A directory every rank names alike (rank 0's pid, agreed over the world).
@@ -406,7 +403,7 @@ local function add_relayout(env)
       error("relayout() needs the session of a recipe (tetra -i RECIPE)", 2)
     end
     for k, v in pairs(spec) do
-      if not RELAYOUT_KEYS[k] then
+      if not layout.size_keys[k] then
         error(("relayout: unknown key '%s' (tp, cp, pp, dp)"):format(tostring(k)), 2)
       end
       if type(v) ~= "number" or v < 1 or v % 1 ~= 0 then
@@ -418,8 +415,8 @@ local function add_relayout(env)
     sizes.dp = spec.dp or math.max(1, math.floor(world / (sizes.tp * sizes.cp * sizes.pp)))
     local cfg = deep_copy(env.cfg)
     cfg.parallel = cfg.parallel or {}
-    for k, key in pairs(RELAYOUT_KEYS) do cfg.parallel[key] = sizes[k] end
-    local problems = require("tetra.parallel.layout").problems(cfg, world)
+    for k, key in pairs(layout.size_keys) do cfg.parallel[key] = sizes[k] end
+    local problems = layout.problems(cfg, world)
     if #problems > 0 then
       errors.raise("relayout: %s", table.concat(problems, "; "))
     end

@@ -177,23 +177,8 @@ end
 
 -- -- Device --------------------------------------------------------------------------
 
--- The engine device id for train.device: C.TT_CPU for "cpu" (or nil); for "cuda" /
--- "cuda:N" starts the CUDA backend (tt_cuda_init picks this rank's GPU; "cuda:N" then
--- selects N). Raises "no CUDA device: ..." when the binary has no CUDA or finds no GPU.
-function train.device(name)
-  if name == nil or name == "cpu" then return C.TT_CPU end
-  local n = name == "cuda" and -1 or tonumber(tostring(name):match("^cuda:(%d+)$"))
-  if not n then
-    user_error("train.device: unknown device '" .. tostring(name) .. "' (cpu, cuda or cuda:N)")
-  end
-  if not (pcall(tffi.cdef_header, "tetra_cuda.h") and tffi.has_symbol("tt_cuda_init")) then
-    user_error("no CUDA device: this tetra was built without CUDA (train.device=" ..
-               name .. "; rebuild with -DTETRA_CUDA=ON or use train.device=cpu)")
-  end
-  if C.tt_cuda_init() ~= 0 then user_error(ffi.string(C.tt_last_error())) end
-  if n >= 0 and C.tt_cuda_set_device(n) ~= 0 then user_error(ffi.string(C.tt_last_error())) end
-  return C.tt_cuda_current_device()
-end
+-- The engine device id for train.device (C.TT_CPU for "cpu"), the device started.
+train.device = require("tetra.device").start
 
 -- Moves every parameter of model to device `dev` (an engine device id) as a new leaf
 -- that requires grad, replacing it in its module. A tensor shared by two modules (tied
@@ -299,8 +284,8 @@ function train.setup(cfg, model, data, opts)
   if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
   local parallel = require("tetra.parallel")
   -- A config built in code has not met tetra.config's checks: the layout's are cheap.
-  require("tetra.parallel.layout").check(cfg, require("tetra.config").world_size())
-  local lay = parallel.layout(cfg)
+  require("tetra.config").check_layout(cfg, require("tetra.config").world_size())
+  local lay = require("tetra.parallel.layout").sizes(cfg)
   local dist = require("tetra.dist")
   local mesh = dist.init(cfg)
   if (lay.tp > 1 or lay.cp > 1 or lay.pp > 1) and not opts.plan then
@@ -456,7 +441,7 @@ function train.setup(cfg, model, data, opts)
       env.optimizer.external_update = nil
     end
   end
-  local null_timer = require("tetra.parallel.step").null_timer()
+  local null_timer = require("tetra.obs.timer").null()
 
   -- What the device reads of the host's decisions, written into the optimizer's stats
   -- before each step (no wait): fp16's loss scale, the loss guard's spike limit.

@@ -16,7 +16,7 @@
 --   - train.inject_nan_step poisons chosen steps from the host.
 -- (The loss guard's spike limit is written into the stats before each step, like the
 -- learning rate: a spike check can be captured.)
-local config = require("tetra.config")
+local config = require("tetra.config.registry")
 
 local function refuse(why, fix)
   config.error("train.cuda_graphs: %s; %s, or set train.cuda_graphs=false", why, fix)

@@ -1,7 +1,7 @@
 -- Config keys of fault tolerance: the loss guard (tetra.train), asynchronous checkpoints
 -- (tetra.checkpoint) and the test switches that inject faults. tetra.config loads this
 -- file with the rest of lua/tetra/schema/.
-local config = require("tetra.config")
+local config = require("tetra.config.registry")
 
 -- Keys that would do nothing are refused.
 config.register_check(function(cfg)

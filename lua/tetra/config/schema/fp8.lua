@@ -1,6 +1,6 @@
 -- Configuration keys of FP8 training (train.precision = fp8), read by lua/tetra/optim/amp.lua.
 -- tetra.config loads every file of this folder: each returns { section = { key = spec } }.
-local config = require("tetra.config")
+local config = require("tetra.config.registry")
 
 -- "all", or globs ("*" any run of characters) as a list or one comma-separated string.
 config.register_check(function(cfg)

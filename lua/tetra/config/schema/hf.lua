@@ -3,8 +3,8 @@
 -- from train.seed). The model's shape (dims, heads, vocabulary ...) comes from the
 -- source's config; a YAML or --set value that contradicts it is an error. tetra.checkpoint.hf
 -- does the reading; tetra.train copies the weights in once the model is built.
-local config = require("tetra.config")
 local models = require("tetra.models")
+local config = require("tetra.config.registry")
 
 -- The keys the source decides; seq_len only where it is a weight's shape (learned
 -- positions, as GPT-2's wpe).

@@ -2,7 +2,7 @@
 -- endpoint (tetra.obs.telemetry), the step trace (tetra.obs.trace) and MFU's device peak
 -- (tetra.obs.mfu). docs/monitoring.md
 -- describes them.
-local config = require("tetra.config")
+local config = require("tetra.config.registry")
 
 config.register_check(function(cfg)
   local log = cfg.log or {}
