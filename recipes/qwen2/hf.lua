@@ -28,18 +28,16 @@ function M.from_config(c, get)
   return m
 end
 
--- Model keys m -> config.json. The sliding window is off; its length is the sequence's,
--- so no version of transformers narrows the attention.
+-- Model keys m -> config.json: Llama's keys less its bias switches (Qwen2 has q/k/v
+-- biases and no MLP ones, by architecture), plus the sliding window, off, its length the
+-- sequence's, so that no version of transformers narrows the attention.
 function M.to_config(m)
-  return { architectures = { M.architecture }, model_type = M.model_type,
-           hidden_size = m.dim, intermediate_size = m.ffn_hidden,
-           num_attention_heads = m.n_heads, num_hidden_layers = m.n_layers,
-           num_key_value_heads = m.n_kv_heads, vocab_size = m.vocab_size,
-           max_position_embeddings = m.seq_len, rms_norm_eps = m.norm_eps,
-           rope_theta = m.rope_theta, tie_word_embeddings = m.tie_embeddings == true,
-           hidden_act = "silu", use_sliding_window = false, sliding_window = m.seq_len,
-           max_window_layers = m.n_layers, attention_dropout = 0,
-           initializer_range = m.init_std or 0.02, torch_dtype = "float32" }
+  local c = llama.to_config(m)
+  c.architectures, c.model_type = { M.architecture }, M.model_type
+  c.attention_bias, c.mlp_bias = nil, nil
+  c.use_sliding_window, c.sliding_window = false, m.seq_len
+  c.max_window_layers, c.attention_dropout = m.n_layers, 0
+  return c
 end
 
 -- Llama's tensors, each q, k, v projection's weight followed by its bias; the q and k
