@@ -19,6 +19,11 @@ grep -q '^\[3\.0000, 3\.0000\]$' <<<"$out" || fail "tensor not printed: $out"
 n_timed=$(grep -cE '^\([0-9.]+ (us|ms|s)\)$' <<<"$out")
 [ "$n_timed" -eq 9 ] || fail "expected 9 timed commands, saw $n_timed: $out"
 
+# An error's traceback stops at the user's own chunk: none of the REPL's frames.
+out=$(printf '%s\n' 'local function f() error("boom") end f()' | "$TETRA" 2>&1)
+grep -q "in function 'f'" <<<"$out" || fail "the user's frames are missing from the traceback: $out"
+grep -q 'tetra/repl' <<<"$out" && fail "the REPL's own frames are in the traceback: $out"
+
 out=$(printf '%s\n' 'for i = 1, 3 do' | "$TETRA" 2>&1)
 grep -q "incomplete statement" <<<"$out" || fail "unterminated input not reported: $out"
 

@@ -1,4 +1,6 @@
--- tetra.repl: the interactive prompt (`tetra`, `tetra -i FILE`).
+-- tetra.repl: the interactive prompt (`tetra`, `tetra -i FILE`): reading, running and
+-- the loops, single and SPMD. Its parts: show (values as text), session (Ctrl-C, the
+-- ranks' channel, step()), helpers (inspect, probe ...), relayout, complete, channel.
 --
 -- Lines are read with libedit (history in ~/.tetra_history, or $TETRA_HISTORY) when
 -- stdin is a terminal, plainly otherwise, so sessions can be piped in. An expression is
@@ -32,307 +34,18 @@
 -- left inside a collective.
 
 local host = require("tetra.host")
-local errors = require("tetra.util.errors")
-local fs = require("tetra.util.fs")
 local channel = require("tetra.repl.channel")
-local layout = require("tetra.parallel.layout")
+local show = require("tetra.repl.show")
+local session = require("tetra.repl.session")
+local helpers = require("tetra.repl.helpers")
+local relayout = require("tetra.repl.relayout")
+local complete = require("tetra.repl.complete")
 
 local M = {}
 
--- -- Printing values -----------------------------------------------------------------
-
-local function is_tensor(v)
-  return type(v) == "cdata" and require("tetra.tensor").is_tensor(v)
-end
-
--- The placement of a tensor that is a model parameter (set by the session when a
--- recipe's parallelism gave its parameters placements), nil otherwise.
-local placement_of = function() return nil end
-
-local function shard_header(t)
-  local pl = placement_of(t)
-  if not (pl and pl.split) then return nil end
-  local shape = "[" .. table.concat(pl.shape, ", ") .. "]"
-  return ("shard of %s %s: dim %d, [%d, %d) of %d"):format(pl.name or "?", shape, pl.dim,
-    pl.offset, pl.offset + pl.length, pl.shape[pl.dim + 1])
-end
-
-local function pretty(v, depth, seen)
-  depth, seen = depth or 0, seen or {}
-  if type(v) == "string" then return depth == 0 and v or ("%q"):format(v) end
-  if depth == 0 and is_tensor(v) then
-    local head = shard_header(v)
-    if head then return head .. "\n" .. tostring(v) end
-  end
-  if type(v) ~= "table" then return tostring(v) end
-  local mt = getmetatable(v)
-  if mt and mt.__tostring then return tostring(v) end
-  if seen[v] or depth >= 2 then return tostring(v) end
-  seen[v] = true
-  local parts, n = {}, 0
-  for i, x in ipairs(v) do
-    n = i
-    if i > 16 then parts[#parts + 1] = "... (" .. #v .. " items)"; break end
-    parts[#parts + 1] = pretty(x, depth + 1, seen)
-  end
-  local keys = {}
-  for k in pairs(v) do
-    if not (type(k) == "number" and k >= 1 and k <= n and k % 1 == 0) then keys[#keys + 1] = k end
-  end
-  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
-  for i, k in ipairs(keys) do
-    if i > 24 then parts[#parts + 1] = "... (" .. #keys .. " keys)"; break end
-    local name = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or ("[" .. pretty(k, 2) .. "]")
-    parts[#parts + 1] = name .. " = " .. pretty(v[k], depth + 1, seen)
-  end
-  local indent = ("  "):rep(depth)
-  local one_line = "{" .. table.concat(parts, ", ") .. "}"
-  if #one_line <= 100 then return one_line end
-  return "{\n" .. indent .. "  " .. table.concat(parts, ",\n" .. indent .. "  ") .. "\n" .. indent .. "}"
-end
-M.pretty = pretty
-
--- -- Inspection helpers --------------------------------------------------------------
-
-local function tensor_stats(t)
-  local tetra = require("tetra")
-  return tetra.no_grad(function()
-    local f = t.dtype == "f32" and t or t:float()
-    local n = f:numel()
-    local mean = f:mean():item()
-    local sq = (f * f):sum():item()
-    local var = n > 0 and math.max(sq / n - mean * mean, 0) or 0
-    local mx = f:max():item()
-    local mn = -((-f):max():item())
-    return { shape = t:shape(), dtype = t.dtype, norm = math.sqrt(sq), mean = mean,
-             std = math.sqrt(var), min = mn, max = mx }
-  end)
-end
-
-local function shape_str(s) return "[" .. table.concat(s, ", ") .. "]" end
-
-local function stats_line(st)
-  return ("%-16s %s  norm %.4g  mean %.4g  std %.4g  min %.4g  max %.4g"):format(
-    shape_str(st.shape), st.dtype, st.norm, st.mean, st.std, st.min, st.max)
-end
-
-local function module_name(model, mod)
-  if not (model and model.named_modules) then return nil end
-  for _, nm in ipairs(model:named_modules()) do
-    if nm[2] == mod then return nm[1] end
-  end
-end
-
--- -- Interrupts ------------------------------------------------------------------------
-
-local spmd   -- the channel between the ranks when the session runs under mpirun
-local live_status   -- f(text): rank 0's one-line progress on its terminal, under mpirun
-
--- Whether Ctrl-C asked the running command to stop (the request is consumed). Under
--- mpirun every rank running the command calls this at the same point and gets the same
--- answer, so they all stop after the same step.
-local function interrupt_requested()
-  if spmd then return spmd:agree_interrupt() end
-  return host.interrupted(true)
-end
-
--- Runs fn(...) with Ctrl-C only recorded, never raised inside it: a step stopped half-way
--- would leave gradients and the tape behind (and, under mpirun, ranks in a collective).
-local lua_interruptible = false
-local function set_lua_interruptible(on)
-  lua_interruptible = on
-  host.interrupt_lua(on)
-end
-
-local function uninterrupted(fn, ...)
-  local was = lua_interruptible
-  set_lua_interruptible(false)
-  local res = { pcall(fn, ...) }
-  set_lua_interruptible(was)
-  if not res[1] then error(res[2], 0) end
-  return unpack(res, 2, table.maxn(res))
-end
-
--- The recipe's own step() for each session env; env.step is wrapped (see load_into).
-local raw_steps = setmetatable({}, { __mode = "k" })
-
--- The placement of `t` when it is a parameter of the session's parallel model.
-local function find_placement(env, t)
-  local par = rawget(env, "par")
-  if not (is_tensor(t) and type(par) == "table" and par.placements) then return nil end
-  local T = require("tetra.tensor")
-  local key = T.key(t)
-  for _, e in ipairs(par:placements()) do
-    if T.key(e.tensor) == key then return e.placement end
-  end
-end
-
-local function make_helpers(env)
-  local activations = setmetatable({}, { __mode = "k" })
-  placement_of = function(t) return find_placement(env, t) end
-
-  function env.help()
-    print([[
-inspect(x)       a tensor's statistics, or a module's parameters (norm, grad norm) and,
-                 after probe(), its output activation
-probe()          one forward + backward on a training batch; records every module's
-                 output and leaves the gradients in place
-train_steps(n)   run n optimizer steps (default 1) and print loss, lr, tokens/s;
-                 Ctrl-C stops it between two steps
-full(t)          the whole parameter of which t is a tensor-parallel shard (every
-                 rank of t's tp group must run it)
-interrupted()    whether Ctrl-C was pressed, for loops of your own (under mpirun
-                 agreed by the ranks running the line: all of them must call it)
-relayout{tp = 2, pp = 2}   the model and optimizer state re-sharded into a new layout
-                 of the same ranks (every rank runs it); training goes on from there
-%on 1,3 | %on tp=0 | %on all    (under mpirun) the ranks the next lines run on
-model, optimizer, data, cfg, step()   set up by `tetra -i FILE` when FILE is a recipe
-exit()           leave (or Ctrl-D)]])
-  end
-
-  function env.inspect(x)
-    if is_tensor(x) then
-      local head = shard_header(x)
-      if head then print(head) end
-      print(stats_line(tensor_stats(x)))
-      local g = x.grad
-      if g then print("grad " .. stats_line(tensor_stats(g))) end
-      return
-    end
-    if type(x) == "table" and x.named_parameters then
-      local name = module_name(env.model, x)
-      print((name and name ~= "" and (name .. ": ") or "") .. tostring(x))
-      local act = activations[x]
-      if act then print("  output   " .. stats_line(act)) end
-      for _, np in ipairs(x:named_parameters()) do
-        local st = tensor_stats(np[2])
-        local g = np[2].grad
-        print(("  %-28s %-16s norm %.4g  grad norm %s"):format(np[1], shape_str(st.shape), st.norm,
-          g and ("%.4g"):format(tensor_stats(g).norm) or "-"))
-      end
-      return
-    end
-    print(pretty(x))
-  end
-
-  function env.probe()
-    local model, data, cfg = env.model, env.data, env.cfg
-    if not (model and data and cfg) then
-      error("probe() needs model, data and cfg in scope (start with tetra -i RECIPE)", 2)
-    end
-    local tetra = require("tetra")
-    local handles = {}
-    for _, nm in ipairs(model:named_modules()) do
-      local mod = nm[2]
-      handles[#handles + 1] = mod:register_forward_hook(function(_, out)
-        if is_tensor(out) then activations[mod] = tensor_stats(out) end
-      end)
-    end
-    model:zero_grad()
-    local ok, err = pcall(function()
-      if env.par and env.ddp then
-        -- A recipe's parallel model: its own step strategy runs forward and backward
-        -- on this rank's part of one global batch (every rank must run probe()).
-        local T = require("tetra.tensor")
-        local strategy = require("tetra.parallel.step").new(env.par, env.ddp, env.amp, cfg)
-        local global = T.moved(data:batch(1, cfg.train.batch_size, cfg.model.seq_len, "train"),
-                               env.device)
-        local mine = data.local_rows and global or env.ddp:batch_slice(global)
-        env.ddp:begin_step()
-        local sum = strategy:forward_backward(mine, 1)   -- a one-value tensor, or a number
-        if type(sum) ~= "number" then sum = sum:item() end
-        local value = env.mesh.dpcp:mean(sum)
-        print(("loss %.4f on %d x %d tokens; gradients kept, activations recorded"):format(
-          value, cfg.train.batch_size, cfg.model.seq_len))
-        return
-      end
-      local micro = cfg.train.micro_batch_size or cfg.train.batch_size
-      local batch = data:batch(1, micro, cfg.model.seq_len, "train")
-      local loss = tetra.train.loss(model, batch)
-      local value = loss:item()
-      loss:backward()
-      print(("loss %.4f on %d x %d tokens; gradients kept, activations recorded"):format(
-        value, micro, cfg.model.seq_len))
-    end)
-    for _, h in ipairs(handles) do h.remove() end
-    if not ok then error(err, 0) end
-  end
-
-  function env.train_steps(n)
-    local step = raw_steps[env] or env.step
-    if not step then
-      error("train_steps() needs step() in scope (start with tetra -i RECIPE)", 2)
-    end
-    n = n or 1
-    if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
-      error("train_steps(n): n must be a positive whole number, got " .. tostring(n), 2)
-    end
-    -- The whole loop runs with Ctrl-C only recorded: it is honoured between two steps.
-    uninterrupted(function()
-      -- probe() leaves gradients behind; a step must start from zero.
-      if env.model and env.model.zero_grad then env.model:zero_grad() end
-      for i = 1, n do
-        local r = step()
-        if type(r) == "table" then
-          -- Under mpirun the speed differs per rank; loss, lr and norm are global, so the
-          -- ranks' lines group into one.
-          local speed = spmd and "" or ("  %.0f tok/s"):format(r.tokens_per_s or 0)
-          print(("step %d  loss %.4f  lr %.3g  grad norm %.3g%s"):format(
-            r.step or 0, r.loss or 0, r.lr or 0, r.grad_norm or 0, speed))
-        end
-        -- Under mpirun the lines come back when the command ends; meanwhile rank 0's
-        -- terminal shows its latest step on one line that the answers replace.
-        if live_status and type(r) == "table" then
-          live_status(("[0] step %d  loss %.4f  (%d of %d; Ctrl-C stops)"):format(
-            r.step or 0, r.loss or 0, i, n))
-        end
-        if i < n and interrupt_requested() then
-          print(("interrupted (Ctrl-C) after %d of %d steps"):format(i, n))
-          return
-        end
-      end
-    end)
-  end
-
-  -- For a loop of one's own: `while not interrupted() do ... end`. Under mpirun every
-  -- rank running the line must call it alike (the answer is agreed between them).
-  function env.interrupted() return interrupt_requested() end
-
-  function env.full(t)
-    if not is_tensor(t) then error("full(t): t must be a tensor", 2) end
-    local pl = find_placement(env, t)
-    if not (pl and pl.split) then return t end
-    local T = require("tetra.tensor")
-    return T.no_grad(function()
-      -- Each tp rank writes its rows into zeros; the sum over the group is the whole.
-      local whole = T.zeros(pl.shape, { dtype = t.dtype })
-      whole:narrow(pl.dim, pl.offset, pl.length):copy_(t)
-      return env.mesh.tp:all_reduce(whole, "sum")
-    end)
-  end
-end
+M.pretty, M.completions = show.pretty, complete.completions
 
 -- -- Loading FILE into the session ---------------------------------------------------
-
--- env.step as the recipe built it, wrapped: Ctrl-C is honoured after the step, never
--- inside it.
-local function wrap_step(env)
-  local raw = rawget(env, "step")
-  if type(raw) ~= "function" then return end
-  raw_steps[env] = raw
-  local function step_then_check(...)
-    local r = raw(...)
-    return r, interrupt_requested()
-  end
-  env.step = function(...)
-    local r, stop = uninterrupted(step_then_check, ...)
-    if stop then
-      errors.raise("interrupted (Ctrl-C) after step %s",
-                   tostring(type(r) == "table" and r.step or "?"))
-    end
-    return r
-  end
-end
 
 -- Runs FILE with env as its globals; a recipe's setup(cfg) results join env.
 function M.load_into(env, file, sets)
@@ -360,94 +73,7 @@ function M.load_into(env, file, sets)
       env.env = built
     end
   end
-  wrap_step(env)
-end
-
--- -- Live re-layout ----------------------------------------------------------------
-
-local function deep_copy(v)
-  if type(v) ~= "table" then return v end
-  local out = {}
-  for k, x in pairs(v) do out[k] = deep_copy(x) end
-  return out
-end
-
-local function layout_text(cfg)
-  local s = layout.sizes(cfg)
-  return ("tp=%d cp=%d dp=%d pp=%d"):format(s.tp, s.cp, s.dp, s.pp)
-end
-
--- A directory every rank names alike (rank 0's pid, agreed over the world).
-local function relayout_dir(mesh)
-  local ffi = require("ffi")
-  pcall(ffi.cdef, "int getpid(void);")
-  local T = require("tetra.tensor")
-  local pid = T.full({ 1 }, mesh.rank == 0 and ffi.C.getpid() or 0, { dtype = "i32" })
-  mesh.world:all_reduce(pid, "max")
-  return ("%s/tetra-relayout-%d"):format(os.getenv("TMPDIR") or "/tmp",
-                                         pid:data_ptr("int32_t *")[0])
-end
-
--- relayout{ tp =, pp =, cp =, dp = } (missing: 1; dp: what the world size leaves): the
--- same model and optimizer state in a new layout of the same ranks. The state goes
--- through a checkpoint (saved in this layout, loaded into the new one: the reshard path
--- tetra.checkpoint has for any layout), so training goes on as a run resumed in the new
--- layout would. Every rank runs it.
-local function add_relayout(env)
-  function env.relayout(spec)
-    if type(spec) ~= "table" then
-      error("relayout{ tp = 2, pp = 2 }: give the new sizes in a table", 2)
-    end
-    local recipe, mesh = rawget(env, "recipe"), rawget(env, "mesh")
-    if not (recipe and recipe.setup and mesh and rawget(env, "optimizer")) then
-      error("relayout() needs the session of a recipe (tetra -i RECIPE)", 2)
-    end
-    for k, v in pairs(spec) do
-      if not layout.size_keys[k] then
-        error(("relayout: unknown key '%s' (tp, cp, pp, dp)"):format(tostring(k)), 2)
-      end
-      if type(v) ~= "number" or v < 1 or v % 1 ~= 0 then
-        error(("relayout: %s must be a positive whole number, got %s"):format(k, tostring(v)), 2)
-      end
-    end
-    local world = mesh.size
-    local sizes = { tp = spec.tp or 1, cp = spec.cp or 1, pp = spec.pp or 1 }
-    sizes.dp = spec.dp or math.max(1, math.floor(world / (sizes.tp * sizes.cp * sizes.pp)))
-    local cfg = deep_copy(env.cfg)
-    cfg.parallel = cfg.parallel or {}
-    for k, key in pairs(layout.size_keys) do cfg.parallel[key] = sizes[k] end
-    local problems = layout.problems(cfg, world)
-    if #problems > 0 then
-      errors.raise("relayout: %s", table.concat(problems, "; "))
-    end
-    -- The recipe's own env holds the live state (its step() counts in it).
-    local current = rawget(env, "env") or env
-    local checkpoint = require("tetra.checkpoint")
-    local dir = relayout_dir(mesh)
-    local saved_ck = current.cfg.checkpoint
-    current.cfg.checkpoint = { dir = dir, keep = 0 }
-    local ok, path = pcall(checkpoint.save, current)
-    current.cfg.checkpoint = saved_ck
-    if not ok then error(path, 0) end
-    local from = layout_text(env.cfg)
-    cfg.checkpoint = deep_copy(saved_ck) or {}
-    cfg.checkpoint.resume = nil
-    local built
-    ok, built = pcall(function()
-      local b = recipe.setup(cfg)
-      checkpoint.load(b, path)
-      return b
-    end)
-    mesh.world:barrier()
-    -- A scratch copy: failing to remove it must not hide how the load went.
-    if mesh.rank == 0 then pcall(fs.remove_tree, dir, "relayout") end
-    if not ok then error(built, 0) end
-    for k, v in pairs(built) do env[k] = v end
-    env.env, env.cfg = built, cfg
-    wrap_step(env)
-    collectgarbage("collect")
-    print(("relayout: %s -> %s at step %d"):format(from, layout_text(cfg), built.step_count))
-  end
+  session.wrap_step(env)
 end
 
 -- -- Reading chunks --------------------------------------------------------------------
@@ -501,86 +127,6 @@ local function compile(buf, env)
 end
 M.compile = compile
 
--- -- Completion ----------------------------------------------------------------------
-
-local KEYWORDS = { "and", "break", "do", "else", "elseif", "end", "false", "for",
-                   "function", "goto", "if", "in", "local", "nil", "not", "or", "repeat",
-                   "return", "then", "true", "until", "while" }
-
--- Identifier keys of v and of the tables its metatable's __index chain reaches (a
--- module's class and base classes; _G behind the session env); a tensor's methods.
--- Functions only when methods_only.
-local function fields_of(v, methods_only)
-  local out, seen = {}, {}
-  local function add(k, val)
-    if type(k) == "string" and k:match("^[%a_][%w_]*$") and not seen[k] and
-       (not methods_only or type(val) == "function") then
-      seen[k] = true
-      out[#out + 1] = k
-    end
-  end
-  if is_tensor(v) then
-    for k, f in pairs(require("tetra.tensor").methods) do add(k, f) end
-    return out
-  end
-  local t = v
-  for _ = 1, 8 do
-    if type(t) ~= "table" then break end
-    for k, val in pairs(t) do add(k, val) end
-    local mt = getmetatable(t)
-    local idx = type(mt) == "table" and rawget(mt, "__index") or nil
-    if idx == t then break end
-    t = idx
-  end
-  return out
-end
-
--- The value a path such as `model.layers[1].attention` names, by indexing only (nothing
--- is called); nil when it names nothing.
-local function resolve(env, path)
-  local name, pos = path:match("^([%a_][%w_]*)()")
-  if not name then return nil end
-  local ok, v = pcall(function() return env[name] end)
-  if not ok then return nil end
-  while pos <= #path do
-    local key, nxt = path:match("^%.([%a_][%w_]*)()", pos)
-    if not key then
-      key, nxt = path:match("^%[(%d+)%]()", pos)
-      key = tonumber(key)
-    end
-    if not key then
-      key, nxt = path:match('^%["([^"]*)"%]()', pos)
-    end
-    if key == nil or v == nil then return nil end
-    if type(v) ~= "table" and not is_tensor(v) then return nil end
-    ok, v = pcall(function() return v[key] end)
-    if not ok then return nil end
-    pos = nxt
-  end
-  return v
-end
-
--- Candidates for the word before the cursor (each a whole replacement of the word).
-function M.completions(env, word)
-  local out = {}
-  local prefix, sep, partial = word:match("^(.*)([%.:])([%w_]*)$")
-  if prefix then
-    local v = resolve(env, prefix)
-    if v == nil then return out end
-    for _, k in ipairs(fields_of(v, sep == ":")) do
-      if k:sub(1, #partial) == partial then out[#out + 1] = prefix .. sep .. k end
-    end
-  else
-    local names = fields_of(env)
-    for _, k in ipairs(KEYWORDS) do names[#names + 1] = k end
-    for _, k in ipairs(names) do
-      if k:sub(1, #word) == word then out[#out + 1] = k end
-    end
-  end
-  table.sort(out)
-  return out
-end
-
 -- -- Running chunks ------------------------------------------------------------------
 
 -- Keeps the traceback up to the user's own chunk.
@@ -589,7 +135,7 @@ local function on_error(err)
   local tb = debug.traceback("", 2)
   local lines = {}
   for line in tb:gmatch("[^\n]+") do
-    if line:find("tetra/repl.lua", 1, true) or line:find("in function 'xpcall'", 1, true) then break end
+    if line:find("tetra/repl/", 1, true) or line:find("in function 'xpcall'", 1, true) then break end
     if line:find("[builtin#", 1, true) or line:find("[C]:", 1, true) then line = nil end
     if line and not line:match("^stack traceback:") then lines[#lines + 1] = line end
   end
@@ -611,9 +157,9 @@ end
 -- stopped alone would leave the others waiting in a collective).
 local function run_chunk(fn, write)
   host.interrupted(true)
-  set_lua_interruptible(not spmd)
+  session.set_lua_interruptible(not session.spmd)
   local res = { xpcall(fn, on_error) }
-  set_lua_interruptible(false)
+  session.set_lua_interruptible(false)
   host.interrupted(true)
   if not res[1] then
     write("error: " .. tostring(res[2]) .. "\n")
@@ -621,7 +167,7 @@ local function run_chunk(fn, write)
     local n = table.maxn(res)
     if n > 1 then
       local parts = {}
-      for i = 2, n do parts[#parts + 1] = pretty(res[i]) end
+      for i = 2, n do parts[#parts + 1] = show.pretty(res[i]) end
       write(table.concat(parts, "\t") .. "\n")
     end
   end
@@ -718,7 +264,7 @@ local function spmd_loop(env, ch, tty, hist)
   env.quit = env.exit
   local out = tty and host.tty_write or stdout_writer
   if ch.rank == 0 and tty then
-    live_status = function(text) host.tty_write("\r\27[K" .. text) end
+    session.live_status = function(text) host.tty_write("\r\27[K" .. text) end
   end
   while true do
     local kind, text = channel.CMD_EXIT, ""
@@ -789,8 +335,8 @@ end
 function M.new_env()
   local env = setmetatable({}, { __index = _G })
   env.tetra = require("tetra")
-  make_helpers(env)
-  add_relayout(env)
+  helpers.add(env)
+  relayout.add(env)
   return env
 end
 
@@ -803,7 +349,8 @@ end
 
 -- Reads and runs commands until end of input or exit(). Returns the exit code.
 function M.loop(env)
-  spmd = open_channel()
+  local spmd = open_channel()
+  session.spmd = spmd
   if spmd then
     env.rank = rawget(env, "rank") or spmd.rank
     env.world_size = spmd.size
@@ -818,7 +365,7 @@ function M.loop(env)
   local hist = tty and host.have_libedit and history_path()
   if hist then host.history(hist, "load") end
   if tty then
-    host.set_completer(function(word) return M.completions(env, word) end)
+    host.set_completer(function(word) return complete.completions(env, word) end)
     local where = spmd and (", %d ranks: lines run on all, %%on chooses"):format(spmd.size) or ""
     local banner = ("tetra %s -- Lua with tensors%s. help() lists the helpers; Ctrl-D leaves.\n")
                    :format(host.version, where)
