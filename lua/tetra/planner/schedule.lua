@@ -1,0 +1,62 @@
+-- tetra.planner.schedule: the engine's pipeline schedule replayed with predicted times.
+local pipeline = require("tetra.parallel.pipeline")
+
+local M = {}
+
+-- Replays the engine's schedule (tetra.parallel.pipeline.schedule) for every stage with
+-- per-chunk forward and backward times fwd[s][c], bwd[s][c] and a transfer time `hop`
+-- between stages. Returns the makespan, each stage's busy time and the most
+-- micro-batches each stage holds at once per chunk ({ [s] = { [c] = n } }).
+function M.replay(lay, n_micro, fwd, bwd, hop)
+  local S, v = lay.pp, lay.v
+  local kind = S == 1 and "1f1b" or lay.schedule   -- one stage: F, B, F, B ...
+  local ops, pos, clock, busy, held, peak = {}, {}, {}, {}, {}, {}
+  for s = 0, S - 1 do
+    ops[s] = pipeline.schedule(kind, S, s, n_micro, v)
+    pos[s], clock[s], busy[s], held[s], peak[s] = 1, 0, 0, {}, {}
+    for c = 0, v - 1 do held[s][c], peak[s][c] = 0, 0 end
+  end
+  local done = {}   -- (direction, virtual stage, micro-batch) -> finish time
+  local function key(kind_, vs, m) return ((kind_ == "F" and 0 or 1) * S * v + vs) * n_micro + m end
+  local last_vs = S * v - 1
+  local left = 0
+  for s = 0, S - 1 do left = left + #ops[s] end
+  while left > 0 do
+    local progressed = false
+    for s = 0, S - 1 do
+      local op = ops[s][pos[s]]
+      while op do
+        local kind_, m, c = op[1], op[2], op[3] or 0
+        local vs = c * S + s
+        local dep
+        if kind_ == "F" then
+          dep = vs == 0 and 0 or done[key("F", vs - 1, m)]
+          if dep and vs > 0 then dep = dep + hop end
+        else
+          dep = vs == last_vs and done[key("F", vs, m)] or done[key("B", vs + 1, m)]
+          if dep and vs < last_vs then dep = dep + hop end
+        end
+        if not dep then break end
+        local dur = kind_ == "F" and fwd[s][c] or bwd[s][c]
+        local start = math.max(clock[s], dep)
+        clock[s] = start + dur
+        busy[s] = busy[s] + dur
+        done[key(kind_, vs, m)] = clock[s]
+        if kind_ == "F" then
+          held[s][c] = held[s][c] + 1
+          if held[s][c] > peak[s][c] then peak[s][c] = held[s][c] end
+        else
+          held[s][c] = held[s][c] - 1
+        end
+        pos[s], left, progressed = pos[s] + 1, left - 1, true
+        op = ops[s][pos[s]]
+      end
+    end
+    if not progressed then error("pipeline replay: the schedule deadlocks", 0) end
+  end
+  local span = 0
+  for s = 0, S - 1 do span = math.max(span, clock[s]) end
+  return span, busy, peak
+end
+
+return M
