@@ -4,9 +4,9 @@
 ** that let bf16 loops vectorise.
 **
 ** Kernels see raw buffers and sizes, never tensors. They link against three functions of
-** the engine's core (engine/core/error.c and dtype.c), declared below: the thread-local
-** error message and a dtype's name and size. The engine includes this header too, so the
-** bf16 rounding rule and the error macros exist once.
+** the engine's lowest layer (engine/common/error.c and dtype.c), declared below: the
+** thread-local error message and a dtype's name and size. The engine includes this header
+** too, so the bf16 rounding rule and the error macros exist once.
 */
 #ifndef TT_KERNEL_H
 #define TT_KERNEL_H
@@ -33,7 +33,7 @@ size_t tt_dtype_size(int dtype);
 
 /* -- Element types ------------------------------------------------------------------ */
 /* The dtype codes kernels receive: equal to tetra.h's tt_dtype (checked where the engine
-** defines its dtypes, engine/core/dtype.c). */
+** defines its dtypes, engine/common/dtype.c). */
 enum {
   TT_ELEM_F32 = 0,
   TT_ELEM_BF16 = 1,

@@ -1,27 +1,16 @@
 /*
 ** tt_internal.h — what engine modules share but users do not see: the autograd node and
 ** tape, helpers for writing ops, device backends (the kernels' own needs are in
-** kernels/kernel.h, included here).
+** kernels/kernel.h, which common/common.h includes).
 */
 #ifndef TT_INTERNAL_H
 #define TT_INTERNAL_H
 #include "tetra.h"
-#include "kernel.h"   /* tt_set_error, TT_CHECK / TT_TRY, the grain, bf16 rows */
+#include "common/common.h"   /* errors (and kernel.h's TT_CHECK / TT_TRY), buffers, JSON */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* -- Errors ------------------------------------------------------------------------- */
-
-/* Prefixes the current message with "where: ". Returns -1. */
-int tt_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* Checked allocation: `p = malloc(n)` or fail with file and line. */
-#define TT_ALLOC(p, n) \
-  do { (p) = malloc(n); \
-       if (!(p) && (n) != 0) return tt_set_error("%s:%d: out of host memory (%zu bytes)", \
-                                                  __FILE__, __LINE__, (size_t)(n)); } while (0)
 
 /* -- Autograd ----------------------------------------------------------------------- */
 

@@ -5,7 +5,7 @@
 ** like IEEE; the fp8 formats saturate to their largest finite value instead, which is
 ** what FP8 training recipes expect (a clamp after scaling). NaN stays NaN everywhere.
 */
-#include "core/tt_internal.h"
+#include "common/common.h"
 #include <math.h>
 
 /* Kernels receive dtype codes as kernels/kernel.h spells them. */
