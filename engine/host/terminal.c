@@ -54,8 +54,6 @@ static void on_sigint(int sig) {
     lua_sethook(g_main_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
-FILE *g_tty_out = NULL;
-
 /* host.catch_interrupts(): from now on Ctrl-C sets the flag instead of ending the
 ** process. No SA_RESTART, so a blocking read returns and the prompt can start again. */
 int tt_host_catch_interrupts(lua_State *L) {
@@ -90,7 +88,7 @@ int tt_host_interrupt_lua(lua_State *L) {
 ** rank 0's process group the terminal's foreground one, so keys and Ctrl-C reach rank 0
 ** (mpirun, now in the background, stops forwarding stdin). host.give_back_terminal()
 ** returns the foreground to mpirun's group. */
-FILE *g_tty_in = NULL;
+FILE *g_tty_in = NULL, *g_tty_out = NULL;
 static pid_t g_saved_fg = -1;
 
 static int set_foreground(int fd, pid_t pgrp) {
