@@ -49,7 +49,7 @@ void tt_ids_free(tt_ids *v);
 
 static inline uint64_t tt_hash_bytes(const void *p, size_t n) {
   /* FNV-1a over 8-byte words, then a 64-bit finaliser: fast enough and well mixed. */
-  const uint8_t *s = p;
+  const uint8_t *s = (const uint8_t *)p;
   uint64_t h = 0xcbf29ce484222325ull ^ (n * 0x9e3779b97f4a7c15ull);
   while (n >= 8) {
     uint64_t w;
