@@ -58,6 +58,10 @@ void tt_telemetry_collective(const char *op, const char *group, double seconds);
 ** frees it), NVML figures included when NVML loads; NULL + error when out of memory. */
 char *tt_telemetry_format(void);
 void tt_telemetry_text_free(char *text);
+/* The endpoint's thread CPU seconds for tetra_exporter_cpu_seconds_total: the endpoint
+** hands them to the store before each scrape (the store is pulled from, never calls
+** back). */
+void tt_telemetry_exporter_cpu(double seconds);
 
 /* -- The HTTP endpoint --------------------------------------------------------------- */
 

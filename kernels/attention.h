@@ -56,14 +56,17 @@ typedef struct tt_attention_kernels {
   int (*backward)(const tt_attention_args *a, const float *q, const float *k,
                   const float *v, const float *out, const float *lse, const float *dout,
                   float *dq, float *dk, float *dv, float *workspace);
-  /* Optional fused low-precision path: dtype is TT_BF16 or TT_F16 for q, k, v, out, dout,
+  /* Optional fused low-precision path: dtype is bf16 or f16 for q, k, v, out, dout,
   ** dq, dk and dv (contiguous like the f32 ones); lse f32. 1 when it ran, 0 when it does
-  ** not take these arguments (the caller falls back; nothing was written), -1 on error. */
+  ** not take these arguments (the caller falls back; nothing was written), -1 on error.
+  ** Their workspace holds fused_workspace(a, backward) f32 elements (NULL when that is 0),
+  ** aligned like a device allocation. */
+  int64_t (*fused_workspace)(const tt_attention_args *a, int backward);
   int (*fused_forward)(const tt_attention_args *a, int dtype, const void *q, const void *k,
-                       const void *v, void *out, float *lse);
+                       const void *v, void *out, float *lse, float *workspace);
   int (*fused_backward)(const tt_attention_args *a, int dtype, const void *q, const void *k,
                         const void *v, const void *out, const float *lse, const void *dout,
-                        void *dq, void *dk, void *dv);
+                        void *dq, void *dk, void *dv, float *workspace);
 } tt_attention_kernels;
 
 extern const tt_attention_kernels tt_attention_cpu;

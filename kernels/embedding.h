@@ -10,11 +10,11 @@
 #include <stdint.h>
 
 typedef struct tt_embedding_kernels {
-  /* out[i, :] = weight[ids[i], :], rounded to out_dtype (TT_F32 or TT_BF16). weight: (V, D)
+  /* out[i, :] = weight[ids[i], :], rounded to out_dtype (f32 or bf16). weight: (V, D)
   ** f32, ids: (n), out: (n, D). Fails naming the position when an id is outside [0, V). */
   int (*forward)(void *out, const float *weight, const void *ids, int ids_i64, int64_t n,
                  int64_t V, int64_t D, int out_dtype);
-  /* dweight[ids[i], :] += dout[i, :] (dout in dout_dtype, TT_F32 or TT_BF16; the sums f32).
+  /* dweight[ids[i], :] += dout[i, :] (dout in dout_dtype, f32 or bf16; the sums f32).
   ** dweight: (V, D) accumulated into (the caller zeroes it for a fresh gradient), dout:
   ** (n, D). Deterministic: each row of dweight receives its contributions in token order,
   ** whatever the thread count. ids are known valid (forward checked them). */

@@ -11,7 +11,7 @@
 ** are read with 128-bit loads (4 f32 or 8 bf16 values) when every row starts 16-byte
 ** aligned, with a scalar tail otherwise.
 **
-** Buffers are contiguous; `dtype` and `y_dtype` are TT_F32 or TT_BF16 (tetra.h); the
+** Buffers are contiguous; `dtype` and `y_dtype` are f32 or bf16 (kernel.h codes); the
 ** weight and the per-row statistics are f32. Every entry returns 0, or -1 with
 ** tt_last_error() set.
 */

@@ -1,7 +1,7 @@
 /*
 ** loss.h — kernel table of the fused cross-entropy loss on raw contiguous buffers.
 **
-** logits: (N, V) in dtype, TT_F32 or TT_BF16 (the arithmetic f32); targets: (N) int32
+** logits: (N, V) in dtype, f32 or bf16 (the arithmetic f32); targets: (N) int32
 ** (tgt_i64 = 0) or int64. Rows whose target equals
 ** ignore_index take no part; the loss is the mean over the others. When every row is
 ** ignored the loss is 0 and the gradient is zero (not NaN). Every entry returns 0, or -1

@@ -15,7 +15,7 @@ typedef struct tt_rope_kernels {
   /* table: (2, T, half). positions: (T) int32 (pos_i64 = 0) or int64, or NULL for 0..T-1 */
   int (*table)(float *table, const void *positions, int pos_i64, int64_t T, int64_t Dh,
                double theta);
-  /* out = rotate(x) by +angle. x, out: (B, T, H, Dh) in dtype (TT_F32 or TT_BF16),
+  /* out = rotate(x) by +angle. x, out: (B, T, H, Dh) in dtype (f32 or bf16),
   ** rotated in f32 and rounded once; out may be x itself (in place). */
   int (*forward)(void *out, const void *x, const float *table, int64_t B, int64_t T,
                  int64_t H, int64_t Dh, int interleaved, int dtype);

@@ -1,13 +1,29 @@
 /*
-** common.h — what every layer may use: growable byte and id buffers, hashing, reading a
-** whole file, and the one JSON reader (a read-only DOM over the source text). It depends
-** on core/ only.
+** common.h — what every layer may use: the thread-local error message, dtype metadata,
+** growable byte and id buffers, hashing, reading a whole file, and the one JSON reader (a
+** read-only DOM over the source text). The lowest layer: it includes only the public
+** header and kernels/kernel.h (whose tt_set_error and dtype names it defines).
 */
 #ifndef TT_COMMON_H
 #define TT_COMMON_H
-#include "core/tt_internal.h"
+#include "tetra.h"
+#include "kernel.h"
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* -- Errors (error.c; tt_set_error, TT_CHECK and TT_TRY are in kernel.h) --------------- */
+
+/* Prefixes the current message with "where: ". Returns -1. */
+int tt_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Checked allocation: `p = malloc(n)` or fail with file and line. */
+#define TT_ALLOC(p, n) \
+  do { (p) = malloc(n); \
+       if (!(p) && (n) != 0) return tt_set_error("%s:%d: out of host memory (%zu bytes)", \
+                                                  __FILE__, __LINE__, (size_t)(n)); } while (0)
 
 /* -- Buffers and hashing ------------------------------------------------------------ */
 
@@ -33,7 +49,7 @@ void tt_ids_free(tt_ids *v);
 
 static inline uint64_t tt_hash_bytes(const void *p, size_t n) {
   /* FNV-1a over 8-byte words, then a 64-bit finaliser: fast enough and well mixed. */
-  const uint8_t *s = p;
+  const uint8_t *s = (const uint8_t *)p;
   uint64_t h = 0xcbf29ce484222325ull ^ (n * 0x9e3779b97f4a7c15ull);
   while (n >= 8) {
     uint64_t w;

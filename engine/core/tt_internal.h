@@ -1,33 +1,16 @@
 /*
-** tt_internal.h — what engine modules and kernels share but users do not see:
-** error macros, the autograd node and tape, and helpers for writing ops.
+** tt_internal.h — what engine modules share but users do not see: the autograd node and
+** tape, helpers for writing ops, device backends (the kernels' own needs are in
+** kernels/kernel.h, which common/common.h includes).
 */
 #ifndef TT_INTERNAL_H
 #define TT_INTERNAL_H
 #include "tetra.h"
+#include "common/common.h"   /* errors (and kernel.h's TT_CHECK / TT_TRY), buffers, JSON */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* -- Errors ------------------------------------------------------------------------- */
-
-/* Sets the thread-local message (printf format) and returns -1. */
-int tt_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Prefixes the current message with "where: ". Returns -1. */
-int tt_error_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* Fail with a message when `cond` is false. */
-#define TT_CHECK(cond, ...) \
-  do { if (!(cond)) return tt_set_error(__VA_ARGS__); } while (0)
-/* Propagate a failing status (the callee set the message). */
-#define TT_TRY(expr) \
-  do { if ((expr) != 0) return -1; } while (0)
-/* Checked allocation: `p = malloc(n)` or fail with file and line. */
-#define TT_ALLOC(p, n) \
-  do { (p) = malloc(n); \
-       if (!(p) && (n) != 0) return tt_set_error("%s:%d: out of host memory (%zu bytes)", \
-                                                  __FILE__, __LINE__, (size_t)(n)); } while (0)
 
 /* -- Autograd ----------------------------------------------------------------------- */
 
@@ -98,11 +81,6 @@ int tt_check_index(const char *op, const char *arg, const tt_tensor *t);
 const char *tt_shape_str(const int64_t *shape, int ndim, char *buf, size_t n);
 /* Normalises a possibly negative dim; error naming op when out of range. */
 int tt_norm_dim(const char *op, int dim, int ndim, int *out);
-/* Index value at flat position i of a contiguous i32/i64 tensor's data. */
-static inline int64_t tt_index_at(const void *data, int dtype, int64_t i) {
-  return dtype == TT_I32 ? (int64_t)((const int32_t *)data)[i] : ((const int64_t *)data)[i];
-}
-
 /* A new header sharing base's storage and view (offset/shape/strides): a leaf with no
 ** grad. Views start from this and then adjust shape and strides. */
 tt_tensor *tt_tensor_header_alias(tt_tensor *base);
@@ -152,46 +130,5 @@ static inline int tt_device_is_cuda(int device) { return device >= 0; }
   (tt_device_is_cuda(device) ? (&fam##_cuda) : (&fam##_cpu))
 /* Fails with "op: not implemented on cuda" style message when a family has no kernel. */
 int tt_no_kernel(const char *op, int device);
-
-/* -- Threads ------------------------------------------------------------------------ */
-/* Grain for OpenMP loops: parallelise only when there is enough work. */
-enum { TT_PARALLEL_GRAIN = 32768 };
-
-/* -- f32 rows of f32 or bf16 buffers (CPU kernels) ------------------------------------ */
-/* CPU kernels that read or write bf16 work on f32 rows so that their loops vectorise: an
-** f32 row is used in place, a bf16 one goes through a scratch row. */
-
-/* The D values at src + off as f32: src itself for f32, else read into scratch. */
-static inline const float *tt_row_in(const void *src, int dtype, int64_t off, int64_t D,
-                                     float *scratch) {
-  if (dtype != TT_BF16) return (const float *)src + off;
-  const uint16_t *s = (const uint16_t *)src + off;
-  for (int64_t j = 0; j < D; j++) scratch[j] = tt_bf16_to_float(s[j]);
-  return scratch;
-}
-
-/* Where to compute the row at dst + off: dst itself for f32, else scratch (then
-** tt_row_done). */
-static inline float *tt_row_out(void *dst, int dtype, int64_t off, float *scratch) {
-  return dtype != TT_BF16 ? (float *)dst + off : scratch;
-}
-
-/* A row computed in tt_row_out's place goes to dst + off, rounded to bf16 (f32: it is
-** there already). */
-static inline void tt_row_done(void *dst, int dtype, int64_t off, int64_t D,
-                               const float *row) {
-  if (dtype != TT_BF16) return;
-  uint16_t *d = (uint16_t *)dst + off;
-  for (int64_t j = 0; j < D; j++) d[j] = tt_float_to_bf16(row[j]);
-}
-
-/* k scratch rows of D floats for each of nthr threads (thread t's start at t k D); NULL
-** with the error set, naming op, when out of memory. */
-static inline float *tt_scratch_rows(const char *op, int64_t D, int k, int nthr) {
-  float *rows = (float *)malloc(sizeof(float) * (size_t)D * (size_t)k * (size_t)nthr);
-  if (!rows) tt_set_error("%s: out of host memory (%d x %lld-wide rows)", op, k * nthr,
-                          (long long)D);
-  return rows;
-}
 
 #endif

@@ -29,7 +29,7 @@
 ** checks it against the CPU twin where one is present (tools/gpu-check runs it).
 */
 #include "cuda/tt_cuda.h"
-#include "cuda/tt_cudnn_sdpa.h"
+#include "tt_cudnn_sdpa.h"
 extern "C" {
 #include "cuda/tt_cudnn.h"
 }

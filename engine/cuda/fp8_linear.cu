@@ -26,7 +26,7 @@
 ** Not verified on a GPU: this file compiles here (sm_90a, -Werror) but has not run.
 */
 #include "cuda/tt_cuda.h"
-#include "cuda/tt_cuda_ops.h"
+#include "tt_cuda_ops.h"
 extern "C" {
 #include "tetra_amp.h"
 #include "cuda/tetra_cuda_lowp.h"

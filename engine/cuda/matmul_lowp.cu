@@ -19,7 +19,7 @@
 ** (dB), so a (B, T, K) activation never becomes a batched call.
 */
 #include "cuda/tt_cuda.h"
-#include "cuda/tt_cuda_ops.h"
+#include "tt_cuda_ops.h"
 extern "C" {
 #include "matmul.h"
 #include "cuda/tetra_cuda_lowp.h"

@@ -162,6 +162,12 @@ int tt_s3_read(const char *url, int64_t off, void *buf, size_t len);
 FILE *tt_s3_fopen(const char *url, int64_t size);
 int tt_s3_local_copy(const char *url, int64_t size, char *path, size_t cap);
 
+/* Token shard files (written by prepare.c, read by shards.c): a 64-byte header, then the
+** tokens as little-endian uint16 (vocabularies up to 65536 ids) or uint32.
+**   0  "TTTOKENS"   8  u32 version (1)   12 u32 bytes per token   16 i64 token count
+**   24 i32 vocabulary size   28 i32 EOS id   32..63 zero */
+enum { SHARD_HEADER = 64, SHARD_VERSION = 1 };
+
 /* Token shards (shards.c): the mapped tokens of shard i of a TT_DATA_TOKENS source. */
 typedef struct tt_token_view {
   const void *data;

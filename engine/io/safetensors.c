@@ -1,9 +1,9 @@
 /*
 ** safetensors.c — reading and writing safetensors files (format in tetra_io.h).
 **
-** Reading maps the file and parses the JSON header with a small recursive-descent
-** parser that understands exactly what the format allows (objects, arrays, strings,
-** integers) and skips anything else it meets inside a tensor entry. Tensor bytes are
+** Reading maps the file and parses the JSON header with the engine's one JSON reader
+** (common/json.c), then takes from it exactly what the format allows (objects of
+** strings and unsigned integers), ignoring other fields of a tensor entry. Tensor bytes are
 ** copied out of the mapping into engine storage, so the mapping never outlives the file
 ** handle. Writing builds the header, pads it with spaces to a multiple of 8 bytes (so
 ** the data starts aligned, as the Python writer does), and goes through a temporary
@@ -11,6 +11,7 @@
 */
 #include "tetra_io.h"
 #include "core/tt_internal.h"
+#include "common/common.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -61,307 +62,138 @@ static const char *dtype_to_file(int dtype) {
   return NULL;
 }
 
-/* -- JSON header parsing ------------------------------------------------------------ */
+/* -- The JSON header ---------------------------------------------------------------- */
+/* Parsed by the one JSON reader (common/json.c) into nodes over the header text; read
+** here as the format allows: an object of tensor entries (dtype, shape, data_offsets;
+** other fields ignored) and an optional "__metadata__" object of strings. */
 
-typedef struct json {
-  const char *p, *end;
+typedef struct header {
+  tt_json doc;
   const char *path;          /* for messages */
-} json;
+} header;
 
-static int json_fail(json *j, const char *what) {
-  return tt_set_error("safetensors: %s: bad header: %s", j->path, what);
+static int bad_header(const header *h, const char *what) {
+  return tt_set_error("safetensors: %s: bad header: %s", h->path, what);
 }
 
-static void json_ws(json *j) {
-  while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-    j->p++;
-}
-
-static int json_expect(json *j, char c) {
-  json_ws(j);
-  if (j->p >= j->end || *j->p != c) {
-    char msg[32];
-    snprintf(msg, sizeof msg, "expected '%c'", c);
-    return json_fail(j, msg);
+/* String node idx as a new malloc'd string (escapes decoded). */
+static int header_string(const header *h, int32_t idx, const char *what, char **out) {
+  if (h->doc.nodes[idx].type != TT_JSON_STRING) return bad_header(h, what);
+  tt_buf b = {0};
+  if (tt_json_string(&h->doc, idx, &b) != 0) {
+    tt_buf_free(&b);
+    return -1;
   }
-  j->p++;
+  *out = b.data;
   return 0;
 }
 
-/* Peeks the next non-space character (0 at the end). */
-static char json_peek(json *j) {
-  json_ws(j);
-  return j->p < j->end ? *j->p : 0;
-}
-
-static void put_utf8(char *out, size_t *k, uint32_t cp) {
-  if (cp < 0x80) {
-    out[(*k)++] = (char)cp;
-  } else if (cp < 0x800) {
-    out[(*k)++] = (char)(0xC0 | (cp >> 6));
-    out[(*k)++] = (char)(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out[(*k)++] = (char)(0xE0 | (cp >> 12));
-    out[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[(*k)++] = (char)(0x80 | (cp & 0x3F));
-  } else {
-    out[(*k)++] = (char)(0xF0 | (cp >> 18));
-    out[(*k)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[(*k)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[(*k)++] = (char)(0x80 | (cp & 0x3F));
-  }
-}
-
-static int hex4(const char *s, uint32_t *out) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) {
-    char c = s[i];
-    v <<= 4;
-    if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
-    else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
-    else return -1;
+/* Number node idx as an unsigned integer: digits only, read exactly (a double would round
+** offsets above 2^53), refused when it does not fit 64 bits. */
+static int header_uint(const header *h, int32_t idx, uint64_t *out) {
+  const tt_json_node *n = &h->doc.nodes[idx];
+  const char *d = h->doc.src + n->start;
+  if (n->type != TT_JSON_NUMBER) return bad_header(h, "expected an integer");
+  uint64_t v = 0;
+  for (uint32_t i = 0; i < n->len; i++) {
+    if (d[i] < '0' || d[i] > '9') return bad_header(h, "expected an integer");
+    uint64_t digit = (uint64_t)(d[i] - '0');
+    if (v > (UINT64_MAX - digit) / 10) return bad_header(h, "integer overflow");
+    v = v * 10 + digit;
   }
   *out = v;
   return 0;
 }
 
-/* Parses a string into a new malloc'd buffer (escapes decoded, UTF-8 kept). */
-static int json_string(json *j, char **out) {
-  TT_TRY(json_expect(j, '"'));
-  const char *start = j->p;
-  while (j->p < j->end && *j->p != '"') j->p += (*j->p == '\\') ? 2 : 1;
-  if (j->p >= j->end) return json_fail(j, "unterminated string");
-  size_t len = (size_t)(j->p - start);
-  char *s = malloc(len + 1);   /* decoding never grows: \uXXXX (6) -> at most 4 bytes */
-  if (!s) return tt_set_error("safetensors: out of host memory");
-  size_t k = 0;
-  for (const char *q = start; q < j->p; q++) {
-    if (*q != '\\') {
-      s[k++] = *q;
+/* A list of unsigned integers [a, b, ...] into vals (at most max entries). */
+static int header_uint_list(const header *h, int32_t idx, uint64_t *vals, int max, int *n) {
+  const tt_json_node *list = &h->doc.nodes[idx];
+  if (list->type != TT_JSON_ARRAY) return bad_header(h, "expected a list");
+  if (list->count > max) return bad_header(h, "too many entries in a list");
+  *n = 0;
+  for (int32_t c = list->child; c >= 0; c = h->doc.nodes[c].next)
+    TT_TRY(header_uint(h, c, &vals[(*n)++]));
+  return 0;
+}
+
+static int parse_entry(const header *h, int32_t obj, st_entry *e) {
+  const tt_json_node *o = &h->doc.nodes[obj];
+  if (o->type != TT_JSON_OBJECT) return bad_header(h, "a tensor entry is not an object");
+  if (o->count == 0) return bad_header(h, "empty tensor entry");
+  int32_t dtype = tt_json_get(&h->doc, obj, "dtype");
+  int32_t shape = tt_json_get(&h->doc, obj, "shape");
+  int32_t offsets = tt_json_get(&h->doc, obj, "data_offsets");
+  if (dtype < 0 || shape < 0 || offsets < 0)
+    return tt_set_error("safetensors: %s: tensor '%s' lacks dtype, shape or data_offsets",
+                        h->path, e->name);
+  char *name = NULL;
+  TT_TRY(header_string(h, dtype, "dtype is not a string", &name));
+  snprintf(e->file_dtype, sizeof e->file_dtype, "%s", name);
+  e->dtype = dtype_from_file(name);
+  free(name);
+  uint64_t dims[TT_MAX_DIMS];
+  TT_TRY(header_uint_list(h, shape, dims, TT_MAX_DIMS, &e->ndim));
+  for (int i = 0; i < e->ndim; i++) {
+    if (dims[i] > (uint64_t)INT64_MAX) return bad_header(h, "dimension too large");
+    e->shape[i] = (int64_t)dims[i];
+  }
+  uint64_t off[2];
+  int n = 0;
+  TT_TRY(header_uint_list(h, offsets, off, 2, &n));
+  if (n != 2) return bad_header(h, "data_offsets needs [begin, end]");
+  e->begin = off[0];
+  e->end = off[1];
+  return 0;
+}
+
+static int parse_metadata(const header *h, int32_t obj, tt_safetensors *f) {
+  const tt_json_node *o = &h->doc.nodes[obj];
+  if (o->type != TT_JSON_OBJECT) return bad_header(h, "__metadata__ is not an object");
+  if (f->meta_keys) return bad_header(h, "__metadata__ appears twice");
+  f->meta_keys = calloc((size_t)o->count + 1, sizeof(char *));
+  f->meta_values = calloc((size_t)o->count + 1, sizeof(char *));
+  if (!f->meta_keys || !f->meta_values) return tt_set_error("safetensors: out of host memory");
+  for (int32_t k = o->child; k >= 0; k = h->doc.nodes[h->doc.nodes[k].next].next) {
+    char **key = &f->meta_keys[f->n_meta], **val = &f->meta_values[f->n_meta];
+    TT_TRY(header_string(h, k, "a __metadata__ key is not a string", key));
+    f->n_meta++;   /* counted once the key is held, so closing frees it */
+    TT_TRY(header_string(h, h->doc.nodes[k].next, "a __metadata__ value is not a string",
+                         val));
+  }
+  return 0;
+}
+
+static int parse_entries(const header *h, tt_safetensors *f) {
+  const tt_json_node *top = &h->doc.nodes[0];
+  if (top->type != TT_JSON_OBJECT) return bad_header(h, "the header is not an object");
+  f->entries = calloc((size_t)top->count + 1, sizeof(st_entry));
+  if (!f->entries) return tt_set_error("safetensors: out of host memory");
+  for (int32_t k = top->child; k >= 0; k = h->doc.nodes[h->doc.nodes[k].next].next) {
+    const int32_t value = h->doc.nodes[k].next;
+    if (tt_json_string_eq(&h->doc, k, "__metadata__")) {
+      TT_TRY(parse_metadata(h, value, f));
       continue;
     }
-    q++;
-    switch (*q) {
-    case 'n': s[k++] = '\n'; break;
-    case 't': s[k++] = '\t'; break;
-    case 'r': s[k++] = '\r'; break;
-    case 'b': s[k++] = '\b'; break;
-    case 'f': s[k++] = '\f'; break;
-    case 'u': {
-      uint32_t cp;
-      if (j->p - q < 5 || hex4(q + 1, &cp)) {
-        free(s);
-        return json_fail(j, "bad \\u escape");
-      }
-      q += 4;
-      /* A surrogate pair encodes one code point above U+FFFF. */
-      uint32_t lo;
-      if (cp >= 0xD800 && cp < 0xDC00 && j->p - q >= 7 && q[1] == '\\' && q[2] == 'u' &&
-          !hex4(q + 3, &lo) && lo >= 0xDC00 && lo < 0xE000) {
-        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-        q += 6;
-      }
-      put_utf8(s, &k, cp);
-      break;
-    }
-    default: s[k++] = *q; break;   /* \" \\ \/ */
-    }
+    st_entry *e = &f->entries[f->n];
+    TT_TRY(header_string(h, k, "a tensor name is not a string", &e->name));
+    f->n++;   /* counted once its name is held, so closing frees it */
+    TT_TRY(parse_entry(h, value, e));
   }
-  s[k] = '\0';
-  j->p++;
-  *out = s;
   return 0;
-}
-
-static int json_uint(json *j, uint64_t *out) {
-  json_ws(j);
-  if (j->p >= j->end || *j->p < '0' || *j->p > '9') return json_fail(j, "expected an integer");
-  uint64_t v = 0;
-  while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-    uint64_t d = (uint64_t)(*j->p - '0');
-    if (v > (UINT64_MAX - d) / 10) return json_fail(j, "integer overflow");
-    v = v * 10 + d;
-    j->p++;
-  }
-  *out = v;
-  return 0;
-}
-
-/* Skips any JSON value (unknown fields). */
-static int json_skip(json *j, int depth) {
-  if (depth > 32) return json_fail(j, "nested too deeply");
-  char c = json_peek(j);
-  if (c == '"') {
-    char *s;
-    TT_TRY(json_string(j, &s));
-    free(s);
-    return 0;
-  }
-  if (c == '{' || c == '[') {
-    char close = c == '{' ? '}' : ']';
-    j->p++;
-    if (json_peek(j) == close) {
-      j->p++;
-      return 0;
-    }
-    for (;;) {
-      if (c == '{') {
-        char *key;
-        TT_TRY(json_string(j, &key));
-        free(key);
-        TT_TRY(json_expect(j, ':'));
-      }
-      TT_TRY(json_skip(j, depth + 1));
-      char n = json_peek(j);
-      j->p++;
-      if (n == close) return 0;
-      if (n != ',') return json_fail(j, "expected ',' or a closing bracket");
-    }
-  }
-  /* number, true, false, null */
-  const char *start = j->p;
-  while (j->p < j->end && *j->p != ',' && *j->p != '}' && *j->p != ']' && *j->p != ' ' &&
-         *j->p != '\n')
-    j->p++;
-  if (j->p == start) return json_fail(j, "expected a value");
-  return 0;
-}
-
-/* A list of unsigned integers: [a, b, ...] into vals (max entries). */
-static int json_uint_list(json *j, uint64_t *vals, int max, int *n) {
-  TT_TRY(json_expect(j, '['));
-  *n = 0;
-  if (json_peek(j) == ']') {
-    j->p++;
-    return 0;
-  }
-  for (;;) {
-    if (*n >= max) return json_fail(j, "too many entries in a list");
-    TT_TRY(json_uint(j, &vals[(*n)++]));
-    char c = json_peek(j);
-    j->p++;
-    if (c == ']') return 0;
-    if (c != ',') return json_fail(j, "expected ',' or ']'");
-  }
-}
-
-static int parse_entry(json *j, st_entry *e) {
-  int have_dtype = 0, have_shape = 0, have_offsets = 0;
-  TT_TRY(json_expect(j, '{'));
-  if (json_peek(j) == '}') return json_fail(j, "empty tensor entry");
-  for (;;) {
-    char *key;
-    TT_TRY(json_string(j, &key));
-    int rc = json_expect(j, ':');
-    if (!rc && !strcmp(key, "dtype")) {
-      char *v;
-      rc = json_string(j, &v);
-      if (!rc) {
-        snprintf(e->file_dtype, sizeof e->file_dtype, "%s", v);
-        e->dtype = dtype_from_file(v);
-        free(v);
-        have_dtype = 1;
-      }
-    } else if (!rc && !strcmp(key, "shape")) {
-      uint64_t dims[TT_MAX_DIMS];
-      rc = json_uint_list(j, dims, TT_MAX_DIMS, &e->ndim);
-      for (int i = 0; !rc && i < e->ndim; i++) {
-        if (dims[i] > (uint64_t)INT64_MAX) rc = json_fail(j, "dimension too large");
-        e->shape[i] = (int64_t)dims[i];
-      }
-      have_shape = 1;
-    } else if (!rc && !strcmp(key, "data_offsets")) {
-      uint64_t off[2];
-      int n = 0;
-      rc = json_uint_list(j, off, 2, &n);
-      if (!rc && n != 2) rc = json_fail(j, "data_offsets needs [begin, end]");
-      e->begin = off[0];
-      e->end = off[1];
-      have_offsets = 1;
-    } else if (!rc) {
-      rc = json_skip(j, 1);
-    }
-    free(key);
-    TT_TRY(rc);
-    char c = json_peek(j);
-    j->p++;
-    if (c == '}') break;
-    if (c != ',') return json_fail(j, "expected ',' or '}'");
-  }
-  if (!have_dtype || !have_shape || !have_offsets)
-    return tt_set_error("safetensors: %s: tensor '%s' lacks dtype, shape or data_offsets",
-                        j->path, e->name);
-  return 0;
-}
-
-static int parse_metadata(json *j, tt_safetensors *f) {
-  TT_TRY(json_expect(j, '{'));
-  if (json_peek(j) == '}') {
-    j->p++;
-    return 0;
-  }
-  for (;;) {
-    char *key, *val;
-    TT_TRY(json_string(j, &key));
-    if (json_expect(j, ':') || json_string(j, &val)) {
-      free(key);
-      return -1;
-    }
-    char **k2 = realloc(f->meta_keys, sizeof(char *) * (size_t)(f->n_meta + 1));
-    if (k2) f->meta_keys = k2;
-    char **v2 = k2 ? realloc(f->meta_values, sizeof(char *) * (size_t)(f->n_meta + 1)) : NULL;
-    if (v2) f->meta_values = v2;
-    if (!k2 || !v2) {
-      free(key);
-      free(val);
-      return tt_set_error("safetensors: out of host memory");
-    }
-    f->meta_keys[f->n_meta] = key;
-    f->meta_values[f->n_meta] = val;
-    f->n_meta++;
-    char c = json_peek(j);
-    j->p++;
-    if (c == '}') return 0;
-    if (c != ',') return json_fail(j, "expected ',' or '}' in __metadata__");
-  }
 }
 
 static int parse_header(tt_safetensors *f, const char *text, size_t len) {
-  json j = {text, text + len, f->path};
-  TT_TRY(json_expect(&j, '{'));
-  if (json_peek(&j) == '}') return 0;
-  int cap = 0;
-  for (;;) {
-    char *key;
-    TT_TRY(json_string(&j, &key));
-    if (json_expect(&j, ':')) {
-      free(key);
-      return -1;
-    }
-    if (!strcmp(key, "__metadata__")) {
-      free(key);
-      TT_TRY(parse_metadata(&j, f));
-    } else {
-      if (f->n == cap) {
-        cap = cap ? 2 * cap : 64;
-        st_entry *e2 = realloc(f->entries, sizeof(st_entry) * (size_t)cap);
-        if (!e2) {
-          free(key);
-          return tt_set_error("safetensors: out of host memory");
-        }
-        f->entries = e2;
-      }
-      st_entry *e = &f->entries[f->n++];
-      memset(e, 0, sizeof *e);
-      e->name = key;
-      TT_TRY(parse_entry(&j, e));
-    }
-    char c = json_peek(&j);
-    j.p++;
-    if (c == '}') return 0;
-    if (c != ',') return json_fail(&j, "expected ',' or '}' at top level");
+  header h = {.path = f->path};
+  int rc = tt_json_parse(&h.doc, text, len);
+  if (rc != 0) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", tt_last_error());
+    tt_set_error("safetensors: %s: bad header: %s", f->path, why);
+  } else {
+    rc = parse_entries(&h, f);
   }
+  tt_json_free(&h.doc);
+  return rc;
 }
 
 /* Checks every entry's bytes against its shape and the data region, and that the last

@@ -74,6 +74,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return reply(conn, MHD_HTTP_NOT_FOUND, "text/plain",
                  (char *)"not found: try /metrics\n", MHD_RESPMEM_PERSISTENT);
   g_cpu_s = thread_cpu_now();
+  tt_telemetry_exporter_cpu(g_cpu_s);
   char *text = tt_telemetry_format();
   if (!text)
     return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "text/plain",
@@ -155,6 +156,7 @@ double tt_prom_cpu_seconds(void) { return g_daemon ? g_cpu_s : 0; }
 void tt_prom_stop(void) {
   if (!g_daemon) return;
   MHD_stop_daemon(g_daemon);   /* also closes the listening socket */
+  tt_telemetry_exporter_cpu(0);
   g_daemon = NULL;
   g_port = -1;
 }

@@ -325,6 +325,11 @@ static int format_store(tt_buf *b, const store *s) {
   return 0;
 }
 
+/* CPU seconds of the metrics endpoint's thread, which the endpoint hands in before it asks
+** for the text (tt_telemetry_exporter_cpu): the store never calls the endpoint. Guarded by
+** g_cache.lock. */
+static double g_exporter_cpu_s;
+
 /* What is read at each scrape rather than stored: CPU times and the GPU's figures. */
 static int format_live(tt_buf *b, const char *L, int gpu) {
   TT_TRY(put_metric(b, "tetra_process_cpu_seconds_total", "counter",
@@ -332,7 +337,7 @@ static int format_live(tt_buf *b, const char *L, int gpu) {
                     process_cpu_s()));
   TT_TRY(put_metric(b, "tetra_exporter_cpu_seconds_total", "counter",
                     "CPU seconds of the metrics endpoint's own thread (its cost to the rank).",
-                    L, tt_prom_cpu_seconds()));
+                    L, g_exporter_cpu_s));
   if (gpu >= 0) TT_TRY(tt_nvml_format(b, L, gpu));
   return 0;
 }
@@ -391,3 +396,9 @@ char *tt_telemetry_format(void) {
 }
 
 void tt_telemetry_text_free(char *text) { free(text); }
+
+void tt_telemetry_exporter_cpu(double seconds) {
+  pthread_mutex_lock(&g_cache.lock);
+  g_exporter_cpu_s = seconds;
+  pthread_mutex_unlock(&g_cache.lock);
+}

@@ -126,6 +126,14 @@ static int f32_forward(const tt_attention_kernels *kern, const tt_attention_args
   return rc;
 }
 
+/* The fused entries' scratch on q's device (*out NULL when they need none). */
+static int fused_scratch(const tt_attention_kernels *kern, const tt_attention_args *a,
+                         int backward, int device, tt_tensor **out) {
+  *out = NULL;
+  int64_t n = kern->fused_workspace(a, backward);
+  return n > 0 ? tt_tensor_empty(&n, 1, TT_F32, device, out) : 0;
+}
+
 /* o (the inputs' dtype) and lse (f32) from kernel-ready q, k, v: the fused entry when it
 ** takes them, else the f32 kernel, on f32 copies for bf16 / f16 inputs. */
 static int run_forward(const tt_attention_kernels *kern, const tt_attention_args *a,
@@ -133,8 +141,12 @@ static int run_forward(const tt_attention_kernels *kern, const tt_attention_args
                        tt_tensor *lse) {
   if (q->dtype == TT_F32) return f32_forward(kern, a, q, k, v, o, lse);
   if (kern->fused_forward) {
+    tt_tensor *ws;
+    TT_TRY(fused_scratch(kern, a, 0, q->device, &ws));
     int rc = kern->fused_forward(a, q->dtype, tt_tensor_data(q), tt_tensor_data(k),
-                                 tt_tensor_data(v), tt_tensor_data(o), tt_tensor_data(lse));
+                                 tt_tensor_data(v), tt_tensor_data(o), tt_tensor_data(lse),
+                                 ws ? tt_tensor_data(ws) : NULL);
+    tt_tensor_release(ws);
     if (rc != 0) return rc < 0 ? -1 : 0;
   }
   tt_tensor *f[3] = {NULL, NULL, NULL}, *fo = NULL;
@@ -175,10 +187,14 @@ static int run_backward(const tt_attention_kernels *kern, const tt_attention_arg
                         tt_tensor *lse, tt_tensor *dout, tt_tensor **grads) {
   if (q->dtype == TT_F32) return f32_backward(kern, a, q, k, v, o, lse, dout, grads);
   if (kern->fused_backward) {
+    tt_tensor *ws;
+    TT_TRY(fused_scratch(kern, a, 1, q->device, &ws));
     int rc = kern->fused_backward(a, q->dtype, tt_tensor_data(q), tt_tensor_data(k),
                                   tt_tensor_data(v), tt_tensor_data(o), tt_tensor_data(lse),
                                   tt_tensor_data(dout), tt_tensor_data(grads[0]),
-                                  tt_tensor_data(grads[1]), tt_tensor_data(grads[2]));
+                                  tt_tensor_data(grads[1]), tt_tensor_data(grads[2]),
+                                  ws ? tt_tensor_data(ws) : NULL);
+    tt_tensor_release(ws);
     if (rc != 0) return rc < 0 ? -1 : 0;
   }
   tt_tensor *f[5] = {NULL}, *fg[3] = {NULL, NULL, NULL};

@@ -1,6 +1,6 @@
 /*
-** ops_elementwise.c — add, sub, mul, div (numpy broadcasting), scale, add-scalar and the
-** in-place axpy used by optimizers and gradient accumulation.
+** elementwise.c — add, sub, mul, div (numpy broadcasting), scale and add-scalar (the
+** in-place axpy that gradient accumulation needs is in core/grad.c).
 **
 ** Binary ops read their inputs through broadcast strides (kernels/elementwise.h), so
 ** strided and expanded inputs cost no copy. Backward computes full-shape gradients and
@@ -8,6 +8,7 @@
 */
 #include "elementwise.h"
 #include "core/tt_internal.h"
+#include "core/grad.h"
 
 /* -- Helpers ------------------------------------------------------------------------- */
 
@@ -16,43 +17,6 @@ static int ew_table(const char *op, int device, const tt_elementwise_kernels **p
   if (!k) return tt_no_kernel(op, device);
   *pk = k;
   return 0;
-}
-
-/* Stride of tensor t along output dim d of an ndim-dim broadcast (0 where t is
-** broadcast: missing leading dim or size 1). */
-static int64_t bcast_stride(const tt_tensor *t, int ndim, int d) {
-  const int dt = d - (ndim - t->ndim);
-  if (dt < 0 || t->shape[dt] == 1) return 0;
-  return t->stride[dt];
-}
-
-/* Describes out (shape, contiguous) = f(a, b) for the kernels, with size-1 dims dropped
-** and neighbouring dims merged wherever both inputs stay uniformly strided. A dense
-** same-shape op ends up 1-D. */
-static void bcast_build(tt_bcast *bc, const int64_t *shape, int ndim, const tt_tensor *a,
-                        const tt_tensor *b) {
-  int n = 0;
-  for (int d = 0; d < ndim; d++) {
-    if (shape[d] == 1) continue;
-    const int64_t sa = bcast_stride(a, ndim, d), sb = bcast_stride(b, ndim, d);
-    if (n > 0 && bc->stride_a[n - 1] == sa * shape[d] && bc->stride_b[n - 1] == sb * shape[d]) {
-      bc->shape[n - 1] *= shape[d];
-      bc->stride_a[n - 1] = sa;
-      bc->stride_b[n - 1] = sb;
-      continue;
-    }
-    bc->shape[n] = shape[d];
-    bc->stride_a[n] = sa;
-    bc->stride_b[n] = sb;
-    n++;
-  }
-  if (n == 0) {
-    bc->shape[0] = 1;
-    bc->stride_a[0] = 0;
-    bc->stride_b[0] = 0;
-    n = 1;
-  }
-  bc->ndim = n;
 }
 
 static int check_f32(const char *op, const char *arg, const tt_tensor *t) {
@@ -101,7 +65,7 @@ static int binary_backward(tt_node *node, tt_tensor *g) {
   if (st == 0 && need_b) st = tt_empty_like(gc, &gb);
   if (st == 0) {
     tt_bcast bc;
-    bcast_build(&bc, gc->shape, gc->ndim, a, b);
+    tt_bcast_build(&bc, gc->shape, gc->ndim, a, b);
     st = k->binary_backward(op, ga ? tt_tensor_data(ga) : NULL, gb ? tt_tensor_data(gb) : NULL,
                             tt_tensor_data(gc), tt_tensor_data(a), tt_tensor_data(b), &bc);
   }
@@ -132,7 +96,7 @@ static int binary_op(int op, tt_tensor *a, tt_tensor *b, tt_tensor **out) {
   TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, a->device, &o));
   if (tt_tensor_numel(o) > 0) {
     tt_bcast bc;
-    bcast_build(&bc, shape, ndim, a, b);
+    tt_bcast_build(&bc, shape, ndim, a, b);
     if (k->binary(op, tt_tensor_data(o), tt_tensor_data(a), tt_tensor_data(b), &bc) != 0) {
       tt_tensor_release(o);
       return -1;
@@ -218,84 +182,4 @@ int tt_scale(tt_tensor *a, double s, tt_tensor **out) {
 }
 int tt_add_scalar(tt_tensor *a, double s, tt_tensor **out) {
   return affine_op("tt_add_scalar", 0, a, s, out);
-}
-
-/* -- axpy ---------------------------------------------------------------------------- */
-
-static int is_half(int dtype) { return dtype == TT_BF16 || dtype == TT_F16; }
-
-/* a += alpha * b where a or b is bf16 / f16 (a low-precision activation's gradient
-** receiving its second contribution): the sum in f32, rounded once into a. */
-/* axpy_half on the CPU for contiguous operands, in one pass: each element widened, the
-** f32 axpy's arithmetic (a + alpha * b), rounded back; the bits of the passes below. */
-static int axpy_half_cpu(tt_tensor *a, float alpha, const tt_tensor *b) {
-  int64_t n = tt_tensor_numel(a);
-  uint16_t *pa = tt_tensor_data(a);
-  const void *pb = tt_tensor_data(b);
-  int bf = a->dtype == TT_BF16, b32 = b->dtype == TT_F32;
-  a->storage->version++;
-#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
-  for (int64_t i = 0; i < n; i++) {
-    float x = bf ? tt_bf16_to_float(pa[i]) : tt_f16_to_float(pa[i]);
-    uint16_t hb = b32 ? 0 : ((const uint16_t *)pb)[i];
-    float y = b32 ? ((const float *)pb)[i] : bf ? tt_bf16_to_float(hb) : tt_f16_to_float(hb);
-    x += alpha * y;
-    pa[i] = bf ? tt_float_to_bf16(x) : tt_float_to_f16(x);
-  }
-  return 0;
-}
-
-static int axpy_half(tt_tensor *a, double alpha, const tt_tensor *b) {
-  if (a->device == TT_CPU && b->device == TT_CPU && is_half(a->dtype) &&
-      (b->dtype == a->dtype || b->dtype == TT_F32) && tt_tensor_is_contiguous(a) &&
-      tt_tensor_is_contiguous(b))
-    return axpy_half_cpu(a, (float)alpha, b);
-  tt_tensor *a32 = NULL, *b32 = NULL;
-  int st = tt_tensor_empty(a->shape, a->ndim, TT_F32, a->device, &a32);
-  if (st == 0) st = tt_copy_(a32, a);
-  if (st == 0 && b->dtype != TT_F32) {
-    st = tt_tensor_empty(b->shape, b->ndim, TT_F32, b->device, &b32);
-    if (st == 0) st = tt_copy_(b32, b);
-  }
-  if (st == 0) st = tt_axpy_(a32, alpha, b32 ? b32 : b);
-  if (st == 0) st = tt_copy_(a, a32);
-  tt_tensor_release(b32);
-  tt_tensor_release(a32);
-  return st;
-}
-
-int tt_axpy_(tt_tensor *a, double alpha, const tt_tensor *b) {
-  TT_CHECK(a && b, "tt_axpy_: %s is NULL", a ? "b" : "a");
-  if ((is_half(a->dtype) || is_half(b->dtype)) && (is_half(a->dtype) || a->dtype == TT_F32) &&
-      (is_half(b->dtype) || b->dtype == TT_F32) && a->ndim == b->ndim &&
-      memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0)
-    return axpy_half(a, alpha, b);
-  TT_TRY(check_f32("tt_axpy_", "a", a));
-  TT_TRY(check_f32("tt_axpy_", "b", b));
-  if (a->device != b->device)
-    return tt_set_error("tt_axpy_: a is on device %d but b on device %d", a->device,
-                        b->device);
-  int same = a->ndim == b->ndim;
-  for (int d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
-  if (!same) {
-    char sa[128], sb[128];
-    return tt_set_error("tt_axpy_: a is %s but b is %s; expected the same shape",
-                        tt_shape_str(a->shape, a->ndim, sa, sizeof sa),
-                        tt_shape_str(b->shape, b->ndim, sb, sizeof sb));
-  }
-  const tt_elementwise_kernels *k = NULL;
-  TT_TRY(ew_table("tt_axpy_", a->device, &k));
-  a->storage->version++;
-  if (!k->axpy) return tt_no_kernel("tt_axpy_", a->device);
-  if (tt_tensor_numel(a) == 0) return 0;
-
-  /* The kernel updates a contiguous destination; a strided `a` goes through a copy. */
-  tt_tensor *dst = NULL;
-  TT_TRY(tt_contiguous_nograd(a, &dst));
-  tt_bcast bc;
-  bcast_build(&bc, a->shape, a->ndim, dst, b);
-  int st = k->axpy(tt_tensor_data(dst), (float)alpha, tt_tensor_data(b), &bc);
-  if (st == 0 && dst != a) st = tt_copy_(a, dst);
-  tt_tensor_release(dst);
-  return st;
 }

@@ -12,7 +12,7 @@
 */
 #include "core/tt_internal.h"
 #include "tetra_amp.h"
-#include "cuda/tt_cuda_ops.h"
+#include "tt_cuda_ops.h"
 #include <math.h>
 
 extern int tt_cuda_fp8_quantize(const void *x, int x_dtype, int64_t n, float scale,

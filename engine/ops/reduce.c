@@ -1,6 +1,6 @@
 /*
-** ops_reduce.c — sum, mean and max over a list of dims, softmax over one dim, and
-** tt_reduce_to_shape (the sum that brings a broadcast gradient back to an input's shape).
+** reduce.c — sum, mean and max over a list of dims and softmax over one dim (the plan and
+** the sum they share with tt_reduce_to_shape are in core/grad.c).
 **
 ** The kernels (kernels/reduce.h) reduce the middle dim of a contiguous (outer, r, inner)
 ** block. When the reduced dims are adjacent (ignoring size-1 dims) the input is used as
@@ -10,55 +10,15 @@
 */
 #include "reduce.h"
 #include "core/tt_internal.h"
+#include "core/grad.h"
 
 /* -- Plans --------------------------------------------------------------------------- */
-
-/* How x maps onto the kernels' (outer, r, inner). When `permuted`, x is first copied
-** as x.permute(perm) (kept dims, then reduced dims). */
-typedef struct reduce_plan {
-  int64_t outer, r, inner;
-  int permuted;
-  int perm[TT_MAX_DIMS];
-} reduce_plan;
 
 static int reduce_table(const char *op, int device, const tt_reduce_kernels **pk) {
   const tt_reduce_kernels *k = TT_KERNELS(tt_reduce, device);
   if (!k) return tt_no_kernel(op, device);
   *pk = k;
   return 0;
-}
-
-/* Builds the plan for reducing the dims flagged in `reduced` (one flag per dim of x). */
-static void plan_build(const tt_tensor *x, const int *reduced, reduce_plan *p) {
-  int first = -1, last = -1, adjacent = 1;
-  for (int d = 0; d < x->ndim; d++) {
-    if (!reduced[d] || x->shape[d] == 1) continue;
-    if (first < 0) first = d;
-    last = d;
-  }
-  for (int d = first + 1; first >= 0 && d < last; d++)
-    if (!reduced[d] && x->shape[d] != 1) adjacent = 0;
-  p->outer = p->r = p->inner = 1;
-  p->permuted = !adjacent;
-  if (adjacent) {
-    for (int d = 0; d < x->ndim; d++) {
-      if (reduced[d]) p->r *= x->shape[d];
-      else if (first < 0 || d < first) p->outer *= x->shape[d];
-      else p->inner *= x->shape[d];
-    }
-    return;
-  }
-  int n = 0;
-  for (int d = 0; d < x->ndim; d++)
-    if (!reduced[d]) {
-      p->perm[n++] = d;
-      p->outer *= x->shape[d];
-    }
-  for (int d = 0; d < x->ndim; d++)
-    if (reduced[d]) {
-      p->perm[n++] = d;
-      p->r *= x->shape[d];
-    }
 }
 
 /* Validates a user dim list into per-dim flags and the output shape. */
@@ -83,24 +43,9 @@ static int parse_dims(const char *op, const tt_tensor *x, const int *dims, int n
   return 0;
 }
 
-/* x laid out as the plan's (outer, r, inner) block: x itself when possible, else a
-** contiguous copy of the permuted view. */
-static int plan_input(tt_tensor *x, const reduce_plan *p, tt_tensor **out) {
-  if (!p->permuted) return tt_contiguous_nograd(x, out);
-  tt_tensor *v = tt_tensor_header_alias(x);
-  if (!v) return -1;
-  for (int d = 0; d < x->ndim; d++) {
-    v->shape[d] = x->shape[p->perm[d]];
-    v->stride[d] = x->stride[p->perm[d]];
-  }
-  int st = tt_contiguous_nograd(v, out);
-  tt_tensor_release(v);
-  return st;
-}
-
 /* A gradient computed in the plan's layout, viewed in x's dim order (strided when the
 ** plan permuted x). */
-static int plan_unpermute(tt_tensor *gx, const tt_tensor *x, const reduce_plan *p,
+static int plan_unpermute(tt_tensor *gx, const tt_tensor *x, const tt_reduce_plan *p,
                           tt_tensor **out) {
   if (!p->permuted) {
     tt_tensor_retain(gx);
@@ -118,14 +63,14 @@ static int plan_unpermute(tt_tensor *gx, const tt_tensor *x, const reduce_plan *
 }
 
 /* Empty tensor laid out as the plan's input block: x's shape in plan order. */
-static int plan_empty(const tt_tensor *x, const reduce_plan *p, tt_tensor **out) {
+static int plan_empty(const tt_tensor *x, const tt_reduce_plan *p, tt_tensor **out) {
   int64_t shape[TT_MAX_DIMS];
   for (int d = 0; d < x->ndim; d++) shape[d] = x->shape[p->permuted ? p->perm[d] : d];
   return tt_tensor_empty(shape, x->ndim, TT_F32, x->device, out);
 }
 
-static void *plan_copy(const reduce_plan *p) {
-  reduce_plan *c = malloc(sizeof *c);
+static void *plan_copy(const tt_reduce_plan *p) {
+  tt_reduce_plan *c = malloc(sizeof *c);
   if (c) *c = *p;
   else tt_set_error("reduce: out of host memory (plan)");
   return c;
@@ -133,24 +78,10 @@ static void *plan_copy(const reduce_plan *p) {
 
 /* -- Sum and mean -------------------------------------------------------------------- */
 
-/* out = scale * sum of x per the plan; out already has the right number of elements. */
-static int sum_run(const char *op, tt_tensor *x, const reduce_plan *p, float scale,
-                   tt_tensor *out) {
-  const tt_reduce_kernels *k = NULL;
-  TT_TRY(reduce_table(op, x->device, &k));
-  if (!k->sum) return tt_no_kernel(op, x->device);
-  if (tt_tensor_numel(out) == 0) return 0;
-  tt_tensor *xin = NULL;
-  TT_TRY(plan_input(x, p, &xin));
-  int st = k->sum(tt_tensor_data(out), tt_tensor_data(xin), p->outer, p->r, p->inner, scale);
-  tt_tensor_release(xin);
-  return st;
-}
-
 /* node->f[0]: scale; ctx: the plan. */
 static int sum_backward(tt_node *node, tt_tensor *g) {
   tt_tensor *x = node->inputs[0];
-  const reduce_plan *p = node->ctx;
+  const tt_reduce_plan *p = node->ctx;
   const tt_reduce_kernels *k = NULL;
   TT_TRY(reduce_table(node->name, g->device, &k));
   if (!k->sum_backward) return tt_no_kernel(node->name, g->device);
@@ -178,13 +109,13 @@ static int sum_op(const char *op, int mean, tt_tensor *x, const int *dims, int n
   int64_t shape[TT_MAX_DIMS];
   int ndim = 0;
   TT_TRY(parse_dims(op, x, dims, ndims, keepdim, reduced, shape, &ndim));
-  reduce_plan p;
-  plan_build(x, reduced, &p);
+  tt_reduce_plan p;
+  tt_reduce_plan_build(x, reduced, &p);
   const float scale = mean ? (float)(1.0 / (double)p.r) : 1.0f;
 
   tt_tensor *o = NULL;
   TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, x->device, &o));
-  int st = sum_run(op, x, &p, scale, o);
+  int st = tt_reduce_plan_sum(op, x, &p, scale, o);
   if (st == 0 && tt_should_record(&x, 1)) {
     void *ctx = plan_copy(&p);
     tt_node *node = ctx ? tt_record(op, sum_backward, o, &x, 1) : NULL;
@@ -213,47 +144,12 @@ int tt_mean(tt_tensor *x, const int *dims, int ndims, int keepdim, tt_tensor **o
   return sum_op("tt_mean", 1, x, dims, ndims, keepdim, out);
 }
 
-int tt_reduce_to_shape(tt_tensor *g, const int64_t *shape, int ndim, tt_tensor **out) {
-  char sg[160], ss[160];
-  *out = NULL;
-  const int lead = g->ndim - ndim;
-  int same = lead == 0, ok = lead >= 0;
-  for (int d = 0; ok && d < ndim; d++) {
-    const int64_t gd = g->shape[lead + d];
-    ok = shape[d] == gd || shape[d] == 1;
-    same = same && shape[d] == gd;
-  }
-  if (!ok)
-    return tt_set_error("reduce_to_shape: gradient of shape %s does not broadcast from %s",
-                        tt_shape_str(g->shape, g->ndim, sg, sizeof sg),
-                        tt_shape_str(shape, ndim, ss, sizeof ss));
-  if (same) {
-    tt_tensor_retain(g);
-    *out = g;
-    return 0;
-  }
-  TT_TRY(tt_check_dtype("reduce_to_shape", "gradient", g, TT_F32));
-  int reduced[TT_MAX_DIMS];
-  for (int d = 0; d < g->ndim; d++)
-    reduced[d] = d < lead || (shape[d - lead] == 1 && g->shape[d] != 1);
-  reduce_plan p;
-  plan_build(g, reduced, &p);
-  tt_tensor *o = NULL;
-  TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, g->device, &o));
-  if (sum_run("reduce_to_shape", g, &p, 1.0f, o) != 0) {
-    tt_tensor_release(o);
-    return -1;
-  }
-  *out = o;
-  return 0;
-}
-
 /* -- Max ----------------------------------------------------------------------------- */
 
 /* saved[0]: the index (within r) of each output's maximum; ctx: the plan. */
 static int max_backward(tt_node *node, tt_tensor *g) {
   tt_tensor *x = node->inputs[0], *idx = node->saved[0];
-  const reduce_plan *p = node->ctx;
+  const tt_reduce_plan *p = node->ctx;
   const tt_reduce_kernels *k = NULL;
   TT_TRY(reduce_table("tt_max", g->device, &k));
   if (!k->max_backward) return tt_no_kernel("tt_max", g->device);
@@ -282,8 +178,8 @@ int tt_max(tt_tensor *x, const int *dims, int ndims, int keepdim, tt_tensor **ou
   int64_t shape[TT_MAX_DIMS];
   int ndim = 0;
   TT_TRY(parse_dims(op, x, dims, ndims, keepdim, reduced, shape, &ndim));
-  reduce_plan p;
-  plan_build(x, reduced, &p);
+  tt_reduce_plan p;
+  tt_reduce_plan_build(x, reduced, &p);
   TT_CHECK(p.r > 0, "%s: cannot take the max over an empty dim of a %s tensor", op,
            tt_shape_str(x->shape, x->ndim, sx, sizeof sx));
   const tt_reduce_kernels *k = NULL;
@@ -294,7 +190,7 @@ int tt_max(tt_tensor *x, const int *dims, int ndims, int keepdim, tt_tensor **ou
   int st = tt_tensor_empty(shape, ndim, TT_F32, x->device, &o);
   if (st == 0) st = tt_tensor_empty(shape, ndim, TT_I64, x->device, &idx);
   if (st == 0 && tt_tensor_numel(o) > 0) {
-    st = plan_input(x, &p, &xin);
+    st = tt_reduce_plan_input(x, &p, &xin);
     if (st == 0)
       st = k->max(tt_tensor_data(o), tt_tensor_data(idx), tt_tensor_data(xin), p.outer, p.r,
                   p.inner);

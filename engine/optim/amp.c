@@ -9,7 +9,7 @@
 */
 #include "core/tt_internal.h"
 #include "tetra_amp.h"
-#include "cuda/tt_cuda_ops.h"
+#include "tt_cuda_ops.h"
 #include <math.h>
 
 /* Present only when the CUDA library is linked (kernels/cuda/cast.cu). */

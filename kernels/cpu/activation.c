@@ -6,7 +6,7 @@
 ** the expressions keep their relative error near 1e-7.
 */
 #include "activation.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 
 #define GELU_K 0.7978845608028654f   /* sqrt(2 / pi) */
 #define GELU_C 0.044715f

@@ -23,7 +23,7 @@
 ** block) tasks. That recomputes S and dP once more but keeps all threads working.
 */
 #include "attention.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>

@@ -8,7 +8,7 @@
 ** compiler vectorises them.
 */
 #include "elementwise.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <omp.h>
 
 /* -- Walking a broadcast ------------------------------------------------------------- */

@@ -9,12 +9,12 @@
 ** thread count. Scanning n ids per thread is cheap next to the n * D floats moved.
 */
 #include "embedding.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <omp.h>
 #include <string.h>
 
 static int check_row_dtype(const char *op, int dtype) {
-  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16, "%s: rows in %s; expected f32 or bf16", op,
+  TT_CHECK(dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16, "%s: rows in %s; expected f32 or bf16", op,
            tt_dtype_name(dtype));
   return 0;
 }
@@ -23,7 +23,7 @@ static int check_row_dtype(const char *op, int dtype) {
 static int embedding_forward(void *out, const float *weight, const void *ids, int ids_i64,
                              int64_t n, int64_t V, int64_t D, int out_dtype) {
   TT_TRY(check_row_dtype("embedding", out_dtype));
-  int dtype = ids_i64 ? TT_I64 : TT_I32;
+  int dtype = ids_i64 ? TT_ELEM_I64 : TT_ELEM_I32;
   int64_t bad = -1;
   for (int64_t i = 0; i < n; i++) {
     int64_t id = tt_index_at(ids, dtype, i);
@@ -36,9 +36,9 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
 #pragma omp parallel for schedule(static) if (n * D > TT_PARALLEL_GRAIN)
   for (int64_t i = 0; i < n; i++) {
     const float *src = weight + tt_index_at(ids, dtype, i) * D;
-    if (out_dtype == TT_BF16) {
+    if (out_dtype == TT_ELEM_BF16) {
       uint16_t *dst = (uint16_t *)out + i * D;
-      for (int64_t j = 0; j < D; j++) dst[j] = tt_float_to_bf16(src[j]);
+      for (int64_t j = 0; j < D; j++) dst[j] = tt_elem_float_to_bf16(src[j]);
     } else {
       memcpy((float *)out + i * D, src, sizeof(float) * (size_t)D);
     }
@@ -50,7 +50,7 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
 static int embedding_backward(float *dweight, const void *dout, const void *ids,
                               int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype) {
   TT_TRY(check_row_dtype("embedding_backward", dout_dtype));
-  int dtype = ids_i64 ? TT_I64 : TT_I32;
+  int dtype = ids_i64 ? TT_ELEM_I64 : TT_ELEM_I32;
 #pragma omp parallel if (n * D > TT_PARALLEL_GRAIN)
   {
     int nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -59,9 +59,9 @@ static int embedding_backward(float *dweight, const void *dout, const void *ids,
       int64_t id = tt_index_at(ids, dtype, i);
       if (id < lo || id >= hi) continue;
       float *dst = dweight + id * D;
-      if (dout_dtype == TT_BF16) {
+      if (dout_dtype == TT_ELEM_BF16) {
         const uint16_t *src = (const uint16_t *)dout + i * D;
-        for (int64_t j = 0; j < D; j++) dst[j] += tt_bf16_to_float(src[j]);
+        for (int64_t j = 0; j < D; j++) dst[j] += tt_elem_bf16_to_float(src[j]);
       } else {
         const float *src = (const float *)dout + i * D;
 #pragma omp simd

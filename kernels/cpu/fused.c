@@ -10,7 +10,7 @@
 ** threads; the stage-one partials split by part, stage two by column.
 */
 #include "fused.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <math.h>
 
 #include <omp.h>
@@ -18,21 +18,21 @@
 #include <string.h>
 
 static inline float ld(const void *p, int dtype, int64_t i) {
-  return dtype == TT_BF16 ? tt_bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+  return dtype == TT_ELEM_BF16 ? tt_elem_bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 static inline void st(void *p, int dtype, int64_t i, float v) {
-  if (dtype == TT_BF16) ((uint16_t *)p)[i] = tt_float_to_bf16(v);
+  if (dtype == TT_ELEM_BF16) ((uint16_t *)p)[i] = tt_elem_float_to_bf16(v);
   else ((float *)p)[i] = v;
 }
 
 /* v as stored in dtype and read back. */
 static inline float rounded(float v, int dtype) {
-  return dtype == TT_BF16 ? tt_bf16_to_float(tt_float_to_bf16(v)) : v;
+  return dtype == TT_ELEM_BF16 ? tt_elem_bf16_to_float(tt_elem_float_to_bf16(v)) : v;
 }
 
 static int check_dtypes(const char *op, int dtype, int y_dtype) {
-  TT_CHECK((dtype == TT_F32 || dtype == TT_BF16) && (y_dtype == TT_F32 || y_dtype == TT_BF16),
+  TT_CHECK((dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16) && (y_dtype == TT_ELEM_F32 || y_dtype == TT_ELEM_BF16),
            "%s: dtypes %s -> %s; the fused kernels read and write f32 or bf16", op,
            tt_dtype_name(dtype), tt_dtype_name(y_dtype));
   return 0;
@@ -62,7 +62,7 @@ static int add_norm_forward(void *h, void *y, float *mean, float *rstd, const vo
         float *hw = tt_row_out(h, dtype, o, s0);
 #pragma omp simd
         for (int64_t j = 0; j < D; j++) hw[j] = hv[j] + rv[j];
-        if (dtype == TT_BF16)
+        if (dtype == TT_ELEM_BF16)
           for (int64_t j = 0; j < D; j++) hw[j] = rounded(hw[j], dtype);
         tt_row_done(h, dtype, o, D, hw);
         hv = hw;

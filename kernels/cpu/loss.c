@@ -11,7 +11,7 @@
 */
 #include "loss.h"
 #include "activation.h"   /* tt_vexpf */
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -21,7 +21,7 @@ enum { SUM_BLOCK = 1024 };   /* columns per float partial sum */
 /* Counts the rows that take part; fails on the first target outside [0, V). */
 static int count_targets(const void *targets, int tgt_i64, int64_t ignore_index, int64_t N,
                          int64_t V, int64_t *count) {
-  int dtype = tgt_i64 ? TT_I64 : TT_I32;
+  int dtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32;
   int64_t c = 0;
   for (int64_t n = 0; n < N; n++) {
     int64_t t = tt_index_at(targets, dtype, n);
@@ -54,15 +54,15 @@ static float row_logsumexp(const float *x, int64_t V) {
 }
 
 static int check_dtype(int dtype) {
-  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16,
+  TT_CHECK(dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16,
            "cross_entropy: logits are %s; expected f32 or bf16", tt_dtype_name(dtype));
   return 0;
 }
 
 /* k scratch rows of V floats per thread for bf16 logits; NULL (no error) for f32. */
 static int scratch_for(int dtype, int64_t V, int k, int nthr, float **out) {
-  *out = dtype == TT_BF16 ? tt_scratch_rows("cross_entropy", V, k, nthr) : NULL;
-  return dtype == TT_BF16 && !*out ? -1 : 0;
+  *out = dtype == TT_ELEM_BF16 ? tt_scratch_rows("cross_entropy", V, k, nthr) : NULL;
+  return dtype == TT_ELEM_BF16 && !*out ? -1 : 0;
 }
 
 /* logits: (N, V) in dtype, targets: (N), row_stats: (2, N), loss: (1) */
@@ -72,7 +72,7 @@ static int ce_forward(float *loss, float *row_stats, const void *logits,
   TT_TRY(check_dtype(dtype));
   int64_t count = 0;
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
-  const int tdtype = tgt_i64 ? TT_I64 : TT_I32, nthr = omp_get_max_threads();
+  const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
   float *lse = row_stats, *row_loss = row_stats + N, *scratch = NULL;
   TT_TRY(scratch_for(dtype, V, 1, nthr, &scratch));
 #pragma omp parallel num_threads(nthr) if (N * V > TT_PARALLEL_GRAIN)
@@ -105,7 +105,7 @@ static int ce_backward(void *dlogits, const float *dloss, const void *logits,
   TT_TRY(check_dtype(dtype));
   int64_t count = 0;
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
-  const int tdtype = tgt_i64 ? TT_I64 : TT_I32, nthr = omp_get_max_threads();
+  const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
   float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f, *scratch = NULL;
   TT_TRY(scratch_for(dtype, V, 2, nthr, &scratch));
 #pragma omp parallel num_threads(nthr) if (N * V > TT_PARALLEL_GRAIN)

@@ -8,7 +8,7 @@
 ** (B*T, K) product).
 */
 #include "matmul.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <cblas.h>
 #include <limits.h>
 

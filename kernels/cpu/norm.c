@@ -8,7 +8,7 @@
 ** rows in row order (float64 accumulators).
 */
 #include "norm.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <math.h>
 #include <omp.h>
 

@@ -12,7 +12,7 @@
 ** memory.
 */
 #include "optim.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <math.h>
 
 enum { SUMSQ_RANGES = 64 };
@@ -34,7 +34,7 @@ static void adamw_tensor(float *p, const float *g, float *m, float *v, uint16_t 
     v[i] = vi;
     float pi = p[i] * decay - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
     p[i] = pi;
-    if (bf16) bf16[i] = tt_float_to_bf16(pi);
+    if (bf16) bf16[i] = tt_elem_float_to_bf16(pi);
   }
 }
 

@@ -10,7 +10,7 @@
 ** vectorise a NaN-aware max or a libm expf on their own.
 */
 #include "reduce.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <omp.h>
 
 /* Columns handled together by one task of a column kernel. */

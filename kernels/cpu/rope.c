@@ -8,7 +8,7 @@
 ** rounded once; out may be the input itself (in place).
 */
 #include "rope.h"
-#include "core/tt_internal.h"
+#include "kernel.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -23,7 +23,7 @@ static int rope_table(float *table, const void *positions, int pos_i64, int64_t 
   for (int64_t i = 0; i < half; i++) {
     double freq = pow(theta, -2.0 * (double)i / (double)Dh);
     for (int64_t t = 0; t < T; t++) {
-      double p = positions ? (double)tt_index_at(positions, pos_i64 ? TT_I64 : TT_I32, t)
+      double p = positions ? (double)tt_index_at(positions, pos_i64 ? TT_ELEM_I64 : TT_ELEM_I32, t)
                            : (double)t;
       cs[t * half + i] = (float)cos(p * freq);
       sn[t * half + i] = (float)sin(p * freq);
@@ -60,11 +60,11 @@ static void rotate_slab(float *y, const float *x, const float *c, const float *s
 ** once. in, out: (B, T, H, Dh) in dtype, out may be in; table: (2, T, half). */
 static int rope_apply(void *out, const void *in, const float *table, int64_t B, int64_t T,
                       int64_t H, int64_t Dh, int interleaved, int dtype, float dir) {
-  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16, "rope: x is %s; expected f32 or bf16",
+  TT_CHECK(dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16, "rope: x is %s; expected f32 or bf16",
            tt_dtype_name(dtype));
   const int64_t half = Dh / 2, slab = H * Dh;
   const float *cos_t = table, *sin_t = table + T * half;
-  const int nthr = omp_get_max_threads(), low = dtype == TT_BF16;
+  const int nthr = omp_get_max_threads(), low = dtype == TT_ELEM_BF16;
   float *scratch = low ? tt_scratch_rows("rope", slab, 1, nthr) : NULL;
   if (low && !scratch) return -1;
 #pragma omp parallel num_threads(nthr) if (B * T * slab > TT_PARALLEL_GRAIN)

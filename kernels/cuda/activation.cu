@@ -3,7 +3,7 @@
 ** GELU (tanh approximation) and SwiGLU, forward and backward, on f32. Memory-bound: one
 ** pass, one thread per element in a grid-stride loop.
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "activation.h"
 }

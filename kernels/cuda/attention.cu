@@ -29,8 +29,8 @@
 ** its query run but overlaps it) fall back. Finding the runs reads the positions back to
 ** the host, a stream synchronisation per call with positions (none without them).
 */
-#include "cuda/tt_cuda.h"
-#include "cuda/tt_cudnn_sdpa.h"
+#include "kernel_cuda.h"
+#include "tt_cudnn_sdpa.h"
 #include <vector>
 extern "C" {
 #include "attention.h"
@@ -397,20 +397,35 @@ __global__ void round_to(const float *x, T *y, int64_t n) {
     tt_st(y, i, x[i]);
 }
 
-/* f32 scratch tensors of the fused path, released together. */
+/* Scratch of the fused path carved from the caller's workspace: pieces start 256 bytes
+** apart, the alignment cuDNN wants of its pointers. */
+enum { PIECE_ALIGN = 64 };   /* f32 elements */
+
+static int64_t piece_size(int64_t n) {
+  n = n > 0 ? n : 1;
+  return (n + PIECE_ALIGN - 1) / PIECE_ALIGN * PIECE_ALIGN;
+}
+
 struct scratch {
-  std::vector<tt_tensor *> ts;
-  void *get(int64_t n, int dtype) {
-    tt_tensor *t = NULL;
-    n = n > 0 ? n : 1;
-    if (tt_tensor_empty(&n, 1, dtype, tt_cuda_current_device(), &t) != 0) return NULL;
-    ts.push_back(t);
-    return tt_tensor_data(t);
-  }
-  ~scratch() {
-    for (tt_tensor *t : ts) tt_tensor_release(t);
+  float *next;
+  float *get(int64_t n) {
+    float *p = next;
+    next += piece_size(n);
+    return p;
   }
 };
+
+/* The f32 elements forward_pairs / backward_pairs carve from the workspace. */
+static int64_t forward_pairs_workspace(const tt_attention_args *a) {
+  const int64_t no = a->batch * a->tq * a->hq * a->dh, nl = a->batch * a->hq * a->tq;
+  return piece_size(no) + 2 * piece_size(nl) + piece_size((no + 1) / 2);
+}
+
+static int64_t backward_pairs_workspace(const tt_attention_args *a) {
+  const int64_t nq = a->batch * a->tq * a->hq * a->dh, nk = a->batch * a->tk * a->hkv * a->dh;
+  return piece_size(nq) + 2 * piece_size(nk) + piece_size((nq + 1) / 2) +
+         2 * piece_size((nk + 1) / 2);
+}
 
 static int fill(float *x, int64_t n, float v) {
   fill_f32<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(x, n, v);
@@ -429,13 +444,12 @@ static int round_into(const float *x, void *y, int64_t n) {
 template <typename T>
 static int forward_pairs(const tt_attention_args *a, int dtype,
                          const std::vector<block_pair> &pairs, const void *q, const void *k,
-                         const void *v, void *out, float *lse) {
+                         const void *v, void *out, float *lse, float *workspace) {
   const int64_t no = a->batch * a->tq * a->hq * a->dh, nl = a->batch * a->hq * a->tq;
-  scratch sc;
-  float *acc = (float *)sc.get(no, TT_F32), *acc_lse = (float *)sc.get(nl, TT_F32);
-  void *part = sc.get((no + 1) / 2, TT_F32);
-  float *part_lse = (float *)sc.get(nl, TT_F32);
-  if (!acc || !acc_lse || !part || !part_lse) return -1;
+  scratch sc = {workspace};
+  float *acc = sc.get(no), *acc_lse = sc.get(nl);
+  void *part = sc.get((no + 1) / 2);
+  float *part_lse = sc.get(nl);
   TT_TRY(fill(acc, no, 0.0f));
   TT_TRY(fill(acc_lse, nl, -INFINITY));
   for (const block_pair &p : pairs) {
@@ -467,8 +481,15 @@ static int fused_pairs(const tt_attention_args *a, int dtype, std::vector<block_
   return 1;
 }
 
+/* Without positions the queries and keys are one block pair, which needs no scratch;
+** with them, room for as many pairs as the positions make. */
+static int64_t fused_workspace(const tt_attention_args *a, int backward) {
+  if (!a->q_pos && !a->k_pos) return 0;
+  return backward ? backward_pairs_workspace(a) : forward_pairs_workspace(a);
+}
+
 static int fused_forward(const tt_attention_args *a, int dtype, const void *q, const void *k,
-                         const void *v, void *out, float *lse) {
+                         const void *v, void *out, float *lse, float *workspace) {
   std::vector<block_pair> pairs;
   int rc = fused_pairs(a, dtype, pairs);
   if (rc <= 0) return rc;
@@ -476,9 +497,11 @@ static int fused_forward(const tt_attention_args *a, int dtype, const void *q, c
   if (pairs.size() == 1 && pairs[0].q.len == a->tq)
     return tt_cudnn_sdpa_forward(&s0, q, row_ptr(k, pairs[0].k.start, a->k_stride[1]),
                                  row_ptr(v, pairs[0].k.start, a->v_stride[1]), out, lse);
-  return dtype == TT_BF16
-             ? forward_pairs<__nv_bfloat16>(a, dtype, pairs, q, k, v, out, lse)
-             : forward_pairs<__half>(a, dtype, pairs, q, k, v, out, lse);
+  TT_CHECK(workspace, "attention: %zu block pairs need the fused_workspace scratch",
+           pairs.size());
+  return dtype == TT_ELEM_BF16
+             ? forward_pairs<__nv_bfloat16>(a, dtype, pairs, q, k, v, out, lse, workspace)
+             : forward_pairs<__half>(a, dtype, pairs, q, k, v, out, lse, workspace);
 }
 
 /* Several block pairs: each pair's gradients into scratch, summed in f32, then rounded. */
@@ -486,14 +509,12 @@ template <typename T>
 static int backward_pairs(const tt_attention_args *a, int dtype,
                           const std::vector<block_pair> &pairs, const void *q, const void *k,
                           const void *v, const void *out, const float *lse,
-                          const void *dout, void *dq, void *dk, void *dv) {
+                          const void *dout, void *dq, void *dk, void *dv, float *workspace) {
   const int64_t nq = a->batch * a->tq * a->hq * a->dh, nk = a->batch * a->tk * a->hkv * a->dh;
-  scratch sc;
-  float *dq_acc = (float *)sc.get(nq, TT_F32), *dk_acc = (float *)sc.get(nk, TT_F32);
-  float *dv_acc = (float *)sc.get(nk, TT_F32);
-  void *dq_part = sc.get((nq + 1) / 2, TT_F32), *dk_part = sc.get((nk + 1) / 2, TT_F32);
-  void *dv_part = sc.get((nk + 1) / 2, TT_F32);
-  if (!dq_acc || !dk_acc || !dv_acc || !dq_part || !dk_part || !dv_part) return -1;
+  scratch sc = {workspace};
+  float *dq_acc = sc.get(nq), *dk_acc = sc.get(nk), *dv_acc = sc.get(nk);
+  void *dq_part = sc.get((nq + 1) / 2), *dk_part = sc.get((nk + 1) / 2);
+  void *dv_part = sc.get((nk + 1) / 2);
   TT_TRY(fill(dq_acc, nq, 0.0f));
   TT_TRY(fill(dk_acc, nk, 0.0f));
   TT_TRY(fill(dv_acc, nk, 0.0f));
@@ -527,7 +548,7 @@ static int backward_pairs(const tt_attention_args *a, int dtype,
 
 static int fused_backward(const tt_attention_args *a, int dtype, const void *q, const void *k,
                           const void *v, const void *out, const float *lse, const void *dout,
-                          void *dq, void *dk, void *dv) {
+                          void *dq, void *dk, void *dv, float *workspace) {
   std::vector<block_pair> pairs;
   int rc = fused_pairs(a, dtype, pairs);
   if (rc <= 0) return rc;
@@ -535,14 +556,18 @@ static int fused_backward(const tt_attention_args *a, int dtype, const void *q, 
   /* One pair covering every query and key: straight into the gradients. */
   if (pairs.size() == 1 && pairs[0].q.len == a->tq && pairs[0].k.len == a->tk)
     return tt_cudnn_sdpa_backward(&s0, q, k, v, out, lse, dout, dq, dk, dv);
-  return dtype == TT_BF16
+  TT_CHECK(workspace, "attention: %zu block pairs need the fused_workspace scratch",
+           pairs.size());
+  return dtype == TT_ELEM_BF16
              ? backward_pairs<__nv_bfloat16>(a, dtype, pairs, q, k, v, out, lse, dout, dq, dk,
-                                             dv)
-             : backward_pairs<__half>(a, dtype, pairs, q, k, v, out, lse, dout, dq, dk, dv);
+                                             dv, workspace)
+             : backward_pairs<__half>(a, dtype, pairs, q, k, v, out, lse, dout, dq, dk, dv,
+                                      workspace);
 }
 
 extern "C" const tt_attention_kernels tt_attention_cuda = {
-  forward_workspace, forward, backward_workspace, backward, fused_forward, fused_backward,
+  forward_workspace, forward, backward_workspace, backward, fused_workspace, fused_forward,
+  fused_backward,
 };
 
 TT_CUDA_FAMILY(attention)

@@ -8,8 +8,8 @@
 ** tt_cuda_unscale_flag leaves found_inf in device memory instead (a training step reads
 ** it with the rest of its stats, once).
 */
-#include "cuda/tt_cuda.h"
-#include "cuda/tt_cuda_ops.h"
+#include "kernel_cuda.h"
+#include "tt_cuda_ops.h"
 
 /* amax and found_inf live in one device buffer: {amax bits, nan flag}. Non-negative
 ** floats order like their bit patterns, so atomicMax on the bits is a float max. */
@@ -92,11 +92,11 @@ extern "C" int tt_cuda_unscale_flag_dev(void *data, int dtype, int64_t n, const 
 }
 
 __device__ __forceinline__ __nv_fp8_storage_t to_fp8(float v, int dtype) {
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, dtype == TT_E4M3 ? __NV_E4M3 : __NV_E5M2);
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, dtype == TT_ELEM_E4M3 ? __NV_E4M3 : __NV_E5M2);
 }
 
 __device__ __forceinline__ float from_fp8(__nv_fp8_storage_t q, int dtype) {
-  __half_raw h = __nv_cvt_fp8_to_halfraw(q, dtype == TT_E4M3 ? __NV_E4M3 : __NV_E5M2);
+  __half_raw h = __nv_cvt_fp8_to_halfraw(q, dtype == TT_ELEM_E4M3 ? __NV_E4M3 : __NV_E5M2);
   return __half2float(__half(h));
 }
 
@@ -125,7 +125,7 @@ __global__ void quantize_kernel(const T *x, int64_t n, float scale, int dtype, i
 
 extern "C" int tt_cuda_fp8_quantize(const void *x, int x_dtype, int64_t n, float scale,
                                     int fp8_dtype, int fake, void *out, float *amax) {
-  TT_CHECK(fp8_dtype == TT_E4M3 || fp8_dtype == TT_E5M2, "fp8 quantize: bad fp8 dtype %d",
+  TT_CHECK(fp8_dtype == TT_ELEM_E4M3 || fp8_dtype == TT_ELEM_E5M2, "fp8 quantize: bad fp8 dtype %d",
            fp8_dtype);
   *amax = 0;
   if (n == 0) return 0;

@@ -6,7 +6,7 @@
 ** its own strides: the flat output index is split into coordinates over bc->shape
 ** (ndim is 1 or 2 after the engine collapses dims, so the split is a division or two).
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "elementwise.h"
 }

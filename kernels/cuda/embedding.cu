@@ -9,7 +9,7 @@
 ** twin: each thread owns one column of dweight and walks the tokens in order, so a row
 ** shared by several tokens is summed in token order and no atomics are needed.
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "embedding.h"
 }
@@ -36,7 +36,7 @@ __global__ void embedding_fwd(T *out, const float *weight, const void *ids, int 
 
 static int embedding_forward(void *out, const float *weight, const void *ids, int ids_i64,
                              int64_t n, int64_t V, int64_t D, int out_dtype) {
-  TT_CHECK(out_dtype == TT_F32 || out_dtype == TT_BF16,
+  TT_CHECK(out_dtype == TT_ELEM_F32 || out_dtype == TT_ELEM_BF16,
            "embedding: rows in %s; expected f32 or bf16", tt_dtype_name(out_dtype));
   if (n == 0) return 0;
   unsigned long long *bad_dev = NULL, bad = ~0ull;
@@ -46,7 +46,7 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
   int threads = D >= 256 ? 256 : (int)((D + 31) / 32 * 32);
   cudaError_t e = cudaMemsetAsync(bad_dev, 0xff, sizeof bad, tt_cuda_cur_stream());
   if (e == cudaSuccess) {
-    if (out_dtype == TT_BF16)
+    if (out_dtype == TT_ELEM_BF16)
       embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
           (__nv_bfloat16 *)out, weight, ids, ids_i64, n, V, D, bad_dev);
     else
@@ -93,11 +93,11 @@ __global__ void embedding_bwd(float *dweight, const T *dout, const void *ids, in
 static int embedding_backward(float *dweight, const void *dout, const void *ids,
                               int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype) {
   (void)V;
-  TT_CHECK(dout_dtype == TT_F32 || dout_dtype == TT_BF16,
+  TT_CHECK(dout_dtype == TT_ELEM_F32 || dout_dtype == TT_ELEM_BF16,
            "embedding_backward: rows in %s; expected f32 or bf16", tt_dtype_name(dout_dtype));
   if (n == 0 || D == 0) return 0;
   const unsigned blocks = (unsigned)((D + 127) / 128);
-  if (dout_dtype == TT_BF16)
+  if (dout_dtype == TT_ELEM_BF16)
     embedding_bwd<<<blocks, 128, 0, tt_cuda_cur_stream()>>>(
         dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, D);
   else

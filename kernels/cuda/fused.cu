@@ -12,7 +12,7 @@
 ** TT_FUSED_ROWS_PER_PART rows per partial (one thread per column and partial, rows in
 ** order), stage two adds the partials in order; no atomics, the same sums every run.
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "fused.h"
 }
@@ -210,7 +210,7 @@ __global__ void sum_partials(float *out, const float *partials, int64_t P, int64
 /* fn.template operator()<T, Y>() for dtype, y_dtype each f32 or bf16. */
 template <typename Fn>
 static int dispatch2(const char *op, int dtype, int y_dtype, Fn &&fn) {
-  TT_CHECK((dtype == TT_F32 || dtype == TT_BF16) && (y_dtype == TT_F32 || y_dtype == TT_BF16),
+  TT_CHECK((dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16) && (y_dtype == TT_ELEM_F32 || y_dtype == TT_ELEM_BF16),
            "%s: dtypes %s -> %s; the fused kernels read and write f32 or bf16", op,
            tt_dtype_name(dtype), tt_dtype_name(y_dtype));
   return tt_cuda_dispatch_float(op, dtype, [&](auto *ttag) {

@@ -9,7 +9,7 @@
 ** vocabulary is reported at once, or with deferred checks on (a training step) recorded
 ** on the device for the step's one read (engine/cuda/backend.cu).
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "loss.h"
 }
@@ -66,7 +66,7 @@ __global__ void ce_mean(float *loss, float *count_out, const float *row_loss,
 }
 
 static int check_dtype(int dtype) {
-  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16,
+  TT_CHECK(dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16,
            "cross_entropy: logits are %s; expected f32 or bf16", tt_dtype_name(dtype));
   return 0;
 }
@@ -85,7 +85,7 @@ static int ce_forward(float *loss, float *row_stats, const void *logits, const v
   TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, st));
   cudaError_t e = cudaMemsetAsync(bad_dev, 0xff, sizeof bad, st);
   if (e == cudaSuccess) {
-    if (dtype == TT_BF16)
+    if (dtype == TT_ELEM_BF16)
       ce_rows<<<(unsigned)N, CE_THREADS, 0, st>>>(row_stats, (const __nv_bfloat16 *)logits,
                                                   targets, tgt_i64, ignore_index, N, V, bad_dev);
     else
@@ -141,7 +141,7 @@ static int ce_backward(void *dlogits, const float *dloss, const void *logits,
   float *count = NULL;
   TT_CU(cudaMallocAsync((void **)&count, sizeof(float), st));
   ce_mean<<<1, 1024, 0, st>>>(NULL, count, NULL, targets, tgt_i64, ignore_index, N);
-  if (dtype == TT_BF16)
+  if (dtype == TT_ELEM_BF16)
     ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>((__nv_bfloat16 *)dlogits, dloss, count,
                                                 (const __nv_bfloat16 *)logits, row_stats,
                                                 targets, tgt_i64, ignore_index, V);

@@ -8,18 +8,18 @@
 **   C = op(A) op(B)  (row-major)   is   C^T = op(B)^T op(A)^T  (column-major):
 ** the operands swap places, keep their trans flags, and m and n swap.
 */
-#include "cuda/tt_cuda.h"
-#include "cuda/tt_cuda_ops.h"
+#include "kernel_cuda.h"
+#include "tt_cuda_ops.h"
 extern "C" {
 #include "matmul.h"
 }
 
 static cudaDataType_t lt_type(int dtype) {
   switch (dtype) {
-    case TT_BF16: return CUDA_R_16BF;
-    case TT_F16: return CUDA_R_16F;
-    case TT_E4M3: return CUDA_R_8F_E4M3;
-    case TT_E5M2: return CUDA_R_8F_E5M2;
+    case TT_ELEM_BF16: return CUDA_R_16BF;
+    case TT_ELEM_F16: return CUDA_R_16F;
+    case TT_ELEM_E4M3: return CUDA_R_8F_E4M3;
+    case TT_ELEM_E5M2: return CUDA_R_8F_E5M2;
     default: return CUDA_R_32F;
   }
 }
@@ -69,7 +69,7 @@ static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
   void *ws;
   size_t ws_bytes;
   TT_TRY(tt_cuda_blaslt(&h, &ws, &ws_bytes));
-  int fp32_in = q->x_dtype == TT_F32 && q->y_dtype == TT_F32;
+  int fp32_in = q->x_dtype == TT_ELEM_F32 && q->y_dtype == TT_ELEM_F32;
   cublasComputeType_t compute = fp32_in && q->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                    : CUBLAS_COMPUTE_32F;
   TT_CU(cublasLtMatmulDescCreate(desc, compute, CUDA_R_32F));
@@ -79,7 +79,7 @@ static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
                                        sizeof q->op_y));
   if (q->bias) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bt = q->c_dtype == TT_F32 ? CUDA_R_32F : lt_type(q->c_dtype);
+    cudaDataType_t bt = q->c_dtype == TT_ELEM_F32 ? CUDA_R_32F : lt_type(q->c_dtype);
     TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &q->bias,
                                          sizeof q->bias));
@@ -183,9 +183,9 @@ static int gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float
   memset(&g, 0, sizeof g);
   g.trans_a = trans_a; g.trans_b = trans_b;
   g.m = m; g.n = n; g.k = k;
-  g.a = a; g.lda = lda; g.stride_a = stride_a; g.a_dtype = TT_F32;
-  g.b = b; g.ldb = ldb; g.stride_b = stride_b; g.b_dtype = TT_F32;
-  g.c = c; g.ldc = ldc; g.stride_c = stride_c; g.c_dtype = TT_F32;
+  g.a = a; g.lda = lda; g.stride_a = stride_a; g.a_dtype = TT_ELEM_F32;
+  g.b = b; g.ldb = ldb; g.stride_b = stride_b; g.b_dtype = TT_ELEM_F32;
+  g.c = c; g.ldc = ldc; g.stride_c = stride_c; g.c_dtype = TT_ELEM_F32;
   g.batch = batch;
   g.alpha = alpha;
   g.beta = beta;

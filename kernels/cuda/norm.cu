@@ -6,7 +6,7 @@
 ** gradients sum over rows, which a second kernel does column by column (each thread one
 ** column, rows in order): deterministic, without atomics.
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "norm.h"
 }

@@ -12,7 +12,7 @@
 ** Their scalars (gradient scale, found_inf, the sum of squares, the norm) stay in device
 ** memory: nothing here waits for the device.
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "optim.h"
 }

@@ -6,7 +6,7 @@
 ** block per row with a block reduction; otherwise one thread per (outer, inner) column
 ** walks r, which keeps the loads coalesced across the inner dim.
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "reduce.h"
 }

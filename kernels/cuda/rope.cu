@@ -4,7 +4,7 @@
 ** The angle table is computed in float64 like the CPU twin, so both rotate by the same
 ** f32 cos/sin values; forward and backward are one thread per rotated pair.
 */
-#include "cuda/tt_cuda.h"
+#include "kernel_cuda.h"
 extern "C" {
 #include "rope.h"
 }
@@ -55,7 +55,7 @@ static int table(float *tab, const void *positions, int pos_i64, int64_t T, int6
 
 static int rotate(void *out, const void *x, const float *tab, int64_t B, int64_t T,
                   int64_t H, int64_t Dh, int interleaved, int dtype, float sign) {
-  TT_CHECK(dtype == TT_F32 || dtype == TT_BF16, "rope: x is %s; expected f32 or bf16",
+  TT_CHECK(dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16, "rope: x is %s; expected f32 or bf16",
            tt_dtype_name(dtype));
   int64_t n = B * T * H * (Dh / 2);
   if (n == 0) return 0;

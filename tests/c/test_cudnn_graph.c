@@ -15,7 +15,7 @@
 #include "cuda/tt_cudnn.h"
 #include "tt_skip_main.h"
 #ifdef TETRA_HAVE_CUDNN_HEADERS
-#include "cuda/tt_cudnn_sdpa.h"
+#include "tt_cudnn_sdpa.h"
 
 /* (B, T, H, Dh) strides of a contiguous tensor. */
 static void contiguous(int64_t t, int64_t h, int64_t dh, int64_t *st) {

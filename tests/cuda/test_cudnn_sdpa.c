@@ -19,7 +19,7 @@
 ** or scale (>= 10%).
 */
 #include "cuda_test.h"
-#include "cuda/tt_cudnn_sdpa.h"
+#include "tt_cudnn_sdpa.h"
 #include "cuda/tt_cudnn.h"
 #include <stdlib.h>
 #include <string.h>

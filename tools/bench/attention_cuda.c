@@ -20,7 +20,7 @@
 #include "core/tt_internal.h"
 #include "tetra_cuda.h"
 #include "cuda/tt_cudnn.h"
-#include "cuda/tt_cudnn_sdpa.h"
+#include "tt_cudnn_sdpa.h"
 
 enum { H = 32, DH = 128 };
 

@@ -26,7 +26,7 @@
 #include "core/tt_internal.h"
 #include "tetra_cuda.h"
 #include "cuda/tetra_cuda_lowp.h"
-#include "cuda/tt_cuda_ops.h"
+#include "tt_cuda_ops.h"
 
 static void die(const char *what) {
   fprintf(stderr, "gpu_bench: %s: %s\n", what, tt_last_error());

@@ -18,7 +18,7 @@ out="$root/build-fuzz"
 mkdir -p "$out"
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_jsonl fuzz_tokenizer_file fuzz_encode fuzz_safetensors fuzz_tfrecord)
-data_srcs=("$root"/engine/data/{unicode,unicode_tables,bpe,bpe_load}.c "$root"/engine/common/*.c "$root/engine/core/error.c")
+data_srcs=("$root"/engine/data/{unicode,unicode_tables,bpe,bpe_load}.c "$root"/engine/common/*.c)
 # The tensor engine on the CPU (no MPI, no CUDA): what the safetensors reader builds on,
 # less the modules that need MPI, libmicrohttpd or the data library (nothing the reader
 # reaches; a new engine file that does not link here belongs in this list).
@@ -28,10 +28,10 @@ for f in "$root"/engine/{core,common,ops,optim,io}/*.c "$root"/kernels/cpu/*.c; 
 done
 for t in "${targets[@]}"; do
   srcs=("${data_srcs[@]}")
-  extra=(-lpthread)
+  extra=(-lpthread -lm)
   if [ "$t" = fuzz_tfrecord ]; then
     srcs+=("$root"/engine/data/{docs,shards,s3}.c "$root/engine/io/checksum.c")
-    extra=(-fopenmp -lpthread)
+    extra=(-fopenmp -lpthread -lm)
   fi
   if [ "$t" = fuzz_safetensors ]; then
     srcs=("${engine_srcs[@]}")

@@ -5,8 +5,17 @@
 ** like IEEE; the fp8 formats saturate to their largest finite value instead, which is
 ** what FP8 training recipes expect (a clamp after scaling). NaN stays NaN everywhere.
 */
-#include "core/tt_internal.h"
+#include "common/common.h"
 #include <math.h>
+
+/* Kernels receive dtype codes as kernels/kernel.h spells them. */
+#define SAME_CODE(k, d) ((int)(k) == (int)(d))
+_Static_assert(SAME_CODE(TT_ELEM_F32, TT_F32) && SAME_CODE(TT_ELEM_BF16, TT_BF16) &&
+                   SAME_CODE(TT_ELEM_F16, TT_F16) && SAME_CODE(TT_ELEM_E4M3, TT_E4M3) &&
+                   SAME_CODE(TT_ELEM_E5M2, TT_E5M2) && SAME_CODE(TT_ELEM_I32, TT_I32) &&
+                   SAME_CODE(TT_ELEM_I64, TT_I64) && TT_NUM_DTYPES == 7,
+               "kernel.h's element codes must equal tetra.h's dtypes");
+#undef SAME_CODE
 
 static const struct {
   const char *name;
@@ -48,14 +57,9 @@ int tt_dtype_is_float(int dtype) {
 static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
-uint16_t tt_float_to_bf16(float x) {
-  uint32_t u = f32_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* quiet NaN */
-  u += 0x7fffu + ((u >> 16) & 1u);   /* round to nearest even on the dropped 16 bits */
-  return (uint16_t)(u >> 16);
-}
+uint16_t tt_float_to_bf16(float x) { return tt_elem_float_to_bf16(x); }
 
-float tt_bf16_to_float(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float tt_bf16_to_float(uint16_t h) { return tt_elem_bf16_to_float(h); }
 
 /* Generic encoder for a small IEEE-like format: `ebits` exponent bits, `mbits` mantissa
 ** bits, bias 2^(ebits-1)-1. Returns the magnitude bits (sign added by the caller); values

@@ -1,6 +1,8 @@
 /*
 ** tt_cudnn_sdpa.h — cuDNN's fused flash attention (engine/cuda/cudnn_sdpa.cu) for one
-** block of queries against one block of keys, bf16 or f16, forward and backward.
+** block of queries against one block of keys, bf16 or f16, forward and backward. Declared
+** beside the kernels: the CUDA attention kernel (kernels/cuda/attention.cu) calls it as the
+** kernels call the backend's current stream, and the engine provides it.
 **
 ** Tensors are in the model's (B, T, H, Dh) layout with element strides (batch, time,
 ** head) and Dh contiguous; lse is f32 (B, Hq, Tq) with strides (batch, head) and the

@@ -1,7 +1,7 @@
 /*
 ** error.c — the thread-local error message behind tt_last_error().
 */
-#include "core/tt_internal.h"
+#include "common/common.h"
 
 enum { TT_ERROR_LEN = 1024 };
 static _Thread_local char tt_error_buf[TT_ERROR_LEN];

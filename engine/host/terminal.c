@@ -1,0 +1,166 @@
+/*
+** terminal.c — Ctrl-C in the REPL and the terminal under mpirun: the SIGINT flag the REPL
+** polls at safe points, and rank 0 taking the terminal from mpirun for its prompt.
+*/
+#include "host/host.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <string.h>
+#include <termios.h>
+#include <unistd.h>
+
+/* -- Interrupts (Ctrl-C) ------------------------------------------------------------- */
+
+/* The REPL catches SIGINT instead of dying. The handler only sets a flag, which the REPL
+** polls at points where stopping is safe (between training steps; under mpirun those are
+** points every rank reaches, so the stop is agreed there). For ordinary Lua code the
+** handler may also arm a count hook on the running state, as lua.c does, which raises
+** "interrupted" at the next Lua instruction the interpreter runs. */
+volatile sig_atomic_t g_interrupted = 0;
+static volatile sig_atomic_t g_hook_allowed = 0;
+volatile sig_atomic_t g_in_readline = 0;
+volatile sig_atomic_t g_unanswered = 0;   /* Ctrl-Cs since a safe point took one */
+static int g_newline_fd = -1;   /* the terminal, where the echoed ^C gets its line end */
+lua_State *g_main_L = NULL;
+
+static void interrupt_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  lua_sethook(L, NULL, 0, 0);
+  g_interrupted = g_unanswered = 0;
+  luaL_error(L, "interrupted (Ctrl-C)");
+}
+
+static void on_sigint(int sig) {
+  (void)sig;
+  g_interrupted = 1;
+  /* A command that reaches no safe point (a C call that does not return, a Lua loop
+  ** under mpirun) cannot be stopped in place: the third Ctrl-C in a row ends the
+  ** process, and under mpirun the job with it. */
+  if (!g_in_readline && ++g_unanswered >= 3) {
+    static const char msg[] = "\ntetra: Ctrl-C three times and no safe point reached: ending "
+                              "the session\n";
+    ssize_t w = write(g_newline_fd >= 0 ? g_newline_fd : STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    _exit(130);
+  }
+  /* The terminal echoed "^C" where the cursor was; what the command prints next starts
+  ** on a line of its own (write is async-signal-safe). */
+  if (!g_in_readline && g_newline_fd >= 0) {
+    ssize_t w = write(g_newline_fd, "\n", 1);
+    (void)w;
+  }
+  if (g_hook_allowed && g_main_L)
+    lua_sethook(g_main_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+/* host.catch_interrupts(): from now on Ctrl-C sets the flag instead of ending the
+** process. No SA_RESTART, so a blocking read returns and the prompt can start again. */
+int tt_host_catch_interrupts(lua_State *L) {
+  g_newline_fd = g_tty_out ? fileno(g_tty_out) : isatty(STDOUT_FILENO) ? STDOUT_FILENO : -1;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  lua_pushboolean(L, sigaction(SIGINT, &sa, NULL) == 0);
+  return 1;
+}
+
+/* host.interrupted([clear]) -> whether Ctrl-C came since the flag was last cleared. */
+int tt_host_interrupted(lua_State *L) {
+  lua_pushboolean(L, g_interrupted != 0);
+  if (lua_toboolean(L, 1)) g_interrupted = g_unanswered = 0;
+  return 1;
+}
+
+/* host.interrupt_lua(on): whether Ctrl-C may stop Lua code wherever it runs (a command
+** that has no safe points of its own), or only sets the flag. */
+int tt_host_interrupt_lua(lua_State *L) {
+  g_hook_allowed = lua_toboolean(L, 1);
+  if (!g_hook_allowed) lua_sethook(g_main_L, NULL, 0, 0);
+  return 0;
+}
+
+/* -- The terminal under mpirun ---------------------------------------------------------- */
+
+/* mpirun owns the terminal: rank 0's stdin is a pipe, and Ctrl-C goes to mpirun, which
+** ends the job. host.take_terminal() opens /dev/tty for rank 0's line editing and makes
+** rank 0's process group the terminal's foreground one, so keys and Ctrl-C reach rank 0
+** (mpirun, now in the background, stops forwarding stdin). host.give_back_terminal()
+** returns the foreground to mpirun's group. */
+FILE *g_tty_in = NULL, *g_tty_out = NULL;
+static pid_t g_saved_fg = -1;
+
+static int set_foreground(int fd, pid_t pgrp) {
+  /* A background group that calls tcsetpgrp is sent SIGTTOU; ignore it for the call. */
+  struct sigaction ign, old;
+  memset(&ign, 0, sizeof ign);
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGTTOU, &ign, &old);
+  int rc = tcsetpgrp(fd, pgrp);
+  sigaction(SIGTTOU, &old, NULL);
+  return rc;
+}
+
+/* Whether the launcher (our parent, mpirun) reads a terminal: a session piped into mpirun
+** is read from that pipe, not from the terminal it was started in. */
+static int parent_reads_terminal(void) {
+  char link[64], target[PATH_MAX];
+  snprintf(link, sizeof link, "/proc/%d/fd/0", (int)getppid());
+  ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0) return 0;
+  target[n] = '\0';
+  return !strncmp(target, "/dev/pts/", 9) || !strncmp(target, "/dev/tty", 8);
+}
+
+int tt_host_take_terminal(lua_State *L) {
+  if (!g_tty_in && !parent_reads_terminal()) {
+    lua_pushnil(L);
+    lua_pushstring(L, "the launcher's input is not a terminal");
+    return 2;
+  }
+  if (!g_tty_in) {
+    int fd = open("/dev/tty", O_RDWR | O_NOCTTY);
+    if (fd < 0) {
+      lua_pushnil(L);
+      lua_pushfstring(L, "/dev/tty: %s", strerror(errno));
+      return 2;
+    }
+    g_tty_in = fdopen(fd, "r");
+    int fd2 = dup(fd);
+    g_tty_out = fd2 >= 0 ? fdopen(fd2, "w") : NULL;
+    if (!g_tty_in || !g_tty_out) {
+      lua_pushnil(L);
+      lua_pushstring(L, "/dev/tty: cannot open a stream");
+      return 2;
+    }
+    setvbuf(g_tty_out, NULL, _IOLBF, 0);
+    g_saved_fg = tcgetpgrp(fd);
+  }
+  int fd = fileno(g_tty_in);
+  if (set_foreground(fd, getpgrp()) != 0) {
+    lua_pushnil(L);
+    lua_pushfstring(L, "cannot take the terminal: %s", strerror(errno));
+    return 2;
+  }
+  tt_host_line_streams(g_tty_in, g_tty_out);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+int tt_host_give_back_terminal(lua_State *L) {
+  if (g_tty_in && g_saved_fg > 0) set_foreground(fileno(g_tty_in), g_saved_fg);
+  (void)L;
+  return 0;
+}
+
+/* host.tty_write(text): to the terminal taken by take_terminal (stdout otherwise). */
+int tt_host_tty_write(lua_State *L) {
+  size_t n;
+  const char *s = luaL_checklstring(L, 1, &n);
+  FILE *f = g_tty_out ? g_tty_out : stdout;
+  fwrite(s, 1, n, f);
+  fflush(f);
+  return 0;
+}
