@@ -413,18 +413,31 @@ Test(loader, bad_sources_give_clear_errors) {
   c.num_streams = 4;
   cr_assert(tt_data_loader_new(&c, &ld) != 0);
   cr_assert(strstr(tt_last_error(), "num_streams"), "%s", tt_last_error());
-  /* A file that vanishes mid-run: an error naming it, no crash, no hang. */
-  write_text("gone1.jsonl", "{\"text\": \"first file\"}\n");
+  /* A file that vanishes mid-run: an error naming it, no crash, no hang. The first file
+  ** holds many sequences and the queue one, so the worker cannot have opened the second
+  ** before it is removed; the batches before it come from the first file. */
+  char g1[128], g2[128], line[64];
+  snprintf(g1, sizeof g1, "%s/gone1.jsonl", dir);
+  snprintf(g2, sizeof g2, "%s/gone2.jsonl", dir);
+  FILE *f = fopen(g1, "wb");
+  cr_assert(f != NULL);
+  for (int i = 0; i < 2000; i++) {
+    snprintf(line, sizeof line, "{\"text\": \"first file, line %d\"}\n", i);
+    fputs(line, f);
+  }
+  fclose(f);
   write_text("gone2.jsonl", "{\"text\": \"second file\"}\n");
   snprintf(p, sizeof p, "%s/gone*.jsonl", dir);
   c.global_batch = 1;
   c.num_streams = 1;
-  c.seq_len = 64;
-  char g2[128];
-  snprintf(g2, sizeof g2, "%s/gone2.jsonl", dir);
+  c.seq_len = 16;
+  c.queue_depth = 1;
   cr_assert(tt_data_loader_new(&c, &ld) == 0);
   cr_assert(unlink(g2) == 0);
-  cr_assert(tt_data_loader_next(ld, x, y) != 0);
+  int rc = 0, batches = 0;
+  while (batches < 100000 && (rc = tt_data_loader_next(ld, x, y)) == 0) batches++;
+  cr_assert(rc != 0, "the loader never reported the removed file");
+  cr_assert(batches > 0, "the first file gave no batch: %s", tt_last_error());
   cr_assert(strstr(tt_last_error(), g2), "%s", tt_last_error());
   tt_data_loader_free(ld);
 }
