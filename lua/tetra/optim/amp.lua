@@ -436,13 +436,19 @@ function Context:unscale(params, group, opt)
   return found
 end
 
+-- A step skipped for a reason the scaler does not see (the loss guard's verdict on the
+-- loss, before any unscaling): counted, the scale left as it is.
+function Context:skip()
+  self.skipped_steps = self.skipped_steps + 1
+end
+
 -- Ends a step: `found` true (inf/NaN grads) skips it and, with a scaler, backs the
 -- scale off; a clean step may grow the scale. Returns true when the optimizer step must
 -- be skipped.
 function Context:update(found)
   local skip
   if self.scaler then skip = self.scaler:update(found) else skip = found and true or false end
-  if skip then self.skipped_steps = self.skipped_steps + 1 end
+  if skip then self:skip() end
   return skip
 end
 

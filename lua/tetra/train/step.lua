@@ -21,6 +21,7 @@
 local tffi = require("tetra.ffi")
 local C = tffi.C
 local F = require("tetra.nn.functional")
+local T = require("tetra.tensor")
 local graph = require("tetra.train.graph")
 local metrics = require("tetra.obs.metrics")
 local telemetry = require("tetra.obs.telemetry")
@@ -30,7 +31,7 @@ local user_error = require("tetra.train.errors").user_error
 local step = {}
 
 local free = F.free
-local to_dev = require("tetra.tensor").moved
+local to_dev = T.moved
 
 -- -- The optimizer update under a precision --------------------------------------------
 
@@ -85,7 +86,7 @@ function step.update_finish(ctx, opt)
   local skipped
   if s.spike then
     skipped = true
-    ctx.skipped_steps = ctx.skipped_steps + 1
+    ctx:skip()
   else
     skipped = ctx:update(s.found_inf)
   end
@@ -131,7 +132,7 @@ local function agree(env, reason)
   if not w or w.size == 1 then return reason end
   local code = 0
   for i, name in ipairs(REASONS) do if reason == name then code = i end end
-  env.agree_flag = env.agree_flag or require("tetra.tensor").from_table({ 0 })
+  env.agree_flag = env.agree_flag or T.from_table({ 0 })
   C.tt_tensor_set(env.agree_flag, 0, code)
   w:all_reduce(env.agree_flag, "max")
   return REASONS[tonumber(C.tt_tensor_get(env.agree_flag, 0))]
@@ -232,7 +233,7 @@ local function update_host(env, s, loss_sum)
   s.bad = guard:judge_loss(s.loss)
   if s.bad then   -- the update is skipped before any work on the grads
     s.skipped, s.grad_norm = true, 0 / 0
-    ctx.skipped_steps = ctx.skipped_steps + 1
+    ctx:skip()
   else
     local lr = s.lr
     s.skipped, s.grad_norm = step.update(ctx, opt.params,
