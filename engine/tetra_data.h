@@ -19,8 +19,14 @@ typedef struct tt_bpe tt_bpe;
 typedef struct tt_bpe_cache tt_bpe_cache;
 
 /* Loads a Hugging Face tokenizer.json (BPE model with a ByteLevel pre-tokenizer), or a
-** tiktoken rank file (".tiktoken": base64 token and rank per line), picked by content. */
+** tiktoken rank file (".tiktoken": base64 token and rank per line), picked by content.
+** The name "byte" (data.tokenizer: byte, the default) is the byte tokenizer instead. */
 int tt_bpe_load(const char *path, tt_bpe **out);
+/* The byte tokenizer: each byte of the text is its own id (vocabulary 256), as it is
+** (no merges, no pre-tokenizer, ill-formed UTF-8 kept); the end-of-text id is the
+** newline byte, so documents packed one after another read as lines. Decoding writes
+** U+FFFD for an id above 255 (a model with a larger vocabulary may sample one). */
+int tt_bpe_bytes(tt_bpe **out);
 /* Loads GPT-2 style vocab.json + merges.txt. */
 int tt_bpe_load_vocab_merges(const char *vocab_path, const char *merges_path, tt_bpe **out);
 void tt_bpe_free(tt_bpe *bpe);

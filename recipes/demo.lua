@@ -11,7 +11,7 @@
 -- when the run starts (under a second), through tetra.data's loader; or, with
 -- --set demo.tokenizer=byte, one token per byte. Files go to demo.work_dir.
 local tetra = require("tetra")
-local train, bytetok = tetra.train, require("tetra.data.bytetok")
+local train = tetra.train
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local llama = dofile(here .. "/llama/model.lua")
@@ -65,26 +65,21 @@ local function write_file(path, text)
   f:close()
 end
 
--- The data source and tokenizer of cfg.demo.tokenizer ("bpe" or "byte"); sets
--- model.vocab_size to the tokenizer's.
+-- The data source and tokenizer of cfg.demo.tokenizer ("bpe" or "byte"), both through
+-- tetra.data's pipeline; sets model.vocab_size to the tokenizer's.
 local function demo_data(cfg, train_text, val_text)
   local d = cfg.demo
-  if d.tokenizer == "byte" then
-    cfg.model.vocab_size = bytetok.vocab_size
-    -- The held-out text goes last: bytetok.dataset holds out the tail of its text.
-    local text = train_text .. val_text
-    local data = bytetok.dataset(text, { seed = cfg.data.seed or cfg.train.seed,
-                                         val_fraction = #val_text / #text })
-    return data, bytetok.tokenizer
-  end
-  assert(d.tokenizer == "bpe", "demo.tokenizer must be bpe or byte")
+  assert(d.tokenizer == "bpe" or d.tokenizer == "byte", "demo.tokenizer must be bpe or byte")
   assert(os.execute("mkdir -p '" .. d.work_dir .. "'"), "demo: cannot create " .. d.work_dir)
   local train_path, val_path = d.work_dir .. "/train.txt", d.work_dir .. "/val.txt"
   write_file(train_path, train_text)
   write_file(val_path, val_text)
-  tetra.data.train_tokenizer({ train_path }, d.vocab_size, d.work_dir)
   cfg.data.input_path, cfg.data.val_path = train_path, val_path
-  cfg.data.tokenizer = d.work_dir .. "/tokenizer.json"
+  cfg.data.tokenizer = "byte"
+  if d.tokenizer == "bpe" then
+    tetra.data.train_tokenizer({ train_path }, d.vocab_size, d.work_dir)
+    cfg.data.tokenizer = d.work_dir .. "/tokenizer.json"
+  end
   local tok = tetra.data.tokenizer(cfg.data.tokenizer)
   cfg.model.vocab_size = tok:vocab_size()
   return tetra.data.source(cfg), tok

@@ -146,6 +146,29 @@ int tt_bpe_finish(tt_bpe *bpe) {
   return 0;
 }
 
+/* The byte tokenizer is a vocabulary of the 256 single bytes with no merges, so the
+** queries, decoding, the loader and `tetra data prepare` treat it as any other. Encoding
+** skips the pre-tokenizer (with no merges it changes nothing) and the UTF-8 clean-up
+** (raw_bytes): an ill-formed byte stays one id instead of becoming U+FFFD's three. */
+int tt_bpe_bytes(tt_bpe **out) {
+  *out = NULL;
+  tt_bpe *bpe = calloc(1, sizeof *bpe);
+  if (!bpe) return tt_set_error("out of host memory (tokenizer)");
+  int rc = tt_bpe_init(bpe, 256);
+  for (int b = 0; b < 256 && rc == 0; b++) {
+    uint8_t byte = (uint8_t)b;
+    rc = tt_bpe_set_token(bpe, b, &byte, 1);
+  }
+  if (rc == 0) rc = tt_bpe_finish(bpe);
+  if (rc != 0) {
+    tt_bpe_free(bpe);
+    return rc;
+  }
+  bpe->raw_bytes = 1;
+  *out = bpe;
+  return 0;
+}
+
 /* Rank << 32 | merged id of a pair, or ~0 when the pair never merges. */
 static inline uint64_t pair_get(const tt_bpe *bpe, int32_t left, int32_t right) {
   uint64_t key = pair_key(left, right);
@@ -192,6 +215,7 @@ int32_t tt_bpe_token_id(const tt_bpe *bpe, const char *token) {
 }
 
 int32_t tt_bpe_eos_id(const tt_bpe *bpe) {
+  if (bpe->raw_bytes) return '\n';
   static const char *names[] = {"<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>"};
   for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
     for (int i = 0; i < bpe->n_specials; i++)
@@ -462,6 +486,11 @@ int tt_bpe_encode_append(const tt_bpe *bpe, tt_bpe_cache *c, const char *text, s
     c->owner = bpe;
   }
   const uint8_t *s = (const uint8_t *)text;
+  if (bpe->raw_bytes) {
+    TT_TRY(tt_ids_reserve(out, len));
+    for (size_t i = 0; i < len; i++) out->data[out->len++] = s[i];
+    return 0;
+  }
   if (!allow_special || bpe->n_specials == 0) return encode_plain(bpe, c, s, len, out);
   size_t pos = 0;
   while (pos < len) {
@@ -507,6 +536,11 @@ int tt_bpe_decode(const tt_bpe *bpe, const int32_t *ids, size_t n, char *buf, si
   size_t o = 0;
   for (size_t i = 0; i < n; i++) {
     int32_t id = ids[i];
+    if (bpe->raw_bytes && (id < 0 || id > 255)) {
+      if (o + 3 <= cap) memcpy(buf + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      continue;
+    }
     if (id < 0 || id >= bpe->n_ids || bpe->tok_len[id] < 0)
       return tt_set_error("decode: unknown token id %d (vocabulary has %d ids)", (int)id,
                           (int)bpe->n_ids);

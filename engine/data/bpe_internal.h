@@ -82,6 +82,7 @@ struct tt_bpe {
   int ignore_merges;        /* HF: a word already in the vocabulary is one token */
   int add_prefix_space;     /* HF ByteLevel option */
   int32_t unk_id;
+  int raw_bytes;            /* the byte tokenizer (tt_bpe_bytes): an id per byte, as is */
   tt_bpe_cache *cache;      /* used by tt_bpe_encode */
 };
 

@@ -415,6 +415,7 @@ fail:
 }
 
 int tt_bpe_load(const char *path, tt_bpe **out) {
+  if (strcmp(path, "byte") == 0) return tt_bpe_bytes(out);
   char *text;
   size_t len;
   TT_TRY(tt_read_file(path, &text, &len));

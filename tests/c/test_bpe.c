@@ -3,7 +3,8 @@
 ** Python's `regex` with the GPT-2 pattern), UTF-8 repair (as Python's
 ** bytes.decode('utf-8', 'replace')), encoding against a naive reference BPE on random
 ** words (short words take the scan path, long ones the heap path), special tokens,
-** decoding, the tiktoken loader, training, and clear errors for bad files.
+** decoding, the tiktoken loader, training, the byte tokenizer, and clear errors for bad
+** files.
 ** Parity with tokenizers / tiktoken themselves is in tests/data/parity.py.
 */
 #include <criterion/criterion.h>
@@ -335,6 +336,33 @@ Test(bpe, train_first_merge_is_most_frequent_pair_and_roundtrips) {
   tt_bpe_free(bpe);
   tt_bpe_free(b2);
   free(dir);
+}
+
+/* -- The byte tokenizer ------------------------------------------------------------- */
+
+/* data.tokenizer: byte. Every byte its own id, ill-formed UTF-8 and special-looking text
+** included; EOS the newline; an id no byte has decodes to U+FFFD. */
+Test(bpe, byte_tokenizer_ids_are_the_bytes) {
+  tt_bpe *bpe = NULL;
+  cr_assert(tt_bpe_load("byte", &bpe) == 0, "%s", tt_last_error());
+  cr_assert(tt_bpe_vocab_size(bpe) == 256);
+  cr_assert(tt_bpe_eos_id(bpe) == '\n');
+  unsigned char text[256 + 13];
+  for (int b = 0; b < 256; b++) text[b] = (unsigned char)(255 - b);
+  memcpy(text + 256, "<|endoftext|>", 13);
+  int32_t ids[sizeof text];
+  size_t n = 0;
+  cr_assert(tt_bpe_encode(bpe, (const char *)text, sizeof text, 1, ids, sizeof text, &n) == 0);
+  cr_assert(n == sizeof text, "%zu ids for %zu bytes", n, sizeof text);
+  for (size_t i = 0; i < n; i++) cr_assert(ids[i] == text[i], "id %zu: %d", i, ids[i]);
+  char out[sizeof text];
+  size_t len = 0;
+  cr_assert(tt_bpe_decode(bpe, ids, n, out, sizeof out, &len) == 0);
+  cr_assert(len == sizeof text && memcmp(out, text, len) == 0);
+  const int32_t odd[] = {'a', 256, 'b'};
+  cr_assert(tt_bpe_decode(bpe, odd, 3, out, sizeof out, &len) == 0);
+  cr_assert(len == 5 && memcmp(out, "a\xEF\xBF\xBD" "b", 5) == 0);
+  tt_bpe_free(bpe);
 }
 
 /* -- Bad files ---------------------------------------------------------------------- */

@@ -7,9 +7,11 @@
 #     give the same batches from the bucket as from the same files on disk; the TFRecord
 #     twin of the JSONL files gives the JSONL's batches (one stream: same documents in
 #     the same order); prepared token shards (data.online_tokenization=false) too;
-#     listing over several pages (TETRA_S3_LIST_PAGE=1);
-#   - a 2-rank training run from s3:// equals the run from local files, step for step,
-#     and resuming its checkpoint from s3:// continues it exactly;
+#     listing over several pages (TETRA_S3_LIST_PAGE=1); byte tokens (data.tokenizer=byte)
+#     the same way, of the text field only;
+#   - a 2-rank training run from s3:// equals the run from local files, step for step
+#     (with a BPE vocabulary and with byte tokens), and resuming its checkpoint from
+#     s3:// continues it exactly;
 #   - 500s, stalled answers and connections dropped mid-object are retried (same
 #     batches); wrong credentials, a missing bucket or object, a server that keeps
 #     failing or is not there give one clear line and a non-zero exit, in bounded time.
@@ -93,6 +95,15 @@ batches "$work/s3_tok" "s3://corpus/shards/*.tok" data.online_tokenization=false
 same "$work/local_tok" "$work/s3_tok" "prepared shards from s3:// differ from the local ones"
 echo "ok: JSONL, TFRecord and prepared-shard batches from s3:// equal local ones (also over paged listings)"
 
+# -- Byte tokens (data.tokenizer=byte, the default) through the same pipeline. ----------
+batches "$work/local_bytes" "$work/data/jsonl/*.jsonl" data.tokenizer=byte || { cat "$work/local_bytes"; fail "local JSONL, byte tokens"; }
+batches "$work/s3_bytes" "s3://corpus/jsonl/*.jsonl" data.tokenizer=byte || { cat "$work/s3_bytes"; fail "s3 JSONL, byte tokens"; }
+same "$work/local_bytes" "$work/s3_bytes" "byte-token batches from s3:// differ from the local files'"
+# the text field's bytes ('d' of "doc" among them), never the JSON around it ({, }, ")
+grep -qw 100 "$work/s3_bytes" || fail "no text in the byte-token batches"
+! grep -qwE '123|125|34' "$work/s3_bytes" || fail "byte tokens of JSONL hold the JSON's braces or quotes"
+echo "ok: byte tokens from s3:// JSONL equal local ones, the text field only"
+
 # -- Training from the bucket: 2 ranks, checkpoint, resume. -----------------------------
 fields() { cut -d, -f1-4 "$1"; }
 train() {   # train METRICS INPUT [--set ...]
@@ -115,6 +126,13 @@ train "$work/resumed.jsonl" "s3://corpus/jsonl/*.jsonl" --set checkpoint.dir="$w
   --set checkpoint.resume=true >"$work/train_resume.log" 2>&1 || { cat "$work/train_resume.log"; fail "resuming from s3://"; }
 diff <(fields "$work/s3.jsonl") <(fields "$work/resumed.jsonl") || fail "the resumed s3:// run differs"
 echo "ok: 2-rank training from s3:// equals local files; its resume continues exactly"
+train "$work/local_bytes.jsonl" "$work/data/jsonl/*.jsonl" --set data.tokenizer=byte >"$work/train_local_bytes.log" 2>&1 ||
+  { cat "$work/train_local_bytes.log"; fail "training on byte tokens from local files"; }
+train "$work/s3_bytes.jsonl" "s3://corpus/jsonl/*.jsonl" --set data.tokenizer=byte >"$work/train_s3_bytes.log" 2>&1 ||
+  { cat "$work/train_s3_bytes.log"; fail "training on byte tokens from s3://"; }
+[ "$(wc -l <"$work/s3_bytes.jsonl")" -eq 6 ] || fail "expected 6 metrics records (byte tokens)"
+diff <(fields "$work/local_bytes.jsonl") <(fields "$work/s3_bytes.jsonl") || fail "byte-token training from s3:// differs from local files"
+echo "ok: 2-rank training on byte tokens from s3:// equals local files"
 
 # -- Faults the client must ride out. ----------------------------------------------------
 fault() {   # fault JSON WHAT [section.key=value...]

@@ -88,8 +88,8 @@ mutant tp_precision parallel/tensor.lua "local part = self.gemm(x, self.weight, 
 mutant cp_gather parallel/context.lua "if positions == nil then return plain(self, q, k, v) end" \
   "if true then return plain(self, q, k, v, positions) end" llama_cp2 loss
 # Pipeline parallelism: the last stage's micro-batch losses not divided by their count.
-mutant pp_micro_scale parallel/pipeline.lua "local s = (loss_scale or 1.0) / n_micro" \
-  "local s = (loss_scale or 1.0)" llama_tp2_pp2 grad_norm
+mutant pp_micro_scale parallel/pipeline.lua "local scaled = amp_ctx:scale_loss(y, n_micro)" \
+  "local scaled = amp_ctx:scale_loss(y, 1)" llama_tp2_pp2 grad_norm
 
 [ "$failures" -eq 0 ] && echo PASS
 exit $((failures > 0))

@@ -11,6 +11,7 @@
 --   (beta = 1): one allocation fewer than the first backward, same sums.
 local tetra = require("tetra")
 local amp = tetra.amp
+local tstep = require("tetra.train.step")
 local C = require("tetra.ffi").C
 local T = require("tetra.tensor")
 
@@ -237,7 +238,7 @@ describe("cached low-precision weights", function()
     local c0 = casts()
     for _ = 1, 3 do model:forward(x):sum():backward() end   -- three micro-batches
     expect(casts() - c0).to_be(1)
-    ctx:step(model:parameters(), function() opt:step(0.1) end)
+    tstep.update(ctx, model:parameters(), function() opt:step(0.1) end)
     model:zero_grad()
     c0 = casts()
     local y = model:forward(x)
@@ -245,7 +246,7 @@ describe("cached low-precision weights", function()
     local ref = ref_forward(rows_of(x), rows_of(model.weight), model.bias:tolist())
     expect(max_diff(rows_of(y), ref) < 1e-5).to_be(true)
     -- an optimizer that bumps the version itself and marks its own copy fresh is trusted
-    ctx:step(model:parameters(), function()
+    tstep.update(ctx, model:parameters(), function()
       C.tt_tensor_bump_version(model.weight)
       T.take(C.tt_lowp_weight_buffer(model.weight, C.TT_BF16, pout))
       C.tt_lowp_weight_mark_fresh(model.weight)
@@ -257,7 +258,7 @@ describe("cached low-precision weights", function()
 end)
 
 describe("AdamW writes the bf16 copies in its own pass", function()
-  -- Three steps of a bf16 model under ctx:step with AdamW, the copies written by the
+  -- Three steps of a bf16 model under tetra.train.step.update with AdamW, the copies written by the
   -- update or cast before each forward: the same losses to the bit, and no cast after
   -- the first step when the update writes them.
   local Two = tetra.nn.Module:extend("Two")
@@ -281,7 +282,7 @@ describe("AdamW writes the bf16 copies in its own pass", function()
       step_casts[s] = casts() - c0
       losses[s] = loss:item()
       loss:backward()
-      ctx:step(model:parameters(), function() opt:step(1e-2) end,
+      tstep.update(ctx, model:parameters(), function() opt:step(1e-2) end,
                function() return opt:clip_grad_norm(1.0) end, nil, opt)
       model:zero_grad()
     end

@@ -1,10 +1,10 @@
--- tetra.optim, tetra.train, tetra.metrics, tetra.data.bytetok: optimizer steps against float64
+-- tetra.optim, tetra.train, tetra.metrics, the byte tokenizer: optimizer steps against float64
 -- formulas, schedules against their closed forms, gradient accumulation against one big
 -- batch, the metrics contract, data determinism, generation, and a short real run whose
 -- loss must fall.
 local tetra = require("tetra")
 local optim, train, metrics = tetra.optim, tetra.train, tetra.metrics
-local bytetok = require("tetra.data.bytetok")
+local tstep = require("tetra.train.step")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
@@ -106,7 +106,7 @@ describe("optim", function()
     }
     local stepped = 0
     w.grad = tetra.from_table({ 3 * 65536, 4 * 65536 })   -- finite here
-    local skipped, norm = ctx:step(opt.params, function() stepped = stepped + 1; opt:step() end,
+    local skipped, norm = tstep.update(ctx, opt.params, function() stepped = stepped + 1; opt:step() end,
                                    function() return opt:clip_grad_norm(0) end,
                                    peer_overflowed, opt)
     expect(skipped).to_be(true)
@@ -117,7 +117,7 @@ describe("optim", function()
     expect(ctx:scale()).to_be(32768)
     -- the next step starts from clean stats: no overflow, the update runs
     w.grad = tetra.from_table({ 3 * 32768, 4 * 32768 })
-    skipped, norm = ctx:step(opt.params, function() stepped = stepped + 1; opt:step() end,
+    skipped, norm = tstep.update(ctx, opt.params, function() stepped = stepped + 1; opt:step() end,
                              function() return opt:clip_grad_norm(0) end, nil, opt)
     expect(skipped).to_be(false)
     expect(norm).to_be_near(5, 1e-6)
@@ -193,16 +193,73 @@ describe("data", function()
     end
   end)
 
-  it("bytetok round-trips text and windows a corpus", function()
-    local text = "Hello, Tetra! \226\156\147"
-    expect(bytetok.decode(bytetok.encode(text))).to_be(text)
-    local ds = bytetok.dataset(string.rep("abcdefgh", 100), { seed = 1, val_fraction = 0.1 })
-    local tok = ds:batch(1, 3, 6)
-    expect(tok).to_have_shape({ 3, 7 })
-    for _, row in ipairs(tok:tolist()) do
-      for j = 2, #row do expect((row[j] - row[j - 1]) % 8 == 1 or row[j - 1] - row[j] == 7).to_be(true) end
+  it("the byte tokenizer: an id per byte, as it is, EOS the newline", function()
+    local tok = tetra.data.tokenizer("byte")
+    local text = "Hello, Tetra! \226\156\147 \255"   -- ill-formed UTF-8 kept as one byte
+    local ids = tok:encode(text)
+    expect(#ids).to_be(#text)
+    for i = 1, #text do expect(ids[i]).to_be(text:byte(i)) end
+    expect(tok:decode(ids)).to_be(text)
+    expect(tok:vocab_size()).to_be(256)
+    expect(tok:eos_id()).to_be(10)
+    expect(tok:decode({ 104, 300, 105 })).to_be("h\239\191\189i")   -- no byte: U+FFFD
+  end)
+
+  -- data.tokenizer: byte (the default) through tetra.data's pipeline: JSONL has its text
+  -- field read, a glob names several files, each document ends with EOS (a newline).
+  local function byte_corpus()
+    local dir = tmpname("_bytes")
+    assert(os.execute("mkdir -p '" .. dir .. "'"))
+    local docs = {}
+    for k = 1, 2 do
+      local f = assert(io.open(dir .. "/part-" .. k .. ".jsonl", "w"))
+      for i = 1, 60 do
+        local text = string.format("doc %d.%d: the quick brown fox", k, i)
+        docs[#docs + 1] = text
+        f:write('{"id": ', i, ', "text": "', text, '"}\n')
+      end
+      f:close()
     end
-    expect(bytetok.decode(ds:batch(1, 1, 6, "val"))).to_match("^[a-h]+$")
+    return dir, docs
+  end
+
+  it("byte mode reads JSONL through the pipeline: the text field, no braces, a glob", function()
+    local dir, docs = byte_corpus()
+    local cfg = tiny_cfg({ "data.mock=false", "data.input_path=" .. dir .. "/*.jsonl",
+                           "data.shuffle_buffer_size=0", "data.num_streams=1" })
+    local src, tok = train.data_source(cfg)
+    expect(src.local_rows).to_be(true)   -- tetra.data's source, not a reader of its own
+    local B, T = cfg.train.batch_size, cfg.model.seq_len
+    local stream = {}
+    for step = 1, 10 do   -- past the end of the first file
+      for _, row in ipairs(src:batch(step, B, T):tolist()) do
+        for j = 1, T do stream[#stream + 1] = row[j] end   -- row[T + 1] starts the next row
+      end
+    end
+    local text = tok:decode(stream)
+    expect(text:find("[{}\"]")).to_be_nil()
+    -- both files, in order, each document a line
+    local want = table.concat(docs, "\n") .. "\n"
+    expect(want:sub(1, #text)).to_be(text)
+    expect(text:find("doc 2.1: the quick brown fox\ndoc 2.2:", 1, true)).never.to_be_nil()
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("byte mode resumes exactly from the source's state", function()
+    local dir = byte_corpus()
+    local sets = { "data.mock=false", "data.input_path=" .. dir .. "/*.jsonl" }
+    local cfg = tiny_cfg(sets)
+    local B, T = cfg.train.batch_size, cfg.model.seq_len
+    local a = train.data_source(cfg)
+    local want, state = {}, nil
+    for step = 1, 5 do
+      want[step] = a:batch(step, B, T):tolist()
+      if step == 2 then state = a:state() end
+    end
+    local b = train.data_source(tiny_cfg(sets))
+    b:load_state(state)
+    for step = 3, 5 do expect(b:batch(step, B, T):tolist()).to_equal(want[step]) end
+    os.execute("rm -rf '" .. dir .. "'")
   end)
 
   it("refuses a binary or non-UTF-8 training file in one line, before any model", function()
@@ -216,9 +273,10 @@ describe("data", function()
       expect(type(e) == "table" and e.user).to_be(true)   -- printed alone, no traceback
       return e.message
     end
+    -- The files are checked when the source opens, with the byte tokenizer or a BPE one.
     local bytes = { "data.mock=false", "data.input_path=" .. bin }
-    expect(err_of(bytes)).to_be("data.input_path: " .. bin .. " is not text (a NUL byte at offset 3)")
-    -- Through the BPE loader (tetra.data): the files are checked when the source opens.
+    expect(err_of(bytes)).to_match("^data: .*" .. bin:gsub("%p", "%%%0") ..
+                                   ": not text %(a NUL byte at offset 3%)")
     local dir = tmpname(".d")
     os.execute("mkdir -p '" .. dir .. "'")
     local text = dir .. "/text.txt"

@@ -8,8 +8,8 @@
 --
 -- Everything is train.setup's: the weights are initialised on the CPU from train.seed (so
 -- every device starts from the same values) and moved, the optimizer state is created on
--- the device, each batch (train.data_source: mock tokens, or a text file with
--- data.input_path, drawn from (seed, step)) is moved as it is drawn. The metrics file
+-- the device, each batch (train.data_source: mock tokens, or the text of
+-- data.input_path through tetra.data's pipeline) is moved as it is drawn. The metrics file
 -- (log.metrics_file) holds one JSON line per step written here as
 -- `"key": value` pairs (step, loss, lr, grad_norm, tokens, tokens_per_s, step_time_s,
 -- loss_scale, skipped), which tests/cuda/gpu_bf16.sh parses. The last line printed:

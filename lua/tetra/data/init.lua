@@ -14,7 +14,8 @@
 -- { {path = ..., weight = ..., type = "jsonl"|"text"|"tfrecord"|"tokens", text_field = ...}, ... };
 -- paths may be s3://bucket/prefix/*.jsonl (s3_endpoint, s3_region, s3_retries,
 -- s3_timeout_s, s3_block_mb over the AWS_* environment variables); prefetch (steps);
--- tokenizer (tokenizer.json or .tiktoken) or vocab_file + merges_file; text_field
+-- tokenizer ("byte", the default: one id per byte; tokenizer.json or .tiktoken) or
+-- vocab_file + merges_file; text_field
 -- ("text"); seq_len (default model.seq_len); num_streams; shuffle_buffer_size; seed
 -- (default train.seed); num_workers; queue_depth; max_bad_lines; eos_id; eval_path or
 -- eval_fraction (the held-out evaluation data).
@@ -102,7 +103,11 @@ local function build_config(cfg, dp_rank, dp_size, opts)
   if d.vocab_file and not d.merges_file then   -- a whole tokenizer (tokenizer.json) file
     c.tokenizer = str(d.vocab_file)
   else
-    c.tokenizer = d.tokenizer ~= "byte" and str(d.tokenizer) or nil   -- "byte": none
+    -- data.tokenizer: byte (the default) is the byte tokenizer (tt_bpe_bytes), except
+    -- beside vocab_file + merges_file or over prepared token shards (their own EOS).
+    local tok = d.tokenizer or "byte"
+    local bytes_unused = d.vocab_file or d.online_tokenization == false
+    c.tokenizer = (tok ~= "byte" or not bytes_unused) and str(tok) or nil
     c.vocab_file = str(d.vocab_file)
     c.merges_file = str(d.merges_file)
   end
@@ -277,7 +282,8 @@ end
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
 
--- Loads tokenizer.json / .tiktoken (one argument) or vocab.json + merges.txt (two).
+-- Loads tokenizer.json / .tiktoken (one argument; "byte": the byte tokenizer) or
+-- vocab.json + merges.txt (two).
 function data.tokenizer(path, merges)
   local b = ffi.new("tt_bpe*[1]")
   if merges then check(C.tt_bpe_load_vocab_merges(path, merges, b), 2)

@@ -1,21 +1,20 @@
 -- tetra.amp: training precision (train.precision = fp32 | bf16 | fp16 | fp8).
 --
--- tetra.train drives it (train.setup wraps the model, env.step runs the sequence below);
--- a hand-written loop does the same:
+-- It does precision only: the casts of the GEMMs, the fp16 loss scaler, the FP8 scaling
+-- state. The optimizer step that uses them is tetra.train.step's (update, update_launch,
+-- update_finish); a hand-written loop calls it the same way:
 --   local ctx = amp.wrap(model, cfg)             -- the GEMMs of the model's Linear layers
 --   per step:
 --     F.backward(ctx:scale_loss(loss))           -- fp16: loss * scale; others: loss
---     local skipped, norm = ctx:step(opt.params, -- fp16: grads / scale, inf/NaN check
+--     local skipped, norm = step.update(ctx, opt.params,  -- fp16: grads / scale, inf/NaN
 --       function() opt:step(lr) end,             -- run unless the grads were not finite
 --       function() return opt:clip_grad_norm(max_norm) end,  -- clipping AFTER unscaling
 --       dp_group)                                -- the verdict agreed over DP ranks
 --     record.loss_scale, record.skipped = ctx:scale(), skipped
--- ctx:step runs the optimizer through ctx:optimizer_step, which marks the weights
--- written so that their cached bf16 / fp16 copies are cast again; a loop that steps an
--- optimizer some other way wraps it the same: ctx:optimizer_step(function() ... end).
--- Given the optimizer (ctx:step's fifth argument), an AdamW that updates whole weights
--- under bf16 writes each weight's bf16 copy in the same pass (tt_adamw_multi), so no
--- weight is cast between steps at all.
+-- Around the optimizer's update, ctx:before_update and ctx:after_update mark the weights
+-- written so that their cached bf16 / fp16 copies are cast again. Given the optimizer,
+-- an AdamW that updates whole weights under bf16 writes each weight's bf16 copy in the
+-- same pass (tt_adamw_multi), so no weight is cast between steps at all.
 --
 -- The parameters stay f32 in every mode (master weights, and the optimizer state beside
 -- them). What changes is what the Linear layers compute with:
@@ -94,9 +93,9 @@ end
 function Scaler:scale() return tonumber(self.state.scale) end
 function Scaler:skipped_steps() return tonumber(self.state.skipped_steps) end
 
--- loss * scale, a new tensor (differentiable).
-function Scaler:scale_loss(loss)
-  return take(C.tt_scale(loss, self.state.scale, pout))
+-- loss * scale / (n_micro or 1), a new tensor (differentiable): one multiplication.
+function Scaler:scale_loss(loss, n_micro)
+  return take(C.tt_scale(loss, self.state.scale / (n_micro or 1), pout))
 end
 
 -- Divides every grad of params by the scale in place; true when one held inf or NaN.
@@ -110,14 +109,6 @@ end
 -- Ends a step; true when the optimizer step must be skipped.
 function Scaler:update(found_inf)
   return C.tt_loss_scaler_update(self.state, found_inf and 1 or 0) ~= 0
-end
-
--- unscale, then optimizer_fn() unless the grads overflowed, then update the scale.
--- Returns true when the step was skipped.
-function Scaler:step(params, optimizer_fn)
-  local found = self:unscale(params)
-  if not found then optimizer_fn() end
-  return self:update(found)
 end
 
 -- Plain table for checkpoints, and back.
@@ -375,16 +366,28 @@ function amp.linear(model, x, w, bias)
   return take(C.tt_linear(x, w, bias, pout))
 end
 
-function Context:scale_loss(loss)
-  if not self.scaler then return loss end
-  local stats = self.scale_stats
-  if not stats then return self.scaler:scale_loss(loss) end
-  -- loss x the stats' scale, read on the device (a view of the slot shaped like loss)
+-- The seed of backward for one of n_micro micro-batch losses (n_micro: 1 when nil or
+-- the loss is already divided): loss / n_micro x the fp16 loss scale. The one place a loss
+-- is scaled: the plain and the pipelined step strategies (tetra.parallel.step, .pipeline)
+-- both call it. Returns loss itself when there is nothing to multiply by. With the
+-- stats' scale (use_stats_scale) the scale is read on the device, after the division.
+function Context:scale_loss(loss, n_micro)
+  n_micro = n_micro or 1
+  local stats = self.scaler and self.scale_stats
+  if not stats then
+    if self.scaler then return self.scaler:scale_loss(loss, n_micro) end
+    if n_micro == 1 then return loss end
+    return take(C.tt_scale(loss, 1.0 / n_micro, pout))
+  end
+  local mean = loss
+  if n_micro > 1 then mean = take(C.tt_scale(loss, 1.0 / n_micro, pout)) end
+  -- mean x the stats' scale, read on the device (a view of the slot shaped like loss)
   local slot = take(C.tt_narrow(stats, 0, C.TT_STAT_LOSS_SCALE, 1, pout))
-  local s = take(C.tt_view(slot, loss._shape, loss._ndim, pout))
-  local out = take(C.tt_mul(loss, s, pout))
+  local s = take(C.tt_view(slot, mean._shape, mean._ndim, pout))
+  local out = take(C.tt_mul(mean, s, pout))
   s:free()
   slot:free()
+  if mean ~= loss then mean:free() end
   return out
 end
 
@@ -433,63 +436,20 @@ function Context:unscale(params, group, opt)
   return found
 end
 
+-- A step skipped for a reason the scaler does not see (the loss guard's verdict on the
+-- loss, before any unscaling): counted, the scale left as it is.
+function Context:skip()
+  self.skipped_steps = self.skipped_steps + 1
+end
+
 -- Ends a step: `found` true (inf/NaN grads) skips it and, with a scaler, backs the
 -- scale off; a clean step may grow the scale. Returns true when the optimizer step must
 -- be skipped.
 function Context:update(found)
   local skip
   if self.scaler then skip = self.scaler:update(found) else skip = found and true or false end
-  if skip then self.skipped_steps = self.skipped_steps + 1 end
+  if skip then self:skip() end
   return skip
-end
-
--- unscale, clip_fn() (may be nil; returns the gradient norm), optimizer_fn() unless the
--- grads overflowed, update: one step of a hand-written loop. Returns skipped, norm.
--- opt (optional): the optimizer, when it keeps the step's scalars on the device
--- (AdamW): then the unscale's found_inf and the norm come back in one read, made by
--- clip_fn (or here when there is none).
-function Context:step(params, optimizer_fn, clip_fn, group, opt)
-  if opt and not opt.read_stats then opt = nil end
-  local found = self:unscale(params, group, opt)
-  local norm = 0 / 0
-  if found == nil then   -- on the device: the clip reads it with the norm
-    norm = clip_fn and clip_fn() or opt:read_stats().grad_norm
-    found = opt.last_stats.found_inf
-    if found then norm = 0 / 0 end   -- an overflow, as when the clip does not run
-  elseif not found and clip_fn then
-    norm = clip_fn()
-    found = norm ~= norm or norm == math.huge
-  end
-  local skipped = self:update(found)
-  if not skipped then self:optimizer_step(optimizer_fn, opt) elseif opt then opt:end_step() end
-  return skipped, norm
-end
-
--- Context:step without a wait for the device in the middle, for an optimizer that keeps
--- the step's scalars on the device (AdamW): step_launch runs the unscale (fp16: found_inf
--- into the stats), clip_async_fn (the norm and the clip coefficient into the stats) and
--- the update, which the device skips when found_inf is set (a gradient, the norm or a
--- loss put in the stats by tt_step_stats_set_loss was not finite); step_finish then makes
--- the step's one read and returns skipped, norm, loss (the stats' loss).
-function Context:step_launch(params, optimizer_fn, clip_async_fn, group, opt)
-  self:unscale(params, group, opt)
-  if clip_async_fn then clip_async_fn() end
-  self:optimizer_step(optimizer_fn, opt)
-end
-
--- A spike (the loss above the stats' limit) skipped the update without counting as an
--- overflow: the scaler does not see the step (as when the host skips it before unscaling).
-function Context:step_finish(opt)
-  local s = opt:read_stats()
-  if s.found_inf then opt:uncount_step() end   -- the device skipped the update
-  local skipped
-  if s.spike then
-    skipped = true
-    self.skipped_steps = self.skipped_steps + 1
-  else
-    skipped = self:update(s.found_inf)
-  end
-  return skipped, s.found_inf and 0 / 0 or s.grad_norm, s.loss
 end
 
 -- The weights whose bf16 copy an AdamW update writes in its own pass (tt_adamw_multi's
@@ -523,26 +483,34 @@ local function written_copies(self, opt)
   return self._written
 end
 
--- Runs optimizer_fn() and marks the model's weights written, so that their cached
--- low-precision copies are cast again before the next GEMM reads them, except where the
--- optimizer (opt, AdamW) wrote the copy in the same pass: those are marked fresh. A
--- weight whose version already moved during optimizer_fn was written by an optimizer
--- that keeps the count itself (and may have written the copy as well,
--- tt_lowp_weight_mark_fresh): it is left as the optimizer left it.
-function Context:optimizer_step(optimizer_fn, opt)
-  local half = self.precision == "bf16" or self.precision == "fp16"
-  local params = half and self.model:parameters() or {}
-  local written = half and written_copies(self, opt) or false
+-- Call before the optimizer updates the weights (opt: the optimizer, when it can write
+-- the bf16 copies itself); returns what after_update needs (nil: nothing to mark, f32
+-- GEMMs cache no copy).
+function Context:before_update(opt)
+  if self.precision ~= "bf16" and self.precision ~= "fp16" then return nil end
+  local params = self.model:parameters()
+  local written = written_copies(self, opt)
   local before = {}
   for i, p in ipairs(params) do before[i] = C.tt_tensor_version(p) end
-  optimizer_fn()
+  return { params = params, before = before, written = written }
+end
+
+-- After the update: marks the model's weights written, so that their cached
+-- low-precision copies are cast again before the next GEMM reads them, except where the
+-- optimizer (AdamW) wrote the copy in the same pass: those are marked fresh. A weight
+-- whose version already moved during the update was written by an optimizer that keeps
+-- the count itself (and may have written the copy as well, tt_lowp_weight_mark_fresh):
+-- it is left as the optimizer left it.
+function Context:after_update(u)
+  if not u then return end
+  local before = u.before
   local fresh = {}
-  for _, p in ipairs(written or {}) do
+  for _, p in ipairs(u.written or {}) do
     C.tt_tensor_bump_version(p)
     tffi.check(C.tt_lowp_weight_mark_fresh(p), 2)
     fresh[T.key(p)] = true
   end
-  for i, p in ipairs(params) do
+  for i, p in ipairs(u.params) do
     if not fresh[T.key(p)] and C.tt_tensor_version(p) == before[i] then
       C.tt_tensor_bump_version(p)
     end

@@ -247,12 +247,12 @@ end
 
 -- Forward and backward of tokens' n_micro micro-batches (the rows of this DP rank),
 -- following the schedule; the parameters' .grad accumulate the gradient of the mean
--- micro-batch loss, times loss_scale (fp16; 1 otherwise). before_backward(is_last) runs
--- before each backward. Returns the sum of the micro-batch losses, a one-value tensor on
+-- micro-batch loss, times the fp16 loss scale (amp_ctx:scale_loss, tetra.optim.amp).
+-- before_backward(is_last) runs before each backward. Returns the sum of the micro-batch losses, a one-value tensor on
 -- the device, the same on every stage (the last one broadcasts it); nothing waits for the
 -- device. self.forward_marks: pairs of self.timer's marks (tetra.obs.timer)
 -- around each forward, whose seconds (receives' waits left out) the step breakdown adds.
-function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
+function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
   local rows = tonumber(tokens._shape[0]) / n_micro
   local inputs, roots, loss_sum = {}, {}, nil
   self.pending = {}
@@ -275,9 +275,8 @@ function Pipeline:train_step(tokens, n_micro, before_backward, loss_scale)
       if mb ~= tokens then free(mb) end
       if vs == last_vs then
         loss_sum = micro.add_loss(loss_sum, y)
-        local s = (loss_scale or 1.0) / n_micro
-        if s ~= 1.0 then
-          local scaled = F.scale(y, s)
+        local scaled = amp_ctx:scale_loss(y, n_micro)
+        if scaled ~= y then
           free(y)
           y = scaled
         end

@@ -116,7 +116,7 @@ function Pipelined:forward_backward(tokens, n_micro)
   local ddp, overlap = self.ddp, self.overlap
   local sum = self.pipe:train_step(tokens, n_micro, function(is_last)
     ddp:before_backward(overlap and is_last)
-  end, self.ctx:scale())
+  end, self.ctx)
   finish(self)
   return sum
 end

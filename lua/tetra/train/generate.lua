@@ -1,0 +1,109 @@
+-- tetra.train.generate: text from a trained model (no KV cache: models here are small).
+local ffi = require("ffi")
+local C = require("tetra.ffi").C
+local F = require("tetra.nn.functional")
+local to_dev = require("tetra.tensor").moved
+
+local generate = {}
+
+local free = F.free
+
+-- Index of one token drawn from logits[0 .. V-1] (a float pointer): temperature 0 is
+-- greedy; otherwise softmax(logits / temperature) over the top_k largest (all if nil).
+local function sample(logits, V, temperature, top_k)
+  local best = 0
+  for i = 1, V - 1 do if logits[i] > logits[best] then best = i end end
+  if not temperature or temperature <= 0 then return best end
+  local idx = {}
+  for i = 0, V - 1 do idx[i + 1] = i end
+  if top_k and top_k > 0 and top_k < V then
+    table.sort(idx, function(a, b) return logits[a] > logits[b] end)
+    for i = #idx, top_k + 1, -1 do idx[i] = nil end
+  end
+  local weights, total = {}, 0.0
+  for i, id in ipairs(idx) do
+    weights[i] = math.exp((logits[id] - logits[best]) / temperature)
+    total = total + weights[i]
+  end
+  local r = math.random() * total
+  for i, id in ipairs(idx) do
+    r = r - weights[i]
+    if r <= 0 then return id end
+  end
+  return idx[#idx]
+end
+
+-- Continues prompt_ids (array of token ids) by opts.max_new_tokens (64) tokens, feeding
+-- the last opts.seq_len tokens each time (no KV cache: models here are small).
+-- opts: temperature (0.8), top_k (40), seed (0), seq_len, par (the model's applied
+-- parallelism: a tensor-parallel head's logits are gathered). Returns the new ids (array).
+function generate.generate(model, prompt_ids, opts)
+  opts = opts or {}
+  local n_new = opts.max_new_tokens or 64
+  local seq_len = assert(opts.seq_len, "generate: opts.seq_len is required")
+  math.randomseed(opts.seed or 0)
+  local first_param = model:parameters()[1]
+  local dev = first_param and first_param._device or C.TT_CPU  -- the model's device
+  local ids = {}
+  for i, id in ipairs(prompt_ids) do ids[i] = id end
+  local out = {}
+  F.no_grad(function()
+    for _ = 1, n_new do
+      local first = math.max(1, #ids - seq_len + 1)
+      local T = #ids - first + 1
+      local x = F.empty({ 1, T }, C.TT_I64)
+      local p = ffi.cast("int64_t *", C.tt_tensor_data(x))
+      for j = 0, T - 1 do p[j] = ids[first + j] end
+      x = to_dev(x, dev)
+      local y = model(x)
+      if opts.par then                                 -- tensor parallel: gathered
+        local full = opts.par:full_logits(y)
+        if full ~= y then free(y) end
+        y = full
+      end
+      local logits = to_dev(y, C.TT_CPU)               -- (1, T, V), contiguous
+      if logits._dtype ~= C.TT_F32 then                -- a bf16 head's: widened
+        local wide = logits:float()
+        free(logits)
+        logits = wide
+      end
+      local V = tonumber(logits._shape[2])
+      local last = ffi.cast("float *", C.tt_tensor_data(logits)) + (T - 1) * V
+      local id = sample(last, V, opts.temperature or 0.8, opts.top_k or 40)
+      free(logits); free(x)
+      ids[#ids + 1] = id
+      out[#out + 1] = id
+    end
+  end)
+  return out
+end
+
+-- Prints a continuation of `prompt` (a string; default train.prompt or a newline) on
+-- rank 0, using env.tokenizer (nothing to print without one) and train.sample_tokens,
+-- temperature, top_k, seed.
+-- A tensor-parallel model generates on every rank (its forward is collective); rank 0
+-- prints.
+function generate.print_sample(env, prompt)
+  local t = env.cfg.train
+  if not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
+  local par = env.par
+  if par.stage or par.sequence then   -- a forward of any length on every stage: not yet
+    if env.rank == 0 then
+      print("(no sample: generation does not run across pipeline stages or with " ..
+            "sequence parallelism yet)")
+    end
+    return
+  end
+  if env.rank ~= 0 and par.layout.tp == 1 then return end
+  local tok = env.tokenizer
+  prompt = prompt or t.prompt or "\n"
+  local ids = env.generate(tok:encode(prompt), { max_new_tokens = t.sample_tokens,
+    temperature = t.temperature, top_k = t.top_k, seed = t.seed })
+  if env.rank ~= 0 then return end
+  io.stdout:write("--- sample (", #ids, " tokens, temperature ", tostring(t.temperature),
+                  ", top-k ", tostring(t.top_k), ") ---\n", prompt, tok:decode(ids),
+                  "\n---\n")
+  io.stdout:flush()
+end
+
+return generate
