@@ -306,7 +306,7 @@ local function spmd_loop(env, ch, tty, hist)
       local tokens_sent = false
       local function on_poll()
         -- Rank 0 waits while others still run: Ctrl-C goes to them as a token, once;
-        -- later ones are left to count towards ending the session (engine/host/main.c).
+        -- later ones are left to count towards ending the session (engine/host/terminal.c).
         if ch.rank == 0 and not tokens_sent and host.interrupted(true) then
           tokens_sent = true
           ch:send_interrupt()
