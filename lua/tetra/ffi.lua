@@ -13,6 +13,7 @@
 
 local ffi = require("ffi")
 local host = require("tetra.host")
+local read_file = require("tetra.util.fs").read_file
 
 local M = { ffi = ffi, C = ffi.C }
 
@@ -29,14 +30,6 @@ local function header_roots()
   add(host.root .. "/engine")
   add(host.source_dir .. "/engine")
   return roots
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
 end
 
 local function dirname(path)
