@@ -6,19 +6,27 @@ M.model_type, M.architecture = "llama", "LlamaForCausalLM"
 M.head = "lm_head.weight"                  -- a tied head some writers save anyway
 M.buffers = { "%.rotary_emb%.inv_freq$" }  -- recomputed, never read
 
--- config.json (c) -> model keys. get: int(key[, default]), num(key, default, max),
--- refuse(key, bad(value), why), fail(fmt, ...) (prefixed with config.json's path).
-function M.from_config(c, get)
+-- The keys Llama-like config.json files share -> model keys, with the family's defaults
+-- where a key is absent (d: seq_len, n_kv_heads (default n_heads), name for messages).
+-- get: int(key[, default]), num(key, default, max), refuse(key, bad(value), why),
+-- fail(fmt, ...) (prefixed with config.json's path).
+function M.llama_keys(c, get, d)
   local m = { dim = get.int("hidden_size"), n_layers = get.int("num_hidden_layers"),
               n_heads = get.int("num_attention_heads"), vocab_size = get.int("vocab_size"),
               ffn_hidden = get.int("intermediate_size"), norm_eps = get.num("rms_norm_eps", 1e-6, 1),
               rope_theta = get.num("rope_theta", 10000, 1e30),
               tie_embeddings = c.tie_word_embeddings == true,
               -- Not a weight's shape: kept for the way back, never imposed on training.
-              seq_len = get.int("max_position_embeddings", 2048) }
-  m.n_kv_heads = get.int("num_key_value_heads", m.n_heads)
-  get.refuse("hidden_act", function(v) return v ~= "silu" end, "Tetra's Llama uses SiLU")
+              seq_len = get.int("max_position_embeddings", d.seq_len) }
+  m.n_kv_heads = get.int("num_key_value_heads", d.n_kv_heads or m.n_heads)
+  get.refuse("hidden_act", function(v) return v ~= "silu" end, "Tetra's " .. d.name .. " uses SiLU")
   get.refuse("rope_scaling", function() return true end, "Tetra's RoPE has no scaling")
+  return m
+end
+
+-- config.json (c) -> model keys (get: as in M.llama_keys).
+function M.from_config(c, get)
+  local m = M.llama_keys(c, get, { seq_len = 2048, name = "Llama" })
   get.refuse("attention_bias", function(v) return v ~= false end, "Tetra's Llama has no biases")
   get.refuse("mlp_bias", function(v) return v ~= false end, "Tetra's Llama has no biases")
   M.check_heads(m, get)

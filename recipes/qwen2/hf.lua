@@ -11,16 +11,7 @@ M.head, M.buffers = llama.head, llama.buffers
 -- config.json (c) -> model keys; get as in recipes/llama/hf.lua. Qwen2Config's defaults
 -- where a key is absent.
 function M.from_config(c, get)
-  local m = { dim = get.int("hidden_size"), n_layers = get.int("num_hidden_layers"),
-              n_heads = get.int("num_attention_heads"), vocab_size = get.int("vocab_size"),
-              ffn_hidden = get.int("intermediate_size"), norm_eps = get.num("rms_norm_eps", 1e-6, 1),
-              rope_theta = get.num("rope_theta", 10000, 1e30),
-              tie_embeddings = c.tie_word_embeddings == true,
-              -- Not a weight's shape: kept for the way back, never imposed on training.
-              seq_len = get.int("max_position_embeddings", 32768) }
-  m.n_kv_heads = get.int("num_key_value_heads", 32)
-  get.refuse("hidden_act", function(v) return v ~= "silu" end, "Tetra's Qwen2 uses SiLU")
-  get.refuse("rope_scaling", function() return true end, "Tetra's RoPE has no scaling")
+  local m = llama.llama_keys(c, get, { seq_len = 32768, n_kv_heads = 32, name = "Qwen2" })
   get.refuse("use_sliding_window", function(v) return v ~= false end,
              "Tetra's attention is causal over the whole sequence")
   get.refuse("attention_dropout", function(v) return v ~= 0 end, "Tetra has no dropout")

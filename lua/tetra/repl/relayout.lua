@@ -3,16 +3,10 @@
 local errors = require("tetra.util.errors")
 local fs = require("tetra.util.fs")
 local layout = require("tetra.parallel.layout")
+local deep_copy = require("tetra.config").copy
 local session = require("tetra.repl.session")
 
 local M = {}
-
-local function deep_copy(v)
-  if type(v) ~= "table" then return v end
-  local out = {}
-  for k, x in pairs(v) do out[k] = deep_copy(x) end
-  return out
-end
 
 local function layout_text(cfg)
   local s = layout.sizes(cfg)
