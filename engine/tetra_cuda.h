@@ -1,7 +1,8 @@
 /*
 ** tetra_cuda.h — the CUDA device backend: start-up, device choice, streams, events and
-** pinned host memory. Implemented in engine/cuda/backend.cu; in a build without CUDA
-** nothing here is linked, and lua/tetra checks for tt_cuda_init before calling it.
+** pinned host memory. Implemented in engine/runtime/cuda.cu (tt_cuda_init in
+** engine/cuda/backend.cu); in a build without CUDA nothing here is linked, and lua/tetra
+** checks for tt_cuda_init before calling it.
 ** Flat C only: lua/tetra/ffi.lua feeds this header to ffi.cdef.
 */
 #ifndef TETRA_CUDA_H

@@ -51,8 +51,8 @@ cudaError_t tt_cuda_launch_status(void);
   } while (0)
 
 /* -- Runtime state ------------------------------------------------------------------ */
-/* Defined by the engine's CUDA backend (engine/cuda/backend.cu), which the kernels link
-** against as the CPU kernels link against tt_set_error. */
+/* Defined by the CUDA runtime (engine/runtime/cuda.cu), the one layer below the kernels
+** besides common/: the kernels link against it as against tt_set_error. */
 
 /* The stream every kernel launches on (tt_cuda_set_stream; the legacy default stream
 ** until set). */

@@ -1,8 +1,9 @@
 /*
 ** tt_cudnn_sdpa.h — cuDNN's fused flash attention (engine/cuda/cudnn_sdpa.cu) for one
 ** block of queries against one block of keys, bf16 or f16, forward and backward. Declared
-** beside the kernels: the CUDA attention kernel (kernels/cuda/attention.cu) calls it as the
-** kernels call the backend's current stream, and the engine provides it.
+** beside the kernels: the CUDA attention kernel (kernels/cuda/attention.cu) calls it
+** through the table tt_cuda_init hands it (tt_cuda_use_fused_sdpa), since the kernels sit
+** below the engine's CUDA backend that implements it.
 **
 ** Tensors are in the model's (B, T, H, Dh) layout with element strides (batch, time,
 ** head) and Dh contiguous; lse is f32 (B, Hq, Tq) with strides (batch, head) and the
@@ -45,6 +46,19 @@ int tt_cudnn_sdpa_forward(const tt_sdpa_shape *s, const void *q, const void *k,
 int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
                            const void *v, const void *out, const float *lse,
                            const void *dout, void *dq, void *dk, void *dv);
+
+/* The fused attention as the attention kernel calls it: the three functions above. */
+typedef struct tt_cuda_fused_sdpa {
+  int (*supported)(const tt_sdpa_shape *s);
+  int (*forward)(const tt_sdpa_shape *s, const void *q, const void *k, const void *v,
+                 void *out, float *lse);
+  int (*backward)(const tt_sdpa_shape *s, const void *q, const void *k, const void *v,
+                  const void *out, const float *lse, const void *dout, void *dq, void *dk,
+                  void *dv);
+} tt_cuda_fused_sdpa;
+
+/* Hands the attention kernel its fused path (NULL: none, every call falls back). */
+void tt_cuda_use_fused_sdpa(const tt_cuda_fused_sdpa *f);
 
 /* Builds the operations of the forward (backward = 0) or backward graph without a GPU
 ** (every tensor and operation descriptor finalized; the operation graph itself needs a

@@ -39,7 +39,11 @@
 /* Implemented by other modules when they are linked in; absent symbols are NULL. */
 extern int tt_tokenizer_cli(int argc, char **argv) __attribute__((weak));
 extern int tt_data_cli(int argc, char **argv) __attribute__((weak));
-extern int tt_cuda_init(void) __attribute__((weak));
+#ifdef TETRA_HAVE_CUDA
+/* A strong reference: it pulls the CUDA backend out of libtetra_cuda.a, and the backend
+** every kernel family (engine/cuda/kernels_linked.cu). */
+int tt_cuda_init(void);
+#endif
 
 enum { EXIT_USAGE = 2 };
 
@@ -451,7 +455,9 @@ int main(int argc, char **argv) {
     return usage_error("unknown command '%s'", cmd);
   /* A CUDA build on a machine without a GPU is normal: CPU tensors work, and creating a
   ** cuda tensor later reports that no device is there. */
-  if (tt_cuda_init && tt_cuda_init() != 0) tt_clear_error();
+#ifdef TETRA_HAVE_CUDA
+  if (tt_cuda_init() != 0) tt_clear_error();
+#endif
 
   lua_State *L = luaL_newstate();
   if (!L) {

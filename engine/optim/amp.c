@@ -16,14 +16,6 @@
 extern int tt_cuda_unscale_check(void *data, int dtype, int64_t n, float inv_scale,
                                  int *found_inf) __attribute__((weak));
 
-#ifdef TETRA_HAVE_CUDA
-/* main.c reaches tt_cuda_init through a weak reference, which does not pull the backend
-** out of libtetra_cuda.a; this strong one does (and the backend pulls every kernel
-** family, see engine/cuda/kernels_linked.cu). amp.c is linked whenever the engine is. */
-int tt_cuda_init(void);
-int (*const tt_cuda_init_anchor)(void) = tt_cuda_init;
-#endif
-
 /* -- Scaler ------------------------------------------------------------------------- */
 
 int tt_loss_scaler_init(tt_loss_scaler *s, const tt_loss_scaler_config *cfg) {

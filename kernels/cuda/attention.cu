@@ -14,8 +14,9 @@
 ** by exactly one warp: no atomics, deterministic.
 **
 ** This is the correctness baseline on CUDA cores (f32). bf16 / f16 attention goes to
-** cuDNN's fused flash attention on tensor cores (engine/cuda/cudnn_sdpa.cu) through the
-** fused entries at the end of this file; what cuDNN does not take falls back to this
+** cuDNN's fused flash attention on tensor cores (engine/cuda/cudnn_sdpa.cu, handed here
+** by tt_cuda_init through tt_cuda_use_fused_sdpa) through the fused entries at the end of
+** this file; what cuDNN does not take, or a program without it, falls back to this
 ** kernel on f32 copies (engine/ops/attention.c).
 **
 ** Explicit positions (context parallelism) reach cuDNN as block pairs: the queries and
@@ -37,6 +38,10 @@ extern "C" {
 }
 
 enum { MAX_DH = 256, CHUNKS = MAX_DH / 32, WARPS = 4 };
+
+static const tt_cuda_fused_sdpa *g_fused;
+
+void tt_cuda_use_fused_sdpa(const tt_cuda_fused_sdpa *f) { g_fused = f; }
 
 __device__ __forceinline__ int64_t position(const int64_t *pos, int64_t t) {
   return pos ? pos[t] : t;
@@ -454,7 +459,7 @@ static int forward_pairs(const tt_attention_args *a, int dtype,
   TT_TRY(fill(acc_lse, nl, -INFINITY));
   for (const block_pair &p : pairs) {
     tt_sdpa_shape s = pair_shape(a, dtype, p);
-    int rc = tt_cudnn_sdpa_forward(
+    int rc = g_fused->forward(
         &s, row_ptr(q, p.q.start, a->q_stride[1]), row_ptr(k, p.k.start, a->k_stride[1]),
         row_ptr(v, p.k.start, a->v_stride[1]),
         (half_bits *)part + p.q.start * s.o_stride[1], part_lse + p.q.start);
@@ -475,7 +480,7 @@ static int forward_pairs(const tt_attention_args *a, int dtype,
 static int fused_pairs(const tt_attention_args *a, int dtype, std::vector<block_pair> &pairs) {
   const block_pair whole = {{0, a->tq, 0}, {0, a->tk, 0}, 0, 0};
   tt_sdpa_shape s0 = pair_shape(a, dtype, whole);
-  if (!tt_cudnn_sdpa_supported(&s0)) return 0;
+  if (!g_fused || !g_fused->supported(&s0)) return 0;
   int rc = block_pairs(a, pairs);
   if (rc <= 0 || pairs.empty()) return rc < 0 ? -1 : 0;
   return 1;
@@ -495,8 +500,8 @@ static int fused_forward(const tt_attention_args *a, int dtype, const void *q, c
   if (rc <= 0) return rc;
   tt_sdpa_shape s0 = pair_shape(a, dtype, pairs[0]);
   if (pairs.size() == 1 && pairs[0].q.len == a->tq)
-    return tt_cudnn_sdpa_forward(&s0, q, row_ptr(k, pairs[0].k.start, a->k_stride[1]),
-                                 row_ptr(v, pairs[0].k.start, a->v_stride[1]), out, lse);
+    return g_fused->forward(&s0, q, row_ptr(k, pairs[0].k.start, a->k_stride[1]),
+                            row_ptr(v, pairs[0].k.start, a->v_stride[1]), out, lse);
   TT_CHECK(workspace, "attention: %zu block pairs need the fused_workspace scratch",
            pairs.size());
   return dtype == TT_ELEM_BF16
@@ -522,7 +527,7 @@ static int backward_pairs(const tt_attention_args *a, int dtype,
   for (const block_pair &p : pairs) {
     tt_sdpa_shape s = pair_shape(a, dtype, p);
     int64_t oq = p.q.start * s.o_stride[1], ok = p.k.start * s.kv_grad_stride[1];
-    int rc = tt_cudnn_sdpa_backward(
+    int rc = g_fused->backward(
         &s, row_ptr(q, p.q.start, a->q_stride[1]), row_ptr(k, p.k.start, a->k_stride[1]),
         row_ptr(v, p.k.start, a->v_stride[1]), (const half_bits *)out + oq, lse + p.q.start,
         (const half_bits *)dout + oq, (half_bits *)dq_part + oq, (half_bits *)dk_part + ok,
@@ -555,7 +560,7 @@ static int fused_backward(const tt_attention_args *a, int dtype, const void *q, 
   tt_sdpa_shape s0 = pair_shape(a, dtype, pairs[0]);
   /* One pair covering every query and key: straight into the gradients. */
   if (pairs.size() == 1 && pairs[0].q.len == a->tq && pairs[0].k.len == a->tk)
-    return tt_cudnn_sdpa_backward(&s0, q, k, v, out, lse, dout, dq, dk, dv);
+    return g_fused->backward(&s0, q, k, v, out, lse, dout, dq, dk, dv);
   TT_CHECK(workspace, "attention: %zu block pairs need the fused_workspace scratch",
            pairs.size());
   return dtype == TT_ELEM_BF16

@@ -7,7 +7,7 @@
 ** counted rows is a single-block reduction in row order (deterministic). The backward
 ** recomputes the softmax row by row from the saved logsumexp. A target outside the
 ** vocabulary is reported at once, or with deferred checks on (a training step) recorded
-** on the device for the step's one read (engine/cuda/backend.cu).
+** on the device for the step's one read (engine/runtime/cuda.cu).
 */
 #include "kernel_cuda.h"
 extern "C" {

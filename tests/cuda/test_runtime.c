@@ -1,5 +1,5 @@
 /*
-** test_runtime.c — the CUDA runtime layer (engine/cuda/backend.cu, engine/core/alloc.c) with
+** test_runtime.c — the CUDA runtime (engine/runtime/cuda.cu, engine/cuda/backend.cu, engine/core/alloc.c) with
 ** more than one stream, and the launch check:
 **   - destroying the current stream makes the default stream current again (the handle
 **     too: tt_cuda_get_stream never returns a destroyed stream);

@@ -4,7 +4,9 @@ Each folder of engine/ is a layer, and kernels/ is one more. A layer may use its
 layers it sits on, directly or through others (the closure of SITS_ON below):
 
     common   errors, dtype codes, buffers, the JSON reader       (sits on nothing)
-    kernels  CPU and CUDA kernels over raw buffers                (common)
+    runtime  the CUDA runtime: devices, streams, events, launch   (common)
+             checks, host waits, cuBLASLt handles, graphs
+    kernels  CPU and CUDA kernels over raw buffers                (runtime)
     core     tensors, views, autograd, the gradient sums          (kernels)
     obs      telemetry store, Prometheus, NVML, trace             (core)
     io       safetensors, checkpoint writer, checksums            (core)
@@ -12,22 +14,27 @@ layers it sits on, directly or through others (the closure of SITS_ON below):
     dist     communicators, mesh, reducer, comm autograd         (obs, optim)
     ops      one op family a file, collectives inside ops        (dist)
     data     tokenizers, loader, docs, shards, s3                 (io)
-    cuda     the CUDA backend, cuBLASLt, cuDNN                    (ops, data)
+    cuda     the allocator's CUDA table, tt_cuda_init, cuDNN      (ops, data)
+             attention, the low-precision GEMMs
 
 (host/, the program, is no part of the library and may use everything.)
 
 Checked here:
-  symbols  every strong undefined symbol of an object of libtetra_engine is defined by an
-           object of its own layer or of one it sits on; weak references are the hooks a
-           higher layer fills when it is linked in (the kernels' CUDA tables, the CUDA
-           strided copy) and are not counted; and no cycle of objects crosses layers.
+  symbols  every strong undefined symbol of an object of libtetra_engine (and of
+           libtetra_cuda in a CUDA build) is defined by an object of its own layer or of one
+           it sits on; weak references are the hooks a higher layer fills when it is linked
+           in (the kernels' CUDA tables, the CUDA strided copy, the low-precision GEMMs) and
+           are not counted, nor are tables handed down at start-up (tt_cuda_init gives the
+           allocator its device table and the attention kernel cuDNN's); and no cycle of
+           objects crosses layers.
   includes every #include "..." of kernels/ names a file in kernels/; every one of an
            engine layer names its own layer, one it sits on, a public header at engine/'s
            root, or a kernels/ header (kernels' headers declare types and tables only:
            what links is what the symbol check sees).
 
-Usage: check_layers.py SOURCE_DIR OBJECT_LIST_FILE
-  OBJECT_LIST_FILE holds the engine library's object files, one a line.
+Usage: check_layers.py SOURCE_DIR OBJECT_LIST_FILE...
+  Each OBJECT_LIST_FILE holds a library's object files (tetra_engine, tetra_cuda), one a
+  line.
 """
 import os
 import re
@@ -36,7 +43,8 @@ import sys
 
 SITS_ON = {
     "common": [],
-    "kernels": ["common"],
+    "runtime": ["common"],
+    "kernels": ["runtime"],
     "core": ["kernels"],
     "obs": ["core"],
     "io": ["core"],
@@ -74,8 +82,9 @@ def layer_of(path):
 
 
 def source_of(obj):
-    """engine/core/tensor.c for .../CMakeFiles/tetra_engine.dir/engine/core/tensor.c.o."""
-    rel = obj.split("tetra_engine.dir/", 1)[-1]
+    """engine/core/tensor.c for .../CMakeFiles/tetra_engine.dir/engine/core/tensor.c.o
+    (or tetra_cuda.dir/...)."""
+    rel = re.split(r"tetra_(?:engine|cuda)\.dir/", obj, maxsplit=1)[-1]
     return rel[:-2] if rel.endswith(".o") else rel
 
 
@@ -179,13 +188,15 @@ def check_includes(root):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         sys.exit(__doc__.split("Usage: ")[1])
-    root, listing = sys.argv[1], sys.argv[2]
-    with open(listing, encoding="utf-8") as fh:
-        objects = [l.strip() for l in fh if l.strip()]
-    if not objects:
-        sys.exit(f"FAIL: {listing} names no object files")
+    root, objects = sys.argv[1], []
+    for listing in sys.argv[2:]:
+        with open(listing, encoding="utf-8") as fh:
+            named = [l.strip() for l in fh if l.strip()]
+        if not named:
+            sys.exit(f"FAIL: {listing} names no object files")
+        objects += named
     layers = {layer_of(source_of(o)) for o in objects}
     unknown = layers - set(SITS_ON)
     if unknown:
