@@ -656,6 +656,17 @@ int tt_cudnn_sdpa_backward(const tt_sdpa_shape *s, const void *q, const void *k,
     tt_tensor_release(sum);
     return -1;
   }
+  /* The graph adds into the dQ accumulator. cuDNN before 9.6 leaves zeroing it to the
+  ** caller (cudnn-frontend zeroes it for those versions), and the wheels PyTorch ships
+  ** carry 9.1 to 9.5: without this, dQ is the sum of this step's and whatever the block
+  ** held before. Zeroing costs one memset on every version. */
+  cudaError_t z = cudaMemsetAsync(tt_tensor_data(acc), 0, (size_t)nacc * sizeof(float),
+                                  tt_cuda_cur_stream());
+  if (z != cudaSuccess) {
+    tt_tensor_release(sum);
+    tt_tensor_release(acc);
+    return tt_cu_fail(z, "cudaMemsetAsync (dQ accumulator)", __FILE__, __LINE__);
+  }
   scalars c = scalars_of(s);
   int64_t uids[] = {UID_Q, UID_K, UID_V, UID_O, UID_STATS, UID_DO, UID_DQ, UID_DK, UID_DV,
                     UID_DSUM, UID_DQ_ACCUM, UID_SCALE, UID_ONE, UID_NEG_INF, UID_OFFSET};

@@ -205,6 +205,8 @@ int tt_nccl_test(tt_comm_handle *h, int *done) {
     return 0;
   }
   if (e != cudaErrorNotReady) return cuda_failed(e, h->what, h->comm);
+  cudaGetLastError();   /* "not ready" is recorded as the thread's last error, which a later
+                        ** launch check would report: clear it */
   ncclResult_t async = ncclSuccess;
   TT_NCCL_CALL(ncclCommGetAsyncError(st->comm, &async), h->comm);
   if (async != ncclSuccess) return nccl_failed(async, h->what, h->comm);
@@ -318,6 +320,7 @@ int tt_nccl_poll_pending(void) {
       continue;
     }
     if (e != cudaErrorNotReady) return cuda_failed(e, p->h.what, c);
+    cudaGetLastError();   /* clear the recorded "not ready" (as in tt_nccl_test) */
     nccl_state *st = c->nccl;
     ncclResult_t async = ncclSuccess;
     if (st) TT_NCCL_CALL(ncclCommGetAsyncError(st->comm, &async), c);

@@ -5,7 +5,7 @@
 ** The forward validates ids on the device and reports the first bad position through a
 ** flag read back after the launch (one small copy per call, which is also where the
 ** error message needs the offending id), or, with deferred checks on (a training step),
-** records it on the device for the step's one read (engine/cuda/backend.cu). The backward is deterministic like the CPU
+** records it on the device for the step's one read (engine/runtime/cuda.cu). The backward is deterministic like the CPU
 ** twin: each thread owns one column of dweight and walks the tokens in order, so a row
 ** shared by several tokens is summed in token order and no atomics are needed.
 */
@@ -81,28 +81,30 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
 
 template <typename T>
 __global__ void embedding_bwd(float *dweight, const T *dout, const void *ids, int ids_i64,
-                              int64_t n, int64_t D) {
+                              int64_t n, int64_t V, int64_t D) {
   int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (j >= D) return;
   for (int64_t i = 0; i < n; i++) {
     int64_t id = load_id(ids, ids_i64, i);
+    /* An id outside the table: the forward has reported it (or recorded it for the
+    ** step's deferred check); its row is not written, least of all outside dweight. */
+    if (id < 0 || id >= V) continue;
     dweight[id * D + j] += tt_ld(dout, i * D + j);
   }
 }
 
 static int embedding_backward(float *dweight, const void *dout, const void *ids,
                               int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype) {
-  (void)V;
   TT_CHECK(dout_dtype == TT_ELEM_F32 || dout_dtype == TT_ELEM_BF16,
            "embedding_backward: rows in %s; expected f32 or bf16", tt_dtype_name(dout_dtype));
   if (n == 0 || D == 0) return 0;
   const unsigned blocks = (unsigned)((D + 127) / 128);
   if (dout_dtype == TT_ELEM_BF16)
     embedding_bwd<<<blocks, 128, 0, tt_cuda_cur_stream()>>>(
-        dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, D);
+        dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, V, D);
   else
     embedding_bwd<<<blocks, 128, 0, tt_cuda_cur_stream()>>>(
-        dweight, (const float *)dout, ids, ids_i64, n, D);
+        dweight, (const float *)dout, ids, ids_i64, n, V, D);
   TT_CU_LAUNCHED("embedding_bwd");
   return 0;
 }
