@@ -367,6 +367,22 @@ int tt_zeros_like(const tt_tensor *t, tt_tensor **out) {
   return tt_tensor_zeros(t->shape, t->ndim, t->dtype, t->device, out);
 }
 
+int tt_contiguous_nograd(tt_tensor *t, tt_tensor **out) {
+  if (tt_tensor_is_contiguous(t)) {
+    tt_tensor_retain(t);
+    *out = t;
+    return 0;
+  }
+  TT_TRY(tt_empty_like(t, out));
+  if (tt_copy_(*out, t) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* The copy joins no autograd tape: to_device is no differentiable op. */
 int tt_to_device(tt_tensor *t, int device, tt_tensor **out) {
   if (t->device == device) {
     tt_tensor_retain(t);
@@ -374,7 +390,7 @@ int tt_to_device(tt_tensor *t, int device, tt_tensor **out) {
     return 0;
   }
   tt_tensor *src = NULL, *dst = NULL;
-  TT_TRY(tt_contiguous(t, &src));
+  TT_TRY(tt_contiguous_nograd(t, &src));
   if (tt_tensor_empty(t->shape, t->ndim, t->dtype, device, &dst) != 0 || tt_copy_(dst, src) != 0) {
     tt_tensor_release(src);
     tt_tensor_release(dst);
@@ -382,6 +398,26 @@ int tt_to_device(tt_tensor *t, int device, tt_tensor **out) {
   }
   tt_tensor_release(src);
   *out = dst;
+  return 0;
+}
+
+/* -- Argument checks ops share --------------------------------------------------- */
+
+int tt_check_dtype(const char *op, const char *arg, const tt_tensor *t, int dtype) {
+  TT_CHECK(t->dtype == dtype, "%s: %s must be %s, got %s", op, arg, tt_dtype_name(dtype),
+           tt_dtype_name(t->dtype));
+  return 0;
+}
+
+int tt_check_float(const char *op, const char *arg, const tt_tensor *t) {
+  TT_CHECK(tt_dtype_is_float(t->dtype), "%s: %s must be a float tensor, got %s", op, arg,
+           tt_dtype_name(t->dtype));
+  return 0;
+}
+
+int tt_check_index(const char *op, const char *arg, const tt_tensor *t) {
+  TT_CHECK(t->dtype == TT_I32 || t->dtype == TT_I64, "%s: %s must be i32 or i64, got %s", op,
+           arg, tt_dtype_name(t->dtype));
   return 0;
 }
 

@@ -308,21 +308,6 @@ int tt_clone(tt_tensor *t, tt_tensor **out) {
   return finish("clone", identity_backward, t, c, NULL, out);
 }
 
-int tt_contiguous_nograd(tt_tensor *t, tt_tensor **out) {
-  if (tt_tensor_is_contiguous(t)) {
-    tt_tensor_retain(t);
-    *out = t;
-    return 0;
-  }
-  TT_TRY(tt_empty_like(t, out));
-  if (tt_copy_(*out, t) != 0) {
-    tt_tensor_release(*out);
-    *out = NULL;
-    return -1;
-  }
-  return 0;
-}
-
 int tt_contiguous(tt_tensor *t, tt_tensor **out) {
   if (tt_tensor_is_contiguous(t)) {
     tt_tensor_retain(t);
@@ -394,23 +379,5 @@ int tt_check_same_device(const char *op, tt_tensor *const *ts, int n) {
                "to one device first", op, dev, ts[i]->device);
     }
   }
-  return 0;
-}
-
-int tt_check_dtype(const char *op, const char *arg, const tt_tensor *t, int dtype) {
-  TT_CHECK(t->dtype == dtype, "%s: %s must be %s, got %s", op, arg, tt_dtype_name(dtype),
-           tt_dtype_name(t->dtype));
-  return 0;
-}
-
-int tt_check_float(const char *op, const char *arg, const tt_tensor *t) {
-  TT_CHECK(tt_dtype_is_float(t->dtype), "%s: %s must be a float tensor, got %s", op, arg,
-           tt_dtype_name(t->dtype));
-  return 0;
-}
-
-int tt_check_index(const char *op, const char *arg, const tt_tensor *t) {
-  TT_CHECK(t->dtype == TT_I32 || t->dtype == TT_I64, "%s: %s must be i32 or i64, got %s", op,
-           arg, tt_dtype_name(t->dtype));
   return 0;
 }
