@@ -27,6 +27,7 @@
 #include <lua.h>
 #include <luajit.h>
 #include <lualib.h>
+#include "common/preinit_env.h"
 #include "host/host.h"
 
 #ifndef TETRA_VERSION
@@ -400,18 +401,19 @@ static int cmd_lua(lua_State *L, int argc, char **argv) {
 ** OMP_WAIT_POLICY in its constructor, before main; an executable's .preinit_array runs
 ** before any shared library's constructor, so the passive policy is chosen there when
 ** the user has not chosen one (no re-execution: the process keeps its name, and valgrind
-** runs it). */
+** runs it). common/preinit_env.h says how a variable reaches the constructors from there
+** (a setenv does not), and main gives the environment back. */
 static void prefer_passive_openmp(int argc, char **argv, char **envp) {
   (void)argc;
   (void)argv;
-  (void)envp;
-  setenv("OMP_WAIT_POLICY", "passive", 0);
+  tt_preinit_setenv(envp, "OMP_WAIT_POLICY", "passive");
 }
 __attribute__((section(".preinit_array"), used)) static void (*const tt_preinit)(int, char **,
                                                                                  char **) =
     prefer_passive_openmp;
 
 int main(int argc, char **argv) {
+  tt_preinit_restore();
   const char *cmd = argc > 1 ? argv[1] : NULL;
   if (cmd && (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))) {
     fputs(usage_text, stdout);
