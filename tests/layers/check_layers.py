@@ -3,7 +3,7 @@
 Each folder of engine/ is a layer, and kernels/ is one more. A layer may use itself and the
 layers it sits on, directly or through others (the closure of SITS_ON below):
 
-    common   errors, dtype codes, buffers, the JSON reader       (sits on nothing)
+    common   errors, dtype codes, buffers, the JSON reader, cpuid (sits on nothing)
     kernels  CPU and CUDA kernels over raw buffers                (common)
     core     tensors, views, autograd, the gradient sums          (kernels)
     obs      telemetry store, Prometheus, NVML, trace             (core)
