@@ -13,6 +13,7 @@
 */
 #include "tetra.h"
 
+#include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -27,6 +28,9 @@
 #include <lua.h>
 #include <luajit.h>
 #include <lualib.h>
+#include "common/cpu.h"
+#include "common/preinit_env.h"
+#include "tetra_dist.h"
 #include "host/host.h"
 
 #ifndef TETRA_VERSION
@@ -398,31 +402,51 @@ static int cmd_lua(lua_State *L, int argc, char **argv) {
   return call_lua(L, 2 + (argc - 2));
 }
 
-/* OpenMP workers that spin between parallel regions take the cores from OpenBLAS's own
-** threads (and from other processes on a shared node): a Llama block's forward+backward
-** measured 3x slower on 2 busy cores with libgomp's default policy. libgomp reads
-** OMP_WAIT_POLICY in its constructor, before main; an executable's .preinit_array runs
-** before any shared library's constructor, so the passive policy is chosen there when
-** the user has not chosen one (no re-execution: the process keeps its name, and valgrind
-** runs it). */
-static void prefer_passive_openmp(int argc, char **argv, char **envp) {
+/* Settings libraries read in their constructors, before main, chosen when the user has
+** not chosen them: an executable's .preinit_array runs before any shared library's
+** constructor (no re-execution: the process keeps its name, and valgrind runs it);
+** common/preinit_env.h says how a variable reaches the constructors from there, and main
+** gives the environment back.
+**
+** OMP_WAIT_POLICY=passive: OpenMP workers that spin between parallel regions take the
+** cores from OpenBLAS's own threads (and from other processes on a shared node): a Llama
+** block's forward+backward measured 3x slower on 2 busy cores with libgomp's default.
+**
+** OPENBLAS_CORETYPE: an OpenBLAS older than the CPU may pick SSE3 kernels on an AVX-512
+** machine (issue 31); the core the CPU's cpuid warrants is named instead (common/cpu.c),
+** and warn_weak_blas_core checks after start-up what the library took. */
+static void before_libraries(int argc, char **argv, char **envp) {
   (void)argc;
   (void)argv;
-  (void)envp;
-  setenv("OMP_WAIT_POLICY", "passive", 0);
+  tt_preinit_setenv(envp, "OMP_WAIT_POLICY", "passive");
+  tt_blas_core_choose_at_start(envp);
 }
 __attribute__((section(".preinit_array"), used)) static void (*const tt_preinit)(int, char **,
                                                                                  char **) =
-    prefer_passive_openmp;
+    before_libraries;
+
+/* One warning line on stderr (rank 0 of a launched job only) when OpenBLAS runs kernels
+** older than the CPU: the library ignored the name, or the user forced a weak one. */
+static void warn_weak_blas_core(void) {
+  char line[512];
+  if (tt_dist_env_rank() == 0 &&
+      tt_blas_core_warning(tt_blas_core_choice_get(), openblas_get_corename(), line,
+                           sizeof line))
+    fprintf(stderr, "%s\n", line);
+}
 
 int main(int argc, char **argv) {
+  tt_preinit_restore();
   const char *cmd = argc > 1 ? argv[1] : NULL;
+  warn_weak_blas_core();
   if (cmd && (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))) {
     fputs(usage_text, stdout);
     return 0;
   }
   if (cmd && (!strcmp(cmd, "--version") || !strcmp(cmd, "-v"))) {
-    printf("tetra %s (%s)\n", TETRA_VERSION, LUAJIT_VERSION);
+    char blas[256];
+    tt_blas_core_describe(tt_blas_core_choice_get(), openblas_get_corename(), blas, sizeof blas);
+    printf("tetra %s (%s)\n%s\n", TETRA_VERSION, LUAJIT_VERSION, blas);
     return 0;
   }
   /* The C tools need neither Lua nor the library root. */

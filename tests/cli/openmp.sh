@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The OpenMP wait policy: passive unless the user chose one, set before libgomp starts
 # (.preinit_array) without re-executing the binary, so the process keeps its name and
-# runs under valgrind.
+# runs under valgrind. libgomp displays PASSIVE for an unset policy too: the spin count
+# (0 when passive, 300000 by default) is what tells them apart.
 # Usage: bash openmp.sh /path/to/tetra
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
 fail() { echo "FAIL: $*"; exit 1; }
-out="$(env -u OMP_WAIT_POLICY OMP_DISPLAY_ENV=true "$tetra" -e 'print(io.open("/proc/self/comm"):read("*l"))' 2>&1)"
+out="$(env -u OMP_WAIT_POLICY OMP_DISPLAY_ENV=verbose "$tetra" -e 'print(io.open("/proc/self/comm"):read("*l"))' 2>&1)"
 grep -q "OMP_WAIT_POLICY = 'PASSIVE'" <<<"$out" || fail "default policy is not passive: $out"
+grep -q "GOMP_SPINCOUNT = '0'" <<<"$out" || fail "libgomp did not see the passive policy: $out"
 [ "$(tail -n 1 <<<"$out")" = "tetra" ] || fail "the process is not named tetra: $(tail -n 1 <<<"$out")"
 out="$(OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true "$tetra" --version 2>&1)"
 grep -q "OMP_WAIT_POLICY = 'ACTIVE'" <<<"$out" || fail "the user's policy was overridden: $out"

@@ -3,7 +3,7 @@
 Each folder of engine/ is a layer, and kernels/ is one more. A layer may use itself and the
 layers it sits on, directly or through others (the closure of SITS_ON below):
 
-    common   errors, dtype codes, buffers, the JSON reader       (sits on nothing)
+    common   errors, dtype codes, buffers, the JSON reader, cpuid (sits on nothing)
     runtime  the CUDA runtime: devices, streams, events, launch   (common)
              checks, host waits, cuBLASLt handles, graphs
     kernels  CPU and CUDA kernels over raw buffers                (runtime)
