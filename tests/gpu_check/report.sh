@@ -32,8 +32,8 @@ canned() {
   printf 'bf16 GEMM 8192^3: 702.1 TFLOP/s (cuBLAS 710.3)\nLlama-7B layer: 41.2%% MFU\n' > "$d/bench.log"
   echo "attention (cuDNN via PyTorch 2.11.0, bf16) causal fwd+bwd T=4096 32x128: 2.10 ms, 392.6 TFLOP/s" > "$d/attention.log"
   echo "attention bf16 cuDNN    causal B=1 T=4096 32x128: fwd    1.10 ms  499.7 TFLOP/s, fwd+bwd    3.90 ms  422.9 TFLOP/s" > "$d/cudnn_attention.log"
-  echo "step 6 loss 10.3 tokens_per_s=51234.5" > "$d/llama_1b.log"
-  echo "step 6 loss 10.4 tokens_per_s=70123.4" > "$d/llama_1b_fp8.log"
+  printf 'gpu_train: loss 10.4012 -> 10.3120, nonfinite=0 of 6 steps\ngpu_train: 6 steps, cuda, bf16: tokens_per_s=51234.5\n' > "$d/llama_1b.log"
+  printf 'gpu_train: loss 10.4050 -> 10.3301, nonfinite=0 of 6 steps\ngpu_train: 6 steps, cuda, fp8: tokens_per_s=70123.4\n' > "$d/llama_1b_fp8.log"
   printf 'gpu_train: 61.2M parameters on cuda\ngraphs: eager 401234 tokens/s, graphs 612345 tokens/s, graphs/eager 1.53\n' > "$d/graphs.log"
   printf '========= ERROR SUMMARY: 0 errors\nmemcheck clean: 9 processes, 0 errors\n' > "$d/memcheck.log"
   local name
@@ -117,8 +117,15 @@ echo "lua error: out of memory" > "$d/llama_1b.log"
 echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver" > "$d/gpu.log"
 echo "device: NVIDIA H200; dense bf16 peak taken as 989 TFLOP/s" > "$d/bench.log"
 rm "$d/attention.log"
-expect "$d" 1 '^llama_1b +failed .*no tokens_per_s in the log' '^bench +failed .*no MFU figure' \
+expect "$d" 1 '^llama_1b +failed .*no loss line in the log' '^bench +failed .*no MFU figure' \
   '^attention +failed .*no log' '^== gpu-check: FAIL: gpu bench attention llama_1b; \(no GPU named\)'
+
+# A training stage whose loss went NaN fails even though it printed tokens/s.
+d=$(canned nanloss)
+printf 'gpu_train: loss 10.3712 -> nan, nonfinite=3 of 6 steps\ngpu_train: 6 steps, cuda, bf16: tokens_per_s=51234.5\n' > "$d/llama_1b.log"
+printf 'gpu_train: 6 steps, cuda, fp8: tokens_per_s=70123.4\n' > "$d/llama_1b_fp8.log"
+expect "$d" 1 '^llama_1b +failed .*loss 10.3712 -> nan, nonfinite=3 of 6 steps' \
+  '^llama_1b_fp8 +failed .*no loss line in the log' '^== gpu-check: FAIL: llama_1b llama_1b_fp8;'
 
 # memcheck: errors found fail the stage with the count; a refused device is shown.
 d=$(canned memerr "memcheck=failed (rc 3)")
@@ -172,9 +179,17 @@ elapsed=$(sed -n 's/^elapsed=//p' "$WORK/budget.out")
 # the budget the run would end at 29 s.
 [ -n "$elapsed" ] && [ "$elapsed" -le 26 ] || fail "the stages ran ${elapsed:-?} s on a 24 s budget"
 
-# The default budget ends the whole run in under 8 minutes.
+# The default budget ends the whole run inside one 600 s device call with a minute to
+# spare, and the stages' caps (on the `stage NAME CAP` lines of a full run) add up to no
+# more than it: otherwise the last stages are "not run" even when every stage keeps to
+# its cap.
 budget=$(bash -c 'source "$1"; echo "$BUDGET_S"' _ "$CHECK")
-[ "$budget" -le 470 ] || fail "default budget $budget s: the run must end in under 8 minutes"
+[ "$budget" -le 540 ] || fail "default budget $budget s: the run must end inside a 600 s call"
+caps=$(grep -oE '(^ *|&& )stage [a-z_0-9]+ [0-9]+' "$CHECK" | awk '{ s += $NF } END { print s }')
+nstages=$(grep -oE '(^ *|&& )stage [a-z_0-9]+ [0-9]+' "$CHECK" | wc -l)
+[ -n "$caps" ] && [ "$nstages" -ge 10 ] || fail "could not read the stages' caps from $CHECK ($nstages stages)"
+[ -z "$caps" ] || [ "$caps" -le "$budget" ] ||
+  fail "the stages' caps add up to $caps s, over the $budget s budget: the last stages would not run"
 
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
-echo "PASS: gpu-check summaries of 9 canned runs and the stage budget"
+echo "PASS: gpu-check summaries of 10 canned runs, the stage budget and the caps"

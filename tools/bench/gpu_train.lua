@@ -12,9 +12,10 @@
 -- data.input_path through tetra.data's pipeline) is moved as it is drawn. The metrics file
 -- (log.metrics_file) holds one JSON line per step written here as
 -- `"key": value` pairs (step, loss, lr, grad_norm, tokens, tokens_per_s, step_time_s,
--- loss_scale, skipped), which tests/cuda/gpu_bf16.sh parses. The last line printed:
--- "gpu_train: ... tokens_per_s=N" over the steps from train.timed_from on (the first
--- ones pay for allocation and cuBLASLt's heuristics).
+-- loss_scale, skipped), which tests/cuda/gpu_bf16.sh parses. The last two lines printed:
+-- "gpu_train: loss A -> B, nonfinite=N of S steps" (tools/gpu-check fails a stage with a
+-- NaN or infinite loss) and "gpu_train: ... tokens_per_s=N" over the steps from
+-- train.timed_from on (the first ones pay for allocation and cuBLASLt's heuristics).
 local tetra = require("tetra")
 local train = tetra.train
 
@@ -62,8 +63,15 @@ function recipe.run(cfg)
   local out = cfg.log and cfg.log.metrics_file
   local f = out and out ~= "" and assert(io.open(out, "w")) or nil
   local timed_t, timed_steps = 0.0, 0
+  local first_loss, last_loss, nonfinite = nil, nil, 0
   for step = 1, t.steps do
     local r = env.step()
+    local l = r.loss
+    if type(l) ~= "number" or l ~= l or l == math.huge or l == -math.huge then
+      nonfinite = nonfinite + 1
+    else
+      first_loss, last_loss = first_loss or l, l
+    end
     if step >= t.timed_from then
       timed_t, timed_steps = timed_t + r.step_time_s, timed_steps + 1
     end
@@ -71,6 +79,8 @@ function recipe.run(cfg)
   end
   if f then f:close() end
   local tps = timed_steps > 0 and tokens_per_step * timed_steps / timed_t or 0
+  print(string.format("gpu_train: loss %.4f -> %.4f, nonfinite=%d of %d steps",
+                      first_loss or 0 / 0, last_loss or 0 / 0, nonfinite, t.steps))
   print(string.format("gpu_train: %d steps, %s, %s: tokens_per_s=%.1f", t.steps, t.device,
                       env.amp.precision, tps))
 end
