@@ -10,6 +10,7 @@
 */
 #include "kernel_cuda.h"
 #include "tt_cuda_ops.h"
+#include <unordered_map>
 extern "C" {
 #include "matmul.h"
 }
@@ -59,6 +60,68 @@ static uint32_t lt_alignment(const void *p, int64_t stride, int dtype, int64_t b
   uint32_t a = 256;
   while (a > 1 && (bits & (a - 1))) a >>= 1;
   return a;
+}
+
+/* -- The algorithm cache ---------------------------------------------------------------
+** cuBLASLt's heuristic query costs more host time than the descriptors it reads, and a
+** training step asks it the same few dozen questions every step. Its answer depends only
+** on what the descriptors and the preference say, so it is kept per question: the device,
+** every field of the call but the data pointers (the bias and scale pointers only by
+** presence: they are descriptor attributes set on every call), the operands'
+** alignments and the workspace size. One cache per host thread, so no lock; cleared when
+** full (a model has far fewer shapes). */
+struct lt_key {
+  int device, op_x, op_y, x_dtype, y_dtype, c_dtype, bias, bias_dtype, scaled, tf32,
+      fast_accum, zero;   /* zero: the int64s start 8-aligned with no padding before them */
+  int64_t rows, cols, k, ldx, ldy, ldc, stride_x, stride_y, stride_c, batch;
+  uint32_t align[4];
+  size_t ws_bytes;
+  bool operator==(const lt_key &o) const { return memcmp(this, &o, sizeof o) == 0; }
+};
+/* No padding anywhere, so equal fields are equal bytes however a key was copied. */
+static_assert(sizeof(lt_key) == 12 * sizeof(int) + 10 * sizeof(int64_t) +
+                                    4 * sizeof(uint32_t) + sizeof(size_t),
+              "lt_key has padding");
+
+struct lt_key_hash {
+  size_t operator()(const lt_key &key) const {   /* FNV-1a over the key's bytes */
+    const unsigned char *p = (const unsigned char *)&key;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof key; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return (size_t)h;
+  }
+};
+
+enum { LT_CACHE_MAX = 4096 };
+static thread_local std::unordered_map<lt_key, cublasLtMatmulAlgo_t, lt_key_hash> g_algos;
+
+static lt_key key_of(const lt_call *q, int device, const uint32_t align[4], size_t ws_bytes) {
+  lt_key key;
+  memset(&key, 0, sizeof key);   /* padding too: keys compare as bytes */
+  key.device = device;
+  key.op_x = (int)q->op_x;
+  key.op_y = (int)q->op_y;
+  key.x_dtype = q->x_dtype;
+  key.y_dtype = q->y_dtype;
+  key.c_dtype = q->c_dtype;
+  key.bias = q->bias != NULL;
+  key.bias_dtype = q->bias ? q->c_dtype : -1;
+  key.scaled = (q->x_scale != NULL) | (q->y_scale != NULL) << 1;
+  key.tf32 = q->tf32;
+  key.fast_accum = q->fast_accum;
+  key.rows = q->rows;
+  key.cols = q->cols;
+  key.k = q->k;
+  key.ldx = q->ldx;
+  key.ldy = q->ldy;
+  key.ldc = q->ldc;
+  key.batch = q->batch;
+  key.stride_x = q->batch > 1 ? q->stride_x : 0;
+  key.stride_y = q->batch > 1 ? q->stride_y : 0;
+  key.stride_c = q->batch > 1 ? q->stride_c : 0;
+  memcpy(key.align, align, sizeof key.align);
+  key.ws_bytes = ws_bytes;
+  return key;
 }
 
 /* The body of lt_run, with the descriptors owned by the caller (freed there). */
@@ -117,14 +180,27 @@ static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4; i++)
     TT_CU(cublasLtMatmulPreferenceSetAttribute(*pref, align_attr[i], &align[i], sizeof align[i]));
-  cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
-  TT_CU(cublasLtMatmulAlgoGetHeuristic(h, *desc, *lx, *ly, *lc, *lc, *pref, 1, &heur, &found));
-  TT_CHECK(found > 0, "cuBLASLt: no algorithm for a %lldx%lldx%lld GEMM (%s x %s -> %s)",
-           (long long)q->rows, (long long)q->cols, (long long)q->k, tt_dtype_name(q->x_dtype),
-           tt_dtype_name(q->y_dtype), tt_dtype_name(q->c_dtype));
+  int device = -1;
+  TT_CU(cudaGetDevice(&device));
+  const lt_key key = key_of(q, device, align, ws_bytes);
+  auto hit = g_algos.find(key);
+  cublasLtMatmulAlgo_t algo;
+  if (hit != g_algos.end()) {
+    algo = hit->second;
+  } else {
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    TT_CU(cublasLtMatmulAlgoGetHeuristic(h, *desc, *lx, *ly, *lc, *lc, *pref, 1, &heur,
+                                         &found));
+    TT_CHECK(found > 0, "cuBLASLt: no algorithm for a %lldx%lldx%lld GEMM (%s x %s -> %s)",
+             (long long)q->rows, (long long)q->cols, (long long)q->k,
+             tt_dtype_name(q->x_dtype), tt_dtype_name(q->y_dtype), tt_dtype_name(q->c_dtype));
+    algo = heur.algo;
+    if (g_algos.size() >= LT_CACHE_MAX) g_algos.clear();
+    g_algos.emplace(key, algo);
+  }
   TT_CU(cublasLtMatmul(h, *desc, &q->alpha, q->x, *lx, q->y, *ly, &q->beta, q->c, *lc, q->c,
-                       *lc, &heur.algo, ws, ws_bytes, tt_cuda_cur_stream()));
+                       *lc, &algo, ws, ws_bytes, tt_cuda_cur_stream()));
   TT_CU_LAUNCHED("cublasLtMatmul");
   return 0;
 }
