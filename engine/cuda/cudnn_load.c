@@ -66,6 +66,30 @@ static int open_graph_lib(const char *file, char *why, size_t why_n) {
   return 1;
 }
 
+/* cuDNN's runtime-compiled engines open NVRTC by soname (libnvrtc.so.12, .13) when a
+** graph is finalized. A cuDNN from a Python wheel comes with its NVRTC in the sibling
+** wheel nvidia/cuda_nvrtc/lib, which is on no loader path: without it loaded first,
+** finalizing such a plan fails and attention falls back (the problem PyTorch fixed by
+** preloading it, pytorch#140930). `dir` is cuDNN's lib directory; when
+** dir/../../cuda_nvrtc/lib exists, its libnvrtc.so.N (and the builtins it opens by soname)
+** are loaded globally, so cuDNN's lookup finds them already there. */
+static void preload_wheel_nvrtc(const char *dir) {
+  static const char *const patterns[] = {"libnvrtc-builtins.so.[0-9]*", "libnvrtc.so.[0-9]*"};
+  char up[4096];
+  snprintf(up, sizeof up, "%s/../..", dir);
+  char *nvidia = realpath(up, NULL);   /* .../nvidia: the names the loader keeps are clean */
+  if (!nvidia) return;
+  for (size_t i = 0; i < sizeof patterns / sizeof *patterns; i++) {
+    char pat[4096];
+    snprintf(pat, sizeof pat, "%s/cuda_nvrtc/lib/%s", nvidia, patterns[i]);
+    glob_t g;
+    if (glob(pat, 0, NULL, &g) != 0) continue;
+    for (size_t j = 0; j < g.gl_pathc; j++) dlopen(g.gl_pathv[j], RTLD_LAZY | RTLD_GLOBAL);
+    globfree(&g);
+  }
+  free(nvidia);
+}
+
 /* The graph library in `dir`, its engine libraries opened first. */
 static int open_in_dir(const char *dir, char *path, size_t path_n, char *why, size_t why_n) {
   char file[4096];
@@ -75,6 +99,7 @@ static int open_in_dir(const char *dir, char *path, size_t path_n, char *why, si
     return 0;
   }
   if (!open_graph_lib(file, why, why_n)) return 0;
+  preload_wheel_nvrtc(dir);
   /* After the graph library: the engines need its symbols. A sibling that is missing or
   ** fails to open is not fatal here; building a graph then reports it. */
   for (size_t i = 0; i < sizeof sibling_libs / sizeof *sibling_libs; i++) {

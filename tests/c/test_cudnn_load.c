@@ -167,6 +167,34 @@ Test(cudnn_load, python_site_list) {
   cr_assert_str_eq(path, want);
 }
 
+/* A wheel's cuDNN brings its NVRTC in the sibling wheel nvidia/cuda_nvrtc/lib, on no
+** loader path: it is loaded with cuDNN (from there, not from anywhere else), so that
+** cuDNN's runtime-compiled engines find it by soname when a plan is finalized. */
+Test(cudnn_load, wheel_nvrtc_preloaded) {
+  const char *graph = real_graph_lib();
+  char nvrtc[4096];
+  snprintf(nvrtc, sizeof nvrtc, "%s", "/usr/local/cuda/lib64/libnvrtc.so.13");
+  if (access(nvrtc, R_OK) != 0) cr_skip_test("no libnvrtc.so.13 in /usr/local/cuda/lib64");
+  cr_assert_null(dlopen("libnvrtc.so.13", RTLD_LAZY | RTLD_NOLOAD),
+                 "NVRTC is loaded before the probe: the test cannot tell who loaded it");
+  layout("site/nvidia/cudnn/lib", graph);
+  char lib[1024], site[1024];
+  snprintf(lib, sizeof lib, "%s/site/nvidia/cuda_nvrtc/lib", tmp);
+  sh("mkdir -p '%s'%s", lib, "");
+  sh("ln -sf '%s' '%s/libnvrtc.so.13'", nvrtc, lib);
+  snprintf(site, sizeof site, "%s/site", tmp);
+  setenv("TETRA_PYTHON_SITE", site, 1);
+  cr_assert_eq(tt_cudnn_probe(path, sizeof path, why, sizeof why), 1, "%s", why);
+  void *h = dlopen("libnvrtc.so.13", RTLD_LAZY | RTLD_NOLOAD);
+  cr_assert_not_null(h, "libnvrtc.so.13 was not loaded with the wheel's cuDNN");
+  void *fn = dlsym(h, "nvrtcVersion");
+  Dl_info info;
+  cr_assert(fn && dladdr(fn, &info) && info.dli_fname, "no nvrtcVersion in the loaded NVRTC");
+  char want[1200];
+  snprintf(want, sizeof want, "%s/libnvrtc.so.13", lib);
+  cr_assert_str_eq(info.dli_fname, want, "NVRTC came from %s, not the wheel", info.dli_fname);
+}
+
 /* Without overrides or wheels: the system's cuDNN, reported by its real path. */
 Test(cudnn_load, system_loader) {
   const char *real = real_graph_lib();
