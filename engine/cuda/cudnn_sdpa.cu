@@ -19,11 +19,13 @@
 ** per-query-head products are summed over each group by a reduction. The mask's offset,
 ** the scale and -inf are scalars passed by value.
 **
-** An execution plan is built once per shape key (sizes, strides, dtype, mask, offset; the
-** scale is a by-value scalar of each call) and cached with every descriptor it was made
-** from; heuristics (mode A) order the engines and the first that finalizes wins. A graph that cuDNN refuses is remembered as refused: the
-** caller falls back to the built-in kernel, with one line on stderr per process. Work
-** space comes from the engine's stream-aware caching allocator.
+** An execution plan is built once per shape key (sizes, strides, dtype, mask, whether the
+** diagonal is shifted; the scale and the offset itself are by-value scalars of each call,
+** so context parallelism's block pairs at many offsets share one plan and one compile)
+** and cached with every descriptor it was made from; heuristics (mode A) order the
+** engines and the first that finalizes wins. A graph that cuDNN refuses is remembered as
+** refused: the caller falls back to the built-in kernel, with one line on stderr per
+** process. Work space comes from the engine's stream-aware caching allocator.
 **
 ** Not verified on a GPU in this repository's CI (no GPU there): tests/cuda/test_cudnn_sdpa.c
 ** checks it against the CPU twin where one is present (tools/gpu-check runs it).
@@ -253,7 +255,13 @@ static scalars scalars_of(const tt_sdpa_shape *s) {
   return scalars{s->scale, -INFINITY, 1.0f, (int32_t)s->offset};
 }
 
-/* s = [causal mask of] s: row + offset >= col keeps the score, else -inf. */
+/* s = [causal mask of] s: row + offset >= col keeps the score, else -inf.
+** cudnn-frontend fills with the lowest float instead before cuDNN 9.10; the two differ
+** only in a row whose every score is masked (-inf gives 0/0 = NaN there, the lowest
+** float a uniform row). No such row reaches this graph: offset >= 0 (tt_cudnn_sdpa.h),
+** so column 0 is kept in every row, the row's max is finite and exp(-inf - max) is 0
+** exactly, in the forward and in the backward's P. Block pairs of context parallelism
+** that would hide a whole row are skipped before they get here (kernels/cuda/attention.cu). */
 static cudnnBackendDescriptor_t causal_mask(graph_builder &g,
                                             std::vector<cudnnBackendDescriptor_t> &ops,
                                             const tt_sdpa_shape *s, cudnnBackendDescriptor_t x,
@@ -470,7 +478,7 @@ static std::string plan_key(const tt_sdpa_shape *s, int backward) {
            (long long)s->o_stride[0], (long long)s->o_stride[1], (long long)s->o_stride[2],
            (long long)s->kv_grad_stride[0], (long long)s->kv_grad_stride[1],
            (long long)s->kv_grad_stride[2], (long long)s->lse_stride[0],
-           (long long)s->lse_stride[1], s->dtype, s->masked, (long long)s->offset);
+           (long long)s->lse_stride[1], s->dtype, s->masked, (long long)(s->offset != 0));
   return buf;
 }
 
