@@ -166,6 +166,7 @@ typedef struct tt_alloc_pool_stats {
   int64_t reserved_bytes;  /* every block the pool holds, taken or free */
   int64_t taken_bytes;     /* held by live storages */
   int64_t grown;           /* blocks the pool took from the device or its cache */
+  int64_t adopted;         /* blocks from outside it, freed while it was in use: kept */
 } tt_alloc_pool_stats;
 int tt_alloc_pool_stats_get(const tt_alloc_pool *pool, tt_alloc_pool_stats *out);
 /* After the device finished everything queued (a synchronisation): every block cached

@@ -452,10 +452,29 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
   return s;
 }
 
+/* A block from outside the pool, freed while this thread allocates from the pool (a
+** CUDA graph being captured): the captured kernels may have used it, and every replay will
+** use it again at the same address, so it must not go back to the device's cache, where
+** a tensor outside the graph could get it. The pool takes it over instead: it is the
+** pool's from now on (handed out again inside the pool, returned to the cache when the
+** pool is). */
+static void pool_adopt(tt_alloc_pool *pool, size_t size) {
+  device_cache *c = cache_for(pool->device);
+  pthread_mutex_lock(&c->lock);
+  pool->stats.reserved_bytes += (int64_t)size;
+  pool->stats.taken_bytes += (int64_t)size;
+  pool->stats.adopted++;
+  pool->live++;
+  pthread_mutex_unlock(&c->lock);
+}
+
 void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  if (s->pool) pool_free(s->pool, s->data, s->nbytes, s->stream);
+  tt_alloc_pool *pool = s->pool;
+  if (!pool && !s->external && (pool = tt_alloc_pool_current(s->device)) != NULL)
+    pool_adopt(pool, s->nbytes);
+  if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
   else if (!s->external) cached_free(s->device, s->data, s->nbytes, s->stream);
   free(s);
 }

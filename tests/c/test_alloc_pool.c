@@ -8,7 +8,10 @@
 **   - another thread's allocations do not land in the pool;
 **   - once the pool is released and its last storage freed, its blocks return to the
 **     device's cache;
-**   - nested use of two pools is refused.
+**   - nested use of two pools is refused;
+**   - a block from outside the pool freed while the pool is in use (a tensor made before a
+**     capture and dropped inside it, which the captured kernels used) is kept by the pool,
+**     not handed to a tensor outside it.
 */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -146,4 +149,46 @@ Test(alloc_pool, nested_use_is_refused) {
   cr_assert_eq(tt_alloc_pool_use(TT_CPU, NULL), 0);
   tt_alloc_pool_release(p1);
   tt_alloc_pool_release(p2);
+}
+
+Test(alloc_pool, adopts_outside_blocks_freed_in_use) {
+  tt_tensor *before = new_f32(N);   /* made before the capture */
+  void *pb = data_of(before);
+  tt_alloc_pool *pool = NULL;
+  cr_assert_eq(tt_alloc_pool_new(TT_CPU, &pool), 0);
+  cr_assert_eq(tt_alloc_pool_use(TT_CPU, pool), 0);
+  tt_tensor_release(before);        /* dropped inside it */
+  tt_alloc_pool_stats s = pool_stats(pool);
+  cr_assert_eq(s.adopted, 1);
+  cr_assert_eq(s.reserved_bytes, (int64_t)tt_alloc_granted_bytes(N * sizeof(float)));
+  cr_assert_eq(s.taken_bytes, 0);
+  cr_assert_eq(tt_alloc_pool_use(TT_CPU, NULL), 0);
+  /* Outside the pool, same size: the block is not handed out. */
+  tt_tensor *other[4];
+  for (int i = 0; i < 4; i++) {
+    other[i] = new_f32(N);
+    cr_assert_neq(data_of(other[i]), pb, "a block the capture used went to a tensor outside it");
+  }
+  /* Inside the pool it is the pool's to reuse, without growing. */
+  cr_assert_eq(tt_alloc_pool_use(TT_CPU, pool), 0);
+  tt_tensor *x = new_f32(N);
+  cr_assert_eq(data_of(x), pb);
+  cr_assert_eq(pool_stats(pool).grown, 0);
+  tt_tensor_release(x);
+  cr_assert_eq(tt_alloc_pool_use(TT_CPU, NULL), 0);
+  for (int i = 0; i < 4; i++) tt_tensor_release(other[i]);
+  /* Released with no live storage: its blocks go back to the cache. */
+  tt_alloc_pool_release(pool);
+  tt_tensor *y = new_f32(N);
+  tt_tensor *z = new_f32(N);
+  tt_tensor *w[4];
+  int seen = data_of(y) == pb || data_of(z) == pb;
+  for (int i = 0; i < 4; i++) {
+    w[i] = new_f32(N);
+    seen |= data_of(w[i]) == pb;
+  }
+  cr_assert(seen, "the pool's block did not return to the device's cache");
+  tt_tensor_release(y);
+  tt_tensor_release(z);
+  for (int i = 0; i < 4; i++) tt_tensor_release(w[i]);
 }
