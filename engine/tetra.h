@@ -225,6 +225,11 @@ int tt_set_deferred_grads(tt_tensor *const *leaves, int n);
 typedef int (*tt_recompute_fn)(int64_t key, tt_tensor *leaf, tt_tensor *grad_out,
                                void *userdata);
 void tt_set_recompute_hook(tt_recompute_fn fn, void *userdata);
+/* Around the block's first run: tt_checkpoint_begin() before it, tt_checkpoint after it
+** (or tt_checkpoint_cancel() when it failed). In between, ops stash what their re-run
+** must reuse (an FP8 layer's scales); the node keeps it. */
+void tt_checkpoint_begin(void);
+void tt_checkpoint_cancel(void);
 int tt_checkpoint(tt_tensor *x, tt_tensor *y, int64_t key);
 
 /* -- Scalar conversions (round-to-nearest-even; fp8 saturates to its max finite) ----- */

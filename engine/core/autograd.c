@@ -366,26 +366,97 @@ int tt_backward(tt_tensor *loss) {
 
 /* -- Activation recompute ---------------------------------------------------------- */
 
+/* The stash: values an op's forward chose from state it then changed (an FP8 layer's
+** scales, taken from an amax history its forward moves on), kept while a checkpointed
+** block runs (TT_CKPT_STASHING) and handed back in the same order while its re-run does
+** (TT_CKPT_REPLAYING), so that the re-run computes with the first run's values and changes
+** nothing. A checkpoint node owns its block's stash (node->ctx). */
+typedef struct ckpt_stash {
+  double *v;
+  int64_t n, cap, next;
+} ckpt_stash;
+
+static int tt_ckpt_mode;
+static ckpt_stash *tt_ckpt_stash;   /* being filled, or being replayed */
+
+static void stash_free(void *p) {
+  ckpt_stash *st = p;
+  if (st) free(st->v);
+  free(st);
+}
+
+int tt_checkpoint_mode(void) { return tt_ckpt_mode; }
+
+int tt_checkpoint_stash(const double *v, int n) {
+  if (tt_ckpt_mode != TT_CKPT_STASHING) return 0;
+  ckpt_stash *st = tt_ckpt_stash;
+  if (!st) {
+    st = tt_ckpt_stash = calloc(1, sizeof *st);
+    TT_CHECK(st, "checkpoint: out of host memory (stash)");
+  }
+  if (st->n + n > st->cap) {
+    int64_t cap = st->cap ? st->cap * 2 : 16;
+    while (cap < st->n + n) cap *= 2;
+    double *grown = realloc(st->v, (size_t)cap * sizeof *grown);
+    TT_CHECK(grown, "checkpoint: out of host memory (stash of %lld values)", (long long)cap);
+    st->v = grown;
+    st->cap = cap;
+  }
+  memcpy(st->v + st->n, v, (size_t)n * sizeof *v);
+  st->n += n;
+  return 0;
+}
+
+int tt_checkpoint_replay(double *v, int n) {
+  ckpt_stash *st = tt_ckpt_stash;
+  TT_CHECK(tt_ckpt_mode == TT_CKPT_REPLAYING && st && st->next + n <= st->n,
+           "checkpoint: the re-run asks for more stashed values than its first run kept "
+           "(the block's forward took another path)");
+  memcpy(v, st->v + st->next, (size_t)n * sizeof *v);
+  st->next += n;
+  return 0;
+}
+
+void tt_checkpoint_begin(void) {
+  stash_free(tt_ckpt_stash);
+  tt_ckpt_stash = NULL;
+  tt_ckpt_mode = TT_CKPT_STASHING;
+}
+
+void tt_checkpoint_cancel(void) {
+  if (tt_ckpt_mode != TT_CKPT_STASHING) return;
+  stash_free(tt_ckpt_stash);
+  tt_ckpt_stash = NULL;
+  tt_ckpt_mode = TT_CKPT_OFF;
+}
+
 void tt_set_recompute_hook(tt_recompute_fn fn, void *userdata) {
   tt_recompute_hook = fn;
   tt_recompute_hook_ud = userdata;
 }
 
-/* inputs[0] = x; i[0] = the caller's key. Re-runs the block from a fresh leaf sharing
-** x's storage (the hook records its forward and runs the nested backward from its output
-** with grad_out), then adds the leaf's gradient into x. Whatever the re-run recorded and
-** its backward did not reach is dropped before the outer backward goes on. */
+/* inputs[0] = x; i[0] = the caller's key; ctx = the block's stash (or NULL). Re-runs the
+** block from a fresh leaf sharing x's storage (the hook records its forward and runs the
+** nested backward from its output with grad_out), then adds the leaf's gradient into x.
+** Whatever the re-run recorded and its backward did not reach is dropped before the
+** outer backward goes on. */
 static int checkpoint_backward(tt_node *node, tt_tensor *grad_out) {
   tt_tensor *x = node->inputs[0], *leaf = NULL;
   TT_CHECK(tt_recompute_hook, "checkpoint: no recompute hook is set");
   TT_TRY(tt_detach(x, &leaf));
   leaf->requires_grad = 1;
   const int64_t outer_base = tt_tape_base;
-  const int outer_mode = tt_grad_enabled;
+  const int outer_grad = tt_grad_enabled;
   tt_tape_base = tt_tape_len;
   tt_grad_enabled = 1;
+  ckpt_stash *st = node->ctx;
+  if (st) st->next = 0;
+  tt_ckpt_stash = st;
+  tt_ckpt_mode = TT_CKPT_REPLAYING;
   int rc = tt_recompute_hook(node->i[0], leaf, grad_out, tt_recompute_hook_ud);
-  tt_grad_enabled = outer_mode;
+  tt_ckpt_mode = TT_CKPT_OFF;
+  tt_ckpt_stash = NULL;
+  tt_grad_enabled = outer_grad;
   tape_truncate(tt_tape_base);
   tt_tape_base = outer_base;
   if (rc == 0 && leaf->grad && tt_needs_grad(x)) rc = tt_accumulate_grad(x, leaf->grad);
@@ -394,11 +465,27 @@ static int checkpoint_backward(tt_node *node, tt_tensor *grad_out) {
 }
 
 int tt_checkpoint(tt_tensor *x, tt_tensor *y, int64_t key) {
-  if (!tt_should_record(&x, 1)) return 0;
-  TT_CHECK(y->is_leaf && !y->requires_grad, "checkpoint: the block's output was recorded "
-           "(run the block with recording off)");
+  ckpt_stash *st = tt_ckpt_mode == TT_CKPT_STASHING ? tt_ckpt_stash : NULL;
+  if (tt_ckpt_mode == TT_CKPT_STASHING) {
+    tt_ckpt_stash = NULL;
+    tt_ckpt_mode = TT_CKPT_OFF;
+  }
+  if (!tt_should_record(&x, 1)) {
+    stash_free(st);
+    return 0;
+  }
+  if (!y->is_leaf || y->requires_grad) {
+    stash_free(st);
+    return tt_set_error("checkpoint: the block's output was recorded (run the block with "
+                        "recording off)");
+  }
   tt_node *node = tt_record("checkpoint", checkpoint_backward, y, &x, 1);
-  if (!node) return -1;
+  if (!node) {
+    stash_free(st);
+    return -1;
+  }
   node->i[0] = key;
+  node->ctx = st;
+  node->free_ctx = stash_free;
   return 0;
 }

@@ -19,9 +19,13 @@
 --
 -- What the re-run must not repeat: state a forward changes. Tetra's blocks have no
 -- dropout (no RNG draws) and the loss guard reads only the loss and the gradient norm.
--- FP8 layers do change state in forward (the amax histories of x and W, and the scale
--- the next forward uses), so the config refuses recompute with train.precision=fp8
--- (lua/tetra/config/schema/recompute.lua).
+-- FP8 layers do change state in forward: each quantises x and W with the scales of its
+-- amax histories, then records their amaxes there. The first run stashes the scales it
+-- used (tt_checkpoint_begin .. tt_checkpoint, kept on the node) and the re-run quantises
+-- with them and records nothing, so the histories move once and the codes are the
+-- first run's (engine/ops/fp8.c); the output gradient's amax is recorded by the one
+-- backward, as without recompute. On CUDA the scales live on the device and there is no
+-- such stash yet: the config refuses fp8 with recompute there.
 -- The weights' bf16 / fp16 copies (tetra.optim.amp) are cast once per step and read
 -- again by the re-run unchanged. Under CUDA graphs the re-run is part of the captured
 -- backward like any kernel launch.
@@ -98,9 +102,13 @@ function M.checkpoint(block)
     -- tape was dropped without a backward (an error, a skipped evaluation).
     if C.tt_tape_size() == 0 then pending = {} end
     C.tt_set_grad_enabled(0)
+    C.tt_checkpoint_begin()
     local ok, y = pcall(run, self, x, ...)
     C.tt_set_grad_enabled(1)
-    if not ok then error(y, 0) end
+    if not ok then
+      C.tt_checkpoint_cancel()
+      error(y, 0)
+    end
     next_key = next_key + 1
     pending[next_key] = { run = run, module = self, args = keep_args(...) }
     if C.tt_checkpoint(x, y, next_key) ~= 0 then error(ffi.string(C.tt_last_error()), 2) end

@@ -2,14 +2,17 @@
 -- lua/tetra/nn/recompute.lua through tetra.train's setup.
 local config = require("tetra.config.registry")
 
--- A re-run FP8 forward would quantise with the scales its first run moved and record its
--- amaxes a second time: refused rather than run with different numbers.
+-- A re-run FP8 forward must quantise with the scales its first run used: the CPU
+-- emulation stashes them (engine/ops/fp8.c), the CUDA GEMMs keep theirs on the device
+-- and have no stash yet. Refused there rather than run with other numbers.
 config.register_check(function(cfg)
   local t = cfg.train or {}
-  if (t.recompute or "none") ~= "none" and t.precision == "fp8" then
-    config.error("train.recompute=%s does not combine with train.precision=fp8 (the re-run " ..
-                 "forward would move the FP8 amax histories twice): use bf16 or fp16, or " ..
-                 "train.recompute=none", tostring(t.recompute))
+  if (t.recompute or "none") ~= "none" and t.precision == "fp8" and
+     tostring(t.device):match("^cuda") then
+    config.error("train.recompute=%s with train.precision=fp8 runs on the CPU only (the " ..
+                 "CUDA FP8 GEMMs keep their scales on the device, with nothing for the " ..
+                 "re-run to replay): use bf16 or train.recompute=none on cuda",
+                 tostring(t.recompute))
   end
 end)
 
