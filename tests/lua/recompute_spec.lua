@@ -86,6 +86,22 @@ describe("train.recompute=full", function()
     expect_identical(gpt2, GPT2_SMALL, { "train.recompute=full" }, 3)
   end)
 
+  it("replays a captured step as eager steps without recompute run (CUDA graphs, CPU check)",
+     function()
+    local sets = { "train.gradient_accumulation_steps=2", "train.precision=bf16",
+                   "train.warmup_steps=2", "train.steps=6" }
+    local eager = tiny.setup(build(tiny, sets))
+    local with = { "train.recompute=full" }
+    for _, s in ipairs(sets) do with[#with + 1] = s end
+    local graphed = tiny.setup(build(tiny, with), { graph_check = true })
+    for _ = 1, 6 do
+      local a, b = eager.step(), graphed.step()
+      expect(b.loss).to_be(a.loss)
+      expect(b.grad_norm).to_be(a.grad_norm)
+    end
+    expect(graphed.graphs.graph.replays).to_be(4)
+  end)
+
   it("keeps none of a checkpointed block's activations on the tape", function()
     local cfg = build(tiny, { "train.recompute=full", "train.recompute_every=2",
                               "model.n_layers=2" })
@@ -145,6 +161,13 @@ describe("train.recompute config", function()
     local msg = refused({ "train.recompute=maybe" })
     expect(msg).to_match("train%.recompute must be one of none, full, got")
     expect(refused({ "train.recompute=selective" })).to_match("train%.recompute must be one of none, full")
+  end)
+
+  it("refuses a model whose plan names no blocks", function()
+    local model = tiny.Model(build(tiny, {}).model)
+    expect(function() recompute.apply(model, nil, { recompute = "full" }) end)
+      .to_error("train.recompute=full: the model's plan names no blocks list")
+    expect(recompute.apply(model, nil, { recompute = "none" })).to_be(0)
   end)
 
   it("refuses recompute_every below 1, and fp8 recompute on cuda", function()
