@@ -92,9 +92,11 @@ end
 -- Makes block's forward (whatever it is now: its class's, or one a plan installed) run
 -- checkpointed whenever recording is on and its input x requires grad; otherwise (an
 -- evaluation, generation, a frozen input) it runs as before. Extra arguments
--- (positions) are kept for the re-run.
+-- (positions) are kept for the re-run. A block already checkpointed stays as it is.
 function M.checkpoint(block)
   install()
+  if rawget(block, "_checkpointed") then return block end
+  rawset(block, "_checkpointed", true)
   local run = block.forward
   rawset(block, "forward", function(self, x, ...)
     if C.tt_is_grad_enabled() == 0 or x._requires_grad == 0 then return run(self, x, ...) end
