@@ -180,7 +180,7 @@ function F.backward_with(root, grad)
 end
 
 -- Backward may call back into Lua (activation recompute, tetra.nn.recompute), which
--- LuaJIT allows only from a C call the interpreter made: these two never compile.
+-- LuaJIT's FFI promises only for a C call the interpreter made: these two never compile.
 jit.off(F.backward)
 jit.off(F.backward_with)
 

@@ -30,10 +30,12 @@
 -- again by the re-run unchanged. Under CUDA graphs the re-run is part of the captured
 -- backward like any kernel launch.
 --
--- The hook is one LuaJIT FFI callback, called from inside tt_backward. LuaJIT refuses
--- a callback from a C function that JIT-compiled code called, so every Lua function that
--- calls tt_backward / tt_backward_with has JIT compilation turned off
--- (tetra.nn.functional's backward and backward_with, the tensor method).
+-- The hook is one LuaJIT FFI callback, called from inside tt_backward. LuaJIT's FFI
+-- manual does not allow a callback from a C function that JIT-compiled code called (the
+-- 2.1 build here copes, blacklisting the trace, but that is not promised), so every Lua
+-- function that calls tt_backward / tt_backward_with has JIT compilation turned off
+-- (tetra.nn.functional's backward and backward_with, the tensor method): the call is
+-- always the interpreter's.
 local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local T = require("tetra.tensor")
