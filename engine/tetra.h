@@ -20,6 +20,8 @@
 
 const char *tt_last_error(void);
 void tt_clear_error(void);
+/* Sets the message (a hook written in Lua reporting its error) and returns -1. */
+int tt_fail(const char *msg);
 
 /* -- Dtypes and devices ------------------------------------------------------------- */
 
@@ -213,6 +215,23 @@ void tt_set_backward_tick_hook(tt_backward_tick_fn fn, void *userdata);
 ** computed. The same gradients result; only their order changes. The caller keeps the
 ** leaves alive while set; n = 0 clears. */
 int tt_set_deferred_grads(tt_tensor *const *leaves, int n);
+/* Activation recompute. tt_checkpoint(x, y, key): y was computed from x with recording
+** off (a transformer block's forward keeping none of its activations); records one node
+** from x to y (nothing when x needs no grad or recording is off). Its backward calls the
+** recompute hook with `key`, a fresh leaf sharing x's storage and y's gradient; the hook
+** runs the same forward again from the leaf with recording on and calls
+** tt_backward_with(its output, grad_out) (a nested backward: it walks only what the hook
+** recorded, deferring nothing), then returns 0 or -1 with the message set. The leaf's
+** gradient is then added into x. */
+typedef int (*tt_recompute_fn)(int64_t key, tt_tensor *leaf, tt_tensor *grad_out,
+                               void *userdata);
+void tt_set_recompute_hook(tt_recompute_fn fn, void *userdata);
+/* Around the block's first run: tt_checkpoint_begin() before it, tt_checkpoint after it
+** (or tt_checkpoint_cancel() when it failed). In between, ops stash what their re-run
+** must reuse (an FP8 layer's scales); the node keeps it. */
+void tt_checkpoint_begin(void);
+void tt_checkpoint_cancel(void);
+int tt_checkpoint(tt_tensor *x, tt_tensor *y, int64_t key);
 
 /* -- Scalar conversions (round-to-nearest-even; fp8 saturates to its max finite) ----- */
 

@@ -10,6 +10,8 @@ const char *tt_last_error(void) { return tt_error_buf; }
 
 void tt_clear_error(void) { tt_error_buf[0] = '\0'; }
 
+int tt_fail(const char *msg) { return tt_set_error("%s", msg); }
+
 int tt_set_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

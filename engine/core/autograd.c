@@ -13,6 +13,12 @@
 ** chosen leaves can be deferred to a second pass (tt_set_deferred_grads): a node then
 ** runs in two parts (first toward its other inputs), the way zero-bubble pipelines split
 ** input and weight gradients.
+**
+** Activation recompute (tt_checkpoint) records a block run with recording off as one
+** node; its backward re-runs the block through a hook with recording on and calls
+** tt_backward_with again, nested: the nested backward sees only the nodes recorded since
+** the hook was called (the tape from tt_tape_base on), so the outer walk's positions and
+** use counts stay as they were.
 */
 #include "core/tt_internal.h"
 
@@ -21,6 +27,11 @@ static int64_t tt_tape_len, tt_tape_cap;
 static int tt_grad_enabled = 1;
 static tt_grad_ready_fn tt_grad_hook;
 static void *tt_grad_hook_ud;
+/* The first tape position the running backward owns: 0, or inside a checkpoint's
+** recompute the tape's length when the re-run began (nested backward). */
+static int64_t tt_tape_base;
+static tt_recompute_fn tt_recompute_hook;
+static void *tt_recompute_hook_ud;
 
 void tt_set_grad_enabled(int enabled) { tt_grad_enabled = enabled != 0; }
 int tt_is_grad_enabled(void) { return tt_grad_enabled; }
@@ -120,10 +131,13 @@ void tt_node_save(tt_node *node, tt_tensor *t) {
   node->saved[node->n_saved++] = t;
 }
 
-void tt_tape_clear(void) {
-  for (int64_t i = tt_tape_len - 1; i >= 0; i--) node_free(tt_tape[i]);
-  tt_tape_len = 0;
+/* Frees the nodes from tape position `from` on. */
+static void tape_truncate(int64_t from) {
+  for (int64_t i = tt_tape_len - 1; i >= from; i--) node_free(tt_tape[i]);
+  tt_tape_len = from;
 }
+
+void tt_tape_clear(void) { tape_truncate(tt_tape_base); }
 
 int tt_grad_accumulates_in_place(const tt_tensor *t) {
   const tt_tensor *g = t ? t->grad : NULL;
@@ -163,7 +177,7 @@ int tt_accumulate_grad(tt_tensor *t, tt_tensor *g) {
 ** counted already, so the node is reachable iff its output is root or has uses. Other
 ** graphs on the tape (micro-batches still waiting for their backward) are left alone. */
 static void mark_reachable(const tt_tensor *root, unsigned char *reach) {
-  for (int64_t i = tt_tape_len - 1; i >= 0; i--) {
+  for (int64_t i = tt_tape_len - 1; i >= tt_tape_base; i--) {
     tt_node *node = tt_tape[i];
     reach[i] = node->out == root || node->out->tape_uses > 0;
     if (!reach[i]) continue;
@@ -288,10 +302,13 @@ int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
   TT_CHECK(kind, "backward: out of host memory (%lld tape nodes)", (long long)tt_tape_len);
   int saved_mode = tt_grad_enabled;
   tt_grad_enabled = 0;
+  /* A nested backward (a checkpoint's recompute) runs whole, deferring nothing: the
+  ** outer one keeps the deferred leaves marked for its own second pass. */
+  const int64_t base = tt_tape_base;
   int rc = tt_accumulate_grad(root, grad_root);
   mark_reachable(root, kind);
-  classify(kind);
-  for (int64_t i = tt_tape_len - 1; i >= 0 && rc == 0; i--) {
+  if (base == 0) classify(kind);
+  for (int64_t i = tt_tape_len - 1; i >= base && rc == 0; i--) {
     if (kind[i] == NODE_NOW) {
       run_node(i, -1, &rc);
       retire_node(i, rc);
@@ -305,18 +322,19 @@ int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
       if (tt_tick_hook && rc == 0) tt_tick_hook(tt_tick_hook_ud);
     }
   }
-  for (int64_t i = tt_tape_len - 1; i >= 0 && rc == 0; i--) {
+  for (int64_t i = tt_tape_len - 1; i >= base && rc == 0; i--) {
     if (kind[i] != NODE_SPLIT && kind[i] != NODE_LATER) continue;
     run_node(i, kind[i] == NODE_SPLIT ? 1 : -1, &rc);
     retire_node(i, rc);
   }
-  for (int d = 0; d < tt_n_deferred; d++) tt_deferred[d]->grad_deferred = 0;
-  int64_t n = 0;
-  for (int64_t i = 0; i < tt_tape_len; i++)
+  if (base == 0)
+    for (int d = 0; d < tt_n_deferred; d++) tt_deferred[d]->grad_deferred = 0;
+  int64_t n = base;
+  for (int64_t i = base; i < tt_tape_len; i++)
     if (tt_tape[i]) tt_tape[n++] = tt_tape[i];
   tt_tape_len = n;
   if (rc != 0) {
-    for (int64_t i = 0; i < tt_tape_len; i++) {
+    for (int64_t i = base; i < tt_tape_len; i++) {
       tt_node *node = tt_tape[i];
       node->out->tape_uses = 0;
       node->out->grad_deferred = 0;
@@ -344,4 +362,130 @@ int tt_backward(tt_tensor *loss) {
   int rc = tt_backward_with(loss, one);
   tt_tensor_release(one);
   return rc;
+}
+
+/* -- Activation recompute ---------------------------------------------------------- */
+
+/* The stash: values an op's forward chose from state it then changed (an FP8 layer's
+** scales, taken from an amax history its forward moves on), kept while a checkpointed
+** block runs (TT_CKPT_STASHING) and handed back in the same order while its re-run does
+** (TT_CKPT_REPLAYING), so that the re-run computes with the first run's values and changes
+** nothing. A checkpoint node owns its block's stash (node->ctx). */
+typedef struct ckpt_stash {
+  double *v;
+  int64_t n, cap, next;
+} ckpt_stash;
+
+static int tt_ckpt_mode;
+static ckpt_stash *tt_ckpt_stash;   /* being filled, or being replayed */
+
+static void stash_free(void *p) {
+  ckpt_stash *st = p;
+  if (st) free(st->v);
+  free(st);
+}
+
+int tt_checkpoint_mode(void) { return tt_ckpt_mode; }
+
+int tt_checkpoint_stash(const double *v, int n) {
+  if (tt_ckpt_mode != TT_CKPT_STASHING) return 0;
+  ckpt_stash *st = tt_ckpt_stash;
+  if (!st) {
+    st = tt_ckpt_stash = calloc(1, sizeof *st);
+    TT_CHECK(st, "checkpoint: out of host memory (stash)");
+  }
+  if (st->n + n > st->cap) {
+    int64_t cap = st->cap ? st->cap * 2 : 16;
+    while (cap < st->n + n) cap *= 2;
+    double *grown = realloc(st->v, (size_t)cap * sizeof *grown);
+    TT_CHECK(grown, "checkpoint: out of host memory (stash of %lld values)", (long long)cap);
+    st->v = grown;
+    st->cap = cap;
+  }
+  memcpy(st->v + st->n, v, (size_t)n * sizeof *v);
+  st->n += n;
+  return 0;
+}
+
+int tt_checkpoint_replay(double *v, int n) {
+  ckpt_stash *st = tt_ckpt_stash;
+  TT_CHECK(tt_ckpt_mode == TT_CKPT_REPLAYING && st && st->next + n <= st->n,
+           "checkpoint: the re-run asks for more stashed values than its first run kept "
+           "(the block's forward took another path)");
+  memcpy(v, st->v + st->next, (size_t)n * sizeof *v);
+  st->next += n;
+  return 0;
+}
+
+void tt_checkpoint_begin(void) {
+  stash_free(tt_ckpt_stash);
+  tt_ckpt_stash = NULL;
+  tt_ckpt_mode = TT_CKPT_STASHING;
+}
+
+void tt_checkpoint_cancel(void) {
+  if (tt_ckpt_mode != TT_CKPT_STASHING) return;
+  stash_free(tt_ckpt_stash);
+  tt_ckpt_stash = NULL;
+  tt_ckpt_mode = TT_CKPT_OFF;
+}
+
+void tt_set_recompute_hook(tt_recompute_fn fn, void *userdata) {
+  tt_recompute_hook = fn;
+  tt_recompute_hook_ud = userdata;
+}
+
+/* inputs[0] = x; i[0] = the caller's key; ctx = the block's stash (or NULL). Re-runs the
+** block from a fresh leaf sharing x's storage (the hook records its forward and runs the
+** nested backward from its output with grad_out), then adds the leaf's gradient into x.
+** Whatever the re-run recorded and its backward did not reach is dropped before the
+** outer backward goes on. */
+static int checkpoint_backward(tt_node *node, tt_tensor *grad_out) {
+  tt_tensor *x = node->inputs[0], *leaf = NULL;
+  TT_CHECK(tt_recompute_hook, "checkpoint: no recompute hook is set");
+  TT_TRY(tt_detach(x, &leaf));
+  leaf->requires_grad = 1;
+  const int64_t outer_base = tt_tape_base;
+  const int outer_grad = tt_grad_enabled;
+  tt_tape_base = tt_tape_len;
+  tt_grad_enabled = 1;
+  ckpt_stash *st = node->ctx;
+  if (st) st->next = 0;
+  tt_ckpt_stash = st;
+  tt_ckpt_mode = TT_CKPT_REPLAYING;
+  int rc = tt_recompute_hook(node->i[0], leaf, grad_out, tt_recompute_hook_ud);
+  tt_ckpt_mode = TT_CKPT_OFF;
+  tt_ckpt_stash = NULL;
+  tt_grad_enabled = outer_grad;
+  tape_truncate(tt_tape_base);
+  tt_tape_base = outer_base;
+  if (rc == 0 && leaf->grad && tt_needs_grad(x)) rc = tt_accumulate_grad(x, leaf->grad);
+  tt_tensor_release(leaf);
+  return rc;
+}
+
+int tt_checkpoint(tt_tensor *x, tt_tensor *y, int64_t key) {
+  ckpt_stash *st = tt_ckpt_mode == TT_CKPT_STASHING ? tt_ckpt_stash : NULL;
+  if (tt_ckpt_mode == TT_CKPT_STASHING) {
+    tt_ckpt_stash = NULL;
+    tt_ckpt_mode = TT_CKPT_OFF;
+  }
+  if (!tt_should_record(&x, 1)) {
+    stash_free(st);
+    return 0;
+  }
+  if (!y->is_leaf || y->requires_grad) {
+    stash_free(st);
+    return tt_set_error("checkpoint: the block's output was recorded (run the block with "
+                        "recording off)");
+  }
+  tt_node *node = tt_record("checkpoint", checkpoint_backward, y, &x, 1);
+  if (!node) {
+    stash_free(st);
+    return -1;
+  }
+  node->i[0] = key;
+  node->ctx = st;
+  node->free_ctx = stash_free;
+  return 0;
 }

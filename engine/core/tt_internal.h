@@ -47,6 +47,16 @@ tt_node *tt_record(const char *name, tt_backward_fn backward, tt_tensor *out,
                    tt_tensor *const *inputs, int n_inputs);
 /* Retains t and stores it in node->saved[node->n_saved++]. */
 void tt_node_save(tt_node *node, tt_tensor *t);
+/* Activation recompute (autograd.c, tt_checkpoint): whether the running forward is a
+** checkpointed block's first run (TT_CKPT_STASHING) or its re-run in backward
+** (TT_CKPT_REPLAYING). An op whose forward reads state it then changes (an FP8 layer's
+** scale, from an amax history it moves on) stashes what it read on the first run and, on
+** the re-run, takes it back (tt_checkpoint_replay, in the same order) and changes nothing,
+** so the re-run computes what the first run did and the state moves once. */
+enum { TT_CKPT_OFF, TT_CKPT_STASHING, TT_CKPT_REPLAYING };
+int tt_checkpoint_mode(void);
+int tt_checkpoint_stash(const double *v, int n);   /* 0 (no-op) outside STASHING */
+int tt_checkpoint_replay(double *v, int n);
 /* True when t takes part in autograd (requires_grad set). */
 int tt_needs_grad(const tt_tensor *t);
 /* t->grad += g (allocating t->grad as zeros on first use). g's shape must equal t's;

@@ -284,6 +284,26 @@ static int quantize_delayed(const char *op, tt_tensor **x, tt_fp8_meta **m, int 
   return 0;
 }
 
+/* The forward's quantisation of x and w (quantize_delayed). Inside activation recompute
+** (tt_checkpoint) a checkpointed block's first run stashes the two scales it used, and
+** its re-run in backward quantises with those, recording no amax: the histories move
+** once per forward, and the re-run's codes are the first run's. */
+static int fp8_forward_quantize(tt_tensor **x, tt_fp8_meta **m, void *group,
+                                tt_tensor **codes, float *scale_used) {
+  if (tt_checkpoint_mode() == TT_CKPT_REPLAYING) {
+    double s[2];
+    TT_TRY(tt_checkpoint_replay(s, 2));
+    for (int i = 0; i < 2; i++) {
+      scale_used[i] = (float)s[i];
+      TT_TRY(quantize_into("fp8_linear", x[i], m[i]->dtype, scale_used[i], 0, &codes[i], NULL));
+    }
+    return 0;
+  }
+  TT_TRY(quantize_delayed("fp8_linear", x, m, 2, group, codes, scale_used));
+  double s[2] = {scale_used[0], scale_used[1]};
+  return tt_checkpoint_stash(s, 2);
+}
+
 /* A new f32 tensor of the fp8 values of `codes` (not divided by any scale): exact, and
 ** what the tensor cores multiply. */
 static int decode_fp8(tt_tensor *codes, tt_tensor **out) {
@@ -387,6 +407,10 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
   TT_TRY(tt_check_same_device("fp8_linear", ins, bias ? 3 : 2));
   if (tt_device_is_cuda(x->device)) {
     if (!tt_cuda_fp8_linear) return tt_no_kernel("fp8_linear", x->device);
+    /* The device keeps its scales on the device (no host read per GEMM), so there is no
+    ** stash to replay from: a re-run would quantise with moved scales. */
+    TT_CHECK(tt_checkpoint_mode() == TT_CKPT_OFF, "fp8_linear: activation recompute of "
+             "FP8 layers runs on the CPU only (train.recompute with fp8 on cuda)");
     return tt_cuda_fp8_linear(x, w, bias, st, out);
   }
   TT_CHECK(!st->fast_accum,
@@ -408,7 +432,7 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
   if (!rc) {
     tt_tensor *ops[2] = {x2, wc};
     tt_fp8_meta *ms[2] = {&st->x, &st->w};
-    rc = quantize_delayed("fp8_linear", ops, ms, 2, st->amax_group, q, scale);
+    rc = fp8_forward_quantize(ops, ms, st->amax_group, q, scale);
   }
   /* Y (rows, out) = q_x (rows, in) @ q_w (out, in)^T */
   if (!rc) rc = decode_fp8(q[0], &dxq);

@@ -499,6 +499,7 @@ end
 function methods.backward(t, grad)
   if grad then check(C.tt_backward_with(t, grad)) else check(C.tt_backward(t)) end
 end
+jit.off(methods.backward)   -- may call back into Lua (tetra.nn.recompute)
 
 function methods.zero_grad(t) check(C.tt_zero_grad(t)) end
 

@@ -2,9 +2,11 @@
 ** Autograd: view backward against finite differences, a two-layer network end to end
 ** through the tape against a float64 reference, gradient accumulation, no-grad mode,
 ** detach, the grad-ready hook, the tape being freed after backward, and interleaved
-** graphs (pipeline micro-batches) backpropagated one at a time.
+** graphs (pipeline micro-batches) backpropagated one at a time, and activation recompute
+** (tt_checkpoint: bit-identical gradients, nested backward, the stash, a failing re-run).
 */
 #include "tt_test.h"
+#include "core/tt_internal.h"   /* the recompute stash (tt_checkpoint_stash, _replay) */
 
 /* -- View ops ------------------------------------------------------------------------ */
 
@@ -361,4 +363,122 @@ Test(autograd, deferred_grads_come_last_and_equal) {
     tt_tensor_release(p[i]);
   }
   tt_tensor_release(ids);
+}
+
+/* -- Activation recompute (tt_checkpoint) -------------------------------------------- */
+
+/* Two residual blocks y = x + linear(silu(linear(x, w, b)), v) (x: (N, D_IN), w: (D_H,
+** D_IN), v: (D_IN, D_H)) after an input projection, run plainly or checkpointed: each
+** block's first run records nothing, its re-run comes from recompute_block (the hook),
+** which also checks the stash hands back what the first run kept. */
+typedef struct ckpt_case {
+  tt_tensor *p[5];    /* w0 (D_IN, D_IN), w, b, v, then c (D_IN, D_IN) for the second block */
+  int reruns, fail;
+} ckpt_case;
+
+static int block(const ckpt_case *c, int k, tt_tensor *x, tt_tensor **y) {
+  tt_tensor *h = NULL, *a = NULL, *o = NULL, *w = NULL;
+  int rc = 0;
+  if (k == 1) rc = tt_matmul(c->p[1], c->p[4], NULL, 0, 0, &w);   /* the second block's w */
+  else w = c->p[1], tt_tensor_retain(w);
+  if (!rc) rc = tt_linear(x, w, c->p[2], &h);
+  if (!rc) rc = tt_silu(h, &a);
+  if (!rc) rc = tt_linear(a, c->p[3], NULL, &o);
+  if (!rc) rc = tt_add(x, o, y);
+  tt_tensor *all[] = {h, a, o, w};
+  for (int i = 0; i < 4; i++) tt_tensor_release(all[i]);
+  return rc;
+}
+
+static int recompute_block(int64_t key, tt_tensor *leaf, tt_tensor *grad_out, void *ud) {
+  ckpt_case *c = ud;
+  c->reruns++;
+  if (c->fail) return tt_fail("block failed on purpose");
+  double s[2];
+  if (tt_checkpoint_replay(s, 2) || s[0] != (double)key || s[1] != 0.5 * (double)key)
+    return tt_fail("stash: not what the first run kept");
+  if (tt_checkpoint_replay(s, 1) == 0) return tt_fail("stash: more values than kept");
+  tt_tensor *y = NULL;
+  int rc = block(c, (int)key - 1, leaf, &y);
+  if (!rc) rc = tt_backward_with(y, grad_out);
+  tt_tensor_release(y);
+  return rc;
+}
+
+/* The loss of the net; with `checkpointed`, both blocks run through tt_checkpoint. */
+static int ckpt_net(ckpt_case *c, tt_tensor *in, int checkpointed, tt_tensor **loss) {
+  tt_tensor *x[3] = {NULL, NULL, NULL}, *sq = NULL;
+  int rc = tt_linear(in, c->p[0], NULL, &x[0]);
+  for (int k = 0; k < 2 && !rc; k++) {
+    if (!checkpointed) {
+      rc = block(c, k, x[k], &x[k + 1]);
+      continue;
+    }
+    tt_set_grad_enabled(0);
+    tt_checkpoint_begin();
+    double s[2] = {k + 1, 0.5 * (k + 1)};
+    rc = tt_checkpoint_stash(s, 2);
+    if (!rc) rc = block(c, k, x[k], &x[k + 1]);
+    tt_set_grad_enabled(1);
+    if (!rc) rc = tt_checkpoint(x[k], x[k + 1], k + 1);
+    else tt_checkpoint_cancel();
+  }
+  if (!rc) rc = tt_mul(x[2], x[2], &sq);
+  if (!rc) rc = tt_mean(sq, NULL, 0, 0, loss);
+  tt_tensor *all[] = {x[0], x[1], x[2], sq};
+  for (int i = 0; i < 4; i++) tt_tensor_release(all[i]);
+  return rc;
+}
+
+Test(autograd, checkpoint_is_bit_identical_and_nests) {
+  int64_t sx[2] = {N, D_IN}, s0[2] = {D_IN, D_IN}, s1[2] = {D_H, D_IN}, sb[1] = {D_H};
+  int64_t s2[2] = {D_IN, D_H}, sc[2] = {D_IN, D_IN};
+  ckpt_case c = {{tt_test_rand(s0, 2, 41), tt_test_rand(s1, 2, 42), tt_test_rand(sb, 1, 43),
+                  tt_test_rand(s2, 2, 44), tt_test_rand(sc, 2, 45)}, 0, 0};
+  tt_tensor *in = tt_test_rand(sx, 2, 40), *plain[5], *loss = NULL;
+  for (int i = 0; i < 5; i++) tt_set_requires_grad(c.p[i], 1);
+  tt_set_recompute_hook(recompute_block, &c);
+  cr_assert(ckpt_net(&c, in, 0, &loss) == 0, "%s", tt_last_error());
+  int64_t plain_nodes = tt_tape_size();
+  cr_assert(tt_backward(loss) == 0, "%s", tt_last_error());
+  tt_tensor_release(loss);
+  for (int i = 0; i < 5; i++) {
+    plain[i] = c.p[i]->grad;
+    c.p[i]->grad = NULL;
+  }
+  /* Checkpointed, with the blocks' weights deferred as data parallelism defers the first
+  ** blocks': the nested backward runs whole and the gradients are the same bits. */
+  for (int deferred = 0; deferred < 2; deferred++) {
+    c.reruns = 0;
+    if (deferred) cr_assert(tt_set_deferred_grads(c.p + 1, 4) == 0);
+    cr_assert(ckpt_net(&c, in, 1, &loss) == 0, "%s", tt_last_error());
+    cr_assert_eq(tt_tape_size(), 1 + 2 + 2, "input linear, 2 checkpoints, mul, mean");
+    cr_assert(tt_tape_size() < plain_nodes);
+    cr_assert(tt_backward(loss) == 0, "%s", tt_last_error());
+    cr_assert(tt_set_deferred_grads(NULL, 0) == 0);
+    tt_tensor_release(loss);
+    cr_assert_eq(c.reruns, 2);
+    cr_assert_eq(tt_tape_size(), 0);
+    for (int i = 0; i < 5; i++) {
+      cr_assert(memcmp(c.p[i]->grad->storage->data, plain[i]->storage->data,
+                       (size_t)tt_tensor_numel(c.p[i]) * sizeof(float)) == 0,
+                "parameter %d: recomputed gradient differs (deferred %d)", i, deferred);
+      cr_assert_eq(c.p[i]->tape_uses, 0);
+      cr_assert_eq(c.p[i]->grad_deferred, 0);
+      tt_zero_grad(c.p[i]);
+    }
+  }
+  /* A failing re-run fails the backward with its message and leaves an empty tape. */
+  c.fail = 1;
+  cr_assert(ckpt_net(&c, in, 1, &loss) == 0, "%s", tt_last_error());
+  cr_assert(tt_backward(loss) != 0);
+  cr_assert(strstr(tt_last_error(), "block failed on purpose") != NULL, "%s", tt_last_error());
+  cr_assert_eq(tt_tape_size(), 0);
+  tt_tensor_release(loss);
+  tt_set_recompute_hook(NULL, NULL);
+  for (int i = 0; i < 5; i++) {
+    tt_tensor_release(plain[i]);
+    tt_tensor_release(c.p[i]);
+  }
+  tt_tensor_release(in);
 }

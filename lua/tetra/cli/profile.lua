@@ -69,7 +69,7 @@ local function time_chain(dev, clock, ids, targets, parts)
   for i = n, 1, -1 do
     local g = i < n and inputs[i + 1].grad or nil
     local t0 = clock()
-    if g then tffi.check(C.tt_backward_with(outputs[i], g)) else F.backward(outputs[i]) end
+    if g then F.backward_with(outputs[i], g) else F.backward(outputs[i]) end
     bwd[i] = clock() - t0
     if g then free(g) end
     free(outputs[i])

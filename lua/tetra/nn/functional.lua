@@ -174,4 +174,14 @@ function F.backward(loss)
   if C.tt_backward(loss) ~= 0 then error(ffi.string(C.tt_last_error()), 2) end
 end
 
+-- Backward from root with the upstream gradient grad (root's shape).
+function F.backward_with(root, grad)
+  if C.tt_backward_with(root, grad) ~= 0 then error(ffi.string(C.tt_last_error()), 2) end
+end
+
+-- Backward may call back into Lua (activation recompute, tetra.nn.recompute), which
+-- LuaJIT's FFI promises only for a C call the interpreter made: these two never compile.
+jit.off(F.backward)
+jit.off(F.backward_with)
+
 return F

@@ -292,7 +292,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
       else
         local g = F.empty(y:shape(), C.TT_F32, self.par.device)
         self.group:recv(g, (vs + 1) % self.stages, self:grad_tag(m, vs))
-        tffi.check(C.tt_backward_with(y, g))
+        F.backward_with(y, g)
         free(g)
       end
       free(y)

@@ -1,8 +1,9 @@
 -- tetra.train.setup: the training environment `env`, the one table every step reads and
 -- writes (tetra.train.step), built in this order: the layout's parallelism applied to
 -- the model (tetra.parallel.apply, from the recipe's plan), the precision (tetra.optim.amp),
--- the device, telemetry, the optimizer and its data-parallel wrapper, the step strategy,
--- the loss guard, CUDA graphs, then a checkpoint's state when resuming.
+-- activation recompute (tetra.nn.recompute), the device, telemetry, the optimizer and its
+-- data-parallel wrapper, the step strategy, the loss guard, CUDA graphs, then a
+-- checkpoint's state when resuming.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 local C = tffi.C
@@ -62,6 +63,10 @@ return function(cfg, model, data, opts)
   end
   local ctx = amp.wrap(model, cfg, { amax_group = amax_group, partial = lay.pp > 1,
                                      fail = dist.fail })
+  -- Activation recompute (train.recompute): the plan's blocks checkpointed around
+  -- whatever forward the layout and the precision gave them (tetra.nn.recompute).
+  local ok, err = pcall(require("tetra.nn.recompute").apply, model, opts.plan, t)
+  if not ok then dist.fail(tostring(err)) end
 
   -- Device.
   local dev = device.id(t.device)
