@@ -243,6 +243,39 @@ describe("plan layouts", function()
     expect(loaded.model.dim).to_be(128)
   end)
 
+  it("weighs recompute none and full, and writes the one it picks", function()
+    local seen, full = {}, nil
+    for _, r in ipairs(plan.search(cfg, cl)) do
+      seen[r.recompute] = true
+      if r.recompute == "full" and not full then full = r end
+    end
+    expect(seen.none).to_be(true)
+    expect(seen.full).to_be(true)
+    local path = os.tmpname() .. ".yaml"
+    local f = assert(io.open(path, "w"))
+    f:write(plan.yaml(cfg, full, cl))
+    f:close()
+    local _, loaded = config.load(path, {}, { world_size = full.world })
+    os.remove(path)
+    expect(loaded.train.recompute).to_be("full")
+    local settings = table.concat(plan.settings(full), " ")
+    expect(settings:find("train.recompute=full", 1, true) ~= nil).to_be(true)
+  end)
+
+  -- The issue that brought recompute: no layout of Llama-3 70B fitted 64 H100s. The
+  -- guide's kind of layout (tp 4 in a node, pp 8, dp 2) fits with it and not without.
+  it("fits Llama-3 70B on 64 H100s with activation recompute, not without", function()
+    local big = build(llama, { "train.model_name=llama3-70b", "train.batch_size=512" })
+    local h100 = plan.cluster("h100", { nodes = 8 })
+    local fits = { none = 0, full = 0 }
+    for _, r in ipairs(plan.search(big, h100, { fixed = { tp = 4, pp = 8, dp = 2 },
+                                                max_micro_batch = 2 })) do
+      if r.fits then fits[r.recompute] = fits[r.recompute] + 1 end
+    end
+    expect(fits.none).to_be(0)
+    expect(fits.full > 0).to_be(true)
+  end)
+
   it("marks a layout that does not fit", function()
     local big = plan.cluster("cpu", { devices_per_node = 2, mem_bytes = 1e6 })
     local rows = plan.search(cfg, big)

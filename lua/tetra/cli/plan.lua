@@ -29,6 +29,8 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
                   for the last rank to arrive, as a share of the computation since the
                   previous one (default 0; tools/bench/plan.sh measures this machine's)
   --tp/--pp/--dp/--cp N  only layouts with that size
+  Every layout is weighed with and without activation recompute (train.recompute none
+  and full; the rc column), ZeRO-1 on and off, sequence parallelism on and off.
   --top K         print the best K layouts (default 15); --all prints every one
   --json          a JSON list of objects instead of the table
   --write FILE    write the best layout (or --pick N, 1-based) as YAML for `tetra run`
@@ -161,15 +163,17 @@ function M.table(rows, cl, cfg)
     "# %s: %d devices; model %s (%s parameters, dim %d, %d layers, seq %d), batch %d " ..
     "sequences", cl.name, cl.devices, cfg.train.model_name or m.family or "llama",
     count_text(plan.parameter_count(m)), m.dim, m.n_layers, m.seq_len, cfg.train.batch_size)
-  local fmt = "%4s %4s %3s %3s %3s %4s %3s %4s %6s %-12s %9s %8s %8s %8s %8s %8s %8s %8s %8s %8s %12s %6s %s"
-  out[#out + 1] = string.format(fmt, "rank", "dp", "tp", "pp", "cp", "zero", "sp", "mb",
+  local fmt = "%4s %4s %3s %3s %3s %4s %3s %4s %4s %6s %-12s %9s %8s %8s %8s %8s %8s %8s %8s %8s %8s %12s %6s %s"
+  local rc_short = { none = "-", full = "full", selective = "sel" }
+  out[#out + 1] = string.format(fmt, "rank", "dp", "tp", "pp", "cp", "zero", "sp", "rc", "mb",
     "accum", "schedule", "mem GiB", "params", "grads", "optim", "acts", "comm", "step s",
     "compute", "exp.comm", "bubble", "tokens/s", "MFU", "fits")
   for i, r in ipairs(rows) do
     local sched = r.schedule
     if r.virtual > 1 then sched = sched .. "/v" .. r.virtual end
     out[#out + 1] = string.format(fmt, i, r.dp, r.tp, r.pp, r.cp, r.zero_stage,
-      r.sequence_parallel and "y" or "-", r.micro_batch, r.grad_accum, sched,
+      r.sequence_parallel and "y" or "-", rc_short[r.recompute] or r.recompute,
+      r.micro_batch, r.grad_accum, sched,
       string.format("%.3f", r.mem_gib), string.format("%.3f", gib(r.mem.params)),
       string.format("%.3f", gib(r.mem.grads)), string.format("%.3f", gib(r.mem.optimizer)),
       string.format("%.3f", gib(r.mem.activations)), string.format("%.3f", gib(r.mem.comm)),
@@ -186,7 +190,8 @@ function M.json(rows)
   local list = {}
   for i, r in ipairs(rows) do
     list[i] = { rank = i, dp = r.dp, tp = r.tp, pp = r.pp, cp = r.cp, zero_stage = r.zero_stage,
-                sequence_parallel = r.sequence_parallel, micro_batch = r.micro_batch,
+                sequence_parallel = r.sequence_parallel, recompute = r.recompute,
+                micro_batch = r.micro_batch,
                 grad_accum = r.grad_accum, schedule = r.schedule, virtual = r.virtual,
                 mem_gib = r.mem_gib, mem_rank0_bytes = r.mem_rank0,
                 mem_bytes = r.mem.total, params_bytes = r.mem.params, grads_bytes = r.mem.grads,

@@ -83,6 +83,7 @@ function M.settings(r)
     "parallel.sequence_parallel=" .. tostring(r.sequence_parallel),
     "train.gradient_accumulation_steps=" .. r.grad_accum,
   }
+  if r.recompute and r.recompute ~= "none" then s[#s + 1] = "train.recompute=" .. r.recompute end
   if r.pp > 1 then
     s[#s + 1] = "parallel.pipeline_schedule=" .. r.schedule
     if r.virtual > 1 then s[#s + 1] = "parallel.virtual_pipeline_size=" .. r.virtual end
@@ -118,6 +119,9 @@ function M.yaml(cfg, r, cl)
   lines[#lines + 1] = "  batch_size: " .. t.batch_size
   lines[#lines + 1] = "  gradient_accumulation_steps: " .. r.grad_accum
   lines[#lines + 1] = "  precision: " .. (cl.precision or t.precision or "fp32")
+  if r.recompute and r.recompute ~= "none" then
+    lines[#lines + 1] = "  recompute: " .. r.recompute
+  end
   lines[#lines + 1] = "parallel:"
   lines[#lines + 1] = "  data_parallel_size: " .. r.dp
   lines[#lines + 1] = "  tensor_parallel_size: " .. r.tp

@@ -11,7 +11,7 @@ function M.layout_of(cfg)
   return { tp = s.tp, cp = s.cp, dp = s.dp, pp = s.pp, v = s.virtual,
            zero = p.zero_stage or 0, sp = p.sequence_parallel == true,
            micro_batch = s.micro_batch, schedule = p.pipeline_schedule or "1f1b",
-           recompute = "none" }
+           recompute = (cfg.train or {}).recompute or "none" }
 end
 
 -- cfg with lay's sizes in it (a copy of the parallel and train sections).
@@ -27,6 +27,7 @@ function M.with_layout(cfg, lay)
   p.pipeline_schedule, p.virtual_pipeline_size = lay.schedule, lay.v
   c.train.gradient_accumulation_steps = c.train.batch_size / (lay.dp * lay.micro_batch)
   c.train.micro_batch_size = nil
+  if lay.recompute == "none" or lay.recompute == "full" then c.train.recompute = lay.recompute end
   return c
 end
 
@@ -40,8 +41,9 @@ end
 -- parallelism within a node), each micro-batch size, ZeRO-1 on and off, sequence
 -- parallelism on and off, each pipeline schedule. opts.fixed: { tp =, pp =, dp =, cp = }
 -- sizes to keep; opts.max_micro_batch: the largest micro-batch tried (16);
--- opts.recompute ("full", "selective"): price activation recompute (not in the engine:
--- for comparing published runs that used it); opts.fp8: FP8 matmuls.
+-- activation recompute none and full (train.recompute, what the engine does), or only
+-- opts.recompute ("none", "full", or "selective": priced only to compare published runs
+-- that used torchtitan's per-op policy; the engine has none); opts.fp8: FP8 matmuls.
 function M.layouts(cfg, cl, opts)
   opts = opts or {}
   local W, B = cl.devices, cfg.train.batch_size
@@ -69,11 +71,14 @@ function M.layouts(cfg, cl, opts)
               for _, v in ipairs(vs) do
                 for _, zero in ipairs(dp * cp > 1 and { 0, 1 } or { 0 }) do
                   for _, sp in ipairs(tp > 1 and { false, true } or { false }) do
-                    local lay = { tp = tp, cp = cp, dp = dp, pp = pp, v = v, zero = zero,
-                                  sp = sp, micro_batch = mb, schedule = sched,
-                                  recompute = opts.recompute or "none", fp8 = opts.fp8 }
-                    if #layout_rules.problems(M.with_layout(cfg, lay), W) == 0 then
-                      out[#out + 1] = lay
+                    for _, rc in ipairs(opts.recompute and { opts.recompute }
+                                        or { "none", "full" }) do
+                      local lay = { tp = tp, cp = cp, dp = dp, pp = pp, v = v, zero = zero,
+                                    sp = sp, micro_batch = mb, schedule = sched,
+                                    recompute = rc, fp8 = opts.fp8 }
+                      if #layout_rules.problems(M.with_layout(cfg, lay), W) == 0 then
+                        out[#out + 1] = lay
+                      end
                     end
                   end
                 end
