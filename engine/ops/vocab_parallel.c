@@ -83,10 +83,11 @@ int tt_vocab_parallel_cross_entropy(tt_comm *group, tt_tensor *logits, tt_tensor
   const void *x = tt_tensor_data(lc), *tg = tt_tensor_data(tc);
   int i64 = tc->dtype == TT_I64;
   float *m = tt_tensor_data(mx), *r = tt_tensor_data(red);
+  int alone = tt_comm_size(group) == 1;   /* a group of one needs no collective (nor NCCL) */
   if (k->row_max(m, x, tg, i64, ignore_index, N, vl, lc->dtype) != 0 ||
-      tt_comm_all_reduce(group, mx, TT_REDUCE_MAX) != 0 ||
+      (!alone && tt_comm_all_reduce(group, mx, TT_REDUCE_MAX) != 0) ||
       k->row_partials(r, x, m, tg, i64, ignore_index, vocab_start, N, vl, lc->dtype) != 0 ||
-      tt_comm_all_reduce(group, red, TT_REDUCE_SUM) != 0 ||
+      (!alone && tt_comm_all_reduce(group, red, TT_REDUCE_SUM) != 0) ||
       k->finish(tt_tensor_data(loss), tt_tensor_data(lse), m, r, tg, i64, ignore_index,
                 vocab_start, N, vl) != 0)
     goto fail;

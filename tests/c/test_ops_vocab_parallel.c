@@ -94,7 +94,8 @@ static double ref_loss(const vp_case *c, double dloss, double *grad) {
 static void check_case(vp_case *c, double tol, double gtol) {
   int64_t N = c->N, V = c->V, S = c->S;
   float *mx = calloc((size_t)N, sizeof(float)), *mx_s = malloc(sizeof(float) * (size_t)N);
-  float *red = calloc((size_t)(3 * N), sizeof(float)), *red_s = malloc(sizeof(float) * (size_t)(3 * N));
+  float *red = calloc((size_t)(3 * N), sizeof(float));
+  float *red_s = malloc(sizeof(float) * (size_t)(3 * N));
   float *lse = malloc(sizeof(float) * (size_t)N);
   double *want = malloc(sizeof(double) * (size_t)(N * V));
   void *shard[MAX_S];
@@ -123,7 +124,8 @@ static void check_case(vp_case *c, double tol, double gtol) {
       int64_t t = c->t[n];
       int own = t != IGNORE && t >= a && t < a + vl;
       double se = 0.0;
-      for (int64_t j = 0; j < vl && t != IGNORE; j++) se += exp((double)c->x[n * V + a + j] - mx[n]);
+      for (int64_t j = 0; j < vl && t != IGNORE; j++)
+        se += exp((double)c->x[n * V + a + j] - mx[n]);
       cr_assert(fabs(red_s[n] - se) <= 1e-5 * (se + 1e-30), "sum of exp shard %lld row %lld: "
                 "%g, want %g", (long long)s, (long long)n, red_s[n], se);
       cr_assert_eq(red_s[N + n], own ? c->x[n * V + t] : 0.0f, "target logit shard %lld row "

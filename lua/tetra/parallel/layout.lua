@@ -180,7 +180,9 @@ function M.step_kernels(cfg)
   else
     use("loss", "the loss")
   end
-  if precision == "bf16" or precision == "fp16" then use("matmul_lowp", "train.precision=" .. precision) end
+  if precision == "bf16" or precision == "fp16" then
+    use("matmul_lowp", "train.precision=" .. precision)
+  end
   if precision == "fp8" then use("fp8_linear", "train.precision=fp8") end
   return out
 end
