@@ -72,7 +72,8 @@ cudaError_t tt_cuda_host_wait(cudaStream_t s);
 ** instead of reading it back, the op calls tt_cuda_check_defer, which records (on the
 ** device, in stream order) the first failure of that kind with the offending value
 ** values[pos] and the limit; tt_cuda_checks_take reads the records later. */
-enum { TT_CHECK_EMBEDDING_ID = 0, TT_CHECK_CE_TARGET = 1, TT_CHECK_KINDS = 2 };
+enum { TT_CHECK_EMBEDDING_ID = 0, TT_CHECK_CE_TARGET = 1, TT_CHECK_VP_TARGET = 2,
+       TT_CHECK_KINDS = 3 };
 int tt_cuda_checks_deferred(void);
 int tt_cuda_check_defer(int kind, const unsigned long long *bad_pos, const void *values,
                         int values_i64, int64_t limit);

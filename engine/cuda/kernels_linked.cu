@@ -22,11 +22,13 @@ extern "C" {
 #include "optim.h"
 #include "reduce.h"
 #include "rope.h"
+#include "vocab_parallel.h"
 }
 
 #define FAMILIES(X) \
   X(elementwise) X(activation) X(reduce) X(matmul) X(embedding) X(norm) X(rope) \
-  X(attention) X(loss) X(optim) X(cast) X(matmul_lowp) X(fp8_linear) X(fused)
+  X(attention) X(loss) X(optim) X(cast) X(matmul_lowp) X(fp8_linear) X(fused) \
+  X(vocab_parallel)
 
 #define DECLARE(fam) extern "C" const char tt_cuda_family_##fam[];
 FAMILIES(DECLARE)
@@ -40,6 +42,7 @@ int tt_cuda_kernels_linked(void) {
     &tt_elementwise_cuda, &tt_activation_cuda, &tt_reduce_cuda, &tt_matmul_cuda,
     &tt_embedding_cuda, &tt_norm_cuda, &tt_rope_cuda, &tt_attention_cuda, &tt_loss_cuda,
     &tt_optim_cuda, names[10], names[11], names[12], &tt_fused_cuda,
+    &tt_vocab_parallel_cuda,
   };
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
     TT_CHECK(tables[i] != NULL, "cuda: the kernel table of %s is not linked in", names[i]);

@@ -404,6 +404,8 @@ static int g_defer_checks;
 static const char *const g_check_messages[TT_CHECK_KINDS] = {
   "embedding: id %lld at position %llu is outside the vocabulary [0, %lld)",
   "cross_entropy: target %lld at row %llu is outside [0, %lld)",
+  "vocab_parallel_cross_entropy: target %lld at row %llu is outside the vocabulary of the "
+  "group (no rank, or more than one, owns it; this rank's shard ends before %lld)",
 };
 
 extern "C" int tt_cuda_set_deferred_checks(int on) {

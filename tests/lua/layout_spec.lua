@@ -103,3 +103,88 @@ describe("layout.problems", function()
       .to_error("config error: this layout needs 2 processes")
   end)
 end)
+
+-- The device guard: every layout of tests/dist/layouts.txt, run on cuda, must find a CUDA
+-- kernel for each family its step dispatches, and the table that says so must match the
+-- CUDA sources (a family whose .cu goes away fails here, on a machine without a GPU).
+describe("layout.device_problem", function()
+  local source = require("tetra.host").source_dir
+
+  local function read(path)
+    local f = assert(io.open(source .. "/" .. path, "r"), "cannot read " .. path)
+    local text = f:read("*a")
+    f:close()
+    return text
+  end
+
+  -- The config of one layouts.txt row (layout and common settings), on cuda.
+  local function row_config(layout_col, common_col)
+    local c = { train = { device = "cuda" }, parallel = {}, model = {} }
+    for _, col in ipairs({ common_col, layout_col }) do
+      for kv in col:gmatch("%S+") do
+        local key, value = kv:match("^([%w_.]+)=(.*)$")
+        if key then
+          local section, name = key:match("^(%w+)%.(.+)$")
+          if c[section] then
+            local v = tonumber(value)
+            if value == "true" then v = true elseif value == "false" then v = false end
+            c[section][name] = v == nil and value or v
+          end
+        end
+      end
+    end
+    return c
+  end
+
+  it("accepts every row of tests/dist/layouts.txt on cuda", function()
+    local rows = 0
+    for line in read("tests/dist/layouts.txt"):gmatch("[^\n]+") do
+      if not line:match("^%s*#") and line:match("%S") then
+        local cols = {}
+        for col in (line .. "|"):gmatch("([^|]*)|") do cols[#cols + 1] = col end
+        local c = row_config(cols[4], cols[5])
+        local name = cols[1]:match("%S+")
+        expect({ name, layout.device_problem(c) }).to_equal({ name })
+        rows = rows + 1
+      end
+    end
+    expect(rows > 50).to_be(true)
+  end)
+
+  it("claims only CUDA kernels that the sources define and link in", function()
+    local linked = read("engine/cuda/kernels_linked.cu")
+    local families = {}
+    for fam in linked:match("#define FAMILIES%(X%)(.-)\n\n"):gmatch("X%((%w[%w_]*)%)") do
+      families[fam] = true
+      expect({ fam, layout.cuda_kernels[fam] ~= nil }).to_equal({ fam, true })
+    end
+    for fam in pairs(layout.cuda_kernels) do
+      expect({ fam, families[fam] == true }).to_equal({ fam, true })
+      local defined = false
+      for _, dir in ipairs({ "kernels/cuda/", "engine/cuda/" }) do
+        local f = io.open(source .. "/" .. dir .. fam .. ".cu", "r")
+        if f then
+          defined = defined or f:read("*a"):find("TT_CUDA_FAMILY(" .. fam .. ")", 1, true) ~= nil
+          f:close()
+        end
+      end
+      expect({ fam, defined }).to_equal({ fam, true })
+    end
+  end)
+
+  it("refuses a step whose kernel has no CUDA implementation, in one line", function()
+    local c = cfg({ tensor_parallel_size = 2 }, nil, { device = "cuda", precision = "bf16" })
+    expect(layout.problems(c, 2)).to_equal({})
+    local saved = layout.cuda_kernels.vocab_parallel
+    layout.cuda_kernels.vocab_parallel = { f32 = true }
+    local ok, problems = pcall(layout.problems, c, 2)
+    layout.cuda_kernels.vocab_parallel = saved
+    expect(ok).to_be(true)
+    expect(#problems).to_be(1)
+    expect(problems[1]).to_match("^train.device=cuda: the loss under " ..
+                                 "parallel.tensor_parallel_size=2 runs the vocab_parallel " ..
+                                 "kernels in bf16, which have no CUDA implementation")
+    expect(layout.device_problem(cfg({ tensor_parallel_size = 2 }, nil, { device = "cpu" })))
+      .to_be(nil)
+  end)
+end)

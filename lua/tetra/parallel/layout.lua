@@ -7,6 +7,8 @@
 --
 --   layout.sizes(cfg)                -- { tp, cp, dp, pp, world, virtual, ... }
 --   layout.problems(cfg, world_size) -- every problem, as an array of lines
+--   layout.step_kernels(cfg)         -- the kernel families a step dispatches, and dtypes
+--   layout.device_problem(cfg)       -- the line refusing a step with no CUDA kernel, or nil
 local M = {}
 
 -- The config key of each dimension's size (parallel.<key>).
@@ -145,6 +147,62 @@ local function pipeline_rules(cfg, s, out)
   end
 end
 
+-- -- Device support ----------------------------------------------------------------------
+
+-- The kernel families with a CUDA implementation (kernels/cuda/<family>.cu and the
+-- engine's own CUDA files, each named in engine/cuda/kernels_linked.cu), with the dtypes
+-- of the activations or logits each takes there; true: every float dtype the step gives
+-- it. tests/lua/layout_spec.lua checks this table against those sources, so a family
+-- whose CUDA file goes away fails there, and every row of tests/dist/layouts.txt on cuda.
+M.cuda_kernels = {
+  elementwise = true, activation = true, reduce = true, matmul = true, embedding = true,
+  norm = true, rope = true, attention = true, optim = true, fused = true, cast = true,
+  matmul_lowp = true, fp8_linear = true,
+  loss = { f32 = true, bf16 = true },
+  vocab_parallel = { f32 = true, bf16 = true },
+}
+
+-- The kernel families one training step of cfg dispatches, each { family, dtype, why }:
+-- dtype is that of the activations or logits it gets (bf16 precision keeps the
+-- activations between GEMMs, the logits among them, in bf16; the others f32).
+function M.step_kernels(cfg)
+  local t, s = (cfg and cfg.train) or {}, M.sizes(cfg)
+  local precision = t.precision or "fp32"
+  local act = precision == "bf16" and "bf16" or "f32"
+  local out = {}
+  local function use(family, why) out[#out + 1] = { family = family, dtype = act, why = why } end
+  for _, f in ipairs({ "embedding", "matmul", "norm", "rope", "attention", "activation",
+                       "elementwise", "reduce", "fused", "optim", "cast" }) do
+    use(f, "every step")
+  end
+  if s.tp > 1 then
+    use("vocab_parallel", string.format("the loss under parallel.tensor_parallel_size=%d", s.tp))
+  else
+    use("loss", "the loss")
+  end
+  if precision == "bf16" or precision == "fp16" then
+    use("matmul_lowp", "train.precision=" .. precision)
+  end
+  if precision == "fp8" then use("fp8_linear", "train.precision=fp8") end
+  return out
+end
+
+-- The one line refusing cfg's step on its device, or nil: a step on a GPU needs a CUDA
+-- kernel for every family it dispatches, for the dtype it gets.
+function M.device_problem(cfg)
+  local device = cfg and cfg.train and cfg.train.device
+  if type(device) ~= "string" or not device:match("^cuda") then return nil end
+  for _, k in ipairs(M.step_kernels(cfg)) do
+    local have = M.cuda_kernels[k.family]
+    if not (have == true or (type(have) == "table" and have[k.dtype])) then
+      return string.format("train.device=%s: %s runs the %s kernels in %s, which have no " ..
+                           "CUDA implementation; train on train.device=cpu, or pick a layout " ..
+                           "or train.precision without them", device, k.why, k.family, k.dtype)
+    end
+  end
+  return nil
+end
+
 -- Every problem of cfg's layout (an empty array when there is none). world: the number
 -- of processes (nil: not checked).
 function M.problems(cfg, world)
@@ -153,6 +211,7 @@ function M.problems(cfg, world)
   tensor_rules(cfg, s, out)
   context_rules(cfg, s, out)
   pipeline_rules(cfg, s, out)
+  out[#out + 1] = M.device_problem(cfg)
   return out
 end
 

@@ -337,14 +337,11 @@ end
 
 -- logits: (..., V / tp) this rank's vocabulary columns starting at vocab_start; targets:
 -- (...) global ids -> the scalar mean cross-entropy of the full logits (every rank).
--- bf16 logits (a bf16 head) are widened first: the loss's max and sum travel in f32.
+-- bf16 logits (a bf16 head) go in as they are: the op widens them row by row, and its
+-- max and sums travel in f32.
 function M.vocab_parallel_cross_entropy(logits, targets, group, vocab_start, ignore_index)
-  local wide = logits
-  if logits._dtype ~= C.TT_F32 then wide = T.take(C.tt_cast(logits, C.TT_F32, T.pout), 2) end
-  local loss = T.take(C.tt_vocab_parallel_cross_entropy(group._c, wide, targets, vocab_start,
-                                                        ignore_index or -100, T.pout), 2)
-  if wide ~= logits then free(wide) end
-  return loss
+  return T.take(C.tt_vocab_parallel_cross_entropy(group._c, logits, targets, vocab_start,
+                                                  ignore_index or -100, T.pout), 2)
 end
 
 return M
