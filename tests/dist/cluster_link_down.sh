@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# A host cut off mid-run, on a namespace cluster of 4 hosts x 2 slots (tools/cluster):
+# dp2 x tp2 x pp2 trains until node3's eth0 goes down. Then the whole job must end
+# (mpirun exits non-zero) within dist.timeout_s + 30 s of the cut; the survivors report
+# one line naming the collective, the group, the step and the host that does not answer
+# with its ranks ("host node3 (world ranks 4,5) does not answer"); node3's own ranks
+# report too and end themselves (their stderr goes to files: it cannot reach mpirun);
+# and no process of the job is left on any host.
+# Usage: bash cluster_link_down.sh /path/to/tetra   (exit 77: skipped)
+set -u
+source "$(dirname "$0")/prelude.bash"
+source "$(dirname "$0")/cluster.bash"
+cluster_up 4 2
+timeout_s=3
+failed=0
+fail() { echo "FAIL: $*"; failed=1; }
+
+# Each rank's stderr also goes to a file of its own, on the filesystem the hosts share.
+start=$(date +%s.%N)
+on_head timeout 300 mpirun -np 8 "${mpi_hosts[@]}" bash -c \
+  'exec "$0" "$@" 2> >(tee "'"$work"'/rank$OMPI_COMM_WORLD_RANK.err" >&2)' \
+  "$tetra" run recipes/tiny.lua --set parallel.tensor_parallel_size=2 \
+  --set parallel.data_parallel_size=2 --set parallel.pipeline_parallel_size=2 \
+  --set train.steps=1000000 --set train.batch_size=16 --set model.n_layers=8 \
+  --set model.n_heads=8 --set model.n_kv_heads=8 --set model.ffn_hidden=128 \
+  --set dist.timeout_s=$timeout_s --set log.metrics_file="$work/metrics.jsonl" \
+  >"$work/mpirun.log" 2>&1 &
+job=$!
+# Cut the link once training runs.
+for _ in $(seq 1 600); do
+  steps=$(grep -c '"loss"' "$work/metrics.jsonl" 2>/dev/null)
+  [ "${steps:-0}" -ge 5 ] && break
+  kill -0 $job 2>/dev/null || break
+  sleep 0.1
+done
+kill -0 $job 2>/dev/null || { echo "FAIL: the job ended before the cut:"; cat "$work/mpirun.log"; exit 1; }
+cut=$(date +%s.%N)
+cluster link node3 down
+echo "node3's eth0 down after $(echo "$cut $start" | awk '{ printf "%.1f", $1 - $2 }') s, at step $(grep -c '"loss"' "$work/metrics.jsonl")"
+wait $job
+rc=$?
+ended=$(date +%s.%N)
+# Every process of the job on every host, gone.
+left=""
+for _ in $(seq 1 $(( (timeout_s + 30) * 10 ))); do
+  left="$(cluster procs)"
+  [ -z "$left" ] && break
+  sleep 0.1
+done
+gone=$(date +%s.%N)
+took=$(echo "$ended $cut" | awk '{ printf "%.1f", $1 - $2 }')
+clean=$(echo "$gone $cut" | awk '{ printf "%.1f", $1 - $2 }')
+echo "mpirun exited with status $rc, $took s after the cut; every host empty $clean s after it"
+grep -h "watchdog:" "$work/mpirun.log" | head -n 2
+grep -h "watchdog:" "$work/rank4.err" "$work/rank5.err" 2>/dev/null | head -n 1
+
+[ "$rc" -ne 0 ] || fail "mpirun exited 0"
+[ "$rc" -ne 124 ] || fail "mpirun hung (killed by timeout 300)"
+awk -v t="$took" -v lim=$((timeout_s + 30)) 'BEGIN { exit !(t > lim) }' &&
+  fail "mpirun took $took s, over dist.timeout_s + 30"
+[ -z "$left" ] || { fail "processes left on the hosts:"; echo "$left"; }
+line='watchdog: [a-z_]* on group [a-z]* \(world ranks [0-9,]*; .*\) at step [0-9]* has not completed .*; host node3 \(world ranks 4,5\) does not answer'
+grep -Eq "$line" "$work/mpirun.log" || { fail "no survivor's line names node3 and its ranks:"; tail -n 30 "$work/mpirun.log"; }
+for r in 4 5; do
+  grep -q "watchdog: .*this host (node3) is cut off" "$work/rank$r.err" 2>/dev/null ||
+    { fail "rank $r on node3 did not report being cut off:"; cat "$work/rank$r.err" 2>/dev/null; }
+done
+[ $failed -eq 0 ] && echo PASS
+exit $failed
