@@ -6,6 +6,7 @@
 #   cluster ARGS...      tools/cluster on this cluster (exec, bytes, procs, link ...)
 #   on_head CMD...       CMD on node1, where mpirun starts, as on a cluster's first node
 #   mpi_hosts            (set by cluster_up) the mpirun arguments of the guide's launch
+#   mpi_keepalive        the mpirun arguments that make it notice a lost host in seconds
 cluster_name=ttest
 cluster() { "$root/tools/cluster" --name "$cluster_name" "$@"; }
 cluster_missing=""
@@ -20,16 +21,16 @@ fi
 trap 'cluster down; rm -rf "$work"' EXIT
 cluster_up() {
   cluster up "$1" --slots "$2" || { echo "FAIL: tools/cluster up $1 --slots $2"; exit 1; }
-  # oob keepalive: mpirun notices a host it lost (link down, packets dropped) within
-  # 5 + 2 x 3 s while nothing is queued for it, and ends the job (docs/multinode.md).
   mpi_hosts=(-hostfile "/run/tetra-cluster/$cluster_name/hostfile"
              -mca plm_rsh_agent "/run/tetra-cluster/$cluster_name/agent"
              --map-by "ppr:$2:node" --bind-to none
              -mca btl_tcp_if_include eth0 -mca oob_tcp_if_include eth0
-             -mca oob_tcp_keepalive_time 5 -mca oob_tcp_keepalive_intvl 2
-             -mca oob_tcp_keepalive_probes 3
              -x PATH -x OMP_NUM_THREADS -x ASAN_OPTIONS)
 }
 on_head() { cluster exec node1 "$@"; }
+# oob keepalive: mpirun notices a host it lost (link down, packets dropped) within
+# 5 + 2 x 3 s of silence, and ends the job (docs/multinode.md; tetra launch sets these).
+mpi_keepalive=(-mca oob_tcp_keepalive_time 5 -mca oob_tcp_keepalive_intvl 2
+               -mca oob_tcp_keepalive_probes 3)
 # Sums of the byte counters over the hosts: "ETH0_TX LO_TX".
 cluster_bytes() { cluster bytes | awk '{ eth += $3; lo += $4 } END { print eth, lo }'; }
