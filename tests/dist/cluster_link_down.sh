@@ -5,9 +5,10 @@
 # one line naming the collective, the group, the step and the host that does not answer
 # with its ranks ("host node3 (world ranks 4,5) does not answer"); node3's own ranks
 # report being cut off (their stderr also goes to files: it cannot reach mpirun) and end
-# themselves; and no process of the job is left on any host. Twice: mpirun with the oob
-# keepalive settings of docs/multinode.md, and plain mpirun under `tetra launch`, which
-# sets them.
+# themselves; and no process of the job is left on any host. Three times: mpirun with
+# the oob keepalive settings of docs/multinode.md; plain mpirun under `tetra launch`,
+# which sets them; and, where iptables is installed, node3's packets dropped instead of
+# its link down.
 # Usage: bash cluster_link_down.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -17,8 +18,8 @@ timeout_s=3
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
 
-run_case() {   # run_case NAME LAUNCH-WORDS...: the job, started on node1 by the words
-  local name="$1"; shift
+run_case() {   # run_case NAME down|drop LAUNCH-WORDS...: the job, started on node1 by the words
+  local name="$1" how="$2"; shift 2
   local out="$work/$name"
   mkdir -p "$out"
   cluster link node3 up
@@ -44,8 +45,8 @@ run_case() {   # run_case NAME LAUNCH-WORDS...: the job, started on node1 by the
   done
   kill -0 $job 2>/dev/null || { fail "the job ended before the cut:"; cat "$out/mpirun.log"; return; }
   cut=$(date +%s.%N)
-  cluster link node3 down
-  echo "node3's eth0 down after $(echo "$cut $start" | awk '{ printf "%.1f", $1 - $2 }') s," \
+  cluster link node3 "$how"
+  echo "node3 cut off ($how) after $(echo "$cut $start" | awk '{ printf "%.1f", $1 - $2 }') s," \
        "at step $(grep -c '"loss"' "$out/metrics.jsonl")"
   wait $job
   rc=$?
@@ -79,7 +80,12 @@ run_case() {   # run_case NAME LAUNCH-WORDS...: the job, started on node1 by the
   done
 }
 
-run_case mpirun mpirun "${mpi_keepalive[@]}"
-run_case launch "$tetra" launch --max-restarts 0 -- mpirun
+run_case mpirun down mpirun "${mpi_keepalive[@]}"
+run_case launch down "$tetra" launch --max-restarts 0 -- mpirun
+if command -v iptables >/dev/null; then
+  run_case drop drop mpirun "${mpi_keepalive[@]}"
+else
+  echo "-- drop: not run (no iptables)"
+fi
 [ $failed -eq 0 ] && echo PASS
 exit $failed
