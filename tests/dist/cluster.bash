@@ -19,6 +19,7 @@ if [ -n "$cluster_missing" ]; then
   echo "skipped: a namespace cluster needs$cluster_missing"; exit 77
 fi
 trap 'cluster down; rm -rf "$work"' EXIT
+trap 'exit 143' TERM INT   # killed (ctest's timeout, Ctrl-C): tear down all the same
 cluster_up() {
   cluster up "$1" --slots "$2" || { echo "FAIL: tools/cluster up $1 --slots $2"; exit 1; }
   mpi_hosts=(-hostfile "/run/tetra-cluster/$cluster_name/hostfile"
