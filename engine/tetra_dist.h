@@ -36,6 +36,8 @@ int tt_dist_rank(void);             /* world rank (0 without MPI) */
 int tt_dist_world_size(void);       /* 1 without MPI */
 int tt_dist_local_rank(void);       /* rank among the processes of this node: GPU index */
 int tt_dist_local_size(void);
+/* Hostname of a world rank, as that rank saw it at start-up (NULL out of range). */
+const char *tt_dist_rank_host(int world_rank);
 /* Finalizes MPI (after a barrier-free shutdown; every rank calls it). */
 int tt_dist_finalize(void);
 /* Prints "tetra: rank R: msg" once to stderr and aborts every rank of the job

@@ -8,8 +8,12 @@
 */
 #include "dist/dist_internal.h"
 #include "tetra_telemetry.h"
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdint.h>
 #include <time.h>
+#include <unistd.h>
 
 /* -- Process state ------------------------------------------------------------------ */
 
@@ -69,6 +73,28 @@ int tt_dist_mpi_error(int rc, const char *what, const tt_comm *c, const char *fi
                       msg, file, line);
 }
 
+/* Exits with status arg after 15 s, from a thread of its own: MPI_Abort asks the
+** launcher to end the job, and waits for good when the launcher is out of reach (this
+** host cut off from mpirun's). */
+static void *exit_after(void *arg) {
+  double until = tt_dist_now() + 15.0;
+  while (tt_dist_now() < until) {
+    struct timespec ts = {0, 100000000};
+    nanosleep(&ts, NULL);
+  }
+  fprintf(stderr, "tetra: rank %d: MPI_Abort did not end this process in 15 s; exiting\n",
+          g_world.rank);
+  fflush(stderr);
+  _exit((int)(intptr_t)arg);
+}
+
+static void abort_job(int code) {
+  pthread_t t;
+  if (pthread_create(&t, NULL, exit_after, (void *)(intptr_t)code) == 0) pthread_detach(t);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  _exit(code);
+}
+
 /* Exit hook: a clean exit finalizes MPI; any other exit status aborts the whole job, so
 ** a rank that fails (a Lua error, an exit(1)) never leaves the others waiting. */
 static void on_process_exit(int status, void *arg) {
@@ -84,7 +110,7 @@ static void on_process_exit(int status, void *arg) {
             g_world.rank, status);
     fflush(stderr);
   }
-  MPI_Abort(MPI_COMM_WORLD, status);
+  abort_job(status);
 }
 
 /* bf16 / f16 reductions: MPI has no 16-bit float types, so the buffers travel as
@@ -156,6 +182,7 @@ int tt_dist_init(int force) {
   TT_MPI(MPI_Comm_rank(node, &g.local_rank), "init", NULL);
   TT_MPI(MPI_Comm_size(node, &g.local_size), "init", NULL);
   MPI_Comm_free(&node);
+  TT_TRY(tt_dist_hosts_init(g_world.mpi, g_world.size));
   TT_TRY(create_half_ops());
   if (on_exit(on_process_exit, NULL) != 0) return tt_set_error("dist: on_exit failed");
   g.setup = 1;
@@ -177,6 +204,7 @@ int tt_dist_finalize(void) {
   g.half_ops_created = 0;
   MPI_Comm_free(&g_world.mpi);
   free(g_world.world_ranks);
+  tt_dist_hosts_free();
   world_as_one_process();
   g.mpi_running = 0;
   g.nccl_eager = 0;
@@ -194,18 +222,22 @@ void tt_dist_abort(const char *msg, int code) {
       fprintf(stderr, "tetra: %s\n", msg);
     fflush(stderr);
   }
-  if (g.mpi_running) MPI_Abort(MPI_COMM_WORLD, code);
+  if (g.mpi_running) abort_job(code);
   exit(code);
 }
 
-void tt_dist_await_abort(double grace_s) {
-  g.aborting = 1;
-  double until = tt_dist_now() + grace_s;
+static void sleep_s(double s) {
+  double until = tt_dist_now() + s;
   while (tt_dist_now() < until) {
     struct timespec ts = {0, 50000000};
     nanosleep(&ts, NULL);
   }
-  if (g.mpi_running) MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+void tt_dist_await_abort(double grace_s) {
+  g.aborting = 1;
+  sleep_s(grace_s);
+  if (g.mpi_running) abort_job(1);
   exit(1);
 }
 
@@ -213,6 +245,33 @@ void tt_dist_set_timeout(double seconds) { g.timeout_s = seconds; }
 double tt_dist_get_timeout(void) { return g.timeout_s; }
 void tt_dist_set_step(int64_t step) { g.step = step; }
 int64_t tt_dist_get_step(void) { return g.step; }
+
+/* Sends SIGTERM to this process's parent when it is Open MPI's daemon (orted), which
+** then ends the job's other processes on this host and exits. */
+static void end_local_daemon(void) {
+  char path[64], comm[32] = "";
+  pid_t parent = getppid();
+  snprintf(path, sizeof path, "/proc/%d/comm", (int)parent);
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  if (!fgets(comm, sizeof comm, f)) comm[0] = '\0';
+  fclose(f);
+  if (strncmp(comm, "orted", 5) == 0) kill(parent, SIGTERM);
+}
+
+/* Seconds Open MPI's mpirun takes to declare a host lost whose connection went silent:
+** its oob keepalive (oob_tcp_keepalive_time + intvl x probes), which mpirun hands every
+** rank in the environment; Open MPI's defaults when unset. */
+static double launcher_loss_s(void) {
+  const char *names[3] = {"OMPI_MCA_oob_tcp_keepalive_time", "OMPI_MCA_oob_tcp_keepalive_intvl",
+                          "OMPI_MCA_oob_tcp_keepalive_probes"};
+  double v[3] = {300, 20, 9};
+  for (int i = 0; i < 3; i++) {
+    const char *e = getenv(names[i]);
+    if (e && *e) v[i] = atof(e);
+  }
+  return v[0] + v[1] * v[2];
+}
 
 void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s) {
   const tt_comm *c = h->comm;
@@ -222,18 +281,49 @@ void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s) {
   for (int i = 0; i < c->size && used + 16 < sizeof members; i++)
     used += (size_t)snprintf(members + used, sizeof members - used, "%s%d", i ? "," : "",
                              c->world_ranks[i]);
-  char msg[512];
+  char hosts[512] = "";
+  int silent = 0, probed = 0;
+  if (g.mpi_running && !g.aborting)
+    silent = tt_dist_hosts_report(c, g_world.rank, hosts, sizeof hosts, &probed);
+  char msg[1024];
   snprintf(msg, sizeof msg,
            "watchdog: %s on group %s (world ranks %s; this is group rank %d of %d) at step "
-           "%lld has not completed after %.1f s (dist.timeout_s = %g); aborting the job",
+           "%lld has not completed after %.1f s (dist.timeout_s = %g)%s; aborting the job",
            h->what, c->name, members, c->rank, c->size, (long long)g.step, waited_s,
-           g.timeout_s);
+           g.timeout_s, hosts);
   if (h->backend == 2) tt_nccl_abort(h->comm);
   if (!g.mpi_running || g.aborting) tt_dist_abort(msg, 1);
-  /* The other members waited about as long: a moment before the abort lets each of them
-  ** report too, so the log shows every rank that was waiting (and so which one was not). */
   fprintf(stderr, "tetra: rank %d: %s\n", g_world.rank, msg);
   fflush(stderr);
+  /* Cut off from every other host, this process cannot reach mpirun either: an abort
+  ** would wait for nothing, and the daemon that started it (Open MPI's orted) would wait
+  ** for good to pass on its exit. The peers' reports name this host; after a moment for
+  ** the other ranks here to report, it ends the daemon, which ends them, and itself. */
+  if (probed > 1 && silent == probed) {
+    g.aborting = 1;
+    sleep_s(2.0);
+    end_local_daemon();
+    _exit(1);
+  }
+  /* A host that does not answer is lost to mpirun as well, but mpirun may not know it
+  ** yet. An abort now would queue a message to that host's daemon, and Open MPI 4.1's
+  ** mpirun then waits on that connection as long as TCP retransmits (a quarter of an
+  ** hour): the job would never end. So wait until mpirun's keepalive has declared the
+  ** host lost; mpirun then ends the job, this process included. */
+  if (silent > 0 && getenv("OMPI_COMM_WORLD_SIZE")) {
+    double wait = launcher_loss_s() + 5.0;
+    if (wait > 60.0) {
+      fprintf(stderr, "tetra: rank %d: mpirun notices a lost host after "
+              "oob_tcp_keepalive_time + intvl x probes = %.0f s; waiting %.0f s before the "
+              "abort (set them lower on mpirun's line: docs/multinode.md)\n",
+              g_world.rank, wait - 5.0, wait);
+      fflush(stderr);
+    }
+    g.aborting = 1;
+    sleep_s(wait);
+  }
+  /* The other members waited about as long: a moment before the abort lets each of them
+  ** report too, so the log shows every rank that was waiting (and so which one was not). */
   tt_dist_await_abort(2.0);
 }
 

@@ -51,6 +51,16 @@ int tt_dist_mpi_error(int rc, const char *what, const tt_comm *c, const char *fi
        if (rc_ != MPI_SUCCESS) return tt_dist_mpi_error(rc_, what, comm, __FILE__, __LINE__); \
   } while (0)
 
+/* Host names (hosts.c): every rank's, gathered once at start-up over `world`. */
+int tt_dist_hosts_init(MPI_Comm world, int size);
+void tt_dist_hosts_free(void);
+/* Probes the hosts of c's other members (then, if they all answer, every other host of
+** the job) and writes what it found to out: "; host node3 (world ranks 4,5) does not
+** answer", or "; every other host answers", or "" with one host; *probed is how many
+** hosts it probed. Returns how many do not answer. Takes up to 2 s. */
+int tt_dist_hosts_report(const tt_comm *c, int self_world_rank, char *out, size_t size,
+                         int *probed);
+
 /* Reports a collective that missed its deadline and aborts the job. Never returns. */
 void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s);
 double tt_dist_now(void);   /* monotonic seconds */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int g_rank, g_size, g_failures;
 
@@ -48,6 +49,18 @@ static double sum_small(int64_t i) { return g_size * (double)i + g_size * (g_siz
 static double avg_small(int64_t i) { return sum_small(i) / g_size; }
 static double max_small(int64_t i) { return (double)i + g_size - 1; }
 static double min_small(int64_t i) { return (double)i; }
+
+/* Every rank's host, gathered at start-up: here every rank runs on this one. */
+static void check_hosts(void) {
+  char me[64] = "";
+  gethostname(me, sizeof me - 1);
+  for (int r = 0; r < g_size; r++) {
+    const char *h = tt_dist_rank_host(r);
+    CHECK(h && strcmp(h, me) == 0, "rank %d's host is %s, want %s", r, h ? h : "NULL", me);
+  }
+  CHECK(tt_dist_rank_host(g_size) == NULL && tt_dist_rank_host(-1) == NULL,
+        "a host for a rank out of range");
+}
 
 static void check_all_reduce(void) {
   tt_comm *w = tt_comm_world();
@@ -541,6 +554,7 @@ int main(void) {
   g_rank = tt_dist_rank();
   g_size = tt_dist_world_size();
   tt_dist_set_timeout(60);
+  check_hosts();
   check_all_reduce();
   check_all_gather();
   check_reduce_scatter();

@@ -105,3 +105,11 @@ foreach(TETRA_LAYOUTS_ROW IN LISTS TETRA_LAYOUTS_LINES)
   tetra_layout_test("${TETRA_LAYOUTS_FILE}:${TETRA_LAYOUTS_LINENO}" "${TETRA_LAYOUTS_ROW}"
                     ${TETRA_LAYOUTS_ROOT})
 endforeach()
+
+# The multi-host tests (tests/dist/cluster_*.sh, registered with the other scripts) each
+# bring up the same namespace cluster (tools/cluster --name ttest): one at a time.
+file(GLOB TETRA_CLUSTER_TESTS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/cluster_*.sh)
+foreach(script ${TETRA_CLUSTER_TESTS})
+  get_filename_component(name ${script} NAME_WE)
+  set_tests_properties(dist/${name} PROPERTIES RESOURCE_LOCK tetra_cluster_ttest)
+endforeach()

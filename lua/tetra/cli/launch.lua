@@ -237,6 +237,12 @@ function M.main(...)
     table.insert(argv, 3, "TETRA_RESTART_COUNT")
     table.insert(argv, 4, "-x")
     table.insert(argv, 5, "TETRA_LAUNCH_STATUS")
+    -- A host cut off mid-run ends the job only once mpirun declares it lost, by its oob
+    -- keepalive: after 300 + 20 x 9 s of silence by Open MPI's defaults, 5 + 2 x 3 s
+    -- here, unless set already (docs/multinode.md, "A host cut off").
+    for name, value in pairs({ time = "5", intvl = "2", probes = "3" }) do
+      C.tt_launch_setenv("OMPI_MCA_oob_tcp_keepalive_" .. name, value, 0)
+    end
   end
   local np = tonumber(flag_value(argv, NP_FLAGS) or "")
   local hostfile = flag_value(argv, HOSTFILE_FLAGS)
