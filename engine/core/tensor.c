@@ -401,6 +401,14 @@ int tt_to_device(tt_tensor *t, int device, tt_tensor **out) {
   return 0;
 }
 
+/* A header of its own over t's storage, outside every tape (no gradient flows through). */
+int tt_detach(tt_tensor *t, tt_tensor **out) {
+  tt_tensor *v = tt_tensor_header_alias(t);
+  if (!v) return -1;
+  *out = v;
+  return 0;
+}
+
 /* -- Argument checks ops share --------------------------------------------------- */
 
 int tt_check_dtype(const char *op, const char *arg, const tt_tensor *t, int dtype) {

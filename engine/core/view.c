@@ -333,13 +333,6 @@ int tt_cast(tt_tensor *t, int dtype, tt_tensor **out) {
   return finish("cast", cast_backward, t, c, NULL, out);
 }
 
-int tt_detach(tt_tensor *t, tt_tensor **out) {
-  tt_tensor *v = tt_tensor_header_alias(t);
-  if (!v) return -1;
-  *out = v;
-  return 0;
-}
-
 /* -- Small helpers used by every op -------------------------------------------------- */
 
 int tt_norm_dim(const char *op, int dim, int ndim, int *out) {

@@ -23,22 +23,15 @@ static struct {
   int we_initialized;   /* we called MPI_Init (so we finalize) */
   int local_rank;
   int local_size;
-  double timeout_s;
   int64_t step;
   int aborting;
   int half_ops_created;
   int nccl_eager;       /* tt_dist_nccl_enable ran: every new group gets its communicator */
   MPI_Op half_ops[2][4];   /* [bf16, f16][tt_reduce_op]; the AVG slot holds the sum */
-} g = {.local_size = 1, .timeout_s = 600.0};
+} g = {.local_size = 1};
 
 static int g_self_rank = 0;
 static tt_comm g_world;
-
-double tt_dist_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void world_as_one_process(void) {
   g_world.mpi = MPI_COMM_NULL;
@@ -64,14 +57,6 @@ int tt_dist_env_rank(void) {
   return 0;
 }
 
-int tt_dist_mpi_error(int rc, const char *what, const tt_comm *c, const char *file,
-                      int line) {
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) snprintf(msg, sizeof msg, "code %d", rc);
-  return tt_set_error("%s on group %s: MPI error: %s (%s:%d)", what, c ? c->name : "world",
-                      msg, file, line);
-}
 
 /* Exits with status arg after 15 s, from a thread of its own: MPI_Abort asks the
 ** launcher to end the job, and waits for good when the launcher is out of reach (this
@@ -148,9 +133,14 @@ static int create_half_ops(void) {
   return 0;
 }
 
+/* What the NCCL transport does with a transfer past the deadline, or a failure found
+** while the host waits for the device: this file's watchdog and abort. */
+static void fatal(const char *msg) { tt_dist_abort(msg, 1); }
+
 int tt_dist_init(int force) {
   if (g.setup) return 0;
   world_as_one_process();
+  tt_nccl_set_watchdog(tt_dist_watchdog_fire, fatal);
   if (!force && !tt_dist_launched()) {
     g.setup = 1;
     return 0;
@@ -241,8 +231,6 @@ void tt_dist_await_abort(double grace_s) {
   exit(1);
 }
 
-void tt_dist_set_timeout(double seconds) { g.timeout_s = seconds; }
-double tt_dist_get_timeout(void) { return g.timeout_s; }
 void tt_dist_set_step(int64_t step) { g.step = step; }
 int64_t tt_dist_get_step(void) { return g.step; }
 
@@ -290,7 +278,7 @@ void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s) {
            "watchdog: %s on group %s (world ranks %s; this is group rank %d of %d) at step "
            "%lld has not completed after %.1f s (dist.timeout_s = %g)%s; aborting the job",
            h->what, c->name, members, c->rank, c->size, (long long)g.step, waited_s,
-           g.timeout_s, hosts);
+           tt_dist_get_timeout(), hosts);
   if (h->backend == 2) tt_nccl_abort(h->comm);
   if (!g.mpi_running || g.aborting) tt_dist_abort(msg, 1);
   fprintf(stderr, "tetra: rank %d: %s\n", g_world.rank, msg);
@@ -598,7 +586,8 @@ int tt_comm_wait(tt_comm_handle *h) {
     TT_TRY(handle_poll(h, &done));
     if (done) break;
     double waited = tt_dist_now() - start;
-    if (g.timeout_s > 0 && waited > g.timeout_s) tt_dist_watchdog_fire(h, waited);
+    double timeout = tt_dist_get_timeout();
+    if (timeout > 0 && waited > timeout) tt_dist_watchdog_fire(h, waited);
     /* Spin briefly for small messages, then sleep so oversubscribed ranks share cores. */
     if (polls < 64) {
       sched_yield();

@@ -95,6 +95,11 @@ int tt_nccl_join(tt_comm_handle *h);
 ** the list (its latency reported), an asynchronous NCCL error is an error, one older than
 ** the dist timeout fires the watchdog (which aborts the job). */
 int tt_nccl_poll_pending(void);
+/* The watchdog the transport calls (comm.c's, set by tt_dist_init): on_late for a
+** transfer older than dist.timeout_s (it does not return), on_fatal for a failure found
+** while the host waits for the device. */
+void tt_nccl_set_watchdog(void (*on_late)(const tt_comm_handle *h, double waited_s),
+                          void (*on_fatal)(const char *msg));
 /* 1 when waits on NCCL collectives are deferred to the device (the default; the
 ** environment's TETRA_NCCL_HOST_WAIT=1 makes the host wait for each instead). */
 int tt_nccl_deferred(void);

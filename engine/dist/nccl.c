@@ -257,10 +257,21 @@ int tt_nccl_deferred(void) {
   return deferred;
 }
 
+/* The watchdog comm.c hands this transport (tt_nccl_set_watchdog): what to do with a
+** transfer past the deadline, and with a failure found inside a host wait. */
+static void (*g_on_late)(const tt_comm_handle *h, double waited_s);
+static void (*g_on_fatal)(const char *msg);
+
+void tt_nccl_set_watchdog(void (*on_late)(const tt_comm_handle *h, double waited_s),
+                          void (*on_fatal)(const char *msg)) {
+  g_on_late = on_late;
+  g_on_fatal = on_fatal;
+}
+
 /* The hook of the host's waits for the device: a failed pass is fatal there (the wait
 ** cannot end while a transfer is broken). */
 static void host_wait_hook(void) {
-  if (tt_nccl_poll_pending() != 0) tt_dist_abort(tt_last_error(), 1);
+  if (tt_nccl_poll_pending() != 0 && g_on_fatal) g_on_fatal(tt_last_error());
 }
 
 int tt_nccl_join(tt_comm_handle *h) {
@@ -325,8 +336,11 @@ int tt_nccl_poll_pending(void) {
     ncclResult_t async = ncclSuccess;
     if (st) TT_NCCL_CALL(ncclCommGetAsyncError(st->comm, &async), c);
     if (async != ncclSuccess) return nccl_failed(async, p->h.what, c);
-    if (timeout > 0 && now - p->h.started > timeout)
-      tt_dist_watchdog_fire(&p->h, now - p->h.started);
+    if (timeout > 0 && now - p->h.started > timeout) {
+      TT_CHECK(g_on_late, "%s on group %s: past dist.timeout_s with no watchdog set "
+               "(tt_dist_init sets it)", p->h.what, c->name);
+      g_on_late(&p->h, now - p->h.started);
+    }
     l = &p->next;
   }
   return 0;
@@ -356,6 +370,11 @@ int tt_nccl_join(tt_comm_handle *h) {
   return tt_set_error("collectives on CUDA tensors need a build with NCCL");
 }
 int tt_nccl_poll_pending(void) { return 0; }
+void tt_nccl_set_watchdog(void (*on_late)(const tt_comm_handle *h, double waited_s),
+                          void (*on_fatal)(const char *msg)) {
+  (void)on_late;
+  (void)on_fatal;
+}
 int tt_nccl_deferred(void) { return 0; }
 
 #endif

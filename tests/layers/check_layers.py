@@ -25,8 +25,9 @@ Checked here:
            it sits on; weak references are the hooks a higher layer fills when it is linked
            in (the kernels' CUDA tables, the CUDA strided copy, the low-precision GEMMs) and
            are not counted, nor are tables handed down at start-up (tt_cuda_init gives the
-           allocator its device table and the attention kernel cuDNN's); and no cycle of
-           objects crosses layers.
+           allocator its device table and the attention kernel cuDNN's); and no objects
+           form a cycle, within a layer or across layers (within core: tensor < grad <
+           autograd < view; within dist: util < nccl < comm, the watchdog handed down).
   includes every #include "..." of kernels/ names a file in kernels/; every one of an
            engine layer names its own layer, one it sits on, a public header at engine/'s
            root, or a kernels/ header (kernels' headers declare types and tables only:
@@ -113,7 +114,7 @@ def check_symbols(objects):
             if b not in ALLOWED[a]:
                 errors.append(f"{src} ({a}) calls {sym} of {dst} ({b}): {a} sits on "
                               f"{', '.join(sorted(ALLOWED[a] - {a})) or 'nothing'}")
-    # Cycles of objects (Tarjan's strongly connected components) that cross layers.
+    # Cycles of objects (Tarjan's strongly connected components), any of them.
     index, low, stack, on_stack, counter = {}, {}, [], set(), [0]
 
     def visit(v):
@@ -135,8 +136,10 @@ def check_symbols(objects):
                 comp.append(w)
                 if w == v:
                     break
-            if len({layer_of(c) for c in comp}) > 1:
-                errors.append("cycle across layers: " + " <-> ".join(sorted(comp)))
+            if len(comp) > 1:
+                across = len({layer_of(c) for c in comp}) > 1
+                errors.append(("cycle across layers: " if across else "cycle of files: ") +
+                              " <-> ".join(sorted(comp)))
 
     sys.setrecursionlimit(10000)
     for v in sorted(uses):
@@ -208,7 +211,7 @@ def main():
     if errors:
         sys.exit(1)
     print(f"layers: {len(objects)} objects in {len(layers)} layers, every reference and "
-          "include downward, no cycle across layers")
+          "include downward, no cycle of files")
 
 
 if __name__ == "__main__":
