@@ -179,7 +179,9 @@ int tt_mesh_rank_at(const tt_mesh *m, int tp, int cp, int dp, int pp);
 typedef struct {
   double bucket_mb;
   /* 1: buckets are reduce-scattered instead; each rank keeps the averaged gradient of
-  ** its 1/n share of every bucket (ZeRO-1) and updates only that share. */
+  ** its 1/n share of every bucket (ZeRO-1) and updates only that share. 2: the same,
+  ** and the whole-size gradients and bucket buffers are released once reduce-scattered,
+  ** so only that share of the gradients stays (ZeRO-2). */
   int zero_stage;
   /* n flags, or NULL: parameters, f32 tables (V, D) such as an embedding, whose gradient
   ** travels as the rows some rank touched (nonzero), in a bucket of their own; the
@@ -202,7 +204,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r);
 int tt_dist_reducer_arm(tt_dist_reducer *r, int armed);
 /* Starts the buckets that are not started yet (gradients backward never produced count
 ** as zeros), waits for all, and writes the averages back: into every param's grad
-** (stage 0), or into the shard gradients (stage 1). Disarms the hook. */
+** (stage 0), or into the shard gradients (stages 1 and 2). Disarms the hook. */
 int tt_dist_reducer_finish(tt_dist_reducer *r);
 /* Bytes of gradient per bucket and bucket count, for logs and tests. */
 int tt_dist_reducer_num_buckets(const tt_dist_reducer *r);
@@ -215,7 +217,7 @@ double tt_dist_reducer_exposed_s(const tt_dist_reducer *r);
 /* Buckets that were complete during the last backward while an earlier one was not, so
 ** they waited to start: 0 when tail_order is the order backward really produces. */
 int tt_dist_reducer_held(const tt_dist_reducer *r);
-/* ZeRO-1 shards: this rank owns `num_shards` pieces, each a view into one parameter
+/* ZeRO-1 and 2 shards: this rank owns `num_shards` pieces, each a view into one parameter
 ** (shard_param(i) is that parameter's index), shaped (k) for vectors and (1, k) for
 ** matrices, whose ->grad holds the averaged gradient of the piece after finish. */
 int tt_dist_reducer_num_shards(const tt_dist_reducer *r);
@@ -226,10 +228,10 @@ int tt_dist_reducer_shard_param(const tt_dist_reducer *r, int i);
 ** range. */
 int64_t tt_dist_reducer_shard_offset(const tt_dist_reducer *r, int i);
 /* Sum over this rank's shards of the squared gradient, all-reduced over the group:
-** the square of the global gradient norm (ZeRO-1). */
+** the square of the global gradient norm (ZeRO-1 and 2). */
 int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out);
 /* After the optimizer updated the shards in place: all-gathers every bucket's updated
-** shares so every rank holds the whole updated parameters (ZeRO-1). */
+** shares so every rank holds the whole updated parameters (ZeRO-1 and 2). */
 int tt_dist_reducer_gather_params(tt_dist_reducer *r);
 
 #endif

@@ -29,6 +29,16 @@
 ** matching slice of the reduce-scattered gradient after finish (of the averaged rows'
 ** bucket for a sparse bucket). After the optimizer has updated the shards in place,
 ** gather_params all-gathers every bucket's owned range.
+**
+** ZeRO-2: the same shards, and each rank keeps only its share of the gradients. A
+** parameter's gradient is released as soon as it is copied into its bucket, and a
+** bucket's flat buffer as soon as its reduce-scatter has landed in the shard gradients;
+** the buffer is made again (zeros) when the next armed backward fills its first slot.
+** Between the end of backward and the next step a rank holds 1/n of the gradients.
+** Earlier micro-batches of an accumulation are not armed: they accumulate whole-size
+** gradients as in stages 0 and 1, and only the last one's backward reduce-scatters and
+** releases them (one reduce-scatter per step, as ZeRO-1; reduce-scattering each
+** micro-batch would keep the shard only but send accumulation-steps times the bytes).
 */
 #include "dist/dist_internal.h"
 #include "embedding.h"
@@ -45,11 +55,12 @@ typedef struct {
   int first_slot;
   int n_slots;
   int n_ready;
-  int64_t numel;    /* padded to a multiple of the group size for ZeRO-1 */
+  int64_t numel;    /* padded to a multiple of the group size for ZeRO-1 and 2 */
   int started;
   int finished;
-  tt_tensor *buf;   /* (numel) gradients, then averages */
-  tt_tensor *shard_grad;   /* ZeRO-1: (numel / n) averaged share after finish */
+  tt_tensor *buf;   /* (numel) gradients, then averages; ZeRO-2: NULL between the
+                    ** landing of its reduce-scatter and the next backward's fill */
+  tt_tensor *shard_grad;   /* ZeRO-1 and 2: (numel / n) averaged share after finish */
   tt_comm_handle *h;
   int sparse;       /* one row-sparse (V, D) parameter: only touched rows travel */
   int phase;        /* sparse: 1 while the row masks travel, 2 once the rows do */
@@ -124,6 +135,12 @@ static int group_from_tail(tt_dist_reducer *r, double bucket_mb, int *group) {
   return g + 1;
 }
 
+/* A bucket's flat buffer, zeros (the padding stays zero), unless it has one. */
+static int bucket_buffer(tt_dist_reducer *r, grad_bucket *bk) {
+  if (bk->buf) return 0;
+  return tt_tensor_zeros(&bk->numel, 1, r->params[0]->dtype, r->params[0]->device, &bk->buf);
+}
+
 static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
   /* Bucket b holds consecutive slots; slot s is parameter tail[n-1-s]. */
   TT_ALLOC(r->slots, sizeof(grad_slot) * (size_t)r->n_params);
@@ -153,9 +170,8 @@ static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
   int n = r->comm->size;
   for (int b = 0; b < r->n_buckets; b++) {
     grad_bucket *bk = &r->buckets[b];
-    if (r->zero_stage == 1) bk->numel = (bk->numel + n - 1) / n * n;
-    TT_TRY(tt_tensor_zeros(&bk->numel, 1, r->params[0]->dtype, r->params[0]->device,
-                           &bk->buf));
+    if (r->zero_stage >= 1) bk->numel = (bk->numel + n - 1) / n * n;
+    if (r->zero_stage < 2) TT_TRY(bucket_buffer(r, bk));
   }
   return 0;
 }
@@ -242,8 +258,8 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
   *out = NULL;
   TT_CHECK(c, "data parallel: no group");
   TT_CHECK(n > 0, "data parallel: no parameters to reduce");
-  TT_CHECK(o->zero_stage == 0 || o->zero_stage == 1,
-           "parallel.zero_stage = %d: only 0 and 1 are implemented", o->zero_stage);
+  TT_CHECK(o->zero_stage >= 0 && o->zero_stage <= 2,
+           "parallel.zero_stage = %d: only 0, 1 and 2 are implemented", o->zero_stage);
   TT_CHECK(o->bucket_mb > 0, "dist.bucket_mb = %g: must be positive", o->bucket_mb);
   TT_CHECK(o->n_deferred >= 0 && o->n_deferred < n && (o->tail_order || !o->n_deferred),
            "data parallel: %d deferred gradients of %d parameters (and a tail order?)",
@@ -291,7 +307,7 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
   int prev = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
   if (rc == 0) rc = plan_buckets(r, o->bucket_mb);
-  if (rc == 0 && o->zero_stage == 1) rc = make_shards(r);
+  if (rc == 0 && o->zero_stage >= 1) rc = make_shards(r);
   tt_set_grad_enabled(prev);
   if (rc != 0) {
     tt_dist_reducer_free(r);
@@ -317,22 +333,25 @@ static int slot_of_leaf(tt_dist_reducer *r, const tt_tensor *leaf) {
   return -1;
 }
 
-/* Copies a parameter's gradient (zeros when it has none) into its bucket place. */
+/* Copies a parameter's gradient (zeros when it has none) into its bucket place; under
+** ZeRO-2 the whole-size gradient is released then (only the shard's share stays). */
 static int fill_slot(tt_dist_reducer *r, int slot) {
   grad_slot *s = &r->slots[slot];
   tt_tensor *p = r->params[s->param], *dst = NULL;
+  TT_TRY(bucket_buffer(r, &r->buckets[s->bucket]));
   TT_TRY(flat_piece(r->buckets[s->bucket].buf, s->offset, s->numel, p, &dst));
   int rc = p->grad ? tt_copy_(dst, p->grad) : tt_fill_(dst, 0.0);
   tt_tensor_release(dst);
   TT_TRY(rc);
+  if (r->zero_stage == 2) tt_zero_grad(p);
   s->ready = 1;
   r->buckets[s->bucket].n_ready++;
   return 0;
 }
 
-/* The dense collective of a bucket: all-reduce, or reduce-scatter under ZeRO-1. */
+/* The dense collective of a bucket: all-reduce, or reduce-scatter under ZeRO-1 and 2. */
 static int start_dense(tt_dist_reducer *r, grad_bucket *bk) {
-  if (r->zero_stage == 1) {
+  if (r->zero_stage >= 1) {
     tt_tensor_release(bk->shard_grad);
     bk->shard_grad = NULL;
     return tt_comm_reduce_scatter_async(r->comm, bk->buf, 0, TT_REDUCE_AVG, &bk->shard_grad,
@@ -433,7 +452,7 @@ static int unpack_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   if (!kern || !kern->backward) return tt_no_kernel("sparse gradient rows", p->device);
   TT_TRY(kern->backward(tt_tensor_data(dst), tt_tensor_data(bk->rows),
                         tt_tensor_data(bk->row_ids), 1, k, V, D, TT_F32));
-  if (r->zero_stage != 1) return 0;
+  if (r->zero_stage == 0) return 0;
   int64_t len = bk->numel / r->comm->size;
   tt_tensor *owned = NULL;
   TT_TRY(tt_narrow(bk->buf, 0, r->comm->rank * len, len, &owned));
@@ -470,14 +489,15 @@ static int start_ready_buckets(tt_dist_reducer *r) {
 
 /* A bucket whose collective completed: its averages go where the optimizer reads them,
 ** into every param's grad (stage 0; a sparse bucket's rows unpacked), or as this
-** rank's shard gradients (stage 1). Runs as soon as a bucket completes, during backward
-** when it can: its gradients are final once it started. */
+** rank's shard gradients (stages 1 and 2; stage 2 then releases the flat buffer). Runs
+** as soon as a bucket completes, during backward when it can: its gradients are final
+** once it started. */
 static int land_bucket(tt_dist_reducer *r, int b) {
   grad_bucket *bk = &r->buckets[b];
   if (bk->landed) return 0;
   bk->landed = 1;
   if (bk->sparse) TT_TRY(unpack_sparse_rows(r, bk));
-  if (r->zero_stage == 1) {
+  if (r->zero_stage >= 1) {
     for (int i = 0; i < r->n_shards; i++) {
       zero_shard *z = &r->shards[i];
       if (z->bucket != b) continue;
@@ -486,6 +506,10 @@ static int land_bucket(tt_dist_reducer *r, int b) {
                         &g));
       tt_tensor_release(z->view->grad);
       z->view->grad = g;
+    }
+    if (r->zero_stage == 2) {
+      tt_tensor_release(bk->buf);
+      bk->buf = NULL;
     }
     return 0;
   }
@@ -628,11 +652,11 @@ int64_t tt_dist_reducer_shard_offset(const tt_dist_reducer *r, int i) {
   return i >= 0 && i < r->n_shards ? r->shards[i].param_offset : -1;
 }
 
-/* -- ZeRO-1 ---------------------------------------------------------------------------- */
+/* -- ZeRO-1 and 2 ---------------------------------------------------------------------- */
 
 int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out) {
   *out = 0.0;
-  TT_CHECK(r->zero_stage == 1, "grad_sq_norm: only for parallel.zero_stage = 1");
+  TT_CHECK(r->zero_stage >= 1, "grad_sq_norm: only for parallel.zero_stage 1 and 2");
   double local = 0.0;
   if (r->n_shards > 0) {
     tt_tensor **views = malloc(sizeof(tt_tensor *) * (size_t)r->n_shards);
@@ -666,7 +690,10 @@ static int gather_params(tt_dist_reducer *r, tt_tensor **full, tt_comm_handle **
     grad_bucket *bk = &r->buckets[b];
     int64_t len = bk->numel / n;
     tt_tensor *owned = NULL;
-    TT_TRY(tt_narrow(bk->buf, 0, me * len, len, &owned));
+    /* ZeRO-2 has released the flat buffer: the owned share travels from a buffer of its
+    ** own (the padding in it is never copied into a parameter). */
+    if (bk->buf) TT_TRY(tt_narrow(bk->buf, 0, me * len, len, &owned));
+    else TT_TRY(tt_tensor_zeros(&len, 1, r->params[0]->dtype, r->params[0]->device, &owned));
     int rc = 0;
     for (int i = 0; i < r->n_shards && rc == 0; i++) {
       zero_shard *z = &r->shards[i];
@@ -696,7 +723,7 @@ static int gather_params(tt_dist_reducer *r, tt_tensor **full, tt_comm_handle **
 }
 
 int tt_dist_reducer_gather_params(tt_dist_reducer *r) {
-  TT_CHECK(r->zero_stage == 1, "gather_params: only for parallel.zero_stage = 1");
+  TT_CHECK(r->zero_stage >= 1, "gather_params: only for parallel.zero_stage 1 and 2");
   tt_tensor **full = calloc((size_t)r->n_buckets, sizeof *full);
   tt_comm_handle **hs = calloc((size_t)r->n_buckets, sizeof *hs);
   if (!full || !hs) {

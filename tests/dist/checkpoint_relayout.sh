@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A checkpoint saved in one layout resumes in any other. The tiny Llama recipe runs 12
 # steps in a layout, saving at step 6 (split layouts: each rank the slices it holds and
-# index.json; ZeRO-1: the moments of every shard put together); the run then resumes
+# index.json; ZeRO-1 and 2: the moments of every shard put together); the run then resumes
 # from that checkpoint in other layouts. Steps 7..12 must follow the uninterrupted
 # single-process run within 1e-5 relative (loss and grad_norm before clipping): the
 # layouts compute the same math in different orders. Resumed in the layout that saved
@@ -84,10 +84,28 @@ save_then_resume tp2 2 "$P.tensor_parallel_size=2" \
   2 "$P.pipeline_parallel_size=2"
 save_then_resume dp2_zero1 2 "$P.data_parallel_size=2 $P.zero_stage=1" \
   1 "" \
-  4 "$P.tensor_parallel_size=2 $P.context_parallel_size=2 $P.zero_stage=1"
+  4 "$P.tensor_parallel_size=2 $P.context_parallel_size=2 $P.zero_stage=1" \
+  2 "$P.data_parallel_size=2 $P.zero_stage=2"
+# ZeRO-2 saves the same shards of the AdamW moments as ZeRO-1 (its gradient shards are
+# not state): to one process, to ZeRO-1, and resharded over dp x cp = 4.
+save_then_resume dp2_zero2 2 "$P.data_parallel_size=2 $P.zero_stage=2" \
+  1 "" \
+  2 "$P.data_parallel_size=2 $P.zero_stage=1" \
+  4 "$P.context_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=2"
 save_then_resume tp2_pp2_dp2_zero1 8 "$P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=1" \
   1 "" \
   2 "$P.data_parallel_size=2 $P.zero_stage=1" \
   4 "$P.pipeline_parallel_size=4"
+# HF export works from a ZeRO-2 checkpoint, and gives the very file ZeRO-1's gives (the
+# same reduce-scatter, the same update of the same shards).
+for z in 1 2; do
+  "$tetra" convert --to hf "$work/ck_dp2_zero$z/step_000006" "$work/hf_zero$z" \
+    >"$work/hf_zero$z.log" 2>&1 || { echo "FAIL: HF export of the ZeRO-$z checkpoint:"; cat "$work/hf_zero$z.log"; status=1; }
+done
+if cmp -s "$work/hf_zero1/model.safetensors" "$work/hf_zero2/model.safetensors"; then
+  echo "HF export: ZeRO-2's model.safetensors is ZeRO-1's, byte for byte"
+else
+  echo "FAIL: the HF exports of the ZeRO-1 and ZeRO-2 checkpoints differ"; status=1
+fi
 [ "$status" = 0 ] && echo PASS
 exit "$status"

@@ -384,22 +384,29 @@ static void check_reducer(int zero_stage, const int *tail_order, int n_deferred)
                             .tail_order = tail_order, .n_deferred = n_deferred};
   OK(tt_dist_reducer_new(w, params, NP, &o, &r));
   CHECK(tt_dist_reducer_num_buckets(r) >= 3, "bucket count %d", tt_dist_reducer_num_buckets(r));
-  for (int accum = 0; accum < 2; accum++) {
-    /* Two micro-batches: the hook is armed only for the last; each contributes half. */
-    OK(tt_dist_reducer_arm(r, accum == 1));
-    for (int k = 0; k < NP - 1; k++) {   /* param 3 never gets a gradient */
-      tt_tensor *y = NULL;
-      OK(tt_scale(params[k], 1.0, &y));
-      g_param = k;
-      tt_tensor *up = filled(y->shape, y->ndim, TT_F32, g_rank, grad_of), *half = NULL;
-      OK(tt_scale(up, 0.5, &half));
-      OK(tt_backward_with(y, half));
-      tt_tensor_release(half);
-      tt_tensor_release(up);
-      tt_tensor_release(y);
+  /* Two steps: ZeRO-2 makes its bucket buffers again in the second. */
+  for (int step = 0; step < 2; step++) {
+    for (int k = 0; k < NP; k++) OK(tt_zero_grad(params[k]));
+    for (int accum = 0; accum < 2; accum++) {
+      /* Two micro-batches: the hook is armed only for the last; each contributes half. */
+      OK(tt_dist_reducer_arm(r, accum == 1));
+      for (int k = 0; k < NP - 1; k++) {   /* param 3 never gets a gradient */
+        tt_tensor *y = NULL;
+        OK(tt_scale(params[k], 1.0, &y));
+        g_param = k;
+        tt_tensor *up = filled(y->shape, y->ndim, TT_F32, g_rank, grad_of), *half = NULL;
+        OK(tt_scale(up, 0.5, &half));
+        OK(tt_backward_with(y, half));
+        tt_tensor_release(half);
+        tt_tensor_release(up);
+        tt_tensor_release(y);
+      }
     }
+    OK(tt_dist_reducer_finish(r));
   }
-  OK(tt_dist_reducer_finish(r));
+  /* ZeRO-2 keeps only the shards' gradients: the whole ones are released. */
+  for (int k = 0; k < NP && zero_stage == 2; k++)
+    CHECK(params[k]->grad == NULL, "ZeRO-2: param %d kept its whole gradient", k);
   if (zero_stage == 0) {
     for (int k = 0; k < NP - 1; k++) {
       g_param = k;
@@ -424,7 +431,7 @@ static void check_reducer(int zero_stage, const int *tail_order, int n_deferred)
       tt_tensor_release(twice);
     }
     OK(tt_dist_reducer_gather_params(r));
-    for (int k = 0; k < NP; k++) expect("ZeRO-1 gathered params", params[k], p_twice, 0);
+    for (int k = 0; k < NP; k++) expect("ZeRO gathered params", params[k], p_twice, 0);
   }
   tt_dist_reducer_free(r);
   for (int k = 0; k < NP; k++) tt_tensor_release(params[k]);
@@ -534,7 +541,7 @@ static void check_reducer_sparse(int zero_stage) {
       for (int64_t j = 0; s->grad && j < tt_tensor_numel(s); j++) {
         double got = tt_tensor_get(s->grad, j), want = sp_avg(off + j);
         if (fabs(got - want) > 1e-6) {
-          CHECK(0, "ZeRO-1 sparse shard %d (param %d) [%lld] = %g, want %g", i, k,
+          CHECK(0, "ZeRO-%d sparse shard %d (param %d) [%lld] = %g, want %g", zero_stage, i, k,
                 (long long)j, got, want);
           break;
         }
@@ -563,13 +570,14 @@ int main(void) {
   check_mesh();
   check_autograd();
   const int tail[4] = {2, 1, 3, 0};
-  for (int zero = 0; zero <= 1; zero++) {
+  for (int zero = 0; zero <= 2; zero++) {
     check_reducer(zero, NULL, 0);
     check_reducer(zero, tail, 2);
   }
   check_reducer_bad_order();
   check_reducer_sparse(0);
   check_reducer_sparse(1);
+  check_reducer_sparse(2);
   int failures = g_failures;
   tt_tensor *t = NULL;
   int64_t one = 1;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Per-parameter gradients after one step, in every layout of 2, 4 and 8 ranks and in 9
-# with the options (ZeRO-1, SP, tied, interleaved, KV heads on several ranks, an uneven
+# with the options (ZeRO-1 and 2, SP, tied, interleaved, KV heads on several ranks, an uneven
 # vocabulary, GPT-2), against one process: every
 # slice a rank counts (its placement's primary copies, tests/dist/grad_check.lua) must
 # equal that slice of the single-process gradient, each parameter within 1e-5 relative
@@ -108,15 +108,17 @@ check pp2_tied 2 "$P.pipeline_parallel_size=2" "model.tie_embeddings=true"
 check tp4_kv2_sp 4 "$P.tensor_parallel_size=4 $P.sequence_parallel=true" ""
 check dp2_zero1 2 "$P.data_parallel_size=2 $P.zero_stage=1" ""
 check tp2_cp2_pp2_zero1 8 "$P.tensor_parallel_size=2 $P.context_parallel_size=2 $P.pipeline_parallel_size=2 $P.zero_stage=1" ""
+check cp2_dp2_zero2 4 "$P.context_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=2" ""
 check tp2_pp2_v2_tied 4 "$P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b" "model.tie_embeddings=true"
 check gpt2_tp2_sp_pp2 4 "$P.tensor_parallel_size=2 $P.sequence_parallel=true $P.pipeline_parallel_size=2" "" "${gpt2[@]}"
 check gpt2_tp4_vocab250_dp2_zero1 8 "$P.tensor_parallel_size=4 $P.data_parallel_size=2 $P.zero_stage=1" "model.vocab_size=250" "${gpt2[@]}"
 # A vocabulary of 2,048 for 256 tokens a step, the row exchange on: the embedding's
 # gradient travels as the rows some DP rank touched (engine/dist/reducer.c), not the
 # whole table.
-sparse_checks=(dp2_sparse_rows dp2_zero1_sparse_rows tp2_dp2_sparse_rows pp2_dp2_sparse_rows)
+sparse_checks=(dp2_sparse_rows dp2_zero1_sparse_rows dp2_zero2_sparse_rows tp2_dp2_sparse_rows pp2_dp2_sparse_rows)
 check dp2_sparse_rows 2 "$P.data_parallel_size=2" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
 check dp2_zero1_sparse_rows 2 "$P.data_parallel_size=2 $P.zero_stage=1" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
+check dp2_zero2_sparse_rows 2 "$P.data_parallel_size=2 $P.zero_stage=2" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
 check tp2_dp2_sparse_rows 4 "$P.tensor_parallel_size=2 $P.data_parallel_size=2" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
 check pp2_dp2_sparse_rows 4 "$P.pipeline_parallel_size=2 $P.data_parallel_size=2" "model.vocab_size=2048 dist.sparse_embedding_grad=true"
 for name in "${sparse_checks[@]}"; do

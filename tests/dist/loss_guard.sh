@@ -8,7 +8,8 @@
 # positions after the roll back, and the continuation equal to a run resumed from the
 # same checkpoint with the same data skipped (the checkpoint written after the roll back
 # holds the skip). On 2 ranks with data parallelism the same steps are skipped and rolled
-# back (the verdict is agreed over every rank) and the losses match one process.
+# back (the verdict is agreed over every rank) and the losses match one process, with
+# and without ZeRO-2.
 # A single poisoned batch is only skipped. A spike (train.spike_zscore) is checked against
 # the z-score computed here from the records.
 source "$(dirname "$0")/prelude.bash"
@@ -26,10 +27,16 @@ run1() {   # name, extra args...
 run1 clean
 run1 nan3 --set train.inject_nan_step=7 --set train.inject_nan_count=3 --set checkpoint.keep=0
 run1 nan1 --set train.inject_nan_step=7
-mpirun --oversubscribe -np 2 "$tetra" run "${common[@]}" --set parallel.data_parallel_size=2 \
-  --set checkpoint.dir="$work/dp2.ck" --set log.metrics_file="$work/dp2.jsonl" \
-  --set train.inject_nan_step=7 --set train.inject_nan_count=3 >"$work/dp2.out" 2>&1 ||
-  { echo "FAIL: dp2 exited non-zero"; tail -5 "$work/dp2.out"; failed=1; }
+# dp 2, and dp 2 with ZeRO-2 (the poisoned gradient is a rank's shard; the roll back
+# reloads the sharded AdamW state).
+for zero in 0 2; do
+  name=dp2; [ "$zero" = 0 ] || name=dp2_zero$zero
+  mpirun --oversubscribe -np 2 "$tetra" run "${common[@]}" --set parallel.data_parallel_size=2 \
+    --set parallel.zero_stage=$zero --set checkpoint.dir="$work/$name.ck" \
+    --set log.metrics_file="$work/$name.jsonl" \
+    --set train.inject_nan_step=7 --set train.inject_nan_count=3 >"$work/$name.out" 2>&1 ||
+    { echo "FAIL: $name exited non-zero"; tail -5 "$work/$name.out"; failed=1; }
+done
 # The reference continuation: resumed from the nan3 run's step-10 checkpoint, written
 # after the roll back, which carries the skipped window.
 "$tetra" run "${common[@]}" --set checkpoint.dir="$work/ref.ck" \
@@ -48,7 +55,7 @@ def recs(name): return [json.loads(l) for l in open(f"{w}/{name}.jsonl")]
 bad = []
 def check(cond, what):
     if not cond: bad.append(what)
-clean, nan3, nan1, dp2, ref, spike = (recs(n) for n in ("clean", "nan3", "nan1", "dp2", "ref", "spike"))
+clean, nan3, nan1, dp2, dp2z, ref, spike = (recs(n) for n in ("clean", "nan3", "nan1", "dp2", "dp2_zero2", "ref", "spike"))
 
 def rolled(rs, label):
     seq = [(r["step"], r.get("skipped"), r.get("guard"), r.get("roll_back"), r.get("data_position")) for r in rs]
@@ -62,6 +69,7 @@ def rolled(rs, label):
 
 rolled(nan3, "nan3")
 rolled(dp2, "dp2")
+rolled(dp2z, "dp2_zero2")
 # Before the poison: the clean run's losses; the replayed step 6 equals the first one.
 check([r["loss"] for r in nan3[:6]] == [r["loss"] for r in clean[:6]], "nan3 steps 1-6 differ from the clean run")
 check(nan3[9]["loss"] == nan3[5]["loss"], "the replayed step 6 differs from the first step 6")
@@ -71,10 +79,11 @@ check(nan3[10]["loss"] != clean[6]["loss"], "step 7 after the roll back read the
 cont = {r["step"]: r["loss"] for r in nan3[10:] if r["step"] > 10}
 refl = {r["step"]: r["loss"] for r in ref if r["step"] > 10}
 check(cont == refl and len(cont) == 6, f"continuation {cont} != resumed {refl}")
-# dp 2 equals one process within fp32 rounding.
-for a, b in zip(nan3, dp2):
-    if a.get("skipped"): continue
-    check(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), f"dp2 step {a['step']}: {b['loss']} vs {a['loss']}")
+# dp 2 (ZeRO-2 too) equals one process within fp32 rounding.
+for label, run in (("dp2", dp2), ("dp2_zero2", dp2z)):
+    for a, b in zip(nan3, run):
+        if a.get("skipped"): continue
+        check(abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), f"{label} step {a['step']}: {b['loss']} vs {a['loss']}")
 # One poisoned batch: skipped, no roll back, the next step trains on position 8.
 seq = [(r["step"], r.get("skipped"), r.get("roll_back"), r.get("data_position")) for r in nan1]
 check(seq == [(s, s == 7, None, s) for s in range(1, 17)], f"nan1: {seq}")
@@ -96,7 +105,7 @@ for r in spike:
         window = (window + [r["loss"]])[-4:]
 check(flagged > 0, "spike: no step was flagged at z > 1 (the test needs one)")
 for b in bad: print("FAIL:", b)
-print(f"loss guard: {len(nan3)} + {len(dp2)} + {len(nan1)} records checked, {flagged} spikes")
+print(f"loss guard: {len(nan3)} + {len(dp2)} + {len(dp2z)} + {len(nan1)} records checked, {flagged} spikes")
 sys.exit(1 if bad else 0)
 PY
 exit $failed

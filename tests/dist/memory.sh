@@ -4,10 +4,12 @@
 # untied head) has, in floats: embedding and head V*D = 16384 each; per layer q and o
 # 4096 each, k and v 2048 each, the MLP's three matrices 24576, two norms 128; the final
 # norm 64. Every rank's parameter, gradient (as many) and AdamW state (twice as many, or
-# its ZeRO-1 share) bytes, as the metrics report them, must be those counts x 4 for its
-# layout. Then sequence parallelism must lower a step's peak memory (activations held on
-# 1/tp of the sequence between the tensor-parallel regions) against plain tp 2, and
-# activation recompute must lower it under tp 2 + sp and under pp 2.
+# its ZeRO-1 share; under ZeRO-2 the gradients are that share too) bytes, as the metrics
+# report them, must be those counts x 4 for its layout. Then sequence parallelism must
+# lower a step's peak memory (activations held on 1/tp of the sequence between the
+# tensor-parallel regions) against plain tp 2, activation recompute must lower it under
+# tp 2 + sp and under pp 2, and ZeRO-2 the allocator's peak against ZeRO-1 on dp 2 (the
+# whole gradients and the bucket buffers released).
 # Usage: bash memory.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -16,8 +18,9 @@ E=16384 LQ=4096 LK=2048 LMLP=24576 NORMS=128 FINAL=64
 LAYER=$((2 * LQ + 2 * LK + LMLP + NORMS))   # 36992
 status=0
 
-# check NAME NP "settings" EXPECT...: EXPECT is "tp:pp:params:optimizer" (floats) per
-# (tp, pp) coordinate; every rank at those coordinates must report exactly that.
+# check NAME NP "settings" EXPECT...: EXPECT is "tp:pp:params:optimizer[:grads]" (floats;
+# grads as many as params unless given) per (tp, pp) coordinate; every rank at those
+# coordinates must report exactly that.
 check() {
   local name="$1" np="$2" settings="$3"; shift 3
   local sets=() kv
@@ -31,14 +34,15 @@ check() {
   local n
   n=$(grep -c '^memory rank' "$work/$name.log")
   [ "$n" -eq "$np" ] || { echo "FAIL: $name: $n of $np ranks reported"; status=1; return; }
-  local e tp pp params optim before=$status
+  local e tp pp params optim grads before=$status
   for e in "$@"; do
-    IFS=: read -r tp pp params optim <<<"$e"
+    IFS=: read -r tp pp params optim grads <<<"$e"
+    grads=${grads:-$params}
     while read -r _ _ rank _ rtp _ rpp _ p _ g _ o; do
       [ "$rtp" = "$tp" ] && [ "$rpp" = "$pp" ] || continue
-      if [ "$p" -ne $((4 * params)) ] || [ "$g" -ne $((4 * params)) ] || [ "$o" -ne $((4 * optim)) ]; then
+      if [ "$p" -ne $((4 * params)) ] || [ "$g" -ne $((4 * grads)) ] || [ "$o" -ne $((4 * optim)) ]; then
         echo "FAIL: $name: rank $rank (tp $tp, pp $pp) holds params $p, grads $g, optimizer $o" \
-             "bytes; want $((4 * params)), $((4 * params)), $((4 * optim))"
+             "bytes; want $((4 * params)), $((4 * grads)), $((4 * optim))"
         status=1
       fi
     done < <(grep '^memory rank' "$work/$name.log")
@@ -60,6 +64,8 @@ check tp2_pp2 4 "parallel.tensor_parallel_size=2 parallel.pipeline_parallel_size
   "0:0:$T0:$((2 * T0))" "1:0:$T0:$((2 * T0))" "0:1:$T1:$((2 * T1))" "1:1:$T1:$((2 * T1))"
 # dp 2 with ZeRO-1: whole parameters, half of the AdamW state (one bucket, split in two).
 check dp2_zero1 2 "parallel.data_parallel_size=2 parallel.zero_stage=1" "0:0:$ONE:$ONE"
+# ZeRO-2: the same, and half of the gradients.
+check dp2_zero2 2 "parallel.data_parallel_size=2 parallel.zero_stage=2" "0:0:$ONE:$ONE:$((ONE / 2))"
 # tp 4 with 2 key/value heads: q, o and the MLP in quarters, one whole k and v head each.
 TP4=$((E / 4 + 2 * (2 * LQ / 4 + 2 * (LK / 2) + LMLP / 4 + NORMS) + FINAL + E / 4))
 check tp4_kv2 4 "parallel.tensor_parallel_size=4" \
@@ -96,5 +102,25 @@ for layout in "tp2_sp|$tp2 parallel.sequence_parallel=true" "pp2|$pp2"; do
     echo "FAIL: $name: train.recompute=full does not lower the peak by a quarter or more"; status=1
   fi
 done
+
+
+# ZeRO-2 against ZeRO-1 on dp 2: the allocator's peak during a step on rank 0 (absolute:
+# ZeRO-1's bucket buffers live across steps, so they are not in its step_peak_bytes). The
+# gradients of the tiny model are 4 x ONE bytes; ZeRO-2 never holds all of them at once
+# with its buckets (ZeRO-1 holds both, each whole), so its peak must be lower by at least
+# half of them.
+zero_peak() {
+  mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" --set train.steps=2 \
+    --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
+    --set parallel.zero_stage="$1" --set log.progress=false \
+    --set log.metrics_file="$work/zero_$1.jsonl" >"$work/zero_$1.log" 2>&1 ||
+    { echo "FAIL: zero_stage=$1 run failed:" >&2; tail -n 20 "$work/zero_$1.log" >&2; return 1; }
+  tail -n 1 "$work/zero_$1.jsonl" | sed -E 's/.*"peak_bytes":([0-9]+).*/\1/'
+}
+z1=$(zero_peak 1) && z2=$(zero_peak 2) || exit 1
+echo "peak on rank 0, dp 2: ZeRO-1 $z1 bytes, ZeRO-2 $z2 bytes (gradients $((4 * ONE)) bytes)"
+if [ "$z2" -gt $((z1 - 2 * ONE)) ]; then
+  echo "FAIL: ZeRO-2 does not lower the peak by half the gradient bytes or more"; status=1
+fi
 [ "$status" = 0 ] && echo PASS
 exit "$status"

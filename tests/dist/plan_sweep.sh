@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # tetra plan against measurement, the small version of tools/bench/plan.sh: `tetra sweep`
-# runs 8 layouts of a small Llama (dim 128, 2 layers, vocab 2048, seq 64, batch 8) for 5
-# steps each (1 process, then dp 2 with micro-batches of 2 and 4, dp 2 + ZeRO-1, tp 2 with
-# and without sequence parallelism, pp 2 under 1F1B, cp 2), calibrated on the first
+# runs 9 layouts of a small Llama (dim 128, 2 layers, vocab 2048, seq 64, batch 8) for 5
+# steps each (1 process, then dp 2 with micro-batches of 2 and 4, dp 2 + ZeRO-1 and
+# ZeRO-2, tp 2 with and without sequence parallelism, pp 2 under 1F1B, cp 2), calibrated on the first
 # layout of each rank count (one process, dp 2: the machine's speed now) and on an
 # all-reduce between 2 ranks measured just before (the links' speed now),
 # and every row must be predicted within:
 #   memory     rank 0's allocator peak (peak_bytes; deterministic): within 3% without
-#              pipeline parallelism (5% with ZeRO-1, whose shard gradients now land during
+#              pipeline parallelism (5% with ZeRO-1 and 2, whose shard gradients land during
 #              backward, which the accounting does not follow yet; with tensor-parallel
 #              slices kept as views of the whole matrices the peak was 8% above the
 #              prediction), 10% with it (the peak of a pipeline stage comes out 4-9% off,
@@ -37,6 +37,7 @@ if ! timeout 300 "$tetra" sweep "${model[@]}" --steps 5 --json --calibrate \
       --intra-gbs "$bw_gbs" --latency-us "$lat_us" \
       --layout dp=1,mb=4 --layout dp=2,mb=2 --layout tp=2,mb=8 --layout tp=2,sp=1,mb=8 \
       --layout pp=2,mb=2 --layout cp=2,mb=4 --layout dp=2,mb=4 --layout dp=2,zero=1,mb=2 \
+      --layout dp=2,zero=2,mb=2 \
       >"$work/sweep.json" 2>"$work/sweep.err"; then
   fail "tetra sweep failed:"; cat "$work/sweep.err"; exit 1
 fi
@@ -44,13 +45,14 @@ python3 - "$work/sweep.json" <<'EOF' || status=1
 import json, sys
 rows = json.load(open(sys.argv[1]))
 bad = 0
-assert len(rows) == 8, f"{len(rows)} rows"
+assert len(rows) == 9, f"{len(rows)} rows"
 for r in rows:
     mem = r["predicted_peak_bytes"] / r["measured_peak_bytes"] - 1
     t = r["predicted_step_s"] / r["measured_step_s"]
     # ZeRO-1: 5%. Since the reducer lands each bucket's shard gradients during backward
     # its peak is 0.4 MiB (2%) lower than the planner's accounting has it (+3.9% measured).
-    lim = 0.10 if r["pp"] > 1 else (0.05 if r["zero_stage"] == 1 else 0.03)
+    # ZeRO-2 (whole gradients released as their buckets fill, not followed either): -3.8%.
+    lim = 0.10 if r["pp"] > 1 else (0.05 if r["zero_stage"] >= 1 else 0.03)
     ok = abs(mem) <= lim and 0.2 <= t <= 5.0
     print(f"{r['name']:36s} memory {100 * mem:+6.2f}%  step time x{t:5.2f}  {'ok' if ok else 'FAIL'}")
     bad += not ok

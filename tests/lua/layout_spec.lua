@@ -46,6 +46,14 @@ describe("layout.problems", function()
                                  virtual_pipeline_size = 2 }), 16)).to_equal({})
   end)
 
+  it("takes ZeRO stages 0 to 2 and refuses 3 in one line", function()
+    expect(layout.problems(cfg({ data_parallel_size = 2, tensor_parallel_size = 2,
+                                 zero_stage = 2 }), 4)).to_equal({})
+    one_problem(cfg({ data_parallel_size = 2, zero_stage = 3 }), 2,
+                "^parallel.zero_stage = 3 is not implemented: use 0, 1 %(AdamW state sharded%) " ..
+                "or 2 %(gradients too%)$")
+  end)
+
   it("names the process count a layout needs", function()
     one_problem(cfg({ tensor_parallel_size = 2, pipeline_parallel_size = 4,
                       data_parallel_size = 8 }, nil, { batch_size = 16 }), 4,

@@ -73,7 +73,7 @@ import json, sys
 rows = json.load(open(sys.argv[1]))
 def name(r):
     s = f"dp{r['dp']} tp{r['tp']} pp{r['pp']} cp{r['cp']}"
-    if r["zero_stage"]: s += " ZeRO-1"
+    if r["zero_stage"]: s += f" ZeRO-{r['zero_stage']}"
     if r["sequence_parallel"]: s += " SP"
     s += f", mb {r['micro_batch']}"
     if r["pp"] > 1: s += f", {r['schedule']}"

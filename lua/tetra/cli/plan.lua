@@ -218,10 +218,11 @@ function M.published()
     end
     local sched = r.pp > 1 and string.format(", %s v%d", r.schedule, r.virtual) or ""
     if r.recompute ~= "none" then sched = sched .. ", " .. r.recompute .. " recompute" end
-    out[#out + 1] = string.format("| %s%s | %d | %d x %d x %d | %d | %s | %s | %+.1f%% | mb %d, ZeRO-1 %s, SP %s%s |",
+    out[#out + 1] = string.format("| %s%s | %d | %d x %d x %d | %d | %s | %s | %+.1f%% | mb %d, ZeRO-%s, SP %s%s |",
       row.name, row.calibration and " (calibration)" or "", row.tp * row.pp * row.dp, row.tp,
       row.pp, row.dp, row.batch, show(row.value), show(v), 100 * (v - row.value) / row.value,
-      r.micro_batch, r.zero_stage == 1 and "on" or "off", r.sequence_parallel and "on" or "off",
+      r.micro_batch, r.zero_stage >= 1 and r.zero_stage .. " on" or "1 off",
+      r.sequence_parallel and "on" or "off",
       sched)
   end
   return table.concat(out, "\n") .. "\n"

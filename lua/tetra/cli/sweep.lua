@@ -144,7 +144,7 @@ function M.short_label(r)
     if r[k] > 1 then parts[#parts + 1] = k .. r[k] end
   end
   if #parts == 0 then parts[1] = "1 rank" end
-  if r.zero_stage == 1 then parts[#parts + 1] = "ZeRO-1" end
+  if r.zero_stage >= 1 then parts[#parts + 1] = "ZeRO-" .. r.zero_stage end
   if r.sequence_parallel then parts[#parts + 1] = "SP" end
   parts[#parts + 1] = "mb" .. r.micro_batch
   if r.pp > 1 then

@@ -33,6 +33,13 @@
 -- AdamW moments for its 1/n share of every bucket only, updates that share of the
 -- parameters in place, and the shares are all-gathered after the step. The fp32
 -- parameters themselves are the master weights on CPU.
+-- ZeRO-2 (zero_stage = 2): the same shards, and each rank keeps only its share of the
+-- gradients: the reducer releases a parameter's whole gradient once it is in its bucket
+-- and the bucket once reduce-scattered (engine/dist/reducer.c). Micro-batches before the
+-- last of an accumulation still add into whole gradients (one reduce-scatter per step);
+-- the memory saved is the gradients and buckets between backward and the next step's
+-- last backward, and during that backward as buckets land. Everything below that says
+-- ZeRO-1 holds for stage 2.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("tetra_dist.h")
@@ -127,9 +134,9 @@ function data.wrap(entries, mesh, cfg, model)
                               dp_rank = mesh.dp.rank, dp_size = mesh.dp.size,
                               zero_stage = p.zero_stage or 0, step = 0, deferred = 0,
                               exposed_comm_s = 0.0 }, DDP)
-  if self.zero_stage ~= 0 and self.zero_stage ~= 1 then
+  if self.zero_stage ~= 0 and self.zero_stage ~= 1 and self.zero_stage ~= 2 then
     error("parallel.zero_stage = " .. tostring(self.zero_stage) ..
-          ": only 0 and 1 are implemented", 2)
+          ": only 0, 1 and 2 are implemented", 2)
   end
   if group.size > 1 then
     local row_sparse = model and data.row_sparse(model, entries, cfg)
@@ -193,7 +200,7 @@ local zeros_like = require("tetra.optim").state_like   -- on the shard's device
 -- into the params given to wrap, 1-based), offset (element offset into that flattened
 -- parameter) }. Must run before the optimizer's first step. No-op without ZeRO-1.
 function DDP:attach_optimizer(opt)
-  if self.zero_stage ~= 1 or not self._reducer or self._opt == opt then return end
+  if self.zero_stage == 0 or not self._reducer or self._opt == opt then return end
   if (opt.step_count or 0) > 0 then
     error("ddp:attach_optimizer: the optimizer has already stepped; attach it first", 2)
   end
@@ -259,7 +266,7 @@ end
 -- One optimizer update; with ZeRO-1 each rank updates its shards and the updated
 -- parameters are all-gathered.
 function DDP:optimizer_step(opt, lr)
-  if self.zero_stage == 1 and self._reducer then
+  if self.zero_stage >= 1 and self._reducer then
     self:attach_optimizer(opt)
     opt:step(lr)
     check(C.tt_dist_reducer_gather_params(self._reducer))

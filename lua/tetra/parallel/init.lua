@@ -222,13 +222,20 @@ function Par:placements()
 end
 
 -- Bytes of this rank's parameters, their gradients and the optimizer state of `opt`.
-function Par:memory(opt)
+-- ddp (optional): tetra.parallel.data's wrapper; under ZeRO-2 the gradients a rank keeps
+-- are its shards'.
+function Par:memory(opt, ddp)
   local params, state = 0, 0
   for _, e in ipairs(self:placements()) do params = params + 4 * e.tensor:numel() end
   for _, list in ipairs({ opt.m or {}, opt.v or {}, opt.buffers or {} }) do
     for _, t in ipairs(list) do state = state + 4 * t:numel() end
   end
-  return { params = params, grads = params, optimizer = state }
+  local grads = params
+  if ddp and ddp.zero_stage == 2 and ddp.shards then
+    grads = 0
+    for _, s in ipairs(ddp.shards) do grads = grads + 4 * s.tensor:numel() end
+  end
+  return { params = params, grads = grads, optimizer = state }
 end
 
 -- -- The step ----------------------------------------------------------------------------------
@@ -323,7 +330,7 @@ end
 
 -- The gradient norm of the whole model and clipping by it: the squares of the primary
 -- copies (each parameter, or each ZeRO-1 shard of one, once), summed over every rank.
--- shards: ddp.shards under ZeRO-1 (the optimizer's params are those shards), else nil.
+-- shards: ddp.shards under ZeRO-1 and 2 (the optimizer's params are those shards), else nil.
 -- Scales every gradient the optimizer uses by min(1, max_norm / (norm + 1e-6)), as
 -- tt_clip_grad_norm does (AdamW: in its update, from the coefficient computed on the
 -- device). Returns the norm; with async (AdamW only) nothing: the norm stays in the
@@ -345,7 +352,7 @@ function Par:clip_grad_norm(opt, max_norm, shards, async)
     end
     self._counted = counted
   end
-  -- Without ZeRO-1 every dp x cp replica holds the same gradients: counted once.
+  -- Without ZeRO-1 or 2 every dp x cp replica holds the same gradients: counted once.
   local replicas = shards and 1 or self.mesh.dpcp.size
   if opt.clip_grad_norm_async then
     -- AdamW: the sums of squares gathered and added on the device, the coefficient

@@ -52,8 +52,9 @@ local function mesh_rules(cfg, s, world, out)
     add(out, "parallel.order must name tp, cp, dp and pp once each (e.g. 'tp-cp-dp-pp'), got '%s'",
         tostring(p.order))
   end
-  if (p.zero_stage or 0) > 1 then
-    add(out, "parallel.zero_stage must be 0 or 1, got %d", p.zero_stage)
+  if (p.zero_stage or 0) > 2 then
+    add(out, "parallel.zero_stage = %d is not implemented: use 0, 1 (AdamW state sharded) " ..
+        "or 2 (gradients too)", p.zero_stage)
   end
   local accum = s.micro_batches
   if t.batch_size % (accum * dp) ~= 0 then

@@ -264,10 +264,17 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
       gbytes = gbytes + model.granted(e * grad_b)
       nparams = nparams + e
     end
-    local zero = lay.zero == 1 and group > 1
+    local zero = lay.zero >= 1 and group > 1
+    local zero2 = zero and lay.zero == 2
     local padded = math.ceil(nparams / group) * group
     local obytes, cbytes
-    if zero then
+    local whole_gbytes = gbytes   -- the whole gradients, while they are there
+    if zero2 then
+      -- ZeRO-2: no bucket buffers between steps; the gradients kept are the 1/group share.
+      obytes = 2 * model.granted(padded / group * 4)
+      gbytes = model.granted(padded / group * grad_b)
+      cbytes = 0
+    elseif zero then
       obytes = 2 * model.granted(padded / group * 4)
       cbytes = model.granted(padded * 4) + model.granted(padded / group * 4)
     else
@@ -291,10 +298,17 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     act = act + (s == pp - 1 and at_head or acts.recv)
     local at_peak = pbytes + obytes + cbytes +
                     (n_micro > 1 and gbytes + act or math.max(act, gbytes + at_head))
+    -- ZeRO-2: the share is there all along; earlier micro-batches accumulate whole
+    -- gradients (there at the last one's peak), while with one micro-batch each whole
+    -- gradient is released as soon as backward made it (its bucket in flight left out).
+    if zero2 then
+      at_peak = pbytes + obytes + gbytes +
+                (n_micro > 1 and whole_gbytes + act or math.max(act, at_head))
+    end
     -- The optimizer: AdamW reads param, grad, m, v and writes param, m, v (fp32).
     local opt_elems = zero and padded / group or nparams
     local t_opt = 28 * opt_elems / rate_bw
-    -- Gradients are reduced (and ZeRO-1's parameters gathered) in fp32 by Tetra;
+    -- Gradients are reduced (and ZeRO-1 and 2's parameters gathered) in fp32 by Tetra;
     -- cl.dp_bytes overrides that for engines that reduce in bf16.
     local dp_b = cl.dp_bytes or 4
     local grad_bytes = nparams * dp_b

@@ -81,7 +81,8 @@ return function(cfg, model, data, opts)
   telemetry.start(cfg, mesh, dev ~= C.TT_CPU and dev or nil)
   trace.setup(cfg, mesh)
 
-  -- Optimizer, data parallelism (ZeRO-1 keeps this rank's optimizer shard only), strategy.
+  -- Optimizer, data parallelism (ZeRO-1 keeps this rank's optimizer shard only, ZeRO-2
+  -- its gradient shard too), strategy.
   local params = {}
   for i, e in ipairs(par:placements()) do params[i] = { e.name, e.tensor } end
   local ddp = parallel.data.wrap(par:placements(), mesh, cfg, par.model)
@@ -145,7 +146,7 @@ return function(cfg, model, data, opts)
   function env.evaluate(n_batches) return step.evaluate(env, n_batches) end
 
   -- Bytes of this rank's parameters, gradients and optimizer state.
-  env.memory = par:memory(optimizer)
+  env.memory = par:memory(optimizer, ddp)
 
   function env.generate(prompt_ids, gen_opts)
     gen_opts = gen_opts or {}
