@@ -37,7 +37,7 @@ if ! timeout 300 "$tetra" sweep "${model[@]}" --steps 5 --json --calibrate \
       --intra-gbs "$bw_gbs" --latency-us "$lat_us" \
       --layout dp=1,mb=4 --layout dp=2,mb=2 --layout tp=2,mb=8 --layout tp=2,sp=1,mb=8 \
       --layout pp=2,mb=2 --layout cp=2,mb=4 --layout dp=2,mb=4 --layout dp=2,zero=1,mb=2 \
-      --layout dp=2,zero=2,mb=2 \
+      --layout dp=2,zero=2,mb=2 --layout dp=2,mb=2,rc=full \
       >"$work/sweep.json" 2>"$work/sweep.err"; then
   fail "tetra sweep failed:"; cat "$work/sweep.err"; exit 1
 fi
@@ -45,14 +45,16 @@ python3 - "$work/sweep.json" <<'EOF' || status=1
 import json, sys
 rows = json.load(open(sys.argv[1]))
 bad = 0
-assert len(rows) == 9, f"{len(rows)} rows"
+assert len(rows) == 10, f"{len(rows)} rows"
 for r in rows:
     mem = r["predicted_peak_bytes"] / r["measured_peak_bytes"] - 1
     t = r["predicted_step_s"] / r["measured_step_s"]
     # ZeRO-1: 5%. Since the reducer lands each bucket's shard gradients during backward
     # its peak is 0.4 MiB (2%) lower than the planner's accounting has it (+3.9% measured).
     # ZeRO-2 (whole gradients released as their buckets fill, not followed either): -3.8%.
-    lim = 0.10 if r["pp"] > 1 else (0.05 if r["zero_stage"] >= 1 else 0.03)
+    # Activation recompute (the block's input kept, its forward rerun in backward): 10%.
+    rc = r.get("recompute", "none") != "none"
+    lim = 0.10 if r["pp"] > 1 or rc else (0.05 if r["zero_stage"] >= 1 else 0.03)
     ok = abs(mem) <= lim and 0.2 <= t <= 5.0
     print(f"{r['name']:36s} memory {100 * mem:+6.2f}%  step time x{t:5.2f}  {'ok' if ok else 'FAIL'}")
     bad += not ok

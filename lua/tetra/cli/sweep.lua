@@ -15,7 +15,7 @@ local M = {}
 
 M.usage = [[
 usage: tetra sweep [FILE] [--model NAME] [--set key=value]... [--batch N]
-                   [--layout tp=2,pp=1,dp=1,cp=1,zero=0,sp=0,mb=1,schedule=1f1b,v=1]...
+                   [--layout tp=2,pp=1,dp=1,cp=1,zero=0,sp=0,mb=1,schedule=1f1b,v=1,rc=none]...
                    [--top K] [--steps N] [--repeat N] [--threads N] [--timeout S]
                    [--json] [--keep DIR]
                    [--calibrate] [--chart FILE.png] [cluster options of tetra plan]
@@ -52,7 +52,7 @@ local shell_quote = require("tetra.util.fs").shell_quote
 
 -- A --layout value ("tp=2,pp=2,mb=1,...") as a layout table; nil, message if malformed.
 local LAYOUT_KEYS = { tp = true, pp = true, dp = true, cp = true, zero = true, sp = true,
-                      mb = true, schedule = true, v = true }
+                      mb = true, schedule = true, v = true, rc = true }
 function M.parse_layout(text, batch)
   local lay = { tp = 1, pp = 1, dp = 1, cp = 1, zero = 0, sp = false, v = 1, schedule = "1f1b",
                 recompute = "none" }
@@ -60,9 +60,14 @@ function M.parse_layout(text, batch)
     local k, v = item:match("^%s*([%w_]+)%s*=%s*(.-)%s*$")
     if not k or not LAYOUT_KEYS[k] then
       return nil, "--layout: '" .. item .. "' is not one of tp, pp, dp, cp, zero, sp, mb, " ..
-                  "schedule, v as key=value"
+                  "schedule, v, rc as key=value"
     end
     if k == "schedule" then lay.schedule = v
+    elseif k == "rc" then
+      if v ~= "none" and v ~= "full" then
+        return nil, "--layout: rc (train.recompute) is none or full, got '" .. v .. "'"
+      end
+      lay.recompute = v
     elseif k == "sp" then lay.sp = v == "1" or v == "true" or v == "y"
     else
       local x = tonumber(v)
@@ -146,6 +151,7 @@ function M.short_label(r)
   if #parts == 0 then parts[1] = "1 rank" end
   if r.zero_stage >= 1 then parts[#parts + 1] = "ZeRO-" .. r.zero_stage end
   if r.sequence_parallel then parts[#parts + 1] = "SP" end
+  if r.recompute and r.recompute ~= "none" then parts[#parts + 1] = r.recompute .. " recompute" end
   parts[#parts + 1] = "mb" .. r.micro_batch
   if r.pp > 1 then
     parts[#parts + 1] = r.schedule == "interleaved_1f1b" and ("interleaved v" .. r.virtual)
@@ -315,8 +321,9 @@ function M.main(...)
   local exe = M.self_exe()
   local results, failed, calibrated = {}, 0, {}
   for k, r in ipairs(rows) do
-    local name = string.format("%02d_dp%d_tp%d_pp%d_cp%d_z%d%s_mb%d_%s", k, r.dp, r.tp, r.pp,
-      r.cp, r.zero_stage, r.sequence_parallel and "_sp" or "", r.micro_batch, r.schedule)
+    local name = string.format("%02d_dp%d_tp%d_pp%d_cp%d_z%d%s%s_mb%d_%s", k, r.dp, r.tp, r.pp,
+      r.cp, r.zero_stage, r.sequence_parallel and "_sp" or "",
+      (r.recompute or "none") ~= "none" and "_rc" or "", r.micro_batch, r.schedule)
     results[k] = { name = name, plan = r, runs = {} }
   end
   -- Rounds: every layout once per round, so that a change in the machine's load falls on
@@ -383,6 +390,7 @@ function M.main(...)
       local r, s = e.plan, e.measured
       list[k] = { name = e.name, dp = r.dp, tp = r.tp, pp = r.pp, cp = r.cp,
                   zero_stage = r.zero_stage, sequence_parallel = r.sequence_parallel,
+                  recompute = r.recompute,
                   micro_batch = r.micro_batch, schedule = r.schedule, world = r.world,
                   predicted_tokens_per_s = r.tokens_per_s, predicted_step_s = r.step_s,
                   predicted_peak_bytes = r.mem_rank0,
