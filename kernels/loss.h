@@ -29,4 +29,13 @@ typedef struct tt_loss_kernels {
 extern const tt_loss_kernels tt_loss_cpu;
 extern const tt_loss_kernels tt_loss_cuda __attribute__((weak));
 
+/* The CPU backward's rows, shared with the vocab-parallel family (kernels/cpu/
+** vocab_parallel.c), whose rows hold columns [start, start + width) of the vocabulary
+** (the whole one: start 0, width V): dlogits[n, j] = scale * (exp(logits[n, j] - lse[n])
+** - (start + j == t_n)), zero rows for ignored targets; a target outside the band adds
+** no one-hot. */
+int tt_ce_grad_rows(const char *op, void *dlogits, float scale, const void *logits,
+                    const float *lse, const void *targets, int tgt_i64,
+                    int64_t ignore_index, int64_t start, int64_t N, int64_t width, int dtype);
+
 #endif

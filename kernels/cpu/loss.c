@@ -98,6 +98,35 @@ static int ce_forward(float *loss, float *row_stats, const void *logits,
   return 0;
 }
 
+int tt_ce_grad_rows(const char *op, void *dlogits, float scale, const void *logits,
+                    const float *lse, const void *targets, int tgt_i64,
+                    int64_t ignore_index, int64_t start, int64_t N, int64_t width, int dtype) {
+  const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
+  float *scratch = NULL;
+  if (dtype == TT_ELEM_BF16 && !(scratch = tt_scratch_rows(op, width, 2, nthr))) return -1;
+#pragma omp parallel num_threads(nthr) if (N * width > TT_PARALLEL_GRAIN)
+  {
+    float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * 2 * width : NULL;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+      int64_t t = tt_index_at(targets, tdtype, n);
+      float *d = tt_row_out(dlogits, dtype, n * width, mine ? mine + width : NULL);
+      if (t == ignore_index) {
+        for (int64_t j = 0; j < width; j++) d[j] = 0.0f;
+      } else {
+        const float *x = tt_row_in(logits, dtype, n * width, width, mine);
+        float l = lse[n];
+#pragma omp simd
+        for (int64_t j = 0; j < width; j++) d[j] = scale * tt_vexpf(x[j] - l);
+        if (t >= start && t < start + width) d[t - start] -= scale;
+      }
+      tt_row_done(dlogits, dtype, n * width, width, d);
+    }
+  }
+  free(scratch);
+  return 0;
+}
+
 /* dlogits, logits: (N, V) in dtype, row_stats: (2, N), targets: (N), dloss: (1) */
 static int ce_backward(void *dlogits, const float *dloss, const void *logits,
                        const float *row_stats, const void *targets, int tgt_i64,
@@ -105,30 +134,9 @@ static int ce_backward(void *dlogits, const float *dloss, const void *logits,
   TT_TRY(check_dtype(dtype));
   int64_t count = 0;
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
-  const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
-  float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f, *scratch = NULL;
-  TT_TRY(scratch_for(dtype, V, 2, nthr, &scratch));
-#pragma omp parallel num_threads(nthr) if (N * V > TT_PARALLEL_GRAIN)
-  {
-    float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * 2 * V : NULL;
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-      int64_t t = tt_index_at(targets, tdtype, n);
-      float *dx = tt_row_out(dlogits, dtype, n * V, mine ? mine + V : NULL);
-      if (t == ignore_index) {
-        for (int64_t j = 0; j < V; j++) dx[j] = 0.0f;
-      } else {
-        const float *x = tt_row_in(logits, dtype, n * V, V, mine);
-        float l = row_stats[n];
-#pragma omp simd
-        for (int64_t j = 0; j < V; j++) dx[j] = scale * tt_vexpf(x[j] - l);
-        dx[t] -= scale;
-      }
-      tt_row_done(dlogits, dtype, n * V, V, dx);
-    }
-  }
-  free(scratch);
-  return 0;
+  float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f;
+  return tt_ce_grad_rows("cross_entropy", dlogits, scale, logits, row_stats, targets, tgt_i64,
+                         ignore_index, 0, N, V, dtype);
 }
 
 const tt_loss_kernels tt_loss_cpu = {

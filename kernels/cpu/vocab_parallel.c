@@ -11,6 +11,7 @@
 */
 #include "vocab_parallel.h"
 #include "activation.h"   /* tt_vexpf */
+#include "loss.h"         /* tt_ce_grad_rows: the backward's rows */
 #include "kernel.h"
 #include <math.h>
 #include <omp.h>
@@ -134,33 +135,12 @@ static int backward(void *dlogits, const float *dloss, const void *logits, const
                     const void *targets, int tgt_i64, int64_t ignore_index, int64_t start,
                     int64_t N, int64_t vl, int dtype) {
   TT_TRY(check_dtype(dtype));
-  const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
+  const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32;
   int64_t count = 0;
   for (int64_t n = 0; n < N; n++) count += tt_index_at(targets, tdtype, n) != ignore_index;
-  float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f, *scratch = NULL;
-  TT_TRY(scratch_for(dtype, vl, 2, nthr, &scratch));
-#pragma omp parallel num_threads(nthr) if (N * vl > TT_PARALLEL_GRAIN)
-  {
-    float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * 2 * vl : NULL;
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-      int64_t t = tt_index_at(targets, tdtype, n);
-      float *d = tt_row_out(dlogits, dtype, n * vl, mine ? mine + vl : NULL);
-      if (t == ignore_index) {
-        for (int64_t j = 0; j < vl; j++) d[j] = 0.0f;
-      } else {
-        const float *xr = tt_row_in(logits, dtype, n * vl, vl, mine);
-        float ln = lse[n];
-#pragma omp simd
-        for (int64_t j = 0; j < vl; j++) d[j] = scale * tt_vexpf(xr[j] - ln);
-        int64_t c = local_column(t, start, vl);
-        if (c >= 0) d[c] -= scale;
-      }
-      tt_row_done(dlogits, dtype, n * vl, vl, d);
-    }
-  }
-  free(scratch);
-  return 0;
+  float scale = count > 0 ? (float)((double)*dloss / (double)count) : 0.0f;
+  return tt_ce_grad_rows(OP, dlogits, scale, logits, lse, targets, tgt_i64, ignore_index,
+                         start, N, vl, dtype);
 }
 
 const tt_vocab_parallel_kernels tt_vocab_parallel_cpu = {

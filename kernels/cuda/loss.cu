@@ -9,16 +9,12 @@
 ** vocabulary is reported at once, or with deferred checks on (a training step) recorded
 ** on the device for the step's one read (engine/runtime/cuda.cu).
 */
-#include "kernel_cuda.h"
+#include "cross_entropy.cuh"
 extern "C" {
 #include "loss.h"
 }
 
 enum { CE_THREADS = 512 };
-
-__device__ __forceinline__ int64_t load_target(const void *t, int i64, int64_t i) {
-  return i64 ? ((const int64_t *)t)[i] : (int64_t)((const int32_t *)t)[i];
-}
 
 /* row_stats[n] = lse, row_stats[N + n] = loss (0 when ignored); bad: first bad row. */
 template <typename T>
@@ -36,7 +32,7 @@ __global__ void ce_rows(float *row_stats, const T *logits, const void *targets,
   s = tt_block_sum(s, scratch);
   if (threadIdx.x != 0) return;
   float lse = m + logf(s);
-  int64_t t = load_target(targets, tgt_i64, n);
+  int64_t t = tt_load_target(targets, tgt_i64, n);
   float loss = 0;
   if (t != ignore_index) {
     if (t < 0 || t >= V) atomicMin(bad, (unsigned long long)n);
@@ -53,7 +49,7 @@ __global__ void ce_mean(float *loss, float *count_out, const float *row_loss,
   __shared__ float scratch[32];
   float s = 0, c = 0;
   for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
-    if (load_target(targets, tgt_i64, n) == ignore_index) continue;
+    if (tt_load_target(targets, tgt_i64, n) == ignore_index) continue;
     if (row_loss) s += row_loss[n];
     c += 1;
   }
@@ -115,23 +111,6 @@ static int ce_forward(float *loss, float *row_stats, const void *logits, const v
   return 0;
 }
 
-template <typename T>
-__global__ void ce_grad(T *dlogits, const float *dloss, const float *count, const T *logits,
-                        const float *lse, const void *targets, int tgt_i64,
-                        int64_t ignore_index, int64_t V) {
-  int64_t n = blockIdx.x;
-  int64_t t = load_target(targets, tgt_i64, n);
-  T *d = dlogits + n * V;
-  if (t == ignore_index) {
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) tt_st(d, j, 0.0f);
-    return;
-  }
-  const T *row = logits + n * V;
-  float k = *dloss / *count, l = lse[n];
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-    tt_st(d, j, k * (__expf(tt_ld(row, j) - l) - (j == t ? 1.0f : 0.0f)));
-}
-
 static int ce_backward(void *dlogits, const float *dloss, const void *logits,
                        const float *row_stats, const void *targets, int tgt_i64,
                        int64_t ignore_index, int64_t N, int64_t V, int dtype) {
@@ -142,13 +121,13 @@ static int ce_backward(void *dlogits, const float *dloss, const void *logits,
   TT_CU(cudaMallocAsync((void **)&count, sizeof(float), st));
   ce_mean<<<1, 1024, 0, st>>>(NULL, count, NULL, targets, tgt_i64, ignore_index, N);
   if (dtype == TT_ELEM_BF16)
-    ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>((__nv_bfloat16 *)dlogits, dloss, count,
-                                                (const __nv_bfloat16 *)logits, row_stats,
-                                                targets, tgt_i64, ignore_index, V);
+    tt_ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>((__nv_bfloat16 *)dlogits, dloss, count,
+                                                   (const __nv_bfloat16 *)logits, row_stats,
+                                                   targets, tgt_i64, ignore_index, 0, V);
   else
-    ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>((float *)dlogits, dloss, count,
-                                                (const float *)logits, row_stats, targets,
-                                                tgt_i64, ignore_index, V);
+    tt_ce_grad<<<(unsigned)N, CE_THREADS, 0, st>>>((float *)dlogits, dloss, count,
+                                                   (const float *)logits, row_stats, targets,
+                                                   tgt_i64, ignore_index, 0, V);
   cudaError_t e = tt_cuda_launch_status();
   cudaFreeAsync(count, st);
   TT_CU(e);

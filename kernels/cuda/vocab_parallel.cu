@@ -10,7 +10,7 @@
 ** (kernels/cuda/loss.cu). backward: one block per row, the softmax rebuilt from the saved
 ** logsumexp. Nothing is read back to the host except that check.
 */
-#include "kernel_cuda.h"
+#include "cross_entropy.cuh"
 extern "C" {
 #include "vocab_parallel.h"
 }
@@ -18,10 +18,6 @@ extern "C" {
 enum { VP_THREADS = 512 };
 
 static const char OP[] = "vocab_parallel_cross_entropy";
-
-__device__ __forceinline__ int64_t load_target(const void *t, int i64, int64_t i) {
-  return i64 ? ((const int64_t *)t)[i] : (int64_t)((const int32_t *)t)[i];
-}
 
 static int check_launch(int dtype, int64_t N) {
   TT_CHECK(dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16,
@@ -36,7 +32,7 @@ __global__ void vp_row_max(float *mx, const T *logits, const void *targets, int 
                            int64_t ignore_index, int64_t vl) {
   __shared__ float scratch[32];
   int64_t n = blockIdx.x;
-  if (load_target(targets, tgt_i64, n) == ignore_index) {
+  if (tt_load_target(targets, tgt_i64, n) == ignore_index) {
     if (threadIdx.x == 0) mx[n] = 0.0f;
     return;
   }
@@ -54,7 +50,7 @@ __global__ void vp_row_partials(float *red, const T *logits, const float *mx,
                                 int64_t start, int64_t N, int64_t vl) {
   __shared__ float scratch[32];
   int64_t n = blockIdx.x;
-  int64_t t = load_target(targets, tgt_i64, n);
+  int64_t t = tt_load_target(targets, tgt_i64, n);
   if (t == ignore_index) {
     if (threadIdx.x == 0) red[n] = red[N + n] = red[2 * N + n] = 0.0f;
     return;
@@ -79,7 +75,7 @@ __global__ void vp_finish(float *loss, float *lse, const float *mx, const float 
   float s = 0.0f, c = 0.0f;
   for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
     lse[n] = 0.0f;
-    if (load_target(targets, tgt_i64, n) == ignore_index) continue;
+    if (tt_load_target(targets, tgt_i64, n) == ignore_index) continue;
     if (red[2 * N + n] != 1.0f) {
       atomicMin(bad, (unsigned long long)n);
       continue;
@@ -100,27 +96,9 @@ __global__ void vp_count(float *count, const void *targets, int tgt_i64, int64_t
   __shared__ float scratch[32];
   float c = 0.0f;
   for (int64_t n = threadIdx.x; n < N; n += blockDim.x)
-    c += load_target(targets, tgt_i64, n) != ignore_index ? 1.0f : 0.0f;
+    c += tt_load_target(targets, tgt_i64, n) != ignore_index ? 1.0f : 0.0f;
   c = tt_block_sum(c, scratch);
   if (threadIdx.x == 0) *count = c;
-}
-
-template <typename T>
-__global__ void vp_grad(T *dlogits, const float *dloss, const float *count, const T *logits,
-                        const float *lse, const void *targets, int tgt_i64,
-                        int64_t ignore_index, int64_t start, int64_t vl) {
-  int64_t n = blockIdx.x;
-  int64_t t = load_target(targets, tgt_i64, n);
-  T *d = dlogits + n * vl;
-  if (t == ignore_index) {
-    for (int64_t j = threadIdx.x; j < vl; j += blockDim.x) tt_st(d, j, 0.0f);
-    return;
-  }
-  const T *row = logits + n * vl;
-  float k = *dloss / *count, l = lse[n];
-  int64_t c = t - start;   /* outside [0, vl) when another rank owns the target */
-  for (int64_t j = threadIdx.x; j < vl; j += blockDim.x)
-    tt_st(d, j, k * (__expf(tt_ld(row, j) - l) - (j == c ? 1.0f : 0.0f)));
 }
 
 static int row_max(float *mx, const void *logits, const void *targets, int tgt_i64,
@@ -205,13 +183,13 @@ static int backward(void *dlogits, const float *dloss, const void *logits, const
   TT_CU(cudaMallocAsync((void **)&count, sizeof(float), st));
   vp_count<<<1, 1024, 0, st>>>(count, targets, tgt_i64, ignore_index, N);
   if (dtype == TT_ELEM_BF16)
-    vp_grad<<<(unsigned)N, VP_THREADS, 0, st>>>((__nv_bfloat16 *)dlogits, dloss, count,
-                                                (const __nv_bfloat16 *)logits, lse, targets,
-                                                tgt_i64, ignore_index, start, vl);
+    tt_ce_grad<<<(unsigned)N, VP_THREADS, 0, st>>>((__nv_bfloat16 *)dlogits, dloss, count,
+                                                   (const __nv_bfloat16 *)logits, lse, targets,
+                                                   tgt_i64, ignore_index, start, vl);
   else
-    vp_grad<<<(unsigned)N, VP_THREADS, 0, st>>>((float *)dlogits, dloss, count,
-                                                (const float *)logits, lse, targets, tgt_i64,
-                                                ignore_index, start, vl);
+    tt_ce_grad<<<(unsigned)N, VP_THREADS, 0, st>>>((float *)dlogits, dloss, count,
+                                                   (const float *)logits, lse, targets, tgt_i64,
+                                                   ignore_index, start, vl);
   cudaError_t e = tt_cuda_launch_status();
   cudaFreeAsync(count, st);
   TT_CU(e);
