@@ -186,3 +186,41 @@ Test(cuda_runtime, without_sync_the_fault_shows_later) {
   cr_assert_eq(tt_add(bad, good, &out), 0, "the launch itself failed: %s", tt_last_error());
   cr_assert_neq(tt_cuda_synchronize(), 0, "the fault never showed");
 }
+
+/* Context parallelism's input slice on the device (lua/tetra/parallel/context.lua): a
+** narrowed i32 token block copied into a narrowed i64 one, both strided, on the GPU,
+** equal to the CPU's copy; ids near 2^31 stay exact. */
+Test(cuda_runtime, strided_widening_copy_of_token_ids) {
+  const int64_t B = 3, T = 17, L = 4, shape[2] = {B, T}, out_shape[2] = {B, 2 * L};
+  tt_tensor *tok = NULL, *ref = NULL, *ids = NULL;
+  cr_assert_eq(tt_tensor_empty(shape, 2, TT_I32, TT_CPU, &tok), 0, "%s", tt_last_error());
+  int32_t *p = tt_tensor_data(tok);
+  for (int64_t i = 0; i < B * T; i++) p[i] = 2147483000 + (int32_t)i;
+  cr_assert_eq(tt_tensor_empty(out_shape, 2, TT_I64, TT_CPU, &ref), 0);
+  tt_tensor *dtok = to_dev(tok, GPU);
+  cr_assert_eq(tt_tensor_empty(out_shape, 2, TT_I64, GPU, &ids), 0, "%s", tt_last_error());
+  const int64_t starts[2] = {3, 11};
+  for (int k = 0; k < 2; k++) {
+    tt_tensor *hd = NULL, *hs = NULL, *dd = NULL, *ds = NULL;
+    cr_assert_eq(tt_narrow(ref, 1, k * L, L, &hd), 0);
+    cr_assert_eq(tt_narrow(tok, 1, starts[k], L, &hs), 0);
+    cr_assert_eq(tt_copy_(hd, hs), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_narrow(ids, 1, k * L, L, &dd), 0);
+    cr_assert_eq(tt_narrow(dtok, 1, starts[k], L, &ds), 0);
+    cr_assert_eq(tt_copy_(dd, ds), 0, "%s", tt_last_error());
+    tt_tensor_release(hd);
+    tt_tensor_release(hs);
+    tt_tensor_release(dd);
+    tt_tensor_release(ds);
+  }
+  tt_tensor *back = to_dev(ids, TT_CPU);
+  const int64_t *a = tt_tensor_data(back), *b = tt_tensor_data(ref);
+  for (int64_t i = 0; i < B * 2 * L; i++)
+    cr_assert_eq(a[i], b[i], "element %lld: %lld on the GPU, %lld on the CPU", (long long)i,
+                 (long long)a[i], (long long)b[i]);
+  tt_tensor_release(back);
+  tt_tensor_release(ids);
+  tt_tensor_release(dtok);
+  tt_tensor_release(ref);
+  tt_tensor_release(tok);
+}

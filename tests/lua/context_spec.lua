@@ -46,6 +46,16 @@ describe("slice", function()
     expect(ints(targets)).to_equal({ 1, 2, 7, 8, 101, 102, 107, 108 })
     expect(ints(pos)).to_equal({ 0, 1, 6, 7 })
   end)
+
+  it("widens i32 tokens to i64 ids and targets", function()
+    local tok = F.empty({ 1, 9 }, C.TT_I32)
+    local p = ffi.cast("int32_t *", C.tt_tensor_data(tok))
+    for i = 0, 8 do p[i] = 2000000000 + i end
+    local ids, targets = cp.slice(tok, { size = 2, rank = 0 })
+    expect(ids._dtype == C.TT_I64 and targets._dtype == C.TT_I64).to_be(true)
+    expect(ints(ids)).to_equal({ 2000000000, 2000000001, 2000000006, 2000000007 })
+    expect(ints(targets)).to_equal({ 2000000001, 2000000002, 2000000007, 2000000008 })
+  end)
 end)
 
 describe("apply", function()

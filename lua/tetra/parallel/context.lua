@@ -66,33 +66,27 @@ local function index_tensor(list)
   return t
 end
 
--- tokens: (B, T + 1) i32/i64 on the CPU -> ids (B, T / cp) and targets (B, T / cp) i64
--- (the tokens at this rank's positions and the ones after them) and those positions as a
--- (T / cp) i64 tensor.
+-- tokens: (B, T + 1) i32/i64 on any device -> ids (B, T / cp) and targets (B, T / cp) i64
+-- on that device (the tokens at this rank's positions and the ones after them: two
+-- contiguous chunks, copied as two strided blocks each, no host round trip) and those
+-- positions as a (T / cp) i64 tensor there.
 function M.slice(tokens, group)
   local B, T = tonumber(tokens._shape[0]), tonumber(tokens._shape[1]) - 1
-  local pos = M.chunk_positions(T, group.size, group.rank)
-  local n = #pos
-  local tc = F.contiguous(tokens)
-  local src = C.tt_tensor_data(tc)
-  local i64 = tc._dtype == C.TT_I64
-  local s64, s32 = ffi.cast("int64_t *", src), ffi.cast("int32_t *", src)
-  local ids, targets = F.empty({ B, n }, C.TT_I64), F.empty({ B, n }, C.TT_I64)
-  local di = ffi.cast("int64_t *", C.tt_tensor_data(ids))
-  local dt = ffi.cast("int64_t *", C.tt_tensor_data(targets))
-  for b = 0, B - 1 do
-    local row = b * (T + 1)
-    for j = 0, n - 1 do
-      local at = row + pos[j + 1]
-      if i64 then
-        di[b * n + j], dt[b * n + j] = s64[at], s64[at + 1]
-      else
-        di[b * n + j], dt[b * n + j] = s32[at], s32[at + 1]
-      end
+  local L = M.chunk_len(T, group.size)
+  local dev = tokens._device
+  local ids, targets = F.empty({ B, 2 * L }, C.TT_I64, dev), F.empty({ B, 2 * L }, C.TT_I64, dev)
+  for k, c in ipairs({ group.rank, 2 * group.size - 1 - group.rank }) do
+    for shift, out in pairs({ [0] = ids, [1] = targets }) do
+      local dst, src = F.narrow(out, 1, (k - 1) * L, L), F.narrow(tokens, 1, c * L + shift, L)
+      local rc = C.tt_copy_(dst, src)
+      free(dst)
+      free(src)
+      if rc ~= 0 then error(ffi.string(C.tt_last_error()), 2) end
     end
   end
-  if tc ~= tokens then free(tc) end
-  return ids, targets, index_tensor(pos)
+  local pos = index_tensor(M.chunk_positions(T, group.size, group.rank))
+  if dev ~= C.TT_CPU then pos = tensor.moved(pos, dev) end
+  return ids, targets, pos
 end
 
 -- -- Attention -------------------------------------------------------------------------

@@ -246,12 +246,7 @@ end
 function Par:inputs(tokens)
   local ids, targets, positions
   if self.layout.cp > 1 then
-    local cpu = tokens._device == C.TT_CPU and tokens or
-                T.take(C.tt_to_device(tokens, C.TT_CPU, T.pout))
-    ids, targets, positions = require("tetra.parallel.context").slice(cpu, self.mesh.cp)
-    if cpu ~= tokens then F.free(cpu) end
-    local dev = tokens._device
-    ids, targets, positions = T.moved(ids, dev), T.moved(targets, dev), T.moved(positions, dev)
+    ids, targets, positions = require("tetra.parallel.context").slice(tokens, self.mesh.cp)
   else
     ids, targets = F.inputs_targets(tokens)
   end
