@@ -150,17 +150,27 @@ end
 
 -- The global batch at data position pos on the device; a captured step's goes into its
 -- static input (made by the first graphed step).
+-- This rank's rows of the step's batch on the device. A source that draws the global
+-- batch (mock, byte) is cut to the data-parallel rank's rows on the host first, so only
+-- those travel; a source that reads its own rows (data.local_rows) uploads them whole.
+local function rows_of(env, host)
+  if env.data.local_rows then return host end
+  local rows = env.ddp:batch_slice(host)
+  if rows ~= host then free(host) end   -- the rows' view keeps the storage
+  return rows
+end
+
 local function upload_batch(env, pos, graphed)
   local t, data, graphs, upload = env.cfg.train, env.data, env.graphs, env.upload
-  local seq_len = env.seq_len
-  local global
+  local rows = rows_of(env, data:batch(pos, t.batch_size, env.seq_len, "train"))
+  local mine
   if graphed and graphs.input then
-    global = upload(data:batch(pos, t.batch_size, seq_len, "train"), graphs.input)
+    mine = upload(rows, graphs.input)
   else
-    global = upload(data:batch(pos, t.batch_size, seq_len, "train"))
-    if graphed then graphs.input = global end
+    mine = upload(rows)
+    if graphed then graphs.input = mine end
   end
-  return global
+  return mine
 end
 
 -- The strategy's forward and backward of n micro-batches. On CUDA with AdamW, embedding
@@ -354,19 +364,17 @@ function step.run(env)
   end
   write_step_inputs(env)
   local graphed = env.graphs and n > env.graphs.warmup
-  local global = upload_batch(env, s.pos, graphed)
+  local mine = upload_batch(env, s.pos, graphed)   -- this rank's rows
   s.data_wait = metrics.now() - s.t0
   if trace.on then trace.span("data_wait", s.t0, s.t0 + s.data_wait, { step = n }) end
   local timer = strategy.timer
   timer:reset()
-  if graphed then return graph_step(env, s, global) end
+  if graphed then return graph_step(env, s, mine) end
 
   -- Forward and backward of this rank's rows.
-  local mine = data.local_rows and global or env.ddp:batch_slice(global)
   local fb0 = timer:mark()
   local loss_sum = forward_backward(env, mine, env.accum)   -- a device tensor, or a number
-  if mine ~= global then free(mine) end
-  free(global)
+  free(mine)
   local fb1 = timer:mark()
   if guard:poisoned(s.pos) then loss_sum = poison(env, loss_sum) end
   -- The grads are complete (after the data-parallel averaging, before unscaling and
@@ -399,11 +407,10 @@ function step.evaluate(env, n_batches)
   return F.no_grad(function()
     local sum = 0.0
     for i = 1, n_batches do
-      local global = to_dev(env.data:batch(i, t.batch_size, env.seq_len, "val"), env.device)
-      local mine = env.data.local_rows and global or env.ddp:batch_slice(global)
+      local mine = to_dev(rows_of(env, env.data:batch(i, t.batch_size, env.seq_len, "val")),
+                          env.device)
       sum = sum + env.strategy:eval_loss(mine)
-      if mine ~= global then free(mine) end
-      free(global)
+      free(mine)
     end
     return env.mesh.dpcp:mean(sum / n_batches)
   end)
