@@ -63,6 +63,12 @@ static int open_graph_lib(const char *file, char *why, size_t why_n) {
              v / 10000 ? v / 10000 : v / 1000, v / 10000 ? v / 100 % 100 : v / 100 % 10);
     return 0;
   }
+  /* cudnn-frontend refuses bf16/f16 fused attention (forward) on these: a known defect. */
+  if (v == 91000 || v == 91001) {
+    snprintf(why, why_n, "%s is cuDNN 9.10.%zu, whose bf16/f16 fused attention has a known "
+             "defect (cudnn-frontend refuses it); install 9.10.2 or newer", file, v % 100);
+    return 0;
+  }
   return 1;
 }
 

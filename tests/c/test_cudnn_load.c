@@ -215,6 +215,15 @@ Test(cudnn_load, refuses_other_library) {
   cr_assert(strstr(why, "cannot open") && strstr(why, dir), "%s", why);
 }
 
+Test(cudnn_load, refuses_cudnn_9_10_0) {
+  layout("lib", TT_FAKE_CUDNN9100);
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/lib", tmp);
+  setenv("TETRA_CUDNN_PATH", dir, 1);
+  cr_assert_eq(tt_cudnn_probe(path, sizeof path, why, sizeof why), 0, "opened %s", path);
+  cr_assert(strstr(why, "cuDNN 9.10.0") && strstr(why, "known defect"), "%s", why);
+}
+
 Test(cudnn_load, refuses_cudnn8) {
   layout("lib", TT_FAKE_CUDNN8);
   char dir[1024];
