@@ -7,7 +7,9 @@
 --    when the data loader reports them; loss_scale, skipped under AMP; the step's phases
 --    data_wait_s, forward_s, backward_s, exposed_comm_s, optimizer_s, other_s, and
 --    checkpoint_s, live_bytes, cached_bytes, mfu: see tetra.train's env.step; restarts,
---    data_position, guard and roll_back from the training loop's fault handling)
+--    data_position, guard and roll_back from the training loop's fault handling;
+--    rank_compute_s, rank_wait_s, straggler_rank, straggler_compute_s, straggler_ratio
+--    from tetra.obs.straggler with more than one rank)
 local ffi = require("ffi")
 local json = require("tetra.util.json")
 local fs = require("tetra.util.fs")
