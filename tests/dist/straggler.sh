@@ -5,7 +5,8 @@
 # rank_compute_s of both ranks) and prints a warning line on rank 0 naming rank 1 and
 # its host: one, or two where a busy machine broke the streak (the warning comes once
 # per streak of log.straggler_steps = 3 slow steps). The control run without the sleep prints no warning; with
-# log.straggler_factor=0 the slow run is still measured but not warned about.
+# log.straggler_factor=0 the slow run is still measured but not warned about. tetra's own
+# reader of metrics files reads the arrays back.
 # Usage: bash straggler.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -47,6 +48,14 @@ print("slow run: rank 1 named at every step, ratio", round(min(r["straggler_rati
 PY
 
 unset TETRA_TEST_SLOW_S
+# tetra.obs.metrics.read (a resumed run rewrites the records before its checkpoint with
+# it) gives the arrays back.
+got="$("$tetra" -e 'local r = require("tetra.obs.metrics").read(arg[1])[4]
+  print(string.format("%.9g %.9g %d", r.rank_compute_s[1], r.rank_compute_s[2], r.straggler_rank))' \
+  "$work/slow.jsonl")"
+want="$(python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])][3]; print("%.9g %.9g %d" % (*r["rank_compute_s"], r["straggler_rank"]))' "$work/slow.jsonl")"
+[ "$got" = "$want" ] || fail "metrics.read: '$got', the file has '$want'"
+
 run control
 grep -q 'straggler' "$work/control.out" && fail "control run warns: $(grep straggler "$work/control.out")"
 python3 - "$work/control.jsonl" <<'PY' || exit 1
