@@ -4,19 +4,21 @@
 # the metrics file (straggler_rank, straggler_ratio = slowest / median compute time,
 # rank_compute_s of both ranks) and prints a warning line on rank 0 naming rank 1 and
 # its host: one, or two where a busy machine broke the streak (the warning comes once
-# per streak of log.straggler_steps = 3 slow steps). The control run without the sleep prints no warning; with
-# log.straggler_factor=0 the slow run is still measured but not warned about. tetra's own
-# reader of metrics files reads the arrays back.
+# per streak of log.straggler_steps = 3 slow steps). tetra's own reader of metrics files
+# reads the arrays back. The control run without the sleep prints no warning; with
+# log.straggler_factor=0 the slow run is still measured but not warned about; with 3
+# ranks the slow one's ratio is to the true median.
 # Usage: bash straggler.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
 fail() { echo "FAIL: $*"; exit 1; }
 
 steps=8
-run() {   # run NAME [--set ...]: 2 ranks, the output in $work/NAME.out
+run() {   # run NAME [--set ...]: $np ranks (default 2), the output in $work/NAME.out
   local name="$1"; shift
-  timeout 120 mpirun --oversubscribe -np 2 "$tetra" run tests/fixtures/slow_rank.lua \
-    --set parallel.data_parallel_size=2 --set train.steps=$steps \
+  local n="${np:-2}"
+  timeout 120 mpirun --oversubscribe -np "$n" "$tetra" run tests/fixtures/slow_rank.lua \
+    --set parallel.data_parallel_size="$n" --set train.batch_size=$((4 * n)) --set train.steps=$steps \
     --set "log.metrics_file=$work/$name.jsonl" "$@" > "$work/$name.out" 2>&1 ||
     fail "$name run failed: $(tail -5 "$work/$name.out")"
 }
@@ -68,4 +70,18 @@ PY
 TETRA_TEST_SLOW_RANK=1 TETRA_TEST_SLOW_S=0.3 run off --set log.straggler_factor=0
 grep -q 'warning: straggler' "$work/off.out" && fail "log.straggler_factor=0 still warns"
 grep -q '"straggler_rank":1' "$work/off.jsonl" || fail "log.straggler_factor=0: no summary in the metrics file"
+# Three ranks, the last one slow: its ratio to the true median (a fast rank) is far
+# above 2, which two ranks cannot reach.
+np=3 TETRA_TEST_SLOW_RANK=2 TETRA_TEST_SLOW_S=0.3 run three
+grep -qE "^warning: straggler: rank 2 \(host $host\) computed" "$work/three.out" ||
+  fail "3 ranks: no warning naming rank 2: $(grep straggler "$work/three.out")"
+python3 - "$work/three.jsonl" <<'PY' || exit 1
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for r in rows:
+    c = r["rank_compute_s"]
+    assert len(c) == 3 and r["straggler_rank"] == 2, r
+    assert abs(r["straggler_ratio"] - c[2] / sorted(c)[1]) < 1e-4 * r["straggler_ratio"], r
+assert min(r["straggler_ratio"] for r in rows[2:]) > 2, [r["straggler_ratio"] for r in rows]
+PY
 echo "straggler ok"
