@@ -216,13 +216,13 @@ function dist.world_size() dist.start() return C.tt_dist_world_size() end
 function dist.local_rank() dist.start() return C.tt_dist_local_rank() end
 function dist.is_main() return dist.rank() == 0 end
 function dist.launched() return C.tt_dist_launched() ~= 0 end
--- The world group (every process), started if need be; split it for a private channel.
 -- The hostname world rank r reported at start-up ("?" when out of range).
 function dist.rank_host(r)
   dist.start()
   local h = C.tt_dist_rank_host(r)
   return h ~= nil and ffi.string(h) or "?"
 end
+-- The world group (every process), started if need be; split it for a private channel.
 function dist.world() dist.start() return new_group(C.tt_comm_world(), nil) end
 -- The step the watchdog names when a collective hangs.
 function dist.set_step(step) C.tt_dist_set_step(step) end
