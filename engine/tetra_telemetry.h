@@ -51,6 +51,9 @@ int tt_telemetry_configure(const char *job, int rank, int dp, int tp, int pp, in
 int tt_telemetry_enabled(void);
 void tt_telemetry_step(const tt_step_telemetry *s);
 void tt_telemetry_checkpoint(double seconds);
+/* Rank 0: the slowest rank of the last step (world rank), its compute seconds (step less
+** collective waits) and their ratio to the ranks' median (< 0: unknown). */
+void tt_telemetry_straggler(int rank, double compute_s, double ratio);
 /* One collective of `op` ("all_reduce", ...) on group `group` ("dp", ...) took `seconds`
 ** from its start to its completion as this rank saw it. */
 void tt_telemetry_collective(const char *op, const char *group, double seconds);

@@ -56,6 +56,9 @@ typedef struct {
   double step_sum;
   double phase_total[N_PHASES];
   double checkpoint_last_s;
+  int has_straggler;          /* rank 0 with more than one rank: tt_telemetry_straggler */
+  int straggler_rank;
+  double straggler_compute_s, straggler_ratio;
   double checkpoint_total_s;
   uint64_t checkpoint_count;
   double lock_wait_s;         /* writers' time waiting for g_lock (a scrape copying) */
@@ -148,6 +151,16 @@ void tt_telemetry_step(const tt_step_telemetry *s) {
   g.step_count++;
   g.step_sum += s->step_time_s;
   for (int i = 0; i < N_PHASES; i++) g.phase_total[i] += phases[i];
+  g_version++;
+  pthread_mutex_unlock(&g_lock);
+}
+
+void tt_telemetry_straggler(int rank, double compute_s, double ratio) {
+  writer_lock();
+  g.has_straggler = 1;
+  g.straggler_rank = rank;
+  g.straggler_compute_s = compute_s;
+  g.straggler_ratio = ratio;
   g_version++;
   pthread_mutex_unlock(&g_lock);
 }
@@ -285,12 +298,33 @@ static int format_store(tt_buf *b, const store *s) {
       snprintf(ph, sizeof ph, "phase=\"%s\"", phase_names[i]);
       TT_TRY(put_sample(b, "tetra_step_phase_seconds", L, ph, phases[i]));
     }
+    /* Each rank's own: Prometheus compares them across ranks (TetraStraggler). */
+    TT_TRY(put_metric(b, "tetra_step_last_seconds", "gauge",
+                      "Wall time of the last optimizer step.", L, x->step_time_s));
+    TT_TRY(put_metric(b, "tetra_step_wait_seconds", "gauge",
+                      "Seconds the last step waited in collectives (exposed_comm).", L,
+                      x->exposed_comm_s));
+    TT_TRY(put_metric(b, "tetra_step_compute_seconds", "gauge",
+                      "Seconds of the last step not spent waiting in collectives.", L,
+                      x->step_time_s - x->exposed_comm_s));
     TT_TRY(put_header(b, "tetra_step_phase_seconds_total", "counter",
                       "Seconds spent in each step phase since start."));
     for (int i = 0; i < N_PHASES; i++) {
       snprintf(ph, sizeof ph, "phase=\"%s\"", phase_names[i]);
       TT_TRY(put_sample(b, "tetra_step_phase_seconds_total", L, ph, s->phase_total[i]));
     }
+  }
+  if (s->has_straggler) {
+    TT_TRY(put_metric(b, "tetra_straggler_rank", "gauge",
+                      "Rank 0: the world rank with the longest compute time last step.", L,
+                      (double)s->straggler_rank));
+    TT_TRY(put_metric(b, "tetra_straggler_compute_seconds", "gauge",
+                      "Rank 0: that rank's compute seconds (step less collective waits).",
+                      L, s->straggler_compute_s));
+    if (s->straggler_ratio >= 0)
+      TT_TRY(put_metric(b, "tetra_straggler_ratio", "gauge",
+                        "Rank 0: the slowest rank's compute time over the ranks' median.",
+                        L, s->straggler_ratio));
   }
   TT_TRY(put_metric(b, "tetra_tokens_total", "counter", "Tokens trained on (global batch).",
                     L, s->has_step ? x->tokens_total : 0));

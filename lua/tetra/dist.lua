@@ -7,7 +7,7 @@
 --   g:all_reduce(t, "sum" | "avg" | "max" | "min")   -- in place, returns t
 --   g:all_gather(t, dim)  g:reduce_scatter(t, dim, op)  g:broadcast(t, root)
 --   g:send(t, dst, tag)   g:recv(t, src, tag)           g:all_to_all(t, split, concat)
---   g:barrier()
+--   g:barrier()   g:gather_numbers({ a, b })         -- a few Lua numbers from each member
 --   local h = g:all_reduce_async(t); ...; h:wait()  -- every collective has an _async
 --                                         -- form; wait() returns the result
 --   g:copy_to_group(x) ...                -- differentiable collectives (autograd)
@@ -178,6 +178,22 @@ function Group:sum(x)
   return sum
 end
 
+-- Lua numbers from every member, as float32: xs (the same count on each) -> { [1] = the
+-- first member's xs, ... } in group rank order. One all-gather; for small figures
+-- (timings), not for values that need double precision (see sum).
+function Group:gather_numbers(xs)
+  local n = #xs
+  if self.size == 1 then return { xs } end
+  local all = take(C.tt_comm_all_gather(self._c, tensor.from_table(xs), 0, pout), 3)
+  local out = {}
+  for r = 1, self.size do
+    local row = {}
+    for i = 1, n do row[i] = C.tt_tensor_get(all, (r - 1) * n + i - 1) end
+    out[r] = row
+  end
+  return out
+end
+
 -- A new group of the members that pass the same color, ordered by key (collective over
 -- this group); name is what messages call it.
 function Group:split(color, key, name)
@@ -200,6 +216,12 @@ function dist.world_size() dist.start() return C.tt_dist_world_size() end
 function dist.local_rank() dist.start() return C.tt_dist_local_rank() end
 function dist.is_main() return dist.rank() == 0 end
 function dist.launched() return C.tt_dist_launched() ~= 0 end
+-- The hostname world rank r reported at start-up ("?" when out of range).
+function dist.rank_host(r)
+  dist.start()
+  local h = C.tt_dist_rank_host(r)
+  return h ~= nil and ffi.string(h) or "?"
+end
 -- The world group (every process), started if need be; split it for a private channel.
 function dist.world() dist.start() return new_group(C.tt_comm_world(), nil) end
 -- The step the watchdog names when a collective hangs.

@@ -34,6 +34,8 @@ mutants=(
   's/DCGM_FI_DEV_GPU_TEMP > 85/DCGM_FI_DEV_GPU_TEMP > 95/'
   's/increase(tetra_gpu_xid_errors_total\[5m\]) > 0/increase(tetra_gpu_xid_errors_total[5m]) > 1/'
   's/min by (job) (tetra_loss_scale)/min (tetra_loss_scale)/'
+  's/group_left 1.5 \* quantile/group_left 1.3 * quantile/'
+  's/quantile by (job) (0.5, tetra_step_compute_seconds)/quantile (0.5, tetra_step_compute_seconds)/'
 )
 for m in "${mutants[@]}"; do
   cp "$root/tools/prometheus/tetra-rules.test.yml" "$tmp/"

@@ -6,6 +6,7 @@ local train = tetra.train
 local config = require("tetra.config")
 local mfu = require("tetra.obs.mfu")
 local telemetry = require("tetra.obs.telemetry")
+local straggler = require("tetra.obs.straggler")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
@@ -143,6 +144,29 @@ local function parse_exposition(text)
   return families, order
 end
 
+describe("the straggler summary", function()
+  it("names the slowest rank and its ratio to the median", function()
+    local s = straggler.summarize({ { 0.10, 0.30 }, { 0.40, 0.01 }, { 0.12, 0.28 } })
+    expect(s.rank).to_be(1)
+    expect(s.compute_s).to_be(0.40)
+    expect(s.median_s).to_be(0.12)
+    expect(s.ratio).to_be_near(0.40 / 0.12, 1e-12)
+    expect(straggler.summarize({ { 0, 0 }, { 0, 0 } }).ratio).to_be_nil()
+  end)
+
+  it("warns once per rank when a streak over the factor reaches its length", function()
+    local t = setmetatable({ factor = 1.5, steps = 3, streak = {} },
+                           getmetatable(straggler.new({ log = {} }, { size = 2, rank = 1 })))
+    local function step(c) return #t:judge(straggler.summarize(c)) end
+    local slow, even = { { 0.1, 0 }, { 0.1, 0 }, { 0.2, 0 } }, { { 0.1, 0 }, { 0.1, 0 }, { 0.14, 0 } }
+    expect(step(slow) + step(slow)).to_be(0)
+    expect(step(even)).to_be(0)          -- 1.4x: the streak starts again
+    expect(step(slow) + step(slow)).to_be(0)
+    expect(t:judge(straggler.summarize(slow))[1]).to_be(2)
+    expect(step(slow)).to_be(0)          -- reported once, not every step after
+  end)
+end)
+
 describe("the Prometheus text", function()
   it("has HELP, TYPE, the job and mesh labels and cumulative histograms", function()
     local ffi = require("ffi")
@@ -154,6 +178,7 @@ describe("the Prometheus text", function()
     telemetry.serving = true
     local records = {}
     for i = 1, 3 do records[i] = env.step() end
+    telemetry.straggler(2, 0.25, 1.8)   -- as rank 0 of a job would (tetra.obs.straggler)
     telemetry.serving = false
     C.tt_telemetry_collective("all_reduce", "dp", 0.0003)
     C.tt_telemetry_collective("all_reduce", "dp", 0.02)
@@ -189,6 +214,14 @@ describe("the Prometheus text", function()
     expect(value("tetra_mfu")).to_be(last.mfu)
     expect(value("tetra_restarts")).to_be(3)
     expect(value("tetra_step_phase_seconds", { phase = "backward" })).to_be(last.backward_s)
+    -- This rank's step, wait and compute seconds (compared across ranks by TetraStraggler).
+    expect(value("tetra_step_last_seconds")).to_be(last.step_time_s)
+    expect(value("tetra_step_wait_seconds")).to_be(last.exposed_comm_s)
+    expect(value("tetra_step_compute_seconds"))
+      .to_be_near(last.step_time_s - last.exposed_comm_s, 1e-15)
+    expect(value("tetra_straggler_rank")).to_be(2)
+    expect(value("tetra_straggler_compute_seconds")).to_be(0.25)
+    expect(value("tetra_straggler_ratio")).to_be(1.8)
     -- The step histogram: cumulative buckets, +Inf = count = steps, sum = the steps' times.
     local prev, sum = 0, 0
     for _, s in ipairs(fam.tetra_step_seconds.samples) do

@@ -7,7 +7,9 @@
 --    when the data loader reports them; loss_scale, skipped under AMP; the step's phases
 --    data_wait_s, forward_s, backward_s, exposed_comm_s, optimizer_s, other_s, and
 --    checkpoint_s, live_bytes, cached_bytes, mfu: see tetra.train's env.step; restarts,
---    data_position, guard and roll_back from the training loop's fault handling)
+--    data_position, guard and roll_back from the training loop's fault handling;
+--    rank_compute_s, rank_wait_s, straggler_rank, straggler_compute_s, straggler_ratio
+--    from tetra.obs.straggler with more than one rank)
 local ffi = require("ffi")
 local json = require("tetra.util.json")
 local fs = require("tetra.util.fs")
@@ -100,7 +102,7 @@ function Writer:close()
 end
 
 -- Reads a JSONL metrics file back as an array of tables (numbers, strings, booleans,
--- null as nil). Only handles the flat objects written above.
+-- arrays of numbers, null as nil). Only handles the flat objects written above.
 function metrics.read(path)
   local f, err = io.open(path, "r")
   if not f then error("metrics: cannot open " .. path .. ": " .. tostring(err), 2) end
@@ -108,6 +110,13 @@ function metrics.read(path)
   for line in f:lines() do
     if line:find("%S") then
       local row = {}
+      -- Arrays of numbers first (rank_compute_s ...), each left as a null for the rest.
+      line = line:gsub('"([^"]+)":%[([^%]]*)%]', function(k, body)
+        local a = {}
+        for v in body:gmatch("[^,]+") do a[#a + 1] = tonumber(v) end
+        row[k] = a
+        return '"' .. k .. '":null'
+      end)
       for k, v in line:gmatch('"([^"]+)":([^,}]+)') do
         if v == "true" or v == "false" then row[k] = (v == "true")
         elseif v:sub(1, 1) == '"' then row[k] = v:sub(2, -2)

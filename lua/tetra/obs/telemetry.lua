@@ -5,6 +5,7 @@
 --                                     -- http://log.prometheus_addr:(port + local rank)/metrics
 --   telemetry.step(r)                 -- one metrics record (train.lua's env.step)
 --   telemetry.checkpoint(seconds)     -- after a checkpoint save
+--   telemetry.straggler(rank, s, ratio) -- rank 0: the slowest rank (tetra.obs.straggler)
 --
 -- The store and the HTTP server are C (engine/obs/telemetry.c, engine/obs/prometheus.c); the
 -- server has its own thread, so a scrape never runs on the training thread. Without
@@ -73,6 +74,12 @@ function M.step(r)
   rec.loss_scale, rec.skipped, rec.mfu = r.loss_scale, r.skipped and 1 or 0, r.mfu or -1
   rec.live_bytes, rec.peak_bytes, rec.cached_bytes = r.live_bytes, r.peak_bytes, r.cached_bytes
   C.tt_telemetry_step(rec)
+end
+
+-- Rank 0: the slowest rank of the last step, its compute seconds and its ratio to the
+-- median (tetra.obs.straggler; nil ratio: unknown).
+function M.straggler(rank, compute_s, ratio)
+  if M.serving then C.tt_telemetry_straggler(rank, compute_s, ratio or -1) end
 end
 
 function M.checkpoint(seconds)

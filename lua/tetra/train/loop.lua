@@ -3,6 +3,7 @@
 local checkpoint = require("tetra.checkpoint")
 local metrics = require("tetra.obs.metrics")
 local telemetry = require("tetra.obs.telemetry")
+local straggler = require("tetra.obs.straggler")
 local trace = require("tetra.obs.trace")
 local generate = require("tetra.train.generate")
 local user_error = require("tetra.util.errors").raise
@@ -116,6 +117,7 @@ function loop.run(env)
   -- one is written before the run returns).
   local async_save = (cfg.checkpoint or {}).async == true
   local checkpoint_s = 0   -- the loop's time on checkpoints since the previous record
+  local stragglers = straggler.new(cfg, env.mesh)   -- nil: one rank, or nothing reads it
   while env.step_count < total do
     local step = env.step_count + 1
     if crash_at > 0 and step == crash_at then
@@ -123,6 +125,7 @@ function loop.run(env)
                                "(a test switch; unset it to train)", step))
     end
     local r = env.step()
+    if stragglers then stragglers:observe(r) end
     r.checkpoint_s = checkpoint_s
     checkpoint_s = 0
     -- The first steps pay for warm-up (allocator, page faults): a moving average of the

@@ -36,6 +36,11 @@ return {
     prometheus_job = { type = "str", default = "tetra", doc = "the job label of every series" },
     prometheus_required = { type = "bool", default = true,
       doc = "true: a port that cannot be bound stops the run; false: warn and train on" },
+    straggler_factor = { type = "num", default = 1.5, min = 0, doc = "rank 0 warns when " ..
+      "a rank's compute time (step less collective waits) exceeds this x the ranks' " ..
+      "median for log.straggler_steps steps in a row (0: no warning; docs/monitoring.md)" },
+    straggler_steps = { type = "int", default = 3, min = 1,
+      doc = "consecutive slow steps before log.straggler_factor warns" },
     trace_steps = { type = "any", doc = "FIRST:LAST (or one step): write a Chrome/Perfetto " ..
       "trace of those steps, one file per rank (tetra.obs.trace)" },
     trace_dir = { type = "str", default = "trace", doc = "where log.trace_steps writes " ..
