@@ -165,6 +165,15 @@ describe("the straggler summary", function()
     expect(t:judge(straggler.summarize(slow))[1]).to_be(2)
     expect(step(slow)).to_be(0)          -- reported once, not every step after
   end)
+
+  it("does not call a rank slow for a lag of milliseconds, however large the ratio", function()
+    local t = setmetatable({ factor = 1.5, steps = 1, streak = {} },
+                           getmetatable(straggler.new({ log = {} }, { size = 2, rank = 1 })))
+    local tiny = { { 0.002, 0 }, { 0.002, 0 }, { 0.002 + straggler.MIN_GAP_S / 2, 0 } }
+    expect(#t:judge(straggler.summarize(tiny))).to_be(0)
+    local real = { { 0.002, 0 }, { 0.002, 0 }, { 0.002 + straggler.MIN_GAP_S * 2, 0 } }
+    expect(t:judge(straggler.summarize(real))[1]).to_be(2)
+  end)
 end)
 
 describe("the Prometheus text", function()

@@ -45,12 +45,21 @@ function M.summarize(rows)
            ratio = median > 0 and compute[slowest] / median or nil, compute = compute }
 end
 
--- Ranks (world ranks) whose compute time has been above factor x the median for exactly
--- `steps` steps in a row now: each streak is reported once, when it reaches `steps`.
+-- A rank counts as slow only when it also lags the median by MIN_GAP_S or more: a step
+-- of a few milliseconds (a small test model on a busy machine) is doubled by one
+-- preemption of a core, which says nothing about the rank's host; the hosts a straggler
+-- report is for cost a real job tenths of a second a step or more.
+local MIN_GAP_S = 0.05
+M.MIN_GAP_S = MIN_GAP_S
+
+-- Ranks (world ranks) whose compute time has been above factor x the median (and MIN_GAP_S
+-- past it) for exactly `steps` steps in a row now: each streak is reported once, when it
+-- reaches `steps`.
 function Tracker:judge(summary)
   local due = {}
   for i, c in ipairs(summary.compute) do
-    local over = summary.median_s > 0 and c > self.factor * summary.median_s
+    local over = summary.median_s > 0 and c > self.factor * summary.median_s and
+                 c - summary.median_s >= MIN_GAP_S
     self.streak[i] = over and (self.streak[i] or 0) + 1 or 0
     if self.streak[i] == self.steps then due[#due + 1] = i - 1 end
   end
