@@ -29,6 +29,14 @@ typedef struct tt_loss_kernels {
 extern const tt_loss_kernels tt_loss_cpu;
 extern const tt_loss_kernels tt_loss_cuda __attribute__((weak));
 
+/* CPU helpers shared with the vocab-parallel family (kernels/cpu/vocab_parallel.c).
+** The sum of exp(x[j] - mx) over a row of `width`, in float blocks of 1024 columns added
+** in float64 (so the sum does not depend on the thread count). */
+double tt_ce_sum_exp(const float *x, float mx, int64_t width);
+/* k scratch rows of `width` floats per thread for bf16 logits (*out, freed by the
+** caller); NULL with no error for f32. */
+int tt_ce_scratch(const char *op, int dtype, int64_t width, int k, int nthr, float **out);
+
 /* The CPU backward's rows, shared with the vocab-parallel family (kernels/cpu/
 ** vocab_parallel.c), whose rows hold columns [start, start + width) of the vocabulary
 ** (the whole one: start 0, width V): dlogits[n, j] = scale * (exp(logits[n, j] - lse[n])

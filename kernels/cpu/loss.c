@@ -36,33 +36,36 @@ static int count_targets(const void *targets, int tgt_i64, int64_t ignore_index,
   return 0;
 }
 
+double tt_ce_sum_exp(const float *x, float mx, int64_t width) {
+  double sum = 0.0;
+  for (int64_t j0 = 0; j0 < width; j0 += SUM_BLOCK) {
+    int64_t j1 = j0 + SUM_BLOCK < width ? j0 + SUM_BLOCK : width;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = j0; j < j1; j++) s += tt_vexpf(x[j] - mx);
+    sum += s;
+  }
+  return sum;
+}
+
+int tt_ce_scratch(const char *op, int dtype, int64_t width, int k, int nthr, float **out) {
+  *out = dtype == TT_ELEM_BF16 ? tt_scratch_rows(op, width, k, nthr) : NULL;
+  return dtype == TT_ELEM_BF16 && !*out ? -1 : 0;
+}
+
 /* logsumexp of one row x: (V) */
 static float row_logsumexp(const float *x, int64_t V) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < V; j++) mx = x[j] > mx ? x[j] : mx;
   if (isinf(mx)) return mx;   /* all -inf (or +inf present): exp(x - mx) would give NaN */
-  double sum = 0.0;
-  for (int64_t j0 = 0; j0 < V; j0 += SUM_BLOCK) {
-    int64_t j1 = j0 + SUM_BLOCK < V ? j0 + SUM_BLOCK : V;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = j0; j < j1; j++) s += tt_vexpf(x[j] - mx);
-    sum += s;
-  }
-  return mx + (float)log(sum);
+  return mx + (float)log(tt_ce_sum_exp(x, mx, V));
 }
 
 static int check_dtype(int dtype) {
   TT_CHECK(dtype == TT_ELEM_F32 || dtype == TT_ELEM_BF16,
            "cross_entropy: logits are %s; expected f32 or bf16", tt_dtype_name(dtype));
   return 0;
-}
-
-/* k scratch rows of V floats per thread for bf16 logits; NULL (no error) for f32. */
-static int scratch_for(int dtype, int64_t V, int k, int nthr, float **out) {
-  *out = dtype == TT_ELEM_BF16 ? tt_scratch_rows("cross_entropy", V, k, nthr) : NULL;
-  return dtype == TT_ELEM_BF16 && !*out ? -1 : 0;
 }
 
 /* logits: (N, V) in dtype, targets: (N), row_stats: (2, N), loss: (1) */
@@ -74,7 +77,7 @@ static int ce_forward(float *loss, float *row_stats, const void *logits,
   TT_TRY(count_targets(targets, tgt_i64, ignore_index, N, V, &count));
   const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
   float *lse = row_stats, *row_loss = row_stats + N, *scratch = NULL;
-  TT_TRY(scratch_for(dtype, V, 1, nthr, &scratch));
+  TT_TRY(tt_ce_scratch("cross_entropy", dtype, V, 1, nthr, &scratch));
 #pragma omp parallel num_threads(nthr) if (N * V > TT_PARALLEL_GRAIN)
   {
     float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * V : NULL;
@@ -103,7 +106,7 @@ int tt_ce_grad_rows(const char *op, void *dlogits, float scale, const void *logi
                     int64_t ignore_index, int64_t start, int64_t N, int64_t width, int dtype) {
   const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
   float *scratch = NULL;
-  if (dtype == TT_ELEM_BF16 && !(scratch = tt_scratch_rows(op, width, 2, nthr))) return -1;
+  TT_TRY(tt_ce_scratch(op, dtype, width, 2, nthr, &scratch));
 #pragma omp parallel num_threads(nthr) if (N * width > TT_PARALLEL_GRAIN)
   {
     float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * 2 * width : NULL;

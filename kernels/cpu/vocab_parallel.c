@@ -10,14 +10,12 @@
 ** rounded to bf16 once.
 */
 #include "vocab_parallel.h"
-#include "activation.h"   /* tt_vexpf */
-#include "loss.h"         /* tt_ce_grad_rows: the backward's rows */
+#include "loss.h"   /* tt_ce_sum_exp, tt_ce_scratch, tt_ce_grad_rows: shared with the CE */
 #include "kernel.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 
-enum { SUM_BLOCK = 1024 };   /* columns per float partial sum, as in kernels/cpu/loss.c */
 
 static const char OP[] = "vocab_parallel_cross_entropy";
 
@@ -32,19 +30,13 @@ static int check_dtype(int dtype) {
   return 0;
 }
 
-/* k scratch rows of Vl floats per thread for bf16 logits; NULL (no error) for f32. */
-static int scratch_for(int dtype, int64_t vl, int k, int nthr, float **out) {
-  *out = dtype == TT_ELEM_BF16 ? tt_scratch_rows(OP, vl, k, nthr) : NULL;
-  return dtype == TT_ELEM_BF16 && !*out ? -1 : 0;
-}
-
 /* logits: (N, Vl), targets: (N) -> mx: (N) */
 static int row_max(float *mx, const void *logits, const void *targets, int tgt_i64,
                    int64_t ignore_index, int64_t N, int64_t vl, int dtype) {
   TT_TRY(check_dtype(dtype));
   const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
   float *scratch = NULL;
-  TT_TRY(scratch_for(dtype, vl, 1, nthr, &scratch));
+  TT_TRY(tt_ce_scratch(OP, dtype, vl, 1, nthr, &scratch));
 #pragma omp parallel num_threads(nthr) if (N * vl > TT_PARALLEL_GRAIN)
   {
     float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * vl : NULL;
@@ -72,7 +64,7 @@ static int row_partials(float *red, const void *logits, const float *mx, const v
   TT_TRY(check_dtype(dtype));
   const int tdtype = tgt_i64 ? TT_ELEM_I64 : TT_ELEM_I32, nthr = omp_get_max_threads();
   float *scratch = NULL;
-  TT_TRY(scratch_for(dtype, vl, 1, nthr, &scratch));
+  TT_TRY(tt_ce_scratch(OP, dtype, vl, 1, nthr, &scratch));
 #pragma omp parallel num_threads(nthr) if (N * vl > TT_PARALLEL_GRAIN)
   {
     float *mine = scratch ? scratch + (size_t)omp_get_thread_num() * vl : NULL;
@@ -82,15 +74,7 @@ static int row_partials(float *red, const void *logits, const float *mx, const v
       red[n] = red[N + n] = red[2 * N + n] = 0.0f;
       if (t == ignore_index) continue;
       const float *xr = tt_row_in(logits, dtype, n * vl, vl, mine);
-      double sum = 0.0;
-      for (int64_t j0 = 0; j0 < vl; j0 += SUM_BLOCK) {
-        int64_t j1 = j0 + SUM_BLOCK < vl ? j0 + SUM_BLOCK : vl;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = j0; j < j1; j++) s += tt_vexpf(xr[j] - mx[n]);
-        sum += s;
-      }
-      red[n] = (float)sum;
+      red[n] = (float)tt_ce_sum_exp(xr, mx[n], vl);
       int64_t c = local_column(t, start, vl);
       if (c >= 0) {
         red[N + n] = xr[c];
