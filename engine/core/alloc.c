@@ -202,7 +202,17 @@ static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **ps
       p = be->alloc(size, device);
     }
     if (!p) {
-      tt_set_error("out of memory on %s allocating %zu bytes", be->name, size);
+      pthread_mutex_lock(&c->lock);
+      tt_alloc_stats st = c->stats;
+      pthread_mutex_unlock(&c->lock);
+      const double gib = 1024.0 * 1024.0 * 1024.0;
+      char where[32];
+      if (device == TT_CPU) snprintf(where, sizeof where, "%s", be->name);
+      else snprintf(where, sizeof where, "%s:%d", be->name, device);
+      tt_set_error("out of memory on %s allocating %.3f GiB (%zu bytes): %.3f GiB held by "
+                   "tensors, %.3f GiB cached, peak %.3f GiB",
+                   where, (double)size / gib, size, (double)st.live_bytes / gib,
+                   (double)st.cached_bytes / gib, (double)st.peak_bytes / gib);
       return NULL;
     }
   }

@@ -630,11 +630,23 @@ function M.run_file(file, sets)
     return 0
   end
   if not recipe.run then M.error("recipe %s has no run(cfg) function", file) end
+  -- A layout whose estimate exceeds the device's memory stops here, before the recipe
+  -- builds the model (tetra.config.fit).
+  local fit = require("tetra.config.fit")
+  local checked, err = pcall(fit.check, cfg, M.world_size())
+  if not checked then
+    if M.is_error(err) then return report(err) end
+    error(err, 0)
+  end
   -- Config errors found while the recipe sets up (layout checks in tetra.train) are the
-  -- same on every rank: printed once, like the ones found while loading.
-  -- Other errors keep the traceback of where they happened.
+  -- same on every rank: printed once, like the ones found while loading. An allocator's
+  -- out-of-memory becomes one line with the planner's advice; other errors keep the
+  -- traceback of where they happened.
   local ran, rc = xpcall(recipe.run, function(e)
     if M.is_error(e) or (type(e) == "table" and e.user) then return e end
+    if tostring(e):find("out of memory on ", 1, true) then
+      return fit.out_of_memory(e, cfg, M.world_size())
+    end
     return errors.new(debug.traceback(tostring(e), 2))
   end, cfg)
   if not ran then
