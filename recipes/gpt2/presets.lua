@@ -7,6 +7,11 @@ M.presets = {
   ["gpt2-124m"] = { dim = 768, n_layers = 12, n_heads = 12, n_kv_heads = 12,
                     vocab_size = 50257, seq_len = 1024, ffn_hidden = 3072, norm_eps = 1e-5,
                     tie_embeddings = true },
+  -- GPT-3 175B (Brown et al. 2020, table 2.1: 96 layers, d_model 12288, 96 heads,
+  -- context 2048), with GPT-2's vocabulary; the planner's model for 175B-scale plans.
+  ["gpt3-175b"] = { dim = 12288, n_layers = 96, n_heads = 96, n_kv_heads = 96,
+                    vocab_size = 50257, seq_len = 2048, ffn_hidden = 49152, norm_eps = 1e-5,
+                    tie_embeddings = true },
   ["gpt2-tiny"] = { dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
                     vocab_size = 4096, seq_len = 256, ffn_hidden = 1024, norm_eps = 1e-5,
                     tie_embeddings = true },

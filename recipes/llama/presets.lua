@@ -18,6 +18,11 @@ M.presets = {
   ["llama3-70b"] = { dim = 8192, n_layers = 80, n_heads = 64, n_kv_heads = 8,
                      vocab_size = 128256, seq_len = 8192, ffn_hidden = 28672, norm_eps = 1e-5,
                      rope_theta = 500000, tie_embeddings = false },
+  -- Llama 3.1 405B (Llama Team 2024, "The Llama 3 Herd of Models", table 3: 126 layers,
+  -- model dimension 16,384, FFN 53,248, 128 heads, 8 key/value heads, vocabulary 128K).
+  ["llama3-405b"] = { dim = 16384, n_layers = 126, n_heads = 128, n_kv_heads = 8,
+                      vocab_size = 128256, seq_len = 8192, ffn_hidden = 53248, norm_eps = 1e-5,
+                      rope_theta = 500000, tie_embeddings = false },
   -- The benchmark model: trains in minutes on 2 CPU cores.
   ["llama-tiny"] = { dim = 256, n_layers = 4, n_heads = 4, n_kv_heads = 4,
                      vocab_size = 4096, seq_len = 256, ffn_hidden = 768, norm_eps = 1e-5,

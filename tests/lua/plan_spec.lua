@@ -276,6 +276,28 @@ describe("plan layouts", function()
     expect(fits.full > 0).to_be(true)
   end)
 
+  -- The mission's scale: 175B and 405B on 1,024 H100s. Meta's Llama 3 405B layout (tp 8,
+  -- pp 16, dp 8 here) fits with ZeRO-2 and full recompute and with neither it does not;
+  -- GPT-3 175B fits as tp 8 x pp 8 x dp 16 with ZeRO-2 alone.
+  it("fits GPT-3 175B and Llama 3 405B on 1,024 H100s", function()
+    local h100 = plan.cluster("h100", { nodes = 128 })
+    local function at(recipe, name, batch, lay)
+      local c = build(recipe, { "train.model_name=" .. name, "train.batch_size=" .. batch })
+      local base = { tp = 8, cp = 1, v = 1, sp = true, micro_batch = 1, schedule = "1f1b" }
+      for k, v in pairs(lay) do base[k] = v end
+      return plan.evaluate(c, base, h100)
+    end
+    local fit405 = at(llama, "llama3-405b", 2048, { pp = 16, dp = 8, zero = 2, recompute = "full" })
+    expect(fit405.fits).to_be(true)
+    expect(fit405.mem_gib < 60).to_be(true)
+    expect(at(llama, "llama3-405b", 2048, { pp = 16, dp = 8, zero = 0, recompute = "none" }).fits)
+      .to_be(false)
+    local fit175 = at(gpt2, "gpt3-175b", 1152, { pp = 8, dp = 16, zero = 2, recompute = "none" })
+    expect(fit175.fits).to_be(true)
+    expect(at(gpt2, "gpt3-175b", 1152, { pp = 8, dp = 16, zero = 0, recompute = "none" }).fits)
+      .to_be(false)
+  end)
+
   it("marks a layout that does not fit", function()
     local big = plan.cluster("cpu", { devices_per_node = 2, mem_bytes = 1e6 })
     local rows = plan.search(cfg, big)
