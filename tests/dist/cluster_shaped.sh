@@ -6,8 +6,8 @@
 # the shaped eth0) still equals one process on loss and grad norm (tools/compare_loss).
 # The shaping is really there: an 8 MB transfer between the hosts runs at 50-105% of
 # 100 Mbit/s, the training's bytes went through each host's tbf, which held some back
-# (overlimits), and the loss rules dropped packets (about 9 expected over the 9,000 or so
-# packets of the transfer and the run; none at all has a chance near 1e-4). `tools/cluster down` then leaves no
+# (overlimits), and the loss rules dropped packets (20-30 in a run: the transfer and the
+# run send some 20,000 packets; none at all has a chance near 1e-8). `tools/cluster down` then leaves no
 # namespace, link or file behind.
 # Usage: bash cluster_shaped.sh /path/to/tetra   (exit 77: skipped)
 set -u
