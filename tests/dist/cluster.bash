@@ -1,13 +1,14 @@
 # Sourced by the multi-host tests (tests/dist/cluster_*.sh) after prelude.bash: brings up
 # a namespace cluster of its own (tools/cluster --name ttest, so a user's cluster "tt" is
-# left alone) and tears it down on exit, also when the test fails. Needs root, iproute2
+# left alone; TETRA_CLUSTER_NAME=NAME picks another, for a second checkout testing at the
+# same time) and tears it down on exit, also when the test fails. Needs root, iproute2
 # and util-linux; without them the test is skipped (77), except under CI=true.
 #   cluster_up N SLOTS   make hosts node1..nodeN
 #   cluster ARGS...      tools/cluster on this cluster (exec, bytes, procs, link ...)
 #   on_head CMD...       CMD on node1, where mpirun starts, as on a cluster's first node
 #   mpi_hosts            (set by cluster_up) the mpirun arguments of the guide's launch
 #   mpi_keepalive        the mpirun arguments that make it notice a lost host in seconds
-cluster_name=ttest
+cluster_name="${TETRA_CLUSTER_NAME:-ttest}"
 cluster() { "$root/tools/cluster" --name "$cluster_name" "$@"; }
 cluster_missing=""
 [ "$(id -u)" = 0 ] || cluster_missing="root"

@@ -380,3 +380,64 @@ describe("plan framework inputs", function()
       .to_be(true)
   end)
 end)
+
+describe("plan links between nodes", function()
+  -- A cluster's own links (tetra plan --inter-gbps, --inter-latency-us; the namespace
+  -- cluster's shaped links in tools/bench/multinode.sh): a data-parallel group across
+  -- nodes pays its ring all-reduce at inter_bw and inter_latency_s, one inside a node at
+  -- intra_bw and latency_s. The links are slow enough here that the reduction outlasts
+  -- the backward it overlaps: the exposed time is the whole all-reduce less that work.
+  local sets = { "model.dim=256", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=4",
+                 "model.ffn_hidden=768", "model.vocab_size=4096", "model.seq_len=128",
+                 "train.batch_size=8", "parallel.data_parallel_size=2" }
+  local cfg = build(llama, sets)
+  local lay = plan.layout_of(cfg)
+  local grad_bytes = 4 * plan.parameter_count(cfg.model)
+  local function across(over)   -- 2 nodes of 1 device: the dp group crosses the network
+    over.nodes, over.devices_per_node = 2, 1
+    return plan.evaluate(cfg, lay, plan.cluster("cpu", over))
+  end
+
+  it("prices the all-reduce across nodes at the inter-node bandwidth", function()
+    local slow = across({ inter_bw = 100e6 / 8 })   -- 100 Mbit/s
+    local fast = across({ inter_bw = 200e6 / 8 })
+    -- 2 ranks: a ring all-reduce sends and receives the whole gradient once per rank.
+    expect(slow.exposed_comm_s - fast.exposed_comm_s)
+      .to_be_near(grad_bytes / (100e6 / 8) - grad_bytes / (200e6 / 8), 1e-9)
+    expect(slow.step_s - fast.step_s).to_be_near(slow.exposed_comm_s - fast.exposed_comm_s, 1e-9)
+  end)
+
+  it("prices each step of it at the inter-node latency, not the one inside a node", function()
+    local base = across({ inter_bw = 100e6 / 8 })
+    local far = across({ inter_bw = 100e6 / 8, inter_latency_s = 1e-3 })
+    -- 2 ranks: reduce-scatter and all-gather, one step each, from 12 us to 1 ms.
+    expect(far.exposed_comm_s - base.exposed_comm_s).to_be_near(2 * (1e-3 - 12e-6), 1e-9)
+    expect(across({ inter_bw = 100e6 / 8, latency_s = 1e-3 }).exposed_comm_s)
+      .to_be_near(far.exposed_comm_s, 1e-12)   -- unset, it follows latency_s
+  end)
+
+  it("leaves a group inside one node alone", function()
+    local one = { devices_per_node = 2 }
+    local other = { devices_per_node = 2, inter_bw = 1e3, inter_latency_s = 1 }
+    expect(plan.evaluate(cfg, lay, plan.cluster("cpu", other)).step_s)
+      .to_be(plan.evaluate(cfg, lay, plan.cluster("cpu", one)).step_s)
+  end)
+
+  it("takes them from tetra plan's options, refused with one line when malformed", function()
+    local cli = require("tetra.cli.plan")
+    local o = cli.parse({ "--inter-gbps", "0.1", "--inter-latency-us", "40" })
+    expect(o.over.inter_bw).to_be_near(12.5e6, 1e-6)
+    expect(o.over.inter_latency_s).to_be_near(40e-6, 1e-18)
+    expect(plan.cluster("cpu", o.over).latency_s).to_be(12e-6)   -- inside a node: unchanged
+    for _, bad in ipairs({ { "--inter-gbps", "fast" }, { "--inter-gbps", "0" },
+                           { "--inter-latency-us", "-5" }, { "--inter-gbps" } }) do
+      local none, err = cli.parse(bad)
+      expect(none).to_be(nil)
+      expect(err:match("^" .. bad[1]:gsub("%-", "%%-") .. " needs a positive number, got '") ~= nil)
+        .to_be(true)
+    end
+    local none, err = cli.parse({ "--inter-gbps", "1", "--inter-gbs", "0.125" })
+    expect(none).to_be(nil)
+    expect(err).to_be("--inter-gbs and --inter-gbps both set the same figure: give one")
+  end)
+end)

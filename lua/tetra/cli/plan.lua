@@ -11,7 +11,7 @@ M.usage = [[
 usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--cluster NAME]
                   [--nodes N] [--devices-per-node N] [--peak-tflops X] [--mem-gib X]
                   [--mem-bw-gbs X] [--intra-gbs X] [--inter-gbs X] [--latency-us X]
-                  [--sustained X] [--sync-wait X]
+                  [--inter-gbps X] [--inter-latency-us X] [--sustained X] [--sync-wait X]
                   [--tp N] [--pp N] [--dp N] [--cp N] [--top K | --all] [--json]
                   [--write FILE] [--pick N]
        tetra plan --published
@@ -25,6 +25,10 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
   --intra-gbs X, --inter-gbs X, --latency-us X, --sustained X   override the cluster's
                   figures (GB/s per device; sustained: the share of the kernel rates a
                   whole step reaches)
+  --inter-gbps X, --inter-latency-us X   this cluster's links between nodes: Gbit/s per
+                  device (as a network's rate is given; --inter-gbs in GB/s is the same
+                  figure, give one) and the latency of a collective step between nodes
+                  (default --latency-us, which prices both kinds of link)
   --sync-wait X   what a blocking tensor- or context-parallel collective costs in waiting
                   for the last rank to arrive, as a share of the computation since the
                   previous one (default 0; tools/bench/plan.sh measures this machine's)
@@ -50,12 +54,15 @@ end
 -- Parses argv; returns opts or nil, message.
 function M.parse(args)
   local o = { sets = {}, cluster = "cpu", over = {}, fixed = {}, top = 15 }
+  local set_by = {}   -- cluster field -> the option that set it
   local i = 1
   local overrides = {
     ["--nodes"] = { "nodes", 1 }, ["--devices-per-node"] = { "devices_per_node", 1 },
     ["--peak-tflops"] = { "peak_flops", 1e12 }, ["--mem-gib"] = { "mem_bytes", 2 ^ 30 },
     ["--mem-bw-gbs"] = { "mem_bw", 1e9 }, ["--intra-gbs"] = { "intra_bw", 1e9 },
     ["--inter-gbs"] = { "inter_bw", 1e9 }, ["--latency-us"] = { "latency_s", 1e-6 },
+    ["--inter-gbps"] = { "inter_bw", 1e9 / 8 },
+    ["--inter-latency-us"] = { "inter_latency_s", 1e-6 },
     ["--sustained"] = { "sustained", 1 }, ["--sync-wait"] = { "sync_wait", 1, zero = true },
   }
   while i <= #args do
@@ -96,7 +103,12 @@ function M.parse(args)
         v, err = number(a, raw)
       end
       if not v then return nil, err end
-      o.over[overrides[a][1]] = v * overrides[a][2]
+      local field = overrides[a][1]
+      if set_by[field] and set_by[field] ~= a then
+        return nil, a .. " and " .. set_by[field] .. " both set the same figure: give one"
+      end
+      set_by[field] = a
+      o.over[field] = v * overrides[a][2]
     elseif a == "--tp" or a == "--pp" or a == "--dp" or a == "--cp" then
       local v, err = number(a, value())
       if not v then return nil, err end
@@ -163,6 +175,11 @@ function M.table(rows, cl, cfg)
     "# %s: %d devices; model %s (%s parameters, dim %d, %d layers, seq %d), batch %d " ..
     "sequences", cl.name, cl.devices, cfg.train.model_name or m.family or "llama",
     count_text(plan.parameter_count(m)), m.dim, m.n_layers, m.seq_len, cfg.train.batch_size)
+  if cl.nodes > 1 then
+    out[#out + 1] = string.format("# links: %g GB/s and %g us inside a node, %g Gbit/s and " ..
+      "%g us between nodes (per device)", cl.intra_bw / 1e9, cl.latency_s * 1e6,
+      cl.inter_bw * 8 / 1e9, cl.inter_latency_s * 1e6)
+  end
   local fmt = "%4s %4s %3s %3s %3s %4s %3s %4s %4s %6s %-12s %9s %8s %8s %8s %8s %8s %8s %8s %8s %8s %12s %6s %s"
   local rc_short = { none = "-", full = "full", selective = "sel" }
   out[#out + 1] = string.format(fmt, "rank", "dp", "tp", "pp", "cp", "zero", "sp", "rc", "mb",

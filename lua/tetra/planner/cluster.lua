@@ -10,7 +10,8 @@ local M = {}
 -- "eager" when every elementwise op is its own kernel (eager_block_bytes), else fused
 -- kernels are assumed (one read and one write an op). Links: intra_bw
 -- (bytes/s per device and direction inside a node), inter_bw (per device, between
--- nodes), latency_s per collective step.
+-- nodes), latency_s per collective step, inter_latency_s per step between nodes (when
+-- unset, latency_s: no preset tells them apart; `tetra plan --inter-latency-us` does).
 -- Sources: H100 SXM: NVIDIA H100 datasheet (989 TFLOP/s dense BF16, 1,979 FP8, 3.35 TB/s
 -- HBM3, 80 GB, NVLink 4 at 900 GB/s both directions); H200: NVIDIA H200 datasheet
 -- (same compute, 141 GB HBM3e at 4.8 TB/s). 400 Gb/s InfiniBand per GPU = 50 GB/s.
@@ -70,6 +71,7 @@ function M.cluster(name, over)
   for k, v in pairs(base) do c[k] = v end
   for k, v in pairs(over or {}) do c[k] = v end
   c.sync_wait = c.sync_wait or 0   -- no preset carries one: a measured figure (--sync-wait)
+  c.inter_latency_s = c.inter_latency_s or c.latency_s
   c.devices = c.devices_per_node * c.nodes
   return c
 end

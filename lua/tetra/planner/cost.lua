@@ -20,11 +20,12 @@ local function ring(kind, bytes, n, bw, lat)
   return f * bytes / bw + steps * lat
 end
 
--- The link a group uses: inside a node when it spans no more than one node's devices
--- (the mesh order is tp, cp, dp, pp, tensor fastest).
+-- The link a group uses, its bandwidth and its latency per collective step: inside a node
+-- when it spans no more than one node's devices (the mesh order is tp, cp, dp, pp,
+-- tensor fastest), else between nodes.
 local function link(cl, stride, size)
-  if stride * size <= cl.devices_per_node then return cl.intra_bw end
-  return cl.inter_bw
+  if stride * size <= cl.devices_per_node then return cl.intra_bw, cl.latency_s end
+  return cl.inter_bw, cl.inter_latency_s
 end
 
 -- Bytes per activation element, per parameter (weights the optimizer updates, plus a
@@ -170,7 +171,7 @@ local function chunk_times(x, lay, cl, act_b)
   for i, mm in ipairs(model.block_matmuls(m, tp)) do
     if i % 2 == 0 then rerun_w = rerun_w + mm.weights end
   end
-  local bw_tp = link(cl, 1, tp)
+  local bw_tp, lat_tp = link(cl, 1, tp)
   local function block_time()
     local mm = 2 * n * block_w / rate_mm8
     local at = 2 * n * T * d / tp / rate_at             -- 4 n (T/2) hd Hl: causal half
@@ -190,15 +191,15 @@ local function chunk_times(x, lay, cl, act_b)
     local comm_f, comm_b = 0, 0
     if tp > 1 then
       local kind = lay.sp and "all_gather" or "all_reduce"
-      local one = ring(kind, n * d * act_b, tp, bw_tp, cl.latency_s)
-      if lay.sp then one = one + ring("reduce_scatter", n * d * act_b, tp, bw_tp, cl.latency_s) end
+      local one = ring(kind, n * d * act_b, tp, bw_tp, lat_tp)
+      if lay.sp then one = one + ring("reduce_scatter", n * d * act_b, tp, bw_tp, lat_tp) end
       comm_f, comm_b = 2 * one, 2 * one
     end
     if cp > 1 then
-      local bw_cp = link(cl, tp, cp)
+      local bw_cp, lat_cp = link(cl, tp, cp)
       local kvbytes = 2 * mb * T * kvl * hd * act_b
-      comm_f = comm_f + ring("all_gather", kvbytes, cp, bw_cp, cl.latency_s)
-      comm_b = comm_b + ring("reduce_scatter", kvbytes * 4 / act_b, cp, bw_cp, cl.latency_s)
+      comm_f = comm_f + ring("all_gather", kvbytes, cp, bw_cp, lat_cp)
+      comm_b = comm_b + ring("reduce_scatter", kvbytes * 4 / act_b, cp, bw_cp, lat_cp)
     end
     -- Overlapped tensor-parallel communication (cl.overlap_tp) shows only where it
     -- outlasts the block's matmuls.
@@ -215,9 +216,9 @@ local function chunk_times(x, lay, cl, act_b)
   local head_mm = 2 * n * head_w / rate_mm
   local head_ew = (3 * n * Vl * 4 + 4 * seq_n * d * act_b) / rate_bw
   local head_f, head_b = head_mm + head_ew, 2 * head_mm + head_ew
-  local head_comm = tp > 1 and 2 * ring("all_reduce", n * 4 * 3, tp, bw_tp, cl.latency_s) +
+  local head_comm = tp > 1 and 2 * ring("all_reduce", n * 4 * 3, tp, bw_tp, lat_tp) +
                     cl.sync_wait * (head_f + head_b) or 0
-  local embed_comm = tp > 1 and ring("all_reduce", n * d * act_b, tp, bw_tp, cl.latency_s) or 0
+  local embed_comm = tp > 1 and ring("all_reduce", n * d * act_b, tp, bw_tp, lat_tp) or 0
 
   local fwd, bwd, comm_mb = {}, {}, {}
   for s = 0, pp - 1 do
@@ -238,8 +239,8 @@ local function chunk_times(x, lay, cl, act_b)
       fwd[s][c - 1], bwd[s][c - 1] = fw, bk
     end
   end
-  local hop = pp > 1 and (seq_n * d * act_b / link(cl, lay.tp * lay.cp * lay.dp, pp) +
-                          cl.latency_s) or 0
+  local bw_pp, lat_pp = link(cl, lay.tp * lay.cp * lay.dp, pp)
+  local hop = pp > 1 and (seq_n * d * act_b / bw_pp + lat_pp) or 0
 
   return fwd, bwd, comm_mb, hop
 end
@@ -255,7 +256,7 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
   -- Per stage: parameters, optimizer state, buffers, activations; then the optimizer
   -- and data-parallel time of the slowest stage.
   local group = lay.dp * cp                      -- gradients average over dp x cp
-  local bw_dp = link(cl, tp, group)
+  local bw_dp, lat_dp = link(cl, tp, group)
   local stages = {}
   for s = 0, pp - 1 do
     local elems, pbytes, gbytes, nparams = model.rank_params(m, lay, s, 0), 0, 0, 0
@@ -315,7 +316,7 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     local t_dp, t_ag = 0, 0
     if group > 1 then
       local kind = zero and "reduce_scatter" or "all_reduce"
-      local total = ring(kind, grad_bytes, group, bw_dp, cl.latency_s)
+      local total = ring(kind, grad_bytes, group, bw_dp, lat_dp)
       -- What is still in flight when backward ends: with fixed buckets a whole one;
       -- Tetra's reducer shrinks them toward the end (engine/dist/reducer.c), leaving 1/32
       -- of the gradient bytes, or the first-registered parameter (the embedding) where it
@@ -330,20 +331,20 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
       local first = math.min(cap, (elems[1] or 0) * dp_b)
       local last
       if cl.fixed_buckets then
-        last = ring(kind, math.min(grad_bytes, cap), group, bw_dp, cl.latency_s)
+        last = ring(kind, math.min(grad_bytes, cap), group, bw_dp, lat_dp)
       elseif first <= tail then
-        last = ring(kind, tail, group, bw_dp, cl.latency_s)
+        last = ring(kind, tail, group, bw_dp, lat_dp)
       else
-        last = ring(kind, first, group, bw_dp, cl.latency_s)
+        last = ring(kind, first, group, bw_dp, lat_dp)
         local rest = nparams - elems[1]
         if s == 0 and rest > 0 and (cfg.dist or {}).defer_weight_grads ~= false then
           local hide = 0.5 * hidden * math.min(elems[1], rest / 2) / rest
-          last = math.max(ring(kind, tail, group, bw_dp, cl.latency_s), last - hide)
+          last = math.max(ring(kind, tail, group, bw_dp, lat_dp), last - hide)
         end
       end
       t_dp = math.max(last, total - hidden)
       if zero then
-        t_ag = ring("all_gather", padded * dp_b, group, bw_dp, cl.latency_s)
+        t_ag = ring("all_gather", padded * dp_b, group, bw_dp, lat_dp)
         -- Gathered while the next step's first forward runs (cl.overlap_param_gather).
         if cl.overlap_param_gather then t_ag = math.max(0, t_ag - fwd[s][0]) end
       end
