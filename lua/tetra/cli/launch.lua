@@ -32,6 +32,17 @@
 -- proportion. The global batch (train.batch_size) and the data order do not depend on
 -- the data-parallel size, so the run continues the same optimisation. Below M slots it
 -- gives up. The command must then name parallel.data_parallel_size with --set.
+-- Dead hosts are found by the supervisor itself: before each start every host of the
+-- hostfile but this one is probed through the rsh agent mpirun would use (the command's
+-- `-mca plm_rsh_agent`, else OMPI_MCA_plm_rsh_agent, else ssh) by running `true` there,
+-- all at once, each given --probe-timeout seconds (default 10); a host that does not
+-- answer is left out of a hostfile of the live hosts that the job is started with.
+-- Grow back (--grow-every S, default 30; 0: never): while the job runs on fewer processes
+-- than it asked for, the hosts left out are probed every S seconds; when they answer
+-- again so that a larger job fits, the supervisor waits for the job's next checkpoint
+-- (checkpoint.dir/latest changes; at most --grow-wait seconds, default 600), stops the
+-- job (SIGTERM to the command) and starts it again on the larger layout from that
+-- checkpoint (guide 7.3: a smaller cluster while warming up, a larger one later).
 local ffi = require("ffi")
 
 local M = {}
@@ -44,6 +55,8 @@ int tt_launch_posix_spawnp(tt_launch_pid_t *pid, const char *file, const void *f
 tt_launch_pid_t tt_launch_waitpid(tt_launch_pid_t pid, int *status, int options) __asm__("waitpid");
 int tt_launch_setenv(const char *name, const char *value, int overwrite) __asm__("setenv");
 int tt_launch_usleep(unsigned int usec) __asm__("usleep");
+int tt_launch_kill(tt_launch_pid_t pid, int sig) __asm__("kill");
+int tt_launch_gethostname(char *name, size_t len) __asm__("gethostname");
 char *tt_launch_strerror(int errnum) __asm__("strerror");
 int tt_launch_getpid(void) __asm__("getpid");
 extern char **environ;
@@ -57,7 +70,15 @@ usage: tetra launch [--max-restarts N] [--min-np M] [--backoff S] -- COMMAND...
   --max-restarts N   give up after N restarts (default 10)
   --min-np M         when the hostfile has fewer slots than -np, continue on fewer
                      processes (not below M), shrinking parallel.data_parallel_size
-  --backoff S        seconds before the first restart, doubled after each (default 1)]]
+  --backoff S        seconds before the first restart, doubled after each (default 1)
+  With --min-np, the hosts of the hostfile are probed through mpirun's rsh agent before
+  each start; those that do not answer are left out:
+  --probe-timeout S  seconds a host has to answer the probe (default 10)
+  --grow-every S     while running on fewer processes than asked, probe the hosts left
+                     out every S seconds and grow back when they answer (default 30;
+                     0: never)
+  --grow-wait S      how long to wait for the job's next checkpoint before growing
+                     (default 600)]]
 
 local function say(fmt, ...)
   io.stderr:write("tetra launch: ", fmt:format(...), "\n")
@@ -123,26 +144,57 @@ local function copy(t)
   return out
 end
 
--- Slots in a hostfile: one host per line (# comments), `slots=K` (1 when absent).
-local function hostfile_slots(path)
+-- The hosts of a hostfile in order: { { name =, slots = } } (nil and a message when it
+-- cannot be read).
+local function hostfile_hosts(path)
   local f = io.open(path, "r")
   if not f then return nil, "cannot read the hostfile " .. path end
-  local total = 0
+  local hosts = {}
   for line in f:lines() do
     line = line:gsub("#.*$", "")
-    if line:match("%S") then
-      total = total + (tonumber(line:match("slots%s*=%s*(%d+)")) or 1)
+    local name = line:match("^%s*(%S+)")
+    if name then
+      hosts[#hosts + 1] = { name = name, line = line,
+                            slots = tonumber(line:match("slots%s*=%s*(%d+)")) or 1 }
     end
   end
   f:close()
-  return total
+  return hosts
+end
+
+-- The rsh agent mpirun would start its daemons with, as words: the command's
+-- `-mca plm_rsh_agent X` (or --mca), else OMPI_MCA_plm_rsh_agent, else ssh (Open MPI's
+-- default is "ssh : rsh": the first of the list).
+local function rsh_agent(argv)
+  local agent
+  for i, a in ipairs(argv) do
+    if (a == "-mca" or a == "--mca") and argv[i + 1] == "plm_rsh_agent" and argv[i + 2] then
+      agent = argv[i + 2]
+      break
+    end
+  end
+  agent = agent or os.getenv("OMPI_MCA_plm_rsh_agent")
+  if not agent or agent == "" then agent = "ssh" end
+  agent = agent:match("^%s*([^:]-)%s*:") or agent
+  local words = {}
+  for w in agent:gmatch("%S+") do words[#words + 1] = w end
+  return words
+end
+
+-- This machine's names: a hostfile line naming one runs here, without the agent.
+local function is_local(name)
+  if name == "localhost" or name:match("^127%.") or name == "::1" then return true end
+  local buf = ffi.new("char[256]")
+  if C.tt_launch_gethostname(buf, 255) ~= 0 then return false end
+  local me = ffi.string(buf)
+  return name == me or name == me:match("^[^.]+") or name:match("^[^.]+") == me
 end
 
 -- -- Processes -----------------------------------------------------------------------
 
--- Runs argv (a list of strings; argv[1] looked up in PATH) and waits for it. Returns the
--- exit status (128 + n for a death by signal n), or nil and a message.
-local function run(argv)
+-- Starts argv (a list of strings; argv[1] looked up in PATH). Returns its pid, or nil and
+-- a message.
+local function spawn(argv)
   local cargv = ffi.new("char *[?]", #argv + 1)
   local keep = {}
   for i, a in ipairs(argv) do
@@ -153,14 +205,32 @@ local function run(argv)
   local pid = ffi.new("tt_launch_pid_t[1]")
   local rc = C.tt_launch_posix_spawnp(pid, argv[1], nil, nil, cargv, C.environ)
   if rc ~= 0 then return nil, ffi.string(C.tt_launch_strerror(rc)) end
+  return pid[0]
+end
+
+local WNOHANG = 1
+
+-- The exit status of process pid (128 + n for a death by signal n); with `poll`, false
+-- while it runs. nil and a message when it cannot be waited for.
+local function wait_for(pid, poll)
   local status = ffi.new("int[1]")
-  while C.tt_launch_waitpid(pid[0], status, 0) < 0 do
+  while true do
+    local got = C.tt_launch_waitpid(pid, status, poll and WNOHANG or 0)
+    if got == pid then break end
+    if got == 0 then return false end
     if ffi.errno() ~= 4 then return nil, "waitpid: " .. ffi.string(C.tt_launch_strerror(ffi.errno())) end
   end
   local s = status[0]
   local sig = bit.band(s, 0x7f)
   if sig ~= 0 then return 128 + sig end
   return bit.band(bit.rshift(s, 8), 0xff)
+end
+
+-- Runs argv and waits for it: its exit status, or nil and a message.
+local function run(argv)
+  local pid, err = spawn(argv)
+  if not pid then return nil, err end
+  return wait_for(pid)
 end
 
 local function sleep_s(s)
@@ -170,6 +240,36 @@ local function sleep_s(s)
     C.tt_launch_usleep(chunk)
     us = us - chunk
   end
+end
+
+-- Probes the hosts (those not this machine) through the rsh agent (words), all at once,
+-- each given timeout_s: the set of names that did not answer.
+local function probe(hosts, agent, timeout_s)
+  local pids, dead = {}, {}
+  for _, h in ipairs(hosts) do
+    if not is_local(h.name) and not pids[h.name] then
+      local argv = { "sh", "-c", 'exec timeout -k 2 "$0" "$@" >/dev/null 2>&1 </dev/null',
+                     tostring(timeout_s) }
+      for _, w in ipairs(agent) do argv[#argv + 1] = w end
+      argv[#argv + 1] = h.name
+      argv[#argv + 1] = "true"
+      local pid = spawn(argv)
+      if pid then pids[h.name] = pid else dead[h.name] = true end
+    end
+  end
+  for name, pid in pairs(pids) do
+    if wait_for(pid) ~= 0 then dead[name] = true end
+  end
+  return dead
+end
+
+-- What checkpoint.dir/latest names now ("" when nothing).
+local function latest_of(dir)
+  local f = dir and io.open(dir .. "/latest", "r")
+  if not f then return "" end
+  local s = f:read("*a")
+  f:close()
+  return s
 end
 
 -- The last completed step the job's rank 0 wrote (nil: none written).
@@ -195,7 +295,8 @@ end
 -- -- Main ----------------------------------------------------------------------------
 
 local function parse(args)
-  local o = { max_restarts = 10, backoff = 1.0 }
+  local o = { max_restarts = 10, backoff = 1.0, probe_timeout = 10, grow_every = 30,
+              grow_wait = 600 }
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -205,11 +306,15 @@ local function parse(args)
     elseif a == "--help" or a == "-h" then
       o.help = true
       return o
-    elseif a == "--max-restarts" or a == "--min-np" or a == "--backoff" then
+    elseif a == "--max-restarts" or a == "--min-np" or a == "--backoff" or
+           a == "--probe-timeout" or a == "--grow-every" or a == "--grow-wait" then
       local v = tonumber(args[i + 1] or "")
-      if not v or v < 0 or (a ~= "--backoff" and v ~= math.floor(v)) then
+      local seconds = a ~= "--max-restarts" and a ~= "--min-np"
+      if not v or v < 0 or (not seconds and v ~= math.floor(v)) or
+         (a == "--probe-timeout" and v == 0) then
         return nil, string.format("%s needs a %s, got '%s'", a,
-          a == "--backoff" and "number of seconds >= 0" or "whole number >= 0",
+          a == "--probe-timeout" and "number of seconds > 0" or
+          seconds and "number of seconds >= 0" or "whole number >= 0",
           tostring(args[i + 1]))
       end
       o[a:sub(3):gsub("-", "_")] = v
@@ -271,41 +376,125 @@ function M.main(...)
     C.tt_launch_setenv("TETRA_LAUNCH_STATUS", status_path, 1)
   end
 
+  local asked_np, asked_dp = np, dp
+  local agent = rsh_agent(argv)
+  local live_path = status_path .. ".hosts"
+  local ckpt_dir = get_set(argv, "checkpoint.dir")
+
+  -- The hostfile's hosts that answer: their slots, the names of those that do not, and
+  -- the largest process count of the asked layout (data parallelism shrunk) they hold.
+  -- Writes the live hosts' lines to live_path.
+  local function live_hosts()
+    local hosts, why = hostfile_hosts(hostfile)
+    if not hosts then return nil, why end
+    local dead = probe(hosts, agent, o.probe_timeout)
+    local slots, gone, lines = 0, {}, {}
+    for _, h in ipairs(hosts) do
+      if dead[h.name] then
+        gone[#gone + 1] = h.name
+      else
+        slots = slots + h.slots
+        lines[#lines + 1] = h.line
+      end
+    end
+    local f = io.open(live_path, "w")
+    if f then
+      f:write(table.concat(lines, "\n"), "\n")
+      f:close()
+    end
+    local other = asked_np / asked_dp    -- tensor x context x pipeline: kept
+    return { slots = slots, gone = gone, other = other,
+             n = math.min(asked_np, math.floor(slots / other) * other) }
+  end
+
   local restarts, previous, streak = 0, nil, 0
   local code
   while true do
     C.tt_launch_setenv("TETRA_RESTART_COUNT", tostring(restarts), 1)
     if o.min_np and hostfile then
-      local slots, why = hostfile_slots(hostfile)
-      if not slots then
+      local live, why = live_hosts()
+      if not live then
         say("%s", why)
         code = 1
         break
       end
-      if slots < np then
-        local other = np / dp    -- tensor x context x pipeline: kept
-        local n = math.floor(slots / other) * other
-        if n < o.min_np or n < other then
-          say("giving up: the hostfile %s has %d slots; the largest job that keeps " ..
-              "tensor x context x pipeline parallelism (%d processes) whole has %d, below " ..
-              "--min-np %d", hostfile, slots, other, n, o.min_np)
-          code = 1
-          break
-        end
+      if #live.gone > 0 then
+        say("%s did not answer through %s within %g s: left out of the hostfile",
+            table.concat(live.gone, ", "), table.concat(agent, " "), o.probe_timeout)
+      end
+      set_flag(argv, HOSTFILE_FLAGS, live_path)
+      local n, other = live.n, live.other
+      if n < o.min_np or n < other then
+        say("giving up: the hostfile %s has %d slots; the largest job that keeps " ..
+            "tensor x context x pipeline parallelism (%d processes) whole has %d, below " ..
+            "--min-np %d", hostfile, live.slots, other, n, o.min_np)
+        code = 1
+        break
+      end
+      if n ~= np then
         local new_dp = n / other
-        say("the hostfile %s has %d slots for a job of %d processes: continuing on %d " ..
-            "(parallel.data_parallel_size %d -> %d)", hostfile, slots, np, n, dp, new_dp)
+        if n < np then
+          say("the hostfile %s has %d slots for a job of %d processes: continuing on %d " ..
+              "(parallel.data_parallel_size %d -> %d)", hostfile, live.slots, asked_np, n, dp, new_dp)
+        else
+          say("the hostfile %s has %d slots: back to %d processes (parallel.data_parallel_size " ..
+              "%d -> %d)", hostfile, live.slots, n, dp, new_dp)
+        end
         np, dp = n, new_dp
         set_flag(argv, NP_FLAGS, tostring(np))
         put_set(argv, "parallel.data_parallel_size", tostring(dp))
       end
     end
     os.remove(status_path)
-    local status, spawn_err = run(argv)
-    if not status then
+    local pid, spawn_err = spawn(argv)
+    if not pid then
       say("cannot run %s: %s", argv[1], spawn_err)
       code = 127
       break
+    end
+    -- While the job runs short of the processes it asked for, look for the hosts left
+    -- out; when a larger job fits, stop this one at its next checkpoint.
+    local can_grow = o.min_np and hostfile and o.grow_every > 0 and ckpt_dir
+    local status, grow_to
+    local next_probe = os.time() + o.grow_every
+    while true do
+      status, spawn_err = wait_for(pid, true)
+      if status ~= false then break end
+      sleep_s(0.2)
+      if can_grow and np < asked_np and os.time() >= next_probe then
+        local live = live_hosts()
+        next_probe = os.time() + o.grow_every
+        if live and live.n > np then
+          local before = latest_of(ckpt_dir)
+          say("the hostfile %s has %d slots again: growing to %d processes at the job's " ..
+              "next checkpoint", hostfile, live.slots, live.n)
+          local deadline = os.time() + o.grow_wait
+          while latest_of(ckpt_dir) == before and os.time() < deadline do
+            status = wait_for(pid, true)
+            if status ~= false then break end
+            sleep_s(0.1)
+          end
+          if status == false then
+            C.tt_launch_kill(pid, 15)
+            status, spawn_err = wait_for(pid)
+            grow_to = live.n
+          end
+          break
+        end
+      end
+    end
+    if not status then
+      say("cannot wait for %s: %s", argv[1], spawn_err)
+      code = 1
+      break
+    end
+    if grow_to then
+      restarts = restarts + 1
+      say("restart %d: growing back to %d processes; resuming from the latest checkpoint",
+          restarts, grow_to)
+      put_set(argv, "checkpoint.resume", "auto")
+      previous, streak = nil, 0
+      goto continue
     end
     if status == 0 then
       if restarts > 0 then say("the job finished after %d restart%s", restarts, restarts == 1 and "" or "s") end
@@ -337,8 +526,10 @@ function M.main(...)
         restarts, cause, wait)
     put_set(argv, "checkpoint.resume", "auto")
     sleep_s(wait)
+    ::continue::
   end
   if own_status then os.remove(status_path) end
+  os.remove(live_path)
   return code
 end
 
