@@ -232,6 +232,13 @@ void tt_set_recompute_hook(tt_recompute_fn fn, void *userdata);
 void tt_checkpoint_begin(void);
 void tt_checkpoint_cancel(void);
 int tt_checkpoint(tt_tensor *x, tt_tensor *y, int64_t key);
+/* Selective recompute: after tt_checkpoint_begin, keep the block's GEMM outputs (every
+** tt_matmul / tt_linear family product it computes on the CPU) for its re-run, which
+** takes them back instead of computing them again; everything else is re-run. The
+** hook calls tt_checkpoint_rerun_done() once the re-run's forward is over, before its
+** backward (whose products are not kept ones). */
+void tt_checkpoint_keep_gemms(int on);
+void tt_checkpoint_rerun_done(void);
 
 /* -- Scalar conversions (round-to-nearest-even; fp8 saturates to its max finite) ----- */
 

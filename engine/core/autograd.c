@@ -370,30 +370,91 @@ int tt_backward(tt_tensor *loss) {
 ** scales, taken from an amax history its forward moves on), kept while a checkpointed
 ** block runs (TT_CKPT_STASHING) and handed back in the same order while its re-run does
 ** (TT_CKPT_REPLAYING), so that the re-run computes with the first run's values and changes
-** nothing. A checkpoint node owns its block's stash (node->ctx). */
+** nothing. A checkpoint node owns its block's stash (node->ctx).
+** Under selective recompute (tt_checkpoint_keep_gemms) the stash also keeps the block's
+** GEMM outputs (t: retained tensors, in call order), which its re-run takes back instead
+** of computing them again. */
 typedef struct ckpt_stash {
   double *v;
   int64_t n, cap, next;
+  tt_tensor **t;
+  int64_t nt, tcap, tnext;
+  int keep;   /* GEMM outputs are kept: the re-run must take each back */
 } ckpt_stash;
 
 static int tt_ckpt_mode;
+static int tt_ckpt_keep;            /* the block being stashed keeps its GEMM outputs */
 static ckpt_stash *tt_ckpt_stash;   /* being filled, or being replayed */
 
 static void stash_free(void *p) {
   ckpt_stash *st = p;
-  if (st) free(st->v);
+  if (st) {
+    for (int64_t i = 0; i < st->nt; i++) tt_tensor_release(st->t[i]);
+    free(st->t);
+    free(st->v);
+  }
   free(st);
 }
 
 int tt_checkpoint_mode(void) { return tt_ckpt_mode; }
 
+static ckpt_stash *stash_get(void) {
+  if (!tt_ckpt_stash) {
+    tt_ckpt_stash = calloc(1, sizeof *tt_ckpt_stash);
+    if (!tt_ckpt_stash) tt_set_error("checkpoint: out of host memory (stash)");
+    else tt_ckpt_stash->keep = tt_ckpt_keep;
+  }
+  return tt_ckpt_stash;
+}
+
+void tt_checkpoint_keep_gemms(int on) { tt_ckpt_keep = on != 0; }
+
+int tt_checkpoint_keep_output(tt_tensor *t) {
+  if (tt_ckpt_mode != TT_CKPT_STASHING || !tt_ckpt_keep) return 0;
+  ckpt_stash *st = stash_get();
+  if (!st) return -1;
+  if (st->nt == st->tcap) {
+    int64_t cap = st->tcap ? st->tcap * 2 : 8;
+    tt_tensor **grown = realloc(st->t, (size_t)cap * sizeof *grown);
+    TT_CHECK(grown, "checkpoint: out of host memory (stash of %lld outputs)", (long long)cap);
+    st->t = grown;
+    st->tcap = cap;
+  }
+  tt_tensor_retain(t);
+  st->t[st->nt++] = t;
+  return 0;
+}
+
+int tt_checkpoint_take_output(const int64_t *shape, int ndim, int dtype, int device,
+                              tt_tensor **out) {
+  *out = NULL;
+  ckpt_stash *st = tt_ckpt_stash;
+  if (tt_ckpt_mode != TT_CKPT_REPLAYING || !st || !st->keep) return 0;
+  TT_CHECK(st->tnext < st->nt, "checkpoint: the re-run asks for more kept GEMM outputs "
+           "(%lld) than its first run kept (the block's forward took another path)",
+           (long long)st->tnext + 1);
+  tt_tensor *t = st->t[st->tnext];
+  int same = t->ndim == ndim && t->dtype == dtype && t->device == device;
+  for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+  char got[160], want[160];
+  TT_CHECK(same, "checkpoint: kept GEMM output %lld is %s %s; the re-run computes %s %s (the "
+           "block's forward took another path)", (long long)st->tnext,
+           tt_dtype_name(t->dtype), tt_shape_str(t->shape, t->ndim, got, sizeof got),
+           tt_dtype_name(dtype), tt_shape_str(shape, ndim, want, sizeof want));
+  st->tnext++;
+  tt_tensor_retain(t);
+  *out = t;
+  return 0;
+}
+
+void tt_checkpoint_rerun_done(void) {
+  if (tt_ckpt_mode == TT_CKPT_REPLAYING) tt_ckpt_mode = TT_CKPT_OFF;
+}
+
 int tt_checkpoint_stash(const double *v, int n) {
   if (tt_ckpt_mode != TT_CKPT_STASHING) return 0;
-  ckpt_stash *st = tt_ckpt_stash;
-  if (!st) {
-    st = tt_ckpt_stash = calloc(1, sizeof *st);
-    TT_CHECK(st, "checkpoint: out of host memory (stash)");
-  }
+  ckpt_stash *st = stash_get();
+  if (!st) return -1;
   if (st->n + n > st->cap) {
     int64_t cap = st->cap ? st->cap * 2 : 16;
     while (cap < st->n + n) cap *= 2;
@@ -420,6 +481,7 @@ int tt_checkpoint_replay(double *v, int n) {
 void tt_checkpoint_begin(void) {
   stash_free(tt_ckpt_stash);
   tt_ckpt_stash = NULL;
+  tt_ckpt_keep = 0;
   tt_ckpt_mode = TT_CKPT_STASHING;
 }
 
@@ -427,6 +489,7 @@ void tt_checkpoint_cancel(void) {
   if (tt_ckpt_mode != TT_CKPT_STASHING) return;
   stash_free(tt_ckpt_stash);
   tt_ckpt_stash = NULL;
+  tt_ckpt_keep = 0;
   tt_ckpt_mode = TT_CKPT_OFF;
 }
 
@@ -450,10 +513,14 @@ static int checkpoint_backward(tt_node *node, tt_tensor *grad_out) {
   tt_tape_base = tt_tape_len;
   tt_grad_enabled = 1;
   ckpt_stash *st = node->ctx;
-  if (st) st->next = 0;
+  if (st) st->next = st->tnext = 0;
   tt_ckpt_stash = st;
   tt_ckpt_mode = TT_CKPT_REPLAYING;
   int rc = tt_recompute_hook(node->i[0], leaf, grad_out, tt_recompute_hook_ud);
+  if (rc == 0 && st && st->keep && st->tnext != st->nt)
+    rc = tt_set_error("checkpoint: the re-run took %lld of the %lld GEMM outputs its first "
+                      "run kept (the block's forward took another path)",
+                      (long long)st->tnext, (long long)st->nt);
   tt_ckpt_mode = TT_CKPT_OFF;
   tt_ckpt_stash = NULL;
   tt_grad_enabled = outer_grad;
@@ -468,6 +535,7 @@ int tt_checkpoint(tt_tensor *x, tt_tensor *y, int64_t key) {
   ckpt_stash *st = tt_ckpt_mode == TT_CKPT_STASHING ? tt_ckpt_stash : NULL;
   if (tt_ckpt_mode == TT_CKPT_STASHING) {
     tt_ckpt_stash = NULL;
+    tt_ckpt_keep = 0;
     tt_ckpt_mode = TT_CKPT_OFF;
   }
   if (!tt_should_record(&x, 1)) {

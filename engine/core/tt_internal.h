@@ -57,6 +57,13 @@ enum { TT_CKPT_OFF, TT_CKPT_STASHING, TT_CKPT_REPLAYING };
 int tt_checkpoint_mode(void);
 int tt_checkpoint_stash(const double *v, int n);   /* 0 (no-op) outside STASHING */
 int tt_checkpoint_replay(double *v, int n);
+/* Selective recompute (tt_checkpoint_keep_gemms): a GEMM's output (its final tensor, of
+** the caller's shape and dtype) kept on the block's first run, 0 (no-op) otherwise; and
+** on the re-run the next kept one, checked against the shape, dtype and device the
+** re-run would compute (*out NULL when nothing is kept: compute it). */
+int tt_checkpoint_keep_output(tt_tensor *t);
+int tt_checkpoint_take_output(const int64_t *shape, int ndim, int dtype, int device,
+                              tt_tensor **out);
 /* True when t takes part in autograd (requires_grad set). */
 int tt_needs_grad(const tt_tensor *t);
 /* t->grad += g (allocating t->grad as zeros on first use). g's shape must equal t's;

@@ -395,28 +395,39 @@ static int matmul_core(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
   shape[ndim++] = n;
 
   tt_tensor *o = NULL, *au = NULL, *bu = NULL, *biasc = NULL;
-  int st = tt_tensor_empty(shape, ndim, TT_F32, a->device, &o);
+  /* Selective recompute's re-run takes the output its first run kept. */
+  int st = tt_checkpoint_take_output(shape, ndim, out_dtype, a->device, &o);
+  const int kept = o != NULL;
+  if (st == 0 && !kept) st = tt_tensor_empty(shape, ndim, TT_F32, a->device, &o);
   if (st == 0) st = blas_operand(a_use, nlead, &au);
   if (st == 0) st = blas_operand(b_use, nlead, &bu);
   float beta = 0.0f;
-  if (st == 0 && bias && tt_tensor_numel(o) > 0) {
+  if (st == 0 && !kept && bias && tt_tensor_numel(o) > 0) {
     st = tt_contiguous_nograd(bias, &biasc);
     if (st == 0)
       st = k->bias_fill(tt_tensor_data(o), tt_tensor_data(biasc), tt_tensor_numel(o) / n, n,
                         n);
     beta = 1.0f;
   }
-  if (st == 0) {
+  if (st == 0 && !kept) {
     const lead_dims L = lead_of(a, nlead);
     st = run_product(k, &L, mat_of(o, 0, nlead), mat_of(au, ta, nlead), mat_of(bu, tb, nlead),
                      1.0f, beta);
   }
-  if (st == 0 && out_dtype != TT_F32) {
+  if (st == 0 && !kept && out_dtype != TT_F32) {
     tt_tensor *low = NULL;
     st = tt_tensor_empty(shape, ndim, out_dtype, a->device, &low);
     if (st == 0) st = tt_copy_(low, o);   /* the one rounding of the output */
     tt_tensor_release(o);
     o = low;
+  }
+  if (st == 0 && !kept && tt_checkpoint_mode() == TT_CKPT_STASHING) {
+    /* A copy: the block may change its output in place (RoPE rotates q and k). */
+    tt_tensor *copy = NULL;
+    st = tt_tensor_empty(shape, ndim, o->dtype, a->device, &copy);
+    if (st == 0) st = tt_copy_(copy, o);
+    if (st == 0) st = tt_checkpoint_keep_output(copy);
+    tt_tensor_release(copy);
   }
   if (st == 0 && tt_should_record(in, 3)) {
     tt_node *node = tt_record(op, backward, o, in, 3);

@@ -353,7 +353,7 @@ describe("plan framework inputs", function()
 
   it("selective recompute reruns wk, wo and w3 (every second matmul) and the elementwise ops", function()
     local rerun = 2 * n * (dkv * d + d * d + f * d) / rate_mm + n * fused / rate_bw
-    local got = step("selective") - step("none")
+    local got = step("selective_op") - step("none")
     expect(math.abs(got - 32 * rerun) < 1e-9 * got).to_be(true)
   end)
 

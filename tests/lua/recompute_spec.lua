@@ -167,6 +167,28 @@ describe("train.recompute=full", function()
   end)
 end)
 
+describe("train.recompute=selective", function()
+  it("is bit-identical to no recompute (Llama, fp32), its step peak between none and full",
+     function()
+    local a, b = expect_identical(tiny, { "model.n_layers=4" }, { "train.recompute=selective" }, 4)
+    local c = run(tiny, { "model.n_layers=4", "train.recompute=full" }, 4)
+    -- The GEMM outputs stay; the norms', attention's and the MLP activation's go.
+    expect(b[4].step_peak_bytes < 0.9 * a[4].step_peak_bytes).to_be(true)
+    expect(b[4].step_peak_bytes > 1.1 * c[4].step_peak_bytes).to_be(true)
+  end)
+
+  it("is bit-identical every other block, with accumulation, bf16, fp16, fp8 and GPT-2",
+     function()
+    expect_identical(tiny, { "model.n_layers=3", "train.gradient_accumulation_steps=2" },
+                     { "train.recompute=selective", "train.recompute_every=2" }, 3)
+    expect_identical(tiny, { "train.precision=bf16" }, { "train.recompute=selective" }, 3)
+    expect_identical(tiny, { "train.precision=fp16" }, { "train.recompute=selective" }, 3)
+    expect_identical(tiny, { "train.precision=fp8", "train.gradient_accumulation_steps=2" },
+                     { "train.recompute=selective" }, 3)
+    expect_identical(gpt2, GPT2_SMALL, { "train.recompute=selective" }, 3)
+  end)
+end)
+
 describe("train.recompute config", function()
   local function refused(sets)
     local ok, err = pcall(build, tiny, sets)
@@ -177,8 +199,9 @@ describe("train.recompute config", function()
 
   it("refuses an unknown mode, naming the key and the modes", function()
     local msg = refused({ "train.recompute=maybe" })
-    expect(msg).to_match("train%.recompute must be one of none, full, got")
-    expect(refused({ "train.recompute=selective" })).to_match("train%.recompute must be one of none, full")
+    expect(msg).to_match("train%.recompute must be one of none, selective, full, got")
+    expect(refused({ "train.recompute=selective", "train.device=cuda" }))
+      .to_match("train%.recompute=selective runs on the CPU only")
   end)
 
   it("refuses a model whose plan names no blocks", function()

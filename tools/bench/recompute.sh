@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Activation recompute's trade on this machine: recipes/llama/model.lua (dim 256, 8
 # layers, seq 256, batch 8 by default; --set overrides) trained for a few steps with
-# train.recompute none, full on every other block, and full on every block. Prints one
+# train.recompute none, selective, full on every other block, and full on every block
+# (ROUNDS=N in the environment: that many interleaved rounds of the four). Prints one
 # line per mode: the allocator's peak during a step (peak_bytes: parameters, optimizer
 # state, gradients and activations) and how far the step rose above what it started with
 # (step_peak_bytes: activations and gradients), the last step's loss and grad norm (equal
@@ -32,6 +33,10 @@ print(f"{sys.argv[1]:<12} peak {mib('peak_bytes'):6.1f} MiB  step peak {mib('ste
       f"  step {med('step_time_s'):6.0f} ms (forward {med('forward_s'):5.0f}, backward {med('backward_s'):5.0f})")
 PY
 }
-run none --set train.recompute=none
-run full_every2 --set train.recompute=full --set train.recompute_every=2
-run full --set train.recompute=full
+for ((r = 1; r <= ${ROUNDS:-1}; r++)); do
+  [ "${ROUNDS:-1}" -gt 1 ] && echo "round $r"
+  run none --set train.recompute=none
+  run selective --set train.recompute=selective
+  run full_every2 --set train.recompute=full --set train.recompute_every=2
+  run full --set train.recompute=full
+done

@@ -33,8 +33,8 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
                   for the last rank to arrive, as a share of the computation since the
                   previous one (default 0; tools/bench/plan.sh measures this machine's)
   --tp/--pp/--dp/--cp N  only layouts with that size
-  Every layout is weighed with and without activation recompute (train.recompute none
-  and full; the rc column), ZeRO-1 on and off, sequence parallelism on and off.
+  Every layout is weighed with each activation recompute (train.recompute none, selective
+  and full; the rc column), ZeRO 0, 1 and 2, sequence parallelism on and off.
   --top K         print the best K layouts (default 15); --all prints every one
   --json          a JSON list of objects instead of the table
   --write FILE    write the best layout (or --pick N, 1-based) as YAML for `tetra run`
@@ -181,7 +181,7 @@ function M.table(rows, cl, cfg)
       cl.inter_bw * 8 / 1e9, cl.inter_latency_s * 1e6)
   end
   local fmt = "%4s %4s %3s %3s %3s %4s %3s %4s %4s %6s %-12s %9s %8s %8s %8s %8s %8s %8s %8s %8s %8s %12s %6s %s"
-  local rc_short = { none = "-", full = "full", selective = "sel" }
+  local rc_short = { none = "-", full = "full", selective = "sel", selective_op = "op" }
   out[#out + 1] = string.format(fmt, "rank", "dp", "tp", "pp", "cp", "zero", "sp", "rc", "mb",
     "accum", "schedule", "mem GiB", "params", "grads", "optim", "acts", "comm", "step s",
     "compute", "exp.comm", "bubble", "tokens/s", "MFU", "fits")

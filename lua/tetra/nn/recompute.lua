@@ -1,8 +1,20 @@
 -- tetra.nn.recompute: activation recompute (activation checkpointing), the memory of a
 -- transformer's blocks traded for a second forward.
 --
---   recompute.checkpoint(block)   -- block's forward keeps only its input
+--   recompute.checkpoint(block [, selective])   -- block's forward keeps only its input
+--                                                   -- (selective: and its GEMM outputs)
 --   recompute.apply(model, plan, cfg.train)   -- train.recompute over the plan's blocks
+--
+-- Selective (train.recompute=selective) keeps, besides the block's input, the outputs of
+-- its GEMMs (q, k, v, the attention's output projection, the MLP's w1, w3, w2: every
+-- tt_matmul / tt_linear family product, engine/ops/matmul.c) from the first run; the
+-- re-run takes them back instead of multiplying again and recomputes the rest: the
+-- norms, RoPE, attention's core (scores, softmax, the product with V), SwiGLU / GELU,
+-- the residual adds and the tensor- and sequence-parallel collectives. The GEMMs are
+-- most of a block's FLOPs and their outputs a minority of its activations, so it keeps
+-- most of full recompute's saving for a fraction of its time (docs/parallelism.md).
+-- The kept outputs are bit for bit what the re-run would compute (the same kernel on the
+-- same inputs), so the loss and gradients stay those of no recompute.
 --
 -- A checkpointed block runs its forward with recording off, so none of its activations
 -- (norm outputs, q/k/v, attention, the MLP's hidden units) outlive the call, and records
@@ -73,6 +85,7 @@ local function rerun(key, leaf, grad_out)
   if not p then return C.tt_fail("recompute: no block is waiting under key " .. k) end
   local ok, err = pcall(function()
     local y = p.run(p.module, leaf, unpack(p.args, 1, p.args.n))
+    C.tt_checkpoint_rerun_done()   -- the backward's products are not kept outputs
     F.backward_with(y, grad_out)
     F.free(y)
   end)
@@ -95,10 +108,11 @@ end
 -- checkpointed whenever recording is on and its input x requires grad; otherwise (an
 -- evaluation, generation, a frozen input) it runs as before. Extra arguments
 -- (positions) are kept for the re-run. A block already checkpointed stays as it is.
-function M.checkpoint(block)
+function M.checkpoint(block, selective)
   install()
   if rawget(block, "_checkpointed") then return block end
   rawset(block, "_checkpointed", true)
+  local keep = selective and 1 or 0
   local run = block.forward
   rawset(block, "forward", function(self, x, ...)
     if C.tt_is_grad_enabled() == 0 or x._requires_grad == 0 then return run(self, x, ...) end
@@ -107,6 +121,7 @@ function M.checkpoint(block)
     if C.tt_tape_size() == 0 then pending = {} end
     C.tt_set_grad_enabled(0)
     C.tt_checkpoint_begin()
+    C.tt_checkpoint_keep_gemms(keep)
     local ok, y = pcall(run, self, x, ...)
     C.tt_set_grad_enabled(1)
     if not ok then
@@ -131,20 +146,20 @@ end
 function M.apply(model, plan, t)
   local mode = t.recompute or "none"
   if mode == "none" then return 0 end
-  if mode ~= "full" then
-    error("train.recompute: '" .. tostring(mode) .. "' is not a mode (none or full)", 2)
+  if mode ~= "full" and mode ~= "selective" then
+    error("train.recompute: '" .. tostring(mode) .. "' is not a mode (none, selective or full)", 2)
   end
   local path = plan and plan.pipeline and plan.pipeline.blocks
   local blocks = path and model:get(path)
   if not blocks then
-    error("train.recompute=full: the model's plan names no blocks list " ..
+    error("train.recompute=" .. mode .. ": the model's plan names no blocks list " ..
           "(plan.pipeline.blocks, as recipes/llama/plan.lua's)", 2)
   end
   local every, n = t.recompute_every or 1, 0
   for j, name in ipairs(blocks._child_names) do
     local idx = tonumber(name) or (j - 1)
     if idx % every == 0 then
-      M.checkpoint(blocks[name])
+      M.checkpoint(blocks[name], mode == "selective")
       n = n + 1
     end
   end

@@ -107,6 +107,11 @@ local function activation_bytes(x, lay, act_b)
   if lay.recompute == "full" then
     keep(nds)                                   -- only the block's input is kept
   elseif lay.recompute == "selective" then
+    -- Tetra's (tetra.nn.recompute): the block's input and a copy of every GEMM's output;
+    -- norms, RoPE, attention's core, the MLP activation and the residuals are re-run.
+    keep(nds)
+    for _, mm in ipairs(model.block_matmuls(m, tp)) do keep(n * mm.out) end
+  elseif lay.recompute == "selective_op" then
     -- torchtitan's per-op policy (block_time below): the block's input, every odd
     -- matmul's output, attention's output and log-sum-exp; the rest is recomputed.
     keep(nds)
@@ -179,7 +184,8 @@ local function chunk_times(x, lay, cl, act_b)
                      or (10 * seq_n * d + 2 * n * (Hl + kvl) * hd + 3 * n * fl) * act_b
     local ew = ew_bytes / rate_bw
     local fwd, bwd = mm + at + ew, 2 * mm + 2.5 * at + 2 * ew
-    -- Recompute: full reruns the block's forward in backward. selective is torchtitan's
+    -- Recompute: full reruns the block's forward in backward; selective (Tetra's) all
+    -- of it but the GEMMs, whose outputs it kept. selective_op is torchtitan's
     -- per-op policy (selective_ac_option = "op"; `_save_list` and `_custom_policy` in
     -- torchtitan/parallelisms/parallelize_llama.py at the benchmarks' commit 9dec370):
     -- it saves the outputs of matmuls and attention except every second matmul of the
@@ -187,7 +193,8 @@ local function chunk_times(x, lay, cl, act_b)
     -- Llama block: 37% of its matmul FLOPs) and every elementwise op. Rerun FLOPs cost
     -- time but are not model FLOPs (MFU does not count them).
     if lay.recompute == "full" then bwd = bwd + mm + at + ew
-    elseif lay.recompute == "selective" then bwd = bwd + 2 * n * rerun_w / rate_mm8 + ew end
+    elseif lay.recompute == "selective" then bwd = bwd + at + ew
+    elseif lay.recompute == "selective_op" then bwd = bwd + 2 * n * rerun_w / rate_mm8 + ew end
     local comm_f, comm_b = 0, 0
     if tp > 1 then
       local kind = lay.sp and "all_gather" or "all_reduce"

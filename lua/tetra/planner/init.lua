@@ -33,11 +33,11 @@
 -- tensor- and context-parallel collectives block (exposed); the data-parallel reduction
 -- overlaps the last micro-batch's backward (the last bucket stays exposed, the embedding's
 -- hidden by the deferred weight gradients); ZeRO-1's
--- parameter all-gather after the optimizer is exposed. Full activation recompute is
--- what the engine does with train.recompute=full (docs/parallelism.md); torchtitan's
--- per-op selective policy, FP8 matmuls (opts of M.layouts) and eager elementwise kernels
--- (cluster.elementwise = "eager") are priced only to compare published runs that used
--- them: Tetra's engine does none of these.
+-- parameter all-gather after the optimizer is exposed. Full and selective activation
+-- recompute are what the engine does with train.recompute (docs/parallelism.md);
+-- torchtitan's per-op selective policy (selective_op), FP8 matmuls (opts of M.layouts)
+-- and eager elementwise kernels (cluster.elementwise = "eager") are priced only to
+-- compare published runs that used them: Tetra's engine does none of these.
 local models = require("tetra.models")
 local cluster = require("tetra.planner.cluster")
 local model = require("tetra.planner.model")

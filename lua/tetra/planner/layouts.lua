@@ -27,7 +27,9 @@ function M.with_layout(cfg, lay)
   p.pipeline_schedule, p.virtual_pipeline_size = lay.schedule, lay.v
   c.train.gradient_accumulation_steps = c.train.batch_size / (lay.dp * lay.micro_batch)
   c.train.micro_batch_size = nil
-  if lay.recompute == "none" or lay.recompute == "full" then c.train.recompute = lay.recompute end
+  if lay.recompute == "none" or lay.recompute == "selective" or lay.recompute == "full" then
+    c.train.recompute = lay.recompute
+  end
   return c
 end
 
@@ -41,9 +43,9 @@ end
 -- parallelism within a node), each micro-batch size, ZeRO-1 on and off, sequence
 -- parallelism on and off, each pipeline schedule. opts.fixed: { tp =, pp =, dp =, cp = }
 -- sizes to keep; opts.max_micro_batch: the largest micro-batch tried (16);
--- activation recompute none and full (train.recompute, what the engine does), or only
--- opts.recompute ("none", "full", or "selective": priced only to compare published runs
--- that used torchtitan's per-op policy; the engine has none); opts.fp8: FP8 matmuls.
+-- activation recompute none, selective and full (train.recompute, what the engine does),
+-- or only opts.recompute (one of those, or "selective_op": torchtitan's per-op policy,
+-- priced only to compare published runs that used it); opts.fp8: FP8 matmuls.
 function M.layouts(cfg, cl, opts)
   opts = opts or {}
   local W, B = cl.devices, cfg.train.batch_size
@@ -72,7 +74,7 @@ function M.layouts(cfg, cl, opts)
                 for _, zero in ipairs(dp * cp > 1 and { 0, 1, 2 } or { 0 }) do
                   for _, sp in ipairs(tp > 1 and { false, true } or { false }) do
                     for _, rc in ipairs(opts.recompute and { opts.recompute }
-                                        or { "none", "full" }) do
+                                        or { "none", "selective", "full" }) do
                       local lay = { tp = tp, cp = cp, dp = dp, pp = pp, v = v, zero = zero,
                                     sp = sp, micro_batch = mb, schedule = sched,
                                     recompute = rc, fp8 = opts.fp8 }
