@@ -20,7 +20,10 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
   --batch N       global batch in sequences (train.batch_size)
   --cluster NAME  h100, h200 (8-GPU nodes, NVLink, 400 Gb/s InfiniBand), h100_500w
                   (torchtitan's 96 GB HBM2e H100 at 500 W) or cpu (this machine, one
-                  rank per core); default cpu
+                  rank per core: its GEMM, copy and all-reduce rates measured here the
+                  first time, about 10 s, and cached per machine); default cpu
+  --measure       measure this machine's cpu rates again (the cache is replaced)
+  --preset-rates  the cpu cluster's preset figures instead of this machine's
   --nodes N, --devices-per-node N, --peak-tflops X, --mem-gib X, --mem-bw-gbs X,
   --intra-gbs X, --inter-gbs X, --latency-us X, --sustained X   override the cluster's
                   figures (GB/s per device; sustained: the share of the kernel rates a
@@ -91,6 +94,10 @@ function M.parse(args)
     elseif a == "--cluster" then
       o.cluster = value()
       if not o.cluster then return nil, "--cluster needs a name (h100, h200, cpu)" end
+    elseif a == "--preset-rates" then
+      o.preset_rates = true
+    elseif a == "--measure" then
+      o.measure = true
     elseif overrides[a] then
       local raw = value()
       local v, err
@@ -245,15 +252,35 @@ function M.published()
   return table.concat(out, "\n") .. "\n"
 end
 
+-- The cluster o names with o's overrides. The cpu cluster takes this machine's measured
+-- rates (tetra.planner.local_cpu: cached, or measured now; --measure measures again)
+-- unless --preset-rates; the overrides still win. Returns the cluster and a line that
+-- says where the cpu rates came from (nil for a preset).
+function M.cluster_of(o, who)
+  local over, line = o.over, nil
+  if o.cluster == "cpu" and not o.preset_rates then
+    local lc = require("tetra.planner.local_cpu")
+    local r = lc.rates({ fresh = o.measure, say = function(text)
+      io.stderr:write(who or "tetra plan", ": ", text, "\n")
+    end })
+    local measured
+    measured, line = lc.over(r)
+    for k, v in pairs(o.over) do measured[k] = v end
+    over = measured
+  end
+  return plan.cluster(o.cluster, over), line
+end
+
 function M.main(...)
   local o, err = M.parse({ ... })
   if not o then return usage_error(err) end
   if o.help then io.write(M.usage); return 0 end
   if o.published then io.write(M.published()); return 0 end
   local ok, res = pcall(function()
-    local cl = plan.cluster(o.cluster, o.over)
     local cfg = M.load_config(o.file, o.sets)
-    return { cl = cl, cfg = cfg, rows = plan.search(cfg, cl, { fixed = o.fixed }) }
+    plan.cluster(o.cluster, o.over)   -- an unknown name or override: refused before measuring
+    local cl, rates = M.cluster_of(o)
+    return { cl = cl, cfg = cfg, rates = rates, rows = plan.search(cfg, cl, { fixed = o.fixed }) }
   end)
   if not ok then
     local msg = type(res) == "table" and res.message or tostring(res)
@@ -281,8 +308,10 @@ function M.main(...)
     for i = 1, o.top do shown[i] = rows[i] end
   end
   if o.json then
+    if res.rates then io.stderr:write("# ", res.rates, "\n") end
     io.write(M.json(shown), "\n")
   else
+    if res.rates then io.write("# ", res.rates, "\n") end
     io.write(M.table(shown, cl, cfg))
     if #shown < #rows then io.write(string.format("# %d more layouts (--all)\n", #rows - #shown)) end
     if o.write then io.write("# wrote layout ", o.pick or 1, " to ", o.write, "\n") end

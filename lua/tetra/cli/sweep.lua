@@ -287,33 +287,40 @@ function M.main(...)
   if not po then return usage_error(err) end
   o.sets = po.sets
   local ok, res = pcall(function()
-    local cl = plan.cluster(po.cluster, po.over)
     local cfg = cli_plan.load_config(po.file, po.sets)
-    return { cl = cl, cfg = cfg }
+    plan.cluster(po.cluster, po.over)   -- an unknown name or override: refused before measuring
+    return { cfg = cfg }
   end)
   if not ok then
     io.stderr:write("tetra sweep: ", type(res) == "table" and res.message or tostring(res), "\n")
     return 2
   end
-  local cl, cfg = res.cl, res.cfg
+  local cfg = res.cfg
+  -- The layouts are checked before the cpu cluster's rates are measured.
+  local lays = {}
+  for _, text in ipairs(layouts) do
+    local lay, lerr = M.parse_layout(text, cfg.train.batch_size)
+    if not lay then return usage_error(lerr) end
+    local c = plan.with_layout(cfg, lay)
+    local W = lay.tp * lay.pp * lay.dp * lay.cp
+    local problems = require("tetra.parallel.layout").problems(c, W)
+    if #problems > 0 then return usage_error("--layout " .. text .. ": " .. problems[1]) end
+    lays[#lays + 1] = lay
+  end
+  if #layouts == 0 and o.calibrate then
+    return usage_error("--calibrate needs --layout (the first layout of each rank count calibrates)")
+  end
+  local cl, rates = cli_plan.cluster_of(po, "tetra sweep")
+  if rates then io.stderr:write("# ", rates, "\n") end
   local rows = {}
-  if #layouts > 0 then
-    for _, text in ipairs(layouts) do
-      local lay, lerr = M.parse_layout(text, cfg.train.batch_size)
-      if not lay then return usage_error(lerr) end
-      local c = plan.with_layout(cfg, lay)
-      local W = lay.tp * lay.pp * lay.dp * lay.cp
-      local problems = require("tetra.parallel.layout").problems(c, W)
-      if #problems > 0 then return usage_error("--layout " .. text .. ": " .. problems[1]) end
+  if #lays > 0 then
+    for _, lay in ipairs(lays) do
       rows[#rows + 1] = plan.evaluate(cfg, lay, cl)
       rows[#rows].layout = lay
     end
   else
     local all = plan.search(cfg, cl, { fixed = po.fixed })
     for k = 1, math.min(po.top or o.top, #all) do rows[k] = all[k] end
-    if o.calibrate then
-      return usage_error("--calibrate needs --layout (the first layout of each rank count calibrates)")
-    end
   end
   local file = po.file or (require("tetra.host").root .. "/recipes/llama.lua")
   local dir = o.keep or os.tmpname() .. ".d"
