@@ -340,8 +340,11 @@ static tt_sdpa_shape pair_shape(const tt_attention_args *a, int dtype, const blo
     s.o_stride[i] = o[i];
     s.kv_grad_stride[i] = kv[i];
   }
-  s.lse_stride[0] = a->hq * a->tq;
-  s.lse_stride[1] = a->tq;
+  /* The pair's stats (lse) packed, (B, H, len): cuDNN's stats tensor is a packed
+  ** (b, h, s_q, 1) one in cudnn-frontend's SDPA (its strides {h s_q, s_q, 1, 1}); a pair
+  ** of several (CP's block pairs) goes through a packed scratch (pack_lse / unpack_lse). */
+  s.lse_stride[0] = a->hq * p.q.len;
+  s.lse_stride[1] = p.q.len;
   s.dtype = dtype;
   s.masked = p.masked;
   s.offset = p.offset;
@@ -423,13 +426,34 @@ struct scratch {
 /* The f32 elements forward_pairs / backward_pairs carve from the workspace. */
 static int64_t forward_pairs_workspace(const tt_attention_args *a) {
   const int64_t no = a->batch * a->tq * a->hq * a->dh, nl = a->batch * a->hq * a->tq;
-  return piece_size(no) + 2 * piece_size(nl) + piece_size((no + 1) / 2);
+  return piece_size(no) + 3 * piece_size(nl) + piece_size((no + 1) / 2);
 }
 
 static int64_t backward_pairs_workspace(const tt_attention_args *a) {
   const int64_t nq = a->batch * a->tq * a->hq * a->dh, nk = a->batch * a->tk * a->hkv * a->dh;
+  const int64_t nl = a->batch * a->hq * a->tq;
   return piece_size(nq) + 2 * piece_size(nk) + piece_size((nq + 1) / 2) +
-         2 * piece_size((nk + 1) / 2);
+         2 * piece_size((nk + 1) / 2) + piece_size(nl);
+}
+
+/* Rows [t0, t0 + len) of every (batch, head) of a (B, H, T) lse, to a packed (B, H, len)
+** one and back: one strided copy each. */
+static int pack_lse(const tt_attention_args *a, const float *whole, int64_t t0, int64_t len,
+                    float *packed) {
+  TT_CU(cudaMemcpy2DAsync(packed, (size_t)len * sizeof(float), whole + t0,
+                          (size_t)a->tq * sizeof(float), (size_t)len * sizeof(float),
+                          (size_t)(a->batch * a->hq), cudaMemcpyDeviceToDevice,
+                          tt_cuda_cur_stream()));
+  return 0;
+}
+
+static int unpack_lse(const tt_attention_args *a, const float *packed, int64_t t0, int64_t len,
+                      float *whole) {
+  TT_CU(cudaMemcpy2DAsync(whole + t0, (size_t)a->tq * sizeof(float), packed,
+                          (size_t)len * sizeof(float), (size_t)len * sizeof(float),
+                          (size_t)(a->batch * a->hq), cudaMemcpyDeviceToDevice,
+                          tt_cuda_cur_stream()));
+  return 0;
 }
 
 static int fill(float *x, int64_t n, float v) {
@@ -454,7 +478,7 @@ static int forward_pairs(const tt_attention_args *a, int dtype,
   scratch sc = {workspace};
   float *acc = sc.get(no), *acc_lse = sc.get(nl);
   void *part = sc.get((no + 1) / 2);
-  float *part_lse = sc.get(nl);
+  float *part_lse = sc.get(nl), *pair_lse = sc.get(nl);
   TT_TRY(fill(acc, no, 0.0f));
   TT_TRY(fill(acc_lse, nl, -INFINITY));
   for (const block_pair &p : pairs) {
@@ -462,8 +486,9 @@ static int forward_pairs(const tt_attention_args *a, int dtype,
     int rc = g_fused->forward(
         &s, row_ptr(q, p.q.start, a->q_stride[1]), row_ptr(k, p.k.start, a->k_stride[1]),
         row_ptr(v, p.k.start, a->v_stride[1]),
-        (half_bits *)part + p.q.start * s.o_stride[1], part_lse + p.q.start);
+        (half_bits *)part + p.q.start * s.o_stride[1], pair_lse);
     if (rc <= 0) return rc;
+    TT_TRY(unpack_lse(a, pair_lse, p.q.start, p.q.len, part_lse));
     merge_rows<T><<<(unsigned)(a->batch * a->hq * p.q.len), 128, 0, tt_cuda_cur_stream()>>>(
         a->tq, a->hq, a->dh, p.q.start, p.q.len, (const T *)part, part_lse, acc, acc_lse);
     TT_CU_LAUNCHED("merge_rows");
@@ -520,6 +545,7 @@ static int backward_pairs(const tt_attention_args *a, int dtype,
   float *dq_acc = sc.get(nq), *dk_acc = sc.get(nk), *dv_acc = sc.get(nk);
   void *dq_part = sc.get((nq + 1) / 2), *dk_part = sc.get((nk + 1) / 2);
   void *dv_part = sc.get((nk + 1) / 2);
+  float *pair_lse = sc.get(a->batch * a->hq * a->tq);
   TT_TRY(fill(dq_acc, nq, 0.0f));
   TT_TRY(fill(dk_acc, nk, 0.0f));
   TT_TRY(fill(dv_acc, nk, 0.0f));
@@ -527,9 +553,10 @@ static int backward_pairs(const tt_attention_args *a, int dtype,
   for (const block_pair &p : pairs) {
     tt_sdpa_shape s = pair_shape(a, dtype, p);
     int64_t oq = p.q.start * s.o_stride[1], ok = p.k.start * s.kv_grad_stride[1];
+    TT_TRY(pack_lse(a, lse, p.q.start, p.q.len, pair_lse));
     int rc = g_fused->backward(
         &s, row_ptr(q, p.q.start, a->q_stride[1]), row_ptr(k, p.k.start, a->k_stride[1]),
-        row_ptr(v, p.k.start, a->v_stride[1]), (const half_bits *)out + oq, lse + p.q.start,
+        row_ptr(v, p.k.start, a->v_stride[1]), (const half_bits *)out + oq, pair_lse,
         (const half_bits *)dout + oq, (half_bits *)dq_part + oq, (half_bits *)dk_part + ok,
         (half_bits *)dv_part + ok);
     if (rc <= 0) return rc;
