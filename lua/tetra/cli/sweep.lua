@@ -64,8 +64,8 @@ function M.parse_layout(text, batch)
     end
     if k == "schedule" then lay.schedule = v
     elseif k == "rc" then
-      if v ~= "none" and v ~= "full" then
-        return nil, "--layout: rc (train.recompute) is none or full, got '" .. v .. "'"
+      if v ~= "none" and v ~= "selective" and v ~= "full" then
+        return nil, "--layout: rc (train.recompute) is none, selective or full, got '" .. v .. "'"
       end
       lay.recompute = v
     elseif k == "sp" then lay.sp = v == "1" or v == "true" or v == "y"
@@ -330,7 +330,7 @@ function M.main(...)
   for k, r in ipairs(rows) do
     local name = string.format("%02d_dp%d_tp%d_pp%d_cp%d_z%d%s%s_mb%d_%s", k, r.dp, r.tp, r.pp,
       r.cp, r.zero_stage, r.sequence_parallel and "_sp" or "",
-      (r.recompute or "none") ~= "none" and "_rc" or "", r.micro_batch, r.schedule)
+      (r.recompute or "none") ~= "none" and ("_rc" .. r.recompute) or "", r.micro_batch, r.schedule)
     results[k] = { name = name, plan = r, runs = {} }
   end
   -- Rounds: every layout once per round, so that a change in the machine's load falls on

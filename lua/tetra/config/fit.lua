@@ -121,6 +121,10 @@ local function candidates(cfg, world)
     local pp = base.pp * (base.dp / k)
     if pp <= cfg.model.n_layers then pps[#pps + 1] = { pp = pp, dp = k } end
   end
+  -- Offload frees device memory only where the device is not the host.
+  local offs = { base.offload or false }
+  if not base.offload and tostring(cfg.train.device):match("^cuda") then offs[2] = true end
+  for _, off in ipairs(offs) do
   for _, rc in ipairs(rcs) do
     for _, z in ipairs(zeros) do
       for _, pd in ipairs(pps) do
@@ -130,6 +134,7 @@ local function candidates(cfg, world)
             local lay = {}
             for k, v in pairs(base) do lay[k] = v end
             lay.recompute, lay.zero, lay.pp, lay.dp, lay.micro_batch = rc, z, pd.pp, pd.dp, mb
+            lay.offload = off
             if pd.pp == 1 then lay.v, lay.schedule = 1, "1f1b" end
             if lay.pp > 1 and lay.schedule == "interleaved_1f1b" and
                (cfg.model.n_layers / lay.pp) % lay.v ~= 0 then
@@ -137,7 +142,8 @@ local function candidates(cfg, world)
             end
             if lay.dp * lay.cp == 1 then lay.zero = 0 end
             local changed = lay.recompute ~= base.recompute or lay.zero ~= base.zero or
-                            lay.pp ~= base.pp or lay.micro_batch ~= base.micro_batch
+                            lay.pp ~= base.pp or lay.micro_batch ~= base.micro_batch or
+                            lay.offload ~= (base.offload or false)
             if changed and #rules.problems(planner.with_layout(cfg, lay), world) == 0 then
               out[#out + 1] = lay
             end
@@ -145,6 +151,7 @@ local function candidates(cfg, world)
         end
       end
     end
+  end
   end
   return out
 end

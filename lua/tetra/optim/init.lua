@@ -239,6 +239,78 @@ function AdamW:set_update(lr)
                                    self.step_count))
 end
 
+-- tetra.nn.functional, loaded at first use (it loads this module's users).
+local F_ = nil
+local function F() F_ = F_ or require("tetra.nn.functional"); return F_ end
+
+-- Optimizer offload (parallel.offload_optimizer): the moments move to host memory and
+-- every update runs on the CPU's AdamW kernel: each parameter and its gradient are
+-- copied to host buffers (kept from step to step), updated there with a host copy of the
+-- step's stats (learning rate, bias corrections, clip coefficient, found_inf), and the
+-- parameter copied back, its bf16 copy (tetra.optim.amp) refreshed from it. The device
+-- keeps the parameters and gradients only: the moments' two parameter-sized f32 tensors
+-- are gone from it. On the CPU the same copies, kernel and stats run host to host, so the
+-- run is bit for bit the one without offload (tests/lua/offload_spec.lua); on CUDA the
+-- update is the CPU kernel's (the copies are from pageable memory: synchronous). Call
+-- after ZeRO's attach_optimizer (the moments of this rank's shards move). Returns self.
+function AdamW:offload_state()
+  if self.offloaded then return self end
+  for i, p in ipairs(self.params) do
+    local m, v = self.m[i], self.v[i]
+    self.m[i] = take(C.tt_tensor_zeros(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3)
+    self.v[i] = take(C.tt_tensor_zeros(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3)
+    check(C.tt_copy_(self.m[i], m))
+    check(C.tt_copy_(self.v[i], v))
+    F().free(m); F().free(v)
+  end
+  self.offloaded = true
+  self._host = {}   -- parameter index -> { p = host copy, g = host gradient }
+  self:_build_groups()
+  return self
+end
+
+-- The offloaded update of group g (parameters k of it, one CPU call each, which is the
+-- elementwise update of the whole group's call).
+local one = { p = ffi.new("tt_tensor*[1]"), m = ffi.new("tt_tensor*[1]"),
+              v = ffi.new("tt_tensor*[1]"), b = ffi.new("tt_tensor*[1]") }
+function AdamW:_step_offloaded(cfg, stats)
+  if not self._host_stats then
+    self._host_stats = take(C.tt_step_stats_new(C.TT_CPU, pout), 2)
+  end
+  check(C.tt_copy_(self._host_stats, stats))
+  local index = {}
+  for i, p in ipairs(self.params) do index[p] = i end
+  for _, g in ipairs(self.groups) do
+    cfg.weight_decay = g.wd
+    for k = 1, g.n do
+      local p, i = g.keep.p[k], index[g.keep.p[k]]
+      local grad = p.grad
+      if grad then
+        local h = self._host[i]
+        if not h then
+          h = { p = take(C.tt_tensor_empty(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3),
+                g = take(C.tt_tensor_empty(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3) }
+          self._host[i] = h
+        end
+        check(C.tt_copy_(h.p, p))
+        check(C.tt_copy_(h.g, grad))
+        h.p.grad = h.g
+        one.p[0], one.m[0], one.v[0] = h.p, g.keep.m[k], g.keep.v[k]
+        check(C.tt_adamw_multi(one.p, one.m, one.v, nil, 1, cfg, self.step_count,
+                               self._host_stats))
+        check(C.tt_copy_(p, h.p))
+        local b = g.keep.b[k]
+        if b then
+          local flat, bflat = F().view(p, { p:numel() }), F().view(b, { b:numel() })
+          check(C.tt_copy_(bflat, flat))
+          F().free(flat); F().free(bflat)
+        end
+        F().free(grad)
+      end
+    end
+  end
+end
+
 -- One update with learning rate lr (default: the constructor's; ignored with
 -- external_update, see set_update). Uses this step's clip coefficient and found_inf when
 -- clip_grad_norm (or an unscale into the stats) ran.
@@ -249,9 +321,13 @@ function AdamW:step(lr)
   cfg.beta1, cfg.beta2, cfg.eps = self.beta1, self.beta2, self.eps
   cfg.lr_from_stats = 1
   local stats = self:stats()
-  for _, g in ipairs(self.groups) do
-    cfg.weight_decay = g.wd
-    check(C.tt_adamw_multi(g.c_p, g.c_m, g.c_v, g.c_bf16, g.n, cfg, self.step_count, stats))
+  if self.offloaded then
+    self:_step_offloaded(cfg, stats)
+  else
+    for _, g in ipairs(self.groups) do
+      cfg.weight_decay = g.wd
+      check(C.tt_adamw_multi(g.c_p, g.c_m, g.c_v, g.c_bf16, g.n, cfg, self.step_count, stats))
+    end
   end
   self:end_step()
 end

@@ -235,6 +235,8 @@ function Par:memory(opt, ddp)
     grads = 0
     for _, s in ipairs(ddp.shards) do grads = grads + 4 * s.tensor:numel() end
   end
+  -- Offloaded moments (parallel.offload_optimizer) are host memory, not the device's.
+  if opt.offloaded then return { params = params, grads = grads, optimizer = 0, host_optimizer = state } end
   return { params = params, grads = grads, optimizer = state }
 end
 

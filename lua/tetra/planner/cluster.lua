@@ -12,6 +12,11 @@ local M = {}
 -- (bytes/s per device and direction inside a node), inter_bw (per device, between
 -- nodes), latency_s per collective step, inter_latency_s per step between nodes (when
 -- unset, latency_s: no preset tells them apart; `tetra plan --inter-latency-us` does).
+-- Optimizer offload (parallel.offload_optimizer): offload_bw (bytes/s per device each way
+-- between the device and its host) and host_bw (the host memory bandwidth one device's
+-- share of the CPU update gets); the cpu cluster has neither (its mem_bw: host to host).
+-- GPU nodes: PCIe 5.0 x16 at 64 GB/s per direction (PCI-SIG), taken as 50 sustained; a
+-- 2-socket host's ~400 GB/s of DDR5 shared by 8 GPUs, 50 GB/s each (estimates).
 -- Sources: H100 SXM: NVIDIA H100 datasheet (989 TFLOP/s dense BF16, 1,979 FP8, 3.35 TB/s
 -- HBM3, 80 GB, NVLink 4 at 900 GB/s both directions); H200: NVIDIA H200 datasheet
 -- (same compute, 141 GB HBM3e at 4.8 TB/s). 400 Gb/s InfiniBand per GPU = 50 GB/s.
@@ -32,12 +37,12 @@ M.clusters = {
   h100 = { name = "H100 SXM nodes (8 GPUs, NVLink 4, 400 Gb/s InfiniBand per GPU)",
            devices_per_node = 8, nodes = 1, peak_flops = 989e12, fp8_flops = 1979e12,
            matmul = 0.80, attention = 0.55, mem_bw = 3.35e12, mem_bytes = 80e9,
-           intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636,
+           intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636, offload_bw = 50e9, host_bw = 50e9,
            precision = "bf16" },
   h200 = { name = "H200 SXM nodes (8 GPUs, NVLink 4, 400 Gb/s InfiniBand per GPU)",
            devices_per_node = 8, nodes = 1, peak_flops = 989e12, fp8_flops = 1979e12,
            matmul = 0.80, attention = 0.55, mem_bw = 4.8e12, mem_bytes = 141e9,
-           intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636,
+           intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636, offload_bw = 50e9, host_bw = 50e9,
            precision = "bf16" },
   -- torchtitan's benchmark machines (pytorch/torchtitan
   -- benchmarks/llama3_h100_202412_torchtitan.md, formerly docs/performance.md): Grand
@@ -49,12 +54,13 @@ M.clusters = {
   h100_500w = { name = "H100 HBM2e 96 GB at 500 W (torchtitan's Grand Teton nodes)",
                 devices_per_node = 8, nodes = 1, peak_flops = 912e12, fp8_flops = 1824e12,
                 matmul = 0.80, attention = 0.55, mem_bw = 2.4e12, mem_bytes = 96e9,
-                intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636,
+                intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636, offload_bw = 50e9, host_bw = 50e9,
                 precision = "bf16" },
   cpu = { name = "this machine: 2 CPU cores, one rank per core (fp32, MPI shared memory)",
           devices_per_node = 2, nodes = 1, peak_flops = 105e9, matmul = 1.0,
           attention = 0.6, mem_bw = 8e9, mem_bytes = 12e9, intra_bw = 1.7e9,
-          inter_bw = 1.7e9, latency_s = 12e-6, sustained = 1.0, precision = "fp32" },
+          inter_bw = 1.7e9, latency_s = 12e-6, sustained = 1.0, precision = "fp32",
+          host_is_device = true },
 }
 
 -- The preset `name` with `over` (any of its fields) applied; one line if unknown.

@@ -316,6 +316,17 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     -- The optimizer: AdamW reads param, grad, m, v and writes param, m, v (fp32).
     local opt_elems = zero and padded / group or nparams
     local t_opt = 28 * opt_elems / rate_bw
+    -- Offloaded (parallel.offload_optimizer): the moments are host memory, off the
+    -- device's peak; the update moves each parameter and gradient to the host and the
+    -- parameter back (12 bytes an element over cl.offload_bw) and runs at the host's
+    -- cl.host_bw (the same 28 bytes an element), nothing overlapped.
+    if lay.offload then
+      if not cl.host_is_device then   -- on the cpu cluster the host is the device
+        at_peak = at_peak - obytes
+        obytes = 0
+      end
+      t_opt = 12 * opt_elems / (cl.offload_bw or cl.mem_bw) + 28 * opt_elems / (cl.host_bw or cl.mem_bw)
+    end
     -- Gradients are reduced (and ZeRO-1 and 2's parameters gathered) in fp32 by Tetra;
     -- cl.dp_bytes overrides that for engines that reduce in bf16.
     local dp_b = cl.dp_bytes or 4
@@ -400,7 +411,7 @@ function M.evaluate(cfg, lay, cl)
   return {
     dp = lay.dp, tp = tp, pp = pp, cp = cp, zero_stage = lay.zero, sequence_parallel = lay.sp,
     micro_batch = mb, grad_accum = n_micro, schedule = pp > 1 and lay.schedule or "-",
-    virtual = v, recompute = lay.recompute, world = W,
+    virtual = v, recompute = lay.recompute, offload = lay.offload, world = W,
     mem = { params = worst.params, grads = worst.grads, optimizer = worst.optimizer,
             activations = worst.activations, comm = worst.comm, total = worst.total,
             stage = worst_s },

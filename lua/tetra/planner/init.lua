@@ -84,6 +84,7 @@ function M.settings(r)
     "train.gradient_accumulation_steps=" .. r.grad_accum,
   }
   if r.recompute and r.recompute ~= "none" then s[#s + 1] = "train.recompute=" .. r.recompute end
+  if r.offload then s[#s + 1] = "parallel.offload_optimizer=true" end
   if r.pp > 1 then
     s[#s + 1] = "parallel.pipeline_schedule=" .. r.schedule
     if r.virtual > 1 then s[#s + 1] = "parallel.virtual_pipeline_size=" .. r.virtual end
@@ -129,6 +130,7 @@ function M.yaml(cfg, r, cl)
   lines[#lines + 1] = "  context_parallel_size: " .. r.cp
   lines[#lines + 1] = "  zero_stage: " .. r.zero_stage
   lines[#lines + 1] = "  sequence_parallel: " .. tostring(r.sequence_parallel)
+  if r.offload then lines[#lines + 1] = "  offload_optimizer: true" end
   if r.pp > 1 then
     lines[#lines + 1] = "  pipeline_schedule: " .. r.schedule
     lines[#lines + 1] = "  virtual_pipeline_size: " .. r.virtual

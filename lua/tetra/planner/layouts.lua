@@ -5,13 +5,15 @@ local layout_rules = require("tetra.parallel.layout")
 local M = {}
 
 -- The layout fields of a config: sizes, zero stage, sequence parallelism, micro-batch,
--- schedule. lay: { tp, cp, dp, pp, v, zero, sp, micro_batch, schedule, recompute }.
+-- schedule. lay: { tp, cp, dp, pp, v, zero, sp, micro_batch, schedule, recompute,
+-- offload (parallel.offload_optimizer) }.
 function M.layout_of(cfg)
   local p, s = cfg.parallel or {}, layout_rules.sizes(cfg)
   return { tp = s.tp, cp = s.cp, dp = s.dp, pp = s.pp, v = s.virtual,
            zero = p.zero_stage or 0, sp = p.sequence_parallel == true,
            micro_batch = s.micro_batch, schedule = p.pipeline_schedule or "1f1b",
-           recompute = (cfg.train or {}).recompute or "none" }
+           recompute = (cfg.train or {}).recompute or "none",
+           offload = p.offload_optimizer == true }
 end
 
 -- cfg with lay's sizes in it (a copy of the parallel and train sections).
@@ -25,6 +27,7 @@ function M.with_layout(cfg, lay)
   for dim, key in pairs(layout_rules.size_keys) do p[key] = lay[dim] end
   p.zero_stage, p.sequence_parallel = lay.zero, lay.sp
   p.pipeline_schedule, p.virtual_pipeline_size = lay.schedule, lay.v
+  if lay.offload ~= nil then p.offload_optimizer = lay.offload end
   c.train.gradient_accumulation_steps = c.train.batch_size / (lay.dp * lay.micro_batch)
   c.train.micro_batch_size = nil
   if lay.recompute == "none" or lay.recompute == "selective" or lay.recompute == "full" then

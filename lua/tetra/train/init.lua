@@ -122,7 +122,9 @@ function train.recipe(spec)
         spec.name, env.model:num_params() / 1e6, split, m.n_layers, m.dim, m.seq_len,
         cfg.train.batch_size))
       print(string.format("memory%s: parameters %.2f MB, gradients %.2f MB, optimizer " ..
-        "state %.2f MB", split, mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6))
+        "state %.2f MB%s", split, mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
+        mem.host_optimizer and string.format(" (offloaded: %.2f MB in host memory)",
+                                             mem.host_optimizer / 1e6) or ""))
       local d = cfg.data or {}
       print(d.mock and "data: mock tokens (uniform random; data.mock=true), not text" or
             "data: " .. tostring(type(d.input_path) == "table" and

@@ -88,6 +88,9 @@ return function(cfg, model, data, opts)
   local ddp = parallel.data.wrap(par:placements(), mesh, cfg, par.model)
   local optimizer = make_optimizer(params, t, o)
   ddp:attach_optimizer(optimizer)
+  -- parallel.offload_optimizer: the moments (this rank's shards under ZeRO) to the host.
+  -- (lua/tetra/config/schema/offload.lua refused sgd and CUDA graphs with it.)
+  if cfg.parallel.offload_optimizer then optimizer:offload_state() end
   local pstep = require("tetra.parallel.step")
   local env = {
     cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,

@@ -282,7 +282,8 @@ local function finish_step(env, s)
               other_s = dt - data_wait - s.fb - exposed - s.optimizer_s - (s.graph_s or 0),
               live_bytes = tonumber(mem.live_bytes), cached_bytes = tonumber(mem.cached_bytes),
               param_bytes = env.memory.params, grad_bytes = env.memory.grads,
-              optimizer_bytes = env.memory.optimizer, peak_bytes = peak,
+              optimizer_bytes = env.memory.optimizer,
+              host_optimizer_bytes = env.memory.host_optimizer, peak_bytes = peak,
               step_peak_bytes = peak - s.live0,
               loss_scale = env.amp:scale(), skipped = s.skipped, restarts = env.restarts,
               guard = bad, data_position = s.pos, roll_back = roll_back or nil }

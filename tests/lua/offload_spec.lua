@@ -1,0 +1,109 @@
+-- Optimizer offload (parallel.offload_optimizer, AdamW:offload_state): the moments move to
+-- host tensors and each update goes through host copies of the parameter and gradient
+-- with a host copy of the step's stats; on the CPU every step's loss and gradient norm
+-- and every weight and moment after the steps are bit for bit those without offload
+-- (fp32, bf16 with its weight copies, fp16 with loss scaling and accumulation, GPT-2);
+-- the records count the moments as host memory; a checkpoint written with offload resumes
+-- to the same steps; sgd and CUDA graphs are refused with one line.
+local config = require("tetra.config")
+local checkpoint = require("tetra.checkpoint")
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local tiny = dofile(here .. "/../../recipes/tiny.lua")
+local gpt2 = dofile(here .. "/../../recipes/gpt2.lua")
+
+local GPT2_SMALL = { "model.vocab_size=256", "model.dim=64", "model.n_layers=2",
+                     "model.n_heads=4", "model.ffn_hidden=128", "model.seq_len=32",
+                     "train.batch_size=4" }
+
+local function build(recipe, sets)
+  local cfg = config.build({ defaults = recipe.defaults, sets = sets, world_size = false })
+  cfg.log.progress = false
+  return cfg
+end
+
+local function flat(t)
+  local buf, n = t:to_f64()
+  local out = {}
+  for i = 1, n do out[i] = buf[i - 1] end
+  return out
+end
+
+local function run(recipe, sets, steps)
+  local env = recipe.setup(build(recipe, sets))
+  local records = {}
+  for i = 1, steps do records[i] = env.step() end
+  local state = {}
+  for name, p in env.model:iter_parameters() do state[name] = flat(p) end
+  for i, m in ipairs(env.optimizer.m) do state["m" .. i] = flat(m) end
+  for i, v in ipairs(env.optimizer.v) do state["v" .. i] = flat(v) end
+  return records, state, env
+end
+
+local function expect_identical(recipe, sets, steps)
+  local with = { "parallel.offload_optimizer=true" }
+  for _, s in ipairs(sets) do with[#with + 1] = s end
+  local a, sa = run(recipe, sets, steps)
+  local b, sb, env = run(recipe, with, steps)
+  expect(env.optimizer.offloaded).to_be(true)
+  for _, m in ipairs(env.optimizer.m) do expect(m.device).to_be("cpu") end
+  local function same(x, y) return x == y or (x ~= x and y ~= y) end
+  for i = 1, steps do
+    expect(b[i].loss).to_be(a[i].loss)
+    expect(same(b[i].grad_norm, a[i].grad_norm)).to_be(true)
+  end
+  for name, w in pairs(sa) do expect(sb[name]).to_equal(w) end
+  return a, b
+end
+
+describe("parallel.offload_optimizer", function()
+  it("is bit-identical to the update on the device (Llama, fp32), moments counted on the host",
+     function()
+    local a, b = expect_identical(tiny, { "model.n_layers=2" }, 4)
+    expect(a[4].optimizer_bytes > 0).to_be(true)
+    expect(b[4].optimizer_bytes).to_be(0)
+    expect(b[4].host_optimizer_bytes).to_be(a[4].optimizer_bytes)
+  end)
+
+  it("is bit-identical under bf16 (the weights' bf16 copies), fp16 with accumulation, GPT-2",
+     function()
+    expect_identical(tiny, { "train.precision=bf16" }, 3)
+    expect_identical(tiny, { "train.precision=fp16", "train.gradient_accumulation_steps=2" }, 3)
+    expect_identical(gpt2, GPT2_SMALL, 3)
+  end)
+
+  it("resumes from its checkpoint to the same steps", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    local sets = { "parallel.offload_optimizer=true", "checkpoint.dir=" .. dir, "train.steps=6" }
+    local whole = run(tiny, sets, 6)
+    local first = tiny.setup(build(tiny, sets))
+    for _ = 1, 3 do first.step() end
+    checkpoint.save(first)
+    local resumed = { "checkpoint.resume=true" }
+    for _, s in ipairs(sets) do resumed[#resumed + 1] = s end
+    local env = tiny.setup(build(tiny, resumed))
+    expect(env.step_count).to_be(3)
+    expect(env.optimizer.offloaded).to_be(true)
+    for i = 4, 6 do
+      local r = env.step()
+      expect(r.loss).to_be(whole[i].loss)
+      expect(r.grad_norm).to_be(whole[i].grad_norm)
+    end
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("refuses sgd and CUDA graphs with one line", function()
+    local function refused(sets)
+      local ok, err = pcall(build, tiny, sets)
+      expect(ok).to_be(false)
+      expect(config.is_error(err)).to_be(true)
+      return err.message
+    end
+    expect(refused({ "parallel.offload_optimizer=true", "optim.name=sgd" }))
+      .to_match("optim%.name=sgd has none")
+    expect(refused({ "parallel.offload_optimizer=true", "train.cuda_graphs=true",
+                     "train.device=cuda" }))
+      .to_match("a CUDA graph cannot capture")
+  end)
+end)
