@@ -78,6 +78,7 @@ def name(r):
     if r["sequence_parallel"]: s += " SP"
     s += f", mb {r['micro_batch']}"
     if r["pp"] > 1: s += f", {r['schedule']}"
+    if r.get("recompute", "none") != "none": s += f", {r['recompute']} recompute"
     return s
 print("| layout | ranks | tokens/s measured | predicted | error | peak MiB measured | predicted | error | exposed comm ms measured | predicted | step ms, each round |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
