@@ -16,43 +16,15 @@ local GPT2_SMALL = { "model.vocab_size=256", "model.dim=64", "model.n_layers=2",
                      "model.n_heads=4", "model.ffn_hidden=128", "model.seq_len=32",
                      "train.batch_size=4" }
 
-local function build(recipe, sets)
-  local cfg = config.build({ defaults = recipe.defaults, sets = sets, world_size = false })
-  cfg.log.progress = false
-  return cfg
-end
+local same = assert(loadfile(here .. "/same_steps.lua"))(expect)
+local build, run = same.build, same.run
 
-local function flat(t)
-  local buf, n = t:to_f64()
-  local out = {}
-  for i = 1, n do out[i] = buf[i - 1] end
-  return out
-end
-
-local function run(recipe, sets, steps)
-  local env = recipe.setup(build(recipe, sets))
-  local records = {}
-  for i = 1, steps do records[i] = env.step() end
-  local state = {}
-  for name, p in env.model:iter_parameters() do state[name] = flat(p) end
-  for i, m in ipairs(env.optimizer.m) do state["m" .. i] = flat(m) end
-  for i, v in ipairs(env.optimizer.v) do state["v" .. i] = flat(v) end
-  return records, state, env
-end
-
+-- Offload against the update on the device: records, weights and moments equal.
 local function expect_identical(recipe, sets, steps)
-  local with = { "parallel.offload_optimizer=true" }
-  for _, s in ipairs(sets) do with[#with + 1] = s end
-  local a, sa = run(recipe, sets, steps)
-  local b, sb, env = run(recipe, with, steps)
+  local a, b, env = same.expect_identical(recipe, sets, { "parallel.offload_optimizer=true" },
+                                          steps, true)
   expect(env.optimizer.offloaded).to_be(true)
   for _, m in ipairs(env.optimizer.m) do expect(m.device).to_be("cpu") end
-  local function same(x, y) return x == y or (x ~= x and y ~= y) end
-  for i = 1, steps do
-    expect(b[i].loss).to_be(a[i].loss)
-    expect(same(b[i].grad_norm, a[i].grad_norm)).to_be(true)
-  end
-  for name, w in pairs(sa) do expect(sb[name]).to_equal(w) end
   return a, b
 end
 

@@ -19,47 +19,13 @@ local GPT2_SMALL = { "model.vocab_size=256", "model.dim=64", "model.n_layers=3",
                      "model.n_heads=4", "model.ffn_hidden=128", "model.seq_len=32",
                      "train.batch_size=4" }
 
-local function build(recipe, sets)
-  local cfg = config.build({ defaults = recipe.defaults, sets = sets, world_size = false })
-  cfg.log.progress = false
-  return cfg
-end
-
--- Every element of t as a flat table of numbers.
-local function flat(t)
-  local buf, n = t:to_f64()
-  local out = {}
-  for i = 1, n do out[i] = buf[i - 1] end
-  return out
-end
-
--- Records of `steps` steps and the weights after them (name -> table of numbers).
-local function run(recipe, sets, steps)
-  local env = recipe.setup(build(recipe, sets))
-  local records = {}
-  for i = 1, steps do records[i] = env.step() end
-  local weights = {}
-  for name, p in env.model:iter_parameters() do weights[name] = flat(p) end
-  return records, weights, env
-end
+local same = assert(loadfile(here .. "/same_steps.lua"))(expect)
+local build, flat, run = same.build, same.flat, same.run
 
 -- Runs with recompute=none and with `mode_sets` on top of `sets`: every step's loss and
 -- grad norm equal, every weight equal. Returns both runs' records.
 local function expect_identical(recipe, sets, mode_sets, steps)
-  local base = {}
-  for _, s in ipairs(sets) do base[#base + 1] = s end
-  local with = {}
-  for _, s in ipairs(base) do with[#with + 1] = s end
-  for _, s in ipairs(mode_sets) do with[#with + 1] = s end
-  local a, wa = run(recipe, base, steps)
-  local b, wb = run(recipe, with, steps)
-  -- Equal, or both NaN (a step the guard skipped reports no norm).
-  local function same(x, y) return x == y or (x ~= x and y ~= y) end
-  for i = 1, steps do
-    expect(b[i].loss).to_be(a[i].loss)
-    expect(same(b[i].grad_norm, a[i].grad_norm)).to_be(true)
-  end
-  for name, w in pairs(wa) do expect(wb[name]).to_equal(w) end
+  local a, b = same.expect_identical(recipe, sets, mode_sets, steps)
   return a, b
 end
 

@@ -28,17 +28,9 @@ long sysconf(int name);
 
 local M = {}
 
-local function read_file(path)
-  local f = io.open(path, "r")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
 -- The CPU's model name, its online cores, the BLAS core: the cache's key.
 function M.machine()
-  local info = read_file("/proc/cpuinfo") or ""
+  local info = fs.read_file("/proc/cpuinfo") or ""
   local model = info:match("model name%s*:%s*([^\n]+)") or "unknown CPU"
   local cores = tonumber(C.sysconf(84)) or 1   -- _SC_NPROCESSORS_ONLN
   local ok, core = pcall(function() return ffi.string(C.openblas_get_corename()) end)
