@@ -12,7 +12,7 @@
 -- data.input_path through tetra.data's pipeline) is moved as it is drawn. The metrics file
 -- (log.metrics_file) holds one JSON line per step written here as
 -- `"key": value` pairs (step, loss, lr, grad_norm, tokens, tokens_per_s, step_time_s,
--- loss_scale, skipped), which tests/cuda/gpu_bf16.sh parses. The last two lines printed:
+-- loss_scale, skipped, step_peak_bytes), which tests/cuda/gpu_bf16.sh and gpu_recompute.sh parse. The last two lines printed:
 -- "gpu_train: loss A -> B, nonfinite=N of S steps" (tools/gpu-check fails a stage with a
 -- NaN or infinite loss) and "gpu_train: ... tokens_per_s=N" over the steps from
 -- train.timed_from on (the first ones pay for allocation and cuBLASLt's heuristics).
@@ -37,7 +37,7 @@ local recipe = {
 }
 
 local FIELDS = { "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s",
-                 "loss_scale", "skipped" }
+                 "loss_scale", "skipped", "step_peak_bytes" }
 
 local function line(r)
   local parts = {}

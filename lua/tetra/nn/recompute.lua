@@ -7,7 +7,8 @@
 --
 -- Selective (train.recompute=selective) keeps, besides the block's input, the outputs of
 -- its GEMMs (q, k, v, the attention's output projection, the MLP's w1, w3, w2: every
--- tt_matmul / tt_linear family product, engine/ops/matmul.c) from the first run; the
+-- tt_matmul / tt_linear family product, engine/ops/matmul.c, and the CUDA bf16 / fp16
+-- GEMMs of engine/cuda/matmul_lowp.cu) from the first run; the
 -- re-run takes them back instead of multiplying again and recomputes the rest: the
 -- norms, RoPE, attention's core (scores, softmax, the product with V), SwiGLU / GELU,
 -- the residual adds and the tensor- and sequence-parallel collectives. The GEMMs are

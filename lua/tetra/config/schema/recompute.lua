@@ -16,17 +16,9 @@ config.register_check(function(cfg)
   end
 end)
 
--- Selective recompute's re-run takes kept GEMM outputs back in engine/ops/matmul.c, the
--- path of the CPU's products and of the CUDA f32 GEMMs; the CUDA bf16 / fp16 / fp8 GEMM
--- entry points do not take them back yet. Refused on cuda rather than silently computed.
-config.register_check(function(cfg)
-  local t = cfg.train or {}
-  if t.recompute == "selective" and tostring(t.device):match("^cuda") then
-    config.error("train.recompute=selective runs on the CPU only for now (the CUDA GEMM " ..
-                 "entry points do not replay kept outputs yet): use train.recompute=full on cuda")
-  end
-end)
-
+-- Selective recompute keeps and takes back the outputs of the GEMM entry points of
+-- engine/ops/matmul.c and engine/cuda/matmul_lowp.cu (fp32 and bf16 / fp16 on both
+-- devices); fp8 with recompute stays CPU only (above).
 return {
   train = {
     recompute = { type = "enum", default = "none", values = { "none", "selective", "full" },
