@@ -7,8 +7,9 @@
 -- device's own: a GPU's total memory, or on the CPU this host's available memory
 -- (MemAvailable) shared by the ranks mpirun started on it. The advice is the change with
 -- the shortest predicted step among those that fit on the same ranks: activation
--- recompute, a higher ZeRO stage, more pipeline stages (fewer data-parallel replicas),
--- smaller micro-batches (more accumulation), and their combinations.
+-- recompute (selective, full), a higher ZeRO stage, more pipeline stages (fewer
+-- data-parallel replicas), smaller micro-batches (more accumulation), optimizer offload
+-- (on a GPU), and their combinations.
 --
 --   fit.check(cfg, world)          -- raises one config error line when it does not fit
 --   fit.advice(cfg, world)         -- "the cheapest change that fits: --set ..." or nil
@@ -106,14 +107,15 @@ local function divisors_below(n)
 end
 
 -- Every layout one change (or a combination) away from cfg's on the same ranks:
--- recompute full, each higher ZeRO stage, pipeline stages times k with data parallelism
--- divided by k, each smaller micro-batch.
+-- selective or full recompute, each higher ZeRO stage, pipeline stages times k with data
+-- parallelism divided by k, each smaller micro-batch, offload on a GPU.
 local function candidates(cfg, world)
   local planner = require("tetra.planner")
   local rules = require("tetra.parallel.layout")
   local base = planner.layout_of(cfg)
   local out = {}
-  local rcs = base.recompute == "none" and { "none", "full" } or { base.recompute }
+  local rcs = base.recompute == "none" and { "none", "selective", "full" } or
+              base.recompute == "selective" and { "selective", "full" } or { base.recompute }
   local zeros = {}
   for z = base.zero, 2 do zeros[#zeros + 1] = z end
   local pps = {}
@@ -207,8 +209,8 @@ function M.advice(cfg, world, mem_bytes, current)
       sets, gib(best.mem.total),
       slower and slower > 0.5 and (", a step about %.0f%% longer"):format(slower) or "")
   end
-  return ("no change of train.recompute, parallel.zero_stage, pipeline stages or micro-batch " ..
-          "fits on %d rank%s: `tetra plan` weighs layouts with more ranks (--nodes)"):format(
+  return ("no change of train.recompute, parallel.zero_stage, pipeline stages, micro-batch " ..
+          "or offload fits on %d rank%s: `tetra plan` weighs layouts with more ranks (--nodes)"):format(
           world, world == 1 and "" or "s")
 end
 
