@@ -152,6 +152,12 @@ int tt_dist_init(int force) {
     ** interface. The user's own Open MPI settings win. */
     const char *world = getenv("OMPI_COMM_WORLD_SIZE"), *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     if (world && local && strcmp(world, local) == 0) setenv("OMPI_MCA_btl", "self,vader", 0);
+    /* The gradient all-reduce is nonblocking and in place (MPI_Iallreduce, MPI_IN_PLACE):
+    ** Open MPI 4.1's libnbc then picks its binomial tree (reduce to one rank, broadcast
+    ** back), which moves each bucket over a link twice in a row; its ring moves 2(n-1)/n
+    ** of it, as the planner prices (measured at 100 Mbit/s between 2 hosts: 492 ms
+    ** exposed a step binomial, 250 ring; docs/multinode.md). Ring unless set. */
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
     int provided = 0;
     /* Only the main thread calls MPI; data workers and comm polling stay on it. */
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
