@@ -223,7 +223,7 @@ function M.check(cfg, world)
   if not mem then return end
   local r = M.estimate(cfg, world, mem)
   if r.mem.total <= mem then return end
-  require("tetra.config").error(
+  require("tetra.config.registry").error(
     "this layout needs about %s GiB per rank (the planner's estimate for stage %d: %s), " ..
     "more than %s: %s; or set train.device_memory_gib if the estimate is wrong",
     gib(r.mem.total), r.mem.stage, describe(r), source, M.advice(cfg, world, mem, r))

@@ -90,7 +90,7 @@ return function(cfg, model, data, opts)
   ddp:attach_optimizer(optimizer)
   -- parallel.offload_optimizer: the moments (this rank's shards under ZeRO) to the host.
   -- (lua/tetra/config/schema/offload.lua refused sgd and CUDA graphs with it.)
-  if cfg.parallel.offload_optimizer then optimizer:offload_state() end
+  if (cfg.parallel or {}).offload_optimizer then optimizer:offload_state() end
   local pstep = require("tetra.parallel.step")
   local env = {
     cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,
