@@ -153,6 +153,7 @@ done
 sort -k1,1 -k2,2r -k3,3n -k4,4 -k5,5g "$results" | awk -v models="$models" \
   -v precisions="$precisions" -v threads="$thread_list" '
 { k = $1 " " $2 " " $3 " " $4; v[k, ++n[k]] = $5; params[$1, $4 == "tetra" ? "tetra" : "torch"] = $6 }
+function tps(x) { return x < 100 ? sprintf("%.1f", x) : sprintf("%.0f", x) }
 function median(k,   c) {
   c = n[k]
   return c % 2 ? v[k, (c + 1) / 2] : (v[k, c / 2] + v[k, c / 2 + 1]) / 2
@@ -172,7 +173,7 @@ END {
     te = median(b " tetra"); ea = median(b " eager"); co = median(b " compile")
     f32 = M[i] " fp32 " T[l] " tetra"
     ratio = P[j] == "bf16" && n[f32] ? sprintf("%.2f", te / median(f32)) : "-"
-    printf "%-6s %-5s %7s %9.0f %9.0f %9.0f %11.2f %13.2f %14s\n", M[i], P[j], T[l], te, ea,
-      co, te / ea, te / co, ratio
+    printf "%-6s %-5s %7s %9s %9s %9s %11.2f %13.2f %14s\n", M[i], P[j], T[l], tps(te),
+      tps(ea), tps(co), te / ea, te / co, ratio
   }
 }'
