@@ -15,7 +15,6 @@ Llama and a tiny GPT-2 it writes into tests/fixtures/:
 The models here are written to match recipes/llama.lua and recipes/gpt2.lua op for op
 (rotate-half RoPE, grouped-query attention where query head h reads kv head
 h // (n_heads / n_kv_heads), tanh GELU, decoupled weight decay on 2-D weights only).
-tools/bench/train_vs_torch.py imports the Llama class from this file.
 """
 import argparse
 import json
