@@ -194,6 +194,10 @@ typedef struct {
   ** reducer is armed (tt_set_deferred_grads), so the ones that follow them in tail_order
   ** (an embedding table, produced last otherwise) start reducing meanwhile. */
   int n_deferred;
+  /* ZeRO-3 (zero_stage 3): n unit numbers, from 0, non-decreasing in parameter order: the
+  ** parameters each block gathers (unit 0 is the last one backward reaches). Buckets are
+  ** the units; tail_order and row_sparse must be NULL. */
+  const int *unit_of;
 } tt_dist_reducer_opts;
 typedef struct tt_dist_reducer tt_dist_reducer;
 int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
@@ -233,5 +237,28 @@ int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out);
 /* After the optimizer updated the shards in place: all-gathers every bucket's updated
 ** shares so every rank holds the whole updated parameters (ZeRO-1 and 2). */
 int tt_dist_reducer_gather_params(tt_dist_reducer *r);
+
+/* ZeRO-3 (reducer.c's header says how). Units are numbered as opts.unit_of. A new reducer
+** has every unit gathered (the parameters as given); the optimizer's shards are views into
+** this rank's own share, not into the parameters. gather_params, after the step, refreshes
+** the units that are gathered. */
+int tt_dist_reducer_num_units(const tt_dist_reducer *r);
+int64_t tt_dist_reducer_unit_gathers(const tt_dist_reducer *r);   /* all-gathers so far */
+int tt_dist_reducer_unit_is_gathered(const tt_dist_reducer *r, int unit);   /* -1: no unit */
+/* Fills the unit's parameters (waiting for a prefetch when one is in flight). */
+int tt_dist_reducer_unit_gather(tt_dist_reducer *r, int unit);
+/* Starts the unit's gather without waiting; out-of-range units are none (no-op). */
+int tt_dist_reducer_unit_prefetch(tt_dist_reducer *r, int unit);
+/* Gives the unit's parameter memory back; headers stay. */
+int tt_dist_reducer_unit_release(tt_dist_reducer *r, int unit);
+/* Every unit gathered: copies this rank's share of the parameters into its own (after
+** something wrote the parameters: a checkpoint load). */
+int tt_dist_reducer_params_to_shards(tt_dist_reducer *r);
+/* Identity ops around a block's forward: enter before it (its backward releases the
+** unit), exit after it (releases the unit now; its backward gathers it again and starts
+** the gather of unit `next`, -1 for none). */
+int tt_dist_reducer_unit_enter(tt_dist_reducer *r, int unit, tt_tensor *x, tt_tensor **out);
+int tt_dist_reducer_unit_exit(tt_dist_reducer *r, int unit, int next, tt_tensor *y,
+                              tt_tensor **out);
 
 #endif

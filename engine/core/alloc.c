@@ -462,6 +462,30 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
   return s;
 }
 
+/* ZeRO-3 (engine/dist/reducer.c): a parameter's memory given back between the uses of
+** its block while every header over it (views, tensors saved for backward) stays, and
+** taken again (contents undefined) before the next use. Both do nothing when there is
+** nothing to do; memory not ours (external) is never evicted. */
+void tt_storage_evict(tt_storage *s) {
+  if (!s || !s->data || s->external) return;
+  if (s->pool) pool_free(s->pool, s->data, s->nbytes, s->stream);
+  else cached_free(s->device, s->data, s->nbytes, s->stream);
+  s->data = NULL;
+  s->pool = NULL;
+}
+
+int tt_storage_restore(tt_storage *s) {
+  if (!s || s->data) return 0;
+  size_t granted = 0;
+  tt_alloc_pool *pool = tt_alloc_pool_current(s->device);
+  s->data = pool ? pool_alloc(pool, s->nbytes, &granted, &s->stream)
+                 : cached_alloc(s->device, s->nbytes, &granted, &s->stream);
+  if (!s->data) return -1;   /* the allocator set the message */
+  s->pool = pool;
+  s->version++;
+  return 0;
+}
+
 /* A block from outside the pool, freed while this thread allocates from the pool (a
 ** CUDA graph being captured): the captured kernels may have used it, and every replay will
 ** use it again at the same address, so it must not go back to the device's cache, where
@@ -482,9 +506,10 @@ void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   tt_alloc_pool *pool = s->pool;
-  if (!pool && !s->external && (pool = tt_alloc_pool_current(s->device)) != NULL)
+  if (!pool && !s->external && s->data && (pool = tt_alloc_pool_current(s->device)) != NULL)
     pool_adopt(pool, s->nbytes);
-  if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
+  if (!s->data) {   /* evicted (tt_storage_evict): nothing left to give back */
+  } else if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
   else if (!s->external) cached_free(s->device, s->data, s->nbytes, s->stream);
   free(s);
 }

@@ -113,6 +113,10 @@ int tt_cuda_copy_strided(tt_tensor *dst, const tt_tensor *src) __attribute__((we
 /* Storage allocation through the device's caching allocator. */
 tt_storage *tt_storage_new(size_t nbytes, int device);
 void tt_storage_release(tt_storage *s);
+/* ZeRO-3: frees a storage's memory, headers kept (data NULL until restored); restore
+** allocates s->nbytes again (contents undefined) and bumps the storage's version. */
+void tt_storage_evict(tt_storage *s);
+int tt_storage_restore(tt_storage *s);
 
 /* -- Device backends ---------------------------------------------------------------- */
 /* Each device provides raw memory; op families keep their own kernel tables

@@ -39,6 +39,20 @@
 ** gradients as in stages 0 and 1, and only the last one's backward reduce-scatters and
 ** releases them (one reduce-scatter per step, as ZeRO-1; reduce-scattering each
 ** micro-batch would keep the shard only but send accumulation-steps times the bytes).
+**
+** ZeRO-3: the parameters too. Buckets are not sized but given (opts.unit_of): one per
+** unit, a block of the model or the parameters before or after the blocks, so a bucket
+** is what one block gathers. Each rank keeps its share of every bucket in a buffer of its
+** own (owned: the master weights the optimizer updates; the shards are views into it),
+** and a unit's parameters hold memory only while gathered: unit_gather all-gathers the
+** owned shares and copies them into the parameters (storage restored, bf16 / fp16 copies
+** recast), unit_release gives the memory back (tt_storage_evict) while every header over
+** it stays, so the tensors backward saved are whole again once the unit is gathered
+** again. unit_enter and unit_exit are identity ops recorded around a block: exit
+** releases the unit after the block's forward, and its backward, which the tape runs
+** before any of the block's, gathers it again (and starts the gather of the unit
+** backward needs next); enter's backward, which runs after all of the block's, releases
+** it. Gradients then go as under stage 2.
 */
 #include "dist/dist_internal.h"
 #include "embedding.h"
@@ -71,6 +85,10 @@ typedef struct {
   tt_tensor *rows;      /* sparse: (k, D) those rows, averaged in place; NULL when dense */
   int in_grad;          /* sparse: the average went straight into the parameter's grad */
   int landed;           /* averages written where the optimizer reads them (land_bucket) */
+  tt_tensor *owned;     /* ZeRO-3: (numel / n) this rank's share of the parameters */
+  tt_tensor *full;      /* ZeRO-3: (numel) the all-gather in flight (prefetch) */
+  tt_comm_handle *gh;   /* ZeRO-3: its handle */
+  int gathered;         /* ZeRO-3: the parameters hold memory and the current values */
 } grad_bucket;
 
 typedef struct {
@@ -88,6 +106,7 @@ struct tt_dist_reducer {
   tt_tensor **params;          /* retained */
   unsigned char *row_sparse;   /* param -> 1 when its gradient travels as touched rows */
   int *tail;                   /* i -> the parameter whose gradient is i-th from the end */
+  int *unit_of;                /* ZeRO-3: param -> unit (bucket n_buckets - 1 - unit) */
   int n_deferred;              /* tail[0 .. n_deferred) are computed last (deferred) */
   tt_tensor **deferred;        /* their tensors, for tt_set_deferred_grads */
   int *slot_of;                /* param -> slot */
@@ -103,6 +122,7 @@ struct tt_dist_reducer {
   int held;                    /* buckets complete while an earlier one was not (per step) */
   int n_shards;
   zero_shard *shards;
+  int64_t unit_gathers;        /* ZeRO-3: all-gathers of units so far */
 };
 
 /* -- Bucket layout -------------------------------------------------------------------- */
@@ -149,7 +169,12 @@ static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
   memset(r->buckets, 0, sizeof(grad_bucket) * (size_t)r->n_params);
   int *group = NULL;
   TT_ALLOC(group, sizeof(int) * (size_t)r->n_params);
-  r->n_buckets = group_from_tail(r, bucket_mb, group);
+  if (r->zero_stage == 3) {   /* one bucket per unit; units were checked in order */
+    for (int i = 0; i < r->n_params; i++) group[i] = r->unit_of[r->tail[i]];
+    r->n_buckets = r->unit_of[r->tail[r->n_params - 1]] + 1;
+  } else {
+    r->n_buckets = group_from_tail(r, bucket_mb, group);
+  }
   int64_t fill = 0;
   for (int s = 0; s < r->n_params; s++) {
     int i = r->n_params - 1 - s, p = r->tail[i], nb = r->n_buckets - 1 - group[i];
@@ -172,6 +197,11 @@ static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
     grad_bucket *bk = &r->buckets[b];
     if (r->zero_stage >= 1) bk->numel = (bk->numel + n - 1) / n * n;
     if (r->zero_stage < 2) TT_TRY(bucket_buffer(r, bk));
+    if (r->zero_stage == 3) {
+      int64_t len = bk->numel / n;
+      TT_TRY(tt_tensor_zeros(&len, 1, r->params[0]->dtype, r->params[0]->device, &bk->owned));
+      bk->gathered = 1;   /* the parameters hold their values until released */
+    }
   }
   return 0;
 }
@@ -206,6 +236,13 @@ static int make_shards(tt_dist_reducer *r) {
       int rc = tt_detach(p, &det);
       if (rc == 0) rc = tt_view(det, &numel, 1, &flat);
       if (rc == 0) rc = flat_piece(flat, a - s->offset, e - a, NULL, &piece);
+      if (rc == 0 && r->zero_stage == 3) {   /* the share moves to owned, the views too */
+        tt_tensor *mine = NULL;
+        rc = flat_piece(bk->owned, a - lo, e - a, NULL, &mine);
+        if (rc == 0) rc = tt_copy_(mine, piece);
+        tt_tensor_release(piece);
+        piece = mine;
+      }
       tt_tensor_release(det);
       tt_tensor_release(flat);
       TT_TRY(rc);
@@ -235,6 +272,9 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
     tt_tensor_release(bk->masks);
     tt_tensor_release(bk->row_ids);
     tt_tensor_release(bk->rows);
+    tt_comm_handle_free(bk->gh);
+    tt_tensor_release(bk->full);
+    tt_tensor_release(bk->owned);
   }
   for (int i = 0; i < r->n_shards; i++) {
     tt_tensor_release(r->shards[i].view->grad);
@@ -250,6 +290,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
   free(r->slots);
   free(r->buckets);
   free(r->shards);
+  free(r->unit_of);
   free(r);
 }
 
@@ -258,8 +299,17 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
   *out = NULL;
   TT_CHECK(c, "data parallel: no group");
   TT_CHECK(n > 0, "data parallel: no parameters to reduce");
-  TT_CHECK(o->zero_stage >= 0 && o->zero_stage <= 2,
-           "parallel.zero_stage = %d: only 0, 1 and 2 are implemented", o->zero_stage);
+  TT_CHECK(o->zero_stage >= 0 && o->zero_stage <= 3,
+           "parallel.zero_stage = %d: only 0, 1, 2 and 3 are implemented", o->zero_stage);
+  TT_CHECK(o->zero_stage != 3 || (o->unit_of && !o->tail_order && !o->row_sparse),
+           "parallel.zero_stage = 3: needs the parameters' units, and neither a tail order "
+           "nor row-sparse gradients");
+  for (int i = 0; o->zero_stage == 3 && i < n; i++)
+    TT_CHECK(o->unit_of[i] == (i == 0 ? 0 : o->unit_of[i - 1]) ||
+             (i > 0 && o->unit_of[i] == o->unit_of[i - 1] + 1),
+             "parallel.zero_stage = 3: parameter %d is in unit %d after unit %d: a unit's "
+             "parameters must be consecutive and units numbered from 0", i, o->unit_of[i],
+             i ? o->unit_of[i - 1] : -1);
   TT_CHECK(o->bucket_mb > 0, "dist.bucket_mb = %g: must be positive", o->bucket_mb);
   TT_CHECK(o->n_deferred >= 0 && o->n_deferred < n && (o->tail_order || !o->n_deferred),
            "data parallel: %d deferred gradients of %d parameters (and a tail order?)",
@@ -286,8 +336,13 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
   r->row_sparse = calloc((size_t)n, 1);
   r->tail = calloc((size_t)n, sizeof(int));
   r->deferred = calloc((size_t)n, sizeof(tt_tensor *));
+  if (o->zero_stage == 3) {
+    r->unit_of = calloc((size_t)n, sizeof(int));
+    if (r->unit_of) memcpy(r->unit_of, o->unit_of, sizeof(int) * (size_t)n);
+  }
   unsigned char *seen = calloc((size_t)n, 1);
-  int rc = r->params && r->row_sparse && r->tail && r->deferred && seen
+  int rc = r->params && r->row_sparse && r->tail && r->deferred && seen &&
+                   (o->zero_stage != 3 || r->unit_of)
                ? 0 : tt_set_error("data parallel: out of host memory");
   for (int i = 0; i < n && rc == 0; i++) {
     tt_tensor_retain(params[i]);
@@ -343,7 +398,7 @@ static int fill_slot(tt_dist_reducer *r, int slot) {
   int rc = p->grad ? tt_copy_(dst, p->grad) : tt_fill_(dst, 0.0);
   tt_tensor_release(dst);
   TT_TRY(rc);
-  if (r->zero_stage == 2) tt_zero_grad(p);
+  if (r->zero_stage >= 2) tt_zero_grad(p);
   s->ready = 1;
   r->buckets[s->bucket].n_ready++;
   return 0;
@@ -507,7 +562,7 @@ static int land_bucket(tt_dist_reducer *r, int b) {
       tt_tensor_release(z->view->grad);
       z->view->grad = g;
     }
-    if (r->zero_stage == 2) {
+    if (r->zero_stage >= 2) {
       tt_tensor_release(bk->buf);
       bk->buf = NULL;
     }
@@ -656,7 +711,7 @@ int64_t tt_dist_reducer_shard_offset(const tt_dist_reducer *r, int i) {
 
 int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out) {
   *out = 0.0;
-  TT_CHECK(r->zero_stage >= 1, "grad_sq_norm: only for parallel.zero_stage 1 and 2");
+  TT_CHECK(r->zero_stage >= 1, "grad_sq_norm: only for parallel.zero_stage 1 to 3");
   double local = 0.0;
   if (r->n_shards > 0) {
     tt_tensor **views = malloc(sizeof(tt_tensor *) * (size_t)r->n_shards);
@@ -722,8 +777,11 @@ static int gather_params(tt_dist_reducer *r, tt_tensor **full, tt_comm_handle **
   return 0;
 }
 
+static int refresh_gathered_units(tt_dist_reducer *r);
+
 int tt_dist_reducer_gather_params(tt_dist_reducer *r) {
-  TT_CHECK(r->zero_stage >= 1, "gather_params: only for parallel.zero_stage 1 and 2");
+  TT_CHECK(r->zero_stage >= 1, "gather_params: only for parallel.zero_stage 1 to 3");
+  if (r->zero_stage == 3) return refresh_gathered_units(r);
   tt_tensor **full = calloc((size_t)r->n_buckets, sizeof *full);
   tt_comm_handle **hs = calloc((size_t)r->n_buckets, sizeof *hs);
   if (!full || !hs) {
@@ -742,4 +800,189 @@ int tt_dist_reducer_gather_params(tt_dist_reducer *r) {
   free(full);
   free(hs);
   return rc;
+}
+
+/* -- ZeRO-3: units gathered for their block ------------------------------------------ */
+
+static int unit_bucket(const tt_dist_reducer *r, int unit, const char *op) {
+  TT_CHECK(r->zero_stage == 3, "%s: only under parallel.zero_stage = 3", op);
+  TT_CHECK(unit >= 0 && unit < r->n_buckets, "%s: unit %d of %d", op, unit, r->n_buckets);
+  return r->n_buckets - 1 - unit;
+}
+
+int tt_dist_reducer_num_units(const tt_dist_reducer *r) {
+  return r->zero_stage == 3 ? r->n_buckets : 0;
+}
+int64_t tt_dist_reducer_unit_gathers(const tt_dist_reducer *r) { return r->unit_gathers; }
+
+int tt_dist_reducer_unit_is_gathered(const tt_dist_reducer *r, int unit) {
+  if (r->zero_stage != 3 || unit < 0 || unit >= r->n_buckets) return -1;
+  return r->buckets[r->n_buckets - 1 - unit].gathered;
+}
+
+/* Starts bucket bk's all-gather of the owned shares unless it is gathered or on its way. */
+static int start_gather(tt_dist_reducer *r, grad_bucket *bk) {
+  if (bk->gathered || bk->gh) return 0;
+  r->unit_gathers++;
+  return tt_comm_all_gather_async(r->comm, bk->owned, 0, &bk->full, &bk->gh);
+}
+
+/* Waits for bucket bk's gather and fills its parameters (and their low-precision copies)
+** from it. */
+static int finish_gather(tt_dist_reducer *r, grad_bucket *bk) {
+  if (bk->gathered) return 0;
+  TT_TRY(start_gather(r, bk));
+  int rc = tt_comm_wait(bk->gh);
+  tt_comm_handle_free(bk->gh);
+  bk->gh = NULL;
+  for (int k = 0; k < bk->n_slots && rc == 0; k++) {
+    grad_slot *s = &r->slots[bk->first_slot + k];
+    tt_tensor *p = r->params[s->param], *src = NULL;
+    rc = tt_storage_restore(p->storage);
+    if (rc == 0) rc = flat_piece(bk->full, s->offset, s->numel, p, &src);
+    if (rc == 0) rc = tt_copy_(p, src);
+    tt_tensor_release(src);
+    /* The bf16 / fp16 copy the GEMMs read (tensors saved for backward hold its header) is
+    ** cast again in place; copies grouped into one buffer share its storage. */
+    if (rc == 0 && p->lowp) {
+      rc = tt_storage_restore(p->lowp->storage);
+      if (rc == 0) rc = tt_copy_(p->lowp, p);
+      if (rc == 0) p->lowp_version = p->storage->version;
+    }
+  }
+  tt_tensor_release(bk->full);
+  bk->full = NULL;
+  if (rc != 0) return tt_error_context("zero-3 gather (bucket %d)", (int)(bk - r->buckets));
+  bk->gathered = 1;
+  return 0;
+}
+
+static void release_bucket(tt_dist_reducer *r, grad_bucket *bk) {
+  for (int k = 0; k < bk->n_slots; k++) {
+    tt_tensor *p = r->params[r->slots[bk->first_slot + k].param];
+    tt_storage_evict(p->storage);
+    if (p->lowp) tt_storage_evict(p->lowp->storage);
+  }
+  bk->gathered = 0;
+}
+
+int tt_dist_reducer_unit_prefetch(tt_dist_reducer *r, int unit) {
+  if (r->zero_stage != 3 || unit < 0 || unit >= r->n_buckets) return 0;   /* none next */
+  int prev = tt_is_grad_enabled();
+  tt_set_grad_enabled(0);
+  int rc = start_gather(r, &r->buckets[r->n_buckets - 1 - unit]);
+  tt_set_grad_enabled(prev);
+  return rc;
+}
+
+int tt_dist_reducer_unit_gather(tt_dist_reducer *r, int unit) {
+  int b = unit_bucket(r, unit, "zero-3 gather");
+  if (b < 0) return -1;
+  int prev = tt_is_grad_enabled();
+  tt_set_grad_enabled(0);
+  int rc = finish_gather(r, &r->buckets[b]);
+  tt_set_grad_enabled(prev);
+  return rc;
+}
+
+int tt_dist_reducer_unit_release(tt_dist_reducer *r, int unit) {
+  int b = unit_bucket(r, unit, "zero-3 release");
+  if (b < 0) return -1;
+  TT_CHECK(!r->buckets[b].gh, "zero-3 release: unit %d has a gather in flight", unit);
+  release_bucket(r, &r->buckets[b]);
+  return 0;
+}
+
+/* After the optimizer step: the units that stay gathered (those outside the blocks) get
+** the updated shares; released ones are gathered fresh when next used. */
+static int refresh_gathered_units(tt_dist_reducer *r) {
+  for (int b = 0; b < r->n_buckets; b++) {
+    grad_bucket *bk = &r->buckets[b];
+    TT_CHECK(!bk->gh, "zero-3: bucket %d has a gather in flight at the optimizer step", b);
+    if (!bk->gathered) continue;
+    bk->gathered = 0;
+    int prev = tt_is_grad_enabled();
+    tt_set_grad_enabled(0);
+    int rc = finish_gather(r, bk);
+    tt_set_grad_enabled(prev);
+    TT_TRY(rc);
+  }
+  return 0;
+}
+
+int tt_dist_reducer_params_to_shards(tt_dist_reducer *r) {
+  TT_CHECK(r->zero_stage == 3, "params_to_shards: only under parallel.zero_stage = 3");
+  int n = r->comm->size, me = r->comm->rank;
+  for (int b = 0; b < r->n_buckets; b++) {
+    grad_bucket *bk = &r->buckets[b];
+    TT_CHECK(bk->gathered, "params_to_shards: bucket %d is not gathered", b);
+    int64_t len = bk->numel / n, lo = me * len, hi = lo + len;
+    for (int k = 0; k < bk->n_slots; k++) {
+      grad_slot *s = &r->slots[bk->first_slot + k];
+      int64_t a = s->offset > lo ? s->offset : lo;
+      int64_t e = s->offset + s->numel < hi ? s->offset + s->numel : hi;
+      if (a >= e) continue;
+      tt_tensor *p = r->params[s->param], *flat = NULL, *src = NULL, *dst = NULL;
+      int64_t numel = s->numel;
+      int rc = tt_view(p, &numel, 1, &flat);
+      if (rc == 0) rc = flat_piece(flat, a - s->offset, e - a, NULL, &src);
+      if (rc == 0) rc = flat_piece(bk->owned, a - lo, e - a, NULL, &dst);
+      if (rc == 0) rc = tt_copy_(dst, src);
+      tt_tensor_release(flat);
+      tt_tensor_release(src);
+      tt_tensor_release(dst);
+      TT_TRY(rc);
+    }
+  }
+  return 0;
+}
+
+/* The identity ops around a block. ctx: the reducer; i[0]: the unit; i[1]: the unit whose
+** gather to start (exit's backward), -1 for none. */
+static int pass_grad(tt_node *node, tt_tensor *g) {
+  tt_tensor *x = node->inputs[0];
+  return tt_needs_grad(x) ? tt_accumulate_grad(x, g) : 0;
+}
+
+static int unit_enter_backward(tt_node *node, tt_tensor *g) {
+  TT_TRY(pass_grad(node, g));
+  return tt_dist_reducer_unit_release(node->ctx, (int)node->i[0]);
+}
+
+static int unit_exit_backward(tt_node *node, tt_tensor *g) {
+  TT_TRY(tt_dist_reducer_unit_gather(node->ctx, (int)node->i[0]));
+  TT_TRY(tt_dist_reducer_unit_prefetch(node->ctx, (int)node->i[1]));
+  return pass_grad(node, g);
+}
+
+static int unit_op(const char *name, tt_backward_fn backward, tt_dist_reducer *r, int unit,
+                   int next, tt_tensor *x, tt_tensor **out) {
+  *out = NULL;
+  if (unit_bucket(r, unit, name) < 0) return -1;
+  int record = tt_should_record(&x, 1);
+  tt_tensor *y = tt_tensor_header_alias(x);
+  TT_CHECK(y, "%s: out of host memory", name);
+  if (record) {
+    tt_node *node = tt_record(name, backward, y, &x, 1);
+    if (!node) {
+      tt_tensor_release(y);
+      return -1;
+    }
+    node->ctx = r;
+    node->i[0] = unit;
+    node->i[1] = next;
+    node->whole = 1;   /* gathers and releases: never split by deferred gradients */
+  }
+  *out = y;
+  return 0;
+}
+
+int tt_dist_reducer_unit_enter(tt_dist_reducer *r, int unit, tt_tensor *x, tt_tensor **out) {
+  return unit_op("zero3_enter", unit_enter_backward, r, unit, -1, x, out);
+}
+
+int tt_dist_reducer_unit_exit(tt_dist_reducer *r, int unit, int next, tt_tensor *y,
+                              tt_tensor **out) {
+  TT_TRY(unit_op("zero3_exit", unit_exit_backward, r, unit, next, y, out));
+  return tt_dist_reducer_unit_release(r, unit);
 }

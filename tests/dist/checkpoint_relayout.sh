@@ -92,20 +92,28 @@ save_then_resume dp2_zero2 2 "$P.data_parallel_size=2 $P.zero_stage=2" \
   1 "" \
   2 "$P.data_parallel_size=2 $P.zero_stage=1" \
   4 "$P.context_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=2"
+# ZeRO-3 saves from gathered parameters and loads into them (each rank then keeps its
+# share): to one process, to ZeRO-1, and resharded over dp x cp = 4 under ZeRO-3.
+save_then_resume dp2_zero3 2 "$P.data_parallel_size=2 $P.zero_stage=3" \
+  1 "" \
+  2 "$P.data_parallel_size=2 $P.zero_stage=1" \
+  4 "$P.context_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=3"
 save_then_resume tp2_pp2_dp2_zero1 8 "$P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=1" \
   1 "" \
   2 "$P.data_parallel_size=2 $P.zero_stage=1" \
   4 "$P.pipeline_parallel_size=4"
-# HF export works from a ZeRO-2 checkpoint, and gives the very file ZeRO-1's gives (the
-# same reduce-scatter, the same update of the same shards).
-for z in 1 2; do
+# HF export works from a ZeRO-2 and a ZeRO-3 checkpoint, and gives the very file ZeRO-1's
+# gives (the same reduce-scatter, the same update of the same shards).
+for z in 1 2 3; do
   "$tetra" convert --to hf "$work/ck_dp2_zero$z/step_000006" "$work/hf_zero$z" \
     >"$work/hf_zero$z.log" 2>&1 || { echo "FAIL: HF export of the ZeRO-$z checkpoint:"; cat "$work/hf_zero$z.log"; status=1; }
 done
-if cmp -s "$work/hf_zero1/model.safetensors" "$work/hf_zero2/model.safetensors"; then
-  echo "HF export: ZeRO-2's model.safetensors is ZeRO-1's, byte for byte"
-else
-  echo "FAIL: the HF exports of the ZeRO-1 and ZeRO-2 checkpoints differ"; status=1
-fi
+for z in 2 3; do
+  if cmp -s "$work/hf_zero1/model.safetensors" "$work/hf_zero$z/model.safetensors"; then
+    echo "HF export: ZeRO-$z's model.safetensors is ZeRO-1's, byte for byte"
+  else
+    echo "FAIL: the HF exports of the ZeRO-1 and ZeRO-$z checkpoints differ"; status=1
+  fi
+done
 [ "$status" = 0 ] && echo PASS
 exit "$status"

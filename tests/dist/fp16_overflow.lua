@@ -25,7 +25,7 @@ function recipe.run(cfg)
   local data = train.data_source(cfg)
   tetra.manual_seed(cfg.train.seed)
   local model = tiny.Model(cfg.model)
-  local env = train.setup(cfg, model, data, { on_grads = function(e, step)
+  local env = train.setup(cfg, model, data, { plan = tiny.plan, on_grads = function(e, step)
     if step == cfg.train.inject_step and e.rank == e.mesh.size - 1 then
       -- The optimizer's params: under ZeRO-1 this rank's shards, whose grads are the
       -- ones unscaled, checked and stepped.

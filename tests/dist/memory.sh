@@ -66,6 +66,11 @@ check tp2_pp2 4 "parallel.tensor_parallel_size=2 parallel.pipeline_parallel_size
 check dp2_zero1 2 "parallel.data_parallel_size=2 parallel.zero_stage=1" "0:0:$ONE:$ONE"
 # ZeRO-2: the same, and half of the gradients.
 check dp2_zero2 2 "parallel.data_parallel_size=2 parallel.zero_stage=2" "0:0:$ONE:$ONE:$((ONE / 2))"
+# ZeRO-3: half of every parameter (the master weights) besides the whole embedding, final
+# norm and head (outside the blocks, kept gathered); the blocks' parameters only while
+# they run.
+check dp2_zero3 2 "parallel.data_parallel_size=2 parallel.zero_stage=3" \
+  "0:0:$((2 * E + FINAL + ONE / 2)):$ONE:$((ONE / 2))"
 # tp 4 with 2 key/value heads: q, o and the MLP in quarters, one whole k and v head each.
 TP4=$((E / 4 + 2 * (2 * LQ / 4 + 2 * (LK / 2) + LMLP / 4 + NORMS) + FINAL + E / 4))
 check tp4_kv2 4 "parallel.tensor_parallel_size=4" \
@@ -112,7 +117,7 @@ done
 zero_peak() {
   mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" --set train.steps=2 \
     --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
-    --set parallel.zero_stage="$1" --set log.progress=false \
+    --set parallel.zero_stage="$1" --set log.progress=false "${@:2}" \
     --set log.metrics_file="$work/zero_$1.jsonl" >"$work/zero_$1.log" 2>&1 ||
     { echo "FAIL: zero_stage=$1 run failed:" >&2; tail -n 20 "$work/zero_$1.log" >&2; return 1; }
   tail -n 1 "$work/zero_$1.jsonl" | sed -E 's/.*"peak_bytes":([0-9]+).*/\1/'
@@ -121,6 +126,15 @@ z1=$(zero_peak 1) && z2=$(zero_peak 2) || exit 1
 echo "peak on rank 0, dp 2: ZeRO-1 $z1 bytes, ZeRO-2 $z2 bytes (gradients $((4 * ONE)) bytes)"
 if [ "$z2" -gt $((z1 - 2 * ONE)) ]; then
   echo "FAIL: ZeRO-2 does not lower the peak by half the gradient bytes or more"; status=1
+fi
+# ZeRO-3 against ZeRO-2 with 8 layers: at most two blocks are gathered at once (the one
+# running and the next, prefetched) besides the half of every block a rank keeps, so of
+# the 8 layers' parameters (8 x LAYER floats) 8 / 2 + 2 are there at the peak: ZeRO-3's
+# peak must be lower by at least one layer's bytes.
+z2=$(zero_peak 2 --set model.n_layers=8) && z3=$(zero_peak 3 --set model.n_layers=8) || exit 1
+echo "peak on rank 0, dp 2, 8 layers: ZeRO-2 $z2 bytes, ZeRO-3 $z3 bytes (a layer $((4 * LAYER)) bytes)"
+if [ "$z3" -gt $((z2 - 4 * LAYER)) ]; then
+  echo "FAIL: ZeRO-3 does not lower the peak by a layer's parameter bytes or more"; status=1
 fi
 [ "$status" = 0 ] && echo PASS
 exit "$status"

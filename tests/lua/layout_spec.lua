@@ -46,12 +46,21 @@ describe("layout.problems", function()
                                  virtual_pipeline_size = 2 }), 16)).to_equal({})
   end)
 
-  it("takes ZeRO stages 0 to 2 and refuses 3 in one line", function()
-    expect(layout.problems(cfg({ data_parallel_size = 2, tensor_parallel_size = 2,
-                                 zero_stage = 2 }), 4)).to_equal({})
-    one_problem(cfg({ data_parallel_size = 2, zero_stage = 3 }), 2,
-                "^parallel.zero_stage = 3 is not implemented: use 0, 1 %(AdamW state sharded%) " ..
-                "or 2 %(gradients too%)$")
+  it("takes ZeRO stages 0 to 3 and refuses 4 in one line", function()
+    for z = 2, 3 do
+      expect(layout.problems(cfg({ data_parallel_size = 2, tensor_parallel_size = 2,
+                                   zero_stage = z }), 4)).to_equal({})
+    end
+    one_problem(cfg({ data_parallel_size = 2, zero_stage = 4 }), 2,
+                "^parallel.zero_stage = 4 is not a stage: use 0, 1 %(AdamW state sharded%), " ..
+                "2 %(gradients too%) or 3 %(parameters too%)$")
+  end)
+
+  it("refuses what ZeRO-3 cannot go with, naming the key to change", function()
+    one_problem(cfg({ data_parallel_size = 2, zero_stage = 3, offload_optimizer = true }), 2,
+                "^parallel.zero_stage = 3 with parallel.offload_optimizer is not implemented")
+    one_problem(cfg({ data_parallel_size = 2, zero_stage = 3 }, nil, { cuda_graphs = true }), 2,
+                "set train.cuda_graphs=false or parallel.zero_stage <= 2$")
   end)
 
   it("names the process count a layout needs", function()

@@ -12,7 +12,7 @@
 #               cluster's sustained fraction for that many ranks (tetra sweep
 #               --calibrate: a shared machine gives 2 ranks less than 2 cores); every
 #               other row is a prediction
-#   rounds      the 17 layouts run --repeat times (default 3), one after the other in
+#   rounds      the 19 layouts run --repeat times (default 3), one after the other in
 #               each round, and every figure is the median of its rounds, so that a
 #               change in the load of a shared machine falls on every layout alike and
 #               the calibration rows are measured under the same loads as the rest
@@ -60,7 +60,8 @@ model=(--set model.dim=256 --set model.n_layers=4 --set model.n_heads=8 --set mo
 layouts=(dp=1,mb=4 dp=1,mb=8 dp=2,mb=2 dp=2,mb=4 dp=2,zero=1,mb=2 tp=2,mb=4 tp=2,sp=1,mb=4
          tp=2,mb=8 pp=2,mb=4 pp=2,mb=2,schedule=gpipe pp=2,mb=1
          pp=2,mb=2,schedule=interleaved_1f1b,v=2 cp=2,mb=4
-         dp=1,mb=4,rc=selective dp=1,mb=4,rc=full dp=2,zero=2,mb=2 dp=2,zero=2,mb=2,rc=selective)
+         dp=1,mb=4,rc=selective dp=1,mb=4,rc=full dp=2,zero=2,mb=2 dp=2,zero=2,mb=2,rc=selective
+         dp=2,zero=3,mb=2 dp=2,zero=3,mb=2,rc=full)
 args=()
 for l in "${layouts[@]}"; do args+=(--layout "$l"); done
 [ -n "$keep" ] && args+=(--keep "$keep")

@@ -47,12 +47,14 @@ end
 -- waits for it.
 function M.save(env)
   M.drain(env)
-  local plan = save.plan(env)
   local writer = save.new_writer()
   local copies = {}
-  T.no_grad(function()
-    for _, f in ipairs(plan.files) do
-      local path = plan.tmp .. "/" .. f.name
+  -- ZeRO-3: the blocks' parameters are gathered while the plan takes its host copies.
+  local plan = env.ddp:with_full_params(function()
+    local p = save.plan(env)
+    T.no_grad(function()
+    for _, f in ipairs(p.files) do
+      local path = p.tmp .. "/" .. f.name
       if f.tensors then
         queue_safetensors(writer, path, f, copies)
         f.tensors = nil   -- the plan outlives the step: it must not keep the state alive
@@ -60,6 +62,8 @@ function M.save(env)
         save.check_io(C.tt_ckpt_writer_add_bytes(writer, path, f.bytes, #f.bytes))
       end
     end
+    end)
+    return p
   end)
   for _, t in ipairs(copies) do F.free(t) end   -- the writer holds its own references
   C.tt_ckpt_writer_set_delay_ms(writer, (env.cfg.checkpoint or {}).async_delay_ms or 0)

@@ -70,8 +70,12 @@ M.prune = folder.prune
 -- is completed first.
 function M.save(env)
   async.drain(env)
-  local plan = save.plan(env)
-  return save.finish(env, plan, save.write_files(plan))
+  -- ZeRO-3: the blocks' parameters are gathered while the files are written.
+  local plan, crcs = env.ddp:with_full_params(function()
+    local p = save.plan(env)
+    return p, save.write_files(p)
+  end)
+  return save.finish(env, plan, crcs)
 end
 
 -- checkpoint.async: save_async starts a save written by a background thread, poll (at
@@ -190,7 +194,8 @@ function M.load(env, path)
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),
          opt.m and "adamw" or "sgd")
   end
-  shards.load_state(env, path)
+  -- ZeRO-3: loaded into whole parameters, which then become this rank's shares.
+  env.ddp:with_full_params(function() shards.load_state(env, path) end)
   opt.step_count = tonumber(state.optimizer_step) or state.step
 
   local scaler = env.amp and env.amp.scaler

@@ -37,7 +37,7 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
                   previous one (default 0; tools/bench/plan.sh measures this machine's)
   --tp/--pp/--dp/--cp N  only layouts with that size
   Every layout is weighed with each activation recompute (train.recompute none, selective
-  and full; the rc column), ZeRO 0, 1 and 2, sequence parallelism on and off.
+  and full; the rc column), ZeRO 0, 1, 2 and 3, sequence parallelism on and off.
   --top K         print the best K layouts (default 15); --all prints every one
   --json          a JSON list of objects instead of the table
   --write FILE    write the best layout (or --pick N, 1-based) as YAML for `tetra run`

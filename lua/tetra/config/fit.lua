@@ -117,7 +117,7 @@ local function candidates(cfg, world)
   local rcs = base.recompute == "none" and { "none", "selective", "full" } or
               base.recompute == "selective" and { "selective", "full" } or { base.recompute }
   local zeros = {}
-  for z = base.zero, 2 do zeros[#zeros + 1] = z end
+  for z = base.zero, 3 do zeros[#zeros + 1] = z end
   local pps = {}
   for _, k in ipairs(divisors_below(base.dp)) do
     local pp = base.pp * (base.dp / k)

@@ -81,7 +81,8 @@ M.schema = {
     pipeline_parallel_size = int(1, 1, "pipeline stages (blocks split over ranks)"),
     context_parallel_size = int(1, 1, "each sequence split into 2 x this many chunks"),
     virtual_pipeline_size = int(1, 1, "virtual stages per rank (interleaved 1F1B)"),
-    zero_stage = int(0, 0, "1: shard the AdamW state over the data-parallel ranks; 2: the gradients too"),
+    zero_stage = int(0, 0, "1: shard the AdamW state over the data-parallel ranks; 2: the gradients too; " ..
+                    "3: the parameters too (gathered block by block)"),
     order = str("tp-cp-dp-pp", "mesh order, fastest-varying first"),
     pipeline_schedule = enum("1f1b", { "gpipe", "1f1b", "interleaved_1f1b" },
                              "order of the micro-batches' forwards and backwards"),

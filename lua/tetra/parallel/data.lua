@@ -40,6 +40,17 @@
 -- the memory saved is the gradients and buckets between backward and the next step's
 -- last backward, and during that backward as buckets land. Everything below that says
 -- ZeRO-1 holds for stage 2.
+-- ZeRO-3 (zero_stage = 3): the parameters too (FSDP's full sharding). Each block of the
+-- plan's blocks list (plan.pipeline.blocks) is a unit: its parameters hold memory only
+-- from the all-gather before its forward to the end of that forward, and again from the
+-- all-gather before its backward (run by an identity op recorded after the block, so it
+-- comes before the block's backward on the tape) to the end of the backward; the next
+-- block's gather starts before each block runs (prefetch). The parameters before and after
+-- the blocks (embedding, final norm, head) are one unit each that stays gathered, as
+-- FSDP's root unit without resharding: gathered again after each optimizer step. The
+-- master weights a rank keeps are its share of every unit, in a buffer of the reducer's
+-- (engine/dist/reducer.c); a checkpoint or an export gathers every unit first
+-- (ddp:with_full_params). Gradients go as under stage 2.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("tetra_dist.h")
@@ -122,9 +133,54 @@ function data.tail_order(model, entries, cfg)
   return order, j - k
 end
 
+-- ZeRO-3: the unit of every entry (0-based, in entries' order) and the blocks in
+-- unit order, each { module, unit }: the parameters before the first block's are unit
+-- 0, each block's the next, those after the last block's the last. nil and a message
+-- when entries do not go in that order.
+function data.units(model, plan, entries)
+  local path = plan and plan.pipeline and plan.pipeline.blocks
+  local blocks = path and model:get(path)
+  if not blocks then
+    return nil, "parallel.zero_stage = 3 gathers parameters block by block: the model's " ..
+                "plan names no blocks list (plan.pipeline.blocks, as recipes/llama/plan.lua's)"
+  end
+  local block_of, list = {}, {}
+  for j, name in ipairs(blocks._child_names) do
+    list[j] = blocks[name]
+    for _, nm in ipairs(blocks[name]:named_modules()) do
+      local m = nm[2]
+      for _, pname in ipairs(m._param_names) do
+        local t = m[pname]
+        if t ~= nil then block_of[tensor.key(t)] = j end
+      end
+    end
+  end
+  local unit_of, order, unit, last_block, after = {}, {}, 0, 0, false
+  for i, e in ipairs(entries) do
+    local j = block_of[tensor.key(e.tensor)]
+    if j then
+      if after or j < last_block then
+        return nil, ("parallel.zero_stage = 3: parameter %s of block %d comes after " ..
+                     "parameters of a later block or of the head"):format(e.name or i, j)
+      end
+      if j ~= last_block then
+        if i > 1 then unit = unit + 1 end
+        last_block = j
+        order[#order + 1] = { module = list[j], unit = unit }
+      end
+    elseif last_block > 0 and not after then
+      after = true
+      unit = unit + 1
+    end
+    unit_of[i] = unit
+  end
+  return unit_of, order
+end
+
 -- entries: par:placements()'s list (each .tensor a parameter to average); model: the
--- module they belong to (data.row_sparse, data.tail_order), or nil.
-function data.wrap(entries, mesh, cfg, model)
+-- module they belong to (data.row_sparse, data.tail_order), or nil; plan: the model's
+-- plan (ZeRO-3's blocks).
+function data.wrap(entries, mesh, cfg, model, plan)
   cfg = cfg or {}
   local p, d = cfg.parallel or {}, cfg.dist or {}
   local group = mesh.cp.size > 1 and mesh.dpcp or mesh.dp
@@ -134,27 +190,106 @@ function data.wrap(entries, mesh, cfg, model)
                               dp_rank = mesh.dp.rank, dp_size = mesh.dp.size,
                               zero_stage = p.zero_stage or 0, step = 0, deferred = 0,
                               exposed_comm_s = 0.0 }, DDP)
-  if self.zero_stage ~= 0 and self.zero_stage ~= 1 and self.zero_stage ~= 2 then
+  if self.zero_stage ~= 0 and self.zero_stage ~= 1 and self.zero_stage ~= 2 and
+     self.zero_stage ~= 3 then
     error("parallel.zero_stage = " .. tostring(self.zero_stage) ..
-          ": only 0, 1 and 2 are implemented", 2)
+          ": only 0, 1, 2 and 3 are implemented", 2)
   end
   if group.size > 1 then
-    local row_sparse = model and data.row_sparse(model, entries, cfg)
-    local order, n_deferred
-    if model then order, n_deferred = data.tail_order(model, entries, cfg) end
+    local zero3 = self.zero_stage == 3
+    local row_sparse = model and not zero3 and data.row_sparse(model, entries, cfg)
+    local order, n_deferred, units, blocks
+    if model and not zero3 then order, n_deferred = data.tail_order(model, entries, cfg) end
+    if zero3 then
+      units, blocks = data.units(model, plan, entries)
+      if not units then error(blocks, 2) end
+    end
+    local unit_of = units and ffi.new("int[?]", #params, units) or nil
     -- The arrays are locals: a struct's pointer fields do not keep them alive.
     local flags = row_sparse and ffi.new("int[?]", #params, row_sparse) or nil
     local tail = order and ffi.new("int[?]", #params, order) or nil
     local opts = ffi.new("tt_dist_reducer_opts", {
       bucket_mb = d.bucket_mb or 25.0, zero_stage = self.zero_stage, row_sparse = flags,
-      tail_order = tail, n_deferred = n_deferred or 0 })
+      tail_order = tail, n_deferred = n_deferred or 0, unit_of = unit_of })
     local box = ffi.new("tt_dist_reducer *[1]")
     check(C.tt_dist_reducer_new(group._c, tensor.tensor_array(params), #params, opts, box))
     self._reducer = ffi.gc(box[0], C.tt_dist_reducer_free)
     self.num_buckets = C.tt_dist_reducer_num_buckets(box[0])
     self.deferred = n_deferred or 0
+    if zero3 then self:_shard_blocks(blocks) end
   end
   return self
+end
+
+local pbox = tensor.pout
+
+-- ZeRO-3: every block's forward gathers its unit (and starts the next block's gather),
+-- and between the identity ops unit_enter and unit_exit, so that backward gathers it
+-- again; then the blocks' units are released.
+function DDP:_shard_blocks(blocks)
+  local r = self._reducer
+  self.released = {}   -- key -> true: parameters held only while their block runs
+  for j, b in ipairs(blocks) do
+    local unit, block, run = b.unit, b.module, b.module.forward
+    local next_fwd = blocks[j + 1] and blocks[j + 1].unit or -1
+    local next_bwd = j > 1 and blocks[j - 1].unit or -1
+    rawset(block, "forward", function(mod, x, ...)
+      check(C.tt_dist_reducer_unit_gather(r, unit))
+      check(C.tt_dist_reducer_unit_prefetch(r, next_fwd))
+      if C.tt_is_grad_enabled() == 0 or x._requires_grad == 0 then
+        local ok, y = pcall(run, mod, x, ...)
+        check(C.tt_dist_reducer_unit_release(r, unit))
+        if not ok then error(y, 0) end
+        return y
+      end
+      local xin = tensor.take(C.tt_dist_reducer_unit_enter(r, unit, x, pbox))
+      local y = run(mod, xin, ...)
+      F.free(xin)
+      local out = tensor.take(C.tt_dist_reducer_unit_exit(r, unit, next_bwd, y, pbox))
+      F.free(y)
+      return out
+    end)
+    check(C.tt_dist_reducer_unit_release(r, unit))
+    for _, nm in ipairs(block:named_modules()) do
+      for _, pname in ipairs(nm[2]._param_names) do
+        local t = nm[2][pname]
+        if t ~= nil then self.released[tensor.key(t)] = true end
+      end
+    end
+  end
+  self.sharded_blocks = #blocks
+end
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+-- Runs fn() with every parameter whole (ZeRO-3: every unit gathered; afterwards what fn
+-- wrote into the parameters becomes this rank's shares, and the blocks' units are
+-- released again). Other stages: just fn().
+function DDP:with_full_params(fn)
+  local r = self._reducer
+  if self.zero_stage ~= 3 or not r then return fn() end
+  local n = C.tt_dist_reducer_num_units(r)
+  local was = {}
+  for u = 0, n - 1 do
+    was[u] = C.tt_dist_reducer_unit_is_gathered(r, u) == 1
+    check(C.tt_dist_reducer_unit_gather(r, u))
+  end
+  local res = { n = 0 }
+  local ok, err = pcall(function()
+    res = pack(fn())
+    check(C.tt_dist_reducer_params_to_shards(r))
+  end)
+  for u = 0, n - 1 do
+    if not was[u] then check(C.tt_dist_reducer_unit_release(r, u)) end
+  end
+  if not ok then error(err, 0) end
+  return unpack(res, 1, res.n)
+end
+
+-- ZeRO-3: all-gathers of units so far (each block twice per micro-batch, once per
+-- forward and once per backward, plus the outside units after every step).
+function DDP:unit_gathers()
+  return self._reducer and tonumber(C.tt_dist_reducer_unit_gathers(self._reducer)) or 0
 end
 
 function DDP:begin_step()

@@ -222,16 +222,24 @@ function Par:placements()
 end
 
 -- Bytes of this rank's parameters, their gradients and the optimizer state of `opt`.
--- ddp (optional): tetra.parallel.data's wrapper; under ZeRO-2 the gradients a rank keeps
--- are its shards'.
+-- ddp (optional): tetra.parallel.data's wrapper; under ZeRO-2 and 3 the gradients a rank
+-- keeps are its shards', under ZeRO-3 the parameters too (outside the blocks: whole).
 function Par:memory(opt, ddp)
   local params, state = 0, 0
-  for _, e in ipairs(self:placements()) do params = params + 4 * e.tensor:numel() end
+  local released = ddp and ddp.zero_stage == 3 and ddp.released or {}
+  for _, e in ipairs(self:placements()) do
+    if not released[T.key(e.tensor)] then params = params + 4 * e.tensor:numel() end
+  end
+  -- ZeRO-3: a block's parameters hold memory only while it runs; the rank keeps its
+  -- share of every parameter (the master weights) besides the whole ones outside them.
+  if ddp and ddp.zero_stage == 3 and ddp.shards then
+    for _, s in ipairs(ddp.shards) do params = params + 4 * s.tensor:numel() end
+  end
   for _, list in ipairs({ opt.m or {}, opt.v or {}, opt.buffers or {} }) do
     for _, t in ipairs(list) do state = state + 4 * t:numel() end
   end
   local grads = params
-  if ddp and ddp.zero_stage == 2 and ddp.shards then
+  if ddp and ddp.zero_stage >= 2 and ddp.shards then
     grads = 0
     for _, s in ipairs(ddp.shards) do grads = grads + 4 * s.tensor:numel() end
   end

@@ -52,9 +52,27 @@ local function mesh_rules(cfg, s, world, out)
     add(out, "parallel.order must name tp, cp, dp and pp once each (e.g. 'tp-cp-dp-pp'), got '%s'",
         tostring(p.order))
   end
-  if (p.zero_stage or 0) > 2 then
-    add(out, "parallel.zero_stage = %d is not implemented: use 0, 1 (AdamW state sharded) " ..
-        "or 2 (gradients too)", p.zero_stage)
+  if (p.zero_stage or 0) > 3 then
+    add(out, "parallel.zero_stage = %d is not a stage: use 0, 1 (AdamW state sharded), " ..
+        "2 (gradients too) or 3 (parameters too)", p.zero_stage)
+  end
+  -- ZeRO-3 gathers parameters into memory it gives back between uses: a captured CUDA
+  -- graph would replay on freed addresses, the offloaded update and the row-sparse
+  -- embedding bucket expect whole parameters and size-planned buckets.
+  if p.zero_stage == 3 then
+    local d = cfg.dist or {}
+    if t.cuda_graphs then
+      add(out, "parallel.zero_stage = 3 frees each block's parameters between uses, which " ..
+          "a CUDA graph cannot replay: set train.cuda_graphs=false or parallel.zero_stage <= 2")
+    end
+    if p.offload_optimizer then
+      add(out, "parallel.zero_stage = 3 with parallel.offload_optimizer is not implemented: " ..
+          "use parallel.zero_stage <= 2 with offload, or offload_optimizer=false")
+    end
+    if d.sparse_embedding_grad then
+      add(out, "parallel.zero_stage = 3 reduces the embedding with its unit: set " ..
+          "dist.sparse_embedding_grad=false or parallel.zero_stage <= 2")
+    end
   end
   local accum = s.micro_batches
   if t.batch_size % (accum * dp) ~= 0 then

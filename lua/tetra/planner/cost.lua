@@ -266,14 +266,32 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
   local bw_dp, lat_dp = link(cl, tp, group)
   local stages = {}
   for s = 0, pp - 1 do
-    local elems, pbytes, gbytes, nparams = model.rank_params(m, lay, s, 0), 0, 0, 0
+    local elems, per_block = model.rank_params(m, lay, s, 0)
+    local pbytes, gbytes, nparams = 0, 0, 0
     for _, e in ipairs(elems) do
       pbytes = pbytes + model.granted(e * par_b)
       gbytes = gbytes + model.granted(e * grad_b)
       nparams = nparams + e
     end
     local zero = lay.zero >= 1 and group > 1
-    local zero2 = zero and lay.zero == 2
+    local zero2 = zero and lay.zero >= 2
+    local zero3 = zero and lay.zero == 3
+    -- ZeRO-3 (parallel/data.lua): the parameters outside the blocks whole, this rank's
+    -- f32 share of every parameter (each block a unit padded to the group), and at most
+    -- two blocks gathered (the one running and the next, prefetched), with their bf16 /
+    -- fp16 copies. The gathers travel in f32, twice per block and micro-batch.
+    local block_elems, biggest, n_blocks, owned_b = 0, 0, 0, 0
+    if zero3 then
+      local root = nparams
+      for _, e in pairs(per_block) do
+        block_elems, n_blocks = block_elems + e, n_blocks + 1
+        biggest = math.max(biggest, e)
+        root = root - e
+        owned_b = owned_b + model.granted(math.ceil(e / group) * 4)
+      end
+      owned_b = owned_b + model.granted(math.ceil(root / group) * 4)
+      pbytes = model.granted(root * par_b) + owned_b + 2 * model.granted(biggest * par_b)
+    end
     local padded = math.ceil(nparams / group) * group
     local obytes, cbytes
     local whole_gbytes = gbytes   -- the whole gradients, while they are there
@@ -361,7 +379,24 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
         end
       end
       t_dp = math.max(last, total - hidden)
-      if zero then
+      if zero3 then
+        -- After the step only the units outside the blocks are gathered again; each
+        -- block is gathered (in f32, dp_b) twice per micro-batch. Tetra starts each
+        -- block's gather while the block before it runs, but MPI moves a non-blocking
+        -- collective only inside MPI calls, which forward makes none of: measured, the
+        -- gathers are exposed whole (tools/bench/plan.sh), and so they are priced. An
+        -- engine that overlaps them (cl.overlap_param_gather) waits whole for the first
+        -- of each pass only, and for what the stage's compute does not cover.
+        t_ag = ring("all_gather", (nparams - block_elems) * dp_b, group, bw_dp, lat_dp)
+        if n_blocks > 0 then
+          local one = ring("all_gather", block_elems / n_blocks * dp_b, group, bw_dp, lat_dp)
+          local all = 2 * n_micro * n_blocks * one
+          if cl.overlap_param_gather then
+            all = 2 * n_micro * one + math.max(0, all - 2 * n_micro * one - busy[s])
+          end
+          t_ag = t_ag + all
+        end
+      elseif zero then
         t_ag = ring("all_gather", padded * dp_b, group, bw_dp, lat_dp)
         -- Gathered while the next step's first forward runs (cl.overlap_param_gather).
         if cl.overlap_param_gather then t_ag = math.max(0, t_ag - fwd[s][0]) end

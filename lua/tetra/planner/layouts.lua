@@ -74,7 +74,7 @@ function M.layouts(cfg, cl, opts)
                 end
               end
               for _, v in ipairs(vs) do
-                for _, zero in ipairs(dp * cp > 1 and { 0, 1, 2 } or { 0 }) do
+                for _, zero in ipairs(dp * cp > 1 and { 0, 1, 2, 3 } or { 0 }) do
                   for _, sp in ipairs(tp > 1 and { false, true } or { false }) do
                     for _, rc in ipairs(opts.recompute and { opts.recompute }
                                         or { "none", "selective", "full" }) do

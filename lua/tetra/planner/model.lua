@@ -65,6 +65,8 @@ end
 -- This rank's parameters: a list of element counts (one per tensor, a tied matrix once
 -- per stage that holds it), for tp rank r on pipeline stage s. Also returns the elements
 -- of matmul weights (for FLOPs) split as { blocks = per-block, head = ... }.
+-- The second result: elements per block held (layer index -> elements), the units
+-- ZeRO-3 gathers.
 function M.rank_params(m, lay, s, r)
   local plan = M.model_plan(m)
   local pplan = plan.pipeline or {}
@@ -85,7 +87,7 @@ function M.rank_params(m, lay, s, r)
     return true
   end
   local fam = models.of(m)
-  local tensors, seen_tied = {}, false
+  local tensors, seen_tied, per_block = {}, false, {}
   for _, e in ipairs(M.parameters(m)) do
     local path, name, shape = e[1], e[2], e[3]
     local is_head, is_embed = path == fam.head, path == fam.embedding
@@ -95,10 +97,13 @@ function M.rank_params(m, lay, s, r)
       if lay.pp == 1 then skip = seen_tied; seen_tied = true end
     end
     if not skip and keeps(path) then
-      tensors[#tensors + 1] = local_numel(shape, name, style_of(plan, path), lay.tp, r, hd)
+      local n = local_numel(shape, name, style_of(plan, path), lay.tp, r, hd)
+      tensors[#tensors + 1] = n
+      local layer = tonumber(path:match("^[%w_]+%.(%d+)%."))
+      if layer then per_block[layer] = (per_block[layer] or 0) + n end
     end
   end
-  return tensors
+  return tensors, per_block
 end
 
 -- The matmuls of one block on a tp rank, in the order its forward runs them (the order

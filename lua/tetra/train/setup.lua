@@ -85,9 +85,16 @@ return function(cfg, model, data, opts)
   -- its gradient shard too), strategy.
   local params = {}
   for i, e in ipairs(par:placements()) do params[i] = { e.name, e.tensor } end
-  local ddp = parallel.data.wrap(par:placements(), mesh, cfg, par.model)
+  local wrapped, ddp = pcall(parallel.data.wrap, par:placements(), mesh, cfg, par.model, opts.plan)
+  if not wrapped then dist.fail(tostring(ddp)) end
   local optimizer = make_optimizer(params, t, o)
   ddp:attach_optimizer(optimizer)
+  if ddp.sharded_blocks and mesh.rank == 0 then
+    local m = par:memory({}, ddp)
+    print(string.format("zero-3: %d blocks gathered one at a time over %d ranks; parameters " ..
+                        "held by rank 0: %.1f MB (whole: %.1f MB)", ddp.sharded_blocks,
+                        ddp.group.size, m.params / 1e6, par:memory({}).params / 1e6))
+  end
   -- parallel.offload_optimizer: the moments (this rank's shards under ZeRO) to the host.
   -- (lua/tetra/config/schema/offload.lua refused sgd and CUDA graphs with it.)
   if (cfg.parallel or {}).offload_optimizer then optimizer:offload_state() end

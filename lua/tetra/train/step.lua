@@ -287,6 +287,11 @@ local function finish_step(env, s)
               step_peak_bytes = peak - s.live0,
               loss_scale = env.amp:scale(), skipped = s.skipped, restarts = env.restarts,
               guard = bad, data_position = s.pos, roll_back = roll_back or nil }
+  if env.ddp.zero_stage == 3 then   -- ZeRO-3: the parameter all-gathers this step issued
+    local gathers = env.ddp:unit_gathers()
+    r.param_gathers = gathers - (env.param_gathers_seen or 0)
+    env.param_gathers_seen = gathers
+  end
   if env.data.stats then   -- tetra.data's loader reports its own throughput and queue
     local st = env.data:stats()
     r.loader_tokens_per_s, r.loader_queue_depth = st.tokens_per_s, st.queue_depth
