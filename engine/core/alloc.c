@@ -505,11 +505,14 @@ static void pool_adopt(tt_alloc_pool *pool, size_t size) {
 void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  tt_alloc_pool *pool = s->pool;
-  if (!pool && !s->external && s->data && (pool = tt_alloc_pool_current(s->device)) != NULL)
-    pool_adopt(pool, s->nbytes);
   if (!s->data) {   /* evicted (tt_storage_evict): nothing left to give back */
-  } else if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
+    free(s);
+    return;
+  }
+  tt_alloc_pool *pool = s->pool;
+  if (!pool && !s->external && (pool = tt_alloc_pool_current(s->device)) != NULL)
+    pool_adopt(pool, s->nbytes);
+  if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
   else if (!s->external) cached_free(s->device, s->data, s->nbytes, s->stream);
   free(s);
 }
