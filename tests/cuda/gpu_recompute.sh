@@ -13,11 +13,8 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-"$TETRA" -e '
-  local f = require("tetra.ffi")
-  local ok = pcall(f.cdef_header, "tetra_cuda.h") and f.has_symbol("tt_cuda_device_count")
-  if not ok then print("SKIP: this tetra was built without CUDA"); os.exit(77) end
-  if f.C.tt_cuda_device_count() < 1 then print("SKIP: no CUDA device"); os.exit(77) end' || exit $?
+source "$(dirname "$0")/need_gpus.bash"
+need_gpus "$TETRA" 1
 
 fails=0
 for precision in bf16 fp32; do

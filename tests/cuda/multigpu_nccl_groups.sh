@@ -11,12 +11,8 @@
 set -euo pipefail
 TETRA=${1:?usage: multigpu_nccl_groups.sh /path/to/tetra}
 command -v mpirun > /dev/null || { echo "SKIP: no mpirun"; exit 77; }
-"$TETRA" -e '
-  local f = require("tetra.ffi")
-  local ok = pcall(f.cdef_header, "tetra_cuda.h") and f.has_symbol("tt_cuda_device_count")
-  if not ok then print("SKIP: this tetra was built without CUDA"); os.exit(77) end
-  local n = f.C.tt_cuda_device_count()
-  if n < 4 then print("SKIP: needs 4 GPUs, " .. n .. " visible"); os.exit(77) end' || exit $?
+source "$(dirname "$0")/need_gpus.bash"
+need_gpus "$TETRA" 4
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 set +e

@@ -11,11 +11,8 @@ set -euo pipefail
 TETRA=${1:?usage: step_syncs.sh /path/to/tetra}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 
-"$TETRA" -e '
-  local f = require("tetra.ffi")
-  local ok = pcall(f.cdef_header, "tetra_cuda.h") and f.has_symbol("tt_cuda_host_sync_count")
-  if not ok then print("SKIP: this tetra was built without CUDA"); os.exit(77) end
-  if f.C.tt_cuda_device_count() < 1 then print("SKIP: no CUDA device"); os.exit(77) end' || exit $?
+source "$(dirname "$0")/need_gpus.bash"
+need_gpus "$TETRA" 1 tt_cuda_host_sync_count
 
 cd "$ROOT"
 "$TETRA" -e '
