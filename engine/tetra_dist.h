@@ -198,6 +198,12 @@ typedef struct {
   ** parameters each block gathers (unit 0 is the last one backward reaches). Buckets are
   ** the units; tail_order and row_sparse must be NULL. */
   const int *unit_of;
+  /* ZeRO-3: the compute dtype (TT_BF16 or TT_F16; TT_F32 or 0: none) the parameters
+  ** flagged in gather_lowp (n flags, or NULL) travel in: the blocks' matrices, which only
+  ** the GEMMs read, through their bf16 / fp16 copies (tetra_amp.h). Every other parameter
+  ** travels in f32, and a whole gather (unit_gather_whole) is f32 throughout. */
+  int gather_dtype;
+  const int *gather_lowp;
 } tt_dist_reducer_opts;
 typedef struct tt_dist_reducer tt_dist_reducer;
 int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
@@ -244,9 +250,13 @@ int tt_dist_reducer_gather_params(tt_dist_reducer *r);
 ** the units that are gathered. */
 int tt_dist_reducer_num_units(const tt_dist_reducer *r);
 int64_t tt_dist_reducer_unit_gathers(const tt_dist_reducer *r);   /* all-gathers so far */
+int64_t tt_dist_reducer_unit_gather_bytes(const tt_dist_reducer *r);   /* and their bytes */
 int tt_dist_reducer_unit_is_gathered(const tt_dist_reducer *r, int unit);   /* -1: no unit */
-/* Fills the unit's parameters (waiting for a prefetch when one is in flight). */
+/* Fills the unit's parameters (waiting for a prefetch when one is in flight); with a
+** gather_dtype, the flagged ones may hold only their low-precision copy. _whole: every
+** parameter in f32 (a checkpoint reads them). */
 int tt_dist_reducer_unit_gather(tt_dist_reducer *r, int unit);
+int tt_dist_reducer_unit_gather_whole(tt_dist_reducer *r, int unit);
 /* Starts the unit's gather without waiting; out-of-range units are none (no-op). */
 int tt_dist_reducer_unit_prefetch(tt_dist_reducer *r, int unit);
 /* Gives the unit's parameter memory back; headers stay. */

@@ -63,6 +63,8 @@ typedef struct {
   int64_t offset;   /* element offset in the bucket */
   int64_t numel;
   int ready;        /* gradient copied into the bucket during this backward */
+  int64_t vec_offset;   /* ZeRO-3 compute-precision gathers: where an f32 parameter sits
+                        ** in its bucket's vec buffer */
 } grad_slot;
 
 typedef struct {
@@ -89,6 +91,10 @@ typedef struct {
   tt_tensor *full;      /* ZeRO-3: (numel) the all-gather in flight (prefetch) */
   tt_comm_handle *gh;   /* ZeRO-3: its handle */
   int gathered;         /* ZeRO-3: the parameters hold memory and the current values */
+  int lp;               /* ZeRO-3: the gather in flight is in the compute dtype */
+  tt_tensor *vec;       /* ZeRO-3, lp: the f32 parameters' elements, summed over the ranks */
+  tt_comm_handle *vh;   /* its all-reduce */
+  int64_t vec_numel;    /* elements of the bucket's f32 parameters (lp gathers) */
 } grad_bucket;
 
 typedef struct {
@@ -123,6 +129,9 @@ struct tt_dist_reducer {
   int n_shards;
   zero_shard *shards;
   int64_t unit_gathers;        /* ZeRO-3: all-gathers of units so far */
+  int64_t unit_gather_bytes;   /* ZeRO-3: bytes they brought (and the f32 sums) */
+  int gather_dtype;            /* ZeRO-3: the dtype the blocks' matrices travel in */
+  unsigned char *lowp_gather;  /* ZeRO-3: param -> 1 when it travels in gather_dtype */
 };
 
 /* -- Bucket layout -------------------------------------------------------------------- */
@@ -185,7 +194,7 @@ static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
       fill = 0;
     }
     int64_t numel = tt_tensor_numel(r->params[p]);
-    r->slots[s] = (grad_slot){p, nb, fill, numel, 0};
+    r->slots[s] = (grad_slot){p, nb, fill, numel, 0, 0};
     r->slot_of[p] = s;
     bk->n_slots++;
     fill += numel;
@@ -201,6 +210,12 @@ static int plan_buckets(tt_dist_reducer *r, double bucket_mb) {
       int64_t len = bk->numel / n;
       TT_TRY(tt_tensor_zeros(&len, 1, r->params[0]->dtype, r->params[0]->device, &bk->owned));
       bk->gathered = 1;   /* the parameters hold their values until released */
+      for (int k = 0; k < bk->n_slots; k++) {
+        grad_slot *sl = &r->slots[bk->first_slot + k];
+        if (r->lowp_gather[sl->param]) continue;
+        sl->vec_offset = bk->vec_numel;
+        bk->vec_numel += sl->numel;
+      }
     }
   }
   return 0;
@@ -273,7 +288,9 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
     tt_tensor_release(bk->row_ids);
     tt_tensor_release(bk->rows);
     tt_comm_handle_free(bk->gh);
+    tt_comm_handle_free(bk->vh);
     tt_tensor_release(bk->full);
+    tt_tensor_release(bk->vec);
     tt_tensor_release(bk->owned);
   }
   for (int i = 0; i < r->n_shards; i++) {
@@ -291,6 +308,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
   free(r->buckets);
   free(r->shards);
   free(r->unit_of);
+  free(r->lowp_gather);
   free(r);
 }
 
@@ -339,10 +357,15 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
   if (o->zero_stage == 3) {
     r->unit_of = calloc((size_t)n, sizeof(int));
     if (r->unit_of) memcpy(r->unit_of, o->unit_of, sizeof(int) * (size_t)n);
+    r->lowp_gather = calloc((size_t)n, 1);
+    r->gather_dtype = o->gather_dtype == TT_BF16 || o->gather_dtype == TT_F16 ? o->gather_dtype
+                                                                               : TT_F32;
+    for (int i = 0; r->lowp_gather && o->gather_lowp && i < n; i++)
+      r->lowp_gather[i] = r->gather_dtype != TT_F32 && o->gather_lowp[i] != 0;
   }
   unsigned char *seen = calloc((size_t)n, 1);
   int rc = r->params && r->row_sparse && r->tail && r->deferred && seen &&
-                   (o->zero_stage != 3 || r->unit_of)
+                   (o->zero_stage != 3 || (r->unit_of && r->lowp_gather))
                ? 0 : tt_set_error("data parallel: out of host memory");
   for (int i = 0; i < n && rc == 0; i++) {
     tt_tensor_retain(params[i]);
@@ -814,47 +837,13 @@ int tt_dist_reducer_num_units(const tt_dist_reducer *r) {
   return r->zero_stage == 3 ? r->n_buckets : 0;
 }
 int64_t tt_dist_reducer_unit_gathers(const tt_dist_reducer *r) { return r->unit_gathers; }
+int64_t tt_dist_reducer_unit_gather_bytes(const tt_dist_reducer *r) {
+  return r->unit_gather_bytes;
+}
 
 int tt_dist_reducer_unit_is_gathered(const tt_dist_reducer *r, int unit) {
   if (r->zero_stage != 3 || unit < 0 || unit >= r->n_buckets) return -1;
   return r->buckets[r->n_buckets - 1 - unit].gathered;
-}
-
-/* Starts bucket bk's all-gather of the owned shares unless it is gathered or on its way. */
-static int start_gather(tt_dist_reducer *r, grad_bucket *bk) {
-  if (bk->gathered || bk->gh) return 0;
-  r->unit_gathers++;
-  return tt_comm_all_gather_async(r->comm, bk->owned, 0, &bk->full, &bk->gh);
-}
-
-/* Waits for bucket bk's gather and fills its parameters (and their low-precision copies)
-** from it. */
-static int finish_gather(tt_dist_reducer *r, grad_bucket *bk) {
-  if (bk->gathered) return 0;
-  TT_TRY(start_gather(r, bk));
-  int rc = tt_comm_wait(bk->gh);
-  tt_comm_handle_free(bk->gh);
-  bk->gh = NULL;
-  for (int k = 0; k < bk->n_slots && rc == 0; k++) {
-    grad_slot *s = &r->slots[bk->first_slot + k];
-    tt_tensor *p = r->params[s->param], *src = NULL;
-    rc = tt_storage_restore(p->storage);
-    if (rc == 0) rc = flat_piece(bk->full, s->offset, s->numel, p, &src);
-    if (rc == 0) rc = tt_copy_(p, src);
-    tt_tensor_release(src);
-    /* The bf16 / fp16 copy the GEMMs read (tensors saved for backward hold its header) is
-    ** cast again in place; copies grouped into one buffer share its storage. */
-    if (rc == 0 && p->lowp) {
-      rc = tt_storage_restore(p->lowp->storage);
-      if (rc == 0) rc = tt_copy_(p->lowp, p);
-      if (rc == 0) p->lowp_version = p->storage->version;
-    }
-  }
-  tt_tensor_release(bk->full);
-  bk->full = NULL;
-  if (rc != 0) return tt_error_context("zero-3 gather (bucket %d)", (int)(bk - r->buckets));
-  bk->gathered = 1;
-  return 0;
 }
 
 static void release_bucket(tt_dist_reducer *r, grad_bucket *bk) {
@@ -866,23 +855,131 @@ static void release_bucket(tt_dist_reducer *r, grad_bucket *bk) {
   bk->gathered = 0;
 }
 
+/* Starts bucket bk's gather unless it is gathered or on its way: an all-gather of the
+** owned shares, in f32, or (lp: ZeRO-3 with a compute dtype, unless f32 is wanted) cast
+** to the compute dtype, with the f32 parameters' elements (norm weights, biases) summed
+** over the ranks from zeros beside it, exactly. */
+static int start_gather(tt_dist_reducer *r, grad_bucket *bk, int want_f32) {
+  if (bk->gathered || bk->gh) return 0;
+  int n = r->comm->size, me = r->comm->rank;
+  int64_t len = bk->numel / n, lo = me * len, hi = lo + len;
+  bk->lp = r->gather_dtype != TT_F32 && !want_f32 && bk->vec_numel < bk->numel;
+  r->unit_gathers++;
+  if (!bk->lp) {
+    r->unit_gather_bytes += bk->numel * (int64_t)tt_dtype_size(bk->owned->dtype);
+    return tt_comm_all_gather_async(r->comm, bk->owned, 0, &bk->full, &bk->gh);
+  }
+  tt_tensor *cast = NULL;
+  TT_TRY(tt_tensor_empty(&len, 1, r->gather_dtype, bk->owned->device, &cast));
+  int rc = tt_copy_(cast, bk->owned);
+  if (rc == 0) rc = tt_comm_all_gather_async(r->comm, cast, 0, &bk->full, &bk->gh);
+  tt_tensor_release(cast);
+  TT_TRY(rc);
+  r->unit_gather_bytes += bk->numel * (int64_t)tt_dtype_size(r->gather_dtype);
+  if (bk->vec_numel == 0) return 0;
+  TT_TRY(tt_tensor_zeros(&bk->vec_numel, 1, TT_F32, bk->owned->device, &bk->vec));
+  for (int k = 0; k < bk->n_slots && rc == 0; k++) {
+    grad_slot *sl = &r->slots[bk->first_slot + k];
+    if (r->lowp_gather[sl->param]) continue;
+    int64_t a = sl->offset > lo ? sl->offset : lo;
+    int64_t e = sl->offset + sl->numel < hi ? sl->offset + sl->numel : hi;
+    if (a >= e) continue;
+    tt_tensor *src = NULL, *dst = NULL;
+    rc = flat_piece(bk->owned, a - lo, e - a, NULL, &src);
+    if (rc == 0) rc = flat_piece(bk->vec, sl->vec_offset + (a - sl->offset), e - a, NULL, &dst);
+    if (rc == 0) rc = tt_copy_(dst, src);
+    tt_tensor_release(src);
+    tt_tensor_release(dst);
+  }
+  if (rc == 0) rc = tt_comm_all_reduce_async(r->comm, bk->vec, TT_REDUCE_SUM, &bk->vh);
+  r->unit_gather_bytes += bk->vec_numel * 4;
+  return rc;
+}
+
+/* One parameter of a bucket whose gather has landed: its values from the gathered
+** buffer; the bf16 / fp16 copy the GEMMs read (tensors saved for backward hold its header)
+** cast again in place, or, for a matrix that came in the compute dtype and has such a copy
+** already, written straight into the copy while the f32 parameter stays without memory. */
+static int fill_param(tt_dist_reducer *r, grad_bucket *bk, grad_slot *s) {
+  tt_tensor *p = r->params[s->param], *src = NULL;
+  int rc = 0;
+  if (bk->lp && r->lowp_gather[s->param] && p->lowp && p->lowp->dtype == r->gather_dtype) {
+    rc = tt_storage_restore(p->lowp->storage);
+    if (rc == 0) rc = flat_piece(bk->full, s->offset, s->numel, p, &src);
+    if (rc == 0) rc = tt_copy_(p->lowp, src);
+    if (rc == 0) p->lowp_version = p->storage->version;
+    tt_tensor_release(src);
+    return rc;
+  }
+  rc = tt_storage_restore(p->storage);
+  if (rc == 0) {
+    if (bk->lp && !r->lowp_gather[s->param])
+      rc = flat_piece(bk->vec, s->vec_offset, s->numel, p, &src);
+    else
+      rc = flat_piece(bk->full, s->offset, s->numel, p, &src);
+  }
+  if (rc == 0) rc = tt_copy_(p, src);
+  tt_tensor_release(src);
+  if (rc == 0 && p->lowp) {
+    rc = tt_storage_restore(p->lowp->storage);
+    if (rc == 0) rc = tt_copy_(p->lowp, p);
+    if (rc == 0) p->lowp_version = p->storage->version;
+  }
+  return rc;
+}
+
+/* Waits for bucket bk's gather (started now when none is in flight) and fills its
+** parameters. want_f32: every parameter whole in f32 (a checkpoint reads them); a gather
+** in flight in the compute dtype is then finished and made again in f32. */
+static int finish_gather(tt_dist_reducer *r, grad_bucket *bk, int want_f32) {
+  if (bk->gathered && !(want_f32 && bk->lp)) return 0;
+  if (bk->gathered) release_bucket(r, bk);
+  TT_TRY(start_gather(r, bk, want_f32));
+  int rc = tt_comm_wait(bk->gh);
+  if (bk->vh && tt_comm_wait(bk->vh) != 0 && rc == 0) rc = -1;
+  tt_comm_handle_free(bk->gh);
+  tt_comm_handle_free(bk->vh);
+  bk->gh = bk->vh = NULL;
+  if (rc == 0 && want_f32 && bk->lp) {   /* a prefetch in the compute dtype: again */
+    tt_tensor_release(bk->full);
+    tt_tensor_release(bk->vec);
+    bk->full = bk->vec = NULL;
+    return finish_gather(r, bk, want_f32);
+  }
+  for (int k = 0; k < bk->n_slots && rc == 0; k++)
+    rc = fill_param(r, bk, &r->slots[bk->first_slot + k]);
+  tt_tensor_release(bk->full);
+  tt_tensor_release(bk->vec);
+  bk->full = bk->vec = NULL;
+  if (rc != 0) return tt_error_context("zero-3 gather (bucket %d)", (int)(bk - r->buckets));
+  bk->gathered = 1;
+  return 0;
+}
+
 int tt_dist_reducer_unit_prefetch(tt_dist_reducer *r, int unit) {
   if (r->zero_stage != 3 || unit < 0 || unit >= r->n_buckets) return 0;   /* none next */
   int prev = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
-  int rc = start_gather(r, &r->buckets[r->n_buckets - 1 - unit]);
+  int rc = start_gather(r, &r->buckets[r->n_buckets - 1 - unit], 0);
+  tt_set_grad_enabled(prev);
+  return rc;
+}
+
+static int unit_gather(tt_dist_reducer *r, int unit, int whole) {
+  int b = unit_bucket(r, unit, "zero-3 gather");
+  if (b < 0) return -1;
+  int prev = tt_is_grad_enabled();
+  tt_set_grad_enabled(0);
+  int rc = finish_gather(r, &r->buckets[b], whole);
   tt_set_grad_enabled(prev);
   return rc;
 }
 
 int tt_dist_reducer_unit_gather(tt_dist_reducer *r, int unit) {
-  int b = unit_bucket(r, unit, "zero-3 gather");
-  if (b < 0) return -1;
-  int prev = tt_is_grad_enabled();
-  tt_set_grad_enabled(0);
-  int rc = finish_gather(r, &r->buckets[b]);
-  tt_set_grad_enabled(prev);
-  return rc;
+  return unit_gather(r, unit, 0);
+}
+int tt_dist_reducer_unit_gather_whole(tt_dist_reducer *r, int unit) {
+  return unit_gather(r, unit, 1);
 }
 
 int tt_dist_reducer_unit_release(tt_dist_reducer *r, int unit) {
@@ -903,7 +1000,7 @@ static int refresh_gathered_units(tt_dist_reducer *r) {
     bk->gathered = 0;
     int prev = tt_is_grad_enabled();
     tt_set_grad_enabled(0);
-    int rc = finish_gather(r, bk);
+    int rc = finish_gather(r, bk, 1);
     tt_set_grad_enabled(prev);
     TT_TRY(rc);
   }

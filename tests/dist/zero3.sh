@@ -8,7 +8,8 @@
 # left released or gathered from the wrong share shows from the second step on), in
 # fp32 with accumulation and selective recompute, bf16, fp16, fp8, and GPT-2.
 # Then: each step issues 2 gathers per block per micro-batch plus one per unit outside
-# the blocks (the metrics' param_gathers); the start-up line names the parameters a rank
+# the blocks (the metrics' param_gathers), which move the bytes they should (bf16: the
+# blocks' matrices in bf16, half of f32's); the start-up line names the parameters a rank
 # holds; and what ZeRO-3 cannot go with is refused in one line.
 # Usage: bash zero3.sh /path/to/tetra   (exit 77: skipped)
 set -u
@@ -62,6 +63,21 @@ if [ "$gathers" != 10 ]; then
 else
   echo "param_gathers: 10 a step (2 blocks x 2 micro-batches x 2 + 2)"
 fi
+# What the gathers moved a step (param_gather_bytes). The tiny Llama's block is 36,992
+# floats (128 of them norm weights), the units outside the blocks 32,832. fp32 (2
+# micro-batches): 8 block gathers and the 2 outside units, all f32. bf16 (1 micro-batch):
+# 4 block gathers in bf16 (each rank's whole share cast), the norm weights' f32 sum beside
+# each, and the outside units in f32.
+want_fp32=$(( 8 * 36992 * 4 + 32832 * 4 )) want_bf16=$(( 4 * (36992 * 2 + 128 * 4) + 32832 * 4 ))
+for run in "fp32_accum2_selective $want_fp32" "bf16 $want_bf16"; do
+  set -- $run
+  got=$(grep -o '"param_gather_bytes":[0-9]*' "$work/${1}_z3.jsonl" | cut -d: -f2 | sort -u)
+  if [ "$got" != "$2" ]; then
+    echo "FAIL: $1: param_gather_bytes a step $(echo $got), want $2"; status=1
+  else
+    echo "$1: the gathers move $2 bytes a step"
+  fi
+done
 line=$(grep '^zero-3:' "$work/bf16_z3.log")
 # The tiny Llama (tests/dist/memory.sh counts it): 106,848 floats whole; rank 0 keeps the
 # embedding, final norm and head whole (32,832) and half of everything (53,424).

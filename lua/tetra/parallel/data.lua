@@ -205,12 +205,28 @@ function data.wrap(entries, mesh, cfg, model, plan)
       if not units then error(blocks, 2) end
     end
     local unit_of = units and ffi.new("int[?]", #params, units) or nil
+    -- ZeRO-3 in bf16 / fp16: the blocks' matrices, read only by the GEMMs through their
+    -- low-precision copies, travel in that precision (half the bytes of f32).
+    local precision = (cfg.train or {}).precision
+    local gather_dtype = zero3 and (precision == "bf16" and C.TT_BF16 or
+                                    precision == "fp16" and C.TT_F16) or C.TT_F32
+    local lowp_flags
+    if zero3 and gather_dtype ~= C.TT_F32 then
+      local in_block = {}
+      for _, b in ipairs(blocks) do in_block[b.unit] = true end
+      local flags = {}
+      for i, e in ipairs(entries) do
+        flags[i] = (in_block[units[i]] and e.tensor.ndim == 2) and 1 or 0
+      end
+      lowp_flags = ffi.new("int[?]", #params, flags)
+    end
     -- The arrays are locals: a struct's pointer fields do not keep them alive.
     local flags = row_sparse and ffi.new("int[?]", #params, row_sparse) or nil
     local tail = order and ffi.new("int[?]", #params, order) or nil
     local opts = ffi.new("tt_dist_reducer_opts", {
       bucket_mb = d.bucket_mb or 25.0, zero_stage = self.zero_stage, row_sparse = flags,
-      tail_order = tail, n_deferred = n_deferred or 0, unit_of = unit_of })
+      tail_order = tail, n_deferred = n_deferred or 0, unit_of = unit_of,
+      gather_dtype = gather_dtype or C.TT_F32, gather_lowp = lowp_flags })
     local box = ffi.new("tt_dist_reducer *[1]")
     check(C.tt_dist_reducer_new(group._c, tensor.tensor_array(params), #params, opts, box))
     self._reducer = ffi.gc(box[0], C.tt_dist_reducer_free)
@@ -272,7 +288,7 @@ function DDP:with_full_params(fn)
   local was = {}
   for u = 0, n - 1 do
     was[u] = C.tt_dist_reducer_unit_is_gathered(r, u) == 1
-    check(C.tt_dist_reducer_unit_gather(r, u))
+    check(C.tt_dist_reducer_unit_gather_whole(r, u))
   end
   local res = { n = 0 }
   local ok, err = pcall(function()
@@ -289,7 +305,10 @@ end
 -- ZeRO-3: all-gathers of units so far (each block twice per micro-batch, once per
 -- forward and once per backward, plus the outside units after every step).
 function DDP:unit_gathers()
-  return self._reducer and tonumber(C.tt_dist_reducer_unit_gathers(self._reducer)) or 0
+  local r = self._reducer
+  if not r then return 0, 0 end
+  return tonumber(C.tt_dist_reducer_unit_gathers(r)),
+         tonumber(C.tt_dist_reducer_unit_gather_bytes(r))
 end
 
 function DDP:begin_step()

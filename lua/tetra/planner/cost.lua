@@ -278,8 +278,11 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     local zero3 = zero and lay.zero == 3
     -- ZeRO-3 (parallel/data.lua): the parameters outside the blocks whole, this rank's
     -- f32 share of every parameter (each block a unit padded to the group), and at most
-    -- two blocks gathered (the one running and the next, prefetched), with their bf16 /
-    -- fp16 copies. The gathers travel in f32, twice per block and micro-batch.
+    -- two blocks gathered (the one running and the next, prefetched): in bf16 / fp16 only
+    -- their low-precision copies (gathered in that width), in fp32 and fp8 the f32
+    -- parameters (and fp8's copies, as par_b counts them). Twice per block and micro-batch.
+    local lowp_gather = cl.precision == "bf16" or cl.precision == "fp16"
+    local gather_b = lowp_gather and 2 or par_b
     local block_elems, biggest, n_blocks, owned_b = 0, 0, 0, 0
     if zero3 then
       local root = nparams
@@ -290,7 +293,7 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
         owned_b = owned_b + model.granted(math.ceil(e / group) * 4)
       end
       owned_b = owned_b + model.granted(math.ceil(root / group) * 4)
-      pbytes = model.granted(root * par_b) + owned_b + 2 * model.granted(biggest * par_b)
+      pbytes = model.granted(root * par_b) + owned_b + 2 * model.granted(biggest * gather_b)
     end
     local padded = math.ceil(nparams / group) * group
     local obytes, cbytes
@@ -381,7 +384,8 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
       t_dp = math.max(last, total - hidden)
       if zero3 then
         -- After the step only the units outside the blocks are gathered again; each
-        -- block is gathered (in f32, dp_b) twice per micro-batch. Tetra starts each
+        -- block is gathered (in bf16 / fp16 under those precisions, else f32: dp_b)
+        -- twice per micro-batch. Tetra starts each
         -- block's gather while the block before it runs, but MPI moves a non-blocking
         -- collective only inside MPI calls, which forward makes none of: measured, the
         -- gathers are exposed whole (tools/bench/plan.sh), and so they are priced. An
@@ -389,7 +393,8 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
         -- of each pass only, and for what the stage's compute does not cover.
         t_ag = ring("all_gather", (nparams - block_elems) * dp_b, group, bw_dp, lat_dp)
         if n_blocks > 0 then
-          local one = ring("all_gather", block_elems / n_blocks * dp_b, group, bw_dp, lat_dp)
+          local one = ring("all_gather", block_elems / n_blocks * (lowp_gather and 2 or dp_b),
+                           group, bw_dp, lat_dp)
           local all = 2 * n_micro * n_blocks * one
           if cl.overlap_param_gather then
             all = 2 * n_micro * one + math.max(0, all - 2 * n_micro * one - busy[s])

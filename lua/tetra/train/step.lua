@@ -288,9 +288,10 @@ local function finish_step(env, s)
               loss_scale = env.amp:scale(), skipped = s.skipped, restarts = env.restarts,
               guard = bad, data_position = s.pos, roll_back = roll_back or nil }
   if env.ddp.zero_stage == 3 then   -- ZeRO-3: the parameter all-gathers this step issued
-    local gathers = env.ddp:unit_gathers()
+    local gathers, bytes = env.ddp:unit_gathers()
     r.param_gathers = gathers - (env.param_gathers_seen or 0)
-    env.param_gathers_seen = gathers
+    r.param_gather_bytes = bytes - (env.param_gather_bytes_seen or 0)
+    env.param_gathers_seen, env.param_gather_bytes_seen = gathers, bytes
   end
   if env.data.stats then   -- tetra.data's loader reports its own throughput and queue
     local st = env.data:stats()
