@@ -235,6 +235,14 @@ static int flat_piece(tt_tensor *flat, int64_t offset, int64_t len, const tt_ten
   return rc;
 }
 
+/* The elements [*a, *e) of slot s inside a rank's range [lo, hi) of its bucket (bucket
+** offsets); 0 when they do not meet. */
+static int share_of(const grad_slot *s, int64_t lo, int64_t hi, int64_t *a, int64_t *e) {
+  *a = s->offset > lo ? s->offset : lo;
+  *e = s->offset + s->numel < hi ? s->offset + s->numel : hi;
+  return *a < *e;
+}
+
 static int make_shards(tt_dist_reducer *r) {
   int n = r->comm->size, me = r->comm->rank;
   TT_ALLOC(r->shards, sizeof(zero_shard) * (size_t)r->n_params * 2);
@@ -243,9 +251,8 @@ static int make_shards(tt_dist_reducer *r) {
     int64_t len = bk->numel / n, lo = me * len, hi = lo + len;
     for (int k = 0; k < bk->n_slots; k++) {
       grad_slot *s = &r->slots[bk->first_slot + k];
-      int64_t a = s->offset > lo ? s->offset : lo;
-      int64_t e = s->offset + s->numel < hi ? s->offset + s->numel : hi;
-      if (a >= e) continue;
+      int64_t a, e;
+      if (!share_of(s, lo, hi, &a, &e)) continue;
       tt_tensor *p = r->params[s->param], *det = NULL, *flat = NULL, *piece = NULL;
       int64_t numel = s->numel;
       int rc = tt_detach(p, &det);
@@ -881,9 +888,8 @@ static int start_gather(tt_dist_reducer *r, grad_bucket *bk, int want_f32) {
   for (int k = 0; k < bk->n_slots && rc == 0; k++) {
     grad_slot *sl = &r->slots[bk->first_slot + k];
     if (r->lowp_gather[sl->param]) continue;
-    int64_t a = sl->offset > lo ? sl->offset : lo;
-    int64_t e = sl->offset + sl->numel < hi ? sl->offset + sl->numel : hi;
-    if (a >= e) continue;
+    int64_t a, e;
+    if (!share_of(sl, lo, hi, &a, &e)) continue;
     tt_tensor *src = NULL, *dst = NULL;
     rc = flat_piece(bk->owned, a - lo, e - a, NULL, &src);
     if (rc == 0) rc = flat_piece(bk->vec, sl->vec_offset + (a - sl->offset), e - a, NULL, &dst);
@@ -1016,9 +1022,8 @@ int tt_dist_reducer_params_to_shards(tt_dist_reducer *r) {
     int64_t len = bk->numel / n, lo = me * len, hi = lo + len;
     for (int k = 0; k < bk->n_slots; k++) {
       grad_slot *s = &r->slots[bk->first_slot + k];
-      int64_t a = s->offset > lo ? s->offset : lo;
-      int64_t e = s->offset + s->numel < hi ? s->offset + s->numel : hi;
-      if (a >= e) continue;
+      int64_t a, e;
+      if (!share_of(s, lo, hi, &a, &e)) continue;
       tt_tensor *p = r->params[s->param], *flat = NULL, *src = NULL, *dst = NULL;
       int64_t numel = s->numel;
       int rc = tt_view(p, &numel, 1, &flat);

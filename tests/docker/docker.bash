@@ -1,9 +1,16 @@
 # Sourced by tests/docker/run.sh and tests/docker/fresh.sh after they set root, work,
 # base, say (a progress line), skip (exit 77, or a failure under CI=true) and
-# started_pid="" (their cleanup stops a daemon this started). Makes sure that:
+# started_pid=""; their cleanup calls stop_started_daemon. Makes sure that:
 #  1. dockerd runs (Debian's docker.io, vfs storage, --iptables=false), installing docker.io
 #     and debootstrap when missing;
 #  2. the image $base exists (debootstrap from this machine's Debian mirror).
+
+# Stops the dockerd this file started, if it did, waiting up to 30 s for it to go.
+stop_started_daemon() {
+  [ -n "$started_pid" ] || return 0
+  kill "$started_pid" 2>/dev/null || true
+  for _ in $(seq 30); do kill -0 "$started_pid" 2>/dev/null || break; sleep 1; done
+}
 
 [ "$(id -u)" = 0 ] || skip "needs root (dockerd, debootstrap)"
 # What the test needs and the build packages do not bring: Debian's docker.io (client and

@@ -26,10 +26,7 @@ skip() {
 }
 cleanup() {
   docker rm -f "$name" >/dev/null 2>&1 || true
-  if [ -n "$started_pid" ]; then
-    kill "$started_pid" 2>/dev/null || true
-    for _ in $(seq 30); do kill -0 "$started_pid" 2>/dev/null || break; sleep 1; done
-  fi
+  declare -F stop_started_daemon >/dev/null && stop_started_daemon
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -31,10 +31,7 @@ cleanup() {
   local h
   for h in "${hosts[@]}"; do docker rm -f "$h" >/dev/null 2>&1 || true; done
   docker network rm "$net" >/dev/null 2>&1 || true
-  if [ -n "$started_pid" ]; then
-    kill "$started_pid" 2>/dev/null || true
-    for _ in $(seq 30); do kill -0 "$started_pid" 2>/dev/null || break; sleep 1; done
-  fi
+  declare -F stop_started_daemon >/dev/null && stop_started_daemon
   rm -rf "$work"
 }
 trap cleanup EXIT
