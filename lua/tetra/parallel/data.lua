@@ -133,10 +133,10 @@ function data.tail_order(model, entries, cfg)
   return order, j - k
 end
 
--- ZeRO-3: the unit of every entry (0-based, in entries' order) and the blocks in
--- unit order, each { module, unit }: the parameters before the first block's are unit
--- 0, each block's the next, those after the last block's the last. nil and a message
--- when entries do not go in that order.
+-- ZeRO-3: the unit of every entry (0-based, in entries' order), the blocks in unit
+-- order, each { module, unit }, and the blocks' parameters (key -> block number): the
+-- parameters before the first block's are unit 0, each block's the next, those after
+-- the last block's the last. nil and a message when entries do not go in that order.
 function data.units(model, plan, entries)
   local path = plan and plan.pipeline and plan.pipeline.blocks
   local blocks = path and model:get(path)
@@ -174,7 +174,7 @@ function data.units(model, plan, entries)
     end
     unit_of[i] = unit
   end
-  return unit_of, order
+  return unit_of, order, block_of
 end
 
 -- entries: par:placements()'s list (each .tensor a parameter to average); model: the
@@ -198,10 +198,10 @@ function data.wrap(entries, mesh, cfg, model, plan)
   if group.size > 1 then
     local zero3 = self.zero_stage == 3
     local row_sparse = model and not zero3 and data.row_sparse(model, entries, cfg)
-    local order, n_deferred, units, blocks
+    local order, n_deferred, units, blocks, block_of
     if model and not zero3 then order, n_deferred = data.tail_order(model, entries, cfg) end
     if zero3 then
-      units, blocks = data.units(model, plan, entries)
+      units, blocks, block_of = data.units(model, plan, entries)
       if not units then error(blocks, 2) end
     end
     local unit_of = units and ffi.new("int[?]", #params, units) or nil
@@ -226,13 +226,13 @@ function data.wrap(entries, mesh, cfg, model, plan)
     local opts = ffi.new("tt_dist_reducer_opts", {
       bucket_mb = d.bucket_mb or 25.0, zero_stage = self.zero_stage, row_sparse = flags,
       tail_order = tail, n_deferred = n_deferred or 0, unit_of = unit_of,
-      gather_dtype = gather_dtype or C.TT_F32, gather_lowp = lowp_flags })
+      gather_dtype = gather_dtype, gather_lowp = lowp_flags })
     local box = ffi.new("tt_dist_reducer *[1]")
     check(C.tt_dist_reducer_new(group._c, tensor.tensor_array(params), #params, opts, box))
     self._reducer = ffi.gc(box[0], C.tt_dist_reducer_free)
     self.num_buckets = C.tt_dist_reducer_num_buckets(box[0])
     self.deferred = n_deferred or 0
-    if zero3 then self:_shard_blocks(blocks) end
+    if zero3 then self:_shard_blocks(blocks, block_of) end
   end
   return self
 end
@@ -241,10 +241,10 @@ local pbox = tensor.pout
 
 -- ZeRO-3: every block's forward gathers its unit (and starts the next block's gather),
 -- and between the identity ops unit_enter and unit_exit, so that backward gathers it
--- again; then the blocks' units are released.
-function DDP:_shard_blocks(blocks)
+-- again; then the blocks' units are released. block_of: data.units' third result.
+function DDP:_shard_blocks(blocks, block_of)
   local r = self._reducer
-  self.released = {}   -- key -> true: parameters held only while their block runs
+  self.released = block_of   -- key -> block: parameters held only while their block runs
   for j, b in ipairs(blocks) do
     local unit, block, run = b.unit, b.module, b.module.forward
     local next_fwd = blocks[j + 1] and blocks[j + 1].unit or -1
@@ -266,12 +266,6 @@ function DDP:_shard_blocks(blocks)
       return out
     end)
     check(C.tt_dist_reducer_unit_release(r, unit))
-    for _, nm in ipairs(block:named_modules()) do
-      for _, pname in ipairs(nm[2]._param_names) do
-        local t = nm[2][pname]
-        if t ~= nil then self.released[tensor.key(t)] = true end
-      end
-    end
   end
   self.sharded_blocks = #blocks
 end
