@@ -98,6 +98,10 @@ save_then_resume dp2_zero3 2 "$P.data_parallel_size=2 $P.zero_stage=3" \
   1 "" \
   2 "$P.data_parallel_size=2 $P.zero_stage=1" \
   4 "$P.context_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=3"
+# With optimizer offload the shares' moments are host tensors: saved and loaded the same,
+# into ZeRO-3 without offload as well.
+save_then_resume dp2_zero3_offload 2 "$P.data_parallel_size=2 $P.zero_stage=3 $P.offload_optimizer=true" \
+  2 "$P.data_parallel_size=2 $P.zero_stage=3"
 save_then_resume tp2_pp2_dp2_zero1 8 "$P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=1" \
   1 "" \
   2 "$P.data_parallel_size=2 $P.zero_stage=1" \

@@ -267,13 +267,25 @@ describe("plan layouts", function()
   it("fits Llama-3 70B on 64 H100s with activation recompute, not without", function()
     local big = build(llama, { "train.model_name=llama3-70b", "train.batch_size=512" })
     local h100 = plan.cluster("h100", { nodes = 8 })
-    local fits = { none = 0, full = 0 }
+    local fits = { none = 0, selective = 0, full = 0 }
+    local offloaded = { none = 0, selective = 0, full = 0 }
     for _, r in ipairs(plan.search(big, h100, { fixed = { tp = 4, pp = 8, dp = 2 },
                                                 max_micro_batch = 2 })) do
-      if r.fits then fits[r.recompute] = fits[r.recompute] + 1 end
+      local n = r.offload and offloaded or fits
+      if r.fits then n[r.recompute] = n[r.recompute] + 1 end
+      -- Offloaded layouts are only listed where they fit and the same one without does
+      -- not, and they hold no optimizer state on the device.
+      if r.offload then
+        expect(r.fits).to_be(true)
+        expect(r.mem.optimizer).to_be(0)
+      end
     end
     expect(fits.none).to_be(0)
     expect(fits.full > 0).to_be(true)
+    -- With the moments on the host, selective recompute fits too (the optimizer's 10 GiB
+    -- a GPU leave its peak), and recompute none still does not.
+    expect(offloaded.selective > 0).to_be(true)
+    expect(offloaded.none).to_be(0)
   end)
 
   -- The mission's scale: 175B and 405B on 1,024 H100s. Meta's Llama 3 405B layout (tp 8,

@@ -37,7 +37,9 @@ usage: tetra plan [FILE] [--model NAME] [--set key=value]... [--batch N] [--clus
                   previous one (default 0; tools/bench/plan.sh measures this machine's)
   --tp/--pp/--dp/--cp N  only layouts with that size
   Every layout is weighed with each activation recompute (train.recompute none, selective
-  and full; the rc column), ZeRO 0, 1, 2 and 3, sequence parallelism on and off.
+  and full; the rc column), ZeRO 0, 1, 2 and 3, sequence parallelism on and off; on a
+  GPU cluster a layout that does not fit is weighed again with optimizer offload (the
+  AdamW moments in host memory), listed as zero "N+o" when that fits.
   --top K         print the best K layouts (default 15); --all prints every one
   --json          a JSON list of objects instead of the table
   --write FILE    write the best layout (or --pick N, 1-based) as YAML for `tetra run`
@@ -195,7 +197,8 @@ function M.table(rows, cl, cfg)
   for i, r in ipairs(rows) do
     local sched = r.schedule
     if r.virtual > 1 then sched = sched .. "/v" .. r.virtual end
-    out[#out + 1] = string.format(fmt, i, r.dp, r.tp, r.pp, r.cp, r.zero_stage,
+    out[#out + 1] = string.format(fmt, i, r.dp, r.tp, r.pp, r.cp,
+      r.zero_stage .. (r.offload and "+o" or ""),
       r.sequence_parallel and "y" or "-", rc_short[r.recompute] or r.recompute,
       r.micro_batch, r.grad_accum, sched,
       string.format("%.3f", r.mem_gib), string.format("%.3f", gib(r.mem.params)),
@@ -214,6 +217,7 @@ function M.json(rows)
   local list = {}
   for i, r in ipairs(rows) do
     list[i] = { rank = i, dp = r.dp, tp = r.tp, pp = r.pp, cp = r.cp, zero_stage = r.zero_stage,
+                offload_optimizer = r.offload == true,
                 sequence_parallel = r.sequence_parallel, recompute = r.recompute,
                 micro_batch = r.micro_batch,
                 grad_accum = r.grad_accum, schedule = r.schedule, virtual = r.virtual,

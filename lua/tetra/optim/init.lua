@@ -251,14 +251,13 @@ local function F() F_ = F_ or require("tetra.nn.functional"); return F_ end
 -- keeps the parameters and gradients only: the moments' two parameter-sized f32 tensors
 -- are gone from it. On the CPU the same copies, kernel and stats run host to host, so the
 -- run is bit for bit the one without offload (tests/lua/offload_spec.lua); on CUDA the
--- update is the CPU kernel's (the copies are from pageable memory: synchronous). Call
--- after ZeRO's attach_optimizer (the moments of this rank's shards move). Returns self.
+-- update is the CPU kernel's, every host buffer page-locked (host_f32). Call after
+-- ZeRO's attach_optimizer (the moments of this rank's shards move). Returns self.
 function AdamW:offload_state()
   if self.offloaded then return self end
   for i, p in ipairs(self.params) do
     local m, v = self.m[i], self.v[i]
-    self.m[i] = take(C.tt_tensor_zeros(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3)
-    self.v[i] = take(C.tt_tensor_zeros(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3)
+    self.m[i], self.v[i] = self:host_f32(p), self:host_f32(p)
     check(C.tt_copy_(self.m[i], m))
     check(C.tt_copy_(self.v[i], v))
     F().free(m); F().free(v)
@@ -267,6 +266,25 @@ function AdamW:offload_state()
   self._host = {}   -- parameter index -> { p = host copy, g = host gradient }
   self:_build_groups()
   return self
+end
+
+-- An uninitialised host f32 tensor shaped like p, for the offloaded update. When p is on
+-- a GPU it is page-locked (cudaHostAlloc, through tt_cuda_host_alloc): the copies between
+-- it and the device then run straight at the link's rate, where pageable memory is
+-- staged through the driver's own pinned buffer, a second copy on the host. The blocks
+-- live as long as the optimizer (self._pinned holds them; each frees itself when
+-- collected); the tensors wrap them without owning them (tt_tensor_from_buffer).
+function AdamW:host_f32(p)
+  if p._device == C.TT_CPU then
+    return take(C.tt_tensor_empty(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3)
+  end
+  local tffi = require("tetra.ffi")
+  tffi.cdef_header("tetra_cuda.h")
+  local box = ffi.new("void *[1]")
+  check(C.tt_cuda_host_alloc(p:numel() * 4, box))
+  self._pinned = self._pinned or {}
+  self._pinned[#self._pinned + 1] = ffi.gc(box[0], C.tt_cuda_host_free)
+  return take(C.tt_tensor_from_buffer(box[0], p._shape, p._ndim, C.TT_F32, pout), 3)
 end
 
 -- The offloaded update of group g (parameters k of it, one CPU call each, which is the
@@ -288,8 +306,7 @@ function AdamW:_step_offloaded(cfg, stats)
       if grad then
         local h = self._host[i]
         if not h then
-          h = { p = take(C.tt_tensor_empty(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3),
-                g = take(C.tt_tensor_empty(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3) }
+          h = { p = self:host_f32(p), g = self:host_f32(p) }
           self._host[i] = h
         end
         check(C.tt_copy_(h.p, p))

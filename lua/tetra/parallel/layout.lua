@@ -65,10 +65,6 @@ local function mesh_rules(cfg, s, world, out)
       add(out, "parallel.zero_stage = 3 frees each block's parameters between uses, which " ..
           "a CUDA graph cannot replay: set train.cuda_graphs=false or parallel.zero_stage <= 2")
     end
-    if p.offload_optimizer then
-      add(out, "parallel.zero_stage = 3 with parallel.offload_optimizer is not implemented: " ..
-          "use parallel.zero_stage <= 2 with offload, or offload_optimizer=false")
-    end
     if d.sparse_embedding_grad then
       add(out, "parallel.zero_stage = 3 reduces the embedding with its unit: set " ..
           "dist.sparse_embedding_grad=false or parallel.zero_stage <= 2")

@@ -56,11 +56,24 @@ M.replay, M.evaluate = schedule.replay, cost.evaluate
 -- -- Search -------------------------------------------------------------------------------
 
 -- Evaluates every layout (M.layouts) and ranks them: those that fit first, then by
--- tokens/s (then by memory).
+-- tokens/s (then by memory). Optimizer offload (parallel.offload_optimizer) is weighed
+-- where it can help: on a cluster whose devices are not the host (GPUs), a layout that
+-- does not fit is weighed again with the AdamW moments in host memory, and kept when that
+-- fits (not with optim.name=sgd or train.cuda_graphs, which offload cannot go with).
 function M.search(cfg, cl, opts)
   local rows = {}
+  local t, o = cfg.train or {}, cfg.optim or {}
+  local can_offload = not cl.host_is_device and o.name ~= "sgd" and not t.cuda_graphs
   for _, lay in ipairs(M.layouts(cfg, cl, opts)) do
-    rows[#rows + 1] = M.evaluate(cfg, lay, cl)
+    local r = M.evaluate(cfg, lay, cl)
+    rows[#rows + 1] = r
+    if can_offload and not r.fits and not lay.offload then
+      local off = {}
+      for k, v in pairs(lay) do off[k] = v end
+      off.offload = true
+      local ro = M.evaluate(cfg, off, cl)
+      if ro.fits then rows[#rows + 1] = ro end
+    end
   end
   table.sort(rows, function(a, b)
     if a.fits ~= b.fits then return a.fits end

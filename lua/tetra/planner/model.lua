@@ -15,11 +15,39 @@ function M.granted(bytes)
   return tonumber(C.tt_alloc_granted_bytes(bytes))
 end
 
+-- What the planner derives from a model is asked again for every layout it weighs (tens
+-- of thousands for a 64-GPU cluster) and depends only on the model's settings and a few
+-- sizes: kept per key, the model's scalar settings (sorted) and those sizes. The results
+-- are shared: callers read them, never change them.
+local memo, memo_n = {}, 0
+local function model_key(m)
+  local keys = {}
+  for k, v in pairs(m) do
+    local t = type(v)
+    if t == "number" or t == "string" or t == "boolean" then keys[#keys + 1] = k end
+  end
+  table.sort(keys)
+  for i, k in ipairs(keys) do keys[i] = k .. "=" .. tostring(m[k]) end
+  return table.concat(keys, ",")
+end
+local function memoized(what, f)
+  return function(m, ...)
+    local key = what .. "|" .. model_key(m) .. "|" .. table.concat({ ... }, ",")
+    local hit = memo[key]
+    if not hit then
+      if memo_n >= 20000 then memo, memo_n = {}, 0 end
+      hit = { f(m, ...) }
+      memo[key], memo_n = hit, memo_n + 1
+    end
+    return unpack(hit)
+  end
+end
+
 -- Every parameter of the whole model as { module path, param name, shape }, in the
 -- order its forward uses them (recipes/<family>/presets.lua lists them). m: cfg.model.
-function M.parameters(m)
+M.parameters = memoized("parameters", function(m)
   return models.of(m).parameters(m)
-end
+end)
 
 -- Whether the head reuses the embedding's matrix.
 local function tied(m)
@@ -67,7 +95,8 @@ end
 -- of matmul weights (for FLOPs) split as { blocks = per-block, head = ... }.
 -- The second result: elements per block held (layer index -> elements), the units
 -- ZeRO-3 gathers.
-function M.rank_params(m, lay, s, r)
+local function rank_params(m, pp, v, tp, s, r)
+  local lay = { pp = pp, v = v, tp = tp }
   local plan = M.model_plan(m)
   local pplan = plan.pipeline or {}
   local hd = m.dim / m.n_heads
@@ -105,11 +134,15 @@ function M.rank_params(m, lay, s, r)
   end
   return tensors, per_block
 end
+rank_params = memoized("rank_params", rank_params)
+function M.rank_params(m, lay, s, r)
+  return rank_params(m, lay.pp, lay.v, lay.tp, s, r)
+end
 
 -- The matmuls of one block on a tp rank, in the order its forward runs them (the order
 -- M.parameters lists them: q, k, v, o, then the MLP's), each { weights = elements,
 -- out = output features per token }: a row-parallel output is whole (partial sums).
-function M.block_matmuls(m, tp)
+M.block_matmuls = memoized("block_matmuls", function(m, tp)
   local plan = M.model_plan(m)
   local hd = m.dim / m.n_heads
   local out = {}
@@ -123,7 +156,7 @@ function M.block_matmuls(m, tp)
     end
   end
   return out
-end
+end)
 
 -- Elements of one block's matmul weights on a tp rank, and of the head's.
 function M.matmul_params(m, tp)

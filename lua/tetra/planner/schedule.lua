@@ -3,6 +3,21 @@ local pipeline = require("tetra.parallel.pipeline")
 
 local M = {}
 
+-- The engine's op lists depend only on (schedule, stages, stage, micro-batches, chunks),
+-- and the planner replays the same few for thousands of layouts: built once each (the
+-- replay only reads them).
+local built, n_built = {}, 0
+local function ops_of(kind, S, s, n_micro, v)
+  local key = table.concat({ kind, S, s, n_micro, v }, ",")
+  local ops = built[key]
+  if not ops then
+    if n_built >= 4096 then built, n_built = {}, 0 end
+    ops = pipeline.schedule(kind, S, s, n_micro, v)
+    built[key], n_built = ops, n_built + 1
+  end
+  return ops
+end
+
 -- Replays the engine's schedule (tetra.parallel.pipeline.schedule) for every stage with
 -- per-chunk forward and backward times fwd[s][c], bwd[s][c] and a transfer time `hop`
 -- between stages. Returns the makespan, each stage's busy time and the most
@@ -12,7 +27,7 @@ function M.replay(lay, n_micro, fwd, bwd, hop)
   local kind = S == 1 and "1f1b" or lay.schedule   -- one stage: F, B, F, B ...
   local ops, pos, clock, busy, held, peak = {}, {}, {}, {}, {}, {}
   for s = 0, S - 1 do
-    ops[s] = pipeline.schedule(kind, S, s, n_micro, v)
+    ops[s] = ops_of(kind, S, s, n_micro, v)
     pos[s], clock[s], busy[s], held[s], peak[s] = 1, 0, 0, {}, {}
     for c = 0, v - 1 do held[s][c], peak[s][c] = 0, 0 end
   end
