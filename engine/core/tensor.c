@@ -277,6 +277,37 @@ int tt_tensor_copy_from_f64(tt_tensor *t, const double *src) {
 
 /* -- Copies and casts ---------------------------------------------------------------- */
 
+/* One innermost row of n elements for the copies a bf16 step makes around every GEMM (f32
+** to bf16 and back) and for same-dtype rows: the element loop with the dtypes fixed, so
+** that it vectorises, rounding as tt_float_to_bf16 does. Returns 0 for the other pairs
+** (the generic path below). */
+static int copy_row_fast(char *dp, int ddt, int64_t dstep, const char *sp, int sdt,
+                         int64_t sstep, int64_t n) {
+  if (ddt == sdt && dstep == 1 && sstep == 1) {
+    memcpy(dp, sp, (size_t)n * tt_dtype_size(ddt));
+    return 1;
+  }
+  if (ddt == TT_BF16 && sdt == TT_F32) {
+    uint16_t *d = (uint16_t *)dp;
+    const float *x = (const float *)sp;
+    if (dstep == 1 && sstep == 1)
+      for (int64_t j = 0; j < n; j++) d[j] = tt_elem_float_to_bf16(x[j]);
+    else
+      for (int64_t j = 0; j < n; j++) d[j * dstep] = tt_elem_float_to_bf16(x[j * sstep]);
+    return 1;
+  }
+  if (ddt == TT_F32 && sdt == TT_BF16) {
+    float *d = (float *)dp;
+    const uint16_t *x = (const uint16_t *)sp;
+    if (dstep == 1 && sstep == 1)
+      for (int64_t j = 0; j < n; j++) d[j] = tt_elem_bf16_to_float(x[j]);
+    else
+      for (int64_t j = 0; j < n; j++) d[j * dstep] = tt_elem_bf16_to_float(x[j * sstep]);
+    return 1;
+  }
+  return 0;
+}
+
 /* Copies rows of the innermost dimension. Both tensors have the same shape; `outer`
 ** rows of `inner` elements each are walked with per-dimension counters. */
 static void copy_strided_cpu(tt_tensor *dst, const tt_tensor *src) {
@@ -304,6 +335,7 @@ static void copy_strided_cpu(tt_tensor *dst, const tt_tensor *src) {
     } else {
       char *dp = (char *)dst->storage->data + doff * (int64_t)dsz;
       const char *sp = (const char *)src->storage->data + soff * (int64_t)ssz;
+      if (copy_row_fast(dp, dst->dtype, dstep, sp, src->dtype, sstep, inner)) continue;
       for (int64_t j = 0; j < inner; j++)
         store_elem(dp + j * dstep * (int64_t)dsz, dst->dtype,
                    load_elem(sp + j * sstep * (int64_t)ssz, src->dtype));

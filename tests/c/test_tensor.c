@@ -233,6 +233,44 @@ Test(cast, fp8_formats) {
   }
 }
 
+/* The copies around a bf16 GEMM take a row loop of their own (copy_row_fast): it must
+** round every value as tt_float_to_bf16 does, ties, NaN, infinities and signed zeros
+** included, in contiguous rows and through a transposed view, and bf16 rows copy as they
+** are. */
+Test(cast, bf16_copy_rows_round_as_the_element_function) {
+  float vals[24] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, NAN,
+                    -NAN, INFINITY, -INFINITY, 3.4e38f, -0.0f, 0.0f, 0x1p-130f, -1.5f,
+                    65504.0f, 1e-3f, -7.0f / 3, 0.1f, 2.5f, -2.5f, 1e30f, -1e-30f,
+                    1.0f - 0x1p-9f, 255.5f, 0x1.fffffep127f, 3.0f};
+  int64_t shape[2] = {4, 6}, tshape[2] = {6, 4};
+  tt_tensor *x = NULL, *b = NULL, *xt = NULL, *bt = NULL, *back = NULL, *bb = NULL;
+  cr_assert(tt_tensor_from_buffer(vals, shape, 2, TT_F32, &x) == 0);
+  cr_assert(tt_tensor_empty(shape, 2, TT_BF16, TT_CPU, &b) == 0 && tt_copy_(b, x) == 0);
+  cr_assert(tt_transpose(x, 0, 1, &xt) == 0);
+  cr_assert(tt_tensor_empty(tshape, 2, TT_BF16, TT_CPU, &bt) == 0 && tt_copy_(bt, xt) == 0);
+  cr_assert(tt_tensor_empty(shape, 2, TT_F32, TT_CPU, &back) == 0 && tt_copy_(back, b) == 0);
+  const uint16_t *hb = tt_tensor_data(b), *hbt = tt_tensor_data(bt);
+  const float *fb = tt_tensor_data(back);
+  for (int i = 0; i < 24; i++) {
+    uint16_t want = tt_float_to_bf16(vals[i]);
+    cr_assert_eq(hb[i], want, "element %d (%a): %04x, want %04x", i, vals[i], hb[i], want);
+    int r = i / 6, c = i % 6;
+    cr_assert_eq(hbt[c * 4 + r], want, "transposed element %d", i);
+    uint32_t got_bits, want_bits;
+    float wf = tt_bf16_to_float(want);
+    memcpy(&got_bits, &fb[i], 4);
+    memcpy(&want_bits, &wf, 4);
+    cr_assert_eq(got_bits, want_bits, "element %d back to f32", i);
+  }
+  /* bf16 to bf16 from the transposed view: the same patterns, moved. */
+  tt_tensor *btt = NULL;
+  cr_assert(tt_transpose(bt, 0, 1, &btt) == 0);
+  cr_assert(tt_tensor_empty(shape, 2, TT_BF16, TT_CPU, &bb) == 0 && tt_copy_(bb, btt) == 0);
+  cr_assert(memcmp(tt_tensor_data(bb), hb, 24 * sizeof(uint16_t)) == 0);
+  tt_tensor *all[] = {x, b, xt, bt, back, bb, btt};
+  for (int i = 0; i < 7; i++) tt_tensor_release(all[i]);
+}
+
 Test(cast, tensor_cast_strided) {
   int64_t shape[2] = {7, 5};
   tt_tensor *x = tt_test_rand_strided(shape, 2, 3), *b = NULL, *back = NULL;
