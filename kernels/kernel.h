@@ -61,6 +61,46 @@ static inline uint16_t tt_elem_float_to_bf16(float x) {
   return (uint16_t)(u >> 16);
 }
 
+/* IEEE half precision (f16): narrowing rounds to nearest, ties to even, in integer
+** arithmetic on the f32 bits; values from 65520 up become infinity, a NaN the quiet NaN
+** 0x7e00 (its sign kept, its payload not); below 2^-14 the subnormals are the f32 value
+** times 2^24 rounded to an integer (the sum with 2^23 rounds it, ties to even: exact for
+** the magnitudes below 2^10 that reach it). Widening is exact. */
+static inline uint16_t tt_elem_float_to_f16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
+  if (a < 0x38800000u) {
+    float ax;
+    memcpy(&ax, &a, 4);
+    float q = (ax * 0x1p24f + 0x1p23f) - 0x1p23f;
+    return (uint16_t)(sign | (uint32_t)q);
+  }
+  /* Rebias the exponent (127 -> 15: minus 112 << 23) and round the 13 dropped bits; a
+  ** carry out of the mantissa rolls into the exponent. */
+  a += 0xc8000fffu + ((a >> 13) & 1u);
+  return (uint16_t)(sign | (a >> 13));
+}
+
+static inline float tt_elem_f16_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, frac = h & 0x3ffu;
+  uint32_t u;
+  float x;
+  if (exp == 0x1fu) {
+    u = sign | 0x7f800000u | (frac << 13);
+  } else if (exp == 0) {
+    x = (float)frac * 0x1p-24f;   /* subnormal (or zero): exact */
+    memcpy(&u, &x, 4);
+    u |= sign;
+  } else {
+    u = sign | ((exp + 112u) << 23) | (frac << 13);
+  }
+  memcpy(&x, &u, 4);
+  return x;
+}
+
 /* Index value at flat position i of a contiguous i32/i64 buffer. */
 static inline int64_t tt_index_at(const void *data, int dtype, int64_t i) {
   return dtype == TT_ELEM_I32 ? (int64_t)((const int32_t *)data)[i]

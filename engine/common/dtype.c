@@ -55,7 +55,6 @@ int tt_dtype_is_float(int dtype) {
 /* -- bf16 / f16 ---------------------------------------------------------------------- */
 
 static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static float bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
 uint16_t tt_float_to_bf16(float x) { return tt_elem_float_to_bf16(x); }
 
@@ -83,27 +82,11 @@ static uint32_t encode_small_float(float ax, int ebits, int mbits) {
   return bits;
 }
 
-uint16_t tt_float_to_f16(float x) {
-  uint32_t u = f32_bits(x);
-  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-  float ax = fabsf(x);
-  if (isnan(x)) return (uint16_t)(sign | 0x7e00u);
-  if (isinf(x)) return (uint16_t)(sign | 0x7c00u);
-  uint32_t bits = encode_small_float(ax, 5, 10);
-  if (bits >= 0x7c00u) return (uint16_t)(sign | 0x7c00u);   /* overflow -> inf */
-  return (uint16_t)(sign | bits);
-}
+/* kernels/kernel.h has the rule (integer arithmetic; checked against a frexpf/nearbyintf
+** encoder on all 2^32 f32 patterns when it replaced one). */
+uint16_t tt_float_to_f16(float x) { return tt_elem_float_to_f16(x); }
 
-float tt_f16_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  int exp = (h >> 10) & 0x1f;
-  uint32_t frac = h & 0x3ffu;
-  float v;
-  if (exp == 0x1f) return bits_f32(sign | 0x7f800000u | (frac << 13));
-  if (exp == 0) v = ldexpf((float)frac, -24);
-  else v = ldexpf((float)(frac | 0x400u), exp - 25);
-  return sign ? -v : v;
-}
+float tt_f16_to_float(uint16_t h) { return tt_elem_f16_to_float(h); }
 
 /* -- fp8 ----------------------------------------------------------------------------- */
 /* e4m3 (OCP "fn" variant): bias 7, no infinities, S.1111.111 is NaN, max 448.

@@ -277,9 +277,9 @@ int tt_tensor_copy_from_f64(tt_tensor *t, const double *src) {
 
 /* -- Copies and casts ---------------------------------------------------------------- */
 
-/* One innermost row of n elements for the copies a bf16 step makes around every GEMM (f32
-** to bf16 and back) and for same-dtype rows: the element loop with the dtypes fixed, so
-** that it vectorises, rounding as tt_float_to_bf16 does. Returns 0 for the other pairs
+/* One innermost row of n elements for the copies a bf16 or fp16 step makes around every
+** GEMM (f32 to bf16 / f16 and back) and for same-dtype rows: the element loop with the dtypes fixed, so
+** that it vectorises, rounding as tt_float_to_bf16 / tt_float_to_f16 do. Returns 0 for the other pairs
 ** (the generic path below). */
 static int copy_row_fast(char *dp, int ddt, int64_t dstep, const char *sp, int sdt,
                          int64_t sstep, int64_t n) {
@@ -294,6 +294,18 @@ static int copy_row_fast(char *dp, int ddt, int64_t dstep, const char *sp, int s
       for (int64_t j = 0; j < n; j++) d[j] = tt_elem_float_to_bf16(x[j]);
     else
       for (int64_t j = 0; j < n; j++) d[j * dstep] = tt_elem_float_to_bf16(x[j * sstep]);
+    return 1;
+  }
+  if (ddt == TT_F16 && sdt == TT_F32) {   /* fp16's casts likewise */
+    uint16_t *d = (uint16_t *)dp;
+    const float *x = (const float *)sp;
+    for (int64_t j = 0; j < n; j++) d[j * dstep] = tt_elem_float_to_f16(x[j * sstep]);
+    return 1;
+  }
+  if (ddt == TT_F32 && sdt == TT_F16) {
+    float *d = (float *)dp;
+    const uint16_t *x = (const uint16_t *)sp;
+    for (int64_t j = 0; j < n; j++) d[j * dstep] = tt_elem_f16_to_float(x[j * sstep]);
     return 1;
   }
   if (ddt == TT_F32 && sdt == TT_BF16) {

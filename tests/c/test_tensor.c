@@ -186,6 +186,47 @@ Test(cast, f16_round_trip_and_rounding) {
   cr_assert_eq(tt_f16_to_float(tt_float_to_f16(2051.0f)), 2052.0f);
 }
 
+/* f16 narrowing against the nearest half found by search: the finite non-negative halves
+** are codes 0..0x7bff in increasing order, so a value's neighbours come from a binary
+** search; the nearer wins, a tie goes to the even code, and from 65520 (halfway past the
+** largest, 65504) on it is infinity. Checked on every 251st f32 bit pattern (17 million,
+** both signs, zeros, subnormals, NaNs) and on every pattern next to a halfway point. */
+static uint16_t f16_reference(float x) {
+  uint16_t sign = signbit(x) ? 0x8000 : 0;
+  double a = fabs((double)x);
+  if (isnan(x)) return sign | 0x7e00;
+  if (a >= 65520.0) return sign | 0x7c00;
+  int lo = 0, hi = 0x7bff;   /* largest code whose value is <= a */
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if ((double)tt_f16_to_float((uint16_t)mid) <= a) lo = mid; else hi = mid - 1;
+  }
+  if (lo == 0x7bff) return sign | 0x7bff;
+  double below = tt_f16_to_float((uint16_t)lo), above = tt_f16_to_float((uint16_t)(lo + 1));
+  int code = a - below < above - a ? lo : a - below > above - a ? lo + 1 : (lo % 2 ? lo + 1 : lo);
+  return (uint16_t)(sign | code);
+}
+
+Test(cast, f16_narrowing_is_the_nearest_half) {
+  for (uint64_t i = 0; i <= 0xffffffffull; i += 251) {
+    uint32_t u = (uint32_t)i;
+    float x;
+    memcpy(&x, &u, 4);
+    uint16_t got = tt_float_to_f16(x), want = f16_reference(x);
+    cr_assert_eq(got, want, "f32 %08x (%a): %04x, want %04x", u, x, got, want);
+  }
+  for (uint32_t h = 0; h < 0x7bff; h++) {   /* the midpoints and their f32 neighbours */
+    double mid = 0.5 * ((double)tt_f16_to_float((uint16_t)h) +
+                        (double)tt_f16_to_float((uint16_t)(h + 1)));
+    float m = (float)mid;   /* exact: a half's midpoint has 12 significant bits */
+    float near[3] = {nextafterf(m, 0.0f), m, nextafterf(m, INFINITY)};
+    for (int k = 0; k < 3; k++) {
+      cr_assert_eq(tt_float_to_f16(near[k]), f16_reference(near[k]), "%a", near[k]);
+      cr_assert_eq(tt_float_to_f16(-near[k]), f16_reference(-near[k]), "%a", -near[k]);
+    }
+  }
+}
+
 /* float64 reference for fp8: the nearest representable value, ties to even code. */
 static float fp8_reference(float x, int dtype) {
   float best = 0.0f;
