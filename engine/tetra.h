@@ -181,6 +181,16 @@ void tt_alloc_mark_idle(int device);
 void tt_set_num_threads(int n);
 int tt_get_num_threads(void);
 
+/* The library the CPU matmul family (Linear's products, matmul, bmm) runs its sgemm on:
+** "openblas" (the default; NULL or "" too), "blis" or "onednn" (loaded now, from
+** libblis.so.4 / libdnnl.so). Attention's block products stay on OpenBLAS. tetra selects
+** $TETRA_BLAS at start. 0, or -1 with the error set (an unknown name, a library missing). */
+int tt_blas_select(const char *name);
+const char *tt_blas_selected(void);
+/* Products each library ("openblas", "blis", "onednn") has run in this process; -1 for
+** another name. */
+int64_t tt_blas_calls(const char *name);
+
 /* -- Autograd ----------------------------------------------------------------------- */
 
 int tt_set_requires_grad(tt_tensor *t, int requires_grad);

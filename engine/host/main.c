@@ -439,6 +439,11 @@ int main(int argc, char **argv) {
   tt_preinit_restore();
   const char *cmd = argc > 1 ? argv[1] : NULL;
   warn_weak_blas_core();
+  /* TETRA_BLAS: the library of the matmul family's products (kernels/cpu/blas.c). */
+  if (tt_blas_select(getenv("TETRA_BLAS")) != 0) {
+    fprintf(stderr, "tetra: %s\n", tt_last_error());
+    return 2;
+  }
   if (cmd && (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help"))) {
     fputs(usage_text, stdout);
     return 0;
@@ -446,7 +451,8 @@ int main(int argc, char **argv) {
   if (cmd && (!strcmp(cmd, "--version") || !strcmp(cmd, "-v"))) {
     char blas[256];
     tt_blas_core_describe(tt_blas_core_choice_get(), openblas_get_corename(), blas, sizeof blas);
-    printf("tetra %s (%s)\n%s\n", TETRA_VERSION, LUAJIT_VERSION, blas);
+    printf("tetra %s (%s)\n%s\nCPU matmul products on %s (TETRA_BLAS: openblas, blis or "
+           "onednn)\n", TETRA_VERSION, LUAJIT_VERSION, blas, tt_blas_selected());
     return 0;
   }
   /* The C tools need neither Lua nor the library root. */

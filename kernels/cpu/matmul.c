@@ -1,6 +1,7 @@
 /*
-** matmul.c — CPU kernels of the matmul family (see kernels/matmul.h): OpenBLAS sgemm
-** for the products, OpenMP loops for the bias.
+** matmul.c — CPU kernels of the matmul family (see kernels/matmul.h): sgemm for the
+** products (OpenBLAS, or the library tt_blas_select chose: kernels/cpu/blas.c), OpenMP
+** loops for the bias.
 **
 ** Batches run one sgemm after another: OpenBLAS already spreads each product over the
 ** threads set by tt_set_num_threads, and the engine folds batches into the m or k dim
@@ -8,8 +9,8 @@
 ** (B*T, K) product).
 */
 #include "matmul.h"
+#include "blas.h"
 #include "kernel.h"
-#include <cblas.h>
 #include <limits.h>
 
 static int fits_blasint(int64_t v) { return v >= 0 && v <= INT_MAX; }
@@ -24,8 +25,6 @@ static int cpu_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, f
                         "of the BLAS interface", (long long)m, (long long)k, (long long)k,
                         (long long)n);
   if (m == 0 || n == 0) return 0;
-  const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-  const enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   for (int64_t i = 0; i < batch; i++) {
     float *ci = c + i * stride_c;
     if (k == 0) {
@@ -35,8 +34,8 @@ static int cpu_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, f
           ci[r * ldc + j] = beta == 0.0f ? 0.0f : beta * ci[r * ldc + j];
       continue;
     }
-    cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, a + i * stride_a,
-                (int)lda, b + i * stride_b, (int)ldb, beta, ci, (int)ldc);
+    TT_TRY(tt_blas_sgemm(trans_a, trans_b, (int)m, (int)n, (int)k, alpha, a + i * stride_a,
+                         (int)lda, b + i * stride_b, (int)ldb, beta, ci, (int)ldc));
   }
   return 0;
 }
