@@ -218,6 +218,9 @@ void tt_set_grad_ready_hook(tt_grad_ready_fn fn, void *userdata);
 ** progress there: MPI moves bytes only inside MPI calls). */
 typedef void (*tt_backward_tick_fn)(void *userdata);
 void tt_set_backward_tick_hook(tt_backward_tick_fn fn, void *userdata);
+/* Called after each op recorded in forward (ZeRO-3 lets its prefetched parameter gathers
+** progress there). NULL: none. */
+void tt_set_record_tick_hook(tt_backward_tick_fn fn, void *userdata);
 /* Leaves whose gradients backward computes last: every node's work toward them (and
 ** toward tensors made only from them) waits until every other gradient is complete,
 ** then runs in the same reverse order. Data parallelism defers the first blocks' weights

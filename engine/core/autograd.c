@@ -47,6 +47,14 @@ int tt_tape_node_dtype(int64_t i) {
 static tt_backward_tick_fn tt_tick_hook;
 static void *tt_tick_hook_ud;
 
+static tt_backward_tick_fn tt_record_hook;
+static void *tt_record_hook_ud;
+
+void tt_set_record_tick_hook(tt_backward_tick_fn fn, void *userdata) {
+  tt_record_hook = fn;
+  tt_record_hook_ud = userdata;
+}
+
 void tt_set_backward_tick_hook(tt_backward_tick_fn fn, void *userdata) {
   tt_tick_hook = fn;
   tt_tick_hook_ud = userdata;
@@ -122,6 +130,7 @@ tt_node *tt_record(const char *name, tt_backward_fn backward, tt_tensor *out,
   out->requires_grad = 1;
   out->is_leaf = 0;
   tt_tape[tt_tape_len++] = node;
+  if (tt_record_hook) tt_record_hook(tt_record_hook_ud);
   return node;
 }
 

@@ -282,9 +282,15 @@ static int make_shards(tt_dist_reducer *r) {
   return 0;
 }
 
+static void on_gather_tick(void *userdata);
+
 void tt_dist_reducer_free(tt_dist_reducer *r) {
   if (!r) return;
   tt_dist_reducer_arm(r, 0);
+  if (r->zero_stage == 3) {
+    tt_set_record_tick_hook(NULL, NULL);
+    tt_set_backward_tick_hook(NULL, NULL);
+  }
   for (int b = 0; b < r->n_buckets; b++) {
     grad_bucket *bk = &r->buckets[b];
     tt_comm_handle_free(bk->h);
@@ -397,6 +403,13 @@ int tt_dist_reducer_new(tt_comm *c, tt_tensor *const *params, int n,
   if (rc != 0) {
     tt_dist_reducer_free(r);
     return -1;
+  }
+  /* ZeRO-3: MPI moves a prefetched gather's bytes only inside MPI calls; a test of the
+  ** handles after every op of forward and backward keeps it moving while the block before
+  ** it computes. */
+  if (r->zero_stage == 3) {
+    tt_set_record_tick_hook(on_gather_tick, r);
+    tt_set_backward_tick_hook(on_gather_tick, r);
   }
   *out = r;
   return 0;
@@ -632,6 +645,23 @@ static int progress(tt_dist_reducer *r) {
   return 0;
 }
 
+/* ZeRO-3: lets the unit gathers in flight (a prefetch) progress, between ops of forward and
+** of backward; finish_gather waits for whatever is left. A failure here is left for that
+** wait to report (the handle keeps it). */
+static void progress_gathers(tt_dist_reducer *r) {
+  for (int b = 0; b < r->n_buckets; b++) {
+    grad_bucket *bk = &r->buckets[b];
+    int done = 0;
+    if (bk->gh && tt_comm_test(bk->gh, &done) != 0) return;
+    if (bk->vh && tt_comm_test(bk->vh, &done) != 0) return;
+  }
+}
+
+static void on_gather_tick(void *userdata) {
+  tt_dist_reducer *r = userdata;
+  if (!r->failed) progress_gathers(r);
+}
+
 static void on_grad_ready(tt_tensor *leaf, void *userdata) {
   tt_dist_reducer *r = userdata;
   if (r->failed) return;
@@ -650,7 +680,9 @@ static void on_grad_ready(tt_tensor *leaf, void *userdata) {
 /* Between backward nodes: lets the buckets in flight progress. */
 static void on_backward_tick(void *userdata) {
   tt_dist_reducer *r = userdata;
-  if (r->failed || r->next_start == 0) return;
+  if (r->failed) return;
+  if (r->zero_stage == 3) progress_gathers(r);
+  if (r->next_start == 0) return;
   int prev = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
   if (progress(r) != 0) remember_failure(r);
@@ -682,7 +714,8 @@ int tt_dist_reducer_arm(tt_dist_reducer *r, int armed) {
   } else if (!armed && r->armed) {
     tt_set_deferred_grads(NULL, 0);
     tt_set_grad_ready_hook(NULL, NULL);
-    tt_set_backward_tick_hook(NULL, NULL);
+    /* ZeRO-3: earlier micro-batches' backward lets the gathers progress too. */
+    tt_set_backward_tick_hook(r->zero_stage == 3 ? on_gather_tick : NULL, r);
   }
   r->armed = armed != 0;
   return 0;
