@@ -31,8 +31,13 @@ model=(--set model.dim=128 --set model.n_layers=2 --set model.n_heads=4 --set mo
 mpirun --oversubscribe --bind-to none -np 2 "$tetra" run "$root/tools/bench/plan_comm.lua" \
   >"$work/comm.txt" 2>&1 || { fail "the all-reduce calibration failed"; cat "$work/comm.txt"; exit 1; }
 read -r lat_us bw_gbs < <(awk '/^allreduce/ { n++; b[n] = $2; t[n] = $3 }
-  END { printf "%.1f %.3f\n", 1e6 * t[1], (b[n] - b[n-1]) / (t[n] - t[n-1]) / 1e9 }' "$work/comm.txt")
+  END { printf "%.1f %.3f\n", 1e6 * t[1], (b[n] - b[1]) / (t[n] - t[1]) / 1e9 }' "$work/comm.txt")
 echo "links now: ${lat_us} us, ${bw_gbs} GB/s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+# The bandwidth is the slope between the smallest and the largest all-reduce (4 KB, 16 MB):
+# between the two largest, a loaded machine once gave a negative one.
+if ! awk -v b="$bw_gbs" 'BEGIN { exit !(b > 0) }'; then
+  fail "the all-reduce calibration gave no positive bandwidth:"; cat "$work/comm.txt"; exit 1
+fi
 if ! timeout 300 "$tetra" sweep "${model[@]}" --steps 5 --json --calibrate \
       --intra-gbs "$bw_gbs" --latency-us "$lat_us" \
       --layout dp=1,mb=4 --layout dp=2,mb=2 --layout tp=2,mb=8 --layout tp=2,sp=1,mb=8 \

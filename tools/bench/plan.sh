@@ -49,7 +49,7 @@ echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores 
 OMP_NUM_THREADS=1 mpirun --oversubscribe --bind-to none -np 2 "$tetra" run \
   "$root/tools/bench/plan_comm.lua" >"$work/comm.txt" 2>&1 || { cat "$work/comm.txt"; die "the all-reduce calibration failed"; }
 read -r lat_us bw_gbs < <(awk '/^allreduce/ { n++; b[n] = $2; t[n] = $3 }
-  END { printf "%.1f %.3f\n", 1e6 * t[1], (b[n] - b[n-1]) / (t[n] - t[n-1]) / 1e9 }' "$work/comm.txt")
+  END { printf "%.1f %.3f\n", 1e6 * t[1], (b[n] - b[1]) / (t[n] - t[1]) / 1e9 }' "$work/comm.txt")
 echo "# all-reduce between 2 ranks: $(awk '/^allreduce/ { printf "%s B %.0f us; ", $2, 1e6 * $3 }' "$work/comm.txt")"
 echo "# links: latency ${lat_us} us, bandwidth ${bw_gbs} GB/s"
 read -r sync_wait < <(awk '/^sync/ { printf "%.4f\n", $3 / $2 }' "$work/comm.txt")

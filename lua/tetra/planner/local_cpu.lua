@@ -105,8 +105,10 @@ local function measure_links()
   end
   p:close()
   local n = #b
-  if n < 2 or t[n] <= t[n - 1] then return nil, "mpirun gave no all-reduce times (" .. last .. ")" end
-  return t[1] / 2, (b[n] - b[n - 1]) / (t[n] - t[n - 1])
+  if n < 2 or t[n] <= t[1] then return nil, "mpirun gave no all-reduce times (" .. last .. ")" end
+  -- The slope between the smallest and the largest (4 KB, 16 MB): between the two largest
+  -- a loaded machine can give a negative one.
+  return t[1] / 2, (b[n] - b[1]) / (t[n] - t[1])
 end
 
 local function write_cache(path, dir, key, r)
