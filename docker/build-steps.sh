@@ -8,7 +8,8 @@
 #                                  with /opt/tetra/runtime-packages: the packages that own the
 #                                  shared libraries ldd finds in the binary
 #   build-steps.sh runtime-deps    in the slim stage: those packages plus Open MPI's launcher
-#                                  (openmpi-bin: mpirun, orted), nothing else
+#                                  (openmpi-bin: mpirun, orted) and oneDNN (libdnnl2, loaded
+#                                  when chosen), nothing else
 set -eu
 export DEBIAN_FRONTEND=noninteractive
 
@@ -44,6 +45,8 @@ case "$1" in
     echo "runtime packages: $(tr '\n' ' ' < /opt/tetra/runtime-packages)" ;;
   runtime-deps)
     # shellcheck disable=SC2046
-    apt_install openmpi-bin $(cat /opt/tetra/runtime-packages) ;;
+    # libdnnl2: loaded when chosen (dlopen, so ldd cannot see it): the matmul library tetra
+    # picks on Intel CPUs with AVX-512
+    apt_install openmpi-bin libdnnl2 $(cat /opt/tetra/runtime-packages) ;;
   *) echo "usage: build-steps.sh build-deps | build ON|OFF | runtime-deps" >&2; exit 2 ;;
 esac

@@ -187,9 +187,15 @@ int tt_get_num_threads(void);
 ** $TETRA_BLAS at start. 0, or -1 with the error set (an unknown name, a library missing). */
 int tt_blas_select(const char *name);
 const char *tt_blas_selected(void);
-/* Products each library ("openblas", "blis", "onednn") has run in this process; -1 for
-** another name. */
+/* Products each library ("openblas", "blis", "onednn", and "bf16-dot" for oneDNN's bf16
+** GEMM) has run in this process; -1 for another name. */
 int64_t tt_blas_calls(const char *name);
+/* How the CPU multiplies bf16 operands (train.precision=bf16): "emulate" (the default;
+** NULL or "" too), f32 products of the rounded values on the library above, or "dot",
+** oneDNN's bf16 GEMM on the CPU's dot-product instructions, refused unless cpu_has_bf16
+** (AVX512_BF16). tetra selects $TETRA_BF16_GEMM at start. 0, or -1 with the error set. */
+int tt_bf16_gemm_select(const char *name, int cpu_has_bf16);
+const char *tt_bf16_gemm_selected(void);
 
 /* -- Autograd ----------------------------------------------------------------------- */
 

@@ -24,6 +24,13 @@ typedef struct tt_matmul_kernels {
   int (*bias_fill)(float *c, const float *bias, int64_t rows, int64_t n, int64_t ldc);
   /* gbias (n) = sum over rows of g (rows, n), g contiguous. */
   int (*bias_backward)(float *gbias, const float *g, int64_t rows, int64_t n);
+  /* gemm with bf16 A and B (raw bits), f32 sums and C. The CPU's runs only while
+  ** TETRA_BF16_GEMM=dot is chosen; NULL on CUDA, whose bf16 GEMMs are an op of their own
+  ** (engine/cuda/matmul_lowp.cu). */
+  int (*gemm_bf16)(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const uint16_t *a, int64_t lda, int64_t stride_a, const uint16_t *b,
+                   int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
+                   int64_t stride_c, int64_t batch);
 } tt_matmul_kernels;
 
 extern const tt_matmul_kernels tt_matmul_cpu;

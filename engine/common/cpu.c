@@ -104,6 +104,11 @@ const char *tt_blas_core_for(const tt_cpu_features *f) {
   return NULL;
 }
 
+const char *tt_blas_library_for(const tt_cpu_features *f) {
+  return !strcmp(f->vendor, "GenuineIntel") && has_avx512(f) && has_avx2(f) ? "onednn"
+                                                                            : "openblas";
+}
+
 int tt_blas_core_weaker(const char *corename, const tt_cpu_features *f) {
   const char *want = tt_blas_core_for(f);
   if (!want || !corename) return 0;

@@ -34,6 +34,13 @@ void tt_cpu_features_describe(const tt_cpu_features *f, char *out, size_t n);
 ** the library's own detection is known. */
 const char *tt_blas_core_for(const tt_cpu_features *f);
 
+/* The library the matmul family's products run on when TETRA_BLAS is unset: "onednn" on
+** Intel CPUs with AVX-512 (an AVX512_BF16 Xeon trained the benchmark Llama 1.1x faster
+** with oneDNN's sgemm than with OpenBLAS's, tools/bench/gemm_backends.sh shows why), else
+** "openblas" (level with oneDNN on the AMD Zen measured). tetra falls back to OpenBLAS
+** when oneDNN is not installed, and says which in --version. */
+const char *tt_blas_library_for(const tt_cpu_features *f);
+
 /* 1 when `corename` (openblas_get_corename(), any case) names kernels of an older
 ** instruction set than tt_blas_core_for(f): Prescott, Core2 or Nehalem on an AVX2 or
 ** AVX-512 CPU, Haswell or Zen on an AVX-512 one. 0 when they match, when no choice is

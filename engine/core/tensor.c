@@ -323,6 +323,24 @@ static int copy_row_fast(char *dp, int ddt, int64_t dstep, const char *sp, int s
 /* Copies rows of the innermost dimension. Both tensors have the same shape; `outer`
 ** rows of `inner` elements each are walked with per-dimension counters. */
 static void copy_strided_cpu(tt_tensor *dst, const tt_tensor *src) {
+  if (dst->dtype != src->dtype && tt_tensor_is_contiguous(dst) &&
+      tt_tensor_is_contiguous(src)) {
+    /* A cast between contiguous tensors (the bf16 step's casts around every GEMM): one
+    ** flat row, in chunks per thread, so that the loops are long and vectorised. */
+    enum { CHUNK = 1 << 14 };
+    const int64_t n = tt_tensor_numel(dst), chunks = (n + CHUNK - 1) / CHUNK;
+    const size_t dsz = tt_dtype_size(dst->dtype), ssz = tt_dtype_size(src->dtype);
+    char *d0 = (char *)dst->storage->data + dst->offset * (int64_t)dsz;
+    const char *s0 = (const char *)src->storage->data + src->offset * (int64_t)ssz;
+    int fast = 1;
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN) reduction(&& : fast)
+    for (int64_t c = 0; c < chunks; c++) {
+      const int64_t at = c * CHUNK, len = n - at < CHUNK ? n - at : CHUNK;
+      fast = fast && copy_row_fast(d0 + at * (int64_t)dsz, dst->dtype, 1,
+                                   s0 + at * (int64_t)ssz, src->dtype, 1, len);
+    }
+    if (fast) return;   /* else a pair copy_row_fast does not know: the general loop */
+  }
   int nd = dst->ndim;
   int64_t inner = nd ? dst->shape[nd - 1] : 1;
   int64_t dstep = nd ? dst->stride[nd - 1] : 1, sstep = nd ? src->stride[nd - 1] : 1;
@@ -353,6 +371,27 @@ static void copy_strided_cpu(tt_tensor *dst, const tt_tensor *src) {
                    load_elem(sp + j * sstep * (int64_t)ssz, src->dtype));
     }
   }
+}
+
+int tt_round_f32_(tt_tensor *dst, const tt_tensor *src, int dtype) {
+  const int64_t n = tt_tensor_numel(dst);
+  TT_CHECK(dst->device == TT_CPU && src->device == TT_CPU && dst->dtype == TT_F32 &&
+               src->dtype == TT_F32 && tt_tensor_is_contiguous(dst) &&
+               tt_tensor_is_contiguous(src) && tt_tensor_numel(src) == n &&
+               (dtype == TT_BF16 || dtype == TT_F16),
+           "round_f32: internal error: expected contiguous f32 cpu tensors of %lld elements "
+           "and bf16 or f16", (long long)n);
+  float *restrict d = tt_tensor_data(dst);
+  const float *restrict x = tt_tensor_data((tt_tensor *)src);
+  dst->storage->version++;
+  if (dtype == TT_BF16) {
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
+    for (int64_t j = 0; j < n; j++) d[j] = tt_elem_bf16_to_float(tt_elem_float_to_bf16(x[j]));
+  } else {
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
+    for (int64_t j = 0; j < n; j++) d[j] = tt_elem_f16_to_float(tt_elem_float_to_f16(x[j]));
+  }
+  return 0;
 }
 
 int tt_copy_(tt_tensor *dst, const tt_tensor *src) {

@@ -86,6 +86,10 @@ int tt_zeros_like(const tt_tensor *t, tt_tensor **out);
 ** node against the original input (tt_contiguous would add a clone node whose copy stays
 ** alive until backward). */
 int tt_contiguous_nograd(tt_tensor *t, tt_tensor **out);
+/* dst = src's values rounded to dtype (bf16 or f16) and widened back, in one pass: what a
+** copy to dtype and back gives, bit for bit, without the dtype tensor between. Both f32,
+** contiguous, on the cpu, of one shape. */
+int tt_round_f32_(tt_tensor *dst, const tt_tensor *src, int dtype);
 /* Broadcast shape of a and b into shape/ndim, or an error naming `op`. */
 int tt_broadcast_shape(const char *op, const tt_tensor *a, const tt_tensor *b,
                        int64_t *shape, int *ndim);

@@ -435,12 +435,35 @@ static void warn_weak_blas_core(void) {
     fprintf(stderr, "%s\n", line);
 }
 
+/* The matmul family's library: the user's TETRA_BLAS, else this CPU's (tt_blas_library_for)
+** when it is installed, else OpenBLAS; why, for --version. 0, or -1 with the error set. */
+static int select_blas(char *why, size_t n) {
+  const char *user = getenv("TETRA_BLAS");
+  if (user && *user) {
+    snprintf(why, n, "your TETRA_BLAS=%s", user);
+    return tt_blas_select(user);
+  }
+  const char *want = tt_blas_library_for(&tt_blas_core_choice_get()->cpu);
+  if (tt_blas_select(want) == 0) {
+    snprintf(why, n, "chosen for this CPU; TETRA_BLAS=openblas, blis or onednn overrides");
+    return 0;
+  }
+  snprintf(why, n, "this CPU's choice, %s, is not installed: on Debian, apt-get install "
+           "libdnnl2", want);
+  return tt_blas_select("openblas");
+}
+
 int main(int argc, char **argv) {
   tt_preinit_restore();
   const char *cmd = argc > 1 ? argv[1] : NULL;
   warn_weak_blas_core();
-  /* TETRA_BLAS: the library of the matmul family's products (kernels/cpu/blas.c). */
-  if (tt_blas_select(getenv("TETRA_BLAS")) != 0) {
+  /* TETRA_BLAS: the library of the matmul family's products (kernels/cpu/blas.c); unset,
+  ** the one this CPU ran fastest (tt_blas_library_for), or OpenBLAS where that one is not
+  ** installed. TETRA_BF16_GEMM: how bf16 products run. */
+  char blas_why[160];
+  if (select_blas(blas_why, sizeof blas_why) != 0 ||
+      tt_bf16_gemm_select(getenv("TETRA_BF16_GEMM"),
+                          tt_blas_core_choice_get()->cpu.avx512_bf16) != 0) {
     fprintf(stderr, "tetra: %s\n", tt_last_error());
     return 2;
   }
@@ -451,8 +474,9 @@ int main(int argc, char **argv) {
   if (cmd && (!strcmp(cmd, "--version") || !strcmp(cmd, "-v"))) {
     char blas[256];
     tt_blas_core_describe(tt_blas_core_choice_get(), openblas_get_corename(), blas, sizeof blas);
-    printf("tetra %s (%s)\n%s\nCPU matmul products on %s (TETRA_BLAS: openblas, blis or "
-           "onednn)\n", TETRA_VERSION, LUAJIT_VERSION, blas, tt_blas_selected());
+    printf("tetra %s (%s)\n%s\nCPU matmul products on %s (%s); bf16 products: %s "
+           "(TETRA_BF16_GEMM: emulate or dot)\n", TETRA_VERSION, LUAJIT_VERSION, blas,
+           tt_blas_selected(), blas_why, tt_bf16_gemm_selected());
     return 0;
   }
   /* The C tools need neither Lua nor the library root. */

@@ -13,15 +13,18 @@
 ** otherwise the leading dims are merged where possible and run as a strided batch.
 */
 #include "matmul.h"
+#include "blas.h"
 #include "core/tt_internal.h"
 #include "tetra_amp.h"
 
 /* -- Matrix views -------------------------------------------------------------------- */
 
 /* Element (i, j) of the matrix at batch index (l_0, ..) is
-** data[sum_l l_d * ls[d] + i * sr + j * sc]; ls[d] == 0 on every dim: shared. */
+** data[sum_l l_d * ls[d] + i * sr + j * sc], of f32 or (bf16 set) of bf16; ls[d] == 0 on
+** every dim: shared. */
 typedef struct mat {
-  float *data;
+  char *data;
+  int bf16;
   int64_t rows, cols, sr, sc;
   int64_t ls[TT_MAX_DIMS];
 } mat;
@@ -39,6 +42,7 @@ static mat mat_of(tt_tensor *t, int trans, int nlead) {
   mat m;
   const int nd = t->ndim;
   m.data = tt_tensor_data(t);
+  m.bf16 = t->dtype == TT_BF16;
   if (nd == 1) {
     m.rows = 1;
     m.cols = t->shape[0];
@@ -129,8 +133,17 @@ static int gemm_one(const tt_matmul_kernels *k, const mat *c, const mat *x, cons
   int64_t ldx = 0, ldy = 0, ldc = 0;
   if (!blas_form(x, &tx, &ldx) || !blas_form(y, &ty, &ldy) || !blas_form(c, &tc, &ldc) || tc)
     return tt_set_error("matmul: internal error: an operand is not in a BLAS layout");
-  return k->gemm(tx, ty, x->rows, y->cols, x->cols, alpha, x->data + ox, ldx, bx,
-                 y->data + oy, ldy, by, beta, c->data + oc, ldc, bc, batch);
+  if (c->bf16 || x->bf16 != y->bf16 || (x->bf16 && !k->gemm_bf16))
+    return tt_set_error("matmul: internal error: %s operands with %s output",
+                        x->bf16 == y->bf16 ? (x->bf16 ? "bf16" : "f32") : "mixed",
+                        c->bf16 ? "a bf16" : "an f32");
+  float *cd = (float *)c->data + oc;
+  if (x->bf16)
+    return k->gemm_bf16(tx, ty, x->rows, y->cols, x->cols, alpha,
+                        (const uint16_t *)x->data + ox, ldx, bx,
+                        (const uint16_t *)y->data + oy, ldy, by, beta, cd, ldc, bc, batch);
+  return k->gemm(tx, ty, x->rows, y->cols, x->cols, alpha, (const float *)x->data + ox, ldx,
+                 bx, (const float *)y->data + oy, ldy, by, beta, cd, ldc, bc, batch);
 }
 
 /* Offsets of batch index `flat` (row-major over the first n dims of L) in each operand. */
@@ -358,8 +371,12 @@ static int matmul_core(const char *op, int allow_row, tt_tensor *a, tt_tensor *b
                        tt_tensor *bias, int ta, int tb, tt_tensor *a_use, tt_tensor *b_use,
                        tt_backward_fn backward, int compute, int out_dtype, tt_tensor **out) {
   char sa[160], sb[160], sc[160];
-  if (a_use == a) TT_TRY(tt_check_dtype(op, "a", a, TT_F32));
-  TT_TRY(tt_check_dtype(op, "b", b, TT_F32));
+  /* f32, but for operands that are their own stand-ins in bf16 (off the tape, gemm_lowp
+  ** with TETRA_BF16_GEMM=dot) */
+  if (a_use == a && !(a->dtype == TT_BF16 && tt_bf16_gemm_dot()))
+    TT_TRY(tt_check_dtype(op, "a", a, TT_F32));
+  if (b_use != b || !(b->dtype == TT_BF16 && tt_bf16_gemm_dot()))
+    TT_TRY(tt_check_dtype(op, "b", b, TT_F32));
   if (bias) TT_TRY(tt_check_dtype(op, "bias", bias, TT_F32));
   tt_tensor *in[3] = {a, b, bias};
   TT_TRY(tt_check_same_device(op, in, 3));
@@ -490,6 +507,12 @@ int tt_cuda_linear_lowp_cached(tt_tensor *x, tt_tensor *w, tt_tensor *w_low, tt_
 static int rounded_f32(tt_tensor *t, int dtype, tt_tensor **out) {
   tt_tensor *low = NULL, *r = NULL;
   *out = NULL;
+  if (t->dtype == TT_F32 && tt_tensor_is_contiguous(t)) {   /* one pass, no dtype copy */
+    TT_TRY(tt_tensor_empty(t->shape, t->ndim, TT_F32, t->device, &r));
+    if (tt_round_f32_(r, t, dtype) != 0) goto fail;
+    *out = r;
+    return 0;
+  }
   if (t->dtype != dtype) {
     TT_TRY(tt_tensor_empty(t->shape, t->ndim, dtype, t->device, &low));
     if (tt_copy_(low, t) != 0) goto fail;
@@ -505,26 +528,52 @@ fail:
   return -1;
 }
 
-/* The emulation's backward: the output gradient rounded to the compute dtype (i[3]), as
-** the CUDA op rounds it, then matmul_backward's f32 GEMMs on the rounded operands the
-** forward saved. x and w get f32 gradients, w's straight from the f32 sums; the bias
-** gradient sums the unrounded g, as the CUDA op's does. */
+/* t in dtype, contiguous (t itself when it already is). */
+static int lowp_contiguous(tt_tensor *t, int dtype, tt_tensor **out) {
+  if (t->dtype == dtype && tt_tensor_is_contiguous(t)) {
+    tt_tensor_retain(t);
+    *out = t;
+    return 0;
+  }
+  TT_TRY(tt_tensor_empty(t->shape, t->ndim, dtype, t->device, out));
+  if (tt_copy_(*out, t) != 0) {
+    tt_tensor_release(*out);
+    *out = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* t as an operand of the GEMMs at dtype, rounded once: on CUDA, and on the cpu for bf16
+** with TETRA_BF16_GEMM=dot (oneDNN's bf16 GEMM), t in dtype, contiguous; otherwise on the
+** cpu an f32 tensor holding t's values rounded to dtype (what the emulation multiplies).
+** Both sum the same exact products in f32, in each library's order. */
+static int operand_lowp(tt_tensor *t, int dtype, tt_tensor **out) {
+  if (tt_device_is_cuda(t->device) || (dtype == TT_BF16 && tt_bf16_gemm_dot()))
+    return lowp_contiguous(t, dtype, out);
+  return rounded_f32(t, dtype, out);
+}
+
+/* The cpu op's backward: the output gradient rounded to the compute dtype (i[3]), as the
+** CUDA op rounds it, then matmul_backward's GEMMs on that and the rounded operands the
+** forward saved (operand_lowp's). x and w get f32 gradients, w's straight from the f32
+** sums; the bias gradient sums the unrounded g, as the CUDA op's does. */
 static int linear_lowp_cpu_backward(tt_node *node, tt_tensor *g) {
   tt_tensor *gr = NULL;
-  TT_TRY(rounded_f32(g, (int)node->i[3], &gr));
+  TT_TRY(operand_lowp(g, (int)node->i[3], &gr));
   const int st = backward_parts(node, gr, g);
   tt_tensor_release(gr);
   return st;
 }
 
-/* The cpu emulation of tt_cuda_linear_lowp_cached: x rounded (or widened, when it is
-** already in dtype), w_low widened (exactly), an f32 GEMM, the output rounded to
-** out_dtype. */
+/* The cpu's tt_cuda_linear_lowp_cached: x rounded to dtype and w_low, as operand_lowp
+** gives them (widened to f32 for the emulation), one GEMM with f32 sums, the output
+** rounded to out_dtype. */
 static int linear_lowp_cpu(tt_tensor *x, tt_tensor *w, tt_tensor *w_low, tt_tensor *bias,
                            int dtype, int out_dtype, tt_tensor **out) {
   tt_tensor *xr = NULL, *wr = NULL;
-  int st = rounded_f32(x, dtype, &xr);
-  if (st == 0) st = rounded_f32(w_low, dtype, &wr);
+  int st = operand_lowp(x, dtype, &xr);
+  if (st == 0) st = operand_lowp(w_low, dtype, &wr);
   if (st == 0)
     st = matmul_core("tt_linear_lowp", 1, x, w, bias, 0, 1, xr, wr, linear_lowp_cpu_backward,
                      dtype, out_dtype, out);
@@ -577,28 +626,9 @@ int tt_cuda_matmul_lowp_ex(tt_tensor *a, tt_tensor *b, tt_tensor *bias, int tran
                            int trans_b, int compute_dtype, int out_dtype, tt_tensor **out)
     __attribute__((weak));
 
-/* t as an operand of the dtype GEMMs below, rounded once: on the cpu an f32 tensor holding
-** t's values rounded to dtype (what the emulation multiplies), on CUDA t in dtype,
-** contiguous (t itself when it already is). */
-static int operand_lowp(tt_tensor *t, int dtype, tt_tensor **out) {
-  if (!tt_device_is_cuda(t->device)) return rounded_f32(t, dtype, out);
-  if (t->dtype == dtype && tt_tensor_is_contiguous(t)) {
-    tt_tensor_retain(t);
-    *out = t;
-    return 0;
-  }
-  TT_TRY(tt_tensor_empty(t->shape, t->ndim, dtype, t->device, out));
-  if (tt_copy_(*out, t) != 0) {
-    tt_tensor_release(*out);
-    *out = NULL;
-    return -1;
-  }
-  return 0;
-}
-
 /* out = op(a) op(b) of 2-D operands (operand_lowp's, or views of them) at dtype, fp32
-** sums, in out_dtype, off the tape: the CUDA GEMM, or on the cpu its emulation (an f32
-** GEMM of the rounded values, the output rounded). */
+** sums, in out_dtype, off the tape: the CUDA GEMM, or on the cpu oneDNN's bf16 GEMM or the
+** emulation (an f32 GEMM of the rounded values), the output rounded. */
 static int gemm_lowp(tt_tensor *a, tt_tensor *b, int ta, int tb, int dtype, int out_dtype,
                      tt_tensor **out) {
   const int grad = tt_is_grad_enabled();

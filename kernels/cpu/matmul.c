@@ -15,28 +15,55 @@
 
 static int fits_blasint(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
-static int cpu_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float *a, int64_t lda, int64_t stride_a, const float *b,
-                    int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
-                    int64_t stride_c, int64_t batch) {
+/* The checks and the empty product (k == 0: C = beta * C, and beta 0 must not read C, which
+** may hold NaN) both element types share; 1 when the caller still has products to run. */
+static int gemm_sizes_ok(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                         int64_t ldc, float beta, float *c, int64_t stride_c, int64_t batch,
+                         int *run) {
+  *run = 0;
   if (!fits_blasint(m) || !fits_blasint(n) || !fits_blasint(k) || !fits_blasint(lda) ||
       !fits_blasint(ldb) || !fits_blasint(ldc))
     return tt_set_error("matmul: GEMM of (%lld, %lld) x (%lld, %lld) exceeds the 32-bit sizes "
                         "of the BLAS interface", (long long)m, (long long)k, (long long)k,
                         (long long)n);
   if (m == 0 || n == 0) return 0;
-  for (int64_t i = 0; i < batch; i++) {
-    float *ci = c + i * stride_c;
-    if (k == 0) {
-      /* An empty product: C = beta * C, and beta 0 must not read C (it may hold NaN). */
+  if (k == 0) {
+    for (int64_t i = 0; i < batch; i++)
       for (int64_t r = 0; r < m; r++)
-        for (int64_t j = 0; j < n; j++)
-          ci[r * ldc + j] = beta == 0.0f ? 0.0f : beta * ci[r * ldc + j];
-      continue;
-    }
-    TT_TRY(tt_blas_sgemm(trans_a, trans_b, (int)m, (int)n, (int)k, alpha, a + i * stride_a,
-                         (int)lda, b + i * stride_b, (int)ldb, beta, ci, (int)ldc));
+        for (int64_t j = 0; j < n; j++) {
+          float *x = c + i * stride_c + r * ldc + j;
+          *x = beta == 0.0f ? 0.0f : beta * *x;
+        }
+    return 0;
   }
+  *run = 1;
+  return 0;
+}
+
+static int cpu_gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, int64_t stride_a, const float *b,
+                    int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
+                    int64_t stride_c, int64_t batch) {
+  int run = 0;
+  TT_TRY(gemm_sizes_ok(m, n, k, lda, ldb, ldc, beta, c, stride_c, batch, &run));
+  for (int64_t i = 0; run && i < batch; i++)
+    TT_TRY(tt_blas_sgemm(trans_a, trans_b, (int)m, (int)n, (int)k, alpha, a + i * stride_a,
+                         (int)lda, b + i * stride_b, (int)ldb, beta, c + i * stride_c,
+                         (int)ldc));
+  return 0;
+}
+
+/* bf16 operands (TETRA_BF16_GEMM=dot): oneDNN's bf16 GEMM, f32 sums (kernels/cpu/blas.c). */
+static int cpu_gemm_bf16(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const uint16_t *a, int64_t lda, int64_t stride_a,
+                         const uint16_t *b, int64_t ldb, int64_t stride_b, float beta,
+                         float *c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  int run = 0;
+  TT_TRY(gemm_sizes_ok(m, n, k, lda, ldb, ldc, beta, c, stride_c, batch, &run));
+  for (int64_t i = 0; run && i < batch; i++)
+    TT_TRY(tt_blas_gemm_bf16(trans_a, trans_b, (int)m, (int)n, (int)k, alpha,
+                             a + i * stride_a, (int)lda, b + i * stride_b, (int)ldb, beta,
+                             c + i * stride_c, (int)ldc));
   return 0;
 }
 
@@ -71,6 +98,7 @@ static int cpu_bias_backward(float *gbias, const float *g, int64_t rows, int64_t
 
 const tt_matmul_kernels tt_matmul_cpu = {
   .gemm = cpu_gemm,
+  .gemm_bf16 = cpu_gemm_bf16,
   .bias_fill = cpu_bias_fill,
   .bias_backward = cpu_bias_backward,
 };

@@ -300,7 +300,7 @@ static int bias_backward(float *gbias, const float *g, int64_t rows, int64_t n) 
 }
 
 extern "C" const tt_matmul_kernels tt_matmul_cuda = {
-  gemm, bias_fill, bias_backward,
+  gemm, bias_fill, bias_backward, NULL,   /* bf16: an op of its own (matmul_lowp.cu) */
 };
 
 TT_CUDA_FAMILY(matmul)

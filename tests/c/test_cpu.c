@@ -56,6 +56,20 @@ Test(cpu, avx512_gets_the_avx512_kernels) {
   cr_assert_str_eq(tt_blas_core_for(&skx), "SkylakeX");
 }
 
+Test(cpu, intel_avx512_gets_onednn_the_rest_openblas) {
+  tt_cpu_features spr = sapphire_rapids(), skx = skylake_x(), intel = avx2_intel(),
+                  amd = zen3(), old = sse_only(), zen4 = sapphire_rapids();
+  strcpy(zen4.vendor, "AuthenticAMD");
+  cr_assert_str_eq(tt_blas_library_for(&spr), "onednn");
+  cr_assert_str_eq(tt_blas_library_for(&skx), "onednn");
+  cr_assert_str_eq(tt_blas_library_for(&intel), "openblas");
+  cr_assert_str_eq(tt_blas_library_for(&amd), "openblas");
+  cr_assert_str_eq(tt_blas_library_for(&zen4), "openblas");
+  cr_assert_str_eq(tt_blas_library_for(&old), "openblas");
+  spr.os_avx512 = 0;   /* registers the OS does not save: no AVX-512 */
+  cr_assert_str_eq(tt_blas_library_for(&spr), "openblas");
+}
+
 Test(cpu, avx2_gets_haswell_or_zen_by_vendor) {
   tt_cpu_features intel = avx2_intel(), amd = zen3(), hygon = zen3();
   strcpy(hygon.vendor, "HygonGenuine");

@@ -11,6 +11,11 @@
 ** 124M at 4 x 64 tokens (dim 768, qkv 2,304, ffn 3,072, vocabulary 50,257); and one
 ** head's attention products (scores Q K^T, NT, and P V, NN) at 256 x 256 x 64.
 **
+** Beside them, the bf16 column: oneDNN's gemm_bf16bf16f32 on the operands rounded to
+** bf16, f32 sums (what TETRA_BF16_GEMM=dot runs, on AVX512_BF16's dot-product
+** instructions), checked against OpenBLAS's f32 product of the same rounded values, the
+** emulation tetra runs by default; "bf16/f32" is its rate over the fastest f32 library's.
+**
 ** Per shape the backends take turns, ROUNDS rounds; each round times repeats of the
 ** product until 0.2 s have passed, and a backend's figure is its best round (GFLOP/s).
 ** Each result is checked against OpenBLAS's (relative Frobenius difference) and against a
@@ -34,6 +39,9 @@ typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float 
                                const float *, int, float, float *, int);
 typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const float *,
                              int64_t, const float *, int64_t, float, float *, int64_t);
+
+typedef int (*dnnl_bf16_fn)(char, char, int64_t, int64_t, int64_t, float, const uint16_t *,
+                            int64_t, const uint16_t *, int64_t, float, float *, int64_t);
 
 typedef struct {
   const char *name;
@@ -87,6 +95,15 @@ static void gemm(const backend *b, const shape *s, const float *A, const float *
             0.0f, C, s->n);
 }
 
+/* v rounded to bf16 (nearest, ties to even): its bits, and its value as a float. */
+static uint16_t to_bf16(float v, float *widened) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  memcpy(widened, &u, 4);
+  return (uint16_t)(u >> 16);
+}
+
 static void *open_lib(const char *const *paths) {
   for (int i = 0; paths[i]; i++) {
     void *h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
@@ -116,6 +133,7 @@ int main(int argc, char **argv) {
   be[0].cblas = (cblas_sgemm_fn)dlsym(ho, "cblas_sgemm");
   be[1].cblas = (cblas_sgemm_fn)dlsym(hb, "cblas_sgemm");
   be[2].dnnl = (dnnl_sgemm_fn)dlsym(hd, "dnnl_sgemm");
+  dnnl_bf16_fn bf16 = (dnnl_bf16_fn)dlsym(hd, "dnnl_gemm_bf16bf16f32");
   void (*ob_threads)(int) = (void (*)(int))dlsym(ho, "openblas_set_num_threads");
   char *(*ob_core)(void) = (char *(*)(void))dlsym(ho, "openblas_get_corename");
   char *(*ob_config)(void) = (char *(*)(void))dlsym(ho, "openblas_get_config");
@@ -123,7 +141,7 @@ int main(int argc, char **argv) {
   const char *(*bli_version)(void) = (const char *(*)(void))dlsym(hb, "bli_info_get_version_str");
   typedef struct { int major, minor, patch; const char *hash; unsigned cpu_runtime, gpu_runtime; } dv;
   const dv *(*dnnl_version)(void) = (const dv *(*)(void))dlsym(hd, "dnnl_version");
-  if (!be[0].cblas || !be[1].cblas || !be[2].dnnl || !ob_threads || !bli_threads) {
+  if (!be[0].cblas || !be[1].cblas || !be[2].dnnl || !bf16 || !ob_threads || !bli_threads) {
     fprintf(stderr, "gemm_backends: a library lacks the symbols it should have\n");
     return 1;
   }
@@ -142,10 +160,11 @@ int main(int argc, char **argv) {
   printf("# threads %d, rounds %d; best round's GFLOP/s per backend, each round at least 0.2 s\n",
          threads, rounds);
   for (int i = 0; i < 3; i++) printf("# %s: %s\n", be[i].name, be[i].version);
-  printf("%-6s %-10s %2s %6s %6s %6s %9s %9s %9s  %-8s %s\n", "model", "product", "op", "M",
-         "N", "K", "openblas", "blis", "onednn", "fastest", "max rel diff / repeat bits");
+  printf("%-6s %-10s %2s %6s %6s %6s %9s %9s %9s  %-8s %-26s %9s %8s\n", "model", "product",
+         "op", "M", "N", "K", "openblas", "blis", "onednn", "fastest",
+         "max rel diff / repeat bits", "bf16 dot", "bf16/f32");
   int n_shapes = (int)(sizeof SHAPES / sizeof SHAPES[0]);
-  double geo[3] = {0, 0, 0};
+  double geo[3] = {0, 0, 0}, geo_bf16 = 0, geo_best = 0;
   int wins[3] = {0, 0, 0}, bad = 0;
   for (int si = 0; si < n_shapes; si++) {
     const shape *s = &SHAPES[si];
@@ -191,10 +210,45 @@ int main(int argc, char **argv) {
       if (best[b] > best[f]) f = b;
     wins[f]++;
     for (int b = 0; b < 3; b++) geo[b] += log(best[b]);
-    printf("%-6s %-10s %c%c %6d %6d %6d %9.1f %9.1f %9.1f  %-8s %.1e / %s\n", s->model, s->what,
-           s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->m, s->n, s->k, best[0], best[1], best[2],
-           be[f].name, worst, same_bits ? "same" : "DIFFER");
-    if (worst > 1e-4 || !same_bits) bad = 1;
+
+    /* bf16 dot products on the rounded operands, against OpenBLAS's f32 product of them */
+    uint16_t *Ab = malloc(na * 2), *Bb = malloc(nb * 2);
+    for (size_t i = 0; i < na; i++) Ab[i] = to_bf16(A[i], &A[i]);
+    for (size_t i = 0; i < nb; i++) Bb[i] = to_bf16(B[i], &B[i]);
+    const int lda = s->ta ? s->m : s->k, ldb = s->tb ? s->k : s->n;
+    const char ta = s->ta ? 'T' : 'N', tb = s->tb ? 'T' : 'N';
+    gemm(&be[0], s, A, B, C[0]);
+    bf16(ta, tb, s->m, s->n, s->k, 1.0f, Ab, lda, Bb, ldb, 0.0f, C[1], s->n);
+    double best16 = 0;
+    for (int r = 0; r < rounds; r++) {
+      int reps = 0;
+      double t0 = now(), t;
+      do {
+        bf16(ta, tb, s->m, s->n, s->k, 1.0f, Ab, lda, Bb, ldb, 0.0f, R, s->n);
+        reps++;
+      } while ((t = now() - t0) < 0.2);
+      if (flop * reps / t / 1e9 > best16) best16 = flop * reps / t / 1e9;
+    }
+    double num = 0, den = 0;
+    for (size_t i = 0; i < nc; i++) {
+      double d = (double)C[1][i] - C[0][i];
+      num += d * d;
+      den += (double)C[0][i] * C[0][i];
+    }
+    const double rel16 = sqrt(num / (den > 0 ? den : 1));
+    const int same16 = memcmp(R, C[1], nc * 4) == 0;
+    geo_bf16 += log(best16);
+    geo_best += log(best[f]);
+    free(Ab);
+    free(Bb);
+
+    char diff[48];
+    snprintf(diff, sizeof diff, "%.1e / %s", worst, same_bits ? "same" : "DIFFER");
+    printf("%-6s %-10s %c%c %6d %6d %6d %9.1f %9.1f %9.1f  %-8s %-26s %9.1f %7.2fx%s\n",
+           s->model, s->what, s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', s->m, s->n, s->k, best[0],
+           best[1], best[2], be[f].name, diff, best16, best16 / best[f],
+           rel16 > 1e-5 || !same16 ? "  bf16 DIFFERS" : "");
+    if (worst > 1e-4 || !same_bits || rel16 > 1e-5 || !same16) bad = 1;
     for (int b = 0; b < 3; b++) free(C[b]);
     free(A);
     free(B);
@@ -203,6 +257,9 @@ int main(int argc, char **argv) {
   printf("geometric mean GFLOP/s: openblas %.1f, blis %.1f, onednn %.1f; fastest on %d, %d, %d "
          "of %d shapes\n", exp(geo[0] / n_shapes), exp(geo[1] / n_shapes),
          exp(geo[2] / n_shapes), wins[0], wins[1], wins[2], n_shapes);
-  if (bad) printf("FAIL: a backend disagrees with OpenBLAS past 1e-4 or with itself\n");
+  printf("bf16 dot products (oneDNN): geometric mean %.1f GFLOP/s, %.2fx the fastest f32 "
+         "library's\n", exp(geo_bf16 / n_shapes), exp((geo_bf16 - geo_best) / n_shapes));
+  if (bad) printf("FAIL: a backend disagrees with OpenBLAS past 1e-4 (bf16: 1e-5 against the "
+                  "emulation) or with itself\n");
   return bad;
 }

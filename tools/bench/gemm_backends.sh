@@ -2,7 +2,8 @@
 # The engine's f32 GEMM shapes on OpenBLAS (what tetra links), BLIS and oneDNN, side by
 # side in one run (tools/bench/gemm_backends.c says which shapes and how they are timed):
 # GFLOP/s per backend and shape, the fastest named, each result checked against OpenBLAS
-# and against its own repeat (bit for bit). Installs libblis-dev and libdnnl-dev (Debian's
+# and against its own repeat (bit for bit); and oneDNN's bf16 GEMM on the same shapes
+# (TETRA_BF16_GEMM=dot) against the fastest f32 library. Installs libblis-dev and libdnnl-dev (Debian's
 # BLIS 0.9 and oneDNN 2.6) when they are missing; they are for this benchmark only.
 #
 #   tools/bench/gemm_backends.sh [--threads 1,2] [--rounds 3]
