@@ -45,7 +45,10 @@ for f in /etc/ssl/certs/ca-certificates.crt; do
                      -e SSL_CERT_FILE=/etc/tetra-host-ca.crt -e REQUESTS_CA_BUNDLE=/etc/tetra-host-ca.crt
                      -e CURL_CA_BUNDLE=/etc/tetra-host-ca.crt)
 done
-args=$(printf ' %q' "$@")
+# No arguments must stay none: printf ' %q' with nothing to print gives " ''", an empty
+# argument that made tools/test skip tools/mutate (a selection, not the whole suite).
+args=""
+[ $# -gt 0 ] && args=$(printf ' %q' "$@")
 docker rm -f "$name" >/dev/null 2>&1 || true
 set +e
 docker run --rm --name "$name" --cap-add NET_ADMIN --cap-add SYS_ADMIN --network host --hostname tetra-fresh \
