@@ -383,7 +383,7 @@ int tt_round_f32_(tt_tensor *dst, const tt_tensor *src, int dtype) {
            "and bf16 or f16", (long long)n);
   float *restrict d = tt_tensor_data(dst);
   const float *restrict x = tt_tensor_data((tt_tensor *)src);
-  dst->storage->version++;
+  ++dst->storage->version;
   if (dtype == TT_BF16) {
 #pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
     for (int64_t j = 0; j < n; j++) d[j] = tt_elem_bf16_to_float(tt_elem_float_to_bf16(x[j]));
