@@ -4,6 +4,8 @@
 #  1. chaos: $KILLS (default 10) SIGKILLs of a random rank at random moments (each once
 #     the job has written a new checkpoint), every other one while a checkpoint is being
 #     written (a .tmp.step_* directory exists);
+#     every save is held 100 ms before it is published (checkpoint.save_delay_ms, a test
+#     switch), so that the kills meant for a save find one however fast the steps are;
 #     the run finishes and its metrics records (loss and gradient norm of every step)
 #     equal an uninterrupted run's bit for bit; each restart is a logged line, the count
 #     reaches the job (records' `restarts`), and `latest` names a complete checkpoint.
@@ -36,13 +38,15 @@ mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$wor
 ck="$work/chaos.ck"
 "$tetra" launch --max-restarts $((kills + 5)) --backoff 0.1 -- \
   mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$ck" \
-  --set log.metrics_file="$work/chaos.jsonl" >"$work/chaos.out" 2>&1 &
+  --set checkpoint.save_delay_ms=100 --set log.metrics_file="$work/chaos.jsonl" >"$work/chaos.out" 2>&1 &
 launch=$!
 chaos $launch "$ck" "$kills" 2 || { echo "FAIL: kill $((chaos_done + 1)): the job was not running"; failed=1; }
 during_save=$chaos_during_save
 wait $launch; rc=$?
 restarts=$(grep -c "^tetra launch: restart [0-9]*: the job failed (killed by signal 9" "$work/chaos.out")
-echo "chaos: $kills kills ($during_save while a checkpoint was being written), $restarts restarts, exit $rc"
+last=$(grep -o "^tetra launch: restart [0-9]*: the job failed (killed by signal 9 (exit 137) after step [0-9]*" "$work/chaos.out" |
+       tail -n 1 | grep -o "[0-9]*$")
+echo "chaos: $kills kills ($during_save while a checkpoint was being written), $restarts restarts, the last after step ${last:-?} of $steps, exit $rc"
 [ $rc -eq 0 ] || { echo "FAIL: the chaos run did not finish"; tail -20 "$work/chaos.out"; failed=1; }
 [ "$restarts" -eq "$kills" ] || { echo "FAIL: $restarts restarts logged for $kills kills"; grep "tetra launch" "$work/chaos.out"; failed=1; }
 [ "$during_save" -ge 1 ] || { echo "FAIL: no kill landed during a save"; failed=1; }

@@ -5,18 +5,27 @@
 # (pid $1).
 ranks_of() {
   local mp
-  mp=$(ps -o pid= --ppid "$1" | awk "NR == 1 {print \$1}")
+  mp=$(job_of "$1")
   [ -n "$mp" ] && ps -o pid= --ppid "$mp" | awk "{print \$1}"
+}
+
+# The pid of the job tetra launch (pid $1) runs now: its child, mpirun.
+job_of() {
+  ps -o pid= --ppid "$1" | awk "NR == 1 {print \$1}"
 }
 
 # chaos LAUNCH_PID CHECKPOINT_DIR KILLS EVERY_NTH: KILLS SIGKILLs of a random one of the
 # job's 4 ranks. Before each kill the job must have written a checkpoint since the last
 # one (so every restart makes progress, however slowly a busy machine starts the ranks),
 # then a random 0-0.3 s passes; every EVERY_NTH-th kill also waits for a checkpoint being
-# written (a .tmp.step_* directory in CHECKPOINT_DIR). Sets chaos_during_save (kills
-# that found a save in progress) and chaos_done (kills made).
+# written (a .tmp.step_* directory in CHECKPOINT_DIR). Each kill goes to a new start of
+# the job (a new mpirun): a checkpoint published between reading `latest` and the kill
+# would otherwise let the next kill hit the dying job's ranks, two kills for one
+# restart. Sets chaos_during_save (kills that found a save in progress) and chaos_done
+# (kills made).
 chaos() {
   local launch="$1" ck="$2" kills="$3" nth="$4" k tries target pids seen="" now
+  local job killed="" saving
   chaos_during_save=0 chaos_done=0
   for ((k = 1; k <= kills; k++)); do
     target=""
@@ -31,15 +40,19 @@ chaos() {
     done
     for ((tries = 0; tries < 12000; tries++)); do
       kill -0 "$launch" 2>/dev/null || break
+      job=$(job_of "$launch")
       mapfile -t pids < <(ranks_of "$launch")
-      if [ "${#pids[@]}" -eq 4 ]; then
+      if [ -n "$job" ] && [ "$job" != "$killed" ] && [ "${#pids[@]}" -eq 4 ]; then
         if [ $((k % nth)) -eq 0 ] && ! compgen -G "$ck/.tmp.step_*" >/dev/null; then
           sleep 0.002; continue
         fi
         target="${pids[$((RANDOM % 4))]}"
         seen=$(cat "$ck/latest" 2>/dev/null)
-        compgen -G "$ck/.tmp.step_*" >/dev/null && chaos_during_save=$((chaos_during_save + 1))
-        kill -KILL "$target" 2>/dev/null
+        saving=0
+        compgen -G "$ck/.tmp.step_*" >/dev/null && saving=1
+        kill -KILL "$target" 2>/dev/null || { target=""; sleep 0.005; continue; }
+        chaos_during_save=$((chaos_during_save + saving))
+        killed=$job
         break
       fi
       sleep 0.005

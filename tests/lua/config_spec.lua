@@ -197,6 +197,20 @@ describe("validation errors", function()
     end
   end)
 
+  it("refuses a save delay the chosen kind of save would ignore", function()
+    local function msg(sets)
+      return config_error(function()
+        config.build({ sets = sets, world_size = 1 })
+      end)
+    end
+    expect(msg({ "checkpoint.dir=/tmp/ck", "checkpoint.async=true", "checkpoint.save_delay_ms=5" })).to_match(
+      "^config error: checkpoint%.save_delay_ms holds back synchronous saves; with checkpoint%.async=true use checkpoint%.async_delay_ms")
+    expect(msg({ "checkpoint.dir=/tmp/ck", "checkpoint.async_delay_ms=5" })).to_match(
+      "^config error: checkpoint%.async_delay_ms holds back the writer thread of checkpoint%.async=true")
+    local cfg = config.build({ sets = { "checkpoint.dir=/tmp/ck", "checkpoint.save_delay_ms=5" }, world_size = 1 })
+    expect(cfg.checkpoint.save_delay_ms).to_be(5)
+  end)
+
   it("checks the layout against the model and the batch", function()
     local msg = config_error(function()
       config.build({ yaml = { train = { model_name = "llama-tiny", batch_size = 8, gradient_accumulation_steps = 3 } },

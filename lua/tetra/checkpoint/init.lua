@@ -47,6 +47,7 @@
 -- .shards (slices, index.json, the reshard on load), .dir (checksums, `latest`, pruning),
 -- .rng (the RNG state as text), .weights (the parameters alone); files through
 -- tetra.util.fs, JSON through tetra.util.json.
+local host = require("tetra.host")
 local metrics = require("tetra.obs.metrics")
 local fs = require("tetra.util.fs")
 local json = require("tetra.util.json")
@@ -75,6 +76,8 @@ function M.save(env)
     local p = save.plan(env)
     return p, save.write_files(p)
   end)
+  local delay = (env.cfg.checkpoint or {}).save_delay_ms or 0
+  if delay > 0 then host.sleep(delay / 1000) end   -- a test switch
   return save.finish(env, plan, crcs)
 end
 

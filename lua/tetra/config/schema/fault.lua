@@ -13,6 +13,14 @@ config.register_check(function(cfg)
   if ck.async and not ck.dir then
     config.error("checkpoint.async needs checkpoint.dir (where checkpoints go)")
   end
+  if ck.save_delay_ms > 0 and ck.async then
+    config.error("checkpoint.save_delay_ms holds back synchronous saves; with checkpoint.async=true " ..
+                 "use checkpoint.async_delay_ms")
+  end
+  if ck.async_delay_ms > 0 and not ck.async then
+    config.error("checkpoint.async_delay_ms holds back the writer thread of checkpoint.async=true; " ..
+                 "for synchronous saves use checkpoint.save_delay_ms")
+  end
 end)
 
 return {
@@ -37,5 +45,7 @@ return {
       doc = "copy the state to host memory at the step and write it on a background thread" },
     async_delay_ms = { type = "int", default = 0, min = 0,
       doc = "test switch: the writer thread waits this long before writing" },
+    save_delay_ms = { type = "int", default = 0, min = 0,
+      doc = "test switch: a synchronous save waits this long between writing its files and publishing them (its .tmp directory stays)" },
   },
 }
