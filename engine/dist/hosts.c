@@ -144,25 +144,22 @@ int tt_dist_hosts_report(const tt_comm *c, int self_world_rank, char *out, size_
   const char *mine = tt_dist_rank_host(self_world_rank);
   const char *hosts[TT_PROBE_MAX_HOSTS];
   int state[TT_PROBE_MAX_HOSTS];
-  int n = 0, silent = 0;
-  /* The group's other hosts first. When they all answer (a collective can wait on a rank
-  ** that itself waits on a lost host), or none does (is this host the one cut off?),
-  ** every other host of the job. */
+  int n = 0, n_all, silent = 0;
+  /* The group's other hosts come first, then every other host of the job, all probed in
+  ** one round (a cut-off host's own ranks must report before their daemon's keepalive
+  ** ends them). The group's silent hosts are the report; when they all answer (a
+  ** collective can wait on a rank that itself waits on a lost host), or none does (is
+  ** this host the one cut off?), every host counts. */
   collect_hosts(c->world_ranks, c->size, mine, hosts, &n);
-  if (n > 0) probe_hosts(hosts, n, state);
+  n_all = n;
+  for (int r = 0; r < g_nhosts && n_all < TT_PROBE_MAX_HOSTS; r++)
+    collect_hosts(&r, 1, mine, hosts, &n_all);
+  if (n_all > 0) probe_hosts(hosts, n_all, state);
   for (int i = 0; i < n; i++) silent += state[i] == PROBE_SILENT;
   if (silent == 0 || silent == n) {
-    const char *all[TT_PROBE_MAX_HOSTS];
-    int n_all = 0;
-    for (int r = 0; r < g_nhosts && n_all < TT_PROBE_MAX_HOSTS; r++)
-      collect_hosts(&r, 1, mine, all, &n_all);
-    if (n_all > n) {
-      memcpy(hosts, all, sizeof(all[0]) * (size_t)n_all);
-      n = n_all;
-      probe_hosts(hosts, n, state);
-      silent = 0;
-      for (int i = 0; i < n; i++) silent += state[i] == PROBE_SILENT;
-    }
+    n = n_all;
+    silent = 0;
+    for (int i = 0; i < n; i++) silent += state[i] == PROBE_SILENT;
   }
   *probed = n;
   if (silent == 0) {
