@@ -7,7 +7,7 @@
 #     byte for byte (the snapshot is the state of its step), the metrics are the same,
 #     and a run resumed from the async step-10 checkpoint continues exactly like the
 #     synchronous run.
-#  2. 4 ranks under tetra launch with async saves, each writer held 100 ms (so that a save
+#  2. 4 ranks under tetra launch with async saves, each writer held 200 ms (so that a save
 #     is in flight long enough to be found, however fast the steps): 4 SIGKILLs, each
 #     while a checkpoint is being written (its .tmp.step_* directory exists: the thread is writing or the ranks
 #     have yet to publish it); every restart resumes from `latest` (a partial checkpoint
@@ -46,7 +46,7 @@ mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$wor
 ck="$work/chaos.ck"
 "$tetra" launch --max-restarts $((kills + 3)) --backoff 0.1 -- \
   mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.async=true \
-  --set checkpoint.async_delay_ms=100 \
+  --set checkpoint.async_delay_ms=200 \
   --set checkpoint.dir="$ck" --set log.metrics_file="$work/chaos.jsonl" >"$work/chaos.out" 2>&1 &
 launch=$!
 chaos $launch "$ck" $kills 1 || { echo "FAIL: kill $((chaos_done + 1)): the job was not running"; failed=1; }

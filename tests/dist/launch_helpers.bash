@@ -1,17 +1,22 @@
 # Sourced by the tests of tetra launch (launch_chaos.sh, checkpoint_async.sh) after
 # prelude.bash.
 
+# The pids of process $1's children, one per line.
+children_of() {
+  ps -o pid= --ppid "$1" | awk "{print \$1}"
+}
+
+# The pid of the job tetra launch (pid $1) runs now: its child, mpirun.
+job_of() {
+  children_of "$1" | head -n 1
+}
+
 # The pids of a job's ranks: the children of mpirun, itself the child of tetra launch
 # (pid $1).
 ranks_of() {
   local mp
   mp=$(job_of "$1")
-  [ -n "$mp" ] && ps -o pid= --ppid "$mp" | awk "{print \$1}"
-}
-
-# The pid of the job tetra launch (pid $1) runs now: its child, mpirun.
-job_of() {
-  ps -o pid= --ppid "$1" | awk "NR == 1 {print \$1}"
+  [ -n "$mp" ] && children_of "$mp"
 }
 
 # chaos LAUNCH_PID CHECKPOINT_DIR KILLS EVERY_NTH: KILLS SIGKILLs of a random one of the
@@ -41,7 +46,8 @@ chaos() {
     for ((tries = 0; tries < 12000; tries++)); do
       kill -0 "$launch" 2>/dev/null || break
       job=$(job_of "$launch")
-      mapfile -t pids < <(ranks_of "$launch")
+      pids=()
+      [ -n "$job" ] && mapfile -t pids < <(children_of "$job")
       if [ -n "$job" ] && [ "$job" != "$killed" ] && [ "${#pids[@]}" -eq 4 ]; then
         if [ $((k % nth)) -eq 0 ] && ! compgen -G "$ck/.tmp.step_*" >/dev/null; then
           sleep 0.002; continue
