@@ -422,13 +422,41 @@ int tt_copy_(tt_tensor *dst, const tt_tensor *src) {
                       "contiguous on its own device first");
 }
 
+/* A fill on a GPU by kernels, in stream order: no host wait (backward's seed of ones is a
+** fill, and a wait there broke every step's CUDA-graph capture on the first H200 run).
+** Zeros of any dtype are a memset; other values of a float dtype an f32 fill, cast by a
+** device copy where the dtype or layout differs. 1: not handled here. */
+static int fill_device(tt_tensor *t, int64_t n, double value) {
+  const tt_device_backend *be = tt_backend_for(t->device);
+  if (!be) return -1;
+  const int contiguous = tt_tensor_is_contiguous(t);
+  if (contiguous && value == 0.0 && !signbit(value)) {
+    t->storage->version++;
+    return be->memset0(tt_tensor_data(t), t->device, (size_t)n * tt_dtype_size(t->dtype));
+  }
+  if (!be->fill_f32 || !tt_dtype_is_float(t->dtype)) return 1;
+  if (t->dtype == TT_F32 && contiguous) {
+    t->storage->version++;
+    return be->fill_f32(tt_tensor_data(t), t->device, n, (float)value);
+  }
+  tt_tensor *f = NULL;
+  TT_TRY(tt_tensor_empty(t->shape, t->ndim, TT_F32, t->device, &f));
+  int rc = be->fill_f32(tt_tensor_data(f), t->device, n, (float)value);
+  if (rc == 0) rc = tt_copy_(t, f);
+  tt_tensor_release(f);
+  return rc;
+}
+
 int tt_fill_(tt_tensor *t, double value) {
   int64_t n = tt_tensor_numel(t);
   if (t->device != TT_CPU) {
-    /* Fill a host buffer and copy it over: fills are rare outside initialisation. */
+    if (n == 0) return 0;
+    int rc = fill_device(t, n, value);
+    if (rc <= 0) return rc;
+    /* Integers other than zero: fill a host buffer and copy it over (initialisation). */
     tt_tensor *host = NULL;
     TT_TRY(tt_tensor_full(t->shape, t->ndim, t->dtype, TT_CPU, value, &host));
-    int rc = tt_copy_(t, host);
+    rc = tt_copy_(t, host);
     tt_tensor_release(host);
     return rc;
   }
@@ -528,34 +556,50 @@ void tt_manual_seed(uint64_t seed) {
 uint64_t tt_rng_state(void) { return tt_rng; }
 void tt_rng_set_state(uint64_t state) { tt_rng = state; }
 
-static uint64_t rng_next(void) {
-  uint64_t z = (tt_rng += 0x9e3779b97f4a7c15ULL);
+/* splitmix64's k-th output after `state` depends on k alone (the state only adds a
+** constant per draw), so a tensor's draws can be made by many threads at once, each from
+** its own position, and give the bits one thread would. */
+static inline uint64_t rng_mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
+static inline uint64_t rng_at(uint64_t state, uint64_t k) {   /* draw k (from 0) */
+  return rng_mix(state + (k + 1) * 0x9e3779b97f4a7c15ULL);
+}
+
+static uint64_t rng_next(void) { return rng_mix(tt_rng += 0x9e3779b97f4a7c15ULL); }
 
 /* Uniform in (0, 1): 53 random bits, never exactly 0 (safe for log). */
-static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) * 0x1.0p-53; }
+static inline double rng_unit(uint64_t bits) { return ((double)(bits >> 11) + 0.5) * 0x1.0p-53; }
 
+/* Initialising a billion-parameter model draws a billion normals: at about 45 M/s on one
+** core that was 25 s before the first step (the first H200 run), hence the threads. */
 int tt_tensor_randn(const int64_t *shape, int ndim, double mean, double std, tt_tensor **out) {
   TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, TT_CPU, out));
   float *p = tt_tensor_data(*out);
-  int64_t n = tt_tensor_numel(*out);
-  /* Box-Muller, both outputs used. */
-  for (int64_t i = 0; i < n; i += 2) {
-    double r = sqrt(-2.0 * log(rng_uniform())), a = 2.0 * M_PI * rng_uniform();
-    p[i] = (float)(mean + std * r * cos(a));
-    if (i + 1 < n) p[i + 1] = (float)(mean + std * r * sin(a));
+  const int64_t n = tt_tensor_numel(*out), pairs = (n + 1) / 2;
+  const uint64_t s = tt_rng;
+  /* Box-Muller, both outputs used: pair k takes draws 2k and 2k + 1. */
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
+  for (int64_t k = 0; k < pairs; k++) {
+    double r = sqrt(-2.0 * log(rng_unit(rng_at(s, 2 * (uint64_t)k)))),
+           a = 2.0 * M_PI * rng_unit(rng_at(s, 2 * (uint64_t)k + 1));
+    p[2 * k] = (float)(mean + std * r * cos(a));
+    if (2 * k + 1 < n) p[2 * k + 1] = (float)(mean + std * r * sin(a));
   }
+  tt_rng = s + 2 * (uint64_t)pairs * 0x9e3779b97f4a7c15ULL;
   return 0;
 }
 
 int tt_tensor_rand(const int64_t *shape, int ndim, double lo, double hi, tt_tensor **out) {
   TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, TT_CPU, out));
   float *p = tt_tensor_data(*out);
-  int64_t n = tt_tensor_numel(*out);
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * rng_uniform());
+  const int64_t n = tt_tensor_numel(*out);
+  const uint64_t s = tt_rng;
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
+  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * rng_unit(rng_at(s, (uint64_t)i)));
+  tt_rng = s + (uint64_t)n * 0x9e3779b97f4a7c15ULL;
   return 0;
 }
 

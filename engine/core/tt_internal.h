@@ -137,6 +137,8 @@ typedef struct tt_device_backend {
   ** everything queued so far on stream `key`" (no host wait). */
   void *(*current_stream)(void);
   int (*order_after)(int device, void *key);
+  /* n f32 values at ptr set to value by a kernel, in stream order (NULL: none). */
+  int (*fill_f32)(float *ptr, int device, int64_t n, float value);
 } tt_device_backend;
 
 /* The backend calls this when stream `key` is destroyed, after waiting for it: cached

@@ -12,6 +12,9 @@
 #include "tt_cudnn_sdpa.h"
 extern "C" {
 #include "tetra_cuda.h"
+extern "C" {
+#include "optim.h"
+}
 }
 #include <pthread.h>
 
@@ -80,9 +83,14 @@ static int cuda_order_after(int device, void *key) {
   return 0;
 }
 
+static int cuda_fill_f32(float *p, int device, int64_t n, float value) {
+  TT_TRY(tt_cuda_use_device(device));
+  return tt_optim_cuda.fill(p, n, value);
+}
+
 static const tt_device_backend g_backend = {
   "cuda", cuda_alloc, cuda_free, cuda_memcpy, cuda_memset0, cuda_current_stream,
-  cuda_order_after,
+  cuda_order_after, cuda_fill_f32,
 };
 
 /* -- Start-up ----------------------------------------------------------------------- */

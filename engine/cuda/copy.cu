@@ -86,3 +86,5 @@ extern "C" int tt_cuda_copy_strided(tt_tensor *dst, const tt_tensor *src) {
   TT_CU_LAUNCHED("copy_kernel");
   return 0;
 }
+
+TT_CUDA_FAMILY(copy)

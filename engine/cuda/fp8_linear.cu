@@ -40,6 +40,10 @@ extern "C" int tt_comm_size(const tt_comm *c) __attribute__((weak));
 extern "C" int tt_comm_all_reduce(tt_comm *c, tt_tensor *t, int op) __attribute__((weak));
 
 enum { ROLE_X = 0, ROLE_W = 1, ROLE_G = 2, ROLES = 3 };
+/* The inverse scales a call used sit SLOT floats (256 bytes) apart: cuBLASLt is given each
+** as a scale pointer, and every FP8 GEMM known to work passes separately allocated
+** scalars (the first H200 run, with the three 4 bytes apart, got "not supported"). */
+enum { SLOT = 64 };
 
 /* One tensor's scaling state on the device (tt_fp8_meta's fields, in float). */
 typedef struct dev_meta {
@@ -251,7 +255,7 @@ static int launch_cast(const cast_job *j, fp8_device *d, float *scale_inv_used) 
     cast_transpose_kernel<T><<<grid, block, 0, tt_cuda_cur_stream()>>>(
         (const T *)tt_tensor_data(j->x), j->rows, j->cols, &d->metas[j->role], j->fp8_dtype,
         (uint8_t *)tt_tensor_data(j->q), j->qt ? (uint8_t *)tt_tensor_data(j->qt) : NULL,
-        amax, scale_inv_used + j->role);
+        amax, scale_inv_used + j->role * SLOT);
     TT_CU_LAUNCHED("cast_transpose_kernel");
     return 0;
   });
@@ -269,8 +273,8 @@ static int agree(void *group, fp8_device *d) {
 }
 
 /* Quantises the n jobs at their delayed scales (a role's first quantisation from its own
-** agreed amax), writing the inverse scales used into scale_inv (ROLES floats, device),
-** then updates the histories. Everything is queued on the stream: no host sync. */
+** agreed amax), writing the inverse scales used into scale_inv (ROLES slots of SLOT
+** floats, device), then updates the histories. Everything is queued on the stream: no host sync. */
 static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, float *scale_inv) {
   int fresh = 0, all = 0;
   for (int i = 0; i < n; i++) {
@@ -331,7 +335,7 @@ static int as_dtype(tt_tensor *t, int dtype, tt_tensor **out) {
 /* -- The op --------------------------------------------------------------------------- */
 
 /* inputs: x, w, bias; saved[0] = q_x^T (in, rows), saved[1] = q_w^T (in, out),
-** saved[2] = the inverse scales (ROLES f32; slot ROLE_G written by backward).
+** saved[2] = the inverse scales (ROLES slots of SLOT f32; slot ROLE_G written by backward).
 ** i[0..2] = rows, in, out. */
 static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
   tt_fp8_linear_state *st = (tt_fp8_linear_state *)node->ctx;
@@ -341,7 +345,7 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
   fp8_device *d = (fp8_device *)st->device;
   float *si = (float *)tt_tensor_data(sinv);
   tt_tensor *g = NULL, *dx = NULL, *dx2 = NULL, *dxv = NULL, *dw = NULL, *dw2 = NULL;
-  tt_tensor *g32 = NULL, *db = NULL;
+  tt_tensor *g32 = NULL, *g2d = NULL, *db = NULL;
   cast_job job;
   memset(&job, 0, sizeof job);
   int grad = tt_is_grad_enabled();
@@ -356,7 +360,9 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
     /* dX (rows, in) = q_g (rows, out) . (q_w^T (in, out))^T, bf16 */
     int64_t shape[2] = {rows, in};
     rc = tt_tensor_empty(shape, 2, TT_BF16, d->device, &dx);
-    if (rc == 0) rc = fp8_gemm(rows, in, outf, job.q, qwt, dx, si + ROLE_G, si + ROLE_W, NULL, 0);
+    if (rc == 0)
+      rc = fp8_gemm(rows, in, outf, job.q, qwt, dx, si + ROLE_G * SLOT, si + ROLE_W * SLOT,
+                    NULL, 0);
     if (rc == 0) rc = as_dtype(dx, x->dtype, &dx2);
     if (rc == 0) rc = tt_view(dx2, x->shape, x->ndim, &dxv);
     if (rc == 0) rc = tt_accumulate_grad(x, dxv);
@@ -365,19 +371,24 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
     /* dW (out, in) = q_g^T (out, rows) . (q_x^T (in, rows))^T, f32 */
     int64_t shape[2] = {outf, in};
     rc = tt_tensor_empty(shape, 2, TT_F32, d->device, &dw);
-    if (rc == 0) rc = fp8_gemm(outf, in, rows, job.qt, qxt, dw, si + ROLE_G, si + ROLE_X, NULL, 0);
+    if (rc == 0)
+      rc = fp8_gemm(outf, in, rows, job.qt, qxt, dw, si + ROLE_G * SLOT, si + ROLE_X * SLOT,
+                    NULL, 0);
     if (rc == 0) rc = as_dtype(dw, w->dtype, &dw2);
     if (rc == 0) rc = tt_accumulate_grad(w, dw2);
   }
   if (rc == 0 && bias && tt_needs_grad(bias)) {
-    /* The bias gradient needs no GEMM: the unquantised gradient's column sums, in f32. */
+    /* The bias gradient needs no GEMM: the unquantised gradient's column sums, in f32,
+    ** over every row of a gradient of any rank (viewed as rows x out). */
     int dims[1] = {0};
+    int64_t g_shape[2] = {rows, outf};
     rc = as_dtype(g, TT_F32, &g32);
-    if (rc == 0) rc = tt_sum(g32, dims, 1, 0, &db);
+    if (rc == 0) rc = tt_view(g32, g_shape, 2, &g2d);
+    if (rc == 0) rc = tt_sum(g2d, dims, 1, 0, &db);
     if (rc == 0) rc = tt_accumulate_grad(bias, db);
   }
   tt_set_grad_enabled(grad);
-  tt_tensor *all[] = {g, job.q, job.qt, dx, dx2, dxv, dw, dw2, g32, db};
+  tt_tensor *all[] = {g, job.q, job.qt, dx, dx2, dxv, dw, dw2, g32, g2d, db};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
   return rc ? tt_error_context("fp8_linear backward") : 0;
 }
@@ -400,7 +411,7 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
   tt_tensor *xc = NULL, *wc = NULL, *bc = NULL, *sinv = NULL, *y = NULL, *y2 = NULL, *yv = NULL;
   cast_job jobs[2];
   memset(jobs, 0, sizeof jobs);
-  int64_t nroles = ROLES;
+  int64_t nroles = ROLES * SLOT;
   int64_t y_shape[TT_MAX_DIMS];
   for (int dd = 0; dd < x->ndim - 1; dd++) y_shape[dd] = x->shape[dd];
   y_shape[x->ndim - 1] = outf;
@@ -423,8 +434,8 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
     int64_t shape[2] = {rows, outf};
     const float *si = (const float *)tt_tensor_data(sinv);
     rc = tt_tensor_empty(shape, 2, TT_BF16, x->device, &y);
-    if (rc == 0) rc = fp8_gemm(rows, outf, in, jobs[0].q, jobs[1].q, y, si + ROLE_X,
-                               si + ROLE_W, bc ? tt_tensor_data(bc) : NULL, st->fast_accum);
+    if (rc == 0) rc = fp8_gemm(rows, outf, in, jobs[0].q, jobs[1].q, y, si + ROLE_X * SLOT,
+                               si + ROLE_W * SLOT, bc ? tt_tensor_data(bc) : NULL, st->fast_accum);
   }
   if (rc == 0) rc = as_dtype(y, x->dtype, &y2);
   if (rc == 0) rc = tt_view(y2, y_shape, x->ndim, &yv);

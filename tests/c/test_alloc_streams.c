@@ -10,9 +10,14 @@
 **   - a retired (destroyed, drained) stream's blocks are idle, and so is every block after
 **     tt_alloc_mark_idle (the device synchronised);
 **   - when ordering fails the allocation fails with the backend's message, and the block
-**     stays cached.
+**     stays cached;
+**   - tt_fill_ on a device fills by the backend (memset for zeros, its f32 fill kernel)
+**     without a copy from the host, which would wait for the device (and broke every
+**     CUDA-graph capture of a step on the first H200 run); integers other than zero
+**     still come from the host.
 */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/tt_internal.h"
@@ -23,15 +28,28 @@ static void *g_current;              /* the pretend current stream (NULL: defaul
 static void *g_ordered_after[16];    /* order_after calls, in order */
 static int g_num_ordered;
 static int g_order_fails;
+static int g_copies, g_memsets, g_fills;   /* backend calls */
 
 static void *host_alloc(size_t n, int device) { (void)device; return malloc(n ? n : 1); }
 static void host_free(void *p, int device) { (void)device; free(p); }
 static int host_memcpy(void *d, int dd, const void *s, int sd, size_t n) {
   (void)dd, (void)sd;
   memcpy(d, s, n);
+  g_copies++;
   return 0;
 }
-static int host_memset0(void *p, int device, size_t n) { (void)device; memset(p, 0, n); return 0; }
+static int host_memset0(void *p, int device, size_t n) {
+  (void)device;
+  memset(p, 0, n);
+  g_memsets++;
+  return 0;
+}
+static int host_fill_f32(float *p, int device, int64_t n, float v) {
+  (void)device;
+  for (int64_t i = 0; i < n; i++) p[i] = v;
+  g_fills++;
+  return 0;
+}
 static void *current_stream(void) { return g_current; }
 static int order_after(int device, void *key) {
   (void)device;
@@ -42,6 +60,7 @@ static int order_after(int device, void *key) {
 
 static const tt_device_backend g_pretend = {
   "pretend-cuda", host_alloc, host_free, host_memcpy, host_memset0, current_stream, order_after,
+  host_fill_f32,
 };
 
 static void setup(void) {
@@ -50,6 +69,7 @@ static void setup(void) {
   g_current = NULL;
   g_num_ordered = 0;
   g_order_fails = 0;
+  g_copies = g_memsets = g_fills = 0;
 }
 
 TestSuite(alloc_streams, .init = setup);
@@ -166,4 +186,26 @@ Test(alloc_streams, live_and_cached_bytes_balance) {
   cr_assert_eq(tt_alloc_stats_get(DEV, &after), 0);
   cr_assert_eq(after.live_bytes, before.live_bytes);
   cr_assert_eq(after.cached_bytes, before.cached_bytes + 4096 * 4);
+}
+
+Test(alloc_streams, device_fills_never_copy_from_the_host) {
+  int64_t n = 1000;
+  tt_tensor *t = NULL, *z = NULL, *m = NULL, *i = NULL;
+  cr_assert_eq(tt_tensor_full(&n, 1, TT_F32, DEV, 2.5, &t), 0, "%s", tt_last_error());
+  cr_assert_eq(g_fills, 1);
+  const float *p = tt_tensor_data(t);
+  for (int64_t k = 0; k < n; k++) cr_assert_eq(p[k], 2.5f, "element %lld", (long long)k);
+  cr_assert_eq(tt_tensor_zeros(&n, 1, TT_BF16, DEV, &z), 0, "%s", tt_last_error());
+  cr_assert_eq(g_memsets, 1, "zeros of any dtype are a memset");
+  /* -0.0 is no memset: its sign bit must survive. */
+  cr_assert_eq(tt_tensor_full(&n, 1, TT_F32, DEV, -0.0, &m), 0, "%s", tt_last_error());
+  cr_assert_eq(g_memsets, 1);
+  cr_assert(signbit(((const float *)tt_tensor_data(m))[n - 1]));
+  cr_assert_eq(g_copies, 0, "a device fill copied from the host");
+  /* Integers other than zero: from the host, the one copy. */
+  cr_assert_eq(tt_tensor_full(&n, 1, TT_I32, DEV, 7.0, &i), 0, "%s", tt_last_error());
+  cr_assert_eq(g_copies, 1);
+  cr_assert_eq(((const int32_t *)tt_tensor_data(i))[n - 1], 7);
+  tt_tensor *all[] = {t, z, m, i};
+  for (int k = 0; k < 4; k++) tt_tensor_release(all[k]);
 }

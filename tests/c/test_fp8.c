@@ -290,19 +290,31 @@ Test(fp8, linear_matches_float64_model_of_gpu_arithmetic) {
   tt_tensor_release(x0); tt_tensor_release(w); tt_tensor_release(b); tt_tensor_release(g0);
 }
 
-/* The bias gradient is the column sum of the unquantised output gradient. */
-Test(fp8, linear_bias_gradient_is_unquantised) {
-  enum { ROWS = 6, IN = 16, OUT = 8 };
+/* The bias gradient is the column sum of the unquantised output gradient, over every row
+** of activations of any rank and dtype: with bf16 activations (a bf16 gradient, which the
+** first H200 run found tt_sum refusing on the CPU) and with 3-D ones (the CUDA twin summed
+** only the first dimension there). */
+static void check_bias_gradient(int x_dtype, int ndim) {
+  enum { B = 2, T = 3, ROWS = B * T, IN = 16, OUT = 8 };
   tt_manual_seed(3);
-  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs[1] = {OUT}, ys[2] = {ROWS, OUT};
-  tt_tensor *x = randn(xs, 2, 1.0), *w = randn(ws, 2, 0.3), *b = randn(bs, 1, 0.1);
-  tt_tensor *gy = randn(ys, 2, 1.0);
+  int64_t xs[3] = {B, T, IN}, ws[2] = {OUT, IN}, bs[1] = {OUT}, ys[3] = {B, T, OUT};
+  if (ndim == 2) {
+    xs[0] = ROWS; xs[1] = IN;
+    ys[0] = ROWS; ys[1] = OUT;
+  }
+  tt_tensor *x32 = randn(xs, ndim, 1.0), *w = randn(ws, 2, 0.3), *b = randn(bs, 1, 0.1);
+  tt_tensor *gy32 = randn(ys, ndim, 1.0), *x = NULL, *gy = NULL;
+  cr_assert_eq(tt_cast(x32, x_dtype, &x), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_cast(gy32, x_dtype, &gy), 0, "%s", tt_last_error());
   cr_assert_eq(tt_set_requires_grad(b, 1), 0);
   tt_fp8_linear_state st;
   cr_assert_eq(tt_fp8_linear_state_init(&st, 4, 0), 0);
   tt_tensor *y = NULL;
   cr_assert_eq(tt_fp8_linear(x, w, b, &st, &y), 0, "%s", tt_last_error());
   cr_assert_eq(tt_backward_with(y, gy), 0, "%s", tt_last_error());
+  cr_assert_not_null(b->grad);
+  cr_assert_eq(b->grad->ndim, 1);
+  cr_assert_eq(b->grad->shape[0], OUT);
   double *gv = values(gy), *db = values(b->grad);
   for (int o = 0; o < OUT; o++) {
     double s = 0;
@@ -310,9 +322,13 @@ Test(fp8, linear_bias_gradient_is_unquantised) {
     cr_assert_float_eq(db[o], s, 1e-6 * fabs(s) + 1e-7, "db[%d]", o);
   }
   free(gv); free(db);
-  tt_tensor_release(x); tt_tensor_release(w); tt_tensor_release(b); tt_tensor_release(gy);
-  tt_tensor_release(y);
+  tt_fp8_linear_state_release(&st);
+  tt_tensor *all[] = {x32, x, w, b, gy32, gy, y};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }
+
+Test(fp8, linear_bias_gradient_is_unquantised) { check_bias_gradient(TT_F32, 2); }
+Test(fp8, linear_bias_gradient_bf16_activations_3d) { check_bias_gradient(TT_BF16, 3); }
 
 /* Fast accumulation is a cuBLASLt option the emulation has no model of: a CPU call asking
 ** for it is refused, not run with fp32 sums as if it had been honoured. */

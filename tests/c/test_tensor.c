@@ -385,3 +385,65 @@ Test(rng, seeded_and_restorable) {
   tt_tensor_release(b);
   tt_tensor_release(c);
 }
+
+/* splitmix64 and Box-Muller written out here, one draw after another: the model the
+** engine's threaded draws must reproduce bit for bit. */
+static uint64_t ref_state;
+static double ref_unit(void) {
+  uint64_t z = (ref_state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return ((double)(z >> 11) + 0.5) * 0x1.0p-53;
+}
+
+/* One large draw (many threads, each from its own position in the stream) gives the
+** values of the serial model, and leaves the state of the same draws made serially in
+** small pieces (even sizes for normals: each pair of outputs takes two draws). */
+static void expect_same_as_pieces(int normal) {
+  enum { N = 1 << 18, PIECE = 1000 };
+  int64_t n = N, piece = PIECE;
+  tt_tensor *big = NULL, *part = NULL, *after_big = NULL, *after_parts = NULL;
+  int64_t one = 1;
+  tt_manual_seed(9);
+  ref_state = tt_rng_state();
+  cr_assert_eq(normal ? tt_tensor_randn(&n, 1, 0.5, 2.0, &big)
+                      : tt_tensor_rand(&n, 1, -1.0, 3.0, &big), 0);
+  cr_assert_eq(tt_tensor_randn(&one, 1, 0.0, 1.0, &after_big), 0);
+  const float *bv = tt_tensor_data(big);
+  for (int64_t i = 0; i < N; i += normal ? 2 : 1) {
+    float want[2];
+    if (normal) {
+      double r = sqrt(-2.0 * log(ref_unit())), a = 2.0 * M_PI * ref_unit();
+      want[0] = (float)(0.5 + 2.0 * r * cos(a));
+      want[1] = (float)(0.5 + 2.0 * r * sin(a));
+    } else {
+      want[0] = (float)(-1.0 + 4.0 * ref_unit());
+    }
+    for (int j = 0; j < (normal ? 2 : 1); j++)
+      cr_assert_eq(memcmp(&bv[i + j], &want[j], sizeof(float)), 0,
+                   "element %lld: %.9g, the serial model %.9g", (long long)(i + j), bv[i + j],
+                   want[j]);
+  }
+  tt_manual_seed(9);
+  const float *b = tt_tensor_data(big);
+  for (int64_t at = 0; at < N; at += PIECE) {
+    piece = N - at < PIECE ? N - at : PIECE;
+    cr_assert_eq(normal ? tt_tensor_randn(&piece, 1, 0.5, 2.0, &part)
+                        : tt_tensor_rand(&piece, 1, -1.0, 3.0, &part), 0);
+    const float *p = tt_tensor_data(part);
+    for (int64_t i = 0; i < piece; i++)
+      cr_assert_eq(memcmp(&p[i], &b[at + i], sizeof(float)), 0, "element %lld: %.9g vs %.9g",
+                   (long long)(at + i), p[i], b[at + i]);
+    tt_tensor_release(part);
+  }
+  cr_assert_eq(tt_tensor_randn(&one, 1, 0.0, 1.0, &after_parts), 0);
+  cr_assert_eq(tt_tensor_get(after_big, 0), tt_tensor_get(after_parts, 0),
+               "the stream's state after the draws differs");
+  tt_tensor_release(big);
+  tt_tensor_release(after_big);
+  tt_tensor_release(after_parts);
+}
+
+Test(rng, parallel_normals_equal_serial_pieces) { expect_same_as_pieces(1); }
+Test(rng, parallel_uniforms_equal_serial_pieces) { expect_same_as_pieces(0); }

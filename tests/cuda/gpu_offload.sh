@@ -4,9 +4,11 @@
 # without parallel.offload_optimizer. With it, every update runs on the CPU's AdamW
 # kernel from page-locked host copies (AdamW:host_f32) where without it the CUDA kernel
 # runs: the two are the same arithmetic in f32, so each step's loss and gradient norm
-# must agree (1e-5 relative: the kernels may contract a multiply-add differently, and a
-# difference in step k's update shows in step k+1's loss; not yet measured on a GPU, so
-# this bound is the first run's to confirm). The offloaded run holds no optimizer state
+# must agree: fp32 to 1e-5 relative (the kernels may contract a multiply-add differently,
+# and a difference in step k's update shows in step k+1's loss; the first H200 run
+# measured 8.6e-8), bf16 to 2e-3 (there a one-ulp difference of an f32 master weight can
+# move its bf16 copy by a whole bf16 ulp, 2^-8; measured 2.1e-4 on the H200). Any defect
+# of the offloaded update shows in fp32, which runs the same host kernel. The offloaded run holds no optimizer state
 # on the device (the metrics' optimizer_bytes 0, host_optimizer_bytes the two moments)
 # and its step peak is lower. Exit 77 (skip) without a GPU or a CUDA build.
 set -euo pipefail
@@ -40,7 +42,7 @@ for a, b in zip(runs["false"], runs["true"]):
     for k in ("loss", "grad_norm"):
         rel = abs(a[k] - b[k]) / max(1e-12, abs(a[k]))
         worst = max(worst, rel)
-        if rel > 1e-5:
+        if rel > (2e-3 if p == "bf16" else 1e-5):
             print(f"FAIL: {p} step {a['step']} {k}: offloaded {b[k]}, on the GPU {a[k]}"); bad = 1
 last = runs["true"][-1]
 on_dev, host = last.get("optimizer_bytes"), last.get("host_optimizer_bytes", 0)

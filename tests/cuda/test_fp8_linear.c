@@ -3,15 +3,18 @@
 ** GEMMs, device-side delayed scaling) against the CPU emulation (engine/ops/fp8.c), which
 ** tests/c/test_fp8.c pins to a float64 model of the same arithmetic.
 **
-** Both sides quantise with the same float scales, so the fp8 codes are equal; every
-** product of two fp8 values is exact in fp32, so Y and dX (bf16) can differ only where
-** the order of the fp32 sums moves a value across a bf16 rounding boundary: at most one
-** bf16 ulp, on a small fraction of elements (bound 1%); dW (f32) to fp32 rounding (bound
-** 1e-5 relative L2). After each of three steps the device metas, brought back with
-** tt_fp8_linear_state_sync, must equal the CPU's bit for bit (scales, ring, history).
+** Both sides quantise with the same float scales, so the fp8 codes are equal, and every
+** product of two fp8 values is exact in fp32. The CPU sums them in fp32; Hopper's FP8
+** tensor cores do not: their accumulator keeps about 14 bits (DeepSeek-V3's report,
+** section 3.3.2), and the first H200 run found Y two bf16 ulps off the emulation on an
+** element near zero (-0.02026 against -0.02051, in a row of outputs of order 2). So a
+** bf16 result may differ by one ulp of itself plus 2^-13 of the tensor's largest
+** magnitude (a wrong scale, bias or code is off by far more), on at most 5% of the
+** elements; dW (f32) to 1e-5 relative L2. After each of three steps the device metas,
+** brought back with tt_fp8_linear_state_sync, must equal the CPU's bit for bit (scales,
+** ring, history). The bounds come from that one element: the next GPU run confirms them.
 **
-** NOT YET RUN ON A GPU: written and compiled (sm_90a) without one. Without a GPU the
-** program exits 77 before running anything: ctest reports "Not Run".
+** Without a GPU the program exits 77 before running anything: ctest reports "Not Run".
 */
 #include "cuda_test.h"
 #include "tetra_amp.h"
@@ -25,10 +28,12 @@ static double *host_values(tt_tensor *t) {
   return v;
 }
 
-/* GPU and CPU bf16 results: at most one bf16 ulp apart, and equal on all but 1%. */
+/* GPU and CPU bf16 results: within one bf16 ulp of the element plus 2^-13 of the largest
+** magnitude (the tensor cores' FP8 accumulator), and equal on all but 5%. */
 static void expect_bf16_close(const char *what, tt_tensor *gpu, tt_tensor *cpu) {
   int64_t n = tt_tensor_numel(cpu), differ = 0;
-  double *g = host_values(gpu), *c = host_values(cpu);
+  double *g = host_values(gpu), *c = host_values(cpu), big = 0;
+  for (int64_t i = 0; i < n; i++) big = fmax(big, fabs(c[i]));
   for (int64_t i = 0; i < n; i++) {
     cr_assert(!isnan(g[i]), "%s: element %lld is NaN", what, (long long)i);
     if (g[i] == c[i]) continue;
@@ -36,12 +41,12 @@ static void expect_bf16_close(const char *what, tt_tensor *gpu, tt_tensor *cpu) 
     int e;
     frexp(fabs(c[i]), &e);
     const double ulp = ldexp(1.0, (e - 1 < -126 ? -126 : e - 1) - 7);
-    cr_assert(fabs(g[i] - c[i]) <= ulp, "%s: element %lld: gpu %.9g cpu %.9g", what,
-              (long long)i, g[i], c[i]);
+    cr_assert(fabs(g[i] - c[i]) <= ulp + ldexp(big, -13),
+              "%s: element %lld: gpu %.9g cpu %.9g (largest |value| %.4g)", what, (long long)i,
+              g[i], c[i], big);
   }
-  cr_log_info("%s: %lld of %lld elements differ (by one bf16 ulp)", what, (long long)differ,
-              (long long)n);
-  cr_assert(differ <= n / 100, "%s: %lld of %lld elements differ", what, (long long)differ,
+  cr_log_info("%s: %lld of %lld elements differ", what, (long long)differ, (long long)n);
+  cr_assert(differ <= n / 20, "%s: %lld of %lld elements differ", what, (long long)differ,
             (long long)n);
   free(g);
   free(c);

@@ -12,3 +12,10 @@ set_tests_properties(gpu_check/bare_root PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 
 add_test(NAME gpu_check/configure
          COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/configure.sh)
 set_tests_properties(gpu_check/configure PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 180)
+# Every weak tt_* reference of the programs that bring CUDA up is resolved (an object of
+# libtetra_cuda.a that only weak references name is left out of the link, silently).
+if(TETRA_HAVE_CUDA)
+  add_test(NAME gpu_check/weak_symbols
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/weak_symbols.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_check/weak_symbols PROPERTIES TIMEOUT 60)
+endif()

@@ -101,6 +101,7 @@ static void measure(int64_t b, int64_t t, int dtype, int warmup, int repeats, fl
 static double tflops(double flop, float ms) { return flop / (ms * 1e-3) / 1e12; }
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);   /* a run stopped at its time cap keeps its lines */
   int64_t max_t = argc > 1 ? atoll(argv[1]) : 4096;
   if (tt_cuda_init() != 0) {
     printf("SKIP: %s\n", tt_last_error());

@@ -17,6 +17,7 @@
 -- NaN or infinite loss) and "gpu_train: ... tokens_per_s=N" over the steps from
 -- train.timed_from on (the first ones pay for allocation and cuBLASLt's heuristics).
 local tetra = require("tetra")
+io.stdout:setvbuf("line")   -- a run stopped at its time cap keeps its lines
 local train = tetra.train
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."

@@ -168,6 +168,7 @@ typedef struct bench_case {
 } bench_case;
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0);   /* a run stopped at its time cap keeps its lines */
   const int64_t N = argc > 1 ? atoll(argv[1]) : 8192;
   if (N < 1) {
     fprintf(stderr, "kernels_cuda: N must be a positive row count (got '%s')\n", argv[1]);

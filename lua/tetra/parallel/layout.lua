@@ -172,7 +172,7 @@ end
 M.cuda_kernels = {
   elementwise = true, activation = true, reduce = true, matmul = true, embedding = true,
   norm = true, rope = true, attention = true, optim = true, fused = true, cast = true,
-  matmul_lowp = true, fp8_linear = true,
+  matmul_lowp = true, fp8_linear = true, copy = true,
   loss = { f32 = true, bf16 = true },
   vocab_parallel = { f32 = true, bf16 = true },
 }
@@ -187,7 +187,7 @@ function M.step_kernels(cfg)
   local out = {}
   local function use(family, why) out[#out + 1] = { family = family, dtype = act, why = why } end
   for _, f in ipairs({ "embedding", "matmul", "norm", "rope", "attention", "activation",
-                       "elementwise", "reduce", "fused", "optim", "cast" }) do
+                       "elementwise", "reduce", "fused", "optim", "cast", "copy" }) do
     use(f, "every step")
   end
   if s.tp > 1 then
