@@ -94,8 +94,10 @@ describe("train.fp8_layers", function()
                              "layers.0.feed_forward.w3", "layers.1.feed_forward.w1",
                              "layers.1.feed_forward.w2", "layers.1.feed_forward.w3",
                              "output" })
-    -- The others keep the plain f32 GEMM of their class.
-    expect(rawget(env.model.layers[1].attention.wq, "gemm")).to_be(nil)
+    -- The others run f32 GEMMs, widening the bf16 activations the norms now write.
+    local wq = env.model.layers[1].attention.wq
+    local y = wq(tetra.randn(4, 64):cast("bf16"))
+    expect(y.dtype).to_be("f32")
     local r = env.step()
     expect(r.loss == r.loss).to_be(true)
     expect(env.amp.fp8_states["output"].x.filled).to_be(1)

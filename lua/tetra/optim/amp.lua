@@ -177,7 +177,9 @@ end
 -- Each layer owns its scaling state (three amax histories); the closure keeps it alive
 -- for as long as the layer, which outlives every backward of its forwards. `group` (a
 -- tetra.dist group or nil): the ranks over which every amax is agreed.
-local function fp8_gemm(history, margin, group, fast_accum)
+-- tt_fp8_linear writes Y in x's dtype (bf16 values either way); a layer whose output joins
+-- the residual stream (residual = true) writes f32 from a bf16 x, as under bf16.
+local function fp8_gemm(history, margin, group, fast_accum, residual)
   local st = ffi.gc(ffi.new("tt_fp8_linear_state"), C.tt_fp8_linear_state_release)
   tffi.check(C.tt_fp8_linear_state_init(st, history, margin), 3)
   st.fast_accum = fast_accum and 1 or 0
@@ -186,7 +188,13 @@ local function fp8_gemm(history, margin, group, fast_accum)
     st_groups[st] = group   -- the communicator outlives the state
   end
   return function(x, w, bias)
-    return take(C.tt_fp8_linear(x, w, bias, st, pout))
+    local y = take(C.tt_fp8_linear(x, w, bias, st, pout))
+    if residual and y._dtype ~= C.TT_F32 then
+      local y32 = take(C.tt_cast(y, C.TT_F32, pout))
+      y:free()
+      return y32
+    end
+    return y
   end, st
 end
 
@@ -274,8 +282,12 @@ function amp.wrap(model, cfg, opts)
   for _, nm in ipairs(model:named_modules()) do
     local path, m = nm[1], nm[2]
     -- bf16 activations start at the norms: each writes its output (a GEMM's operand) in
-    -- bf16, read by the GEMM as it is
-    if precision == "bf16" and m.add_forward then m.y_dtype = "bf16" end
+    -- bf16, read by the GEMM as it is. FP8 keeps them too (as Transformer Engine runs FP8
+    -- GEMMs inside bf16 autocast): attention, RoPE and SwiGLU then run in bf16 (on CUDA,
+    -- attention through cuDNN; in f32 the first H200 run's 1.1B Llama trained 15x slower
+    -- in FP8 than in bf16, nearly all of it in the f32 attention kernel), and the Linear
+    -- layers left out of FP8 (the head) widen their bf16 x to f32 GEMMs as before.
+    if (precision == "bf16" or precision == "fp8") and m.add_forward then m.y_dtype = "bf16" end
     if m.gemm then
       linears[#linears + 1] = path
       if precision ~= "fp8" then
@@ -285,10 +297,17 @@ function amp.wrap(model, cfg, opts)
         ctx.layers = ctx.layers + 1
       elseif fp8_selected(pats, path, m) then
         local gemm, st = fp8_gemm(t.fp8_history or 16, t.fp8_margin or 0, opts.amax_group,
-                                  t.fp8_fast_accum)
+                                  t.fp8_fast_accum, m.residual)
         m.gemm = gemm
         ctx.fp8_states[path] = st
         ctx.layers = ctx.layers + 1
+      else
+        -- left out of FP8: an f32 GEMM, as before, of the bf16 x widened
+        local plain = m.gemm
+        m.gemm = function(x, w, b)
+          if x._dtype ~= C.TT_F32 then x = take(C.tt_cast(x, C.TT_F32, pout)) end
+          return plain(x, w, b)
+        end
       end
     end
   end
