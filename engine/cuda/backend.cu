@@ -11,10 +11,8 @@
 #include "runtime/tt_runtime.h"
 #include "tt_cudnn_sdpa.h"
 extern "C" {
-#include "tetra_cuda.h"
-extern "C" {
 #include "optim.h"
-}
+#include "tetra_cuda.h"
 }
 #include <pthread.h>
 
