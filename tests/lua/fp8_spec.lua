@@ -94,6 +94,15 @@ describe("train.fp8_layers", function()
                              "layers.0.feed_forward.w3", "layers.1.feed_forward.w1",
                              "layers.1.feed_forward.w2", "layers.1.feed_forward.w3",
                              "output" })
+    -- Every norm writes bf16 under FP8, as under bf16 (attention then runs in bf16).
+    local norms = 0
+    for _, nm in ipairs(env.model:named_modules()) do
+      if nm[2].add_forward then
+        norms = norms + 1
+        expect({ nm[1], nm[2].y_dtype }).to_equal({ nm[1], "bf16" })
+      end
+    end
+    expect(norms > 0).to_be(true)
     -- The others run f32 GEMMs, widening the bf16 activations the norms now write.
     local wq = env.model.layers[1].attention.wq
     local y = wq(tetra.randn(4, 64):cast("bf16"))
