@@ -385,14 +385,11 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
     /* The bias gradient needs no GEMM, so it takes the unquantised gradient, summed in
     ** f32 (a bf16 gradient, with bf16 activations, is widened first). */
     int dims[1] = {0};
-    tt_tensor *g32 = NULL;
-    rc = g2->dtype == TT_F32 ? (tt_tensor_retain(g2), g32 = g2, 0) : tt_cast(g2, TT_F32, &g32);
-    if (rc == 0) rc = tt_sum(g32, dims, 1, 0, &db);
-    tt_tensor_release(g32);
-    if (rc || tt_accumulate_grad(bias, db)) {
-      rc = -1;
-      goto done;
-    }
+    tt_tensor *g32 = g2;
+    if (g2->dtype != TT_F32 && tt_cast(g2, TT_F32, &g32)) goto done;
+    const int bad = tt_sum(g32, dims, 1, 0, &db);
+    if (g32 != g2) tt_tensor_release(g32);
+    if (bad || tt_accumulate_grad(bias, db)) goto done;
   }
   rc = 0;
 done:

@@ -305,8 +305,11 @@ function amp.wrap(model, cfg, opts)
         -- left out of FP8: an f32 GEMM, as before, of the bf16 x widened
         local plain = m.gemm
         m.gemm = function(x, w, b)
-          if x._dtype ~= C.TT_F32 then x = take(C.tt_cast(x, C.TT_F32, pout)) end
-          return plain(x, w, b)
+          if x._dtype == C.TT_F32 then return plain(x, w, b) end
+          local x32 = x:float()
+          local y = plain(x32, w, b)
+          x32:free()
+          return y
         end
       end
     end
