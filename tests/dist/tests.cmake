@@ -117,3 +117,5 @@ endforeach()
 # The straggler test measures each rank's compute time against the others': it runs alone,
 # so another test's ranks on the same cores do not make a fast rank look slow.
 set_tests_properties(dist/straggler PROPERTIES RUN_SERIAL TRUE)
+# So does the planner's sweep, which times each layout against the planner's prediction.
+set_tests_properties(dist/plan_sweep PROPERTIES RUN_SERIAL TRUE)
