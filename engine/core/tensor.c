@@ -320,6 +320,25 @@ static int copy_row_fast(char *dp, int ddt, int64_t dstep, const char *sp, int s
   return 0;
 }
 
+/* A row of n elements of one dtype, `size` bytes each, moved as bits. */
+static void copy_row_bits(char *dp, int64_t dstep, const char *sp, int64_t sstep, int64_t n,
+                          size_t size) {
+  if (dstep == 1 && sstep == 1) {
+    memcpy(dp, sp, (size_t)n * size);
+    return;
+  }
+#define TT_ROW_BITS(W)                                                                     \
+  for (int64_t j = 0; j < n; j++) ((W *)dp)[j * dstep] = ((const W *)sp)[j * sstep];       \
+  return;
+  switch (size) {
+    case 1: TT_ROW_BITS(uint8_t)
+    case 2: TT_ROW_BITS(uint16_t)
+    case 4: TT_ROW_BITS(uint32_t)
+    default: TT_ROW_BITS(uint64_t)
+  }
+#undef TT_ROW_BITS
+}
+
 /* Copies rows of the innermost dimension. Both tensors have the same shape; `outer`
 ** rows of `inner` elements each are walked with per-dimension counters. */
 static void copy_strided_cpu(tt_tensor *dst, const tt_tensor *src) {
@@ -345,7 +364,8 @@ static void copy_strided_cpu(tt_tensor *dst, const tt_tensor *src) {
   int64_t inner = nd ? dst->shape[nd - 1] : 1;
   int64_t dstep = nd ? dst->stride[nd - 1] : 1, sstep = nd ? src->stride[nd - 1] : 1;
   int64_t outer = inner ? tt_tensor_numel(dst) / inner : 0;
-  int same_f32 = dst->dtype == TT_F32 && src->dtype == TT_F32;
+  /* One dtype: the elements' bits (int64 values above 2^53 would not survive a double). */
+  const int same = dst->dtype == src->dtype;
   size_t dsz = tt_dtype_size(dst->dtype), ssz = tt_dtype_size(src->dtype);
 #pragma omp parallel for schedule(static) if (outer * inner > TT_PARALLEL_GRAIN)
   for (int64_t r = 0; r < outer; r++) {
@@ -357,14 +377,11 @@ static void copy_strided_cpu(tt_tensor *dst, const tt_tensor *src) {
       doff += idx * dst->stride[d];
       soff += idx * src->stride[d];
     }
-    if (same_f32) {
-      float *dp = (float *)dst->storage->data + doff;
-      const float *sp = (const float *)src->storage->data + soff;
-      if (dstep == 1 && sstep == 1) memcpy(dp, sp, (size_t)inner * sizeof(float));
-      else for (int64_t j = 0; j < inner; j++) dp[j * dstep] = sp[j * sstep];
+    char *dp = (char *)dst->storage->data + doff * (int64_t)dsz;
+    const char *sp = (const char *)src->storage->data + soff * (int64_t)ssz;
+    if (same) {
+      copy_row_bits(dp, dstep, sp, sstep, inner, dsz);
     } else {
-      char *dp = (char *)dst->storage->data + doff * (int64_t)dsz;
-      const char *sp = (const char *)src->storage->data + soff * (int64_t)ssz;
       if (copy_row_fast(dp, dst->dtype, dstep, sp, src->dtype, sstep, inner)) continue;
       for (int64_t j = 0; j < inner; j++)
         store_elem(dp + j * dstep * (int64_t)dsz, dst->dtype,

@@ -3,19 +3,24 @@
 ** (tt_cuda_copy_strided, declared in engine/core/tt_internal.h): what tt_copy_ uses for
 ** tt_contiguous, tt_cast and strided assignment when the data is on a GPU.
 **
-** One thread per element of the logical (row-major) index space; both sides are located
-** through their own strides, so any view on either side works. Values pass through
-** double, which holds every value of every dtype (int64 up to 2^53) and rounds once,
-** on the store.
+** One thread per element of the logical (row-major) index space, simplified first
+** (engine/core/copy_geom.h: size-1 dimensions dropped, contiguous neighbours merged); both
+** sides are located through their own strides, so any view on either side works. The
+** index math is 32-bit when the sizes allow (GPUs divide 64-bit integers in software).
+** Same-dtype copies move the elements' bits; f32 <-> bf16 and f32 <-> f16 convert
+** directly; other pairs pass through double, which holds every value of every dtype
+** (int64 up to 2^53) and rounds once, on the store, exactly as a direct conversion would.
 */
 #include "cuda/tt_cuda.h"
+extern "C" {
+#include "core/copy_geom.h"
+}
 
-typedef struct copy_geom {
+/* The geometry as the kernel reads it, in the index type I. */
+template <typename I> struct copy_dims {
   int ndim;
-  int64_t shape[TT_MAX_DIMS];
-  int64_t dst_stride[TT_MAX_DIMS];
-  int64_t src_stride[TT_MAX_DIMS];
-} copy_geom;
+  I shape[TT_MAX_DIMS], dst_stride[TT_MAX_DIMS], src_stride[TT_MAX_DIMS];
+};
 
 __device__ __forceinline__ double load_as_double(const char *p, int dtype, int64_t off) {
   switch (dtype) {
@@ -48,19 +53,95 @@ __device__ __forceinline__ void store_from_double(char *p, int dtype, int64_t of
   }
 }
 
-__global__ void copy_kernel(char *dst, int dst_dtype, const char *src, int src_dtype,
-                            copy_geom g, int64_t n) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t rest = i, doff = 0, soff = 0;
-    for (int d = g.ndim - 1; d >= 0; d--) {
-      int64_t c = rest % g.shape[d];
-      rest /= g.shape[d];
-      doff += c * g.dst_stride[d];
-      soff += c * g.src_stride[d];
-    }
-    store_from_double(dst, dst_dtype, doff, load_as_double(src, src_dtype, soff));
+/* The offsets of element i on both sides (tt_copy_geom_offsets in the index type I). */
+template <typename I>
+__device__ __forceinline__ void offsets(const copy_dims<I> &g, I i, I *doff, I *soff) {
+  I d = 0, s = 0;
+  for (int k = g.ndim - 1; k > 0; k--) {
+    const I c = i % g.shape[k];
+    i /= g.shape[k];
+    d += c * g.dst_stride[k];
+    s += c * g.src_stride[k];
   }
+  *doff = d + i * g.dst_stride[0];   /* what is left of i is the outermost index */
+  *soff = s + i * g.src_stride[0];
+}
+
+/* Any dtype pair, through double. */
+template <typename I>
+__global__ void copy_any(char *dst, int dst_dtype, const char *src, int src_dtype,
+                         copy_dims<I> g, I n) {
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    I doff, soff;
+    offsets(g, i, &doff, &soff);
+    store_from_double(dst, dst_dtype, (int64_t)doff, load_as_double(src, src_dtype, soff));
+  }
+}
+
+__device__ __forceinline__ void convert(float *d, float v) { *d = v; }
+__device__ __forceinline__ void convert(__nv_bfloat16 *d, float v) { *d = __float2bfloat16(v); }
+__device__ __forceinline__ void convert(__half *d, float v) { *d = __float2half(v); }
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+
+/* One float dtype into another (D != S), through f32, which holds bf16 and f16 exactly. */
+template <typename I, typename D, typename S>
+__global__ void copy_cast(D *dst, const S *src, copy_dims<I> g, I n) {
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    I doff, soff;
+    offsets(g, i, &doff, &soff);
+    convert(dst + doff, widen(src[soff]));
+  }
+}
+
+/* Same dtype: the elements' bits, W the element's width as an unsigned integer. */
+template <typename I, typename W>
+__global__ void copy_bits(W *dst, const W *src, copy_dims<I> g, I n) {
+  for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    I doff, soff;
+    offsets(g, i, &doff, &soff);
+    dst[doff] = src[soff];
+  }
+}
+
+template <typename I>
+static void launch(char *dst, int dst_dtype, const char *src, int src_dtype,
+                   const tt_copy_geom *geom) {
+  copy_dims<I> g;
+  memset(&g, 0, sizeof g);
+  g.ndim = geom->ndim;
+  for (int d = 0; d < geom->ndim; d++) {
+    g.shape[d] = (I)geom->shape[d];
+    g.dst_stride[d] = (I)geom->dst_stride[d];
+    g.src_stride[d] = (I)geom->src_stride[d];
+  }
+  const I n = (I)geom->n;
+  const unsigned blocks = tt_cuda_blocks(geom->n, 256);
+  cudaStream_t st = tt_cuda_cur_stream();
+  if (dst_dtype == src_dtype) {
+    switch (tt_dtype_size(dst_dtype)) {
+      case 1: copy_bits<<<blocks, 256, 0, st>>>((uint8_t *)dst, (const uint8_t *)src, g, n);
+        return;
+      case 2: copy_bits<<<blocks, 256, 0, st>>>((uint16_t *)dst, (const uint16_t *)src, g, n);
+        return;
+      case 4: copy_bits<<<blocks, 256, 0, st>>>((uint32_t *)dst, (const uint32_t *)src, g, n);
+        return;
+      default: copy_bits<<<blocks, 256, 0, st>>>((uint64_t *)dst, (const uint64_t *)src, g, n);
+        return;
+    }
+  }
+#define TT_COPY_CAST(DT, D, ST, S)                                                         \
+  if (dst_dtype == DT && src_dtype == ST) {                                                \
+    copy_cast<<<blocks, 256, 0, st>>>((D *)dst, (const S *)src, g, n);                     \
+    return;                                                                                \
+  }
+  TT_COPY_CAST(TT_F32, float, TT_BF16, __nv_bfloat16)
+  TT_COPY_CAST(TT_BF16, __nv_bfloat16, TT_F32, float)
+  TT_COPY_CAST(TT_F32, float, TT_F16, __half)
+  TT_COPY_CAST(TT_F16, __half, TT_F32, float)
+#undef TT_COPY_CAST
+  copy_any<<<blocks, 256, 0, st>>>(dst, dst_dtype, src, src_dtype, g, n);
 }
 
 extern "C" int tt_cuda_copy_strided(tt_tensor *dst, const tt_tensor *src) {
@@ -68,22 +149,17 @@ extern "C" int tt_cuda_copy_strided(tt_tensor *dst, const tt_tensor *src) {
            "cuda copy: both tensors must be on one CUDA device (cuda:%d, cuda:%d)", dst->device,
            src->device);
   TT_CHECK(dst->ndim == src->ndim && dst->ndim <= TT_MAX_DIMS, "cuda copy: rank mismatch");
-  copy_geom g;
-  memset(&g, 0, sizeof g);
-  g.ndim = dst->ndim;
-  int64_t n = 1;
-  for (int d = 0; d < dst->ndim; d++) {
-    g.shape[d] = dst->shape[d];
-    g.dst_stride[d] = dst->stride[d];
-    g.src_stride[d] = src->stride[d];
-    n *= dst->shape[d];
-  }
-  if (n == 0) return 0;
+  tt_copy_geom g;
+  tt_copy_geom_make(&g, dst->ndim, dst->shape, dst->stride, src->stride);
+  if (g.n == 0) return 0;
   TT_CU(cudaSetDevice(dst->device));
-  copy_kernel<<<tt_cuda_blocks(n, 256), 256, 0, tt_cuda_cur_stream()>>>(
-      (char *)tt_tensor_data(dst), dst->dtype, (const char *)tt_tensor_data(src), src->dtype, g,
-      n);
-  TT_CU_LAUNCHED("copy_kernel");
+  char *d = (char *)tt_tensor_data(dst);
+  const char *s = (const char *)tt_tensor_data(src);
+  if (g.index32)
+    launch<uint32_t>(d, dst->dtype, s, src->dtype, &g);
+  else
+    launch<int64_t>(d, dst->dtype, s, src->dtype, &g);
+  TT_CU_LAUNCHED("copy kernel");
   return 0;
 }
 

@@ -447,3 +447,23 @@ static void expect_same_as_pieces(int normal) {
 
 Test(rng, parallel_normals_equal_serial_pieces) { expect_same_as_pieces(1); }
 Test(rng, parallel_uniforms_equal_serial_pieces) { expect_same_as_pieces(0); }
+
+/* A strided copy of one dtype moves bits: int64 ids above 2^53, which a double cannot
+** hold, stay exact through a transpose (the CUDA twin: cuda/test_runtime). */
+Test(tensor, strided_int64_copy_is_exact) {
+  const int64_t shape[2] = {3, 8};
+  tt_tensor *h = NULL, *tr = NULL, *got = NULL;
+  cr_assert(tt_tensor_empty(shape, 2, TT_I64, TT_CPU, &h) == 0);
+  int64_t *p = tt_tensor_data(h);
+  for (int64_t i = 0; i < 24; i++) p[i] = ((int64_t)1 << 60) + 2 * i + 1;
+  cr_assert(tt_transpose(h, 0, 1, &tr) == 0);
+  cr_assert(tt_contiguous(tr, &got) == 0, "%s", tt_last_error());
+  const int64_t *q = tt_tensor_data(got);
+  for (int64_t r = 0; r < 8; r++)
+    for (int64_t c = 0; c < 3; c++)
+      cr_assert_eq(q[r * 3 + c], p[c * 8 + r], "[%lld, %lld]: %lld, want %lld", (long long)r,
+                   (long long)c, (long long)q[r * 3 + c], (long long)p[c * 8 + r]);
+  tt_tensor_release(got);
+  tt_tensor_release(tr);
+  tt_tensor_release(h);
+}

@@ -224,3 +224,113 @@ Test(cuda_runtime, strided_widening_copy_of_token_ids) {
   tt_tensor_release(ref);
   tt_tensor_release(tok);
 }
+
+/* The strided copy kernels (engine/cuda/copy.cu: element bits for one dtype, direct float
+** casts, any other pair through double) on a transposed, narrowed source into a contiguous
+** and into a transposed destination, every pair of f32, bf16, f16, i32 and i64 (and e4m3
+** to itself), byte for byte the CPU's copy of the same views. The values are integers in
+** [-100, 99], exact in every one of these dtypes. */
+static tt_tensor *permuted_view(tt_tensor *t) {   /* (7, 6, 5) -> (5, 4, 7) */
+  tt_tensor *tr = NULL, *v = NULL;
+  cr_assert_eq(tt_transpose(t, 0, 2, &tr), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_narrow(tr, 1, 1, 4, &v), 0, "%s", tt_last_error());
+  tt_tensor_release(tr);
+  return v;
+}
+
+static void expect_same_bytes(tt_tensor *gpu, tt_tensor *cpu, const char *what) {
+  tt_tensor *g = NULL, *h = to_dev(gpu, TT_CPU);
+  cr_assert_eq(tt_contiguous(h, &g), 0);
+  tt_tensor *c = NULL;
+  cr_assert_eq(tt_contiguous(cpu, &c), 0);
+  const size_t bytes = (size_t)tt_tensor_numel(c) * tt_dtype_size(c->dtype);
+  cr_assert(memcmp(tt_tensor_data(g), tt_tensor_data(c), bytes) == 0,
+            "%s: the GPU's copy differs from the CPU's", what);
+  tt_tensor_release(c);
+  tt_tensor_release(g);
+  tt_tensor_release(h);
+}
+
+Test(cuda_runtime, strided_copies_every_dtype_pair) {
+  const int64_t shape[3] = {7, 6, 5}, out[3] = {5, 4, 7};
+  tt_tensor *base = NULL;
+  cr_assert_eq(tt_tensor_empty(shape, 3, TT_F32, TT_CPU, &base), 0);
+  float *p = tt_tensor_data(base);
+  for (int64_t i = 0; i < 210; i++) p[i] = (float)((i * 37) % 200 - 100);
+  const int dts[6] = {TT_F32, TT_BF16, TT_F16, TT_I32, TT_I64, TT_E4M3};
+  for (int a = 0; a < 6; a++)
+    for (int b = 0; b < 6; b++) {
+      if ((dts[a] == TT_E4M3 || dts[b] == TT_E4M3) && a != b) continue;
+      char what[64];
+      snprintf(what, sizeof what, "%s <- %s", tt_dtype_name(dts[b]), tt_dtype_name(dts[a]));
+      tt_tensor *hs = NULL, *hd = NULL, *dd = NULL, *hd2 = NULL, *dd2 = NULL;
+      cr_assert_eq(tt_cast(base, dts[a], &hs), 0, "%s", tt_last_error());
+      tt_tensor *ds = to_dev(hs, GPU), *hv = permuted_view(hs), *dv = permuted_view(ds);
+      /* Into a contiguous destination. */
+      cr_assert_eq(tt_tensor_empty(out, 3, dts[b], TT_CPU, &hd), 0);
+      cr_assert_eq(tt_tensor_empty(out, 3, dts[b], GPU, &dd), 0);
+      cr_assert_eq(tt_copy_(hd, hv), 0, "%s: %s", what, tt_last_error());
+      cr_assert_eq(tt_copy_(dd, dv), 0, "%s: %s", what, tt_last_error());
+      expect_same_bytes(dd, hd, what);
+      /* Into a transposed destination. */
+      const int64_t back[3] = {7, 4, 5};
+      tt_tensor *hd2v = NULL, *dd2v = NULL;
+      cr_assert_eq(tt_tensor_empty(back, 3, dts[b], TT_CPU, &hd2), 0);
+      cr_assert_eq(tt_tensor_empty(back, 3, dts[b], GPU, &dd2), 0);
+      cr_assert_eq(tt_transpose(hd2, 0, 2, &hd2v), 0);
+      cr_assert_eq(tt_transpose(dd2, 0, 2, &dd2v), 0);
+      cr_assert_eq(tt_copy_(hd2v, hv), 0, "%s: %s", what, tt_last_error());
+      cr_assert_eq(tt_copy_(dd2v, dv), 0, "%s: %s", what, tt_last_error());
+      expect_same_bytes(dd2, hd2, what);
+      tt_tensor *all[] = {hs, ds, hv, dv, hd, dd, hd2, dd2, hd2v, dd2v};
+      for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+    }
+  tt_tensor_release(base);
+}
+
+/* The same dtype moves bits: int64 ids above 2^53 (which double cannot hold) stay exact
+** through a strided copy. */
+Test(cuda_runtime, strided_int64_copy_is_exact) {
+  const int64_t shape[2] = {3, 8};
+  tt_tensor *h = NULL, *got = NULL, *tr = NULL;
+  cr_assert_eq(tt_tensor_empty(shape, 2, TT_I64, TT_CPU, &h), 0);
+  int64_t *p = tt_tensor_data(h);
+  for (int64_t i = 0; i < 24; i++) p[i] = ((int64_t)1 << 60) + 2 * i + 1;
+  tt_tensor *d = to_dev(h, GPU);
+  cr_assert_eq(tt_transpose(d, 0, 1, &tr), 0);
+  cr_assert_eq(tt_contiguous(tr, &got), 0, "%s", tt_last_error());
+  tt_tensor *back = to_dev(got, TT_CPU);
+  const int64_t *q = tt_tensor_data(back);
+  for (int64_t r = 0; r < 8; r++)
+    for (int64_t c = 0; c < 3; c++)
+      cr_assert_eq(q[r * 3 + c], p[c * 8 + r], "[%lld, %lld]: %lld, want %lld", (long long)r,
+                   (long long)c, (long long)q[r * 3 + c], (long long)p[c * 8 + r]);
+  tt_tensor *all[] = {h, d, tr, got, back};
+  for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+}
+
+/* Offsets past 2^31 take the 64-bit index path (engine/core/copy_geom.h): three rows
+** 2^30 + 16 bytes apart, their first 8 bytes written through a strided view and read
+** back through another, and row 2 checked through a plain contiguous copy as well (a
+** path that truncated offsets would write and read the same wrong places). */
+Test(cuda_runtime, strided_copy_past_2_to_the_31) {
+  const int64_t row = ((int64_t)1 << 30) + 16, big[2] = {3, row}, small[2] = {3, 8};
+  tt_tensor *store = NULL, *h = NULL, *hd = NULL, *view = NULL, *again = NULL;
+  cr_assert_eq(tt_tensor_zeros(big, 2, TT_E4M3, GPU, &store), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_empty(small, 2, TT_E4M3, TT_CPU, &h), 0);
+  uint8_t *p = tt_tensor_data(h);
+  for (int i = 0; i < 24; i++) p[i] = (uint8_t)(0x30 + i);
+  hd = to_dev(h, GPU);
+  cr_assert_eq(tt_narrow(store, 1, 0, 8, &view), 0);
+  cr_assert_eq(tt_copy_(view, hd), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_contiguous(view, &again), 0, "%s", tt_last_error());
+  tt_tensor *back = to_dev(again, TT_CPU);
+  cr_assert(memcmp(tt_tensor_data(back), p, 24) == 0, "the round trip changed the bytes");
+  tt_tensor *r2 = NULL, *r2c = NULL;
+  cr_assert_eq(tt_narrow(store, 0, 2, 1, &r2), 0);
+  cr_assert_eq(tt_contiguous(r2, &r2c), 0);
+  tt_tensor *r2h = to_dev(r2c, TT_CPU);
+  cr_assert(memcmp(tt_tensor_data(r2h), p + 16, 8) == 0, "row 2 was written elsewhere");
+  tt_tensor *all[] = {store, h, hd, view, again, back, r2, r2c, r2h};
+  for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+}
