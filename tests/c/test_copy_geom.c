@@ -127,6 +127,12 @@ Test(copy_geom, index32_only_when_everything_fits) {
   const int64_t near[2] = {((int64_t)1 << 30) - 1, 1};
   tt_copy_geom_make(&g, 2, shape, ds, near);
   cr_assert(g.index32, "the farthest offset 2^31 - 1 fits");
+  /* Each dimension's reach fits, their sum (2^30 + 2 x 2^29 = 2^31) does not. */
+  const int64_t shape2[2] = {2, 3}, ds2[2] = {3, 1}, sum[2] = {(int64_t)1 << 30, (int64_t)1 << 29};
+  tt_copy_geom_make(&g, 2, shape2, ds2, sum);
+  cr_assert(!g.index32, "the farthest offset is the sum over the dimensions");
+  tt_copy_geom_make(&g, 2, shape2, sum, ds2);
+  cr_assert(!g.index32, "on the destination as on the source");
   /* A stride so large that stride x size overflows int64 still says no. */
   const int64_t huge[2] = {INT64_MAX / 2, 1};
   tt_copy_geom_make(&g, 2, shape, ds, huge);
