@@ -277,16 +277,12 @@ int tt_tensor_copy_from_f64(tt_tensor *t, const double *src) {
 
 /* -- Copies and casts ---------------------------------------------------------------- */
 
-/* One innermost row of n elements for the copies a bf16 or fp16 step makes around every
-** GEMM (f32 to bf16 / f16 and back) and for same-dtype rows: the element loop with the dtypes fixed, so
-** that it vectorises, rounding as tt_float_to_bf16 / tt_float_to_f16 do. Returns 0 for the other pairs
-** (the generic path below). */
+/* One innermost row of n elements for the casts a bf16 or fp16 step makes around every
+** GEMM (f32 to bf16 / f16 and back): the element loop with the dtypes fixed, so that it
+** vectorises, rounding as tt_float_to_bf16 / tt_float_to_f16 do. Returns 0 for the other
+** pairs (the generic path below); rows of one dtype are copy_row_bits'. */
 static int copy_row_fast(char *dp, int ddt, int64_t dstep, const char *sp, int sdt,
                          int64_t sstep, int64_t n) {
-  if (ddt == sdt && dstep == 1 && sstep == 1) {
-    memcpy(dp, sp, (size_t)n * tt_dtype_size(ddt));
-    return 1;
-  }
   if (ddt == TT_BF16 && sdt == TT_F32) {
     uint16_t *d = (uint16_t *)dp;
     const float *x = (const float *)sp;
