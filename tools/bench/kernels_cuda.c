@@ -1,6 +1,7 @@
 /*
 ** kernels_cuda.c — GB/s of the memory-bound kernels of the bf16 path (kernels/fused.h)
-** against the device-to-device copy, for tools/gpu-check.
+** against the device-to-device copy, for tools/gpu-check; with them the strided copy kernel
+** (a head swap, and casts between f32 and bf16).
 **
 ** A memory-bound kernel is as fast as the bytes it must move allow: the figure that
 ** matters is its bandwidth over the bandwidth of a plain copy on the same card (cudaMemcpy
@@ -85,6 +86,32 @@ static int run_copy(bufs *B, int dtype) {
   const int64_t n = B->N * D;
   int rc = tt_narrow(buf(B, dtype, 0), 0, 0, n, &src) ||
            tt_narrow(buf(B, dtype, 1), 0, 0, n, &dst) || tt_copy_(dst, src);
+  tt_tensor_release(src);
+  tt_tensor_release(dst);
+  return rc ? -1 : 0;
+}
+
+/* The strided copy kernel (engine/cuda/copy.cu): attention's head swap, (B, H, T, Dh) ->
+** (B, T, H, Dh) with B = N / 1024, T = 1024, H = D / 128, Dh = 128. */
+static int run_head_swap(bufs *B, int dtype) {
+  tt_tensor *src = NULL, *dst = NULL, *s4 = NULL, *d4 = NULL, *st = NULL;
+  const int64_t n = B->N * D, heads[4] = {B->N / 1024, D / 128, 1024, 128},
+                out[4] = {B->N / 1024, 1024, D / 128, 128};
+  int rc = tt_narrow(buf(B, dtype, 0), 0, 0, n, &src) ||
+           tt_narrow(buf(B, dtype, 1), 0, 0, n, &dst) || tt_view(src, heads, 4, &s4) ||
+           tt_view(dst, out, 4, &d4) || tt_transpose(s4, 1, 2, &st) || tt_copy_(d4, st);
+  tt_tensor *all[] = {src, dst, s4, d4, st};
+  for (int i = 0; i < 5; i++) tt_tensor_release(all[i]);
+  return rc ? -1 : 0;
+}
+
+/* A contiguous cast through the copy kernel: f32 -> bf16 (dtype f32) or back (bf16). */
+static int run_cast(bufs *B, int dtype) {
+  tt_tensor *src = NULL, *dst = NULL;
+  const int64_t n = B->N * D;
+  const int to = dtype == TT_F32 ? TT_BF16 : TT_F32;
+  int rc = tt_narrow(buf(B, dtype, 0), 0, 0, n, &src) ||
+           tt_narrow(buf(B, to, 1), 0, 0, n, &dst) || tt_copy_(dst, src);
   tt_tensor_release(src);
   tt_tensor_release(dst);
   return rc ? -1 : 0;
@@ -201,6 +228,10 @@ int main(int argc, char **argv) {
   const bench_case cases[] = {
     {"copy (cudaMemcpy d2d)", run_copy, TT_F32, 2 * 4, 0},
     {"copy (cudaMemcpy d2d)", run_copy, TT_BF16, 2 * 2, 0},
+    {"head swap (strided copy)", run_head_swap, TT_F32, 2 * 4, 0},
+    {"head swap (strided copy)", run_head_swap, TT_BF16, 2 * 2, 0},
+    {"cast to bf16 (copy kernel)", run_cast, TT_F32, 4 + 2, 0},
+    {"cast to f32 (copy kernel)", run_cast, TT_BF16, 2 + 4, 0},
     {"rmsnorm fwd (unfused)", run_rms_unfused, TT_F32, 2 * 4, 0},
     {"add+rmsnorm fwd", run_add_rms, TT_F32, 4 * 4, 0},
     {"add+rmsnorm fwd", run_add_rms, TT_BF16, 4 * 2, 0},
