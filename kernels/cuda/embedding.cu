@@ -5,11 +5,12 @@
 ** The forward validates ids on the device and reports the first bad position through a
 ** flag read back after the launch (one small copy per call, which is also where the
 ** error message needs the offending id), or, with deferred checks on (a training step),
-** records it on the device for the step's one read (engine/runtime/cuda.cu). The backward is deterministic like the CPU
-** twin: each thread owns one column of dweight and walks the tokens in order, so a row
-** shared by several tokens is summed in token order and no atomics are needed.
+** records it on the device for the step's one read (engine/runtime/cuda.cu). The backward
+** sorts the tokens by id and sums each id's rows in token order (below): the CPU twin's
+** bits, with no atomics.
 */
 #include "kernel_cuda.h"
+#include <cub/device/device_radix_sort.cuh>
 extern "C" {
 #include "embedding.h"
 }
@@ -79,34 +80,94 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
   return rc;
 }
 
-template <typename T>
-__global__ void embedding_bwd(float *dweight, const T *dout, const void *ids, int ids_i64,
-                              int64_t n, int64_t V, int64_t D) {
-  int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (j >= D) return;
-  for (int64_t i = 0; i < n; i++) {
-    int64_t id = load_id(ids, ids_i64, i);
-    /* An id outside the table: the forward has reported it (or recorded it for the
-    ** step's deferred check); its row is not written, least of all outside dweight. */
-    if (id < 0 || id >= V) continue;
-    dweight[id * D + j] += tt_ld(dout, i * D + j);
+/* -- Backward: tokens sorted by id ------------------------------------------------------
+** dweight[id, :] += dout[i, :] for every token i. Walking the tokens in order per column
+** (the first version) gives only D-way parallelism: ceil(D / 128) blocks, each thread
+** reading all n tokens. Instead the (id, position) pairs are sorted by id with CUB's
+** radix sort, which is stable: the positions of one id stay in token order. Then each
+** run of equal ids is one block, its threads over D, each summing its column of the run
+** starting from the row's current value, in token order: the same additions in the same
+** order as the CPU twin, so the same bits. Ids outside [0, V) (reported by the forward,
+** or recorded for the step's deferred check) get the key V, sort last and are skipped. */
+
+/* key[i] = id (V when outside the table), pos[i] = i. */
+__global__ void embedding_keys(uint32_t *key, uint32_t *pos, const void *ids, int ids_i64,
+                               int64_t n, int64_t V) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t id = load_id(ids, ids_i64, i);
+    key[i] = (uint32_t)(id < 0 || id >= V ? V : id);
+    pos[i] = (uint32_t)i;
   }
+}
+
+/* One block per sorted position p that starts a run of equal keys. */
+template <typename T>
+__global__ void embedding_runs(float *dweight, const T *dout, const uint32_t *key,
+                               const uint32_t *pos, int64_t n, int64_t V, int64_t D) {
+  for (int64_t p = blockIdx.x; p < n; p += gridDim.x) {
+    const uint32_t id = key[p];
+    if (id >= V || (p > 0 && key[p - 1] == id)) continue;
+    int64_t end = p + 1;
+    while (end < n && key[end] == id) end++;
+    float *row = dweight + (int64_t)id * D;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float s = row[j];
+      for (int64_t q = p; q < end; q++) s += tt_ld(dout, (int64_t)pos[q] * D + j);
+      row[j] = s;
+    }
+  }
+}
+
+/* The bits a radix sort of keys in [0, V] must look at. */
+static int key_bits(int64_t V) {
+  int b = 1;
+  while (b < 32 && ((int64_t)1 << b) <= V) b++;
+  return b;
+}
+
+template <typename T>
+static int backward_sorted(float *dweight, const T *dout, const void *ids, int ids_i64,
+                           int64_t n, int64_t V, int64_t D) {
+  cudaStream_t st = tt_cuda_cur_stream();
+  size_t sort_bytes = 0;
+  TT_CU(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const uint32_t *)NULL,
+                                        (uint32_t *)NULL, (const uint32_t *)NULL,
+                                        (uint32_t *)NULL, (int)n, 0, key_bits(V), st));
+  /* Four arrays of n keys or positions, then CUB's scratch, in one allocation. */
+  const size_t words = ((size_t)n + 63) / 64 * 64;
+  char *mem = NULL;
+  TT_CU(cudaMallocAsync((void **)&mem, 4 * words * sizeof(uint32_t) + sort_bytes, st));
+  uint32_t *key = (uint32_t *)mem, *pos = key + words, *skey = pos + words,
+           *spos = skey + words;
+  void *scratch = spos + words;
+  embedding_keys<<<tt_cuda_blocks(n, 256), 256, 0, st>>>(key, pos, ids, ids_i64, n, V);
+  cudaError_t e = tt_cuda_launch_status();
+  if (e == cudaSuccess)
+    e = cub::DeviceRadixSort::SortPairs(scratch, sort_bytes, key, skey, pos, spos, (int)n, 0,
+                                        key_bits(V), st);
+  if (e == cudaSuccess) {
+    const int threads = D >= 128 ? 128 : (int)((D + 31) / 32 * 32);
+    const int64_t blocks = n < 65535 * 16 ? n : 65535 * 16;
+    embedding_runs<<<(unsigned)blocks, threads, 0, st>>>(dweight, dout, skey, spos, n, V, D);
+    e = tt_cuda_launch_status();
+  }
+  cudaFreeAsync(mem, st);
+  if (e != cudaSuccess) return tt_cu_fail(e, "embedding backward", __FILE__, __LINE__);
+  return 0;
 }
 
 static int embedding_backward(float *dweight, const void *dout, const void *ids,
                               int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype) {
   TT_CHECK(dout_dtype == TT_ELEM_F32 || dout_dtype == TT_ELEM_BF16,
            "embedding_backward: rows in %s; expected f32 or bf16", tt_dtype_name(dout_dtype));
+  TT_CHECK(n < INT32_MAX && V < UINT32_MAX,
+           "embedding_backward: %lld tokens of a vocabulary of %lld; the CUDA kernel sorts "
+           "32-bit ids and positions", (long long)n, (long long)V);
   if (n == 0 || D == 0) return 0;
-  const unsigned blocks = (unsigned)((D + 127) / 128);
   if (dout_dtype == TT_ELEM_BF16)
-    embedding_bwd<<<blocks, 128, 0, tt_cuda_cur_stream()>>>(
-        dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, V, D);
-  else
-    embedding_bwd<<<blocks, 128, 0, tt_cuda_cur_stream()>>>(
-        dweight, (const float *)dout, ids, ids_i64, n, V, D);
-  TT_CU_LAUNCHED("embedding_bwd");
-  return 0;
+    return backward_sorted(dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, V, D);
+  return backward_sorted(dweight, (const float *)dout, ids, ids_i64, n, V, D);
 }
 
 extern "C" const tt_embedding_kernels tt_embedding_cuda = {

@@ -9,6 +9,7 @@
 */
 #include "cuda_test.h"
 #include "tetra_amp.h"
+#include "embedding.h"
 
 enum { MAX_IN = 6 };
 
@@ -147,6 +148,54 @@ Test(cuda, embedding) {
   cr_assert_eq(tt_tensor_randint(is, 2, 0, 10, TT_I32, &in[1]), 0);
   check_op("embedding (i32 ids, many repeats)", op_embedding, NULL, in, 2, 1u, 1e-6);
   for (int i = 0; i < 2; i++) tt_tensor_release(in[i]);
+}
+
+/* The backward kernel itself (kernels/cuda/embedding.cu, tokens sorted by id) against the
+** CPU twin, bit for bit: each row of dweight gets its tokens' rows added in token order on
+** both, onto a table that already holds values (the kernel accumulates). Ids are skewed
+** (half the tokens share a handful of ids, as padding and common tokens do), some are
+** outside [0, V) and must be skipped (the forward reports them), i32 and i64 ids, f32 and
+** bf16 rows, and a D narrower than a warp. */
+static void expect_backward_bits(int ids_i64, int dout_dtype, int64_t n, int64_t V,
+                                 int64_t D) {
+  const int64_t ns[1] = {n}, rows[2] = {n, D}, table[2] = {V, D};
+  tt_tensor *ids = NULL, *dout = randn(rows, 2, 1.0), *dl = NULL, *w = randn(table, 2, 1.0);
+  cr_assert_eq(tt_tensor_empty(ns, 1, ids_i64 ? TT_I64 : TT_I32, TT_CPU, &ids), 0);
+  uint64_t x = 88172645463325252ull;
+  for (int64_t i = 0; i < n; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    int64_t id = x % 2 ? (int64_t)(x >> 8) % 5 : (int64_t)(x >> 8) % V;
+    if (x % 97 == 3) id = V + (int64_t)(x % 5);   /* outside the table */
+    if (x % 89 == 4) id = -1;
+    if (ids_i64) ((int64_t *)tt_tensor_data(ids))[i] = id;
+    else ((int32_t *)tt_tensor_data(ids))[i] = (int32_t)id;
+  }
+  cr_assert_eq(tt_cast(dout, dout_dtype, &dl), 0);
+  tt_tensor *gi = to_dev(ids, GPU), *gd = to_dev(dl, GPU), *gw = to_dev(w, GPU);
+  cr_assert_eq(tt_embedding_cpu.backward(tt_tensor_data(w), tt_tensor_data(dl),
+                                         tt_tensor_data(ids), ids_i64, n, V, D, dout_dtype),
+               0, "%s", tt_last_error());
+  cr_assert_eq(tt_embedding_cuda.backward(tt_tensor_data(gw), tt_tensor_data(gd),
+                                          tt_tensor_data(gi), ids_i64, n, V, D, dout_dtype),
+               0, "%s", tt_last_error());
+  tt_tensor *back = to_dev(gw, TT_CPU);
+  const float *a = tt_tensor_data(back), *b = tt_tensor_data(w);
+  for (int64_t k = 0; k < V * D; k++)
+    cr_assert(memcmp(&a[k], &b[k], sizeof(float)) == 0,
+              "n %lld, V %lld, D %lld: dweight[%lld, %lld] is %.9g on the GPU, %.9g on the "
+              "CPU", (long long)n, (long long)V, (long long)D, (long long)(k / D),
+              (long long)(k % D), a[k], b[k]);
+  tt_tensor *all[] = {ids, dout, dl, w, gi, gd, gw, back};
+  for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+}
+
+Test(cuda, embedding_backward_bits) {
+  cr_assert(&tt_embedding_cuda, "the CUDA embedding kernels are not linked in");
+  expect_backward_bits(1, TT_F32, 4099, 1000, 67);
+  expect_backward_bits(0, TT_F32, 777, 50257, 300);
+  expect_backward_bits(0, TT_BF16, 2048, 333, 20);
+  expect_backward_bits(1, TT_BF16, 1, 7, 129);
+  expect_backward_bits(0, TT_F32, 0, 7, 16);
 }
 
 Test(cuda, norms) {

@@ -1,7 +1,8 @@
 /*
 ** kernels_cuda.c — GB/s of the memory-bound kernels of the bf16 path (kernels/fused.h)
 ** against the device-to-device copy, for tools/gpu-check; with them the strided copy kernel
-** (a head swap, and casts between f32 and bf16).
+** (a head swap, and casts between f32 and bf16) and the embedding's backward (bytes: each
+** row read, its table row read and written, as if every id were distinct).
 **
 ** A memory-bound kernel is as fast as the bytes it must move allow: the figure that
 ** matters is its bandwidth over the bandwidth of a plain copy on the same card (cudaMemcpy
@@ -20,10 +21,11 @@
 #include "core/tt_internal.h"
 #include "tetra_cuda.h"
 #include "activation.h"
+#include "embedding.h"
 #include "fused.h"
 #include "norm.h"
 
-enum { D = 4096, FF = 11008, WARMUP = 3, REPEATS = 20 };
+enum { D = 4096, FF = 11008, VOCAB = 16384, WARMUP = 3, REPEATS = 20 };
 
 static void die(const char *what) {
   fprintf(stderr, "kernels_cuda: %s: %s\n", what, tt_last_error());
@@ -52,6 +54,7 @@ typedef struct bufs {
   int64_t N;
   tt_tensor *f[5], *b[5];   /* f32 and bf16 */
   tt_tensor *w, *bias, *stats, *mean, *parts, *dw, *db;
+  tt_tensor *ids;           /* N token ids in [0, VOCAB), i32 */
 } bufs;
 
 typedef int (*bench_fn)(bufs *B, int dtype);
@@ -115,6 +118,13 @@ static int run_cast(bufs *B, int dtype) {
   tt_tensor_release(src);
   tt_tensor_release(dst);
   return rc ? -1 : 0;
+}
+
+/* The embedding's backward (tokens sorted by id, kernels/cuda/embedding.cu): N rows of D
+** added into a (VOCAB, D) f32 table held in f[4]. */
+static int run_embedding_bwd(bufs *B, int dtype) {
+  return tt_embedding_cuda.backward(ptr(B->f[4]), ptr(buf(B, dtype, 0)), ptr(B->ids), 0, B->N,
+                                    VOCAB, D, dtype);
 }
 
 static int run_add_rms(bufs *B, int dtype) {
@@ -205,7 +215,7 @@ int main(int argc, char **argv) {
     printf("SKIP: %s\n", tt_last_error());
     return 77;
   }
-  if (!&tt_fused_cuda || !&tt_norm_cuda || !&tt_activation_cuda) {
+  if (!&tt_fused_cuda || !&tt_norm_cuda || !&tt_activation_cuda || !&tt_embedding_cuda) {
     fprintf(stderr, "kernels_cuda: the CUDA kernel tables are not linked in\n");
     return 1;
   }
@@ -216,6 +226,13 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 5; i++) {
     B.f[i] = rand_dev(N * FF, TT_F32);
     B.b[i] = rand_dev(N * FF, TT_BF16);
+  }
+  {
+    const int64_t n = N;
+    tt_tensor *h = NULL;
+    if (tt_tensor_randint(&n, 1, 0, VOCAB, TT_I32, &h) || tt_to_device(h, 0, &B.ids))
+      die("token ids");
+    tt_tensor_release(h);
   }
   B.w = rand_dev(D, TT_F32);
   B.bias = rand_dev(D, TT_F32);
@@ -232,6 +249,8 @@ int main(int argc, char **argv) {
     {"head swap (strided copy)", run_head_swap, TT_BF16, 2 * 2, 0},
     {"cast to bf16 (copy kernel)", run_cast, TT_F32, 4 + 2, 0},
     {"cast to f32 (copy kernel)", run_cast, TT_BF16, 2 + 4, 0},
+    {"embedding bwd (sorted ids)", run_embedding_bwd, TT_F32, 4 + 2 * 4, 0},
+    {"embedding bwd (sorted ids)", run_embedding_bwd, TT_BF16, 2 + 2 * 4, 0},
     {"rmsnorm fwd (unfused)", run_rms_unfused, TT_F32, 2 * 4, 0},
     {"add+rmsnorm fwd", run_add_rms, TT_F32, 4 * 4, 0},
     {"add+rmsnorm fwd", run_add_rms, TT_BF16, 4 * 2, 0},
@@ -276,5 +295,6 @@ int main(int argc, char **argv) {
   tt_tensor_release(B.dw);
   tt_tensor_release(B.db);
   tt_tensor_release(B.parts);
+  tt_tensor_release(B.ids);
   return 0;
 }
