@@ -52,6 +52,10 @@ typedef struct tt_cuda_gemm_args {
   int fast_accum;
 } tt_cuda_gemm_args;
 int tt_cuda_lt_gemm(const tt_cuda_gemm_args *args);
+/* The plans (descriptors and algorithm) tt_cuda_lt_gemm made on this host thread, and the
+** GEMMs that found theirs made already (the same shapes, dtypes, transposes, alignments,
+** bias and scales present or not). Either pointer may be NULL. */
+void tt_cuda_gemm_plan_counts(int64_t *made, int64_t *reused);
 
 #ifdef __cplusplus
 }

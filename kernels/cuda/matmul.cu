@@ -62,14 +62,16 @@ static uint32_t lt_alignment(const void *p, int64_t stride, int dtype, int64_t b
   return a;
 }
 
-/* -- The algorithm cache ---------------------------------------------------------------
-** cuBLASLt's heuristic query costs more host time than the descriptors it reads, and a
-** training step asks it the same few dozen questions every step. Its answer depends only
-** on what the descriptors and the preference say, so it is kept per question: the device,
-** every field of the call but the data pointers (the bias and scale pointers only by
-** presence: they are descriptor attributes set on every call), the operands'
-** alignments and the workspace size. One cache per host thread, so no lock; cleared when
-** full (a model has far fewer shapes). */
+/* -- The plan cache ---------------------------------------------------------------------
+** A GEMM needs a matmul descriptor, three matrix layouts and an algorithm from cuBLASLt's
+** heuristic; the heuristic query costs more host time than the descriptors it reads, and
+** a training step asks the same few dozen questions every step. All of it depends only
+** on the call's shape: the device, every field of the call but the data pointers (the
+** bias and scale pointers only by presence), the operands' alignments and the workspace
+** size. So each question's descriptors and algorithm are kept (a plan), and a call that
+** finds its plan sets only the pointers that are descriptor attributes (bias, scales)
+** before the matmul. One cache per host thread, so no lock; its plans are destroyed when
+** it is full (a model has far fewer shapes). */
 struct lt_key {
   int device, op_x, op_y, x_dtype, y_dtype, c_dtype, bias, bias_dtype, scaled, tf32,
       fast_accum, zero;   /* zero: the int64s start 8-aligned with no padding before them */
@@ -92,8 +94,30 @@ struct lt_key_hash {
   }
 };
 
+struct lt_plan {
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t lx, ly, lc;
+  cublasLtMatmulAlgo_t algo;
+};
+
+static void plan_destroy(lt_plan *p) {
+  if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+  if (p->ly) cublasLtMatrixLayoutDestroy(p->ly);
+  if (p->lx) cublasLtMatrixLayoutDestroy(p->lx);
+  if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+  memset(p, 0, sizeof *p);
+}
+
 enum { LT_CACHE_MAX = 4096 };
-static thread_local std::unordered_map<lt_key, cublasLtMatmulAlgo_t, lt_key_hash> g_algos;
+/* The plans live until the thread ends (descriptors are host memory; nothing to release
+** on the device). */
+static thread_local std::unordered_map<lt_key, lt_plan, lt_key_hash> g_plans;
+static thread_local int64_t g_plans_made, g_plans_reused;
+
+extern "C" void tt_cuda_gemm_plan_counts(int64_t *made, int64_t *reused) {
+  if (made) *made = g_plans_made;
+  if (reused) *reused = g_plans_reused;
+}
 
 static lt_key key_of(const lt_call *q, int device, const uint32_t align[4], size_t ws_bytes) {
   lt_key key;
@@ -124,98 +148,116 @@ static lt_key key_of(const lt_call *q, int device, const uint32_t align[4], size
   return key;
 }
 
-/* The body of lt_run, with the descriptors owned by the caller (freed there). */
-static int lt_run_with(const lt_call *q, cublasLtMatmulDesc_t *desc,
-                       cublasLtMatrixLayout_t *lx, cublasLtMatrixLayout_t *ly,
-                       cublasLtMatrixLayout_t *lc, cublasLtMatmulPreference_t *pref) {
-  cublasLtHandle_t h;
-  void *ws;
-  size_t ws_bytes;
-  TT_TRY(tt_cuda_blaslt(&h, &ws, &ws_bytes));
+/* The call's pointers that are descriptor attributes: set on every call, cached plan or
+** new. */
+static int set_pointers(cublasLtMatmulDesc_t desc, const lt_call *q) {
+  if (q->bias)
+    TT_CU(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &q->bias,
+                                         sizeof q->bias));
+  if (q->x_scale)
+    TT_CU(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                         &q->x_scale, sizeof q->x_scale));
+  if (q->y_scale)
+    TT_CU(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                         &q->y_scale, sizeof q->y_scale));
+  return 0;
+}
+
+/* A new plan for q: its descriptors, and the heuristic's first algorithm under a
+** preference (freed here) that states the workspace and the operands' alignments. */
+static int plan_make(const lt_call *q, cublasLtHandle_t h, size_t ws_bytes,
+                     const uint32_t align[4], lt_plan *p) {
   int fp32_in = q->x_dtype == TT_ELEM_F32 && q->y_dtype == TT_ELEM_F32;
   cublasComputeType_t compute = fp32_in && q->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                    : CUBLAS_COMPUTE_32F;
-  TT_CU(cublasLtMatmulDescCreate(desc, compute, CUDA_R_32F));
-  TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSA, &q->op_x,
+  TT_CU(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
+  TT_CU(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &q->op_x,
                                        sizeof q->op_x));
-  TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_TRANSB, &q->op_y,
+  TT_CU(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &q->op_y,
                                        sizeof q->op_y));
   if (q->bias) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     cudaDataType_t bt = q->c_dtype == TT_ELEM_F32 ? CUDA_R_32F : lt_type(q->c_dtype);
-    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &q->bias,
-                                         sizeof q->bias));
-    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+    TT_CU(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                         sizeof epi));
+    TT_CU(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
                                          sizeof bt));
   }
-  if (q->x_scale)
-    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                         &q->x_scale, sizeof q->x_scale));
-  if (q->y_scale)
-    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                         &q->y_scale, sizeof q->y_scale));
+  TT_TRY(set_pointers(p->desc, q));
   if (q->fast_accum) {
     const int8_t on = 1;
-    TT_CU(cublasLtMatmulDescSetAttribute(*desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on, sizeof on));
+    TT_CU(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &on,
+                                         sizeof on));
   }
   int tx = q->op_x == CUBLAS_OP_T, ty = q->op_y == CUBLAS_OP_T;
-  TT_TRY(lt_layout(lx, q->x_dtype, tx ? q->k : q->rows, tx ? q->rows : q->k, q->ldx, q->batch,
-                   q->stride_x));
-  TT_TRY(lt_layout(ly, q->y_dtype, ty ? q->cols : q->k, ty ? q->k : q->cols, q->ldy, q->batch,
-                   q->stride_y));
-  TT_TRY(lt_layout(lc, q->c_dtype, q->rows, q->cols, q->ldc, q->batch, q->stride_c));
-  TT_CU(cublasLtMatmulPreferenceCreate(pref));
-  TT_CU(cublasLtMatmulPreferenceSetAttribute(*pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                             &ws_bytes, sizeof ws_bytes));
-  /* The heuristic assumes 256-byte aligned matrices unless told otherwise, and may then
-  ** pick a kernel that faults on a view's data (a narrow, a batch offset, a row of an
-  ** odd-sized matrix): state each operand's real alignment. */
-  const uint32_t align[4] = {lt_alignment(q->x, q->stride_x, q->x_dtype, q->batch),
-                             lt_alignment(q->y, q->stride_y, q->y_dtype, q->batch),
-                             lt_alignment(q->c, q->stride_c, q->c_dtype, q->batch),
-                             lt_alignment(q->c, q->stride_c, q->c_dtype, q->batch)};
+  TT_TRY(lt_layout(&p->lx, q->x_dtype, tx ? q->k : q->rows, tx ? q->rows : q->k, q->ldx,
+                   q->batch, q->stride_x));
+  TT_TRY(lt_layout(&p->ly, q->y_dtype, ty ? q->cols : q->k, ty ? q->k : q->cols, q->ldy,
+                   q->batch, q->stride_y));
+  TT_TRY(lt_layout(&p->lc, q->c_dtype, q->rows, q->cols, q->ldc, q->batch, q->stride_c));
+  cublasLtMatmulPreference_t pref = NULL;
+  TT_CU(cublasLtMatmulPreferenceCreate(&pref));
   const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; i++)
-    TT_CU(cublasLtMatmulPreferenceSetAttribute(*pref, align_attr[i], &align[i], sizeof align[i]));
-  int device = -1;
-  TT_CU(cudaGetDevice(&device));
-  const lt_key key = key_of(q, device, align, ws_bytes);
-  auto hit = g_algos.find(key);
-  cublasLtMatmulAlgo_t algo;
-  if (hit != g_algos.end()) {
-    algo = hit->second;
-  } else {
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    TT_CU(cublasLtMatmulAlgoGetHeuristic(h, *desc, *lx, *ly, *lc, *lc, *pref, 1, &heur,
-                                         &found));
-    TT_CHECK(found > 0, "cuBLASLt: no algorithm for a %lldx%lldx%lld GEMM (%s x %s -> %s)",
-             (long long)q->rows, (long long)q->cols, (long long)q->k,
-             tt_dtype_name(q->x_dtype), tt_dtype_name(q->y_dtype), tt_dtype_name(q->c_dtype));
-    algo = heur.algo;
-    if (g_algos.size() >= LT_CACHE_MAX) g_algos.clear();
-    g_algos.emplace(key, algo);
-  }
-  TT_CU(cublasLtMatmul(h, *desc, &q->alpha, q->x, *lx, q->y, *ly, &q->beta, q->c, *lc, q->c,
-                       *lc, &algo, ws, ws_bytes, tt_cuda_cur_stream()));
-  TT_CU_LAUNCHED("cublasLtMatmul");
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
+  for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]);
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->lx, p->ly, p->lc, p->lc, pref, 1,
+                                        &heur, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS) return tt_cu_fail(st, "cuBLASLt heuristic", __FILE__, __LINE__);
+  TT_CHECK(found > 0, "cuBLASLt: no algorithm for a %lldx%lldx%lld GEMM (%s x %s -> %s)",
+           (long long)q->rows, (long long)q->cols, (long long)q->k, tt_dtype_name(q->x_dtype),
+           tt_dtype_name(q->y_dtype), tt_dtype_name(q->c_dtype));
+  p->algo = heur.algo;
   return 0;
 }
 
 static int lt_run(const lt_call *q) {
-  cublasLtMatmulDesc_t desc = NULL;
-  cublasLtMatrixLayout_t lx = NULL, ly = NULL, lc = NULL;
-  cublasLtMatmulPreference_t pref = NULL;
-  int rc = lt_run_with(q, &desc, &lx, &ly, &lc, &pref);
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (lc) cublasLtMatrixLayoutDestroy(lc);
-  if (ly) cublasLtMatrixLayoutDestroy(ly);
-  if (lx) cublasLtMatrixLayoutDestroy(lx);
-  if (desc) cublasLtMatmulDescDestroy(desc);
-  return rc;
+  cublasLtHandle_t h;
+  void *ws;
+  size_t ws_bytes;
+  TT_TRY(tt_cuda_blaslt(&h, &ws, &ws_bytes));
+  /* The heuristic assumes 256-byte aligned matrices unless told otherwise, and may then
+  ** pick a kernel that faults on a view's data (a narrow, a batch offset, a row of an
+  ** odd-sized matrix): each operand's real alignment is part of the question. */
+  const uint32_t align[4] = {lt_alignment(q->x, q->stride_x, q->x_dtype, q->batch),
+                             lt_alignment(q->y, q->stride_y, q->y_dtype, q->batch),
+                             lt_alignment(q->c, q->stride_c, q->c_dtype, q->batch),
+                             lt_alignment(q->c, q->stride_c, q->c_dtype, q->batch)};
+  int device = -1;
+  TT_CU(cudaGetDevice(&device));
+  const lt_key key = key_of(q, device, align, ws_bytes);
+  auto hit = g_plans.find(key);
+  const lt_plan *plan;
+  if (hit != g_plans.end()) {
+    plan = &hit->second;
+    TT_TRY(set_pointers(plan->desc, q));
+    g_plans_reused++;
+  } else {
+    lt_plan fresh;
+    memset(&fresh, 0, sizeof fresh);
+    if (plan_make(q, h, ws_bytes, align, &fresh)) {
+      plan_destroy(&fresh);
+      return -1;
+    }
+    if (g_plans.size() >= LT_CACHE_MAX) {
+      for (auto &kv : g_plans) plan_destroy(&kv.second);
+      g_plans.clear();
+    }
+    plan = &g_plans.emplace(key, fresh).first->second;
+    g_plans_made++;
+  }
+  TT_CU(cublasLtMatmul(h, plan->desc, &q->alpha, q->x, plan->lx, q->y, plan->ly, &q->beta,
+                       q->c, plan->lc, q->c, plan->lc, &plan->algo, ws, ws_bytes,
+                       tt_cuda_cur_stream()));
+  TT_CU_LAUNCHED("cublasLtMatmul");
+  return 0;
 }
 
 /* Row-major C (m, n) = alpha op(A) op(B) + beta C, the row-major -> column-major swap. */

@@ -15,6 +15,7 @@
 ** Without a GPU the program exits 77: ctest reports "Not Run".
 */
 #include "cuda_test.h"
+#include "tt_cuda_ops.h"
 
 static tt_cuda_stream *new_stream(void) {
   tt_cuda_stream *s = NULL;
@@ -332,5 +333,66 @@ Test(cuda_runtime, strided_copy_past_2_to_the_31) {
   tt_tensor *r2h = to_dev(r2c, TT_CPU);
   cr_assert(memcmp(tt_tensor_data(r2h), p + 16, 8) == 0, "row 2 was written elsewhere");
   tt_tensor *all[] = {store, h, hd, view, again, back, r2, r2c, r2h};
+  for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+}
+
+/* cuBLASLt plans (kernels/cuda/matmul.cu) are made once per GEMM shape and reused: the
+** second call of the same shape on other buffers makes none, and what a reused plan
+** takes from the call (its bias pointer, alpha, beta) is this call's, not the first's.
+** C (m, n) = A (m, k) B (k, n) + bias, bf16 operands, f32 C, against the CPU. */
+static tt_tensor *host_matrix(int64_t r, int64_t c, int dtype, double scale) {
+  const int64_t shape[2] = {r, c};
+  tt_tensor *f = NULL, *t = NULL;
+  cr_assert_eq(tt_tensor_randn(shape, 2, 0.0, scale, &f), 0);
+  cr_assert_eq(tt_cast(f, dtype, &t), 0);
+  tt_tensor_release(f);
+  return t;
+}
+
+Test(cuda_runtime, gemm_plans_reused_with_this_calls_pointers) {
+  enum { M = 48, N = 40, K = 32 };
+  tt_tensor *a = host_matrix(M, K, TT_BF16, 1.0), *b = host_matrix(K, N, TT_BF16, 1.0);
+  tt_tensor *da = to_dev(a, GPU), *db = to_dev(b, GPU), *af = NULL, *bf = NULL;
+  cr_assert_eq(tt_cast(a, TT_F32, &af), 0);
+  cr_assert_eq(tt_cast(b, TT_F32, &bf), 0);
+  int64_t made0, reused0, made1, reused1, made2, reused2;
+  tt_cuda_gemm_plan_counts(&made0, &reused0);
+  for (int call = 0; call < 2; call++) {
+    /* A new bias and a new C each time; the second call also scales by alpha 2. */
+    const float alpha = call ? 2.0f : 1.0f;
+    tt_tensor *bias = host_matrix(1, N, TT_F32, 1.0), *dbias = to_dev(bias, GPU), *c = NULL;
+    const int64_t cs[2] = {M, N};
+    cr_assert_eq(tt_tensor_zeros(cs, 2, TT_F32, GPU, &c), 0);
+    tt_cuda_gemm_args g;
+    memset(&g, 0, sizeof g);
+    g.m = M; g.n = N; g.k = K;
+    g.a = tt_tensor_data(da); g.lda = K; g.a_dtype = TT_BF16;
+    g.b = tt_tensor_data(db); g.ldb = N; g.b_dtype = TT_BF16;
+    g.c = tt_tensor_data(c); g.ldc = N; g.c_dtype = TT_F32;
+    g.batch = 1;
+    g.alpha = alpha;
+    g.bias = tt_tensor_data(dbias);
+    cr_assert_eq(tt_cuda_lt_gemm(&g), 0, "%s", tt_last_error());
+    tt_cuda_gemm_plan_counts(call ? &made2 : &made1, call ? &reused2 : &reused1);
+    tt_tensor *got = to_dev(c, TT_CPU);
+    const float *p = tt_tensor_data(got), *x = tt_tensor_data(af), *y = tt_tensor_data(bf),
+                *bb = tt_tensor_data(bias);
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        double s = 0;
+        for (int k = 0; k < K; k++) s += (double)x[i * K + k] * y[k * N + j];
+        const double want = alpha * s + bb[j];
+        cr_assert(fabs(p[i * N + j] - want) <= 1e-4 * (1 + fabs(want)),
+                  "call %d, C[%d, %d] = %g, want %g", call, i, j, p[i * N + j], want);
+      }
+    tt_tensor *all[] = {bias, dbias, c, got};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+  }
+  cr_assert_eq(made1 - made0, 1, "the first GEMM of its shape made %lld plans",
+               (long long)(made1 - made0));
+  cr_assert(made2 == made1 && reused2 - reused1 == 1,
+            "the second GEMM made %lld plans and reused %lld", (long long)(made2 - made1),
+            (long long)(reused2 - reused1));
+  tt_tensor *all[] = {a, b, da, db, af, bf};
   for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
 }
