@@ -40,6 +40,11 @@ typedef struct tt_elementwise_kernels {
   int (*affine)(float *out, const float *a, int64_t n, float mul, float add);
   /* a (shape, contiguous) += alpha * b, b read through bc->stride_b (stride_a unused). */
   int (*axpy)(float *a, float alpha, const float *b, const tt_bcast *bc);
+  /* a (n, contiguous, bf16 or f16: a_dtype) += alpha * b (n, contiguous, a's dtype or
+  ** f32: b_dtype): each element widened to f32, a + alpha * b as one fused multiply-add,
+  ** rounded once into a. How a low-precision activation's gradient receives its second
+  ** contribution, in one pass. */
+  int (*axpy_half)(void *a, int a_dtype, float alpha, const void *b, int b_dtype, int64_t n);
 } tt_elementwise_kernels;
 
 extern const tt_elementwise_kernels tt_elementwise_cpu;

@@ -142,31 +142,18 @@ int tt_reduce_to_shape(tt_tensor *g, const int64_t *shape, int ndim, tt_tensor *
 static int is_half(int dtype) { return dtype == TT_BF16 || dtype == TT_F16; }
 
 /* a += alpha * b where a or b is bf16 / f16 (a low-precision activation's gradient
-** receiving its second contribution): the sum in f32, rounded once into a. */
-/* axpy_half on the CPU for contiguous operands, in one pass: each element widened, the
-** f32 axpy's arithmetic (a + alpha * b), rounded back; the bits of the passes below. */
-static int axpy_half_cpu(tt_tensor *a, float alpha, const tt_tensor *b) {
-  int64_t n = tt_tensor_numel(a);
-  uint16_t *pa = tt_tensor_data(a);
-  const void *pb = tt_tensor_data(b);
-  int bf = a->dtype == TT_BF16, b32 = b->dtype == TT_F32;
-  a->storage->version++;
-#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
-  for (int64_t i = 0; i < n; i++) {
-    float x = bf ? tt_bf16_to_float(pa[i]) : tt_f16_to_float(pa[i]);
-    uint16_t hb = b32 ? 0 : ((const uint16_t *)pb)[i];
-    float y = b32 ? ((const float *)pb)[i] : bf ? tt_bf16_to_float(hb) : tt_f16_to_float(hb);
-    x += alpha * y;
-    pa[i] = bf ? tt_float_to_bf16(x) : tt_float_to_f16(x);
-  }
-  return 0;
-}
-
+** receiving its second contribution): the sum in f32, rounded once into a. Contiguous
+** operands on one device take the kernel's one pass (kernels/elementwise.h axpy_half);
+** others, and an f32 a, widen to f32, add there and copy back. */
 static int axpy_half(tt_tensor *a, double alpha, const tt_tensor *b) {
-  if (a->device == TT_CPU && b->device == TT_CPU && is_half(a->dtype) &&
+  const tt_elementwise_kernels *k = TT_KERNELS(tt_elementwise, a->device);
+  if (k && k->axpy_half && a->device == b->device && is_half(a->dtype) &&
       (b->dtype == a->dtype || b->dtype == TT_F32) && tt_tensor_is_contiguous(a) &&
-      tt_tensor_is_contiguous(b))
-    return axpy_half_cpu(a, (float)alpha, b);
+      tt_tensor_is_contiguous(b)) {
+    a->storage->version++;
+    return k->axpy_half(tt_tensor_data(a), a->dtype, (float)alpha,
+                        tt_tensor_data((tt_tensor *)b), b->dtype, tt_tensor_numel(a));
+  }
   tt_tensor *a32 = NULL, *b32 = NULL;
   int st = tt_tensor_empty(a->shape, a->ndim, TT_F32, a->device, &a32);
   if (st == 0) st = tt_copy_(a32, a);

@@ -9,6 +9,7 @@
 */
 #include "elementwise.h"
 #include "kernel.h"
+#include <math.h>
 #include <omp.h>
 
 /* -- Walking a broadcast ------------------------------------------------------------- */
@@ -209,9 +210,26 @@ static int cpu_axpy(float *a, float alpha, const float *b, const tt_bcast *bc) {
   return 0;
 }
 
+static int cpu_axpy_half(void *a, int a_dtype, float alpha, const void *b, int b_dtype,
+                         int64_t n) {
+  uint16_t *pa = a;
+  const int bf = a_dtype == TT_ELEM_BF16, b32 = b_dtype == TT_ELEM_F32;
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
+  for (int64_t i = 0; i < n; i++) {
+    const float x = bf ? tt_elem_bf16_to_float(pa[i]) : tt_elem_f16_to_float(pa[i]);
+    const uint16_t hb = b32 ? 0 : ((const uint16_t *)b)[i];
+    const float y = b32 ? ((const float *)b)[i]
+                        : bf ? tt_elem_bf16_to_float(hb) : tt_elem_f16_to_float(hb);
+    const float r = fmaf(alpha, y, x);
+    pa[i] = bf ? tt_elem_float_to_bf16(r) : tt_elem_float_to_f16(r);
+  }
+  return 0;
+}
+
 const tt_elementwise_kernels tt_elementwise_cpu = {
   .binary = cpu_binary,
   .binary_backward = cpu_binary_backward,
   .affine = cpu_affine,
   .axpy = cpu_axpy,
+  .axpy_half = cpu_axpy_half,
 };

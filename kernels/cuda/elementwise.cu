@@ -1,6 +1,7 @@
 /*
 ** elementwise.cu — CUDA kernels of the elementwise family (kernels/elementwise.h):
-** broadcasting binary ops and their input gradients, affine maps and axpy, on f32.
+** broadcasting binary ops and their input gradients, affine maps and axpy, on f32, and
+** axpy into bf16 / f16.
 **
 ** One thread per output element in a grid-stride loop. A broadcast input is read through
 ** its own strides: the flat output index is split into coordinates over bc->shape
@@ -119,8 +120,37 @@ static int axpy(float *a, float alpha, const float *b, const tt_bcast *bc) {
   return 0;
 }
 
+template <typename A, typename B>
+__global__ void axpy_half_kernel(A *a, float alpha, const B *b, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    tt_st(a, i, __fmaf_rn(alpha, tt_ld(b, i), tt_ld(a, i)));
+}
+
+static int axpy_half(void *a, int a_dtype, float alpha, const void *b, int b_dtype,
+                     int64_t n) {
+  TT_CHECK((a_dtype == TT_ELEM_BF16 || a_dtype == TT_ELEM_F16) &&
+               (b_dtype == a_dtype || b_dtype == TT_ELEM_F32),
+           "axpy_half: %s += %s; expected bf16 or f16, and the same or f32",
+           tt_dtype_name(a_dtype), tt_dtype_name(b_dtype));
+  if (n == 0) return 0;
+  const unsigned blocks = tt_cuda_blocks(n, 256);
+  cudaStream_t st = tt_cuda_cur_stream();
+  if (a_dtype == TT_ELEM_BF16 && b_dtype == TT_ELEM_F32)
+    axpy_half_kernel<<<blocks, 256, 0, st>>>((__nv_bfloat16 *)a, alpha, (const float *)b, n);
+  else if (a_dtype == TT_ELEM_BF16)
+    axpy_half_kernel<<<blocks, 256, 0, st>>>((__nv_bfloat16 *)a, alpha,
+                                             (const __nv_bfloat16 *)b, n);
+  else if (b_dtype == TT_ELEM_F32)
+    axpy_half_kernel<<<blocks, 256, 0, st>>>((__half *)a, alpha, (const float *)b, n);
+  else
+    axpy_half_kernel<<<blocks, 256, 0, st>>>((__half *)a, alpha, (const __half *)b, n);
+  TT_CU_LAUNCHED("axpy_half_kernel");
+  return 0;
+}
+
 extern "C" const tt_elementwise_kernels tt_elementwise_cuda = {
-  binary, binary_backward, affine, axpy,
+  binary, binary_backward, affine, axpy, axpy_half,
 };
 
 TT_CUDA_FAMILY(elementwise)

@@ -198,6 +198,31 @@ Test(cuda, embedding_backward_bits) {
   expect_backward_bits(0, TT_F32, 0, 7, 16);
 }
 
+/* axpy into bf16 / f16 (a half activation's gradient receiving its second contribution)
+** in one pass on the GPU, bit for bit the CPU twin's: widened, one fused multiply-add,
+** rounded once. Through tt_axpy_, which picks the kernel for contiguous operands. */
+Test(cuda, axpy_half_bits) {
+  const int64_t s[1] = {100003};
+  const int dts[2] = {TT_BF16, TT_F16};
+  for (int d = 0; d < 2; d++)
+    for (int b32 = 0; b32 < 2; b32++) {
+      tt_tensor *af = randn(s, 1, 1.0), *bf = randn(s, 1, 3.0), *a = NULL, *b = NULL;
+      cr_assert_eq(tt_cast(af, dts[d], &a), 0);
+      cr_assert_eq(tt_cast(bf, b32 ? TT_F32 : dts[d], &b), 0);
+      tt_tensor *ga = to_dev(a, GPU), *gb = to_dev(b, GPU);
+      cr_assert_eq(tt_axpy_(a, -0.37, b), 0, "%s", tt_last_error());
+      cr_assert_eq(tt_axpy_(ga, -0.37, gb), 0, "%s", tt_last_error());
+      tt_tensor *back = to_dev(ga, TT_CPU);
+      const uint16_t *x = tt_tensor_data(back), *y = tt_tensor_data(a);
+      for (int64_t i = 0; i < s[0]; i++)
+        cr_assert_eq(x[i], y[i], "%s += %s: element %lld is 0x%04x on the GPU, 0x%04x on the CPU",
+                     tt_dtype_name(dts[d]), b32 ? "f32" : tt_dtype_name(dts[d]), (long long)i,
+                     x[i], y[i]);
+      tt_tensor *all[] = {af, bf, a, b, ga, gb, back};
+      for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+    }
+}
+
 Test(cuda, norms) {
   int64_t xs[3] = {2, 19, 333}, ws[1] = {333};
   tt_tensor *in[3] = {randn(xs, 3, 2.0), randn(ws, 1, 1.0), randn(ws, 1, 1.0)};
