@@ -111,5 +111,8 @@ void tt_cuda_host_free(void *p);
 ** buffer must stay untouched until an event recorded after it completes. */
 int tt_cuda_copy_to_device_async(void *dst, int device, const void *pinned_src,
                                  size_t nbytes);
+/* Asynchronous device -> host copy on the current stream into a pinned buffer; its
+** contents are there once an event recorded after it completes. */
+int tt_cuda_copy_to_host_async(void *pinned_dst, const void *src, int device, size_t nbytes);
 
 #endif

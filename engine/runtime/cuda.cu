@@ -560,3 +560,10 @@ extern "C" int tt_cuda_copy_to_device_async(void *dst, int device, const void *p
   TT_CU(cudaMemcpyAsync(dst, pinned_src, nbytes, cudaMemcpyHostToDevice, g_stream));
   return 0;
 }
+
+extern "C" int tt_cuda_copy_to_host_async(void *pinned_dst, const void *src, int device,
+                                          size_t nbytes) {
+  TT_TRY(use_device(device));
+  TT_CU(cudaMemcpyAsync(pinned_dst, src, nbytes, cudaMemcpyDeviceToHost, g_stream));
+  return 0;
+}

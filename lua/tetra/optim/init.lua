@@ -287,10 +287,26 @@ function AdamW:host_f32(p)
   return take(C.tt_tensor_from_buffer(box[0], p._shape, p._ndim, C.TT_F32, pout), 3)
 end
 
--- The offloaded update of group g (parameters k of it, one CPU call each, which is the
--- elementwise update of the whole group's call).
+-- The offloaded update: each parameter with a gradient, in group order, one CPU call
+-- each (the elementwise update of its group's call). On a GPU, a parameter and its
+-- gradient that are contiguous f32 tensors go down and come back by asynchronous copies
+-- on the current stream between page-locked buffers (tt_cuda_copy_to_host_async,
+-- tt_cuda_copy_to_device_async): every download is queued first, each with an event
+-- after it, then the host waits only for the parameter it updates next, so the link
+-- brings the next ones while the CPU computes, and each updated parameter goes back up
+-- while the CPU moves on; the next step's kernels follow the uploads in stream order. The
+-- buffers are safe to reuse: the next step's download into them is queued after this
+-- step's upload from them. Anything else (the CPU, a strided shard) copies synchronously.
+-- The values are the same either way.
 local one = { p = ffi.new("tt_tensor*[1]"), m = ffi.new("tt_tensor*[1]"),
               v = ffi.new("tt_tensor*[1]"), b = ffi.new("tt_tensor*[1]") }
+local ev_box   -- a tt_cuda_event *[1], once tetra_cuda.h is declared (host_f32 on a GPU)
+
+local function async_ok(p, grad)
+  return p._device ~= C.TT_CPU and p._dtype == C.TT_F32 and grad._dtype == C.TT_F32
+     and p:is_contiguous() and grad:is_contiguous()
+end
+
 function AdamW:_step_offloaded(cfg, stats)
   if not self._host_stats then
     self._host_stats = take(C.tt_step_stats_new(C.TT_CPU, pout), 2)
@@ -298,33 +314,65 @@ function AdamW:_step_offloaded(cfg, stats)
   check(C.tt_copy_(self._host_stats, stats))
   local index = {}
   for i, p in ipairs(self.params) do index[p] = i end
+  local todo = {}
   for _, g in ipairs(self.groups) do
-    cfg.weight_decay = g.wd
     for k = 1, g.n do
-      local p, i = g.keep.p[k], index[g.keep.p[k]]
+      local p = g.keep.p[k]
       local grad = p.grad
       if grad then
+        local i = index[p]
         local h = self._host[i]
         if not h then
           h = { p = self:host_f32(p), g = self:host_f32(p) }
           self._host[i] = h
         end
-        check(C.tt_copy_(h.p, p))
-        check(C.tt_copy_(h.g, grad))
-        h.p.grad = h.g
-        one.p[0], one.m[0], one.v[0] = h.p, g.keep.m[k], g.keep.v[k]
-        check(C.tt_adamw_multi(one.p, one.m, one.v, nil, 1, cfg, self.step_count,
-                               self._host_stats))
-        check(C.tt_copy_(p, h.p))
-        local b = g.keep.b[k]
-        if b then
-          local flat, bflat = F().view(p, { p:numel() }), F().view(b, { b:numel() })
-          check(C.tt_copy_(bflat, flat))
-          F().free(flat); F().free(bflat)
-        end
-        F().free(grad)
+        todo[#todo + 1] = { g = g, k = k, p = p, grad = grad, h = h,
+                            async = async_ok(p, grad) }
       end
     end
+  end
+  for _, t in ipairs(todo) do   -- every download queued before the first update
+    if t.async then
+      local h, dev = t.h, t.p._device
+      if not h.ev then
+        ev_box = ev_box or ffi.new("tt_cuda_event *[1]")
+        check(C.tt_cuda_event_create(0, ev_box))
+        h.ev = ffi.gc(ev_box[0], C.tt_cuda_event_destroy)
+      end
+      local bytes = t.p:numel() * 4
+      check(C.tt_cuda_copy_to_host_async(C.tt_tensor_data(h.p), C.tt_tensor_data(t.p), dev,
+                                         bytes))
+      check(C.tt_cuda_copy_to_host_async(C.tt_tensor_data(h.g), C.tt_tensor_data(t.grad),
+                                         dev, bytes))
+      check(C.tt_cuda_event_record(h.ev, C.tt_cuda_get_stream()))
+    end
+  end
+  for _, t in ipairs(todo) do
+    local g, k, p, h = t.g, t.k, t.p, t.h
+    cfg.weight_decay = g.wd
+    if t.async then
+      check(C.tt_cuda_event_synchronize(h.ev))
+    else
+      check(C.tt_copy_(h.p, p))
+      check(C.tt_copy_(h.g, t.grad))
+    end
+    h.p.grad = h.g
+    one.p[0], one.m[0], one.v[0] = h.p, g.keep.m[k], g.keep.v[k]
+    check(C.tt_adamw_multi(one.p, one.m, one.v, nil, 1, cfg, self.step_count,
+                           self._host_stats))
+    if t.async then
+      check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
+                                           C.tt_tensor_data(h.p), p:numel() * 4))
+    else
+      check(C.tt_copy_(p, h.p))
+    end
+    local b = g.keep.b[k]
+    if b then
+      local flat, bflat = F().view(p, { p:numel() }), F().view(b, { b:numel() })
+      check(C.tt_copy_(bflat, flat))
+      F().free(flat); F().free(bflat)
+    end
+    F().free(t.grad)
   end
 end
 
