@@ -35,19 +35,4 @@ typedef struct tt_copy_geom {
 void tt_copy_geom_make(tt_copy_geom *g, int ndim, const int64_t *shape,
                        const int64_t *dst_stride, const int64_t *src_stride);
 
-/* Offsets of element i (0 <= i < g->n) on both sides: what the kernel computes per
-** element, for the host's own checks. */
-static inline void tt_copy_geom_offsets(const tt_copy_geom *g, int64_t i, int64_t *dst_off,
-                                        int64_t *src_off) {
-  int64_t d = 0, s = 0;
-  for (int k = g->ndim - 1; k >= 0; k--) {
-    const int64_t c = i % g->shape[k];
-    i /= g->shape[k];
-    d += c * g->dst_stride[k];
-    s += c * g->src_stride[k];
-  }
-  *dst_off = d;
-  *src_off = s;
-}
-
 #endif

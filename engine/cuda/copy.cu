@@ -53,7 +53,7 @@ __device__ __forceinline__ void store_from_double(char *p, int dtype, int64_t of
   }
 }
 
-/* The offsets of element i on both sides (tt_copy_geom_offsets in the index type I). */
+/* The offsets of element i on both sides, in the index type I. */
 template <typename I>
 __device__ __forceinline__ void offsets(const copy_dims<I> &g, I i, I *doff, I *soff) {
   I d = 0, s = 0;
@@ -78,20 +78,13 @@ __global__ void copy_any(char *dst, int dst_dtype, const char *src, int src_dtyp
   }
 }
 
-__device__ __forceinline__ void convert(float *d, float v) { *d = v; }
-__device__ __forceinline__ void convert(__nv_bfloat16 *d, float v) { *d = __float2bfloat16(v); }
-__device__ __forceinline__ void convert(__half *d, float v) { *d = __float2half(v); }
-__device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float widen(__half v) { return __half2float(v); }
-
 /* One float dtype into another (D != S), through f32, which holds bf16 and f16 exactly. */
 template <typename I, typename D, typename S>
 __global__ void copy_cast(D *dst, const S *src, copy_dims<I> g, I n) {
   for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
     I doff, soff;
     offsets(g, i, &doff, &soff);
-    convert(dst + doff, widen(src[soff]));
+    tt_st(dst, (int64_t)doff, tt_ld(src, (int64_t)soff));
   }
 }
 

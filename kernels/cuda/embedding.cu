@@ -130,10 +130,11 @@ template <typename T>
 static int backward_sorted(float *dweight, const T *dout, const void *ids, int ids_i64,
                            int64_t n, int64_t V, int64_t D) {
   cudaStream_t st = tt_cuda_cur_stream();
+  const int bits = key_bits(V);
   size_t sort_bytes = 0;
   TT_CU(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const uint32_t *)NULL,
                                         (uint32_t *)NULL, (const uint32_t *)NULL,
-                                        (uint32_t *)NULL, (int)n, 0, key_bits(V), st));
+                                        (uint32_t *)NULL, (int)n, 0, bits, st));
   /* Four arrays of n keys or positions, then CUB's scratch, in one allocation. */
   const size_t words = ((size_t)n + 63) / 64 * 64;
   char *mem = NULL;
@@ -145,7 +146,7 @@ static int backward_sorted(float *dweight, const T *dout, const void *ids, int i
   cudaError_t e = tt_cuda_launch_status();
   if (e == cudaSuccess)
     e = cub::DeviceRadixSort::SortPairs(scratch, sort_bytes, key, skey, pos, spos, (int)n, 0,
-                                        key_bits(V), st);
+                                        bits, st);
   if (e == cudaSuccess) {
     const int threads = D >= 128 ? 128 : (int)((D + 31) / 32 * 32);
     const int64_t blocks = n < 65535 * 16 ? n : 65535 * 16;

@@ -342,8 +342,7 @@ Test(cuda_runtime, strided_copy_past_2_to_the_31) {
 ** C (m, n) = A (m, k) B (k, n) + bias, bf16 operands, f32 C, against the CPU. */
 static tt_tensor *host_matrix(int64_t r, int64_t c, int dtype, double scale) {
   const int64_t shape[2] = {r, c};
-  tt_tensor *f = NULL, *t = NULL;
-  cr_assert_eq(tt_tensor_randn(shape, 2, 0.0, scale, &f), 0);
+  tt_tensor *f = randn(shape, 2, scale), *t = NULL;
   cr_assert_eq(tt_cast(f, dtype, &t), 0);
   tt_tensor_release(f);
   return t;
