@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <termios.h>
 #include <unistd.h>
@@ -54,6 +55,26 @@ static void on_sigint(int sig) {
     lua_sethook(g_main_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
+/* The handler runs on a stack of its own. oneDNN's JIT f32 GEMM kernels (Debian 12's
+** libdnnl 2.x; fixed upstream in 3.11) point rsp into their heap workspace while they
+** run, so a signal frame pushed at rsp lands on the heap: Ctrl-C during a training step
+** corrupted malloc's chunks and the process died in a later free (oneDNN issue 4845).
+** Linux hands a Ctrl-C to the main thread when it can take it, and that is the thread
+** given this stack; tests/cli/sigint_blas.sh sends signals into such GEMMs. An
+** alternate stack already set (ASan's) is kept. */
+static int use_signal_stack(void) {
+  stack_t ss;
+  if (sigaltstack(NULL, &ss) == 0 && !(ss.ss_flags & SS_DISABLE) && ss.ss_size > 0) return 0;
+  long min = sysconf(_SC_SIGSTKSZ);
+  size_t size = 64 * 1024;
+  if (min > 0 && (size_t)min * 4 > size) size = (size_t)min * 4;
+  ss.ss_sp = malloc(size);   /* for the process's life */
+  if (!ss.ss_sp) return -1;
+  ss.ss_size = size;
+  ss.ss_flags = 0;
+  return sigaltstack(&ss, NULL);
+}
+
 /* host.catch_interrupts(): from now on Ctrl-C sets the flag instead of ending the
 ** process. No SA_RESTART, so a blocking read returns and the prompt can start again. */
 int tt_host_catch_interrupts(lua_State *L) {
@@ -61,6 +82,7 @@ int tt_host_catch_interrupts(lua_State *L) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_sigint;
+  sa.sa_flags = use_signal_stack() == 0 ? SA_ONSTACK : 0;
   sigemptyset(&sa.sa_mask);
   lua_pushboolean(L, sigaction(SIGINT, &sa, NULL) == 0);
   return 1;
