@@ -160,6 +160,17 @@ int tt_lowp_weight_group(tt_tensor *const *ws, int n, int dtype, tt_tensor **out
 int tt_lowp_weight_mark_fresh(tt_tensor *w);
 /* Drops w's copy (frees its memory). */
 void tt_lowp_weight_drop(tt_tensor *w);
+/* Optimizer offload with the f32 master weights on the host (tetra.optim's AdamW under
+** bf16 / fp16): through forward and backward a weight that only the GEMMs read keeps just
+** its copy on the device. release_master gives w's f32 memory back; w must own its
+** storage whole and have a current copy; its header, copy and version stay, so the GEMMs
+** go on reading the copy, and tt_lowp_weight refuses to cast from the missing master.
+** restore_master takes the memory again (contents undefined until written; the version
+** moves, so mark the copy fresh once the master is written back). tt_tensor_resident:
+** whether t's memory is on its device (0 after release_master). */
+int tt_lowp_weight_release_master(tt_tensor *w);
+int tt_lowp_weight_restore_master(tt_tensor *w);
+int tt_tensor_resident(const tt_tensor *t);
 /* How many casts tt_lowp_weight has made in this process (a counter for tests and
 ** metrics). */
 int64_t tt_lowp_weight_casts(void);

@@ -55,6 +55,9 @@ int tt_lowp_weight(tt_tensor *w, int dtype, tt_tensor **out) {
   TT_TRY(check_args("tt_lowp_weight", w, dtype, out));
   TT_TRY(ensure_buffer(w, dtype));
   if (w->lowp_version != w->storage->version) {
+    TT_CHECK(w->storage->data, "tt_lowp_weight: the weight's f32 master is in host memory "
+             "(optimizer offload) and its %s copy is stale: restore the master first "
+             "(tt_lowp_weight_restore_master)", tt_dtype_name(dtype));
     if (tt_copy_(w->lowp, w) != 0) {
       tt_lowp_weight_drop(w);
       return tt_error_context("tt_lowp_weight");
@@ -72,6 +75,27 @@ int tt_lowp_weight_buffer(tt_tensor *w, int dtype, tt_tensor **out) {
   TT_TRY(ensure_buffer(w, dtype));
   tt_tensor_retain(w->lowp);
   *out = w->lowp;
+  return 0;
+}
+
+int tt_tensor_resident(const tt_tensor *t) { return t && t->storage->data != NULL; }
+
+int tt_lowp_weight_release_master(tt_tensor *w) {
+  TT_CHECK(w, "tt_lowp_weight_release_master: w is NULL");
+  TT_CHECK(w->lowp && w->lowp_version == w->storage->version,
+           "tt_lowp_weight_release_master: w has no current low-precision copy (the GEMMs "
+           "would cast one from the released master)");
+  TT_CHECK(!w->storage->external && w->offset == 0 && tt_tensor_is_contiguous(w),
+           "tt_lowp_weight_release_master: w does not own its storage whole (a view or a "
+           "shard)");
+  tt_storage_evict(w->storage);
+  return 0;
+}
+
+int tt_lowp_weight_restore_master(tt_tensor *w) {
+  TT_CHECK(w, "tt_lowp_weight_restore_master: w is NULL");
+  if (tt_storage_restore(w->storage) != 0)
+    return tt_error_context("tt_lowp_weight_restore_master");
   return 0;
 }
 

@@ -5,6 +5,7 @@
 */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <string.h>
 #include "core/tt_internal.h"
 #include "tetra_amp.h"
 
@@ -105,4 +106,42 @@ Test(amp, unscale_many_params_and_half_grads) {
   cr_assert_eq(found_inf, 1);
   for (int i = 0; i < 3; i++) tt_tensor_release(ps[i]);
   free(g);
+}
+
+/* -- The f32 master off the device (optimizer offload, tetra_amp.h) ------------------- */
+
+/* A released master: the GEMMs still get its current copy (no read of the master), a
+** stale copy is refused with a message instead of a cast from freed memory, and a
+** restore gives memory back for the master to be written. */
+Test(amp, released_master_keeps_its_copy) {
+  const int64_t shape[2] = {3, 4};
+  tt_tensor *w = NULL, *copy = NULL, *again = NULL;
+  cr_assert_eq(tt_tensor_randn(shape, 2, 0.0, 1.0, &w), 0, "%s", tt_last_error());
+  cr_assert_neq(tt_lowp_weight_release_master(w), 0, "a master without a copy was released");
+  cr_assert(strstr(tt_last_error(), "no current low-precision copy"), "%s", tt_last_error());
+  cr_assert_eq(tt_lowp_weight(w, TT_BF16, &copy), 0, "%s", tt_last_error());
+  double want[12], got[12];
+  cr_assert_eq(tt_tensor_to_f64(copy, want), 0);
+  cr_assert_eq(tt_lowp_weight_release_master(w), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_resident(w), 0);
+  int64_t casts = tt_lowp_weight_casts();
+  cr_assert_eq(tt_lowp_weight(w, TT_BF16, &again), 0, "%s", tt_last_error());
+  cr_assert_eq(again, copy);
+  cr_assert_eq(tt_lowp_weight_casts(), casts, "the current copy was cast again");
+  cr_assert_eq(tt_tensor_to_f64(again, got), 0);
+  cr_assert_arr_eq(got, want, sizeof want);
+  tt_tensor_release(again);
+  tt_tensor_bump_version(w);   /* written while away: the copy is stale */
+  again = NULL;
+  cr_assert_neq(tt_lowp_weight(w, TT_BF16, &again), 0, "a stale copy was cast from nothing");
+  cr_assert(strstr(tt_last_error(), "in host memory"), "%s", tt_last_error());
+  cr_assert_eq(tt_lowp_weight_restore_master(w), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_resident(w), 1);
+  cr_assert_eq(tt_fill_(w, 0.5), 0);
+  cr_assert_eq(tt_lowp_weight(w, TT_BF16, &again), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_to_f64(again, got), 0);
+  for (int i = 0; i < 12; i++) cr_assert_eq(got[i], 0.5);
+  tt_tensor_release(again);
+  tt_tensor_release(copy);
+  tt_tensor_release(w);
 }

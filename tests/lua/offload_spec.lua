@@ -25,7 +25,7 @@ local function expect_identical(recipe, sets, steps)
                                           steps, true)
   expect(env.optimizer.offloaded).to_be(true)
   for _, m in ipairs(env.optimizer.m) do expect(m.device).to_be("cpu") end
-  return a, b
+  return a, b, env
 end
 
 describe("parallel.offload_optimizer", function()
@@ -42,6 +42,72 @@ describe("parallel.offload_optimizer", function()
     expect_identical(tiny, { "train.precision=bf16" }, 3)
     expect_identical(tiny, { "train.precision=fp16", "train.gradient_accumulation_steps=2" }, 3)
     expect_identical(gpt2, GPT2_SMALL, 3)
+  end)
+
+  it("keeps the f32 masters of the GEMM-only weights off the device through forward and " ..
+     "backward under bf16 and fp16, whole between steps", function()
+    local C = require("tetra.ffi").C
+    local amp = require("tetra.optim.amp")
+    for _, prec in ipairs({ "bf16", "fp16" }) do
+      local a, b, env = expect_identical(tiny, { "train.precision=" .. prec }, 4)
+      -- per block wq wk wv wo w1 w2 w3, and the untied head
+      local weights = amp.gemm_only_weights(env.model)
+      expect(#weights).to_be(2 * 7 + 1)
+      local bytes = 0
+      for _, w in ipairs(weights) do bytes = bytes + 4 * w:numel() end
+      expect(b[4].host_master_bytes).to_be(bytes)
+      -- the allocator's step peak (CPU: the device is the host) drops by exactly them
+      expect(a[4].step_peak_bytes - b[4].step_peak_bytes).to_be(bytes)
+      local away = {}
+      env.on_grads = function(_, n)
+        away[n] = 0
+        for _, w in ipairs(weights) do
+          if C.tt_tensor_resident(w) == 0 then away[n] = away[n] + 1 end
+        end
+      end
+      env.step()
+      expect(away[5]).to_be(#weights)
+      for _, w in ipairs(weights) do expect(C.tt_tensor_resident(w)).to_be(1) end
+    end
+  end)
+
+  it("keeps a tied embedding's master on the device (the lookup reads it in f32)", function()
+    local _, _, env = expect_identical(tiny, { "train.precision=bf16",
+                                              "model.tie_embeddings=true" }, 3)
+    local amp = require("tetra.optim.amp")
+    local tied = env.model.tok_embeddings.weight
+    for _, w in ipairs(amp.gemm_only_weights(env.model)) do
+      expect(w == tied).to_be(false)
+    end
+    expect(#amp.gemm_only_weights(env.model)).to_be(2 * 7)
+  end)
+
+  it("takes a weight written between steps into its host master (a load, the REPL)",
+     function()
+    local C = require("tetra.ffi").C
+    local function edited(extra)
+      local sets = { "train.precision=bf16" }
+      for _, s in ipairs(extra) do sets[#sets + 1] = s end
+      local env = tiny.setup(build(tiny, sets))
+      local out = {}
+      for i = 1, 5 do
+        out[i] = env.step()
+        if i == 3 then   -- between steps, as a checkpoint load or a REPL line writes
+          for name, w in env.model:iter_parameters() do
+            if name == "layers.0.attention.wq.weight" then
+              assert(C.tt_axpy_(w, -0.5, w) == 0)
+            end
+          end
+        end
+      end
+      return out
+    end
+    local a = edited({})
+    local b = edited({ "parallel.offload_optimizer=true" })
+    for i = 1, 5 do
+      expect(b[i].loss).to_be(a[i].loss)
+      expect(b[i].grad_norm).to_be(a[i].grad_norm)
+    end
   end)
 
   it("resumes from its checkpoint to the same steps", function()

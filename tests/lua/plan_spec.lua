@@ -288,6 +288,32 @@ describe("plan layouts", function()
     expect(offloaded.none).to_be(0)
   end)
 
+  -- Offload under bf16 without ZeRO takes the matrices' f32 masters off the device too
+  -- (AdamW:masters_on_host): 4 bytes an element of the stage's block matrices (and the
+  -- untied head) leave the peak besides the moments; under ZeRO or fp32 none do.
+  it("prices the f32 masters offload keeps on the host under bf16", function()
+    local big = build(llama, { "train.model_name=llama3-70b", "train.batch_size=512",
+                               "train.precision=bf16" })
+    local h100 = plan.cluster("h100", { nodes = 8 })
+    local lay = { tp = 4, pp = 8, dp = 2, cp = 1, v = 1, sp = true, micro_batch = 1,
+                  schedule = "1f1b", zero = 0, recompute = "full" }
+    local function with(over)
+      local l = {}
+      for k, v in pairs(lay) do l[k] = v end
+      for k, v in pairs(over) do l[k] = v end
+      return plan.evaluate(big, l, h100)
+    end
+    local on, off = with({ offload = true }), with({ offload = false })
+    -- llama3-70b: 80 blocks over 8 stages; a block's matrices on a tp 4 rank
+    local block_mm = (8192 * 8192 * 2 + 1024 * 8192 * 2 + 3 * 8192 * 28672) / 4
+    local stage = on.mem.stage
+    local blocks = 10
+    local head = stage == 7 and 128256 * 8192 / 4 or 0
+    expect(on.mem.host_masters).to_be(4 * (blocks * block_mm + head))
+    expect(off.mem.total - on.mem.total).to_be(off.mem.optimizer + on.mem.host_masters)
+    expect(with({ offload = true, zero = 1 }).mem.host_masters).to_be(0)
+  end)
+
   -- The mission's scale: 175B and 405B on 1,024 H100s. Meta's Llama 3 405B layout (tp 8,
   -- pp 16, dp 8 here) fits with ZeRO-2 and full recompute and with neither it does not;
   -- GPT-3 175B fits as tp 8 x pp 8 x dp 16 with ZeRO-2 alone.

@@ -539,6 +539,31 @@ function Context:after_update(u)
   end
 end
 
+-- The weights that only the model's Linear layers read (their GEMMs, through the cached
+-- copies above): each Linear's weight unless another module holds it too (an embedding
+-- table tied to the head, which the lookup reads in f32). Optimizer offload keeps these
+-- weights' f32 masters on the host (AdamW:masters_on_host).
+function amp.gemm_only_weights(model)
+  local linear, other = {}, {}
+  for _, nm in ipairs(model:named_modules()) do
+    local m = nm[2]
+    for _, n in ipairs(m._param_names) do
+      local t = m[n]
+      if t ~= nil then
+        local key = T.key(t)
+        if m.gemm and n == "weight" then linear[key] = linear[key] or t
+        else other[key] = true end
+      end
+    end
+  end
+  local list = {}
+  for _, p in ipairs(model:parameters()) do
+    local key = T.key(p)
+    if linear[key] and not other[key] then list[#list + 1] = p end
+  end
+  return list
+end
+
 -- loss_scale (1 without a scaler) and steps skipped so far, for the metrics record.
 function Context:metrics()
   return self:scale(), self.skipped_steps

@@ -21,7 +21,7 @@
 -- opt:set_bf16_copies(list) gives the update a bf16 tensor per parameter (or nil) that
 -- receives the updated weight rounded to bf16.
 local ffi = require("ffi")
-local C = require("tetra.ffi").C
+local C = require("tetra.ffi").cdef_header("tetra_amp.h").C
 
 local optim = {}
 
@@ -49,6 +49,7 @@ local function carray(list)
 end
 
 local pout = require("tetra.tensor").pout
+local T_key = require("tetra.tensor").key
 local take = require("tetra.tensor").take
 
 -- f32 zeros shaped like t on t's device: the optimizer state lives beside its parameter.
@@ -287,6 +288,90 @@ function AdamW:host_f32(p)
   return take(C.tt_tensor_from_buffer(box[0], p._shape, p._ndim, C.TT_F32, pout), 3)
 end
 
+-- The f32 master weights on the host as well (train.setup: offload under bf16 / fp16,
+-- ZeRO stage 0): `weights` are the parameters that only the GEMMs read, through their
+-- bf16 / fp16 copies (tetra.optim.amp), each an optimizer parameter of its own. Through
+-- forward and backward each keeps just that copy on the device: release_masters (before
+-- the forward) gives its f32 memory back, after bringing the host master up to date
+-- when something else wrote the weight since the last step (a checkpoint load, a
+-- roll-back, the REPL); the offloaded update then needs no download of it, writes the
+-- host master and uploads it into memory taken again; settle_masters (after the update,
+-- skipped or not) restores any still released and records the versions. Between steps
+-- every weight is whole on the device, so checkpoints, evaluation, export and the REPL
+-- read it as ever. dtype: C.TT_BF16 or C.TT_F16. Returns how many weights qualified.
+function AdamW:masters_on_host(weights, dtype)
+  assert(self.offloaded, "masters_on_host: call offload_state first")
+  local index = {}
+  for i, p in ipairs(self.params) do index[T_key(p)] = i end
+  self._masters, self._master_dtype = {}, dtype
+  local n = 0
+  for _, w in ipairs(weights) do
+    local i = index[T_key(w)]
+    if i then
+      self._masters[i] = { released = false, version = nil }
+      n = n + 1
+    end
+  end
+  return n
+end
+
+-- Bytes of f32 master weights kept in host memory (0 without masters_on_host).
+function AdamW:host_master_bytes()
+  local b = 0
+  for i in pairs(self._masters or {}) do b = b + self.params[i]:numel() * 4 end
+  return b
+end
+
+local lowp_box = ffi.new("tt_tensor*[1]")
+
+function AdamW:release_masters()
+  if not self._masters then return end
+  for i, st in pairs(self._masters) do
+    local p = self.params[i]
+    -- A weight whose copy does not exist yet (the first step makes each where the GEMMs
+    -- want it: grouped weights share one buffer) keeps its master for this step.
+    if not st.released and p._lowp ~= nil and p._lowp._dtype == self._master_dtype then
+      local h = self._host[i]
+      if not h then
+        h = { p = self:host_f32(p), g = self:host_f32(p) }
+        self._host[i] = h
+      end
+      if st.version ~= C.tt_tensor_version(p) then check(C.tt_copy_(h.p, p)) end
+      -- the copy the GEMMs will read, cast in place now if the weight changed since
+      check(C.tt_lowp_weight(p, self._master_dtype, lowp_box))
+      C.tt_tensor_release(lowp_box[0])
+      check(C.tt_lowp_weight_release_master(p))
+      st.released = true
+    end
+  end
+end
+
+-- The master's memory taken again and the host master copied into it (the update's
+-- upload, or settle_masters for a step that made none).
+local function restore_master(p, h, async)
+  check(C.tt_lowp_weight_restore_master(p))
+  if async then
+    check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
+                                         C.tt_tensor_data(h.p), p:numel() * 4))
+    C.tt_tensor_bump_version(p)
+  else
+    check(C.tt_copy_(p, h.p))
+  end
+end
+
+function AdamW:settle_masters()
+  if not self._masters then return end
+  for i, st in pairs(self._masters) do
+    local p = self.params[i]
+    if st.released then   -- no update wrote it (a skipped step): the copy is still current
+      restore_master(p, self._host[i], false)
+      check(C.tt_lowp_weight_mark_fresh(p))
+      st.released = false
+    end
+    st.version = C.tt_tensor_version(p)
+  end
+end
+
 -- The offloaded update: each parameter with a gradient, in group order, one CPU call
 -- each (the elementwise update of its group's call). On a GPU, a parameter and its
 -- gradient that are contiguous f32 tensors go down and come back by asynchronous copies
@@ -326,8 +411,9 @@ function AdamW:_step_offloaded(cfg, stats)
           h = { p = self:host_f32(p), g = self:host_f32(p) }
           self._host[i] = h
         end
+        local st = self._masters and self._masters[i]
         todo[#todo + 1] = { g = g, k = k, p = p, grad = grad, h = h,
-                            async = async_ok(p, grad) }
+                            async = async_ok(p, grad), master = st and st.released and st }
       end
     end
   end
@@ -340,8 +426,10 @@ function AdamW:_step_offloaded(cfg, stats)
         h.ev = ffi.gc(ev_box[0], C.tt_cuda_event_destroy)
       end
       local bytes = t.p:numel() * 4
-      check(C.tt_cuda_copy_to_host_async(C.tt_tensor_data(h.p), C.tt_tensor_data(t.p), dev,
-                                         bytes))
+      if not t.master then   -- a released master's host copy is current already
+        check(C.tt_cuda_copy_to_host_async(C.tt_tensor_data(h.p), C.tt_tensor_data(t.p), dev,
+                                           bytes))
+      end
       check(C.tt_cuda_copy_to_host_async(C.tt_tensor_data(h.g), C.tt_tensor_data(t.grad),
                                          dev, bytes))
       check(C.tt_cuda_event_record(h.ev, C.tt_cuda_get_stream()))
@@ -353,14 +441,17 @@ function AdamW:_step_offloaded(cfg, stats)
     if t.async then
       check(C.tt_cuda_event_synchronize(h.ev))
     else
-      check(C.tt_copy_(h.p, p))
+      if not t.master then check(C.tt_copy_(h.p, p)) end
       check(C.tt_copy_(h.g, t.grad))
     end
     h.p.grad = h.g
     one.p[0], one.m[0], one.v[0] = h.p, g.keep.m[k], g.keep.v[k]
     check(C.tt_adamw_multi(one.p, one.m, one.v, nil, 1, cfg, self.step_count,
                            self._host_stats))
-    if t.async then
+    if t.master then
+      restore_master(p, h, t.async)
+      t.master.released = false
+    elseif t.async then
       check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
                                            C.tt_tensor_data(h.p), p:numel() * 4))
     else

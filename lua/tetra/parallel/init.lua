@@ -244,7 +244,10 @@ function Par:memory(opt, ddp)
     for _, s in ipairs(ddp.shards) do grads = grads + 4 * s.tensor:numel() end
   end
   -- Offloaded moments (parallel.offload_optimizer) are host memory, not the device's.
-  if opt.offloaded then return { params = params, grads = grads, optimizer = 0, host_optimizer = state } end
+  if opt.offloaded then
+    return { params = params, grads = grads, optimizer = 0, host_optimizer = state,
+             host_masters = opt.host_master_bytes and opt:host_master_bytes() or 0 }
+  end
   return { params = params, grads = grads, optimizer = state }
 end
 

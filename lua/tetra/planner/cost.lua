@@ -340,13 +340,23 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     -- Offloaded (parallel.offload_optimizer): the moments are host memory, off the
     -- device's peak; the update moves each parameter and gradient to the host and the
     -- parameter back (12 bytes an element over cl.offload_bw) and runs at the host's
-    -- cl.host_bw (the same 28 bytes an element), nothing overlapped.
+    -- cl.host_bw (the same 28 bytes an element), nothing overlapped. Under bf16 / fp16
+    -- without ZeRO the matrices' f32 masters stay on the host through forward and
+    -- backward (AdamW:masters_on_host): 4 bytes an element of them off the peak, and
+    -- no download of them in the update (8 bytes an element moved, not 12).
+    local masters = 0
     if lay.offload then
+      if lowp_gather and not zero then
+        local block_mm, head_mm = model.matmul_params(m, tp)
+        for _ in pairs(per_block) do masters = masters + block_mm end
+        if s == pp - 1 and not model.tied(m) then masters = masters + head_mm end
+      end
       if not cl.host_is_device then   -- on the cpu cluster the host is the device
-        at_peak = at_peak - obytes
+        at_peak = at_peak - obytes - 4 * masters
         obytes = 0
       end
-      t_opt = 12 * opt_elems / (cl.offload_bw or cl.mem_bw) + 28 * opt_elems / (cl.host_bw or cl.mem_bw)
+      t_opt = (12 * opt_elems - 4 * masters) / (cl.offload_bw or cl.mem_bw) +
+              28 * opt_elems / (cl.host_bw or cl.mem_bw)
     end
     -- Gradients are reduced (and ZeRO-1 and 2's parameters gathered) in fp32 by Tetra;
     -- cl.dp_bytes overrides that for engines that reduce in bf16.
@@ -409,7 +419,8 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     end
     local st = { params = pbytes, grads = gbytes, optimizer = obytes, comm = cbytes,
                  activations = act, t_opt = t_opt, t_dp = t_dp + t_ag, busy = busy[s],
-                 comm_mb = comm_mb[s], n_params = nparams }
+                 comm_mb = comm_mb[s], n_params = nparams,
+                 host_masters = (lay.offload and not cl.host_is_device) and 4 * masters or 0 }
     st.total = at_peak
     stages[s + 1] = st
   end
@@ -454,7 +465,7 @@ function M.evaluate(cfg, lay, cl)
     virtual = v, recompute = lay.recompute, offload = lay.offload, world = W,
     mem = { params = worst.params, grads = worst.grads, optimizer = worst.optimizer,
             activations = worst.activations, comm = worst.comm, total = worst.total,
-            stage = worst_s },
+            host_masters = worst.host_masters, stage = worst_s },
     mem_rank0 = r0.total,
     mem_gib = worst.total / 2 ^ 30,
     fits = worst.total <= cl.mem_bytes,

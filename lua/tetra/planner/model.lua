@@ -53,6 +53,7 @@ end)
 local function tied(m)
   return models.of(m).tied == true or m.tie_embeddings == true
 end
+M.tied = tied
 
 -- The model's parallel plan (recipes/<family>/plan.lua).
 function M.model_plan(m)

@@ -123,8 +123,10 @@ function train.recipe(spec)
         cfg.train.batch_size))
       print(string.format("memory%s: parameters %.2f MB, gradients %.2f MB, optimizer " ..
         "state %.2f MB%s", split, mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
-        mem.host_optimizer and string.format(" (offloaded: %.2f MB in host memory)",
-                                             mem.host_optimizer / 1e6) or ""))
+        mem.host_optimizer and string.format(" (offloaded: %.2f MB in host memory%s)",
+          mem.host_optimizer / 1e6, (mem.host_masters or 0) > 0 and string.format(
+            "; and %.2f MB of f32 master weights, off the device through forward and " ..
+            "backward", mem.host_masters / 1e6) or "") or ""))
       local d = cfg.data or {}
       print(d.mock and "data: mock tokens (uniform random; data.mock=true), not text" or
             "data: " .. tostring(type(d.input_path) == "table" and

@@ -97,7 +97,14 @@ return function(cfg, model, data, opts)
   end
   -- parallel.offload_optimizer: the moments (this rank's shards under ZeRO) to the host.
   -- (lua/tetra/config/schema/offload.lua refused sgd and CUDA graphs with it.)
-  if (cfg.parallel or {}).offload_optimizer then optimizer:offload_state() end
+  if (cfg.parallel or {}).offload_optimizer then
+    optimizer:offload_state()
+    -- Under bf16 / fp16 the f32 masters of the weights that only the GEMMs read go to
+    -- the host too, where the optimizer updates whole weights (not ZeRO's shards: the
+    -- optimizer's parameters are then not the model's, and none qualifies).
+    local lowp = t.precision == "bf16" and C.TT_BF16 or t.precision == "fp16" and C.TT_F16
+    if lowp then optimizer:masters_on_host(amp.gemm_only_weights(par.model or model), lowp) end
+  end
   local pstep = require("tetra.parallel.step")
   local env = {
     cfg = cfg, model = model, data = data, mesh = mesh, ddp = ddp, optimizer = optimizer,

@@ -283,7 +283,8 @@ local function finish_step(env, s)
               live_bytes = tonumber(mem.live_bytes), cached_bytes = tonumber(mem.cached_bytes),
               param_bytes = env.memory.params, grad_bytes = env.memory.grads,
               optimizer_bytes = env.memory.optimizer,
-              host_optimizer_bytes = env.memory.host_optimizer, peak_bytes = peak,
+              host_optimizer_bytes = env.memory.host_optimizer,
+              host_master_bytes = env.memory.host_masters, peak_bytes = peak,
               step_peak_bytes = peak - s.live0,
               loss_scale = env.amp:scale(), skipped = s.skipped, restarts = env.restarts,
               guard = bad, data_position = s.pos, roll_back = roll_back or nil }
@@ -378,26 +379,34 @@ function step.run(env)
   timer:reset()
   if graphed then return graph_step(env, s, mine) end
 
-  -- Forward and backward of this rank's rows.
-  local fb0 = timer:mark()
-  local loss_sum = forward_backward(env, mine, env.accum)   -- a device tensor, or a number
-  free(mine)
-  local fb1 = timer:mark()
-  if guard:poisoned(s.pos) then loss_sum = poison(env, loss_sum) end
-  -- The grads are complete (after the data-parallel averaging, before unscaling and
-  -- clipping): tests inject overflows here.
-  if env.on_grads then env.on_grads(env, n) end
-
-  -- The update: unscale, clip, the optimizer, the guard's verdict.
-  local opt0 = timer:mark()
-  s.ow0 = metrics.now()
-  s.lr = env.schedule(n)
+  -- Offload under bf16 / fp16: the weights' f32 masters leave the device until the
+  -- update (AdamW:release_masters); they are whole again after it, and after an error.
   local opt = env.optimizer
-  if type(loss_sum) ~= "number" and opt.read_stats then
-    update_one_read(env, s, loss_sum)
-  else
-    update_host(env, s, loss_sum)
-  end
+  if opt.release_masters then opt:release_masters() end
+  local fb0, fb1, opt0
+  local ok, err = pcall(function()
+    -- Forward and backward of this rank's rows.
+    fb0 = timer:mark()
+    local loss_sum = forward_backward(env, mine, env.accum)   -- a device tensor, or a number
+    free(mine)
+    fb1 = timer:mark()
+    if guard:poisoned(s.pos) then loss_sum = poison(env, loss_sum) end
+    -- The grads are complete (after the data-parallel averaging, before unscaling and
+    -- clipping): tests inject overflows here.
+    if env.on_grads then env.on_grads(env, n) end
+
+    -- The update: unscale, clip, the optimizer, the guard's verdict.
+    opt0 = timer:mark()
+    s.ow0 = metrics.now()
+    s.lr = env.schedule(n)
+    if type(loss_sum) ~= "number" and opt.read_stats then
+      update_one_read(env, s, loss_sum)
+    else
+      update_host(env, s, loss_sum)
+    end
+  end)
+  if opt.settle_masters then opt:settle_masters() end
+  if not ok then error(err, 0) end
   -- compute times, between marks the device has passed (the read waited for them)
   s.fb = timer:seconds(fb0, fb1)
   s.forward = strategy:forward_seconds()
