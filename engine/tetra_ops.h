@@ -194,3 +194,14 @@ int tt_step_stats_read(tt_tensor *stats, float *out);
 int tt_adamw_multi(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *const *v,
                    tt_tensor *const *bf16, int n, const tt_adamw_config *cfg, int64_t step,
                    tt_tensor *stats);
+/* The offloaded update on a thread of its own (engine/optim/adamw_jobs.c): job i is
+** tt_adamw_multi(&params[i], &m[i], &v[i], NULL, 1, &cfgs[i], step, stats) on host
+** tensors (gradients in params[i]->grad), run in order while the caller goes on. wait
+** returns once job i is done (the error of the first failed job up to i, if any); finish
+** joins the thread and frees the jobs (every job's tensors are the caller's again). */
+typedef struct tt_adamw_jobs tt_adamw_jobs;
+int tt_adamw_jobs_start(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *const *v,
+                        const tt_adamw_config *cfgs, int n, int64_t step, tt_tensor *stats,
+                        tt_adamw_jobs **out);
+int tt_adamw_jobs_wait(tt_adamw_jobs *j, int i);
+int tt_adamw_jobs_finish(tt_adamw_jobs *j);

@@ -407,3 +407,49 @@ Test(optim_multi, unscale_by_stats_scale) {
   free_set(&a);
   free_set(&b);
 }
+
+/* -- The offloaded update's thread (tt_adamw_jobs) ------------------------------------- */
+
+/* Jobs on their own thread, each waited for in turn while this thread goes on, leave
+** every tensor bitwise as one tt_adamw_multi call per tensor here; each job's weight
+** decay is its own. A failing job (a moment of the wrong shape) is reported by the wait
+** of it and of every later job, and by finish, with its message. */
+Test(optim_multi, jobs_on_a_thread_equal_calls_here) {
+  set a, b;
+  make_set(&a, 7);
+  copy_set(&b, &a);
+  tt_adamw_config cfgs[NT];
+  for (int i = 0; i < NT; i++) cfgs[i] = (tt_adamw_config){1e-2, 0.9, 0.95, 1e-8, 0.01 * i, 0};
+  tt_tensor *stats = stats_with(0.5f, 0.0f);
+  for (int64_t step = 1; step <= 2; step++) {
+    set_grads(&a, &b, 70 * step, 1.0f);
+    tt_adamw_jobs *j = NULL;
+    cr_assert(tt_adamw_jobs_start(a.p, a.m, a.v, cfgs, NT, step, stats, &j) == 0, "%s",
+              tt_last_error());
+    for (int i = 0; i < NT; i++) {
+      cr_assert(tt_adamw_multi(&b.p[i], &b.m[i], &b.v[i], NULL, 1, &cfgs[i], step, stats) == 0,
+                "%s", tt_last_error());
+      cr_assert(tt_adamw_jobs_wait(j, i) == 0, "%s", tt_last_error());
+      assert_bitwise(a.p[i], b.p[i], "p", i);
+      assert_bitwise(a.m[i], b.m[i], "m", i);
+      assert_bitwise(a.v[i], b.v[i], "v", i);
+    }
+    cr_assert(tt_adamw_jobs_finish(j) == 0, "%s", tt_last_error());
+  }
+  tt_tensor *wrong = tt_test_rand(shapes[5], 2, 3), *keep = a.m[4];
+  a.m[4] = wrong;
+  set_grads(&a, &b, 900, 1.0f);
+  tt_adamw_jobs *j = NULL;
+  cr_assert(tt_adamw_jobs_start(a.p, a.m, a.v, cfgs, NT, 3, stats, &j) == 0, "%s",
+            tt_last_error());
+  cr_assert(tt_adamw_jobs_wait(j, 3) == 0, "%s", tt_last_error());
+  cr_assert(tt_adamw_jobs_wait(j, 4) != 0, "the failed job was not reported");
+  cr_assert(strstr(tt_last_error(), "job 4") != NULL, "%s", tt_last_error());
+  cr_assert(tt_adamw_jobs_wait(j, NT - 1) != 0, "a later wait hid the failure");
+  cr_assert(tt_adamw_jobs_finish(j) != 0, "finish hid the failure");
+  a.m[4] = keep;
+  tt_tensor_release(wrong);
+  tt_tensor_release(stats);
+  free_set(&a);
+  free_set(&b);
+}

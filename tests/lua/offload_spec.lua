@@ -110,6 +110,49 @@ describe("parallel.offload_optimizer", function()
     end
   end)
 
+  it("lands an update in the next step's forward, block by block, bit for bit", function()
+    -- as tetra.train.loop runs it: each step but the last says the next one follows
+    local C = require("tetra.ffi").C
+    local amp = require("tetra.optim.amp")
+    local function steps(sets, n)
+      local env = tiny.setup(build(tiny, sets))
+      local out, in_flight = {}, {}
+      -- the masters kept away through backward also when they landed in the forward
+      local weights = amp.gemm_only_weights(env.model)
+      env.on_grads = function(_, i)
+        local away = 0
+        for _, w in ipairs(weights) do away = away + (C.tt_tensor_resident(w) == 0 and 1 or 0) end
+        in_flight.away = in_flight.away or {}
+        in_flight.away[i] = away
+      end
+      for i = 1, n do
+        env.overlap_next = i < n
+        out[i] = env.step()
+        in_flight[i] = env.optimizer.update_in_flight and env.optimizer:update_in_flight()
+      end
+      local state = {}
+      for name, p in env.model:iter_parameters() do state[name] = same.flat(p) end
+      return out, state, in_flight
+    end
+    for _, prec in ipairs({ "fp32", "bf16", "fp16" }) do
+      local base = { "train.precision=" .. prec, "train.gradient_accumulation_steps=2" }
+      local off = { "parallel.offload_optimizer=true" }
+      for _, x in ipairs(base) do off[#off + 1] = x end
+      local a, sa = steps(base, 5)
+      local b, sb, in_flight = steps(off, 5)
+      for i = 1, 5 do
+        expect(b[i].loss).to_be(a[i].loss)
+        expect(b[i].grad_norm).to_be(a[i].grad_norm)
+      end
+      expect(in_flight[1]).to_be(true)    -- still landing when the step returned
+      expect(in_flight[4]).to_be(true)
+      expect(in_flight[5]).to_be(false)   -- the last step lands its update itself
+      local want = prec == "fp32" and 0 or 2 * 7 + 1
+      for i = 2, 5 do expect(in_flight.away[i]).to_be(want) end
+      for name, w in pairs(sa) do expect(sb[name]).to_equal(w) end
+    end
+  end)
+
   it("resumes from its checkpoint to the same steps", function()
     local dir = os.tmpname()
     os.remove(dir)

@@ -324,10 +324,21 @@ end
 
 local lowp_box = ffi.new("tt_tensor*[1]")
 
+-- Parameter index -> true for the weights of an overlapped update not landed yet.
+local function landing(self)
+  local set = {}
+  for _, t in ipairs(self._inflight and self._inflight.order or {}) do
+    if not t.landed then set[t.i] = true end
+  end
+  return set
+end
+
 function AdamW:release_masters()
   if not self._masters then return end
+  local later = landing(self)   -- released as they land (AdamW:arrive)
   for i, st in pairs(self._masters) do
     local p = self.params[i]
+    if later[i] then goto continue end
     -- A weight whose copy does not exist yet (the first step makes each where the GEMMs
     -- want it: grouped weights share one buffer) keeps its master for this step.
     if not st.released and p._lowp ~= nil and p._lowp._dtype == self._master_dtype then
@@ -343,6 +354,7 @@ function AdamW:release_masters()
       check(C.tt_lowp_weight_release_master(p))
       st.released = true
     end
+    ::continue::
   end
 end
 
@@ -361,15 +373,28 @@ end
 
 function AdamW:settle_masters()
   if not self._masters then return end
+  local later = landing(self)   -- an overlapped update's weights land in the next forward
   for i, st in pairs(self._masters) do
     local p = self.params[i]
-    if st.released then   -- no update wrote it (a skipped step): the copy is still current
-      restore_master(p, self._host[i], false)
-      check(C.tt_lowp_weight_mark_fresh(p))
-      st.released = false
+    if not later[i] then
+      if st.released then   -- no update wrote it (a skipped step): the copy is current
+        restore_master(p, self._host[i], false)
+        check(C.tt_lowp_weight_mark_fresh(p))
+        st.released = false
+      end
+      st.version = C.tt_tensor_version(p)
     end
-    st.version = C.tt_tensor_version(p)
   end
+end
+
+-- The offloaded update overlapped with the next step's forward (train.setup, where the
+-- optimizer updates whole weights): block_of maps a parameter's key to its block's
+-- number in forward order (1, 2, ...; absent: outside the blocks, wanted first). The
+-- caller calls arrive(j) before block j's forward (arrive(0) before the step's), and
+-- finish_update before anything else that reads or writes the weights.
+function AdamW:overlap_with(block_of)
+  assert(self.offloaded, "overlap_with: call offload_state first")
+  self._overlap, self._block_of = true, block_of
 end
 
 -- The offloaded update: each parameter with a gradient, in group order, one CPU call
@@ -392,7 +417,40 @@ local function async_ok(p, grad)
      and p:is_contiguous() and grad:is_contiguous()
 end
 
+-- The updated host weight back on the device: uploaded (into memory taken again for a
+-- released master), its bf16 copy refreshed from it. `away`: a master that goes on
+-- through forward and backward without its f32 memory (the overlapped update's arrival
+-- in the next step's forward): its copy made current and the master released again.
+function AdamW:_land(t, away)
+  local p, h, k, g = t.p, t.h, t.k, t.g
+  if t.master then
+    restore_master(p, h, t.async)
+    t.master.released = false
+  elseif t.async then
+    check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
+                                         C.tt_tensor_data(h.p), p:numel() * 4))
+  else
+    check(C.tt_copy_(p, h.p))
+  end
+  local b = g.keep.b[k]
+  if b then
+    local flat, bflat = F().view(p, { p:numel() }), F().view(b, { b:numel() })
+    check(C.tt_copy_(bflat, flat))
+    F().free(flat); F().free(bflat)
+  end
+  local st = self._masters and self._masters[t.i]
+  if away and st and p._lowp ~= nil and p._lowp._dtype == self._master_dtype then
+    if b then check(C.tt_lowp_weight_mark_fresh(p)) end
+    check(C.tt_lowp_weight(p, self._master_dtype, lowp_box))
+    C.tt_tensor_release(lowp_box[0])
+    check(C.tt_lowp_weight_release_master(p))
+    st.released = true
+    st.version = C.tt_tensor_version(p)
+  end
+end
+
 function AdamW:_step_offloaded(cfg, stats)
+  self:_drain()
   if not self._host_stats then
     self._host_stats = take(C.tt_step_stats_new(C.TT_CPU, pout), 2)
   end
@@ -412,7 +470,7 @@ function AdamW:_step_offloaded(cfg, stats)
           self._host[i] = h
         end
         local st = self._masters and self._masters[i]
-        todo[#todo + 1] = { g = g, k = k, p = p, grad = grad, h = h,
+        todo[#todo + 1] = { g = g, k = k, p = p, grad = grad, h = h, i = i,
                             async = async_ok(p, grad), master = st and st.released and st }
       end
     end
@@ -435,38 +493,126 @@ function AdamW:_step_offloaded(cfg, stats)
       check(C.tt_cuda_event_record(h.ev, C.tt_cuda_get_stream()))
     end
   end
-  for _, t in ipairs(todo) do
-    local g, k, p, h = t.g, t.k, t.p, t.h
-    cfg.weight_decay = g.wd
+  local function on_host(t)   -- t's parameter and gradient in its host buffers
     if t.async then
-      check(C.tt_cuda_event_synchronize(h.ev))
+      check(C.tt_cuda_event_synchronize(t.h.ev))
     else
-      if not t.master then check(C.tt_copy_(h.p, p)) end
-      check(C.tt_copy_(h.g, t.grad))
+      if not t.master then check(C.tt_copy_(t.h.p, t.p)) end
+      check(C.tt_copy_(t.h.g, t.grad))
     end
-    h.p.grad = h.g
+    t.h.p.grad = t.h.g
+  end
+  if self._overlap then return self:_start_overlapped(cfg, todo, on_host) end
+  for _, t in ipairs(todo) do
+    local g, k, h = t.g, t.k, t.h
+    cfg.weight_decay = g.wd
+    on_host(t)
     one.p[0], one.m[0], one.v[0] = h.p, g.keep.m[k], g.keep.v[k]
     check(C.tt_adamw_multi(one.p, one.m, one.v, nil, 1, cfg, self.step_count,
                            self._host_stats))
-    if t.master then
-      restore_master(p, h, t.async)
-      t.master.released = false
-    elseif t.async then
-      check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
-                                           C.tt_tensor_data(h.p), p:numel() * 4))
-    else
-      check(C.tt_copy_(p, h.p))
-    end
-    local b = g.keep.b[k]
-    if b then
-      local flat, bflat = F().view(p, { p:numel() }), F().view(b, { b:numel() })
-      check(C.tt_copy_(bflat, flat))
-      F().free(flat); F().free(bflat)
-    end
+    self:_land(t)
     F().free(t.grad)
   end
 end
 
+-- The update overlapped with the next step's forward (offload_overlap): every gradient
+-- on the host first (one wait), then the host updates on a thread of their own
+-- (tt_adamw_jobs), in the order the forward wants the weights: those outside the blocks
+-- (needed from the start), then block by block. Each lands when the forward reaches it
+-- (arrive), at the latest before the next update or whatever else reads the weights
+-- (finish_update).
+function AdamW:_start_overlapped(cfg, todo, on_host)
+  for _, t in ipairs(todo) do
+    on_host(t)
+    F().free(t.grad)
+    t.grad = nil
+  end
+  local block_of = self._block_of
+  local order = {}
+  for _, t in ipairs(todo) do
+    t.block = block_of[T_key(t.p)] or 0
+    order[#order + 1] = t
+  end
+  table.sort(order, function(a, b)   -- stable by position among equal blocks
+    if a.block ~= b.block then return a.block < b.block end
+    return a.i < b.i
+  end)
+  local n = #order
+  if n == 0 then return end
+  local ps, ms, vs = ffi.new("tt_tensor*[?]", n), ffi.new("tt_tensor*[?]", n),
+                     ffi.new("tt_tensor*[?]", n)
+  local cfgs = ffi.new("tt_adamw_config[?]", n)
+  for j, t in ipairs(order) do
+    ps[j - 1], ms[j - 1], vs[j - 1] = t.h.p, t.g.keep.m[t.k], t.g.keep.v[t.k]
+    cfgs[j - 1] = cfg
+    cfgs[j - 1].weight_decay = t.g.wd
+    t.job = j - 1
+  end
+  local box = ffi.new("tt_adamw_jobs*[1]")
+  check(C.tt_adamw_jobs_start(ps, ms, vs, cfgs, n, self.step_count, self._host_stats, box))
+  local jobs = ffi.gc(box[0], C.tt_adamw_jobs_finish)   -- joined if the optimizer goes
+  local by_block = {}
+  for _, t in ipairs(order) do
+    by_block[t.block] = by_block[t.block] or {}
+    table.insert(by_block[t.block], t)
+  end
+  self._inflight = { jobs = jobs, order = order, by_block = by_block }
+end
+
+-- The weights of block j (0: those outside the blocks) landed on the device, waiting
+-- for their host updates where needed; from the next step's forward, the masters kept
+-- away again (see masters_on_host).
+function AdamW:arrive(j)
+  local f = self._inflight
+  if not f or not f.by_block[j] then return end
+  for _, t in ipairs(f.by_block[j]) do
+    if not t.landed then
+      check(C.tt_adamw_jobs_wait(f.jobs, t.job))
+      self:_land(t, true)
+      t.landed = true
+    end
+  end
+end
+
+-- The rest of an overlapped update landed (each weight whole on the device, as the
+-- synchronous update leaves it), the thread joined. Masters landed away stay away: the
+-- next update (which calls this first) finds their host copy current.
+function AdamW:_drain()
+  local f = self._inflight
+  if not f then return end
+  self._inflight = nil
+  local ok, err = true, nil
+  for _, t in ipairs(f.order) do
+    if ok and not t.landed then
+      ok, err = pcall(function()
+        check(C.tt_adamw_jobs_wait(f.jobs, t.job))
+        self:_land(t)
+        t.landed = true
+      end)
+    end
+  end
+  local rc = C.tt_adamw_jobs_finish(ffi.gc(f.jobs, nil))
+  if not ok then error(err, 0) end
+  check(rc)
+end
+
+-- Every weight landed and whole on the device, no master kept away: anything but the
+-- next step's forward calls this first (tetra.train.step at a step's end unless the
+-- loop says the next step follows, tetra.train.loop before a roll-back).
+function AdamW:finish_update()
+  self:_drain()
+  for i, st in pairs(self._masters or {}) do
+    if st.released then
+      local p = self.params[i]
+      restore_master(p, self._host[i], false)
+      check(C.tt_lowp_weight_mark_fresh(p))
+      st.released = false
+    end
+  end
+end
+
+-- Whether an overlapped update is still landing.
+function AdamW:update_in_flight() return self._inflight ~= nil end
 -- One update with learning rate lr (default: the constructor's; ignored with
 -- external_update, see set_update). Uses this step's clip coefficient and found_inf when
 -- clip_grad_norm (or an unscale into the stats) ran.

@@ -127,6 +127,10 @@ function train.recipe(spec)
           mem.host_optimizer / 1e6, (mem.host_masters or 0) > 0 and string.format(
             "; and %.2f MB of f32 master weights, off the device through forward and " ..
             "backward", mem.host_masters / 1e6) or "") or ""))
+      if env.optimizer._overlap then
+        print("offload: each update runs on the host while the next step's forward runs, " ..
+              "its weights landing block by block")
+      end
       local d = cfg.data or {}
       print(d.mock and "data: mock tokens (uniform random; data.mock=true), not text" or
             "data: " .. tostring(type(d.input_path) == "table" and

@@ -37,6 +37,8 @@ end
 -- run goes on past it. Every rank reaches this together (the guard's verdict is agreed).
 function loop.roll_back(env, show)
   local guard, cfg = env.guard, env.cfg
+  -- An offloaded update still landing (offload's overlap) lands before the load.
+  if env.optimizer.finish_update then env.optimizer:finish_update() end
   local first, last = guard:bad_run()
   local ck = cfg.checkpoint or {}
   local path = ck.dir and ck.dir ~= "" and
@@ -124,7 +126,14 @@ function loop.run(env)
       user_error(string.format("train.inject_crash_step: failing at step %d on purpose " ..
                                "(a test switch; unset it to train)", step))
     end
+    -- Offload's update may land in the next step's forward only when nothing reads the
+    -- weights in between (evaluation, a checkpoint, a sample, the end).
+    env.overlap_next = step < total and
+      not (eval_every > 0 and step % eval_every == 0) and
+      not checkpoint.due(cfg, step, total) and
+      not (sample_every > 0 and step % sample_every == 0)
     local r = env.step()
+    env.overlap_next = nil
     if stragglers then stragglers:observe(r) end
     r.checkpoint_s = checkpoint_s
     checkpoint_s = 0

@@ -29,6 +29,49 @@ local function make_optimizer(params, t, o)
                                weight_decay = t.weight_decay })
 end
 
+-- Optimizer offload where the optimizer updates whole weights (not ZeRO's shards): the
+-- host update overlaps the next step's forward block by block (AdamW:overlap_with). The
+-- plan's blocks (plan.pipeline.blocks) number the weights: those before the first block
+-- land before the step's forward (arrive(0), tetra.train.step), each block's before its
+-- forward, those after the last block after that block's forward. Without a blocks list
+-- every weight lands before the forward.
+local function overlap_update(opt, model, plan)
+  local T = require("tetra.tensor")
+  local whole = {}
+  for _, p in ipairs(model:parameters()) do whole[T.key(p)] = true end
+  for _, p in ipairs(opt.params) do
+    if not whole[T.key(p)] then return end   -- shards: their gathers follow the update
+  end
+  local path = plan and plan.pipeline and plan.pipeline.blocks
+  local blocks = path and model:get(path)
+  local block_of, n = {}, 0
+  if blocks then
+    for j, name in ipairs(blocks._child_names) do
+      for _, p in ipairs(blocks[name]:parameters()) do block_of[T.key(p)] = j end
+      n = j
+    end
+  end
+  local seen_block = false
+  for _, p in ipairs(opt.params) do   -- after the last block: n + 1
+    local key = T.key(p)
+    if block_of[key] then seen_block = true
+    elseif seen_block then block_of[key] = n + 1 end
+  end
+  opt:overlap_with(block_of)
+  if not blocks then return end
+  for j, name in ipairs(blocks._child_names) do
+    local block = blocks[name]
+    local run = block.forward
+    local after = j == n and n + 1 or nil
+    rawset(block, "forward", function(mod, ...)
+      opt:arrive(j)
+      local y = { run(mod, ...) }
+      if after then opt:arrive(after) end
+      return unpack(y, 1, table.maxn(y))
+    end)
+  end
+end
+
 -- Builds env for cfg, the model (built whole, on the CPU, by the recipe) and the data
 -- source; see tetra.train.setup for what env holds and opts takes.
 return function(cfg, model, data, opts)
@@ -104,6 +147,7 @@ return function(cfg, model, data, opts)
     -- optimizer's parameters are then not the model's, and none qualifies).
     local lowp = t.precision == "bf16" and C.TT_BF16 or t.precision == "fp16" and C.TT_F16
     if lowp then optimizer:masters_on_host(amp.gemm_only_weights(par.model or model), lowp) end
+    overlap_update(optimizer, par.model or model, opts.plan)
   end
   local pstep = require("tetra.parallel.step")
   local env = {

@@ -382,9 +382,12 @@ function step.run(env)
   -- Offload under bf16 / fp16: the weights' f32 masters leave the device until the
   -- update (AdamW:release_masters); they are whole again after it, and after an error.
   local opt = env.optimizer
-  if opt.release_masters then opt:release_masters() end
   local fb0, fb1, opt0
   local ok, err = pcall(function()
+    -- The last update, overlapped: the weights outside the blocks land now, each
+    -- block's in its forward (AdamW:overlap_with).
+    if opt.arrive then opt:arrive(0) end
+    if opt.release_masters then opt:release_masters() end
     -- Forward and backward of this rank's rows.
     fb0 = timer:mark()
     local loss_sum = forward_backward(env, mine, env.accum)   -- a device tensor, or a number
@@ -405,6 +408,13 @@ function step.run(env)
       update_host(env, s, loss_sum)
     end
   end)
+  -- The update goes on landing in the next step's forward only when the caller says
+  -- that step comes next (env.overlap_next, tetra.train.loop); else, and after an
+  -- error, every weight is whole on the device before the step returns.
+  if opt.finish_update and (not ok or not env.overlap_next) then
+    local fok, ferr = pcall(opt.finish_update, opt)
+    if ok and not fok then ok, err = false, ferr end
+  end
   if opt.settle_masters then opt:settle_masters() end
   if not ok then error(err, 0) end
   -- compute times, between marks the device has passed (the read waited for them)
