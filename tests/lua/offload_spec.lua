@@ -3,8 +3,12 @@
 -- with a host copy of the step's stats; on the CPU every step's loss and gradient norm
 -- and every weight and moment after the steps are bit for bit those without offload
 -- (fp32, bf16 with its weight copies, fp16 with loss scaling and accumulation, GPT-2);
--- the records count the moments as host memory; a checkpoint written with offload resumes
--- to the same steps; sgd and CUDA graphs are refused with one line.
+-- the records count the moments as host memory; under bf16 and fp16 the matrices' f32
+-- masters are off the device through forward and backward (the allocator's step peak
+-- lower by exactly them), a tied embedding's stays, a weight written between steps is
+-- taken into its host master; the update run as the train loop runs it lands in the next
+-- step's forward, bit for bit; a checkpoint written with offload resumes to the same
+-- steps; sgd and CUDA graphs are refused with one line.
 local config = require("tetra.config")
 local checkpoint = require("tetra.checkpoint")
 

@@ -126,6 +126,20 @@ function Module:children()
   return list
 end
 
+-- Every parameter slot of every module of the tree, depth first: { module, name,
+-- tensor, path } per slot ("layers.0.attention.wq.weight"), so a tensor two modules hold
+-- (tied embeddings) comes once for each.
+function Module:param_slots()
+  local list = {}
+  for _, nm in ipairs(self:named_modules()) do
+    local m, prefix = nm[2], nm[1] == "" and "" or nm[1] .. "."
+    for _, n in ipairs(m._param_names) do
+      if m[n] ~= nil then list[#list + 1] = { m, n, m[n], prefix .. n } end
+    end
+  end
+  return list
+end
+
 -- Every module of the tree (self first, named ""), depth first.
 function Module:named_modules()
   local list = {}

@@ -545,16 +545,11 @@ end
 -- weights' f32 masters on the host (AdamW:masters_on_host).
 function amp.gemm_only_weights(model)
   local linear, other = {}, {}
-  for _, nm in ipairs(model:named_modules()) do
-    local m = nm[2]
-    for _, n in ipairs(m._param_names) do
-      local t = m[n]
-      if t ~= nil then
-        local key = T.key(t)
-        if m.gemm and n == "weight" then linear[key] = linear[key] or t
-        else other[key] = true end
-      end
-    end
+  for _, slot in ipairs(model:param_slots()) do
+    local m, n, t = slot[1], slot[2], slot[3]
+    local key = T.key(t)
+    if m.gemm and n == "weight" then linear[key] = linear[key] or t
+    else other[key] = true end
   end
   local list = {}
   for _, p in ipairs(model:parameters()) do

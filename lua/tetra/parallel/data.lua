@@ -70,16 +70,10 @@ DDP.__index = DDP
 -- The model's Embedding tables: key -> true, and how many module slots hold each tensor.
 local function embedding_tables(model)
   local users, tables = {}, {}
-  for _, nm in ipairs(model:named_modules()) do
-    local m = nm[2]
-    for _, pname in ipairs(m._param_names) do
-      local t = m[pname]
-      if t ~= nil then
-        local key = tensor.key(t)
-        users[key] = (users[key] or 0) + 1
-        if m.__name == "Embedding" and pname == "weight" then tables[key] = true end
-      end
-    end
+  for _, slot in ipairs(model:param_slots()) do
+    local m, pname, key = slot[1], slot[2], tensor.key(slot[3])
+    users[key] = (users[key] or 0) + 1
+    if m.__name == "Embedding" and pname == "weight" then tables[key] = true end
   end
   return tables, users
 end
@@ -147,13 +141,7 @@ function data.units(model, plan, entries)
   local block_of, list = {}, {}
   for j, name in ipairs(blocks._child_names) do
     list[j] = blocks[name]
-    for _, nm in ipairs(blocks[name]:named_modules()) do
-      local m = nm[2]
-      for _, pname in ipairs(m._param_names) do
-        local t = m[pname]
-        if t ~= nil then block_of[tensor.key(t)] = j end
-      end
-    end
+    for _, slot in ipairs(blocks[name]:param_slots()) do block_of[tensor.key(slot[3])] = j end
   end
   local unit_of, order, unit, last_block, after = {}, {}, 0, 0, false
   for i, e in ipairs(entries) do

@@ -81,13 +81,7 @@ Par.__index = Par
 -- order, duplicates included (a tied head's weight appears under both modules).
 local function slots(model)
   local out = {}
-  for _, nm in ipairs(model:named_modules()) do
-    local prefix = nm[1] == "" and "" or nm[1] .. "."
-    for _, pname in ipairs(nm[2]._param_names) do
-      local t = nm[2][pname]
-      if t ~= nil then out[#out + 1] = { prefix .. pname, t, nm[2], pname } end
-    end
-  end
+  for _, s in ipairs(model:param_slots()) do out[#out + 1] = { s[4], s[3], s[1], s[2] } end
   return out
 end
 
