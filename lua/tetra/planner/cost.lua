@@ -340,7 +340,7 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     -- Offloaded (parallel.offload_optimizer): the moments are host memory, off the
     -- device's peak; the update moves each parameter and gradient to the host and the
     -- parameter back (12 bytes an element over cl.offload_bw) and runs at the host's
-    -- cl.host_bw (the same 28 bytes an element), nothing overlapped. Under bf16 / fp16
+    -- cl.host_bw (the same 28 bytes an element). Under bf16 / fp16
     -- without ZeRO the matrices' f32 masters stay on the host through forward and
     -- backward (AdamW:masters_on_host): 4 bytes an element of them off the peak, and
     -- no download of them in the update (8 bytes an element moved, not 12).
@@ -355,8 +355,13 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
         at_peak = at_peak - obytes - 4 * masters
         obytes = 0
       end
-      t_opt = (12 * opt_elems - 4 * masters) / (cl.offload_bw or cl.mem_bw) +
-              28 * opt_elems / (cl.host_bw or cl.mem_bw)
+      local t_host = 28 * opt_elems / (cl.host_bw or cl.mem_bw)
+      -- Whole weights (no ZeRO shards): the host update runs while the next step's first
+      -- forward does (AdamW:overlap_with), so only what outlasts that forward shows; the
+      -- copies stay exposed (the gradients come down before it starts, each weight goes
+      -- up on the compute stream as the forward reaches it).
+      if not zero then t_host = math.max(0, t_host - fwd[s][0]) end
+      t_opt = (12 * opt_elems - 4 * masters) / (cl.offload_bw or cl.mem_bw) + t_host
     end
     -- Gradients are reduced (and ZeRO-1 and 2's parameters gathered) in fp32 by Tetra;
     -- cl.dp_bytes overrides that for engines that reduce in bf16.
