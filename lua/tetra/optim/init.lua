@@ -430,7 +430,7 @@ function AdamW:_land(t, away)
     check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
                                          C.tt_tensor_data(h.p), p:numel() * 4))
   else
-    check(C.tt_copy_(p, h.p))
+    check(C.tt_copy_(p, h.p))   -- synchronous: the CPU, a strided shard
   end
   local b = g.keep.b[k]
   if b then
