@@ -601,14 +601,7 @@ end
 -- loop says the next step follows, tetra.train.loop before a roll-back).
 function AdamW:finish_update()
   self:_drain()
-  for i, st in pairs(self._masters or {}) do
-    if st.released then
-      local p = self.params[i]
-      restore_master(p, self._host[i], false)
-      check(C.tt_lowp_weight_mark_fresh(p))
-      st.released = false
-    end
-  end
+  self:settle_masters()   -- nothing is landing now: every master made whole
 end
 
 -- Whether an overlapped update is still landing.

@@ -127,21 +127,29 @@ function data.tail_order(model, entries, cfg)
   return order, j - k
 end
 
+-- The plan's blocks (plan.pipeline.blocks) of model in forward order, and their
+-- parameters (key -> block number, from 1); nil when the plan names no blocks list.
+function data.blocks(model, plan)
+  local path = plan and plan.pipeline and plan.pipeline.blocks
+  local blocks = path and model:get(path)
+  if not blocks then return nil end
+  local list, block_of = {}, {}
+  for j, name in ipairs(blocks._child_names) do
+    list[j] = blocks[name]
+    for _, slot in ipairs(blocks[name]:param_slots()) do block_of[tensor.key(slot[3])] = j end
+  end
+  return list, block_of
+end
+
 -- ZeRO-3: the unit of every entry (0-based, in entries' order), the blocks in unit
 -- order, each { module, unit }, and the blocks' parameters (key -> block number): the
 -- parameters before the first block's are unit 0, each block's the next, those after
 -- the last block's the last. nil and a message when entries do not go in that order.
 function data.units(model, plan, entries)
-  local path = plan and plan.pipeline and plan.pipeline.blocks
-  local blocks = path and model:get(path)
-  if not blocks then
+  local list, block_of = data.blocks(model, plan)
+  if not list then
     return nil, "parallel.zero_stage = 3 gathers parameters block by block: the model's " ..
                 "plan names no blocks list (plan.pipeline.blocks, as recipes/llama/plan.lua's)"
-  end
-  local block_of, list = {}, {}
-  for j, name in ipairs(blocks._child_names) do
-    list[j] = blocks[name]
-    for _, slot in ipairs(blocks[name]:param_slots()) do block_of[tensor.key(slot[3])] = j end
   end
   local unit_of, order, unit, last_block, after = {}, {}, 0, 0, false
   for i, e in ipairs(entries) do

@@ -42,15 +42,9 @@ local function overlap_update(opt, model, plan)
   for _, p in ipairs(opt.params) do
     if not whole[T.key(p)] then return end   -- shards: their gathers follow the update
   end
-  local path = plan and plan.pipeline and plan.pipeline.blocks
-  local blocks = path and model:get(path)
-  local block_of, n = {}, 0
-  if blocks then
-    for j, name in ipairs(blocks._child_names) do
-      for _, p in ipairs(blocks[name]:parameters()) do block_of[T.key(p)] = j end
-      n = j
-    end
-  end
+  local blocks, block_of = require("tetra.parallel.data").blocks(model, plan)
+  blocks, block_of = blocks or {}, block_of or {}
+  local n = #blocks
   local seen_block = false
   for _, p in ipairs(opt.params) do   -- after the last block: n + 1
     local key = T.key(p)
@@ -58,9 +52,7 @@ local function overlap_update(opt, model, plan)
     elseif seen_block then block_of[key] = n + 1 end
   end
   opt:overlap_with(block_of)
-  if not blocks then return end
-  for j, name in ipairs(blocks._child_names) do
-    local block = blocks[name]
+  for j, block in ipairs(blocks) do
     local run = block.forward
     local after = j == n and n + 1 or nil
     rawset(block, "forward", function(mod, ...)
