@@ -288,9 +288,9 @@ describe("plan layouts", function()
     expect(offloaded.none).to_be(0)
   end)
 
-  -- Offload under bf16 without ZeRO takes the matrices' f32 masters off the device too
+  -- Offload under bf16 takes the matrices' f32 masters off the device too
   -- (AdamW:masters_on_host): 4 bytes an element of the stage's block matrices (and the
-  -- untied head) leave the peak besides the moments; under ZeRO or fp32 none do.
+  -- untied head) leave the peak besides the moments; under ZeRO-3 or fp32 none do.
   it("prices the f32 masters offload keeps on the host under bf16", function()
     local big = build(llama, { "train.model_name=llama3-70b", "train.batch_size=512",
                                "train.precision=bf16" })
@@ -310,8 +310,19 @@ describe("plan layouts", function()
     local blocks = 10
     local head = stage == 7 and 128256 * 8192 / 4 or 0
     expect(on.mem.host_masters).to_be(4 * (blocks * block_mm + head))
+    expect(on.mem.released_masters).to_be(on.mem.host_masters)
     expect(off.mem.total - on.mem.total).to_be(off.mem.optimizer + on.mem.host_masters)
-    expect(with({ offload = true, zero = 1 }).mem.host_masters).to_be(0)
+    -- ZeRO-1 and 2: the host keeps this rank's share (dp 2: half), the device drops the
+    -- whole matrices all the same; ZeRO-3's shares stay with its reducer.
+    for _, z in ipairs({ 1, 2 }) do
+      local zon, zoff = with({ offload = true, zero = z }), with({ offload = false, zero = z })
+      expect(zon.mem.released_masters).to_be(4 * (blocks * block_mm + head))
+      expect(zon.mem.host_masters).to_be(zon.mem.released_masters / 2)
+      expect(zoff.mem.total - zon.mem.total)
+        .to_be(zoff.mem.optimizer + zon.mem.released_masters)
+    end
+    expect(with({ offload = true, zero = 3 }).mem.host_masters).to_be(0)
+    expect(with({ offload = true, zero = 3 }).mem.released_masters).to_be(0)
     -- The host update of whole weights hides behind the next step's forward while it is
     -- the shorter (AdamW:overlap_with): a faster host changes nothing then; ZeRO's shards
     -- are updated before their gather, in the open, so there it shows.

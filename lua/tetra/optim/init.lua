@@ -289,36 +289,58 @@ function AdamW:host_f32(p)
 end
 
 -- The f32 master weights on the host as well (train.setup: offload under bf16 / fp16,
--- ZeRO stage 0): `weights` are the parameters that only the GEMMs read, through their
--- bf16 / fp16 copies (tetra.optim.amp), each an optimizer parameter of its own. Through
--- forward and backward each keeps just that copy on the device: release_masters (before
--- the forward) gives its f32 memory back, after bringing the host master up to date
--- when something else wrote the weight since the last step (a checkpoint load, a
--- roll-back, the REPL); the offloaded update then needs no download of it, writes the
--- host master and uploads it into memory taken again; settle_masters (after the update,
--- skipped or not) restores any still released and records the versions. Between steps
--- every weight is whole on the device, so checkpoints, evaluation, export and the REPL
--- read it as ever. dtype: C.TT_BF16 or C.TT_F16. Returns how many weights qualified.
-function AdamW:masters_on_host(weights, dtype)
+-- ZeRO stage 0, 1 or 2): `weights` are the parameters that only the GEMMs read, through
+-- their bf16 / fp16 copies (tetra.optim.amp). Through forward and backward each keeps
+-- just that copy on the device: release_masters (before the forward) gives its f32
+-- memory back, after bringing the host master up to date when something else wrote the
+-- weight since the last step (a checkpoint load, a roll-back, the REPL); the offloaded
+-- update then needs no download of it, writes the host master and uploads it into memory
+-- taken again; settle_masters (after the update, skipped or not) restores any still
+-- released and records the versions. Between steps every weight is whole on the device,
+-- so checkpoints, evaluation, export and the REPL read it as ever. dtype: C.TT_BF16 or
+-- C.TT_F16.
+-- Stage 0: each weight is an optimizer parameter of its own, its host master whole.
+-- ZeRO-1 and 2 (zero): the optimizer's parameters are this rank's shards, views into
+-- the weights; zero.whole_of[j] is the weight that parameter j is a piece of, and
+-- zero.gather() the reducer's all-gather of every shard into the weights (collective).
+-- The host keeps this rank's share of a master only; a weight of which the rank owns no
+-- share has none here. After the update, masters_home takes every released weight's
+-- memory again and puts its share there (the gather fills the rest); a step without an
+-- update gathers them in settle_masters. Returns how many weights qualified.
+function AdamW:masters_on_host(weights, dtype, zero)
   assert(self.offloaded, "masters_on_host: call offload_state first")
   local index = {}
-  for i, p in ipairs(self.params) do index[T_key(p)] = i end
-  self._masters, self._master_dtype = {}, dtype
-  local n = 0
+  if zero then
+    for j, w in pairs(zero.whole_of) do index[T_key(w)] = j end
+  else
+    for i, p in ipairs(self.params) do index[T_key(p)] = i end
+  end
+  self._masters, self._master_of, self._master_dtype = {}, {}, dtype
+  self._gather_masters = zero and zero.gather or nil
   for _, w in ipairs(weights) do
     local i = index[T_key(w)]
-    if i then
-      self._masters[i] = { released = false, version = nil }
-      n = n + 1
+    if i or zero then   -- under ZeRO a weight may have no share on this rank
+      local st = { w = w, i = i, released = false, version = nil }
+      self._masters[#self._masters + 1] = st
+      if i then self._master_of[i] = st end
     end
   end
-  return n
+  return #self._masters
 end
 
--- Bytes of f32 master weights kept in host memory (0 without masters_on_host).
+-- Bytes of f32 master weights kept in host memory (0 without masters_on_host): this
+-- rank's shares under ZeRO.
 function AdamW:host_master_bytes()
   local b = 0
-  for i in pairs(self._masters or {}) do b = b + self.params[i]:numel() * 4 end
+  for i in pairs(self._master_of or {}) do b = b + self.params[i]:numel() * 4 end
+  return b
+end
+
+-- Bytes of f32 weights off the device through forward and backward (the whole weights,
+-- also under ZeRO).
+function AdamW:released_master_bytes()
+  local b = 0
+  for _, st in ipairs(self._masters or {}) do b = b + st.w:numel() * 4 end
   return b
 end
 
@@ -333,33 +355,44 @@ local function landing(self)
   return set
 end
 
+-- The host buffers of optimizer parameter i (made at first use).
+function AdamW:_host_of(i)
+  local h = self._host[i]
+  if not h then
+    local p = self.params[i]
+    h = { p = self:host_f32(p), g = self:host_f32(p) }
+    self._host[i] = h
+  end
+  return h
+end
+
 function AdamW:release_masters()
   if not self._masters then return end
+  if self._pieces then self:whole_masters() end   -- a failed step left them so
   local later = landing(self)   -- released as they land (AdamW:arrive)
-  for i, st in pairs(self._masters) do
-    local p = self.params[i]
-    if later[i] then goto continue end
+  for _, st in ipairs(self._masters) do
+    local w, i = st.w, st.i
+    if i and later[i] then goto continue end
     -- A weight whose copy does not exist yet (the first step makes each where the GEMMs
     -- want it: grouped weights share one buffer) keeps its master for this step.
-    if not st.released and p._lowp ~= nil and p._lowp._dtype == self._master_dtype then
-      local h = self._host[i]
-      if not h then
-        h = { p = self:host_f32(p), g = self:host_f32(p) }
-        self._host[i] = h
+    if not st.released and w._lowp ~= nil and w._lowp._dtype == self._master_dtype then
+      if i and st.version ~= C.tt_tensor_version(w) then
+        check(C.tt_copy_(self:_host_of(i).p, self.params[i]))
       end
-      if st.version ~= C.tt_tensor_version(p) then check(C.tt_copy_(h.p, p)) end
       -- the copy the GEMMs will read, cast in place now if the weight changed since
-      check(C.tt_lowp_weight(p, self._master_dtype, lowp_box))
+      check(C.tt_lowp_weight(w, self._master_dtype, lowp_box))
       C.tt_tensor_release(lowp_box[0])
-      check(C.tt_lowp_weight_release_master(p))
+      check(C.tt_lowp_weight_release_master(w))
       st.released = true
+      if self._gather_masters then st.pieces, self._pieces = true, true end
     end
     ::continue::
   end
 end
 
 -- The master's memory taken again and the host master copied into it (the update's
--- upload, or settle_masters for a step that made none).
+-- upload, or settle_masters for a step that made none). p: the optimizer's parameter
+-- (under ZeRO a share of the weight, whose storage it is).
 local function restore_master(p, h, async)
   check(C.tt_lowp_weight_restore_master(p))
   if async then
@@ -371,18 +404,66 @@ local function restore_master(p, h, async)
   end
 end
 
-function AdamW:settle_masters()
+-- ZeRO: every weight still released (no share of it on this rank, or a step without an
+-- update) given its memory again, with this rank's share from the host master; the
+-- reducer's gather then fills the rest. No-op otherwise.
+function AdamW:masters_home()
+  if not self._gather_masters then return end
+  for _, st in ipairs(self._masters) do
+    if st.released then
+      if st.i then
+        restore_master(self.params[st.i], self._host[st.i], false)
+      else
+        check(C.tt_lowp_weight_restore_master(st.w))
+      end
+      st.released = false
+    end
+  end
+end
+
+-- ZeRO: every weight whole on the device again from the shares, if a step released any
+-- (or always: the update's gather, DDP:optimizer_step). Collective: every rank of the
+-- reducer's group calls it at the same point.
+function AdamW:whole_masters(always)
+  if not (self._gather_masters and (always or self._pieces)) then return end
+  self:masters_home()
+  self._gather_masters()
+  self._pieces = nil
+  for _, st in ipairs(self._masters) do
+    st.pieces, st.version = nil, C.tt_tensor_version(st.w)
+  end
+end
+
+-- failed: the step raised an error. Under ZeRO its ranks may then be anywhere, so nothing
+-- collective runs: weights in pieces (released, or taken back and not gathered yet) get
+-- their memory back holding this rank's share and NaN elsewhere, and stay marked
+-- (self._pieces) until whole_masters gathers them, before anything reads them again (the
+-- next step, a checkpoint, an evaluation).
+function AdamW:settle_masters(failed)
   if not self._masters then return end
   local later = landing(self)   -- an overlapped update's weights land in the next forward
-  for i, st in pairs(self._masters) do
-    local p = self.params[i]
-    if not later[i] then
-      if st.released then   -- no update wrote it (a skipped step): the copy is current
-        restore_master(p, self._host[i], false)
-        check(C.tt_lowp_weight_mark_fresh(p))
+  if self._gather_masters then
+    if not failed then return self:whole_masters() end
+    if not self._pieces then return end
+    for _, st in ipairs(self._masters) do
+      if st.pieces then
+        check(C.tt_lowp_weight_restore_master(st.w))
+        check(C.tt_fill_(st.w, 0 / 0))
+        if st.i then check(C.tt_copy_(self.params[st.i], self._host[st.i].p)) end
         st.released = false
       end
-      st.version = C.tt_tensor_version(p)
+    end
+    return
+  end
+  for _, st in ipairs(self._masters) do
+    local w, i = st.w, st.i
+    if not later[i] then
+      if st.released then   -- no update wrote it (a skipped step): the copy is current
+        restore_master(w, self._host[i], false)
+        check(C.tt_lowp_weight_mark_fresh(w))
+        st.released = false
+      end
+      st.version = C.tt_tensor_version(w)
     end
   end
 end
@@ -438,7 +519,7 @@ function AdamW:_land(t, away)
     check(C.tt_copy_(bflat, flat))
     F().free(flat); F().free(bflat)
   end
-  local st = self._masters and self._masters[t.i]
+  local st = self._master_of and self._master_of[t.i]
   if away and st and p._lowp ~= nil and p._lowp._dtype == self._master_dtype then
     if b then check(C.tt_lowp_weight_mark_fresh(p)) end
     check(C.tt_lowp_weight(p, self._master_dtype, lowp_box))
@@ -464,12 +545,8 @@ function AdamW:_step_offloaded(cfg, stats)
       local grad = p.grad
       if grad then
         local i = index[p]
-        local h = self._host[i]
-        if not h then
-          h = { p = self:host_f32(p), g = self:host_f32(p) }
-          self._host[i] = h
-        end
-        local st = self._masters and self._masters[i]
+        local h = self:_host_of(i)
+        local st = self._master_of and self._master_of[i]
         todo[#todo + 1] = { g = g, k = k, p = p, grad = grad, h = h, i = i,
                             async = async_ok(p, grad), master = st and st.released and st }
       end
@@ -599,9 +676,10 @@ end
 -- Every weight landed and whole on the device, no master kept away: anything but the
 -- next step's forward calls this first (tetra.train.step at a step's end unless the
 -- loop says the next step follows, tetra.train.loop before a roll-back).
-function AdamW:finish_update()
+-- failed: after a step's error (see settle_masters).
+function AdamW:finish_update(failed)
   self:_drain()
-  self:settle_masters()   -- nothing is landing now: every master made whole
+  self:settle_masters(failed)   -- nothing is landing now: every master made whole
 end
 
 -- Whether an overlapped update is still landing.

@@ -273,6 +273,8 @@ local function pack(...) return { n = select("#", ...), ... } end
 -- released again). Other stages: just fn().
 function DDP:with_full_params(fn)
   local r = self._reducer
+  -- stages 1 and 2: weights a failed step left in pieces (AdamW:settle_masters)
+  if self._opt and self._opt.whole_masters then self._opt:whole_masters() end
   if self.zero_stage ~= 3 or not r then return fn() end
   local n = C.tt_dist_reducer_num_units(r)
   local was = {}
@@ -381,6 +383,20 @@ local function shard_part(whole, shard)
   return v
 end
 
+-- ZeRO-1 and 2, optimizer offload under bf16 / fp16: what AdamW:masters_on_host needs
+-- to keep this rank's shares of the f32 master weights on the host (the weight each
+-- optimizer parameter is a share of, and the all-gather of the shares). nil otherwise.
+function DDP:master_shares()
+  if not (self.shards and self._reducer and (self.zero_stage == 1 or self.zero_stage == 2)) then
+    return nil
+  end
+  local whole_of = {}
+  for j, sh in ipairs(self.shards) do whole_of[j] = self.params[sh.param] end
+  local r = self._reducer
+  return { whole_of = whole_of,
+           gather = function() check(C.tt_dist_reducer_gather_params(r)) end }
+end
+
 -- ZeRO-1: per-parameter tensors (index-aligned with the params given to wrap) put
 -- together from this rank's per-shard ones (index-aligned with self.shards) and every
 -- other rank's: f32 zeros beside each parameter, each shard copied into its range, then
@@ -409,11 +425,14 @@ end
 
 -- One optimizer update; with ZeRO-1 each rank updates its shards and the updated
 -- parameters are all-gathered.
+-- With master weights on the host (AdamW:masters_on_host under stage 1 or 2) the
+-- optimizer's whole_masters first gives the released weights their memory back.
 function DDP:optimizer_step(opt, lr)
   if self.zero_stage >= 1 and self._reducer then
     self:attach_optimizer(opt)
     opt:step(lr)
-    check(C.tt_dist_reducer_gather_params(self._reducer))
+    if opt._gather_masters then opt:whole_masters(true)
+    else check(C.tt_dist_reducer_gather_params(self._reducer)) end
   else
     opt:step(lr)
   end

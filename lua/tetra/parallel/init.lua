@@ -240,7 +240,8 @@ function Par:memory(opt, ddp)
   -- Offloaded moments (parallel.offload_optimizer) are host memory, not the device's.
   if opt.offloaded then
     return { params = params, grads = grads, optimizer = 0, host_optimizer = state,
-             host_masters = opt.host_master_bytes and opt:host_master_bytes() or 0 }
+             host_masters = opt.host_master_bytes and opt:host_master_bytes() or 0,
+             released_masters = opt.released_master_bytes and opt:released_master_bytes() or 0 }
   end
   return { params = params, grads = grads, optimizer = state }
 end

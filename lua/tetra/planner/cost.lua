@@ -341,15 +341,18 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     -- device's peak; the update moves each parameter and gradient to the host and the
     -- parameter back (12 bytes an element over cl.offload_bw) and runs at the host's
     -- cl.host_bw (the same 28 bytes an element). Under bf16 / fp16
-    -- without ZeRO the matrices' f32 masters stay on the host through forward and
-    -- backward (AdamW:masters_on_host): 4 bytes an element of them off the peak, and
-    -- no download of them in the update (8 bytes an element moved, not 12).
-    local masters = 0
+    -- the matrices' f32 masters stay on the host through forward and backward
+    -- (AdamW:masters_on_host; not under ZeRO-3, whose shares stay with the reducer): 4
+    -- bytes an element of the whole matrices off the peak, and no download of the
+    -- masters the host keeps (the whole ones, or under ZeRO-1 and 2 this rank's 1/group
+    -- share of them) in the update: 8 bytes an element of those moved, not 12.
+    local masters, host_masters = 0, 0
     if lay.offload then
-      if lowp_gather and not zero then
+      if lowp_gather and not zero3 then
         local block_mm, head_mm = model.matmul_params(m, tp)
         for _ in pairs(per_block) do masters = masters + block_mm end
         if s == pp - 1 and not model.tied(m) then masters = masters + head_mm end
+        host_masters = zero and masters / group or masters
       end
       if not cl.host_is_device then   -- on the cpu cluster the host is the device
         at_peak = at_peak - obytes - 4 * masters
@@ -361,7 +364,7 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
       -- copies stay exposed (the gradients come down before it starts, each weight goes
       -- up on the compute stream as the forward reaches it).
       if not zero then t_host = math.max(0, t_host - fwd[s][0]) end
-      t_opt = (12 * opt_elems - 4 * masters) / (cl.offload_bw or cl.mem_bw) + t_host
+      t_opt = (12 * opt_elems - 4 * host_masters) / (cl.offload_bw or cl.mem_bw) + t_host
     end
     -- Gradients are reduced (and ZeRO-1 and 2's parameters gathered) in fp32 by Tetra;
     -- cl.dp_bytes overrides that for engines that reduce in bf16.
@@ -425,7 +428,8 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     local st = { params = pbytes, grads = gbytes, optimizer = obytes, comm = cbytes,
                  activations = act, t_opt = t_opt, t_dp = t_dp + t_ag, busy = busy[s],
                  comm_mb = comm_mb[s], n_params = nparams,
-                 host_masters = (lay.offload and not cl.host_is_device) and 4 * masters or 0 }
+                 host_masters = (lay.offload and not cl.host_is_device) and 4 * host_masters or 0,
+                 released_masters = (lay.offload and not cl.host_is_device) and 4 * masters or 0 }
     st.total = at_peak
     stages[s + 1] = st
   end
@@ -470,7 +474,8 @@ function M.evaluate(cfg, lay, cl)
     virtual = v, recompute = lay.recompute, offload = lay.offload, world = W,
     mem = { params = worst.params, grads = worst.grads, optimizer = worst.optimizer,
             activations = worst.activations, comm = worst.comm, total = worst.total,
-            host_masters = worst.host_masters, stage = worst_s },
+            host_masters = worst.host_masters, released_masters = worst.released_masters,
+            stage = worst_s },
     mem_rank0 = r0.total,
     mem_gib = worst.total / 2 ^ 30,
     fits = worst.total <= cl.mem_bytes,

@@ -113,6 +113,19 @@ function train.recipe(spec)
     for k, v in pairs(extra or {}) do opts[k] = v end
     return train.setup(cfg, model, data, opts)
   end
+  -- The start-up line's words on master weights kept on the host (AdamW:masters_on_host):
+  -- under ZeRO-1 and 2 the host keeps this rank's shares, the device drops whole weights.
+  local function masters_line(mem)
+    local host, off = mem.host_masters or 0, mem.released_masters or 0
+    if off == 0 then return "" end
+    if host == off then
+      return string.format("; and %.2f MB of f32 master weights, off the device through " ..
+                           "forward and backward", host / 1e6)
+    end
+    return string.format("; and %.2f MB of f32 master weights (this rank's shares), %.2f MB " ..
+                         "of weights off the device through forward and backward",
+                         host / 1e6, off / 1e6)
+  end
   function recipe.run(cfg)
     local env = recipe.setup(cfg)
     if env.rank == 0 then
@@ -124,9 +137,7 @@ function train.recipe(spec)
       print(string.format("memory%s: parameters %.2f MB, gradients %.2f MB, optimizer " ..
         "state %.2f MB%s", split, mem.params / 1e6, mem.grads / 1e6, mem.optimizer / 1e6,
         mem.host_optimizer and string.format(" (offloaded: %.2f MB in host memory%s)",
-          mem.host_optimizer / 1e6, (mem.host_masters or 0) > 0 and string.format(
-            "; and %.2f MB of f32 master weights, off the device through forward and " ..
-            "backward", mem.host_masters / 1e6) or "") or ""))
+          mem.host_optimizer / 1e6, masters_line(mem)) or ""))
       if env.optimizer._overlap then
         print("offload: each update runs on the host while the next step's forward runs, " ..
               "its weights landing block by block")

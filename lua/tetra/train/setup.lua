@@ -135,10 +135,13 @@ return function(cfg, model, data, opts)
   if (cfg.parallel or {}).offload_optimizer then
     optimizer:offload_state()
     -- Under bf16 / fp16 the f32 masters of the weights that only the GEMMs read go to
-    -- the host too, where the optimizer updates whole weights (not ZeRO's shards: the
-    -- optimizer's parameters are then not the model's, and none qualifies).
+    -- the host too: whole, or this rank's shares under ZeRO-1 and 2 (ddp:master_shares).
+    -- Not under ZeRO-3, whose reducer keeps the shares and gathers the blocks' weights.
     local lowp = t.precision == "bf16" and C.TT_BF16 or t.precision == "fp16" and C.TT_F16
-    if lowp then optimizer:masters_on_host(amp.gemm_only_weights(par.model or model), lowp) end
+    if lowp and ddp.zero_stage ~= 3 then
+      optimizer:masters_on_host(amp.gemm_only_weights(par.model or model), lowp,
+                                ddp:master_shares())
+    end
     overlap_update(optimizer, par.model or model, opts.plan)
   end
   local pstep = require("tetra.parallel.step")
@@ -205,6 +208,7 @@ return function(cfg, model, data, opts)
     gen_opts = gen_opts or {}
     gen_opts.seq_len = gen_opts.seq_len or env.seq_len
     gen_opts.par = par
+    if optimizer.whole_masters then optimizer:whole_masters() end   -- see step.evaluate
     return generate.generate(model, prompt_ids, gen_opts)
   end
 

@@ -284,7 +284,8 @@ local function finish_step(env, s)
               param_bytes = env.memory.params, grad_bytes = env.memory.grads,
               optimizer_bytes = env.memory.optimizer,
               host_optimizer_bytes = env.memory.host_optimizer,
-              host_master_bytes = env.memory.host_masters, peak_bytes = peak,
+              host_master_bytes = env.memory.host_masters,
+              released_master_bytes = env.memory.released_masters, peak_bytes = peak,
               step_peak_bytes = peak - s.live0,
               loss_scale = env.amp:scale(), skipped = s.skipped, restarts = env.restarts,
               guard = bad, data_position = s.pos, roll_back = roll_back or nil }
@@ -412,10 +413,13 @@ function step.run(env)
   -- that step comes next (env.overlap_next, tetra.train.loop); else, and after an
   -- error, every weight is whole on the device before the step returns.
   if opt.finish_update and (not ok or not env.overlap_next) then
-    local fok, ferr = pcall(opt.finish_update, opt)
+    local fok, ferr = pcall(opt.finish_update, opt, not ok)
     if ok and not fok then ok, err = false, ferr end
   end
-  if opt.settle_masters then opt:settle_masters() end
+  if opt.settle_masters then
+    local sok, serr = pcall(opt.settle_masters, opt, not ok)
+    if ok and not sok then ok, err = false, serr end
+  end
   if not ok then error(err, 0) end
   -- compute times, between marks the device has passed (the read waited for them)
   s.fb = timer:seconds(fb0, fb1)
@@ -430,6 +434,8 @@ end
 function step.evaluate(env, n_batches)
   local t = env.cfg.train
   n_batches = n_batches or t.eval_steps or 4
+  -- ZeRO with the masters on the host: weights a failed step left in pieces gathered
+  if env.optimizer.whole_masters then env.optimizer:whole_masters() end
   return F.no_grad(function()
     local sum = 0.0
     for i = 1, n_batches do

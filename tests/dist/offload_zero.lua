@@ -1,0 +1,66 @@
+-- A recipe for offload_zero.sh: the tiny Llama (or, with train.inject_step set, the fp16
+-- overflow of fp16_overflow.lua) for train.steps steps, every rank printing each step's
+-- loss and gradient norm (exactly, %a), its allocator step peak, and the master-weight
+-- bytes the records carry:
+--   offload_zero rank R step N loss L grad_norm G peak P host_masters H released_masters D
+-- With the environment's OFFLOAD_ZERO_FAIL=N,M, steps N and M fail on every rank after
+-- their gradients are complete (before the update), once each, and the run goes on: after
+-- N an evaluation first ("offload_zero rank R step N failed eval E"), after M straight
+-- to the next step ("... step M failed"); each failed step runs again.
+local tetra = require("tetra")
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local tiny = dofile(here .. "/../../recipes/tiny.lua")
+
+local defaults = {}
+for section, keys in pairs(tiny.defaults) do
+  defaults[section] = {}
+  for k, v in pairs(keys) do defaults[section][k] = v end
+end
+defaults.train.inject_step = 0   -- none
+
+local recipe = { name = "offload_zero", defaults = defaults }
+
+function recipe.run(cfg)
+  local t = cfg.train
+  local fail_at = {}   -- step -> true while it is still to fail
+  local evaluate_after = nil
+  for n in (os.getenv("OFFLOAD_ZERO_FAIL") or ""):gmatch("%d+") do
+    fail_at[tonumber(n)] = true
+    evaluate_after = evaluate_after or tonumber(n)
+  end
+  local data = tetra.train.data_source(cfg)
+  tetra.manual_seed(t.seed)
+  local model = tiny.Model(cfg.model)
+  local env = tetra.train.setup(cfg, model, data, { plan = tiny.plan,
+    on_grads = function(e, step)
+      if step == t.inject_step and e.rank == e.mesh.size - 1 then
+        local ps = e.optimizer.params   -- an overflow in this rank's last shard
+        require("tetra.ffi").C.tt_tensor_set(ps[#ps]._grad, 0, 1 / 0)
+      end
+      if fail_at[step] then
+        fail_at[step] = nil   -- once: the step that failed runs again next
+        error("offload_zero: failing step " .. step)
+      end
+    end })
+  local function say(fmt, ...)
+    io.stdout:write(string.format("offload_zero rank %d " .. fmt .. "\n", env.rank, ...))
+    io.stdout:flush()
+  end
+  while env.step_count < t.steps do
+    local ok, r = pcall(env.step)
+    if ok then
+      say("step %d loss %a grad_norm %a peak %d host_masters %d released_masters %d", r.step,
+          r.loss, r.grad_norm, r.step_peak_bytes, r.host_master_bytes or 0,
+          r.released_master_bytes or 0)
+    elseif tostring(r):find("failing step", 1, true) then
+      local n = env.step_count + 1
+      if n == evaluate_after then say("step %d failed eval %a", n, env.evaluate(2))
+      else say("step %d failed", n) end
+    else
+      error(r, 0)
+    end
+  end
+  return 0
+end
+
+return recipe
