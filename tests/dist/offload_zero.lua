@@ -7,16 +7,17 @@
 -- their gradients are complete (before the update), once each, and the run goes on: after
 -- N an evaluation first ("offload_zero rank R step N failed eval E"), after M straight
 -- to the next step ("... step M failed"); each failed step runs again.
+-- With OFFLOAD_ZERO_RELOAD=N,M (and checkpoint.dir set), a checkpoint is saved after step
+-- N and loaded back into the running job after step M ("... step M reloaded"), as the
+-- loss guard's roll-back does: steps N+1 to M run again.
 local tetra = require("tetra")
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
 
-local defaults = {}
-for section, keys in pairs(tiny.defaults) do
-  defaults[section] = {}
-  for k, v in pairs(keys) do defaults[section][k] = v end
-end
-defaults.train.inject_step = 0   -- none
+-- fp16_overflow.lua's defaults: a copy of the tiny Llama's with its overflow's keys,
+-- here in fp32 and injecting nothing unless told.
+local defaults = dofile(here .. "/fp16_overflow.lua").defaults
+defaults.train.precision, defaults.train.inject_step = tiny.defaults.train.precision, 0
 
 local recipe = { name = "offload_zero", defaults = defaults }
 
@@ -46,8 +47,18 @@ function recipe.run(cfg)
     io.stdout:write(string.format("offload_zero rank %d " .. fmt .. "\n", env.rank, ...))
     io.stdout:flush()
   end
+  local save_at, load_at = (os.getenv("OFFLOAD_ZERO_RELOAD") or ""):match("(%d+),(%d+)")
+  save_at, load_at = tonumber(save_at), tonumber(load_at)
+  local checkpoint = require("tetra.checkpoint")
+  local saved
   while env.step_count < t.steps do
     local ok, r = pcall(env.step)
+    if ok and r.step == save_at then saved = checkpoint.save(env) end
+    if ok and r.step == load_at and saved then
+      checkpoint.load(env, saved)
+      saved = nil
+      say("step %d reloaded", r.step)
+    end
     if ok then
       say("step %d loss %a grad_norm %a peak %d host_masters %d released_masters %d", r.step,
           r.loss, r.grad_norm, r.step_peak_bytes, r.host_master_bytes or 0,

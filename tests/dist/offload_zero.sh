@@ -15,7 +15,9 @@
 # - a step that fails after its backward (weights then in pieces on every rank: nothing
 #   collective may run in an error) leaves nothing wrong to read: an evaluation after it,
 #   or the next step straight after it, and the steps that follow equal the run without
-#   offload.
+#   offload;
+# - a checkpoint loaded into the running job (as the loss guard's roll-back loads one)
+#   reaches the host shares: the steps after it equal the run without offload.
 # Usage: bash offload_zero.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -39,7 +41,8 @@ steps() {
 }
 field() { grep "^offload_zero rank $2 step $3 loss" "$1" | sed -E "s/.* $4 ([0-9]+).*/\\1/"; }
 
-# same TAG NP SETTINGS...: with and without offload, every rank's steps compared.
+# same TAG NP SETTINGS...: with and without offload, every rank's steps compared (there
+# must be want_steps of them, default 6).
 same() {
   local tag="$1" np="$2"; shift 2
   run "${tag}" "$np" "$@" parallel.offload_optimizer=false &&
@@ -47,7 +50,7 @@ same() {
   local r a b before=$status
   for ((r = 0; r < np; r++)); do
     a=$(steps "$work/$tag.out" "$r") b=$(steps "$work/${tag}_off.out" "$r")
-    if [ "$(echo "$a" | grep -c loss)" -ne 6 ] || [ "$a" != "$b" ]; then
+    if [ "$(echo "$a" | grep -c loss)" -ne "${want_steps:-6}" ] || [ "$a" != "$b" ]; then
       echo "FAIL: $tag: rank $r with offload differs from it without:"
       diff <(echo "$a") <(echo "$b"); status=1
     fi
@@ -60,7 +63,7 @@ same() {
     status=1
   fi
   [ "$status" = "$before" ] &&
-    echo "$tag: $np ranks x 6 steps bit for bit; rank 0 keeps $host bytes of masters, $released off the device"
+    echo "$tag: $np ranks x ${want_steps:-6} steps bit for bit; rank 0 keeps $host bytes of masters, $released off the device"
   [ "$status" = "$before" ]
 }
 
@@ -118,6 +121,16 @@ if ! grep -q "rank 0 step 3 failed eval" "$work/z2_bf16_failed_steps_off.out" 2>
   echo "FAIL: z2_bf16_failed_steps: steps 3 and 5 did not fail as injected"; status=1
 fi
 unset OFFLOAD_ZERO_FAIL
+
+# A checkpoint saved after step 2 and loaded back after step 4 (the roll-back's in-process
+# load): the weights the load writes must reach the host shares before the next update.
+export OFFLOAD_ZERO_RELOAD=2,4
+want_steps=8 same z1_bf16_reloaded 2 $DP2 parallel.zero_stage=1 train.precision=bf16 \
+  checkpoint.dir="$work/ck"
+if [ "$(grep -c "rank 0 step [34] loss" "$work/z1_bf16_reloaded_off.out" 2>/dev/null)" != 4 ]; then
+  echo "FAIL: z1_bf16_reloaded: steps 3 and 4 did not run twice"; status=1
+fi
+unset OFFLOAD_ZERO_RELOAD
 
 [ "$status" = 0 ] && echo PASS
 exit "$status"
