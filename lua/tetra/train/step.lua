@@ -381,7 +381,9 @@ function step.run(env)
   if graphed then return graph_step(env, s, mine) end
 
   -- Offload under bf16 / fp16: the weights' f32 masters leave the device until the
-  -- update (AdamW:release_masters); they are whole again after it, and after an error.
+  -- update (AdamW:release_masters); they are whole again after it, and after an error
+  -- (under ZeRO-1 and 2, which cannot gather then, before anything reads them next:
+  -- AdamW:settle_masters).
   local opt = env.optimizer
   local fb0, fb1, opt0
   local ok, err = pcall(function()
@@ -411,7 +413,8 @@ function step.run(env)
   end)
   -- The update goes on landing in the next step's forward only when the caller says
   -- that step comes next (env.overlap_next, tetra.train.loop); else, and after an
-  -- error, every weight is whole on the device before the step returns.
+  -- error, every weight is whole on the device before the step returns (see above for
+  -- ZeRO after an error).
   if opt.finish_update and (not ok or not env.overlap_next) then
     local fok, ferr = pcall(opt.finish_update, opt, not ok)
     if ok and not fok then ok, err = false, ferr end
