@@ -415,12 +415,12 @@ function step.run(env)
   -- that step comes next (env.overlap_next, tetra.train.loop); else, and after an
   -- error, every weight is whole on the device before the step returns (see above for
   -- ZeRO after an error).
-  if opt.finish_update and (not ok or not env.overlap_next) then
-    local fok, ferr = pcall(opt.finish_update, opt, not ok)
-    if ok and not fok then ok, err = false, ferr end
-  end
-  if opt.settle_masters then
-    local sok, serr = pcall(opt.settle_masters, opt, not ok)
+  -- (finish_update settles the masters itself; an update still landing, only them.)
+  local settle = nil
+  if opt.finish_update and (not ok or not env.overlap_next) then settle = opt.finish_update
+  elseif opt.settle_masters then settle = opt.settle_masters end
+  if settle then
+    local sok, serr = pcall(settle, opt, not ok)
     if ok and not sok then ok, err = false, serr end
   end
   if not ok then error(err, 0) end
