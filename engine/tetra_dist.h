@@ -264,6 +264,14 @@ int tt_dist_reducer_unit_release(tt_dist_reducer *r, int unit);
 /* Every unit gathered: copies this rank's share of the parameters into its own (after
 ** something wrote the parameters: a checkpoint load). */
 int tt_dist_reducer_params_to_shards(tt_dist_reducer *r);
+/* ZeRO-3 with the f32 shares on the host (reducer.c's section says how): shares_away gives
+** the owned buffers' memory back, keeping compute-dtype copies for the blocks' gathers;
+** shares_home takes it again (zeroed: the caller writes the shares). away_bytes: the
+** bytes shares_away gives back now, *kept those of the copies it keeps instead. */
+int tt_dist_reducer_shares_away(tt_dist_reducer *r);
+int tt_dist_reducer_shares_home(tt_dist_reducer *r);
+int tt_dist_reducer_shares_are_away(const tt_dist_reducer *r);
+int64_t tt_dist_reducer_shares_away_bytes(const tt_dist_reducer *r, int64_t *kept);
 /* Identity ops around a block's forward: enter before it (its backward releases the
 ** unit), exit after it (releases the unit now; its backward gathers it again and starts
 ** the gather of unit `next`, -1 for none). */

@@ -95,6 +95,9 @@ typedef struct {
   tt_tensor *vec;       /* ZeRO-3, lp: the f32 parameters' elements, summed over the ranks */
   tt_comm_handle *vh;   /* its all-reduce */
   int64_t vec_numel;    /* elements of the bucket's f32 parameters (lp gathers) */
+  tt_tensor *owned_lp;  /* ZeRO-3, shares away: (numel / n) owned cast to gather_dtype */
+  tt_tensor *owned_vec; /* and (vec_numel) f32: this rank's part of vec, zeros elsewhere */
+  int evicted;          /* owned's memory given back while the shares are away */
 } grad_bucket;
 
 typedef struct {
@@ -132,6 +135,7 @@ struct tt_dist_reducer {
   int64_t unit_gather_bytes;   /* ZeRO-3: bytes they brought (and the f32 sums) */
   int gather_dtype;            /* ZeRO-3: the dtype the blocks' matrices travel in */
   unsigned char *lowp_gather;  /* ZeRO-3: param -> 1 when it travels in gather_dtype */
+  int away;                    /* ZeRO-3: the f32 shares on the host (shares_away) */
 };
 
 /* -- Bucket layout -------------------------------------------------------------------- */
@@ -304,6 +308,8 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
     tt_comm_handle_free(bk->vh);
     tt_tensor_release(bk->full);
     tt_tensor_release(bk->vec);
+    tt_tensor_release(bk->owned_lp);
+    tt_tensor_release(bk->owned_vec);
     tt_tensor_release(bk->owned);
   }
   for (int i = 0; i < r->n_shards; i++) {
@@ -895,29 +901,13 @@ static void release_bucket(tt_dist_reducer *r, grad_bucket *bk) {
   bk->gathered = 0;
 }
 
-/* Starts bucket bk's gather unless it is gathered or on its way: an all-gather of the
-** owned shares, in f32, or (lp: ZeRO-3 with a compute dtype, unless f32 is wanted) cast
-** to the compute dtype, with the f32 parameters' elements (norm weights, biases) summed
-** over the ranks from zeros beside it, exactly. */
-static int start_gather(tt_dist_reducer *r, grad_bucket *bk, int want_f32) {
-  if (bk->gathered || bk->gh) return 0;
+/* This rank's f32 parameters' elements of bucket bk (norm weights, biases: those that do
+** not travel in the compute dtype) copied from its owned share into their places in vec
+** (bk->vec_numel elements, zeros elsewhere): summed over the ranks, vec is all of them. */
+static int vec_share(tt_dist_reducer *r, grad_bucket *bk, tt_tensor *vec) {
   int n = r->comm->size, me = r->comm->rank;
   int64_t len = bk->numel / n, lo = me * len, hi = lo + len;
-  bk->lp = r->gather_dtype != TT_F32 && !want_f32 && bk->vec_numel < bk->numel;
-  r->unit_gathers++;
-  if (!bk->lp) {
-    r->unit_gather_bytes += bk->numel * (int64_t)tt_dtype_size(bk->owned->dtype);
-    return tt_comm_all_gather_async(r->comm, bk->owned, 0, &bk->full, &bk->gh);
-  }
-  tt_tensor *cast = NULL;
-  TT_TRY(tt_tensor_empty(&len, 1, r->gather_dtype, bk->owned->device, &cast));
-  int rc = tt_copy_(cast, bk->owned);
-  if (rc == 0) rc = tt_comm_all_gather_async(r->comm, cast, 0, &bk->full, &bk->gh);
-  tt_tensor_release(cast);
-  TT_TRY(rc);
-  r->unit_gather_bytes += bk->numel * (int64_t)tt_dtype_size(r->gather_dtype);
-  if (bk->vec_numel == 0) return 0;
-  TT_TRY(tt_tensor_zeros(&bk->vec_numel, 1, TT_F32, bk->owned->device, &bk->vec));
+  int rc = 0;
   for (int k = 0; k < bk->n_slots && rc == 0; k++) {
     grad_slot *sl = &r->slots[bk->first_slot + k];
     if (r->lowp_gather[sl->param]) continue;
@@ -925,10 +915,58 @@ static int start_gather(tt_dist_reducer *r, grad_bucket *bk, int want_f32) {
     if (!share_of(sl, lo, hi, &a, &e)) continue;
     tt_tensor *src = NULL, *dst = NULL;
     rc = flat_piece(bk->owned, a - lo, e - a, NULL, &src);
-    if (rc == 0) rc = flat_piece(bk->vec, sl->vec_offset + (a - sl->offset), e - a, NULL, &dst);
+    if (rc == 0) rc = flat_piece(vec, sl->vec_offset + (a - sl->offset), e - a, NULL, &dst);
     if (rc == 0) rc = tt_copy_(dst, src);
     tt_tensor_release(src);
     tt_tensor_release(dst);
+  }
+  return rc;
+}
+
+/* Whether bucket bk gathers in the compute dtype (lp) unless f32 is wanted. */
+static int lp_bucket(const tt_dist_reducer *r, const grad_bucket *bk) {
+  return r->gather_dtype != TT_F32 && bk->vec_numel < bk->numel;
+}
+
+/* Starts bucket bk's gather unless it is gathered or on its way: an all-gather of the
+** owned shares, in f32, or (lp: ZeRO-3 with a compute dtype, unless f32 is wanted) cast
+** to the compute dtype, with the f32 parameters' elements (norm weights, biases) summed
+** over the ranks from zeros beside it, exactly. While the shares are away (shares_away)
+** an lp gather sends the copies made then, the same values. */
+static int start_gather(tt_dist_reducer *r, grad_bucket *bk, int want_f32) {
+  if (bk->gathered || bk->gh) return 0;
+  int n = r->comm->size;
+  int64_t len = bk->numel / n;
+  bk->lp = lp_bucket(r, bk) && !want_f32;
+  if (bk->evicted && !(bk->lp && bk->owned_lp)) {
+    return tt_set_error("zero-3 gather (bucket %d, in f32): its f32 shares are on the host "
+                        "(AdamW:masters_on_host); bring them back first "
+                        "(tt_dist_reducer_shares_home)", (int)(bk - r->buckets));
+  }
+  r->unit_gathers++;
+  if (!bk->lp) {
+    r->unit_gather_bytes += bk->numel * (int64_t)tt_dtype_size(bk->owned->dtype);
+    return tt_comm_all_gather_async(r->comm, bk->owned, 0, &bk->full, &bk->gh);
+  }
+  int rc = 0;
+  if (bk->evicted) {
+    rc = tt_comm_all_gather_async(r->comm, bk->owned_lp, 0, &bk->full, &bk->gh);
+  } else {
+    tt_tensor *cast = NULL;
+    TT_TRY(tt_tensor_empty(&len, 1, r->gather_dtype, bk->owned->device, &cast));
+    rc = tt_copy_(cast, bk->owned);
+    if (rc == 0) rc = tt_comm_all_gather_async(r->comm, cast, 0, &bk->full, &bk->gh);
+    tt_tensor_release(cast);
+  }
+  TT_TRY(rc);
+  r->unit_gather_bytes += bk->numel * (int64_t)tt_dtype_size(r->gather_dtype);
+  if (bk->vec_numel == 0) return 0;
+  if (bk->evicted) {
+    TT_TRY(tt_tensor_empty(&bk->vec_numel, 1, TT_F32, bk->owned->device, &bk->vec));
+    rc = tt_copy_(bk->vec, bk->owned_vec);
+  } else {
+    TT_TRY(tt_tensor_zeros(&bk->vec_numel, 1, TT_F32, bk->owned->device, &bk->vec));
+    rc = vec_share(r, bk, bk->vec);
   }
   if (rc == 0) rc = tt_comm_all_reduce_async(r->comm, bk->vec, TT_REDUCE_SUM, &bk->vh);
   r->unit_gather_bytes += bk->vec_numel * 4;
@@ -1048,6 +1086,7 @@ static int refresh_gathered_units(tt_dist_reducer *r) {
 
 int tt_dist_reducer_params_to_shards(tt_dist_reducer *r) {
   TT_CHECK(r->zero_stage == 3, "params_to_shards: only under parallel.zero_stage = 3");
+  TT_CHECK(!r->away, "params_to_shards: the f32 shares are on the host (shares_away)");
   int n = r->comm->size, me = r->comm->rank;
   for (int b = 0; b < r->n_buckets; b++) {
     grad_bucket *bk = &r->buckets[b];
@@ -1070,6 +1109,89 @@ int tt_dist_reducer_params_to_shards(tt_dist_reducer *r) {
     }
   }
   return 0;
+}
+
+/* -- ZeRO-3: the f32 shares on the host ----------------------------------------------- */
+
+/* Optimizer offload in bf16 / fp16 (AdamW:masters_on_host): the optimizer's host copies of
+** this rank's shares are the masters, and the device gives the owned buffers' memory back
+** from before the forward to the update. A bucket the blocks gather in the compute dtype
+** keeps what those gathers send instead: owned cast to it (owned_lp, half the bytes under
+** bf16) and its f32 parameters' part of vec (owned_vec, the norm weights: small). A bucket
+** that gathers in f32 (those outside the blocks) is given back only while it is gathered:
+** it stays so until the update, and a gather of it while away is refused. */
+int tt_dist_reducer_shares_away(tt_dist_reducer *r) {
+  TT_CHECK(r->zero_stage == 3, "shares_away: only under parallel.zero_stage = 3");
+  if (r->away) return 0;
+  int n = r->comm->size, prev = tt_is_grad_enabled(), rc = 0;
+  tt_set_grad_enabled(0);
+  for (int b = 0; b < r->n_buckets && rc == 0; b++) {
+    grad_bucket *bk = &r->buckets[b];
+    if (bk->gh) {
+      rc = tt_set_error("shares_away: bucket %d has a gather in flight", b);
+      break;
+    }
+    int64_t len = bk->numel / n;
+    if (lp_bucket(r, bk)) {
+      rc = tt_tensor_empty(&len, 1, r->gather_dtype, bk->owned->device, &bk->owned_lp);
+      if (rc == 0) rc = tt_copy_(bk->owned_lp, bk->owned);
+      if (rc == 0 && bk->vec_numel > 0)
+        rc = tt_tensor_zeros(&bk->vec_numel, 1, TT_F32, bk->owned->device, &bk->owned_vec);
+      if (rc == 0 && bk->owned_vec) rc = vec_share(r, bk, bk->owned_vec);
+    } else if (!bk->gathered) {
+      continue;
+    }
+    if (rc != 0) break;
+    tt_storage_evict(bk->owned->storage);
+    bk->evicted = 1;
+  }
+  tt_set_grad_enabled(prev);
+  r->away = 1;   /* also after an error: shares_home takes back what was given */
+  if (rc != 0) return tt_error_context("zero-3 shares away");
+  return 0;
+}
+
+/* The owned buffers' memory taken again, zeroed (the padding past the last parameter is
+** never written otherwise), and the copies dropped. The caller then writes every share
+** (the optimizer's update, or its host masters' upload). */
+int tt_dist_reducer_shares_home(tt_dist_reducer *r) {
+  TT_CHECK(r->zero_stage == 3, "shares_home: only under parallel.zero_stage = 3");
+  if (!r->away) return 0;
+  for (int b = 0; b < r->n_buckets; b++) {
+    grad_bucket *bk = &r->buckets[b];
+    tt_tensor_release(bk->owned_lp);
+    tt_tensor_release(bk->owned_vec);
+    bk->owned_lp = bk->owned_vec = NULL;
+    if (!bk->evicted) continue;
+    if (tt_storage_restore(bk->owned->storage) != 0 || tt_fill_(bk->owned, 0.0) != 0)
+      return tt_error_context("zero-3 shares home (bucket %d)", b);
+    bk->evicted = 0;
+  }
+  r->away = 0;
+  return 0;
+}
+
+int tt_dist_reducer_shares_are_away(const tt_dist_reducer *r) { return r->away; }
+
+/* What shares_away gives back now (the buckets' memory as the allocator granted it) and
+** what it keeps instead: the allocator's step peak is lower by the difference. */
+int64_t tt_dist_reducer_shares_away_bytes(const tt_dist_reducer *r, int64_t *kept) {
+  int64_t away = 0, copies = 0;
+  int n = r->zero_stage == 3 ? r->comm->size : 0;
+  for (int b = 0; n > 0 && b < r->n_buckets; b++) {
+    const grad_bucket *bk = &r->buckets[b];
+    if (lp_bucket(r, bk)) {
+      copies += (int64_t)tt_alloc_granted_bytes((size_t)(bk->numel / n) *
+                                                tt_dtype_size(r->gather_dtype));
+      if (bk->vec_numel > 0)
+        copies += (int64_t)tt_alloc_granted_bytes((size_t)bk->vec_numel * 4);
+    } else if (!bk->gathered && !bk->evicted) {
+      continue;
+    }
+    away += (int64_t)bk->owned->storage->nbytes;
+  }
+  if (kept) *kept = copies;
+  return away;
 }
 
 /* The identity ops around a block. ctx: the reducer; i[0]: the unit; i[1]: the unit whose

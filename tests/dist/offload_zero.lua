@@ -3,6 +3,8 @@
 -- loss and gradient norm (exactly, %a), its allocator step peak, and the master-weight
 -- bytes the records carry:
 --   offload_zero rank R step N loss L grad_norm G peak P host_masters H released_masters D
+--     weights W
+-- (W: this rank's parameters' bytes in f32, whole even where ZeRO-3 shards them).
 -- With the environment's OFFLOAD_ZERO_FAIL=N,M, steps N and M fail on every rank after
 -- their gradients are complete (before the update), once each, and the run goes on: after
 -- N an evaluation first ("offload_zero rank R step N failed eval E"), after M straight
@@ -47,6 +49,8 @@ function recipe.run(cfg)
     io.stdout:write(string.format("offload_zero rank %d " .. fmt .. "\n", env.rank, ...))
     io.stdout:flush()
   end
+  local weight_bytes = 0   -- this rank's parameters in f32 (whole, also under ZeRO-3)
+  for _, e in ipairs(env.par:placements()) do weight_bytes = weight_bytes + 4 * e.tensor:numel() end
   local save_at, load_at = (os.getenv("OFFLOAD_ZERO_RELOAD") or ""):match("(%d+),(%d+)")
   save_at, load_at = tonumber(save_at), tonumber(load_at)
   local checkpoint = require("tetra.checkpoint")
@@ -60,9 +64,9 @@ function recipe.run(cfg)
       say("step %d reloaded", r.step)
     end
     if ok then
-      say("step %d loss %a grad_norm %a peak %d host_masters %d released_masters %d", r.step,
-          r.loss, r.grad_norm, r.step_peak_bytes, r.host_master_bytes or 0,
-          r.released_master_bytes or 0)
+      say("step %d loss %a grad_norm %a peak %d host_masters %d released_masters %d " ..
+          "weights %d", r.step, r.loss, r.grad_norm, r.step_peak_bytes,
+          r.host_master_bytes or 0, r.released_master_bytes or 0, weight_bytes)
     elseif tostring(r):find("failing step", 1, true) then
       local n = env.step_count + 1
       if n == evaluate_after then say("step %d failed eval %a", n, env.evaluate(2))

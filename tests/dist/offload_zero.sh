@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Optimizer offload under ZeRO-1 and 2 with the f32 master weights on the host
+# Optimizer offload under ZeRO-1, 2 and 3 with the f32 master weights on the host
 # (AdamW:masters_on_host): in bf16 / fp16 each rank keeps its shares of the GEMM-only
 # weights' masters in host memory, and the whole weights leave the device from the
 # forward to the update, their bf16 / fp16 copies all the GEMMs read; the update writes
@@ -9,7 +9,8 @@
 # - each step's loss and gradient norm are equal bit for bit (ZeRO-1 bf16 with
 #   accumulation, ZeRO-2 fp16 with an overflow skipped on the host at step 5, ZeRO-2
 #   bf16 with a NaN loss the guard skips, tp 2 x dp 2 ZeRO-2 bf16, pp 2 x dp 2 ZeRO-1
-#   fp16 with accumulation);
+#   fp16 with accumulation; ZeRO-3 in bf16, in fp16 with accumulation and an overflow,
+#   with tp 2, with a NaN loss);
 # - the allocator's step peak is lower by exactly the released weights' bytes, and the
 #   ranks' host shares add up to those weights (each a share, none twice, none missing);
 # - a step that fails after its backward (weights then in pieces on every rank: nothing
@@ -17,7 +18,8 @@
 #   or the next step straight after it, and the steps that follow equal the run without
 #   offload;
 # - a checkpoint loaded into the running job (as the loss guard's roll-back loads one)
-#   reaches the host shares: the steps after it equal the run without offload.
+#   reaches the host shares: the steps after it equal the run without offload;
+# - the same three for ZeRO-3, whose masters are every share (z3_shares below).
 # Usage: bash offload_zero.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -105,12 +107,58 @@ same tp2_dp2_z2_bf16 4 $DP2 parallel.tensor_parallel_size=2 parallel.zero_stage=
   train.precision=bf16
 same pp2_dp2_z1_fp16 4 $DP2 parallel.pipeline_parallel_size=2 parallel.zero_stage=1 \
   train.precision=fp16 train.gradient_accumulation_steps=2
-# The fp16 overflow at step 5 was skipped (its loss scale halved) in both runs alike.
-if ! grep -q "rank 0 step 5 .*grad_norm nan\|rank 0 step 5 .*grad_norm inf" \
-     "$work/z2_fp16_overflow_off.out" 2>/dev/null; then
-  echo "FAIL: z2_fp16_overflow: step 5 shows no overflow:"
-  grep "rank 0 step 5" "$work/z2_fp16_overflow_off.out"; status=1
+
+# ZeRO-3 (shares): the optimizer's parameters are this rank's shares of every weight, in
+# the reducer's buffers; with offload their host copies are the masters and the buffers
+# leave the device from before the forward to the update, the blocks' gathers sending
+# bf16 / fp16 copies of the shares kept meanwhile (released_masters: the buffers' bytes
+# less those copies'). On dp 2 the two ranks' host shares are every weight once, and
+# each rank's step peak at step 6 is lower than the lowest of steps 2 to 6 without
+# offload by released_masters, give or take where the prefetched gathers' transients
+# fall without offload (measured: 0 or 512 bytes more at a step, once 122,880 at one:
+# hence the lowest step; with offload every step's peak came out the same).
+z3_shares() {
+  local tag="$1" r h0 h1 released whole a b before=$status
+  released=$(field "$work/${tag}_off.out" 0 6 released_masters)
+  whole=$(field "$work/${tag}_off.out" 0 6 weights)
+  h0=$(field "$work/${tag}_off.out" 0 6 host_masters)
+  h1=$(field "$work/${tag}_off.out" 1 6 host_masters)
+  if [ $((h0 + h1)) -ne "$whole" ]; then
+    echo "FAIL: $tag: host shares $h0 + $h1 bytes, want the weights' $whole"; status=1
+  fi
+  local step low
+  for r in 0 1; do
+    a=""
+    for step in 2 3 4 5 6; do
+      low=$(field "$work/$tag.out" "$r" "$step" peak)
+      if [ -z "$a" ] || [ "$low" -lt "$a" ]; then a=$low; fi
+    done
+    b=$(field "$work/${tag}_off.out" "$r" 6 peak)
+    if [ $((a - b)) -lt "$released" ] || [ $((a - b)) -gt $((released + 512)) ]; then
+      echo "FAIL: $tag: rank $r step 6 peak $b with offload, at least $a without: lower" \
+           "by $((a - b)), want $released (+ 0 to 512)"; status=1
+    fi
+  done
+  [ "$status" = "$before" ] &&
+    echo "$tag: host shares $h0 + $h1 = $whole bytes (every weight); step peak lower by $released"
+}
+same z3_bf16 2 $DP2 parallel.zero_stage=3 train.precision=bf16 && z3_shares z3_bf16
+same z3_fp16_overflow_accum2 2 $DP2 parallel.zero_stage=3 train.precision=fp16 \
+  train.inject_step=5 train.loss_scale_init=1024 train.gradient_accumulation_steps=2
+same tp2_dp2_z3_bf16 4 $DP2 parallel.tensor_parallel_size=2 parallel.zero_stage=3 \
+  train.precision=bf16
+same z3_bf16_nan 2 $DP2 parallel.zero_stage=3 train.precision=bf16 train.inject_nan_step=4
+if ! grep -q "rank 0 step 4 loss nan" "$work/z3_bf16_nan_off.out" 2>/dev/null; then
+  echo "FAIL: z3_bf16_nan: step 4's loss is not the NaN injected"; status=1
 fi
+# The fp16 overflow at step 5 was skipped (its loss scale halved) in both runs alike.
+for tag in z2_fp16_overflow z3_fp16_overflow_accum2; do
+  if ! grep -q "rank 0 step 5 .*grad_norm nan\|rank 0 step 5 .*grad_norm inf" \
+       "$work/${tag}_off.out" 2>/dev/null; then
+    echo "FAIL: $tag: step 5 shows no overflow:"
+    grep "rank 0 step 5" "$work/${tag}_off.out"; status=1
+  fi
+done
 
 # Steps 3 and 5 fail (after their backward, before the update): after step 3 an
 # evaluation, after step 5 the next step at once; each runs again.
@@ -119,6 +167,10 @@ same z2_bf16_failed_steps 2 $DP2 parallel.zero_stage=2 train.precision=bf16
 if ! grep -q "rank 0 step 3 failed eval" "$work/z2_bf16_failed_steps_off.out" 2>/dev/null ||
    ! grep -q "rank 0 step 5 failed$" "$work/z2_bf16_failed_steps_off.out"; then
   echo "FAIL: z2_bf16_failed_steps: steps 3 and 5 did not fail as injected"; status=1
+fi
+same z3_bf16_failed_steps 2 $DP2 parallel.zero_stage=3 train.precision=bf16
+if ! grep -q "rank 0 step 3 failed eval" "$work/z3_bf16_failed_steps_off.out" 2>/dev/null; then
+  echo "FAIL: z3_bf16_failed_steps: step 3 did not fail as injected"; status=1
 fi
 unset OFFLOAD_ZERO_FAIL
 
@@ -129,6 +181,11 @@ want_steps=8 same z1_bf16_reloaded 2 $DP2 parallel.zero_stage=1 train.precision=
   checkpoint.dir="$work/ck"
 if [ "$(grep -c "rank 0 step [34] loss" "$work/z1_bf16_reloaded_off.out" 2>/dev/null)" != 4 ]; then
   echo "FAIL: z1_bf16_reloaded: steps 3 and 4 did not run twice"; status=1
+fi
+want_steps=8 same z3_bf16_reloaded 2 $DP2 parallel.zero_stage=3 train.precision=bf16 \
+  checkpoint.dir="$work/ck3"
+if [ "$(grep -c "rank 0 step [34] loss" "$work/z3_bf16_reloaded_off.out" 2>/dev/null)" != 4 ]; then
+  echo "FAIL: z3_bf16_reloaded: steps 3 and 4 did not run twice"; status=1
 fi
 unset OFFLOAD_ZERO_RELOAD
 

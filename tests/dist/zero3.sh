@@ -80,8 +80,9 @@ if ! grep -q 'skipped steps {5}, loss scale 1024' "$work/offload_fp16_overflow_z
   echo "FAIL: offload_fp16_overflow: step 5 was not the one step skipped:"
   grep 'skipped' "$work/offload_fp16_overflow_z3_off.log"; status=1
 fi
-# Rank 0's shares of the tiny Llama are 53,424 floats: two moments of them on the host.
-if ! grep -q 'optimizer state 0.00 MB (offloaded: 0.43 MB in host memory)' \
+# Rank 0's shares of the tiny Llama are 53,424 floats: two moments of them on the host,
+# and in bf16 the shares themselves (the f32 masters; AdamW:masters_on_host).
+if ! grep -q "optimizer state 0.00 MB (offloaded: 0.43 MB in host memory; and 0.21 MB of f32 master weights (this rank's shares)" \
      "$work/offload_bf16_accum2_z3_off.log"; then
   echo "FAIL: the memory line does not show the shares' moments offloaded:"
   grep '^memory' "$work/offload_bf16_accum2_z3_off.log"; status=1

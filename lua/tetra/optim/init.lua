@@ -306,9 +306,25 @@ end
 -- The host keeps this rank's share of a master only; a weight of which the rank owns no
 -- share has none here. After the update, masters_home takes every released weight's
 -- memory again and puts its share there (the gather fills the rest); a step without an
--- update gathers them in settle_masters. Returns how many weights qualified.
+-- update gathers them in settle_masters.
+-- ZeRO-3 (zero.away): the optimizer's parameters are views into the reducer's buffers of
+-- this rank's shares, and their host copies are the masters: release_masters downloads
+-- the shares something else wrote since the update, then zero.away() gives the buffers'
+-- device memory back (the blocks' gathers send compute-dtype copies meanwhile, and the
+-- units outside the blocks stay gathered); the update (_step_offloaded) takes it again
+-- (zero.home()) and uploads every updated share, with no download; settle_masters and
+-- whole_masters upload them where no update did (a skipped or failed step, a checkpoint,
+-- an evaluation). Nothing collective: the shares are this rank's own. `weights` is
+-- unused there (every share goes).
+-- Returns how many weights (ZeRO-3: shares) qualified.
 function AdamW:masters_on_host(weights, dtype, zero)
   assert(self.offloaded, "masters_on_host: call offload_state first")
+  if zero and zero.away then
+    self._shares = { away = zero.away, home = zero.home, bytes = zero.bytes, out = false,
+                     versions = {} }
+    self._master_dtype = dtype
+    return #self.params
+  end
   local index = {}
   if zero then
     for j, w in pairs(zero.whole_of) do index[T_key(w)] = j end
@@ -332,14 +348,23 @@ end
 -- rank's shares under ZeRO.
 function AdamW:host_master_bytes()
   local b = 0
+  if self._shares then
+    for _, p in ipairs(self.params) do b = b + p:numel() * 4 end
+    return b
+  end
   for i in pairs(self._master_of or {}) do b = b + self.params[i]:numel() * 4 end
   return b
 end
 
 -- Bytes of f32 weights off the device through forward and backward (the whole weights,
--- also under ZeRO).
+-- also under ZeRO-1 and 2; under ZeRO-3 the shares' buffers less the compute-dtype copies
+-- kept for the gathers).
 function AdamW:released_master_bytes()
   local b = 0
+  if self._shares then
+    local away, kept = self._shares.bytes()
+    return away - kept
+  end
   for _, st in ipairs(self._masters or {}) do b = b + st.w:numel() * 4 end
   return b
 end
@@ -366,7 +391,36 @@ function AdamW:_host_of(i)
   return h
 end
 
+-- ZeRO-3: the versions of the shares as the host masters hold them.
+function AdamW:_shares_seen()
+  local versions = self._shares.versions
+  for i, p in ipairs(self.params) do versions[i] = C.tt_tensor_version(p) end
+end
+
+-- ZeRO-3: the shares back on the device from their host masters (after a step that made
+-- no update, or one that failed; before a checkpoint or an evaluation). No-op when home.
+function AdamW:_shares_home()
+  local sh = self._shares
+  if not sh.out then return end
+  sh.home()
+  for i, p in ipairs(self.params) do check(C.tt_copy_(p, self._host[i].p)) end
+  sh.out = false
+  self:_shares_seen()
+end
+
 function AdamW:release_masters()
+  local sh = self._shares
+  if sh then
+    if sh.out then self:_shares_home() end   -- a failed update left them so
+    for i, p in ipairs(self.params) do
+      if sh.versions[i] ~= C.tt_tensor_version(p) then
+        check(C.tt_copy_(self:_host_of(i).p, p))
+      end
+    end
+    sh.away()
+    sh.out = true
+    return
+  end
   if not self._masters then return end
   if self._pieces then self:whole_masters() end   -- a failed step left them so
   local later = landing(self)   -- released as they land (AdamW:arrive)
@@ -425,6 +479,7 @@ end
 -- (or always: the update's gather, DDP:optimizer_step). Collective: every rank of the
 -- reducer's group calls it at the same point.
 function AdamW:whole_masters(always)
+  if self._shares then return self:_shares_home() end
   if not (self._gather_masters and (always or self._pieces)) then return end
   self:masters_home()
   self._gather_masters()
@@ -440,6 +495,7 @@ end
 -- (self._pieces) until whole_masters gathers them, before anything reads them again (the
 -- next step, a checkpoint, an evaluation).
 function AdamW:settle_masters(failed)
+  if self._shares then return self:_shares_home() end   -- ZeRO-3: nothing collective
   if not self._masters then return end
   local later = landing(self)   -- an overlapped update's weights land in the next forward
   if self._gather_masters then
@@ -538,6 +594,11 @@ function AdamW:_step_offloaded(cfg, stats)
   check(C.tt_copy_(self._host_stats, stats))
   local index = {}
   for i, p in ipairs(self.params) do index[p] = i end
+  -- ZeRO-3 with the shares away: their memory taken again; the host masters are current
+  -- (no download), and the update uploads each (the rest below, then sh.out is false).
+  local sh = self._shares
+  local shares_out = sh and sh.out
+  if shares_out then sh.home() end
   local todo = {}
   for _, g in ipairs(self.groups) do
     for k = 1, g.n do
@@ -548,7 +609,8 @@ function AdamW:_step_offloaded(cfg, stats)
         local h = self:_host_of(i)
         local st = self._master_of and self._master_of[i]
         todo[#todo + 1] = { g = g, k = k, p = p, grad = grad, h = h, i = i,
-                            async = async_ok(p, grad), master = st and st.released and st }
+                            async = async_ok(p, grad),
+                            master = st and st.released and st or shares_out and {} or nil }
       end
     end
   end
@@ -589,6 +651,17 @@ function AdamW:_step_offloaded(cfg, stats)
                            self._host_stats))
     self:_land(t)
     F().free(t.grad)
+  end
+  if sh then
+    if shares_out then   -- a share without a gradient: its master as it was
+      local updated = {}
+      for _, t in ipairs(todo) do updated[t.i] = true end
+      for i, p in ipairs(self.params) do
+        if not updated[i] then check(C.tt_copy_(p, self:_host_of(i).p)) end
+      end
+      sh.out = false
+    end
+    self:_shares_seen()
   end
 end
 

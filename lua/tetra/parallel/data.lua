@@ -49,7 +49,8 @@
 -- the blocks (embedding, final norm, head) are one unit each that stays gathered, as
 -- FSDP's root unit without resharding: gathered again after each optimizer step. The
 -- master weights a rank keeps are its share of every unit, in a buffer of the reducer's
--- (engine/dist/reducer.c); a checkpoint or an export gathers every unit first
+-- (engine/dist/reducer.c; with optimizer offload in bf16 / fp16 on the host from the
+-- forward to the update: master_shares); a checkpoint or an export gathers every unit first
 -- (ddp:with_full_params). Gradients go as under stage 2.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
@@ -273,7 +274,8 @@ local function pack(...) return { n = select("#", ...), ... } end
 -- released again). Other stages: just fn().
 function DDP:with_full_params(fn)
   local r = self._reducer
-  -- stages 1 and 2: weights a failed step left in pieces (AdamW:settle_masters)
+  -- stages 1 and 2: weights a failed step left in pieces (AdamW:settle_masters); stage
+  -- 3: the shares on the host come back
   if self._opt and self._opt.whole_masters then self._opt:whole_masters() end
   if self.zero_stage ~= 3 or not r then return fn() end
   local n = C.tt_dist_reducer_num_units(r)
@@ -383,16 +385,28 @@ local function shard_part(whole, shard)
   return v
 end
 
--- ZeRO-1 and 2, optimizer offload under bf16 / fp16: what AdamW:masters_on_host needs
--- to keep this rank's shares of the f32 master weights on the host (the weight each
--- optimizer parameter is a share of, and the all-gather of the shares). nil otherwise.
+-- Optimizer offload under bf16 / fp16: what AdamW:masters_on_host needs to keep this
+-- rank's shares of the f32 master weights on the host. ZeRO-1 and 2: the weight each
+-- optimizer parameter is a share of, and the all-gather of the shares. ZeRO-3: the
+-- reducer's own buffers are the shares; away() gives their device memory back (the
+-- blocks' gathers send compute-dtype copies of them meanwhile), home() takes it again
+-- for the caller to fill, bytes() says what went and what stayed (reducer.c). nil
+-- otherwise.
 function DDP:master_shares()
-  if not (self.shards and self._reducer and (self.zero_stage == 1 or self.zero_stage == 2)) then
-    return nil
+  if not (self.shards and self._reducer and self.zero_stage >= 1) then return nil end
+  local r = self._reducer
+  if self.zero_stage == 3 then
+    local kept = ffi.new("int64_t[1]")
+    return {
+      away = function() check(C.tt_dist_reducer_shares_away(r)) end,
+      home = function() check(C.tt_dist_reducer_shares_home(r)) end,
+      bytes = function()
+        local away = C.tt_dist_reducer_shares_away_bytes(r, kept)
+        return tonumber(away), tonumber(kept[0])
+      end }
   end
   local whole_of = {}
   for j, sh in ipairs(self.shards) do whole_of[j] = self.params[sh.param] end
-  local r = self._reducer
   return { whole_of = whole_of,
            gather = function() check(C.tt_dist_reducer_gather_params(r)) end }
 end

@@ -341,21 +341,35 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
     -- device's peak; the update moves each parameter and gradient to the host and the
     -- parameter back (12 bytes an element over cl.offload_bw) and runs at the host's
     -- cl.host_bw (the same 28 bytes an element). Under bf16 / fp16
-    -- the matrices' f32 masters stay on the host through forward and backward
-    -- (AdamW:masters_on_host; not under ZeRO-3, whose shares stay with the reducer): 4
-    -- bytes an element of the whole matrices off the peak, and no download of the
-    -- masters the host keeps (the whole ones, or under ZeRO-1 and 2 this rank's 1/group
-    -- share of them) in the update: 8 bytes an element of those moved, not 12.
-    local masters, host_masters = 0, 0
-    if lay.offload then
-      if lowp_gather and not zero3 then
-        local block_mm, head_mm = model.matmul_params(m, tp)
+    -- the f32 masters stay on the host through forward and backward
+    -- (AdamW:masters_on_host), and the update downloads none of those the host keeps: 8
+    -- bytes an element of them moved, not 12. Stages 0 to 2: the matrices' masters, 4
+    -- bytes an element of the whole matrices off the peak; the host keeps them whole or
+    -- (ZeRO-1 and 2) this rank's 1/group share. ZeRO-3: every share (owned_b) off the
+    -- peak, less the bf16 / fp16 copy of each block's share its gathers send meanwhile
+    -- and the block's f32 parameters (norm weights) whole in f32 (engine/dist/reducer.c's
+    -- shares_away).
+    local host_masters, released_b = 0, 0
+    if lay.offload and lowp_gather then
+      local block_mm, head_mm = model.matmul_params(m, tp)
+      if zero3 then
+        released_b = owned_b
+        for _, e in pairs(per_block) do
+          released_b = released_b - model.granted(math.ceil(e / group) * 2)
+          if e > block_mm then released_b = released_b - model.granted((e - block_mm) * 4) end
+        end
+        host_masters = padded / group
+      else
+        local masters = 0
         for _ in pairs(per_block) do masters = masters + block_mm end
         if s == pp - 1 and not model.tied(m) then masters = masters + head_mm end
         host_masters = zero and masters / group or masters
+        released_b = 4 * masters
       end
+    end
+    if lay.offload then
       if not cl.host_is_device then   -- on the cpu cluster the host is the device
-        at_peak = at_peak - obytes - 4 * masters
+        at_peak = at_peak - obytes - released_b
         obytes = 0
       end
       local t_host = 28 * opt_elems / (cl.host_bw or cl.mem_bw)
@@ -429,7 +443,7 @@ local function stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
                  activations = act, t_opt = t_opt, t_dp = t_dp + t_ag, busy = busy[s],
                  comm_mb = comm_mb[s], n_params = nparams,
                  host_masters = (lay.offload and not cl.host_is_device) and 4 * host_masters or 0,
-                 released_masters = (lay.offload and not cl.host_is_device) and 4 * masters or 0 }
+                 released_masters = (lay.offload and not cl.host_is_device) and released_b or 0 }
     st.total = at_peak
     stages[s + 1] = st
   end

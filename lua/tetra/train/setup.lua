@@ -134,11 +134,12 @@ return function(cfg, model, data, opts)
   -- (lua/tetra/config/schema/offload.lua refused sgd and CUDA graphs with it.)
   if (cfg.parallel or {}).offload_optimizer then
     optimizer:offload_state()
-    -- Under bf16 / fp16 the f32 masters of the weights that only the GEMMs read go to
-    -- the host too: whole, or this rank's shares under ZeRO-1 and 2 (ddp:master_shares).
-    -- Not under ZeRO-3, whose reducer keeps the shares and gathers the blocks' weights.
+    -- Under bf16 / fp16 the f32 masters go to the host too: of the weights that only the
+    -- GEMMs read, whole or (ZeRO-1 and 2) this rank's shares; under ZeRO-3 every share
+    -- of this rank's, the blocks' gathers sending compute-dtype copies of them
+    -- (ddp:master_shares).
     local lowp = t.precision == "bf16" and C.TT_BF16 or t.precision == "fp16" and C.TT_F16
-    if lowp and ddp.zero_stage ~= 3 then
+    if lowp then
       optimizer:masters_on_host(amp.gemm_only_weights(par.model or model), lowp,
                                 ddp:master_shares())
     end

@@ -22,8 +22,9 @@ return {
     offload_optimizer = { type = "bool", default = false,
                           doc = "keep the AdamW moments in host memory and run the update " ..
                                 "on the CPU (two parameter-sized f32 tensors less on the " ..
-                                "device; under bf16 / fp16 with ZeRO 0 to 2 the matrices' " ..
-                                "f32 masters too, through forward and backward; " ..
+                                "device; under bf16 / fp16 the f32 masters too, through " ..
+                                "forward and backward: the matrices', or under ZeRO-3 " ..
+                                "this rank's shares; " ..
                                 "docs/parallelism.md)" },
   },
 }
