@@ -9,6 +9,7 @@
 -- their gradients are complete (before the update), once each, and the run goes on: after
 -- N an evaluation first ("offload_zero rank R step N failed eval E"), after M straight
 -- to the next step ("... step M failed"); each failed step runs again.
+-- With OFFLOAD_ZERO_PROBE set, see probe below.
 -- With OFFLOAD_ZERO_RELOAD=N,M (and checkpoint.dir set), a checkpoint is saved after step
 -- N and loaded back into the running job after step M ("... step M reloaded"), as the
 -- loss guard's roll-back does: steps N+1 to M run again.
@@ -49,6 +50,23 @@ function recipe.run(cfg)
     io.stdout:write(string.format("offload_zero rank %d " .. fmt .. "\n", env.rank, ...))
     io.stdout:flush()
   end
+  -- OFFLOAD_ZERO_PROBE (ZeRO-3): after step 1, the masters sent away as before a forward
+  -- and the first block's unit gathered in f32, as a checkpoint would: with the shares on
+  -- the host that must be refused with a message ("... probe refused: MESSAGE"), not read
+  -- freed memory; without offload it is gathered ("... probe gathered") and released.
+  -- Then the masters come home and the run goes on.
+  local function probe(say)
+    local C, ffi = require("tetra.ffi").C, require("ffi")
+    local opt, r = env.optimizer, env.ddp._reducer
+    if opt.release_masters then opt:release_masters() end
+    if C.tt_dist_reducer_unit_gather_whole(r, 1) == 0 then
+      assert(C.tt_dist_reducer_unit_release(r, 1) == 0)
+      say("probe gathered")
+    else
+      say("probe refused: %s", ffi.string(C.tt_last_error()))
+    end
+    if opt.whole_masters then opt:whole_masters() end
+  end
   local weight_bytes = 0   -- this rank's parameters in f32 (whole, also under ZeRO-3)
   for _, e in ipairs(env.par:placements()) do weight_bytes = weight_bytes + 4 * e.tensor:numel() end
   local save_at, load_at = (os.getenv("OFFLOAD_ZERO_RELOAD") or ""):match("(%d+),(%d+)")
@@ -57,6 +75,7 @@ function recipe.run(cfg)
   local saved
   while env.step_count < t.steps do
     local ok, r = pcall(env.step)
+    if ok and r.step == 1 and os.getenv("OFFLOAD_ZERO_PROBE") then probe(say) end
     if ok and r.step == save_at then saved = checkpoint.save(env) end
     if ok and r.step == load_at and saved then
       checkpoint.load(env, saved)

@@ -10,7 +10,7 @@
 #   accumulation, ZeRO-2 fp16 with an overflow skipped on the host at step 5, ZeRO-2
 #   bf16 with a NaN loss the guard skips, tp 2 x dp 2 ZeRO-2 bf16, pp 2 x dp 2 ZeRO-1
 #   fp16 with accumulation; ZeRO-3 in bf16, in fp16 with accumulation and an overflow,
-#   with tp 2, with a NaN loss);
+#   with tp 2, pp 2 (accumulation), cp 2 (fp16), with a NaN loss);
 # - the allocator's step peak is lower by exactly the released weights' bytes, and the
 #   ranks' host shares add up to those weights (each a share, none twice, none missing);
 # - a step that fails after its backward (weights then in pieces on every rank: nothing
@@ -37,9 +37,10 @@ run() {
   grep '^offload_zero rank' "$work/$name.log" >"$work/$name.out"
 }
 
-# Rank R's steps as "step loss grad_norm" (and the failed step's evaluation).
+# Rank R's steps as "step loss grad_norm" (and the failed step's evaluation; not the
+# probe's line).
 steps() {
-  grep "^offload_zero rank $2 " "$1" | sed -E 's/ peak .*//; s/^offload_zero rank [0-9]+ //'
+  grep "^offload_zero rank $2 " "$1" | grep -v "^offload_zero rank $2 probe " | sed -E 's/ peak .*//; s/^offload_zero rank [0-9]+ //'
 }
 field() { grep "^offload_zero rank $2 step $3 loss" "$1" | sed -E "s/.* $4 ([0-9]+).*/\\1/"; }
 
@@ -147,9 +148,23 @@ same z3_fp16_overflow_accum2 2 $DP2 parallel.zero_stage=3 train.precision=fp16 \
   train.inject_step=5 train.loss_scale_init=1024 train.gradient_accumulation_steps=2
 same tp2_dp2_z3_bf16 4 $DP2 parallel.tensor_parallel_size=2 parallel.zero_stage=3 \
   train.precision=bf16
+same pp2_dp2_z3_bf16_accum2 4 $DP2 parallel.pipeline_parallel_size=2 parallel.zero_stage=3 \
+  train.precision=bf16 train.gradient_accumulation_steps=2
+same cp2_dp2_z3_fp16 4 $DP2 parallel.context_parallel_size=2 parallel.zero_stage=3 \
+  train.precision=fp16
 same z3_bf16_nan 2 $DP2 parallel.zero_stage=3 train.precision=bf16 train.inject_nan_step=4
 if ! grep -q "rank 0 step 4 loss nan" "$work/z3_bf16_nan_off.out" 2>/dev/null; then
   echo "FAIL: z3_bf16_nan: step 4's loss is not the NaN injected"; status=1
+fi
+# A gather in f32 while the shares are on the host (as a checkpoint would gather, had it
+# not brought them back) is refused with a message, and the run goes on unchanged.
+export OFFLOAD_ZERO_PROBE=1
+same z3_bf16_probe 2 $DP2 parallel.zero_stage=3 train.precision=bf16
+unset OFFLOAD_ZERO_PROBE
+if ! grep -q "rank 0 probe refused: .*f32 shares are on the host" "$work/z3_bf16_probe_off.out" ||
+   ! grep -q "rank 0 probe gathered" "$work/z3_bf16_probe.out"; then
+  echo "FAIL: z3_bf16_probe: the f32 gather with the shares away was not refused:"
+  grep probe "$work/z3_bf16_probe.out" "$work/z3_bf16_probe_off.out"; status=1
 fi
 # The fp16 overflow at step 5 was skipped (its loss scale halved) in both runs alike.
 for tag in z2_fp16_overflow z3_fp16_overflow_accum2; do
