@@ -357,6 +357,50 @@ Test(alloc, live_peak_and_cache) {
   cr_assert_eq(s3.cached_bytes, 0);
 }
 
+/* Granted sizes: 4 classes a power of two below 16 MiB (at most 25% over the request),
+** 32 from 16 MiB on (at most 1/32 over); every class boundary where the two meet rounds
+** the same way; a request of a class's exact size is granted that size. */
+Test(alloc, size_classes) {
+  const size_t mib = (size_t)1 << 20;
+  cr_assert_eq(tt_alloc_granted_bytes(1000), 1024);
+  cr_assert_eq(tt_alloc_granted_bytes(1025), 1280);
+  cr_assert_eq(tt_alloc_granted_bytes(13 * mib), 14 * mib);   /* 12, 14, 16 MiB */
+  cr_assert_eq(tt_alloc_granted_bytes(16 * mib - 1), 16 * mib);
+  cr_assert_eq(tt_alloc_granted_bytes(16 * mib), 16 * mib);
+  cr_assert_eq(tt_alloc_granted_bytes(16 * mib + 1), 16 * mib + 512 * 1024);
+  /* the 408 MiB ZeRO-3 share of Llama-3 70B at tp 4 x dp 2: 416 MiB (448 with 4 classes) */
+  cr_assert_eq(tt_alloc_granted_bytes(427851776), 416 * mib);
+  for (size_t n = 64; n < ((size_t)1 << 36); n = n * 5 / 4 + 12345) {
+    size_t g = tt_alloc_granted_bytes(n);
+    cr_assert_geq(g, n);
+    cr_assert_eq(tt_alloc_granted_bytes(g), g, "%zu: granted %zu, then %zu", n, g,
+                 tt_alloc_granted_bytes(g));
+    cr_assert_leq((double)(g - n), (n >= 16 * mib ? n / 32.0 : n / 4.0) + 64,
+                  "%zu bytes granted %zu", n, g);
+  }
+}
+
+/* A large block (past 16 MiB, in the fine classes) goes back to the cache and serves the
+** next request of its class. */
+Test(alloc, large_block_cached) {
+  tt_alloc_stats s0, s1;
+  tt_alloc_empty_cache(TT_CPU);
+  int64_t shape[1] = {5 * 1000 * 1000 + 7};   /* 20 MB of f32: class 19.5 MiB */
+  tt_tensor *a = NULL, *b = NULL;
+  cr_assert(tt_tensor_empty(shape, 1, TT_F32, TT_CPU, &a) == 0);
+  void *first = tt_tensor_data(a);
+  tt_tensor_release(a);
+  cr_assert(tt_alloc_stats_get(TT_CPU, &s0) == 0);
+  cr_assert_eq(s0.cached_bytes, (int64_t)tt_alloc_granted_bytes((size_t)shape[0] * 4));
+  cr_assert_eq(s0.cached_bytes, 39 * (1 << 19));
+  cr_assert(tt_tensor_empty(shape, 1, TT_F32, TT_CPU, &b) == 0);
+  cr_assert(tt_alloc_stats_get(TT_CPU, &s1) == 0);
+  cr_assert_eq(tt_tensor_data(b), first);
+  cr_assert_eq(s1.num_cache_hits - s0.num_cache_hits, 1);
+  tt_tensor_release(b);
+  tt_alloc_empty_cache(TT_CPU);
+}
+
 Test(alloc, views_keep_storage_alive) {
   tt_tensor *t = arange_f32(10), *v = NULL;
   cr_assert(tt_narrow(t, 0, 2, 3, &v) == 0);
