@@ -114,10 +114,22 @@ same pp2_dp2_z1_fp16 4 $DP2 parallel.pipeline_parallel_size=2 parallel.zero_stag
 # leave the device from before the forward to the update, the blocks' gathers sending
 # bf16 / fp16 copies of the shares kept meanwhile (released_masters: the buffers' bytes
 # less those copies'). On dp 2 the two ranks' host shares are every weight once, and
-# each rank's step peak at step 6 is lower than the lowest of steps 2 to 6 without
-# offload by released_masters, give or take where the prefetched gathers' transients
-# fall without offload (measured: 0 or 512 bytes more at a step, once 122,880 at one:
-# hence the lowest step; with offload every step's peak came out the same).
+# each rank's step peak (the lowest of steps 2 to 6) is lower than without offload by
+# released_masters, and by at most 128 KiB more: without offload a prefetched gather's
+# bf16 cast waits for MPI to complete it, so whether it is still held at the step's peak
+# depends on timing (measured: 0 or 512 bytes more, or 123,392, at one step here and at
+# every step in a CI run under load); with offload the gathers send the copies kept and
+# every step's peak came out the same. A missing release leaves the difference within
+# those transients, below released_masters.
+# The lowest step peak of rank R in FILE over steps 2 to 6.
+lowest_peak() {
+  local step low a=""
+  for step in 2 3 4 5 6; do
+    low=$(field "$1" "$2" "$step" peak)
+    if [ -z "$a" ] || [ "$low" -lt "$a" ]; then a=$low; fi
+  done
+  echo "$a"
+}
 z3_shares() {
   local tag="$1" r h0 h1 released whole a b before=$status
   released=$(field "$work/${tag}_off.out" 0 6 released_masters)
@@ -127,17 +139,11 @@ z3_shares() {
   if [ $((h0 + h1)) -ne "$whole" ]; then
     echo "FAIL: $tag: host shares $h0 + $h1 bytes, want the weights' $whole"; status=1
   fi
-  local step low
   for r in 0 1; do
-    a=""
-    for step in 2 3 4 5 6; do
-      low=$(field "$work/$tag.out" "$r" "$step" peak)
-      if [ -z "$a" ] || [ "$low" -lt "$a" ]; then a=$low; fi
-    done
-    b=$(field "$work/${tag}_off.out" "$r" 6 peak)
-    if [ $((a - b)) -lt "$released" ] || [ $((a - b)) -gt $((released + 512)) ]; then
-      echo "FAIL: $tag: rank $r step 6 peak $b with offload, at least $a without: lower" \
-           "by $((a - b)), want $released (+ 0 to 512)"; status=1
+    a=$(lowest_peak "$work/$tag.out" "$r") b=$(lowest_peak "$work/${tag}_off.out" "$r")
+    if [ $((a - b)) -lt "$released" ] || [ $((a - b)) -gt $((released + 131072)) ]; then
+      echo "FAIL: $tag: rank $r step peak $b with offload, $a without: lower by" \
+           "$((a - b)), want $released (+ 0 to 131072)"; status=1
     fi
   done
   [ "$status" = "$before" ] &&
