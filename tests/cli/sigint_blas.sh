@@ -24,15 +24,23 @@ for _, s in ipairs(shapes) do   -- oneDNN generates its kernels before the signa
   local a = tetra.randn({ s[1], s[3] })
   tetra.matmul(a, tetra.matmul(a, tetra.randn({ s[3], s[2] })), nil, true, false)
 end
+local ack = assert(io.open(arg[1] .. ".seen", "w"))   -- a byte per interrupt seen
 io.open(arg[1], "w"):close()
 local seen, products, stop = 0, 0, os.time() + tonumber(arg[2])
+local function poll()
+  if host.interrupted(true) then
+    seen = seen + 1
+    ack:write("x")
+    ack:flush()
+  end
+end
 while os.time() < stop do
   for _, s in ipairs(shapes) do
     local a, b = tetra.randn({ s[1], s[3] }), tetra.randn({ s[3], s[2] })
     local c = tetra.matmul(a, b)
-    if host.interrupted(true) then seen = seen + 1 end
+    poll()
     local d = tetra.matmul(a, c, nil, true, false)
-    if host.interrupted(true) then seen = seen + 1 end
+    poll()
     products = products + 2
   end
 end
@@ -45,10 +53,16 @@ pid=$!
 for _ in $(seq 300); do [ -e "$ready" ] && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
 [ -e "$ready" ] || { wait "$pid"; fail "the process did not start: $(cat "$dir/out")"; }
 sent=0
-# One signal a millisecond or so: the loop polls the flag after every product, so they
-# never pile up into the REPL's "three Ctrl-Cs and no safe point" exit.
-while [ ! -e "$ready.done" ] && kill -INT "$pid" 2>/dev/null; do
-  sent=$((sent + 1))
+# One signal a millisecond or so, each sent once the process has seen the last one (a
+# byte in $ready.seen per interrupt its loop polled): never two unanswered, so they never
+# pile up into the REPL's "three Ctrl-Cs and no safe point" exit. (Paced by the clock
+# alone, a CI run under load once delivered three within one product and ended it.)
+while [ ! -e "$ready.done" ]; do
+  answered=$(stat -c %s "$ready.seen" 2>/dev/null || echo 0)
+  if [ "$answered" -ge "$sent" ]; then
+    kill -INT "$pid" 2>/dev/null || break
+    sent=$((sent + 1))
+  fi
   sleep 0.001
 done
 wait "$pid"
