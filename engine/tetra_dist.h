@@ -270,7 +270,6 @@ int tt_dist_reducer_params_to_shards(tt_dist_reducer *r);
 ** bytes shares_away gives back now, *kept those of the copies it keeps instead. */
 int tt_dist_reducer_shares_away(tt_dist_reducer *r);
 int tt_dist_reducer_shares_home(tt_dist_reducer *r);
-int tt_dist_reducer_shares_are_away(const tt_dist_reducer *r);
 int64_t tt_dist_reducer_shares_away_bytes(const tt_dist_reducer *r, int64_t *kept);
 /* Identity ops around a block's forward: enter before it (its backward releases the
 ** unit), exit after it (releases the unit now; its backward gathers it again and starts

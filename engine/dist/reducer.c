@@ -1171,8 +1171,6 @@ int tt_dist_reducer_shares_home(tt_dist_reducer *r) {
   return 0;
 }
 
-int tt_dist_reducer_shares_are_away(const tt_dist_reducer *r) { return r->away; }
-
 /* What shares_away gives back now (the buckets' memory as the allocator granted it) and
 ** what it keeps instead: the allocator's step peak is lower by the difference. */
 int64_t tt_dist_reducer_shares_away_bytes(const tt_dist_reducer *r, int64_t *kept) {
