@@ -259,6 +259,34 @@ int tt_checkpoint(tt_tensor *x, tt_tensor *y, int64_t key);
 void tt_checkpoint_keep_gemms(int on);
 void tt_checkpoint_rerun_done(void);
 
+/* -- Op profile (engine/core/op_profile.c) ---------------------------------------------- */
+/* Where a forward and backward spend their time, op by op. Between start and stop every
+** interval between two marks of the tape is charged to the mark that ends it: an op
+** recorded in forward (the time since the mark before: its work and any untaped work
+** before it), a node's backward (its own time; a checkpoint's less its re-run, charged as
+** recompute), outside ops (before each backward node, and up to the stop), or a region
+** the caller names (tt_op_profile_region). The entries add up to the whole. On CUDA the marks are events in the current stream's
+** order and stop waits for the device once: the kernels' time. Only the starting thread
+** leaves marks; a CUDA graph capture must not run inside a profile. */
+enum { TT_OP_FORWARD = 0, TT_OP_BACKWARD = 1, TT_OP_RECOMPUTE = 2, TT_OP_OUTSIDE = 3,
+       TT_OP_REGION = 4 };
+typedef struct tt_op_profile_entry {
+  const char *name;   /* the op's tape name, "(outside ops)" or a region's */
+  int phase;          /* TT_OP_* */
+  int64_t calls;      /* intervals charged */
+  double seconds;
+} tt_op_profile_entry;
+/* Starts a profile on this thread for ops on `device` (TT_CPU: the host clock). */
+int tt_op_profile_start(int device);
+/* Ends it: the number of entries (op, phase), longest first, and the whole time. */
+int tt_op_profile_stop(double *total_s);
+/* Charges the time since the last mark to a region of this name (phase TT_OP_REGION;
+** the name is copied): work that records no op, such as the optimizer's update. Nothing
+** when no profile runs on this thread. */
+int tt_op_profile_region(const char *name);
+/* Copies up to max entries of the last stopped profile into out; returns how many. */
+int tt_op_profile_take(tt_op_profile_entry *out, int max);
+
 /* -- Scalar conversions (round-to-nearest-even; fp8 saturates to its max finite) ----- */
 
 uint16_t tt_float_to_bf16(float x);

@@ -45,7 +45,7 @@ static int cpu_memset0(void *p, int device, size_t nbytes) {
 }
 
 static const tt_device_backend tt_cpu_backend = {
-  "cpu", cpu_alloc, cpu_free, cpu_memcpy, cpu_memset0, NULL, NULL, NULL,
+  "cpu", cpu_alloc, cpu_free, cpu_memcpy, cpu_memset0, NULL, NULL, NULL, NULL, NULL, NULL,
 };
 static const tt_device_backend *tt_cuda_backend;
 

@@ -30,6 +30,7 @@ static void *tt_grad_hook_ud;
 /* The first tape position the running backward owns: 0, or inside a checkpoint's
 ** recompute the tape's length when the re-run began (nested backward). */
 static int64_t tt_tape_base;
+static int tt_backward_depth;   /* backwards running (nested: a checkpoint's re-run) */
 static tt_recompute_fn tt_recompute_hook;
 static void *tt_recompute_hook_ud;
 
@@ -130,6 +131,8 @@ tt_node *tt_record(const char *name, tt_backward_fn backward, tt_tensor *out,
   out->requires_grad = 1;
   out->is_leaf = 0;
   tt_tape[tt_tape_len++] = node;
+  if (tt_op_profile_on())
+    tt_op_profile_mark(name, tt_backward_depth ? TT_OP_RECOMPUTE : TT_OP_FORWARD);
   if (tt_record_hook) tt_record_hook(tt_record_hook_ud);
   return node;
 }
@@ -270,7 +273,10 @@ static void run_node(int64_t i, int part, int *rc) {
   tt_tensor *g = node->out->grad;
   if (g && *rc == 0) {
     unsigned hidden = part >= 0 ? hide_inputs(node, !part) : 0;
+    int profiled = tt_op_profile_on();
+    if (profiled) tt_op_profile_mark(NULL, TT_OP_OUTSIDE);
     *rc = node->backward(node, g);
+    if (profiled) tt_op_profile_mark(node->name, TT_OP_BACKWARD);
     show_inputs(node, hidden);
     if (*rc != 0) tt_error_context("backward of %s", node->name);
   }
@@ -311,6 +317,7 @@ int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
   TT_CHECK(kind, "backward: out of host memory (%lld tape nodes)", (long long)tt_tape_len);
   int saved_mode = tt_grad_enabled;
   tt_grad_enabled = 0;
+  tt_backward_depth++;
   /* A nested backward (a checkpoint's recompute) runs whole, deferring nothing: the
   ** outer one keeps the deferred leaves marked for its own second pass. */
   const int64_t base = tt_tape_base;
@@ -360,6 +367,7 @@ int tt_backward_with(tt_tensor *root, tt_tensor *grad_root) {
     root->grad = NULL;
   }
   tt_grad_enabled = saved_mode;
+  tt_backward_depth--;
   return rc;
 }
 

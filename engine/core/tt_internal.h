@@ -139,7 +139,19 @@ typedef struct tt_device_backend {
   int (*order_after)(int device, void *key);
   /* n f32 values at ptr set to value by a kernel, in stream order (NULL: none). */
   int (*fill_f32)(float *ptr, int device, int64_t n, float value);
+  /* Timing marks for the op profile (NULL: none): record *mark (made first when NULL) in
+  ** the current stream's order; the seconds from one recorded mark to a later one
+  ** (waiting for the later); free one. */
+  int (*mark_record)(int device, void **mark);
+  int (*mark_seconds)(int device, void *from, void *to, double *out);
+  void (*mark_free)(int device, void *mark);
 } tt_device_backend;
+
+/* The op profile's mark (engine/core/op_profile.c): autograd calls it at each record and
+** around each node's backward while tt_op_profile_on() on this thread. name NULL: outside
+** ops. */
+int tt_op_profile_on(void);
+void tt_op_profile_mark(const char *name, int phase);
 
 /* The backend calls this when stream `key` is destroyed, after waiting for it: cached
 ** blocks last used there no longer need ordering. */

@@ -86,9 +86,35 @@ static int cuda_fill_f32(float *p, int device, int64_t n, float value) {
   return tt_optim_cuda.fill(p, n, value);
 }
 
+/* The op profile's marks: timing events on the current stream. Reading an interval waits
+** for its later event (a host wait, counted: a profile is not a training step). */
+static int cuda_mark_record(int device, void **mark) {
+  TT_TRY(tt_cuda_use_device(device));
+  if (!*mark) {
+    cudaEvent_t ev;
+    TT_CU(cudaEventCreate(&ev));
+    *mark = (void *)ev;
+  }
+  TT_CU(cudaEventRecord((cudaEvent_t)*mark, tt_cuda_cur_stream()));
+  return 0;
+}
+
+static int cuda_mark_seconds(int device, void *from, void *to, double *out) {
+  TT_TRY(tt_cuda_use_device(device));
+  TT_CU(cudaEventSynchronize((cudaEvent_t)to));
+  float ms = 0.0f;
+  TT_CU(cudaEventElapsedTime(&ms, (cudaEvent_t)from, (cudaEvent_t)to));
+  *out = 1e-3 * (double)ms;
+  return 0;
+}
+
+static void cuda_mark_free(int device, void *mark) {
+  if (tt_cuda_use_device(device) == 0) cudaEventDestroy((cudaEvent_t)mark);
+}
+
 static const tt_device_backend g_backend = {
   "cuda", cuda_alloc, cuda_free, cuda_memcpy, cuda_memset0, cuda_current_stream,
-  cuda_order_after, cuda_fill_f32,
+  cuda_order_after, cuda_fill_f32, cuda_mark_record, cuda_mark_seconds, cuda_mark_free,
 };
 
 /* -- Start-up ----------------------------------------------------------------------- */

@@ -60,7 +60,7 @@ static int order_after(int device, void *key) {
 
 static const tt_device_backend g_pretend = {
   "pretend-cuda", host_alloc, host_free, host_memcpy, host_memset0, current_stream, order_after,
-  host_fill_f32,
+  host_fill_f32, NULL, NULL, NULL,
 };
 
 static void setup(void) {

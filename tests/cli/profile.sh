@@ -56,6 +56,27 @@ grep -Eq "^per round: [0-9.]+ [0-9.]+; geometric mean [0-9.]+x" "$tmp/out" ||
   fail "no per-round gains"
 echo "proposed $split; measured (not asserted): uniform 6,6 $u ms, balanced $b ms"
 
+# --ops N: the whole model's ops of one more micro-batch, N rows, the rest on one line, the
+# total; the heavy block's MLP makes the linears' backward and forward the longest rows.
+"$tetra" profile "$heavy" --reps 1 --ops 5 --no-measure >"$tmp/ops" 2>"$tmp/err" ||
+  fail "profile --ops exit $?: $(cat "$tmp/err")"
+sed -n '/^ops of one more micro-batch/,$p' "$tmp/ops" > "$tmp/ops.table"
+[ "$(grep -cE '^[a-z_.]+ +(fwd|bwd|outside|region|recompute) +[0-9]+ +[0-9.]+ +[0-9.]+%$' "$tmp/ops.table")" -eq 5 ] ||
+  fail "--ops 5: not 5 rows: $(cat "$tmp/ops.table")"
+grep -qE '^\([0-9]+ more\) +[0-9]+ +[0-9.]+ ' "$tmp/ops.table" || fail "--ops 5: no line for the rest"
+grep -qE '^all +[0-9.]+ +100\.0%$' "$tmp/ops.table" || fail "--ops 5: no total"
+sed -n 3,4p "$tmp/ops.table" | grep -q '^tt_linear ' || fail "--ops: the linears are not on top"
+# log.op_profile_step: rank 0 prints that step's table from tetra run
+"$tetra" run "$recipe" --set model.dim=32 --set model.n_layers=1 --set model.n_heads=2 \
+  --set model.n_kv_heads=2 --set model.ffn_hidden=32 --set model.vocab_size=64 \
+  --set model.seq_len=8 --set train.batch_size=2 --set train.steps=2 --set train.warmup_steps=1 \
+  --set data.mock=true --set log.op_profile_step=2 --set log.op_profile_top=3 \
+  >"$tmp/run" 2>"$tmp/err" || fail "run with log.op_profile_step: exit $?: $(cat "$tmp/err")"
+grep -q '^op profile of step 2 on rank 0 (the host clock' "$tmp/run" || fail "no op profile of step 2"
+grep -qE '^optimizer update +region +1 ' "$tmp/run" || grep -qE '^\([0-9]+ more\)' "$tmp/run" ||
+  fail "no update region nor a line for the rest"
+[ "$(grep -c '^op profile of step' "$tmp/run")" -eq 1 ] || fail "more than one step profiled"
+
 bad() {   # expected message, then the arguments
   local want="$1"; shift
   "$tetra" profile "$@" >"$tmp/bad.out" 2>"$tmp/bad.err"
@@ -68,6 +89,7 @@ bad "needs a RECIPE" --no-measure
 bad "cannot read nowhere.lua" nowhere.lua
 bad "--reps needs a whole number of at least 1, got 'x'" "$recipe" --reps x
 bad "unknown option '--fast'" "$recipe" --fast
+bad "--ops takes a whole number of at least 1, got '0'" "$recipe" --ops 0
 config_error() {   # expected message, then the --set values: exit 1, one line
   local want="$1"; shift
   "$tetra" profile "$recipe" "$@" --no-measure >"$tmp/bad.out" 2>"$tmp/bad.err"

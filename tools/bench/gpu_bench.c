@@ -9,7 +9,9 @@
 **      attention when it loads, else our kernel);
 **   3. the whole layer forward + backward as train.precision = bf16 runs it (bf16
 **      activations between the GEMMs, q/k/v and w1 | w3 each one GEMM, the residual add
-**      fused with the norm: run_layer below), and its MFU against the dense bf16 peak.
+**      fused with the norm: run_layer below), and its MFU against the dense bf16 peak;
+**      then one more run under the op profile (tt_op_profile_*: CUDA events at the tape's
+**      marks), the ops that took longest: where the time beyond the GEMMs goes.
 ** Each figure is the median of timed repeats after warm-ups, from CUDA events; inputs are
 ** random, never zeros. FLOP counts are the model's (causal attention counted half, the
 ** backward twice the forward), so MFU compares with other frameworks' figures.
@@ -224,6 +226,36 @@ done:;
   return rc;
 }
 
+/* fn once under the op profile: its `top` longest (op, phase) entries and the rest. */
+static void op_table(int (*fn)(void *), void *ctx, int top, float ms_alone) {
+  static const char *const phase[] = {"fwd", "bwd", "recompute", "outside",
+                                               "region"};
+  if (tt_op_profile_start(tt_cuda_current_device())) die("op profile start");
+  if (fn(ctx)) die("the profiled run");
+  double total = 0.0;
+  int n = tt_op_profile_stop(&total);
+  if (n < 0) die("op profile stop");
+  tt_op_profile_entry e[256];
+  n = tt_op_profile_take(e, 256);
+  printf("the layer's time by op (one run under the op profile: %.2f ms, %.2f timed alone; "
+         "each interval between two taped ops charged to the later one):\n",
+         total * 1e3, ms_alone);
+  printf("| %-28s | %-9s | %5s | %8s | %6s |\n", "op", "phase", "calls", "ms", "share");
+  printf("|------------------------------|-----------|-------|----------|--------|\n");
+  double rest = 0.0;
+  for (int i = 0; i < n; i++) {
+    if (i >= top) {
+      rest += e[i].seconds;
+      continue;
+    }
+    printf("| %-28s | %-9s | %5lld | %8.3f | %5.1f%% |\n", e[i].name, phase[e[i].phase],
+           (long long)e[i].calls, e[i].seconds * 1e3, 100.0 * e[i].seconds / total);
+  }
+  if (n > top)
+    printf("| (%d more) %18s | %-9s | %5s | %8.3f | %5.1f%% |\n", n - top, "", "", "",
+           rest * 1e3, 100.0 * rest / total);
+}
+
 static int run_attention(void *ctx) {
   layer *L = ctx;
   tt_tensor *o = NULL;
@@ -314,6 +346,7 @@ int main(int argc, char **argv) {
          "T=%lld: %.2f ms, %.1f TFLOP/s, MFU %.1f%% (goal 45%%); "
          "attention %.0f%% of the time\n",
          (long long)T, ms_layer, layer_tf, 100.0 * layer_tf / peak, 100.0 * ms_attn / ms_layer);
+  op_table(run_layer, &L, 20, ms_layer);
   tt_tensor *all[] = {L.x, L.gout, L.norm1, L.norm2, L.wq, L.wk, L.wv, L.wo, L.w1, L.w3, L.w2};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
   return 0;

@@ -1,4 +1,4 @@
--- tetra profile RECIPE [--set key=value]... [--reps N] [--measure-steps N]
+-- tetra profile RECIPE [--set key=value]... [--reps N] [--ops [N]] [--measure-steps N]
 --               [--measure-rounds R] [--no-measure] [--launcher CMD]
 --
 -- The layer profiler: builds the configured model whole on train.device and times the
@@ -16,6 +16,9 @@
 -- under `LAUNCHER -np WORLD tetra run ...` (default launcher: mpirun), the splits taking
 -- turns --measure-rounds times (default 2), and compares the median step times, each
 -- run's first step left out, pooled and round by round.
+-- With --ops [N] it also runs the micro-batch once more, forward and backward of the
+-- whole model, under the engine's op profile (tetra.obs.ops) and prints the N ops
+-- (default 25) that took longest, by phase, after the parts.
 -- Exit 2 with one line on bad usage; config errors as `tetra run` gives them.
 local ffi = require("ffi")
 local config = require("tetra.config")
@@ -27,12 +30,13 @@ local train = require("tetra.train")
 local plan_model = require("tetra.planner")
 local errors = require("tetra.util.errors")
 local layout = require("tetra.parallel.layout")
+local ops = require("tetra.obs.ops")
 
 local C = ffi.C
 local free = F.free
 local M = {}
 
-local USAGE = "usage: tetra profile RECIPE [--set key=value]... [--reps N] " ..
+local USAGE = "usage: tetra profile RECIPE [--set key=value]... [--reps N] [--ops [N]] " ..
               "[--measure-steps N] [--measure-rounds R] [--no-measure] [--launcher CMD]"
 
 local usage_error = errors.usage("tetra profile")
@@ -79,8 +83,9 @@ local function time_chain(dev, clock, ids, targets, parts)
 end
 
 -- The profile of cfg's model: { parts = { { name, forward_s, backward_s, act_bytes } ...
--- } (embedding, block 0 .. L-1, head), micro_rows, seq_len }.
-function M.profile(recipe, cfg, reps)
+-- } (embedding, block 0 .. L-1, head), micro_rows, seq_len, ops }; with_ops: ops is the
+-- op profile (tetra.obs.ops) of one more micro-batch through the whole model.
+function M.profile(recipe, cfg, reps, with_ops)
   local dev = train.device(cfg.train.device)
   local t = cfg.train
   if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
@@ -130,6 +135,26 @@ function M.profile(recipe, cfg, reps)
     free(ids); free(targets)
     model:zero_grad()
   end
+  local op_prof
+  if with_ops then
+    local tokens = data:batch(reps + 2, rows, T_len, "train")
+    local moved = T.moved(tokens, dev)
+    local ids, targets = train.inputs_targets(moved)
+    free(moved)
+    collectgarbage()
+    op_prof = ops.profile(dev, function()
+      local x = chain[1](nil, ids, targets)
+      for i = 2, n + 2 do
+        local y = chain[i](x, ids, targets)
+        free(x)
+        x = y
+      end
+      F.backward(x)
+      free(x)
+    end)
+    free(ids); free(targets)
+    model:zero_grad()
+  end
   local parts = {}
   for i = 1, n + 2 do
     local s = samples[i]
@@ -138,7 +163,7 @@ function M.profile(recipe, cfg, reps)
                  forward_s = median(s.fwd), backward_s = median(s.bwd),
                  act_bytes = median(s.act) }
   end
-  return { parts = parts, micro_rows = rows, seq_len = T_len, n_blocks = n }
+  return { parts = parts, micro_rows = rows, seq_len = T_len, n_blocks = n, ops = op_prof }
 end
 
 -- -- Splitting -------------------------------------------------------------------------
@@ -326,6 +351,17 @@ local function parse_args(args)
       if a == "--reps" then o.reps = n
       elseif a == "--measure-steps" then o.measure_steps = n
       else o.measure_rounds = n end
+    elseif a == "--ops" then
+      o.ops = 25
+      i = i + 1
+      local n = tonumber(args[i] or "")
+      if n then
+        if n < 1 or n ~= math.floor(n) then
+          error({ usage = "--ops takes a whole number of at least 1, got '" .. args[i] .. "'" })
+        end
+        o.ops = n
+        i = i + 1
+      end
     elseif a == "--no-measure" then
       o.measure_steps = 0
       i = i + 1
@@ -345,6 +381,9 @@ local function parse_args(args)
 end
 
 local function ms(s) return string.format("%9.2f", s * 1e3) end
+local function dev_clock(cfg)
+  return (cfg.train.device or "cpu") == "cpu" and "the host clock" or "CUDA events"
+end
 local function mb(b) return string.format("%9.2f", b / 2^20) end
 
 function M.main(...)
@@ -373,7 +412,7 @@ function M.main(...)
                        "chunk per stage; set it to 1")
   end
 
-  local prof = M.profile(recipe, cfg, o.reps)
+  local prof = M.profile(recipe, cfg, o.reps, o.ops ~= nil)
   local parts = prof.parts
   print(string.format("%s on %s: micro-batch %d x %d tokens, parts timed in one chain, " ..
                       "median of %d runs",
@@ -387,6 +426,12 @@ function M.main(...)
     tf, tb, ta = tf + part.forward_s, tb + part.backward_s, ta + part.act_bytes
   end
   print(string.format("%-16s %s %s %s %s", "all", ms(tf), ms(tb), ms(tf + tb), "  " .. mb(ta)))
+  if prof.ops then
+    print(string.format("ops of one more micro-batch through the whole model, forward and " ..
+                        "backward (%s; each interval between two taped ops charged to the " ..
+                        "later one):", dev_clock(cfg)))
+    print(ops.format(prof.ops, o.ops))
+  end
   if S < 2 then
     print("parallel.pipeline_parallel_size is 1: no pipeline split to propose " ..
           "(--set parallel.pipeline_parallel_size=S)")

@@ -171,6 +171,8 @@ return function(cfg, model, data, opts)
     -- The loss guard (tetra.train.guard): a bad step skips the update; train.max_bad_steps
     -- of them in a row roll back (tetra.train.loop).
     guard = require("tetra.train.guard").new(cfg),
+    -- log.op_profile_step: that step runs under the op profile (tetra.train.step)
+    op_profile_step = (cfg.log or {}).op_profile_step,
   }
   -- fp16 with AdamW: the loss scale is written into the optimizer's stats before each
   -- step and read there on the device (the backward's seed, the unscale).

@@ -26,6 +26,7 @@ local graph = require("tetra.train.graph")
 local metrics = require("tetra.obs.metrics")
 local telemetry = require("tetra.obs.telemetry")
 local trace = require("tetra.obs.trace")
+local ops = require("tetra.obs.ops")
 local user_error = require("tetra.util.errors").raise
 
 local step = {}
@@ -386,15 +387,21 @@ function step.run(env)
   -- AdamW:settle_masters).
   local opt = env.optimizer
   local fb0, fb1, opt0
+  -- log.op_profile_step: this step op by op, with regions for the work that records none
+  local profiled = env.op_profile_step == n
+  local region = profiled and ops.region or function() end
+  if profiled then ops.start(env.device) end
   local ok, err = pcall(function()
     -- The last update, overlapped: the weights outside the blocks land now, each
     -- block's in its forward (AdamW:overlap_with).
     if opt.arrive then opt:arrive(0) end
     if opt.release_masters then opt:release_masters() end
+    region("step start (weights landing, masters away)")
     -- Forward and backward of this rank's rows.
     fb0 = timer:mark()
     local loss_sum = forward_backward(env, mine, env.accum)   -- a device tensor, or a number
     free(mine)
+    region("after the last backward (gradient reduction)")
     fb1 = timer:mark()
     if guard:poisoned(s.pos) then loss_sum = poison(env, loss_sum) end
     -- The grads are complete (after the data-parallel averaging, before unscaling and
@@ -410,6 +417,7 @@ function step.run(env)
     else
       update_host(env, s, loss_sum)
     end
+    region("optimizer update")
   end)
   -- The update goes on landing in the next step's forward only when the caller says
   -- that step comes next (env.overlap_next, tetra.train.loop); else, and after an
@@ -422,6 +430,17 @@ function step.run(env)
   if settle then
     local sok, serr = pcall(settle, opt, not ok)
     if ok and not sok then ok, err = false, serr end
+  end
+  if profiled then
+    local pok, prof = pcall(ops.stop)
+    if ok and not pok then ok, err = false, prof end
+    if ok and env.rank == 0 then
+      print(string.format("op profile of step %d on rank 0 (%s; each interval between two " ..
+                          "marks charged to the later one):", n,
+                          env.device == C.TT_CPU and "the host clock" or "CUDA events"))
+      print(ops.format(prof, env.cfg.log.op_profile_top))
+    end
+    env.op_profile = ok and prof or nil
   end
   if not ok then error(err, 0) end
   -- compute times, between marks the device has passed (the read waited for them)

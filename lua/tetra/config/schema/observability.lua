@@ -1,6 +1,6 @@
 -- Config keys of the observability sinks beyond the metrics file: the Prometheus
--- endpoint (tetra.obs.telemetry), the step trace (tetra.obs.trace) and MFU's device peak
--- (tetra.obs.mfu). docs/monitoring.md
+-- endpoint (tetra.obs.telemetry), the step trace (tetra.obs.trace), the op profile of a
+-- step (tetra.obs.ops) and MFU's device peak (tetra.obs.mfu). docs/monitoring.md
 -- describes them.
 local config = require("tetra.config.registry")
 
@@ -9,6 +9,11 @@ config.register_check(function(cfg)
   if log.trace_steps ~= nil then
     local ok, err = require("tetra.obs.trace").parse_steps(log.trace_steps)
     if not ok then config.error("%s", err) end
+  end
+  if log.op_profile_step and (cfg.train or {}).cuda_graphs then
+    config.error("log.op_profile_step with train.cuda_graphs: a replayed step records no " ..
+                 "ops, so there is nothing to profile; set train.cuda_graphs=false for the " ..
+                 "profiled run")
   end
   if log.prometheus_port == nil then return end
   local tffi = require("tetra.ffi")
@@ -45,6 +50,12 @@ return {
       "trace of those steps, one file per rank (tetra.obs.trace)" },
     trace_dir = { type = "str", default = "trace", doc = "where log.trace_steps writes " ..
       "trace-rank<R>.json" },
+    op_profile_step = { type = "int", min = 1, doc = "rank 0 prints where this step's " ..
+      "time went, op by op (tetra.obs.ops): each op's forward and backward, recompute, " ..
+      "and the step's regions (the optimizer's update ...), longest first; on CUDA from " ..
+      "events, the kernels' time (not with train.cuda_graphs)" },
+    op_profile_top = { type = "int", default = 25, min = 1,
+      doc = "how many entries log.op_profile_step prints (the rest summed on one line)" },
   },
   train = {
     peak_tflops = { type = "num", min = 0, doc = "per-device dense peak TFLOP/s for MFU " ..
