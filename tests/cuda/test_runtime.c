@@ -11,7 +11,8 @@
 **   - with the launch check on (TETRA_CUDA_SYNC=1), a kernel that faults is reported by
 **     the call that launched it, naming the kernel;
 **   - with a host-wait hook set (the NCCL watchdog's), a host wait polls and calls it
-**     while the device works, and still returns the finished results.
+**     while the device works, and still returns the finished results;
+**   - the op profile's marks are events: no host wait until its stop, kernel time per row.
 ** Without a GPU the program exits 77: ctest reports "Not Run".
 */
 #include "cuda_test.h"
@@ -394,4 +395,56 @@ Test(cuda_runtime, gemm_plans_reused_with_this_calls_pointers) {
             (long long)(reused2 - reused1));
   tt_tensor *all[] = {a, b, da, db, af, bf};
   for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+}
+
+/* The op profile on the GPU (engine/core/op_profile.c with the backend's events): the
+** marks cost the host no wait until the stop; a 4096^3 GEMM's forward row is longer than
+** the mean after it (the rows are kernel time); the rows add up to the profile's whole,
+** which matches a pair of events of our own around it. */
+Test(cuda_runtime, op_profile_times_kernels_without_host_waits) {
+  tt_tensor *a = full(4096, 4096, 0.5), *b = full(4096, 4096, 0.25), *y = NULL, *loss = NULL;
+  cr_assert_eq(tt_set_requires_grad(a, 1), 0);
+  cr_assert_eq(tt_set_requires_grad(b, 1), 0);
+  tt_cuda_event *e0 = NULL, *e1 = NULL;
+  cr_assert_eq(tt_cuda_event_create(1, &e0), 0);
+  cr_assert_eq(tt_cuda_event_create(1, &e1), 0);
+  for (int run = 0; run < 2; run++) {   /* the first warms cuBLASLt and the cache */
+    cr_assert_eq(tt_cuda_event_record(e0, tt_cuda_get_stream()), 0);
+    cr_assert_eq(tt_op_profile_start(GPU), 0, "%s", tt_last_error());
+    int64_t waits = tt_cuda_host_sync_count();
+    cr_assert_eq(tt_matmul(a, b, NULL, 0, 0, &y), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_mean(y, NULL, 0, 0, &loss), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward(loss), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_cuda_host_sync_count(), waits, "the marks made the host wait");
+    double total = 0.0;
+    int n = tt_op_profile_stop(&total);
+    cr_assert(n > 0, "%s", tt_last_error());
+    cr_assert_eq(tt_cuda_event_record(e1, tt_cuda_get_stream()), 0);
+    cr_assert_eq(tt_cuda_event_synchronize(e1), 0);
+    float own_ms = 0.0f;
+    cr_assert_eq(tt_cuda_event_elapsed_ms(e0, e1, &own_ms), 0);
+    tt_op_profile_entry e[32];
+    n = tt_op_profile_take(e, 32);
+    double sum = 0.0, mm = -1.0, mean = -1.0;
+    for (int i = 0; i < n; i++) {
+      sum += e[i].seconds;
+      if (e[i].phase != TT_OP_FORWARD) continue;
+      if (strcmp(e[i].name, "tt_matmul") == 0) mm = e[i].seconds;
+      if (strcmp(e[i].name, "tt_mean") == 0) mean = e[i].seconds;
+    }
+    cr_assert(fabs(sum - total) <= 1e-9 + 1e-6 * total, "rows %g, whole %g", sum, total);
+    cr_assert(total <= 1e-3 * own_ms + 1e-4 && total >= 0.9 * 1e-3 * own_ms - 1e-4,
+              "profile %g s, events around it %g ms", total, own_ms);
+    if (run == 1)
+      cr_assert(mm > 0 && mean >= 0 && mm > 10 * mean, "matmul forward %g s, mean %g s", mm,
+                mean);
+    tt_tensor_release(y);
+    tt_tensor_release(loss);
+    tt_zero_grad(a);
+    tt_zero_grad(b);
+  }
+  tt_cuda_event_destroy(e0);
+  tt_cuda_event_destroy(e1);
+  tt_tensor_release(a);
+  tt_tensor_release(b);
 }
