@@ -198,10 +198,15 @@ int tt_adamw_multi(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *con
 ** tt_adamw_multi(&params[i], &m[i], &v[i], NULL, 1, &cfgs[i], step, stats) on host
 ** tensors (gradients in params[i]->grad), run in order while the caller goes on. wait
 ** returns once job i is done (the error of the first failed job up to i, if any); finish
-** joins the thread and frees the jobs (every job's tensors are the caller's again). */
+** waits for the last job and frees the jobs (every job's tensors are the caller's again).
+** One worker thread runs every started set in turn, with the OpenMP thread count the
+** starting thread had (tt_set_num_threads). */
 typedef struct tt_adamw_jobs tt_adamw_jobs;
 int tt_adamw_jobs_start(tt_tensor *const *params, tt_tensor *const *m, tt_tensor *const *v,
                         const tt_adamw_config *cfgs, int n, int64_t step, tt_tensor *stats,
                         tt_adamw_jobs **out);
 int tt_adamw_jobs_wait(tt_adamw_jobs *j, int i);
 int tt_adamw_jobs_finish(tt_adamw_jobs *j);
+/* For tests: workers started in this process (1 once any set ran) and the OpenMP thread
+** count the last set ran with. */
+void tt_adamw_jobs_worker_info(int64_t *thread_starts, int *last_threads);

@@ -9,12 +9,22 @@
 ** caller waits for a job before it copies that job's weight back to the device. Nothing
 ** here touches a device: the inputs are host tensors whose gradients are in place before
 ** the start, and each job's tensors belong to the thread until its wait returns.
+**
+** One worker thread serves every step of the process, taking the steps' job sets in the
+** order they were started: a thread made per step would also make its own OpenMP team
+** per step (libgomp keeps a team per thread that starts parallel regions, and ends it
+** with the thread). The worker runs each set with the thread count the starting thread
+** had (tt_set_num_threads: OpenMP's count is per thread, and a new thread would take
+** the process default, every core, beside the training thread's own team).
 */
 #include "core/tt_internal.h"
+#include <omp.h>
 #include <pthread.h>
 
 struct tt_adamw_jobs {
-  pthread_t thread;
+  tt_adamw_jobs *next;  /* the worker's queue */
+  int threads;          /* OpenMP threads for the updates: the starter's setting */
+  int finished;         /* the worker is done with the set */
   pthread_mutex_t mu;
   pthread_cond_t cond;
   int n, done;          /* jobs finished so far (in order) */
@@ -26,8 +36,21 @@ struct tt_adamw_jobs {
   tt_tensor *stats;
 };
 
-static void *run_jobs(void *arg) {
-  tt_adamw_jobs *j = arg;
+/* The worker and its queue of started sets. */
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t queued;
+  tt_adamw_jobs *head, *tail;
+  int running;
+  int64_t thread_starts;   /* workers started in this process: 1 once running */
+  int last_threads;        /* the OpenMP thread count the last set ran with */
+} g_worker = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0};
+
+static void run_jobs(tt_adamw_jobs *j) {
+  omp_set_num_threads(j->threads);
+  pthread_mutex_lock(&g_worker.mu);
+  g_worker.last_threads = omp_get_max_threads();
+  pthread_mutex_unlock(&g_worker.mu);
   for (int i = 0; i < j->n; i++) {
     int rc = tt_adamw_multi(&j->p[i], &j->m[i], &j->v[i], NULL, 1, &j->cfg[i], j->step,
                             j->stats);
@@ -40,7 +63,57 @@ static void *run_jobs(void *arg) {
     pthread_cond_broadcast(&j->cond);
     pthread_mutex_unlock(&j->mu);
   }
+  pthread_mutex_lock(&j->mu);
+  j->finished = 1;
+  pthread_cond_broadcast(&j->cond);
+  pthread_mutex_unlock(&j->mu);
+}
+
+static void *worker(void *arg) {
+  (void)arg;
+  for (;;) {
+    pthread_mutex_lock(&g_worker.mu);
+    while (!g_worker.head) pthread_cond_wait(&g_worker.queued, &g_worker.mu);
+    tt_adamw_jobs *j = g_worker.head;
+    g_worker.head = j->next;
+    if (!g_worker.head) g_worker.tail = NULL;
+    pthread_mutex_unlock(&g_worker.mu);
+    run_jobs(j);
+  }
   return NULL;
+}
+
+/* Queues j for the worker, starting it the first time. */
+static int enqueue(tt_adamw_jobs *j) {
+  pthread_mutex_lock(&g_worker.mu);
+  if (!g_worker.running) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, worker, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+      pthread_mutex_unlock(&g_worker.mu);
+      return tt_set_error("tt_adamw_jobs_start: cannot start the update thread");
+    }
+    g_worker.running = 1;
+    g_worker.thread_starts++;
+  }
+  j->next = NULL;
+  if (g_worker.tail) g_worker.tail->next = j;
+  else g_worker.head = j;
+  g_worker.tail = j;
+  pthread_cond_signal(&g_worker.queued);
+  pthread_mutex_unlock(&g_worker.mu);
+  return 0;
+}
+
+void tt_adamw_jobs_worker_info(int64_t *thread_starts, int *last_threads) {
+  pthread_mutex_lock(&g_worker.mu);
+  if (thread_starts) *thread_starts = g_worker.thread_starts;
+  if (last_threads) *last_threads = g_worker.last_threads;
+  pthread_mutex_unlock(&g_worker.mu);
 }
 
 static void jobs_free(tt_adamw_jobs *j) {
@@ -97,9 +170,10 @@ int tt_adamw_jobs_start(tt_tensor *const *params, tt_tensor *const *m, tt_tensor
   j->step = step;
   if (stats) tt_tensor_retain(stats);
   j->stats = stats;
-  if (pthread_create(&j->thread, NULL, run_jobs, j) != 0) {
+  j->threads = tt_get_num_threads();
+  if (enqueue(j) != 0) {
     jobs_free(j);
-    return tt_set_error("tt_adamw_jobs_start: cannot start the update thread");
+    return -1;
   }
   *out = j;
   return 0;
@@ -118,7 +192,9 @@ int tt_adamw_jobs_wait(tt_adamw_jobs *j, int i) {
 
 int tt_adamw_jobs_finish(tt_adamw_jobs *j) {
   if (!j) return 0;
-  pthread_join(j->thread, NULL);
+  pthread_mutex_lock(&j->mu);
+  while (!j->finished) pthread_cond_wait(&j->cond, &j->mu);
+  pthread_mutex_unlock(&j->mu);
   int failed = j->failed;
   char error[sizeof j->error];
   memcpy(error, j->error, sizeof error);

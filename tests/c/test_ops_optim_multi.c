@@ -453,3 +453,51 @@ Test(optim_multi, jobs_on_a_thread_equal_calls_here) {
   free_set(&a);
   free_set(&b);
 }
+
+/* Every step's set runs on the one worker (a thread per step made an OpenMP team per
+** step), with the thread count the starting thread set, not the process default; sets
+** started back to back run in order, each waited for by its own handle. */
+Test(optim_multi, jobs_one_worker_with_the_callers_threads) {
+  set a, b;
+  make_set(&a, 9);
+  copy_set(&b, &a);
+  tt_adamw_config cfgs[NT];
+  for (int i = 0; i < NT; i++) cfgs[i] = (tt_adamw_config){1e-2, 0.9, 0.95, 1e-8, 0.0, 0};
+  tt_tensor *stats = stats_with(1.0f, 0.0f);
+  int64_t starts = -1;
+  int threads = -1;
+  for (int64_t step = 1; step <= 3; step++) {
+    tt_set_num_threads((int)(step % 2) + 1);   /* 2, 1, 2 */
+    set_grads(&a, &b, 40 * step, 1.0f);
+    tt_adamw_jobs *j = NULL;
+    cr_assert(tt_adamw_jobs_start(a.p, a.m, a.v, cfgs, NT, step, stats, &j) == 0, "%s",
+              tt_last_error());
+    cr_assert(tt_adamw_jobs_finish(j) == 0, "%s", tt_last_error());
+    tt_adamw_jobs_worker_info(&starts, &threads);
+    cr_assert_eq(starts, 1, "step %lld: %lld update threads started", (long long)step,
+                 (long long)starts);
+    cr_assert_eq(threads, (int)(step % 2) + 1, "step %lld: the worker ran with %d threads",
+                 (long long)step, threads);
+    for (int i = 0; i < NT; i++)
+      cr_assert(tt_adamw_multi(&b.p[i], &b.m[i], &b.v[i], NULL, 1, &cfgs[i], step, stats) == 0);
+  }
+  /* two sets in flight at once: the second waits for the first, both land */
+  tt_adamw_jobs *j1 = NULL, *j2 = NULL;
+  set_grads(&a, &b, 500, 1.0f);
+  cr_assert(tt_adamw_jobs_start(a.p, a.m, a.v, cfgs, NT / 2, 4, stats, &j1) == 0);
+  cr_assert(tt_adamw_jobs_start(a.p + NT / 2, a.m + NT / 2, a.v + NT / 2, cfgs, NT - NT / 2, 4,
+                                stats, &j2) == 0);
+  cr_assert(tt_adamw_jobs_wait(j2, NT - NT / 2 - 1) == 0, "%s", tt_last_error());
+  cr_assert(tt_adamw_jobs_finish(j2) == 0);
+  cr_assert(tt_adamw_jobs_finish(j1) == 0);
+  for (int i = 0; i < NT; i++) {
+    cr_assert(tt_adamw_multi(&b.p[i], &b.m[i], &b.v[i], NULL, 1, &cfgs[i], 4, stats) == 0);
+    assert_bitwise(a.p[i], b.p[i], "p", i);
+    assert_bitwise(a.v[i], b.v[i], "v", i);
+  }
+  tt_adamw_jobs_worker_info(&starts, NULL);
+  cr_assert_eq(starts, 1);
+  tt_tensor_release(stats);
+  free_set(&a);
+  free_set(&b);
+}
