@@ -76,6 +76,18 @@ grep -q '^op profile of step 2 on rank 0 (the host clock' "$tmp/run" || fail "no
 grep -qE '^optimizer update +region +1 ' "$tmp/run" || grep -qE '^\([0-9]+ more\)' "$tmp/run" ||
   fail "no update region nor a line for the rest"
 [ "$(grep -c '^op profile of step' "$tmp/run")" -eq 1 ] || fail "more than one step profiled"
+# resumed past the profiled step: said, not silently skipped
+small=(--set model.dim=32 --set model.n_layers=1 --set model.n_heads=2 --set model.n_kv_heads=2
+  --set model.ffn_hidden=32 --set model.vocab_size=64 --set model.seq_len=8
+  --set train.batch_size=2 --set train.warmup_steps=1 --set data.mock=true
+  --set checkpoint.dir="$tmp/ck" --set checkpoint.every=2)
+"$tetra" run "$recipe" "${small[@]}" --set train.steps=2 >"$tmp/first" 2>"$tmp/err" ||
+  fail "first run: exit $?: $(cat "$tmp/err")"
+"$tetra" run "$recipe" "${small[@]}" --set train.steps=3 --set checkpoint.resume=auto \
+  --set log.op_profile_step=1 >"$tmp/resumed" 2>"$tmp/err" || fail "resumed run: exit $?: $(cat "$tmp/err")"
+grep -q '^log.op_profile_step = 1: the run resumed after it (at step 2), so no step is profiled' \
+  "$tmp/resumed" || fail "resumed past the profiled step without a word: $(cat "$tmp/resumed")"
+! grep -q '^op profile of step' "$tmp/resumed" || fail "a resumed run profiled a step"
 
 bad() {   # expected message, then the arguments
   local want="$1"; shift

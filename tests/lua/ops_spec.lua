@@ -4,7 +4,8 @@
 -- model's forward records (names and counts: the tape's), each run backward once; the
 -- step's work outside ops lands in named regions (the optimizer's update); everything
 -- adds up to the whole; a checkpointed block's re-run is charged as recompute; an error
--- inside a profile ends it; a config that cannot be profiled is refused.
+-- inside a profile ends it; a config that cannot be profiled is refused (a step past the
+-- run's last, CUDA graphs). tests/cli/profile.sh: a resumed run past the step says so.
 local tetra = require("tetra")
 local C = require("tetra.ffi").C
 local config = require("tetra.config")
@@ -108,6 +109,13 @@ describe("log.op_profile_step", function()
     end).to_error("on purpose")
     local p = ops.profile(C.TT_CPU, function() ops.region("r") end)
     expect(entry(p, "r", "region").calls).to_be(1)
+  end)
+
+  it("is refused past the run's last step", function()
+    expect(function()
+      config.build({ defaults = tiny.defaults, world_size = false,
+                     sets = { "log.op_profile_step=21", "train.steps=20" } })
+    end).to_error("log.op_profile_step = 21: the run has 20 steps (train.steps)")
   end)
 
   it("is refused with CUDA graphs, whose replayed steps record no ops", function()

@@ -101,6 +101,11 @@ function loop.run(env)
                                     env.resumed_from, env.step_count, env.step_count + 1,
                                     total))
     end
+    if log.op_profile_step and log.op_profile_step <= env.step_count then
+      io.stdout:write(string.format("log.op_profile_step = %d: the run resumed after it " ..
+                                    "(at step %d), so no step is profiled; choose a later " ..
+                                    "step\n", log.op_profile_step, env.step_count))
+    end
     io.stdout:flush()
   end
   -- tetra launch reads the last completed step from this file (rank 0 writes it).

@@ -10,6 +10,12 @@ config.register_check(function(cfg)
     local ok, err = require("tetra.obs.trace").parse_steps(log.trace_steps)
     if not ok then config.error("%s", err) end
   end
+  local steps = (cfg.train or {}).steps
+  if log.op_profile_step and steps and log.op_profile_step > steps then
+    config.error("log.op_profile_step = %d: the run has %d steps (train.steps), so no step " ..
+                 "would be profiled; choose one of steps 1-%d", log.op_profile_step, steps,
+                 steps)
+  end
   if log.op_profile_step and (cfg.train or {}).cuda_graphs then
     config.error("log.op_profile_step with train.cuda_graphs: a replayed step records no " ..
                  "ops, so there is nothing to profile; set train.cuda_graphs=false for the " ..
