@@ -278,6 +278,8 @@ typedef struct tt_op_profile_entry {
 } tt_op_profile_entry;
 /* Starts a profile on this thread for ops on `device` (TT_CPU: the host clock). */
 int tt_op_profile_start(int device);
+/* 1 while a profile runs on this thread. */
+int tt_op_profile_running(void);
 /* Ends it: the number of entries (op, phase), longest first, and the whole time. */
 int tt_op_profile_stop(double *total_s);
 /* Charges the time since the last mark to a region of this name (phase TT_OP_REGION;

@@ -52,6 +52,7 @@ static struct {
 static __thread int tt_op_profile_here;   /* the profiling thread */
 
 int tt_op_profile_on(void) { return tt_op_profile_here; }
+int tt_op_profile_running(void) { return tt_op_profile_here; }
 
 static double host_now(void) {
   struct timespec ts;

@@ -39,6 +39,17 @@ if [ -f "$SRC/recipes/tiny.lua" ]; then
   grep -qE 'output +\[' <<<"$out" || fail "inspect() showed no activation: $out"
   grep -qE 'grad norm [0-9]' <<<"$out" || fail "inspect() showed no grad norm: $out"
   grep -qE '^step 1 +loss' <<<"$out" || fail "train_steps() printed no step: $out"
+  # profile_step(k): the next step, its k longest ops, the update among the regions
+  out=$(printf '%s\n' 'train_steps(1)' 'profile_step(40)' 'profile_step(0)' |
+    "$TETRA" -i "$SRC/recipes/tiny.lua" --set model.dim=32 2>&1); rc=$?
+  [ $rc -eq 0 ] || fail "profile_step: -i exited $rc: $out"
+  grep -qE '^step 2 +loss [0-9.]+; its time op by op \(the host clock\):' <<<"$out" ||
+    fail "profile_step() did not profile step 2: $out"
+  grep -qE '^tt_linear +fwd +15 ' <<<"$out" || fail "profile_step(): no forward linears: $out"
+  grep -qE '^optimizer update +region +1 ' <<<"$out" || fail "profile_step(): no update region: $out"
+  grep -qE '^all +[0-9.]+ +100\.0%$' <<<"$out" || fail "profile_step(): no total: $out"
+  grep -q 'profile_step(k): k must be a positive whole number, got 0' <<<"$out" ||
+    fail "profile_step(0) not refused: $out"
 fi
 
 out=$("$TETRA" -i /nonexistent/recipe.lua </dev/null 2>&1); rc=$?

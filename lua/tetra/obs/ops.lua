@@ -10,8 +10,8 @@
 -- backward, a checkpoint's re-run ("recompute"), or outside ops (before each backward
 -- node, and up to the end); the entries add up to the whole. On CUDA the marks are events
 -- in stream order and the profile waits for the device once at its end: the kernels'
--- time, not the launches'. The REPL can call it on a step; `tetra profile --ops` prints
--- it for a recipe's model; log.op_profile_step prints a training step's (tetra.train).
+-- time, not the launches'. The REPL's profile_step() prints a step's; `tetra profile
+-- --ops` a recipe's model's; log.op_profile_step a training step's (tetra.train).
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 
@@ -24,6 +24,11 @@ M.PHASES = { [0] = "fwd", [1] = "bwd", [2] = "recompute", [3] = "outside", [4] =
 -- C.TT_CPU) on this thread.
 function M.start(device)
   tffi.check(C.tt_op_profile_start(device))
+end
+
+-- Whether a profile runs on this thread.
+function M.running()
+  return C.tt_op_profile_running() ~= 0
 end
 
 -- Charges the time since the last mark to the region `name` (work that records no op:

@@ -1,5 +1,5 @@
 -- tetra.repl.helpers: the functions a session puts in scope for a look inside a model:
--- help(), inspect(x), probe(), train_steps(n), interrupted(), full(t).
+-- help(), inspect(x), probe(), train_steps(n), profile_step(rows), interrupted(), full(t).
 local show = require("tetra.repl.show")
 local session = require("tetra.repl.session")
 
@@ -29,6 +29,8 @@ probe()          one forward + backward on a training batch; records every modul
                  output and leaves the gradients in place
 train_steps(n)   run n optimizer steps (default 1) and print loss, lr, tokens/s;
                  Ctrl-C stops it between two steps
+profile_step(k)  one optimizer step under the op profile: its k longest ops (default
+                 25), forward and backward apart, and the optimizer's update
 full(t)          the whole parameter of which t is a tensor-parallel shard (every
                  rank of t's tp group must run it)
 interrupted()    whether Ctrl-C was pressed, for loops of your own (under mpirun
@@ -141,6 +143,32 @@ exit()           leave (or Ctrl-D)]])
           return
         end
       end
+    end)
+  end
+
+  -- One step under the op profile (tetra.obs.ops): where its time went, printed. The
+  -- step's regions (the optimizer's update ...) are marked by the step itself.
+  function env.profile_step(rows)
+    local step = session.raw_steps[env] or env.step
+    if not step then
+      error("profile_step() needs step() in scope (start with tetra -i RECIPE)", 2)
+    end
+    rows = rows or 25
+    if type(rows) ~= "number" or rows < 1 or rows % 1 ~= 0 then
+      error("profile_step(k): k must be a positive whole number, got " .. tostring(rows), 2)
+    end
+    local cfg = rawget(env, "cfg")
+    local device = (cfg and cfg.train and cfg.train.device) or "cpu"
+    local ops = require("tetra.obs.ops")
+    session.uninterrupted(function()
+      if env.model and env.model.zero_grad then env.model:zero_grad() end
+      local r
+      local prof = ops.profile(require("tetra.train").device(device), function() r = step() end)
+      if type(r) == "table" then
+        print(("step %d  loss %.4f; its time op by op (%s):"):format(r.step or 0, r.loss or 0,
+          device == "cpu" and "the host clock" or "CUDA events"))
+      end
+      print(ops.format(prof, rows))
     end)
   end
 

@@ -388,8 +388,9 @@ function step.run(env)
   local opt = env.optimizer
   local fb0, fb1, opt0
   -- log.op_profile_step: this step op by op, with regions for the work that records none
-  local profiled = env.op_profile_step == n
-  local region = profiled and ops.region or function() end
+  -- (unless a profile already runs: the REPL's profile_step(), whose regions these are)
+  local profiled = env.op_profile_step == n and not ops.running()
+  local region = ops.region
   if profiled then ops.start(env.device) end
   local ok, err = pcall(function()
     -- The last update, overlapped: the weights outside the blocks land now, each
