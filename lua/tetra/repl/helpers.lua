@@ -16,6 +16,25 @@ local function find_placement(env, t)
   end
 end
 
+-- The session's step() (unwrapped where the REPL wraps it), or an error naming the helper
+-- at its caller's line.
+local function session_step(env, helper)
+  local step = session.raw_steps[env] or env.step
+  if not step then
+    error(helper .. "() needs step() in scope (start with tetra -i RECIPE)", 3)
+  end
+  return step
+end
+
+-- v (default when nil) if a positive whole number, else an error at the caller's line.
+local function positive_whole(v, default, what)
+  if v == nil then v = default end
+  if type(v) ~= "number" or v < 1 or v % 1 ~= 0 then
+    error(what .. " must be a positive whole number, got " .. tostring(v), 3)
+  end
+  return v
+end
+
 -- The helpers of help() in env.
 function M.add(env)
   local activations = setmetatable({}, { __mode = "k" })
@@ -111,14 +130,8 @@ exit()           leave (or Ctrl-D)]])
   end
 
   function env.train_steps(n)
-    local step = session.raw_steps[env] or env.step
-    if not step then
-      error("train_steps() needs step() in scope (start with tetra -i RECIPE)", 2)
-    end
-    n = n or 1
-    if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
-      error("train_steps(n): n must be a positive whole number, got " .. tostring(n), 2)
-    end
+    local step = session_step(env, "train_steps")
+    n = positive_whole(n, 1, "train_steps(n): n")
     -- The whole loop runs with Ctrl-C only recorded: it is honoured between two steps.
     session.uninterrupted(function()
       -- probe() leaves gradients behind; a step must start from zero.
@@ -149,14 +162,8 @@ exit()           leave (or Ctrl-D)]])
   -- One step under the op profile (tetra.obs.ops): where its time went, printed. The
   -- step's regions (the optimizer's update ...) are marked by the step itself.
   function env.profile_step(rows)
-    local step = session.raw_steps[env] or env.step
-    if not step then
-      error("profile_step() needs step() in scope (start with tetra -i RECIPE)", 2)
-    end
-    rows = rows or 25
-    if type(rows) ~= "number" or rows < 1 or rows % 1 ~= 0 then
-      error("profile_step(k): k must be a positive whole number, got " .. tostring(rows), 2)
-    end
+    local step = session_step(env, "profile_step")
+    rows = positive_whole(rows, 25, "profile_step(k): k")
     local cfg = rawget(env, "cfg")
     local device = (cfg and cfg.train and cfg.train.device) or "cpu"
     local ops = require("tetra.obs.ops")
