@@ -81,6 +81,12 @@ typedef struct device_cache {
   pthread_mutex_t lock;
   free_block *classes[TT_NUM_CLASSES];   /* exact size-class free lists */
   tt_alloc_stats stats;
+  /* Streams destroyed (drained first) whose keys no new stream has taken since: a storage
+  ** or a pooled block that still names one needs no ordering after it, and asking the
+  ** backend for it would use a dead handle (on CUDA an event recorded on a destroyed
+  ** stream: undefined, a crash in the driver). */
+  void **retired;
+  int n_retired, cap_retired;
 } device_cache;
 
 static device_cache tt_caches[TT_MAX_DEVICES];
@@ -118,6 +124,13 @@ static int size_class(size_t *size) {
 
 /* Puts a block of `size` granted bytes into the cache (freed to the device when its size
 ** is not cached); `stream` is the stream that may still use it. */
+/* Lock held: whether `key` names a stream destroyed since it was last created. */
+static int is_retired(const device_cache *c, void *key) {
+  for (int i = 0; key && i < c->n_retired; i++)
+    if (c->retired[i] == key) return 1;
+  return 0;
+}
+
 static void cached_free_block(int device, void *p, size_t size, void *stream, int idle) {
   const tt_device_backend *be = tt_backend_for(device);
   device_cache *c = cache_for(device);
@@ -131,8 +144,8 @@ static void cached_free_block(int device, void *p, size_t size, void *stream, in
   b->ptr = p;
   b->size = size;
   b->stream = stream;
-  b->idle = idle;
   pthread_mutex_lock(&c->lock);
+  b->idle = idle ? 1 : is_retired(c, stream);   /* a pool's block of a destroyed stream */
   b->next = c->classes[cls];
   c->classes[cls] = b;
   c->stats.cached_bytes += (int64_t)size;
@@ -150,11 +163,33 @@ void tt_alloc_mark_idle(int device) {
 
 void tt_alloc_stream_retired(int device, void *key) {
   device_cache *c = cache_for(device);
-  if (!c) return;
+  if (!c || !key) return;
   pthread_mutex_lock(&c->lock);
   for (int i = 0; i < TT_NUM_CLASSES; i++)
     for (free_block *b = c->classes[i]; b; b = b->next)
       if (b->stream == key) b->idle = 1;
+  if (!is_retired(c, key)) {
+    if (c->n_retired == c->cap_retired) {
+      int cap = c->cap_retired ? 2 * c->cap_retired : 16;
+      void **grown = realloc(c->retired, (size_t)cap * sizeof *grown);
+      if (grown) {
+        c->retired = grown;
+        c->cap_retired = cap;
+      }
+    }
+    /* Out of host memory: the key is not remembered, and a storage still naming it
+    ** orders after it as before this set existed. */
+    if (c->n_retired < c->cap_retired) c->retired[c->n_retired++] = key;
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+void tt_alloc_stream_born(int device, void *key) {
+  device_cache *c = cache_for(device);
+  if (!c || !key) return;
+  pthread_mutex_lock(&c->lock);
+  for (int i = 0; i < c->n_retired; i++)
+    if (c->retired[i] == key) c->retired[i--] = c->retired[--c->n_retired];
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -238,12 +273,15 @@ static void cached_free(int device, void *p, size_t size, void *alloc_stream) {
   if (!be || !c) return;
   void *cur = be->current_stream ? be->current_stream() : NULL;
   /* Kernels queued on the allocating stream may still use it: the freeing stream waits
-  ** for them, or, when that fails, the block stays with the allocating stream. */
-  if (be->current_stream && cur != alloc_stream && be->order_after(device, alloc_stream) != 0)
-    cur = alloc_stream;
+  ** for them, or, when that fails, the block stays with the allocating stream. A
+  ** destroyed allocating stream has none left. */
   pthread_mutex_lock(&c->lock);
   c->stats.live_bytes -= (int64_t)size;
+  const int gone = is_retired(c, alloc_stream);
   pthread_mutex_unlock(&c->lock);
+  if (be->current_stream && cur != alloc_stream && !gone &&
+      be->order_after(device, alloc_stream) != 0)
+    cur = alloc_stream;
   cached_free_block(device, p, size, cur, be->current_stream == NULL);
 }
 

@@ -154,8 +154,11 @@ int tt_op_profile_on(void);
 void tt_op_profile_mark(const char *name, int phase);
 
 /* The backend calls this when stream `key` is destroyed, after waiting for it: cached
-** blocks last used there no longer need ordering. */
+** blocks last used there no longer need ordering, nor do storages and pooled blocks that
+** still name it when they are freed (the key is remembered until tt_alloc_stream_born). */
 void tt_alloc_stream_retired(int device, void *key);
+/* ... and this when it creates a stream: a key the runtime hands out again is live. */
+void tt_alloc_stream_born(int device, void *key);
 
 /* The CUDA backend registers itself at start-up when compiled in and a GPU exists. */
 void tt_register_cuda_backend(const tt_device_backend *backend);

@@ -120,6 +120,7 @@ static const tt_device_backend g_backend = {
 /* -- Start-up ----------------------------------------------------------------------- */
 
 static void stream_retired(int device, void *stream) { tt_alloc_stream_retired(device, stream); }
+static void stream_born(int device, void *stream) { tt_alloc_stream_born(device, stream); }
 
 static const tt_cuda_fused_sdpa g_cudnn_sdpa = {
   tt_cudnn_sdpa_supported, tt_cudnn_sdpa_forward, tt_cudnn_sdpa_backward,
@@ -134,6 +135,7 @@ extern "C" int tt_cuda_init(void) {
   if (rc == 0 && !g_initialised) rc = tt_cuda_kernels_linked();
   if (rc == 0 && !g_initialised) {
     tt_cuda_set_stream_retired_hook(stream_retired);
+    tt_cuda_set_stream_born_hook(stream_born);
     tt_cuda_use_fused_sdpa(&g_cudnn_sdpa);
     tt_register_cuda_backend(&g_backend);
     g_initialised = 1;

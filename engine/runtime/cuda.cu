@@ -232,6 +232,19 @@ struct tt_cuda_event { cudaEvent_t e; };
 
 static cudaStream_t raw(tt_cuda_stream *s) { return s ? s->s : (cudaStream_t)0; }
 
+static void (*g_stream_retired)(int device, void *stream);
+static void (*g_stream_born)(int device, void *stream);
+
+void tt_cuda_set_stream_retired_hook(void (*hook)(int device, void *stream)) {
+  g_stream_retired = hook;
+}
+
+void tt_cuda_set_stream_born_hook(void (*hook)(int device, void *stream)) {
+  g_stream_born = hook;
+}
+
+/* A new stream's handle may be a destroyed one's again: the born hook tells the allocator
+** that the key is live (it treats a retired key's storages as needing no ordering). */
 extern "C" int tt_cuda_stream_create(tt_cuda_stream **out) {
   tt_cuda_stream *s = (tt_cuda_stream *)calloc(1, sizeof *s);
   TT_CHECK(s, "tt_cuda_stream_create: out of host memory");
@@ -240,14 +253,10 @@ extern "C" int tt_cuda_stream_create(tt_cuda_stream **out) {
     free(s);
     return tt_cu_fail(e, "cudaStreamCreate", __FILE__, __LINE__);
   }
+  if (g_stream_born)
+    for (int d = 0; d < g_num_devices; d++) g_stream_born(d, (void *)s->s);
   *out = s;
   return 0;
-}
-
-static void (*g_stream_retired)(int device, void *stream);
-
-void tt_cuda_set_stream_retired_hook(void (*hook)(int device, void *stream)) {
-  g_stream_retired = hook;
 }
 
 /* Destroying the current stream makes the default stream current again. Its GEMM

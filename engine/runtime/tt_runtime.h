@@ -17,4 +17,7 @@ int tt_cuda_use_device(int device);
 /* Called for every device when a stream is destroyed, after its queued work finished:
 ** the allocator releases the blocks last used on it. */
 void tt_cuda_set_stream_retired_hook(void (*hook)(int device, void *stream));
+/* Called for every device when a stream is created (its handle may be a destroyed
+** stream's again). */
+void tt_cuda_set_stream_born_hook(void (*hook)(int device, void *stream));
 #endif

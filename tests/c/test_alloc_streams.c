@@ -9,6 +9,10 @@
 **     stream after the allocating one, and then belongs to the freeing stream;
 **   - a retired (destroyed, drained) stream's blocks are idle, and so is every block after
 **     tt_alloc_mark_idle (the device synchronised);
+**   - a storage, or a graph pool's block, whose stream was destroyed before it was freed
+**     asks for no ordering after that stream (on CUDA an event on a dead stream: the host
+**     crash of step/graph_replay_equals_eager_steps, which freed its stats after
+**     destroying their stream), until a new stream takes the same key;
 **   - when ordering fails the allocation fails with the backend's message, and the block
 **     stays cached;
 **   - tt_fill_ on a device fills by the backend (memset for zeros, its f32 fill kernel)
@@ -51,8 +55,10 @@ static int host_fill_f32(float *p, int device, int64_t n, float v) {
   return 0;
 }
 static void *current_stream(void) { return g_current; }
+static void *g_dead;                 /* a pretend stream destroyed and not created again */
 static int order_after(int device, void *key) {
   (void)device;
+  cr_assert(key != g_dead || !key, "ordered after a destroyed stream");
   if (g_order_fails) return tt_set_error("pretend: stream wait failed");
   if (g_num_ordered < 16) g_ordered_after[g_num_ordered++] = key;
   return 0;
@@ -62,6 +68,17 @@ static const tt_device_backend g_pretend = {
   "pretend-cuda", host_alloc, host_free, host_memcpy, host_memset0, current_stream, order_after,
   host_fill_f32, NULL, NULL, NULL,
 };
+
+/* What the CUDA runtime tells the allocator when it destroys or creates a stream. */
+static void destroy_stream(void *key) {
+  tt_alloc_stream_retired(DEV, key);
+  g_dead = key;
+}
+
+static void create_stream(void *key) {
+  tt_alloc_stream_born(DEV, key);
+  if (g_dead == key) g_dead = NULL;
+}
 
 static void setup(void) {
   tt_register_cuda_backend(&g_pretend);
@@ -143,6 +160,46 @@ Test(alloc_streams, retired_stream_blocks_are_idle) {
   tt_tensor *u = new_on(&g_stream_b, 1000);
   cr_assert_eq(tt_tensor_data(u), p);
   cr_assert_eq(g_num_ordered, 0, "a drained stream's block still asked for ordering");
+  free_on(&g_stream_b, u);
+}
+
+Test(alloc_streams, storage_of_a_destroyed_stream_frees_without_ordering) {
+  tt_tensor *t = new_on(&g_stream_a, 1000), *t2 = new_on(&g_stream_a, 1000);
+  void *p = tt_tensor_data(t);
+  g_current = NULL;
+  destroy_stream(&g_stream_a);
+  free_on(&g_stream_b, t);
+  cr_assert_eq(g_num_ordered, 0, "freeing asked for ordering after the destroyed stream");
+  tt_tensor *u = new_on(&g_stream_b, 1000);
+  cr_assert_eq(tt_tensor_data(u), p, "the block went to the freeing stream");
+  cr_assert_eq(g_num_ordered, 0);
+  free_on(&g_stream_b, u);
+  /* a new stream with the destroyed one's key: its storages are ordered after it again */
+  create_stream(&g_stream_a);
+  tt_tensor *v = new_on(&g_stream_a, 1000);
+  int before = g_num_ordered;
+  free_on(&g_stream_b, v);
+  cr_assert_eq(g_num_ordered, before + 1, "a stream created again with the key was taken as gone");
+  cr_assert_eq(g_ordered_after[before], (void *)&g_stream_a);
+  /* a storage of the old stream freed now: ordered after the new one (valid, cautious) */
+  free_on(&g_stream_b, t2);
+  cr_assert_eq(g_num_ordered, before + 2);
+  cr_assert_eq(g_ordered_after[before + 1], (void *)&g_stream_a);
+}
+
+Test(alloc_streams, pooled_block_of_a_destroyed_stream_is_idle) {
+  tt_alloc_pool *pool = NULL;
+  cr_assert_eq(tt_alloc_pool_new(DEV, &pool), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_alloc_pool_use(DEV, pool), 0);
+  tt_tensor *t = new_on(&g_stream_a, 1000);
+  void *p = tt_tensor_data(t);
+  free_on(&g_stream_a, t);   /* back to the pool, named after stream A */
+  cr_assert_eq(tt_alloc_pool_use(DEV, NULL), 0);
+  destroy_stream(&g_stream_a);
+  tt_alloc_pool_release(pool);   /* the pool's blocks go to the cache */
+  tt_tensor *u = new_on(&g_stream_b, 1000);
+  cr_assert_eq(tt_tensor_data(u), p);
+  cr_assert_eq(g_num_ordered, 0, "a block of the destroyed stream asked for ordering");
   free_on(&g_stream_b, u);
 }
 
