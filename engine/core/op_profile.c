@@ -32,6 +32,7 @@ typedef struct {
 } op_mark;
 
 static struct {
+  int active;                    /* a profile runs (on the thread whose flag is set) */
   int device;
   const tt_device_backend *be;   /* has timing marks, else NULL: the host clock */
   op_mark *marks;
@@ -119,6 +120,8 @@ int tt_op_profile_region(const char *name) {
 
 int tt_op_profile_start(int device) {
   TT_CHECK(!tt_op_profile_here, "op_profile_start: a profile is already running");
+  TT_CHECK(!g.active, "op_profile_start: a profile is already running on another thread "
+           "(one at a time per process)");
   if (g.n_entries) g.n_entries = 0;   /* the last profile's entries may name old regions */
   for (int i = 0; i < g.n_regions; i++) free(g.region_names[i]);
   g.n_regions = 0;
@@ -126,8 +129,8 @@ int tt_op_profile_start(int device) {
   if (tt_device_is_cuda(device)) {
     be = tt_backend_for(device);
     if (!be) return -1;
-    TT_CHECK(be->mark_record && be->mark_seconds && be->mark_free, "op_profile_start: device %d (%s) has no "
-             "timing marks", device, be->name);
+    TT_CHECK(be->mark_record && be->mark_seconds && be->mark_free,
+             "op_profile_start: device %d (%s) has no timing marks", device, be->name);
   }
   if (g.n_events && (g.events_be != be || g.events_device != device)) {
     for (int64_t i = 0; i < g.n_events; i++)
@@ -142,6 +145,7 @@ int tt_op_profile_start(int device) {
   g.be = be;
   g.n = 0;
   g.failed = 0;
+  g.active = 1;
   tt_op_profile_here = 1;
   tt_op_profile_mark(NULL, TT_OP_OUTSIDE);   /* the start: its interval is empty */
   return 0;
@@ -171,16 +175,23 @@ int tt_op_profile_stop(double *total_s) {
   TT_CHECK(tt_op_profile_here, "op_profile_stop: no profile is running on this thread");
   tt_op_profile_mark(NULL, TT_OP_OUTSIDE);
   tt_op_profile_here = 0;
+  g.active = 0;
   g.n_entries = 0;
   g.total_s = 0.0;
   TT_CHECK(!g.failed, "op profile lost marks: %s", g.why);
   for (int64_t i = 1; i < g.n; i++) {
     double dt = 0.0;
-    if (g.be) TT_TRY(g.be->mark_seconds(g.device, g.events[i - 1], g.events[i], &dt));
-    else dt = g.marks[i].t - g.marks[i - 1].t;
+    if (g.be && g.be->mark_seconds(g.device, g.events[i - 1], g.events[i], &dt) != 0) {
+      g.n_entries = 0;   /* no partial figures */
+      return -1;
+    }
+    if (!g.be) dt = g.marks[i].t - g.marks[i - 1].t;
     const char *name = g.marks[i].name ? g.marks[i].name : "(outside ops)";
     tt_op_profile_entry *e = entry_for(name, g.marks[i].phase);
-    TT_CHECK(e, "op_profile_stop: out of host memory");
+    if (!e) {
+      g.n_entries = 0;
+      return tt_set_error("op_profile_stop: out of host memory");
+    }
     e->calls++;
     e->seconds += dt;
     g.total_s += dt;

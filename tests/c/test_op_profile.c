@@ -11,6 +11,7 @@
 */
 #include "tt_test.h"
 #include "core/tt_internal.h"
+#include <pthread.h>
 #include <time.h>
 
 static const double FWD_NAP = 0.020, BWD_NAP = 0.030;
@@ -259,7 +260,23 @@ Test(op_profile, device_marks_kept_and_freed) {
   tt_tensor_release(x);
 }
 
+/* Another thread's start while this thread profiles: refused with its message. */
+static void *start_elsewhere(void *out) {
+  int rc = tt_op_profile_start(TT_CPU);
+  snprintf(out, 200, "%d %s", rc, rc ? tt_last_error() : "");
+  if (rc == 0) tt_op_profile_stop(NULL);
+  return NULL;
+}
+
 Test(op_profile, misuse_and_lost_marks_reported) {
+  char other[200];
+  pthread_t t;
+  cr_assert(tt_op_profile_start(TT_CPU) == 0);
+  cr_assert(pthread_create(&t, NULL, start_elsewhere, other) == 0);
+  pthread_join(t, NULL);
+  cr_assert(strstr(other, "-1 op_profile_start: a profile is already running on another thread"),
+            "%s", other);
+  cr_assert(tt_op_profile_stop(NULL) == 1);
   cr_assert(tt_op_profile_stop(NULL) != 0);
   cr_assert(strstr(tt_last_error(), "no profile is running"), "%s", tt_last_error());
   cr_assert(tt_op_profile_start(TT_CPU) == 0);
