@@ -131,7 +131,7 @@ tt_node *tt_record(const char *name, tt_backward_fn backward, tt_tensor *out,
   out->requires_grad = 1;
   out->is_leaf = 0;
   tt_tape[tt_tape_len++] = node;
-  if (tt_op_profile_on())
+  if (tt_op_profile_running())
     tt_op_profile_mark(name, tt_backward_depth ? TT_OP_RECOMPUTE : TT_OP_FORWARD);
   if (tt_record_hook) tt_record_hook(tt_record_hook_ud);
   return node;
@@ -273,7 +273,7 @@ static void run_node(int64_t i, int part, int *rc) {
   tt_tensor *g = node->out->grad;
   if (g && *rc == 0) {
     unsigned hidden = part >= 0 ? hide_inputs(node, !part) : 0;
-    int profiled = tt_op_profile_on();
+    int profiled = tt_op_profile_running();
     if (profiled) tt_op_profile_mark(NULL, TT_OP_OUTSIDE);
     *rc = node->backward(node, g);
     if (profiled) tt_op_profile_mark(node->name, TT_OP_BACKWARD);

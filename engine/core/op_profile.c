@@ -37,10 +37,8 @@ static struct {
   const tt_device_backend *be;   /* has timing marks, else NULL: the host clock */
   op_mark *marks;
   int64_t n, cap;
-  void **events;                 /* device marks, one per op_mark, kept between runs */
+  void **events;                 /* device marks of be/device, one per op_mark, kept */
   int64_t n_events;
-  const tt_device_backend *events_be;
-  int events_device;
   int failed;                    /* a mark could not be kept: the stop reports it */
   char why[160];
   tt_op_profile_entry *entries;
@@ -52,7 +50,6 @@ static struct {
 
 static __thread int tt_op_profile_here;   /* the profiling thread */
 
-int tt_op_profile_on(void) { return tt_op_profile_here; }
 int tt_op_profile_running(void) { return tt_op_profile_here; }
 
 static double host_now(void) {
@@ -122,7 +119,7 @@ int tt_op_profile_start(int device) {
   TT_CHECK(!tt_op_profile_here, "op_profile_start: a profile is already running");
   TT_CHECK(!g.active, "op_profile_start: a profile is already running on another thread "
            "(one at a time per process)");
-  if (g.n_entries) g.n_entries = 0;   /* the last profile's entries may name old regions */
+  g.n_entries = 0;   /* the last profile's entries may name the regions freed here */
   for (int i = 0; i < g.n_regions; i++) free(g.region_names[i]);
   g.n_regions = 0;
   const tt_device_backend *be = NULL;
@@ -132,15 +129,13 @@ int tt_op_profile_start(int device) {
     TT_CHECK(be->mark_record && be->mark_seconds && be->mark_free,
              "op_profile_start: device %d (%s) has no timing marks", device, be->name);
   }
-  if (g.n_events && (g.events_be != be || g.events_device != device)) {
+  if (g.n_events && (g.be != be || g.device != device)) {   /* the last profile's device */
     for (int64_t i = 0; i < g.n_events; i++)
-      if (g.events[i]) g.events_be->mark_free(g.events_device, g.events[i]);
+      if (g.events[i]) g.be->mark_free(g.device, g.events[i]);
     free(g.events);
     g.events = NULL;
     g.n_events = 0;
   }
-  g.events_be = be;
-  g.events_device = device;
   g.device = device;
   g.be = be;
   g.n = 0;

@@ -148,9 +148,8 @@ typedef struct tt_device_backend {
 } tt_device_backend;
 
 /* The op profile's mark (engine/core/op_profile.c): autograd calls it at each record and
-** around each node's backward while tt_op_profile_on() on this thread. name NULL: outside
-** ops. */
-int tt_op_profile_on(void);
+** around each node's backward while tt_op_profile_running() on this thread. name NULL:
+** outside ops. */
 void tt_op_profile_mark(const char *name, int phase);
 
 /* The backend calls this when stream `key` is destroyed, after waiting for it: cached

@@ -41,10 +41,9 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t queued;
   tt_adamw_jobs *head, *tail;
-  int running;
   int64_t thread_starts;   /* workers started in this process: 1 once running */
   int last_threads;        /* the OpenMP thread count the last set ran with */
-} g_worker = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0};
+} g_worker = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0};
 
 static void run_jobs(tt_adamw_jobs *j) {
   omp_set_num_threads(j->threads);
@@ -86,7 +85,7 @@ static void *worker(void *arg) {
 /* Queues j for the worker, starting it the first time. */
 static int enqueue(tt_adamw_jobs *j) {
   pthread_mutex_lock(&g_worker.mu);
-  if (!g_worker.running) {
+  if (g_worker.thread_starts == 0) {
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -97,7 +96,6 @@ static int enqueue(tt_adamw_jobs *j) {
       pthread_mutex_unlock(&g_worker.mu);
       return tt_set_error("tt_adamw_jobs_start: cannot start the update thread");
     }
-    g_worker.running = 1;
     g_worker.thread_starts++;
   }
   j->next = NULL;
