@@ -14,7 +14,9 @@ wait_for '^tetra> ' 30 || exit 1
 keys 'train_steps(100000)' Enter
 wait_for '^step 3 ' 30
 keys C-c
-wait_for 'interrupted \(Ctrl-C\) after [0-9]+ of 100000 steps$' 30
+# The checks below type into the session and need the loop stopped: a Ctrl-C that did
+# not stop it fails here (each later wait would only run out its time).
+wait_for 'interrupted \(Ctrl-C\) after [0-9]+ of 100000 steps$' 30 || exit 1
 done_steps=$(screen | sed -nE 's/.*interrupted \(Ctrl-C\) after ([0-9]+) of 100000 steps$/\1/p')
 wait_prompt 2
 keys 'train_steps(1)' Enter

@@ -57,7 +57,14 @@ sent=0
 # byte in $ready.seen per interrupt its loop polled): never two unanswered, so they never
 # pile up into the REPL's "three Ctrl-Cs and no safe point" exit. (Paced by the clock
 # alone, a CI run under load once delivered three within one product and ended it.)
+# Its loop ends by the clock after 8 s: one not done well after that is hung (a signal
+# frame on the GEMM's stack can leave malloc's lock taken).
+deadline=$((SECONDS + 40))
 while [ ! -e "$ready.done" ]; do
+  if [ $SECONDS -ge $deadline ]; then
+    kill -KILL "$pid" 2>/dev/null
+    fail "the process hung during SIGINTs in oneDNN GEMMs ($sent signals sent): $(tail -n 3 "$dir/out")"
+  fi
   answered=$(stat -c %s "$ready.seen" 2>/dev/null || echo 0)
   if [ "$answered" -ge "$sent" ]; then
     kill -INT "$pid" 2>/dev/null || break

@@ -23,6 +23,7 @@ gpt2=(--set grad_check.gpt2=true --set model.vocab_size=256 --set model.dim=64
 # layout on the same model (model settings and args go to both) and compares.
 check() {
   local name="$1" np="$2" settings="$3" model="$4"; shift 4
+  stop_if_failed
   local sets=() msets=() kv
   for kv in $settings; do sets+=(--set "$kv"); done
   for kv in $model; do msets+=(--set "$kv"); done

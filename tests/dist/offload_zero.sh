@@ -48,6 +48,7 @@ field() { grep "^offload_zero rank $2 step $3 loss" "$1" | sed -E "s/.* $4 ([0-9
 # must be want_steps of them, default 6).
 same() {
   local tag="$1" np="$2"; shift 2
+  stop_if_failed
   run "${tag}" "$np" "$@" parallel.offload_optimizer=false &&
     run "${tag}_off" "$np" "$@" parallel.offload_optimizer=true || return 1
   local r a b before=$status

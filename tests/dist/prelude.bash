@@ -14,3 +14,10 @@ cd "$root" || exit 1
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
+# stop_if_failed, called by a script before each of its cases: under
+# TETRA_TEST_STOP_AT_FAILURE=1 (tools/mutate sets it: one failure is all a mutant needs)
+# the script ends, failed, once a case has set status to non-zero; otherwise nothing.
+stop_if_failed() {
+  [ -n "${TETRA_TEST_STOP_AT_FAILURE:-}" ] && [ "${status:-0}" != 0 ] && exit 1
+  return 0
+}
