@@ -216,10 +216,17 @@ function Pipeline:grad_tag(m, vs) return 2 * (m * self.n_virtual + vs) + 1 end
 -- virtual stage 0, which embeds the tokens) and its output (the mean loss on the last
 -- virtual stage; else the activations, already on their way to the next). The
 -- activations are (b, t, dim), t this rank's part of the sequence (context and sequence
--- parallelism cut it).
-function Pipeline:forward(tokens, m, c, record)
+-- parallelism cut it). With `logits` (generation) every rank takes the whole sequence
+-- (context parallelism does not cut it) and the last virtual stage returns the head's
+-- logits instead of the loss.
+function Pipeline:forward(tokens, m, c, record, logits_wanted)
   local vs = c * self.stages + self.stage
-  local ids, targets, positions = self.par:inputs(tokens)
+  local ids, targets, positions
+  if logits_wanted then
+    ids, targets = F.inputs_targets(tokens)
+  else
+    ids, targets, positions = self.par:inputs(tokens)
+  end
   local x, h
   if vs == 0 then
     h = self.model:embed(ids, positions)
@@ -240,6 +247,10 @@ function Pipeline:forward(tokens, m, c, record)
   end
   local logits = self.model:head(y)
   free(y)
+  if logits_wanted then
+    free(targets)
+    return x, logits
+  end
   local loss = self.par:loss(logits, targets)
   free(logits); free(targets)
   return x, loss
@@ -318,9 +329,9 @@ end
 -- The seconds the last train_step's forwards computed.
 function Pipeline:forward_seconds() return self.timer:total(self.forward_marks or {}) end
 
--- x (a Lua number known to the last stage) on every stage. It travels as a (hi, lo)
--- pair of floats, so the double does not round to float.
-function Pipeline:share_loss(x)
+-- x (a Lua number known to the last stage: a loss, a sampled token) on every stage. It
+-- travels as a (hi, lo) pair of floats, so the double does not round to float.
+function Pipeline:share_number(x)
   local hi = tonumber(ffi.new("float", x))
   local t = require("tetra.tensor").from_table({ hi, x - hi })
   self.group:broadcast(t, self.stages - 1)
@@ -341,7 +352,25 @@ function Pipeline:forward_loss(tokens)
     end
     for _, h in ipairs(self.pending) do h:wait() end
     self.pending = nil
-    return self:share_loss(loss)
+    return self:share_number(loss)
+  end)
+end
+
+-- The head's logits of tokens (b, T + 1; the last column is not read) through every
+-- stage, without the tape (generation): (b, T, this rank's vocabulary columns) on the
+-- last stage, nil on the others. Every rank of the pipeline calls it alike.
+function Pipeline:forward_logits(tokens)
+  return F.no_grad(function()
+    self.pending = {}
+    local logits
+    for c = 0, self.virtual - 1 do
+      local x, y = self:forward(tokens, 0, c, false, true)
+      free(x)
+      if c * self.stages + self.stage == self.n_virtual - 1 then logits = y else free(y) end
+    end
+    for _, h in ipairs(self.pending) do h:wait() end
+    self.pending = nil
+    return logits
   end)
 end
 

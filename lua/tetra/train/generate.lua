@@ -36,7 +36,11 @@ end
 -- Continues prompt_ids (array of token ids) by opts.max_new_tokens (64) tokens, feeding
 -- the last opts.seq_len tokens each time (no KV cache: models here are small).
 -- opts: temperature (0.8), top_k (40), seed (0), seq_len, par (the model's applied
--- parallelism: a tensor-parallel head's logits are gathered). Returns the new ids (array).
+-- parallelism: a tensor-parallel head's logits are gathered), pipe (the pipeline runner
+-- under pipeline parallelism: every stage runs its layers, the last samples and the
+-- others receive the token), on_logits(row, V) (called with the float pointer to the
+-- last position's V logits before each draw, where it is drawn). Every rank of a
+-- tensor-parallel group or a pipeline calls it alike. Returns the new ids (array).
 function generate.generate(model, prompt_ids, opts)
   opts = opts or {}
   local n_new = opts.max_new_tokens or 64
@@ -44,6 +48,11 @@ function generate.generate(model, prompt_ids, opts)
   math.randomseed(opts.seed or 0)
   local first_param = model:parameters()[1]
   local dev = first_param and first_param._device or C.TT_CPU  -- the model's device
+  local par, pipe = opts.par, opts.pipe
+  -- Sequence parallelism cuts the sequence over the tensor-parallel group: the window is
+  -- padded to a multiple of its size, at the end, where no earlier position of a causal
+  -- model sees it.
+  local multiple = par and par.sequence and par.layout.tp or 1
   local ids = {}
   for i, id in ipairs(prompt_ids) do ids[i] = id end
   local out = {}
@@ -51,26 +60,34 @@ function generate.generate(model, prompt_ids, opts)
     for _ = 1, n_new do
       local first = math.max(1, #ids - seq_len + 1)
       local T = #ids - first + 1
-      local x = F.empty({ 1, T }, C.TT_I64)
+      -- The pipeline reads (b, T + 1) tokens, as in training (the last is not read).
+      local width = math.ceil(T / multiple) * multiple + (pipe and 1 or 0)
+      local x = F.empty({ 1, width }, C.TT_I64)
       local p = ffi.cast("int64_t *", C.tt_tensor_data(x))
-      for j = 0, T - 1 do p[j] = ids[first + j] end
+      for j = 0, width - 1 do p[j] = j < T and ids[first + j] or 0 end
       x = to_dev(x, dev)
-      local y = model(x)
-      if opts.par then                                 -- tensor parallel: gathered
-        local full = opts.par:full_logits(y)
-        if full ~= y then free(y) end
-        y = full
-      end
-      local logits = to_dev(y, C.TT_CPU)               -- (1, T, V), contiguous
-      if logits._dtype ~= C.TT_F32 then                -- a bf16 head's: widened
-        local wide = logits:float()
+      local y, id
+      if pipe then y = pipe:forward_logits(x) else y = model(x) end
+      free(x)
+      if y then
+        if par then                                    -- tensor parallel: gathered
+          local full = par:full_logits(y)
+          if full ~= y then free(y) end
+          y = full
+        end
+        local logits = to_dev(y, C.TT_CPU)             -- (1, width, V), contiguous
+        if logits._dtype ~= C.TT_F32 then              -- a bf16 head's: widened
+          local wide = logits:float()
+          free(logits)
+          logits = wide
+        end
+        local V = tonumber(logits._shape[2])
+        local last = ffi.cast("float *", C.tt_tensor_data(logits)) + (T - 1) * V
+        if opts.on_logits then opts.on_logits(last, V) end
+        id = sample(last, V, opts.temperature or 0.8, opts.top_k or 40)
         free(logits)
-        logits = wide
       end
-      local V = tonumber(logits._shape[2])
-      local last = ffi.cast("float *", C.tt_tensor_data(logits)) + (T - 1) * V
-      local id = sample(last, V, opts.temperature or 0.8, opts.top_k or 40)
-      free(logits); free(x)
+      if pipe then id = pipe:share_number(id or 0) end
       ids[#ids + 1] = id
       out[#out + 1] = id
     end
@@ -81,20 +98,14 @@ end
 -- Prints a continuation of `prompt` (a string; default train.prompt or a newline) on
 -- rank 0, using env.tokenizer (nothing to print without one) and train.sample_tokens,
 -- temperature, top_k, seed.
--- A tensor-parallel model generates on every rank (its forward is collective); rank 0
+-- A tensor-parallel or pipelined model generates on every rank (its forward is
+-- collective: every data- and context-parallel replica runs its own, alike); rank 0
 -- prints.
 function generate.print_sample(env, prompt)
   local t = env.cfg.train
   if not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
   local par = env.par
-  if par.stage or par.sequence then   -- a forward of any length on every stage: not yet
-    if env.rank == 0 then
-      print("(no sample: generation does not run across pipeline stages or with " ..
-            "sequence parallelism yet)")
-    end
-    return
-  end
-  if env.rank ~= 0 and par.layout.tp == 1 then return end
+  if env.rank ~= 0 and par.layout.tp == 1 and not par.stage then return end
   local tok = env.tokenizer
   prompt = prompt or t.prompt or "\n"
   local ids = env.generate(tok:encode(prompt), { max_new_tokens = t.sample_tokens,

@@ -211,6 +211,7 @@ return function(cfg, model, data, opts)
     gen_opts = gen_opts or {}
     gen_opts.seq_len = gen_opts.seq_len or env.seq_len
     gen_opts.par = par
+    gen_opts.pipe = env.strategy.pipe   -- the pipeline runner, under pipeline parallelism
     if optimizer.whole_masters then optimizer:whole_masters() end   -- see step.evaluate
     return generate.generate(model, prompt_ids, gen_opts)
   end

@@ -1,0 +1,41 @@
+-- A recipe for generate.sh: the tiny Llama (or GPT-2, with its learned positions and
+-- tied head, with --set generate.gpt2=true), as initialised (the same seed gives every
+-- layout the same whole model before it is split), continues a 5-token prompt by 30
+-- greedy tokens in the layout --set gives (the window slides past seq_len 32 at the end;
+-- under sequence parallelism odd lengths are padded). Every rank prints the ids it got;
+-- the rank that draws with tp, dp and cp coordinates 0 writes each draw's logits to
+-- generate.out.
+local tetra = require("tetra")
+local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
+local tiny = dofile(here .. "/../../recipes/tiny.lua")
+local gpt2 = dofile(here .. "/../../recipes/gpt2.lua")
+
+local defaults = {}
+for k, v in pairs(tiny.defaults) do defaults[k] = v end
+defaults.generate = { out = "", gpt2 = false }
+
+local recipe = { name = "generate", defaults = defaults }
+
+function recipe.run(cfg)
+  local spec = cfg.generate.gpt2 and gpt2 or tiny
+  local data = tetra.train.data_source(cfg)
+  tetra.ffi.C.tt_manual_seed(cfg.train.seed or 0)
+  local model = spec.Model(cfg.model)
+  local env = tetra.train.setup(cfg, model, data, { plan = spec.plan })
+  local c, rows = env.mesh.coords, {}
+  local ids = env.generate({ 10, 20, 30, 40, 50 }, { max_new_tokens = 30, temperature = 0,
+    on_logits = function(row, V)
+      local r = {}
+      for i = 0, V - 1 do r[#r + 1] = string.format("%.9g", row[i]) end
+      rows[#rows + 1] = table.concat(r, " ")
+    end })
+  print(string.format("generate rank %d ids %s", env.rank, table.concat(ids, " ")))
+  if #rows > 0 and c.tp == 0 and c.dp == 0 and c.cp == 0 then
+    local f = assert(io.open(cfg.generate.out, "w"))
+    f:write(table.concat(rows, "\n"), "\n")
+    f:close()
+  end
+  return 0
+end
+
+return recipe

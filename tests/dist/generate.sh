@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Generation (env.generate, train.sample_tokens' samples) in layouts that cut the model or
+# the sequence, against one process: the tiny Llama (4 layers; then GPT-2) as initialised
+# continues a prompt by 30 greedy tokens (tests/dist/generate.lua); every rank must get
+# the single process's ids, and the logits of each draw must equal its logits within
+# 1e-5 of their largest magnitude (measured: 2e-7 of it; the layouts only sum in another
+# order). Pipelines run every stage and share the drawn token; sequence parallelism pads
+# odd lengths; context parallelism attends the whole sequence on each rank. Last, a
+# training run's printed sample (byte tokens of a text file) is the single process's
+# under tp 2 x pp 2 and pp 2 x dp 2.
+# Usage: bash generate.sh /path/to/tetra   (exit 77: skipped)
+set -u
+source "$(dirname "$0")/prelude.bash"
+recipe="$root/tests/dist/generate.lua"
+P=parallel
+status=0
+
+# gen NAME NP SETTINGS...: the run's ids per rank in NAME.ids, the drawing rank's logits
+# in NAME.out.
+gen() {
+  local name="$1" np="$2"; shift 2
+  local sets=() kv
+  for kv in "$@"; do sets+=(--set "$kv"); done
+  if ! timeout 120 mpirun --oversubscribe -np "$np" "$tetra" run "$recipe" \
+       --set log.progress=false --set model.n_layers=4 --set generate.out="$work/$name.out" \
+       "${sets[@]}" \
+       >"$work/$name.log" 2>&1; then
+    echo "FAIL: $name: the run failed:"; tail -n 20 "$work/$name.log"; status=1; return 1
+  fi
+  grep '^generate rank' "$work/$name.log" | sort >"$work/$name.ids"
+}
+
+# check NAME NP SETTINGS...
+check() {
+  local name="$1" np="$2"
+  stop_if_failed
+  gen "$@" || return
+  local want r n
+  want=$(sed -E 's/^generate rank 0 ids //' "$work/ref.ids")
+  n=$(grep -c . "$work/$name.ids")
+  [ "$n" = "$np" ] || { echo "FAIL: $name: $n of $np ranks printed their ids"; status=1; }
+  for ((r = 0; r < np; r++)); do
+    if ! grep -qx "generate rank $r ids $want" "$work/$name.ids"; then
+      echo "FAIL: $name: rank $r's tokens differ from one process's:"
+      echo "  want: $want"; echo "  got:  $(grep "^generate rank $r ids" "$work/$name.ids")"
+      status=1
+    fi
+  done
+  local cmp
+  if [ ! -s "$work/$name.out" ]; then
+    echo "FAIL: $name: no rank wrote its logits"; status=1; return
+  fi
+  cmp=$(paste -d'|' "$work/ref.out" "$work/$name.out" | awk -F'|' '
+    { n = split($1, a, " "); m = split($2, b, " ")
+      if (n != m) { print "row " NR ": " n " against " m " logits"; bad = 1; exit }
+      for (i = 1; i <= n; i++) {
+        d = a[i] - b[i]; if (d < 0) d = -d; if (d > worst) worst = d
+        v = a[i] < 0 ? -a[i] : a[i]; if (v > big) big = v } }
+    END { if (NR != 30) { print NR " rows of logits, not 30"; exit 1 }
+          if (bad) exit 1
+          printf "30 draws, worst logit difference %.3g of largest %.3g", worst, big
+          exit !(worst <= 1e-5 * big) }') ||
+    { echo "FAIL: $name: logits differ from one process's: $cmp"; status=1; return; }
+  echo "$name: $np ranks, the single process's tokens; $cmp"
+}
+
+gen ref 1 || exit 1
+[ "$(wc -l <"$work/ref.out")" = 30 ] || { echo "FAIL: the single process wrote no 30 draws"; exit 1; }
+check tp2 2 $P.tensor_parallel_size=2
+check tp2_sp 2 $P.tensor_parallel_size=2 $P.sequence_parallel=true
+check pp2 2 $P.pipeline_parallel_size=2
+check cp2 2 $P.context_parallel_size=2
+check tp2_sp_pp2 4 $P.tensor_parallel_size=2 $P.sequence_parallel=true $P.pipeline_parallel_size=2
+check pp2_v2_dp2 4 $P.pipeline_parallel_size=2 $P.virtual_pipeline_size=2 \
+  $P.pipeline_schedule=interleaved_1f1b train.gradient_accumulation_steps=2 \
+  $P.data_parallel_size=2
+check cp2_pp2 4 $P.context_parallel_size=2 $P.pipeline_parallel_size=2
+
+# GPT-2: learned positions (padded ones looked up too) and the head tied to the first
+# stage's embedding.
+gpt2=(generate.gpt2=true model.vocab_size=256 model.dim=64 model.n_heads=4 model.n_kv_heads=4
+      model.ffn_hidden=128 model.seq_len=32 model.tie_embeddings=true)
+gen gpt2_ref 1 "${gpt2[@]}" || exit 1
+mv "$work/gpt2_ref.ids" "$work/ref.ids"; mv "$work/gpt2_ref.out" "$work/ref.out"
+check gpt2_tp2_sp_pp2 4 "${gpt2[@]}" $P.tensor_parallel_size=2 $P.sequence_parallel=true \
+  $P.pipeline_parallel_size=2
+
+# The sample a run prints at its end (every rank of the pipelines generates, rank 0
+# prints).
+stop_if_failed
+for i in $(seq 100); do echo "the quick brown fox jumps over the lazy dog, line $i"; done >"$work/text.txt"
+sample() {
+  local name="$1" np="$2"; shift 2
+  local sets=() kv
+  for kv in "$@"; do sets+=(--set "$kv"); done
+  # (a few seconds; a stage left out of the generation hangs its pipeline)
+  timeout 40 mpirun --oversubscribe -np "$np" "$tetra" run recipes/tiny.lua \
+    --set data.mock=false --set data.input_path="$work/text.txt" --set train.steps=30 \
+    --set train.sample_tokens=40 --set train.temperature=0 --set log.progress=false \
+    "${sets[@]}" >"$work/$name.log" 2>&1 ||
+    { echo "FAIL: $name: the run failed:"; tail -n 20 "$work/$name.log"; status=1; return 1; }
+  sed -n '/^--- sample/,/^---$/p' "$work/$name.log" >"$work/$name.sample"
+}
+for lay in "tp2_pp2 4 $P.tensor_parallel_size=2 $P.pipeline_parallel_size=2" \
+           "pp2_dp2 4 $P.pipeline_parallel_size=2 $P.data_parallel_size=2"; do
+  stop_if_failed
+  set -- $lay
+  name=sample_$1
+  [ -s "$work/sample_ref.sample" ] || sample sample_ref 1 || break
+  sample "$name" "$2" "${@:3}" || continue
+  if ! cmp -s "$work/sample_ref.sample" "$work/$name.sample"; then
+    echo "FAIL: $name: the run's sample is not the single process's:"
+    diff "$work/sample_ref.sample" "$work/$name.sample"; status=1
+  else
+    echo "$name: the single process's sample ($(sed -n 2,3p "$work/$name.sample" | tr '\n' ' '))"
+  fi
+done
+
+[ "$status" = 0 ] && echo PASS
+exit "$status"
