@@ -50,6 +50,25 @@ if [ -f "$SRC/recipes/tiny.lua" ]; then
   grep -qE '^all +[0-9.]+ +100\.0%$' <<<"$out" || fail "profile_step(): no total: $out"
   grep -q 'profile_step(k): k must be a positive whole number, got 0' <<<"$out" ||
     fail "profile_step(0) not refused: $out"
+  # sample(p, n): the prompt and n more tokens (bytes here); bad arguments and
+  # a run without text refused with a line each.
+  text=$(mktemp)
+  for i in $(seq 50); do echo "the quick brown fox jumps over the lazy dog, line $i"; done >"$text"
+  out=$(printf '%s\n' 'train_steps(30)' 'sample("the q", 12)' 'sample(nil, 0)' 'sample(3)' |
+    "$TETRA" -i "$SRC/recipes/tiny.lua" --set data.mock=false --set data.input_path="$text" \
+    --set train.temperature=0 2>&1); rc=$?
+  rm -f "$text"
+  [ $rc -eq 0 ] || fail "sample: -i exited $rc: $out"
+  # (after 30 steps on this text the 12 bytes are letters and spaces: one line)
+  line=$(grep '^the q' <<<"$out")
+  [ "${#line}" = 17 ] || fail "sample(\"the q\", 12) printed no line of the prompt and 12 bytes: $out"
+  grep -q '^error: sample(prompt, n): n must be a positive whole number, got 0$' <<<"$out" ||
+    fail "sample(nil, 0) not refused: $out"
+  grep -q '^error: sample(prompt, n): prompt must be a string, got number$' <<<"$out" ||
+    fail "sample(3) not refused: $out"
+  out=$(printf '%s\n' 'sample("x")' | "$TETRA" -i "$SRC/recipes/tiny.lua" 2>&1)
+  grep -q '^error: sample(): this run reads no text, so it has no tokenizer' <<<"$out" ||
+    fail "sample() without a tokenizer not refused: $out"
 fi
 
 out=$("$TETRA" -i /nonexistent/recipe.lua </dev/null 2>&1); rc=$?

@@ -7,7 +7,7 @@
 # order). Pipelines run every stage and share the drawn token; sequence parallelism pads
 # odd lengths; context parallelism attends the whole sequence on each rank. Last, a
 # training run's printed sample (byte tokens of a text file) is the single process's
-# under tp 2 x pp 2 and pp 2 x dp 2.
+# under tp 2 x pp 2 and pp 2 x dp 2, and so is the REPL's sample() under mpirun.
 # Usage: bash generate.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -115,6 +115,24 @@ for lay in "tp2_pp2 4 $P.tensor_parallel_size=2 $P.pipeline_parallel_size=2" \
     echo "$name: the single process's sample ($(sed -n 2,3p "$work/$name.sample" | tr '\n' ' '))"
   fi
 done
+
+# The REPL's sample() under mpirun (one line for every rank) on pp 2 x dp 2 after the
+# same 30 steps: the single process's text.
+stop_if_failed
+repl_sample() {
+  printf '%s\n' 'train_steps(30)' 'sample("the q", 30)' |
+    timeout 60 mpirun --oversubscribe -np "$1" "$tetra" -i recipes/tiny.lua \
+    --set data.mock=false --set data.input_path="$work/text.txt" --set train.temperature=0 \
+    "${@:2}" 2>&1 | grep -E '^(\[[0-9-]+\] )?the q'
+}
+one=$(repl_sample 1) && many=$(repl_sample 4 --set $P.pipeline_parallel_size=2 \
+  --set $P.data_parallel_size=2)
+if [ -z "$one" ] || [ "[0-3] $one" != "$many" ]; then
+  echo "FAIL: the REPL's sample() on pp 2 x dp 2 is not one process's:"
+  echo "  one process: $one"; echo "  pp 2 x dp 2: $many"; status=1
+else
+  echo "repl sample(): $many"
+fi
 
 [ "$status" = 0 ] && echo PASS
 exit "$status"

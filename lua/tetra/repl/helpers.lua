@@ -1,5 +1,6 @@
 -- tetra.repl.helpers: the functions a session puts in scope for a look inside a model:
--- help(), inspect(x), probe(), train_steps(n), profile_step(rows), interrupted(), full(t).
+-- help(), inspect(x), probe(), train_steps(n), profile_step(rows), sample(prompt, n),
+-- interrupted(), full(t).
 local show = require("tetra.repl.show")
 local session = require("tetra.repl.session")
 
@@ -50,6 +51,9 @@ train_steps(n)   run n optimizer steps (default 1) and print loss, lr, tokens/s;
                  Ctrl-C stops it between two steps
 profile_step(k)  one optimizer step under the op profile: its k longest ops (default
                  25), forward and backward apart, and the optimizer's update
+sample(p, n)     a continuation of the text p by n tokens (default: train.prompt and
+                 train.sample_tokens), drawn as the run's samples are (train.temperature,
+                 top_k, seed); every rank of a tensor- or pipeline-parallel model runs it
 full(t)          the whole parameter of which t is a tensor-parallel shard (every
                  rank of t's tp group must run it)
 interrupted()    whether Ctrl-C was pressed, for loops of your own (under mpirun
@@ -176,6 +180,32 @@ exit()           leave (or Ctrl-D)]])
           device == "cpu" and "the host clock" or "CUDA events"))
       end
       print(ops.format(prof, rows))
+    end)
+  end
+
+  -- A continuation of `prompt`, printed: what a run's samples print (train.print_sample),
+  -- for any prompt and length. The generation is collective under tensor and pipeline
+  -- parallelism, so Ctrl-C waits for its end.
+  function env.sample(prompt, n)
+    local gen, tok, cfg = rawget(env, "generate"), rawget(env, "tokenizer"), rawget(env, "cfg")
+    if not (gen and cfg) then
+      error("sample() needs a recipe's model (start with tetra -i RECIPE)", 2)
+    end
+    if not tok then
+      error("sample(): this run reads no text, so it has no tokenizer (data.mock=true); " ..
+            "generate(ids, {max_new_tokens = n}) continues token ids", 2)
+    end
+    local t = cfg.train
+    if prompt == nil then prompt = t.prompt or "\n" end
+    if type(prompt) ~= "string" then
+      error("sample(prompt, n): prompt must be a string, got " .. type(prompt), 2)
+    end
+    n = positive_whole(n, (t.sample_tokens or 0) > 0 and t.sample_tokens or 64,
+                       "sample(prompt, n): n")
+    session.uninterrupted(function()
+      local ids = gen(tok:encode(prompt), { max_new_tokens = n, temperature = t.temperature,
+                                            top_k = t.top_k, seed = t.seed })
+      print(prompt .. tok:decode(ids))
     end)
   end
 
