@@ -518,3 +518,68 @@ describe("plan links between nodes", function()
     expect(err).to_be("--inter-gbs and --inter-gbps both set the same figure: give one")
   end)
 end)
+
+describe("plan precision", function()
+  local cli = require("tetra.cli.plan")
+  local function cluster(name, sets, nodes)
+    local cfg = build(llama, sets)
+    local cl = cli.cluster_of({ cluster = name, over = { nodes = nodes or 1 },
+                                preset_rates = true }, nil, cfg)
+    return cfg, cl
+  end
+
+  it("prices the configuration's precision, and a GPU cluster's bf16 for the default fp32", function()
+    local _, cl = cluster("h100", small)
+    expect(cl.precision).to_be("bf16")
+    _, cl = cluster("cpu", small)
+    expect(cl.precision).to_be("fp32")
+    local cfg16, cpu16 = cluster("cpu", { "train.precision=bf16", unpack(small) })
+    expect(cpu16.precision).to_be("bf16")
+    -- bf16 activations are narrower than fp32's (2 bytes an element but for the f32
+    -- statistics: 0.63 of them here), and the parameters gain their bf16 copies
+    local cfg32, cpu32 = cluster("cpu", small)
+    local lay = plan.search(cfg32, cpu32, { fixed = { tp = 1, pp = 1, dp = 2, cp = 1 } })[1]
+    local again = plan.search(cfg16, cpu16, { fixed = { tp = 1, pp = 1, dp = 2, cp = 1 } })
+    local same
+    for _, r in ipairs(again) do
+      if r.micro_batch == lay.micro_batch and r.recompute == lay.recompute and
+         r.zero_stage == lay.zero_stage then same = r end
+    end
+    expect(same.mem.activations < 0.7 * lay.mem.activations).to_be(true)
+    expect(same.mem.params > lay.mem.params).to_be(true)
+  end)
+
+  it("prices fp8 GEMMs faster and, on GPUs, without recompute, which the engine refuses", function()
+    local sets = { "train.precision=fp8", unpack(small) }
+    local cfg8, h8 = cluster("h100", sets)
+    local cfg16, h16 = cluster("h100", { "train.precision=bf16", unpack(small) })
+    local rows8, rows16 = plan.search(cfg8, h8), plan.search(cfg16, h16)
+    local rc = {}
+    for _, r in ipairs(rows8) do rc[r.recompute] = true end
+    expect(rc.selective or rc.full or false).to_be(false)
+    expect(rc.none).to_be(true)
+    -- the same layout in both: its GEMMs at the FP8 rate take less time
+    local a = rows8[1]
+    local b
+    for _, r in ipairs(rows16) do
+      if r.tp == a.tp and r.dp == a.dp and r.pp == a.pp and r.cp == a.cp and
+         r.recompute == a.recompute and r.zero_stage == a.zero_stage and
+         r.sequence_parallel == a.sequence_parallel and r.micro_batch == a.micro_batch and
+         r.schedule == a.schedule and r.virtual == a.virtual then b = r end
+    end
+    expect(a.compute_s < b.compute_s).to_be(true)
+    -- the written config keeps fp8 and runs (the config checks pass)
+    local path = os.tmpname() .. ".yaml"
+    local f = assert(io.open(path, "w"))
+    f:write(plan.yaml(cfg8, rows8[1], h8))
+    f:close()
+    local _, loaded = config.load(path, { "train.device=cuda" }, { world_size = rows8[1].world })
+    os.remove(path)
+    expect(loaded.train.precision).to_be("fp8")
+    -- on the CPU, where the engine re-runs FP8 blocks, recompute is weighed as ever
+    local _, cpu8 = cluster("cpu", sets)
+    local cpu_rc = {}
+    for _, r in ipairs(plan.search(cfg8, cpu8)) do cpu_rc[r.recompute] = true end
+    expect(cpu_rc.full).to_be(true)
+  end)
+end)

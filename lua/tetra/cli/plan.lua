@@ -182,8 +182,11 @@ function M.table(rows, cl, cfg)
   local m = cfg.model
   out[#out + 1] = string.format(
     "# %s: %d devices; model %s (%s parameters, dim %d, %d layers, seq %d), batch %d " ..
-    "sequences", cl.name, cl.devices, cfg.train.model_name or m.family or "llama",
-    count_text(plan.parameter_count(m)), m.dim, m.n_layers, m.seq_len, cfg.train.batch_size)
+    "sequences, %s", cl.name, cl.devices, cfg.train.model_name or m.family or "llama",
+    count_text(plan.parameter_count(m)), m.dim, m.n_layers, m.seq_len, cfg.train.batch_size,
+    cl.precision == "fp8" and not cl.host_is_device and
+      "fp8 (its GEMMs at the FP8 rate; no recompute: on GPUs the engine refuses it with fp8)"
+      or cl.precision or "fp32")
   if cl.nodes > 1 then
     out[#out + 1] = string.format("# links: %g GB/s and %g us inside a node, %g Gbit/s and " ..
       "%g us between nodes (per device)", cl.intra_bw / 1e9, cl.latency_s * 1e6,
@@ -258,9 +261,11 @@ end
 
 -- The cluster o names with o's overrides. The cpu cluster takes this machine's measured
 -- rates (tetra.planner.local_cpu: cached, or measured now; --measure measures again)
--- unless --preset-rates; the overrides still win. Returns the cluster and a line that
+-- unless --preset-rates; the overrides still win. The layouts are priced in cfg's
+-- train.precision, except its default fp32 on a GPU cluster, which keeps the cluster's
+-- bf16 (the table's header names the precision). Returns the cluster and a line that
 -- says where the cpu rates came from (nil for a preset).
-function M.cluster_of(o, who)
+function M.cluster_of(o, who, cfg)
   local over, line = o.over, nil
   if o.cluster == "cpu" and not o.preset_rates then
     local lc = require("tetra.planner.local_cpu")
@@ -272,7 +277,10 @@ function M.cluster_of(o, who)
     for k, v in pairs(o.over) do measured[k] = v end
     over = measured
   end
-  return plan.cluster(o.cluster, over), line
+  local cl = plan.cluster(o.cluster, over)
+  local p = cfg and cfg.train.precision or "fp32"
+  if p ~= "fp32" then cl.precision = p end
+  return cl, line
 end
 
 function M.main(...)
@@ -283,7 +291,7 @@ function M.main(...)
   local ok, res = pcall(function()
     local cfg = M.load_config(o.file, o.sets)
     plan.cluster(o.cluster, o.over)   -- an unknown name or override: refused before measuring
-    local cl, rates = M.cluster_of(o)
+    local cl, rates = M.cluster_of(o, nil, cfg)
     return { cl = cl, cfg = cfg, rates = rates, rows = plan.search(cfg, cl, { fixed = o.fixed }) }
   end)
   if not ok then

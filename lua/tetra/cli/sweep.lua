@@ -310,7 +310,7 @@ function M.main(...)
   if #layouts == 0 and o.calibrate then
     return usage_error("--calibrate needs --layout (the first layout of each rank count calibrates)")
   end
-  local cl, rates = cli_plan.cluster_of(po, "tetra sweep")
+  local cl, rates = cli_plan.cluster_of(po, "tetra sweep", cfg)
   if rates then io.stderr:write("# ", rates, "\n") end
   local rows = {}
   if #lays > 0 then

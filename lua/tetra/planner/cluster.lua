@@ -56,7 +56,7 @@ M.clusters = {
                 matmul = 0.80, attention = 0.55, mem_bw = 2.4e12, mem_bytes = 96e9,
                 intra_bw = 450e9, inter_bw = 50e9, latency_s = 10e-6, sustained = 0.636, offload_bw = 50e9, host_bw = 50e9,
                 precision = "bf16" },
-  cpu = { name = "this machine: 2 CPU cores, one rank per core (fp32, MPI shared memory)",
+  cpu = { name = "this machine: 2 CPU cores, one rank per core (MPI shared memory)",
           devices_per_node = 2, nodes = 1, peak_flops = 105e9, matmul = 1.0,
           attention = 0.6, mem_bw = 8e9, mem_bytes = 12e9, intra_bw = 1.7e9,
           inter_bw = 1.7e9, latency_s = 12e-6, sustained = 1.0, precision = "fp32",

@@ -62,6 +62,15 @@ M.replay, M.evaluate = schedule.replay, cost.evaluate
 -- fits (not with optim.name=sgd or train.cuda_graphs, which offload cannot go with).
 function M.search(cfg, cl, opts)
   local rows = {}
+  if cl.precision == "fp8" then
+    -- FP8 GEMMs at the cluster's FP8 rate; on GPUs no recompute, which the engine refuses
+    -- with fp8 there (config/schema/recompute.lua).
+    local o = {}
+    for k, v in pairs(opts or {}) do o[k] = v end
+    o.fp8 = true
+    if not cl.host_is_device then o.recompute = "none" end
+    opts = o
+  end
   local t, o = cfg.train or {}, cfg.optim or {}
   local can_offload = not cl.host_is_device and o.name ~= "sgd" and not t.cuda_graphs
   for _, lay in ipairs(M.layouts(cfg, cl, opts)) do

@@ -159,7 +159,7 @@ end
 function M.over(r)
   local over = { peak_flops = r.peak_flops, mem_bw = r.mem_bw,
                  devices_per_node = r.devices_per_node,
-                 name = ("this machine: %s, %d cores, one rank per core (fp32, BLAS core %s)")
+                 name = ("this machine: %s, %d cores, one rank per core (BLAS core %s)")
                         :format(r.model, r.devices_per_node, r.blas) }
   if r.link_bw then
     over.latency_s, over.intra_bw, over.inter_bw = r.latency_s, r.link_bw, r.link_bw
