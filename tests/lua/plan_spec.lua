@@ -576,6 +576,25 @@ describe("plan precision", function()
     local _, loaded = config.load(path, { "train.device=cuda" }, { world_size = rows8[1].world })
     os.remove(path)
     expect(loaded.train.precision).to_be("fp8")
+    -- nor does the out-of-memory advice of tetra run's fit check suggest recompute
+    local fit = require("tetra.config.fit")
+    local gpu8 = build(llama, { "train.precision=fp8", "train.device=cuda",
+                                "train.batch_size=8", "model.n_layers=4", unpack(small, 1, 7) })
+    local gpu16 = build(llama, { "train.precision=bf16", "train.device=cuda",
+                                 "train.batch_size=8", "model.n_layers=4", unpack(small, 1, 7) })
+    local need = fit.estimate(gpu16, 1).mem.total
+    local _, advice16 = fit.cheapest(gpu16, 1, 0.6 * need)
+    expect(advice16:find("train.recompute=", 1, true) ~= nil).to_be(true)
+    local advised = 0
+    for k = 7, 19 do   -- 35% to 95% of what the layout needs (a recompute was cheapest
+                       -- at 40% and 65% before)
+      local _, advice8 = fit.cheapest(gpu8, 1, k * 0.05 * need)
+      if advice8 then
+        advised = advised + 1
+        expect(advice8:find("train.recompute=", 1, true)).to_be(nil)
+      end
+    end
+    expect(advised >= 10).to_be(true)
     -- on the CPU, where the engine re-runs FP8 blocks, recompute is weighed as ever
     local _, cpu8 = cluster("cpu", sets)
     local cpu_rc = {}
