@@ -2,7 +2,8 @@
 -- tied head, with --set generate.gpt2=true), as initialised (the same seed gives every
 -- layout the same whole model before it is split), continues a 5-token prompt by 30
 -- greedy tokens in the layout --set gives (the window slides past seq_len 32 at the end;
--- under sequence parallelism odd lengths are padded). Every rank prints the ids it got;
+-- under sequence parallelism odd lengths are padded). Every rank prints the ids it got
+-- and the model's evaluation loss on two mock batches;
 -- the rank that draws with tp, dp and cp coordinates 0 writes each draw's logits to
 -- generate.out.
 local tetra = require("tetra")
@@ -30,6 +31,8 @@ function recipe.run(cfg)
       rows[#rows + 1] = table.concat(r, " ")
     end })
   print(string.format("generate rank %d ids %s", env.rank, table.concat(ids, " ")))
+  -- The held-out loss of the same model (a pipeline's evaluation shares the last stage's)
+  print(string.format("generate rank %d eval %.9g", env.rank, env.evaluate(2)))
   if #rows > 0 and c.tp == 0 and c.dp == 0 and c.cp == 0 then
     local f = assert(io.open(cfg.generate.out, "w"))
     f:write(table.concat(rows, "\n"), "\n")

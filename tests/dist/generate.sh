@@ -5,7 +5,8 @@
 # the single process's ids, and the logits of each draw must equal its logits within
 # 1e-5 of their largest magnitude (measured: 2e-7 of it; the layouts only sum in another
 # order). Pipelines run every stage and share the drawn token; sequence parallelism pads
-# odd lengths; context parallelism attends the whole sequence on each rank. Last, a
+# odd lengths; context parallelism attends the whole sequence on each rank. The model's
+# evaluation loss (a pipeline's comes from its last stage) is compared too. Last, a
 # training run's printed sample (byte tokens of a text file) is the single process's
 # under tp 2 x pp 2 and pp 2 x dp 2, and so is the REPL's sample() under mpirun.
 # Usage: bash generate.sh /path/to/tetra   (exit 77: skipped)
@@ -27,7 +28,8 @@ gen() {
        >"$work/$name.log" 2>&1; then
     echo "FAIL: $name: the run failed:"; tail -n 20 "$work/$name.log"; status=1; return 1
   fi
-  grep '^generate rank' "$work/$name.log" | sort >"$work/$name.ids"
+  grep '^generate rank [0-9]* ids' "$work/$name.log" | sort >"$work/$name.ids"
+  grep '^generate rank [0-9]* eval' "$work/$name.log" | sort >"$work/$name.eval"
 }
 
 # check NAME NP SETTINGS...
@@ -46,6 +48,15 @@ check() {
       status=1
     fi
   done
+  # Every rank's evaluation loss: the single process's within 1e-6 relative (measured:
+  # at most 2.4e-7 of 5.55).
+  local ev
+  ev=$(awk -v want="$(sed -E 's/.* eval //' "$work/ref.eval")" -v np="$np" '
+    { d = $5 - want; if (d < 0) d = -d; if (d > worst) worst = d; n++ }
+    END { printf "eval loss %.9g, worst rank off by %.2g", want, worst
+          exit !(n == np && worst <= 1e-6 * want) }' "$work/$name.eval") ||
+    { echo "FAIL: $name: the ranks' evaluation losses differ from one process's ($ev):"
+      cat "$work/$name.eval"; status=1; }
   local cmp
   if [ ! -s "$work/$name.out" ]; then
     echo "FAIL: $name: no rank wrote its logits"; status=1; return
@@ -61,7 +72,7 @@ check() {
           printf "30 draws, worst logit difference %.3g of largest %.3g", worst, big
           exit !(worst <= 1e-5 * big) }') ||
     { echo "FAIL: $name: logits differ from one process's: $cmp"; status=1; return; }
-  echo "$name: $np ranks, the single process's tokens; $cmp"
+  echo "$name: $np ranks, the single process's tokens; $cmp; $ev"
 }
 
 gen ref 1 || exit 1
@@ -81,7 +92,7 @@ check cp2_pp2 4 $P.context_parallel_size=2 $P.pipeline_parallel_size=2
 gpt2=(generate.gpt2=true model.vocab_size=256 model.dim=64 model.n_heads=4 model.n_kv_heads=4
       model.ffn_hidden=128 model.seq_len=32 model.tie_embeddings=true)
 gen gpt2_ref 1 "${gpt2[@]}" || exit 1
-mv "$work/gpt2_ref.ids" "$work/ref.ids"; mv "$work/gpt2_ref.out" "$work/ref.out"
+for f in ids out eval; do mv "$work/gpt2_ref.$f" "$work/ref.$f"; done
 check gpt2_tp2_sp_pp2 4 "${gpt2[@]}" $P.tensor_parallel_size=2 $P.sequence_parallel=true \
   $P.pipeline_parallel_size=2
 

@@ -340,18 +340,27 @@ function Pipeline:share_number(x)
   return v
 end
 
+-- Tokens (b, T + 1) through this stage's chunks, without the tape: the last virtual
+-- stage's output (its loss, or with logits_wanted its logits), nil on the other stages.
+local function forward_chunks(self, tokens, logits_wanted)
+  self.pending = {}
+  local out
+  for c = 0, self.virtual - 1 do
+    local x, y = self:forward(tokens, 0, c, false, logits_wanted)
+    free(x)
+    if c * self.stages + self.stage == self.n_virtual - 1 then out = y else free(y) end
+  end
+  for _, h in ipairs(self.pending) do h:wait() end
+  self.pending = nil
+  return out
+end
+
 -- Mean loss of tokens (b, T + 1) through every stage, without the tape (evaluation).
 function Pipeline:forward_loss(tokens)
   return F.no_grad(function()
-    self.pending = {}
-    local loss = 0.0
-    for c = 0, self.virtual - 1 do
-      local x, y = self:forward(tokens, 0, c, false)
-      if c * self.stages + self.stage == self.n_virtual - 1 then loss = F.item(y) end
-      free(x); free(y)
-    end
-    for _, h in ipairs(self.pending) do h:wait() end
-    self.pending = nil
+    local y = forward_chunks(self, tokens, false)
+    local loss = y and F.item(y) or 0.0
+    free(y)
     return self:share_number(loss)
   end)
 end
@@ -360,18 +369,7 @@ end
 -- stage, without the tape (generation): (b, T, this rank's vocabulary columns) on the
 -- last stage, nil on the others. Every rank of the pipeline calls it alike.
 function Pipeline:forward_logits(tokens)
-  return F.no_grad(function()
-    self.pending = {}
-    local logits
-    for c = 0, self.virtual - 1 do
-      local x, y = self:forward(tokens, 0, c, false, true)
-      free(x)
-      if c * self.stages + self.stage == self.n_virtual - 1 then logits = y else free(y) end
-    end
-    for _, h in ipairs(self.pending) do h:wait() end
-    self.pending = nil
-    return logits
-  end)
+  return F.no_grad(function() return forward_chunks(self, tokens, true) end)
 end
 
 return M

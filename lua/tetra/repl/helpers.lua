@@ -187,15 +187,15 @@ exit()           leave (or Ctrl-D)]])
   -- for any prompt and length. The generation is collective under tensor and pipeline
   -- parallelism, so Ctrl-C waits for its end.
   function env.sample(prompt, n)
-    local gen, tok, cfg = rawget(env, "generate"), rawget(env, "tokenizer"), rawget(env, "cfg")
-    if not (gen and cfg) then
+    local run = rawget(env, "env")   -- the recipe's training environment
+    if not (run and run.generate) then
       error("sample() needs a recipe's model (start with tetra -i RECIPE)", 2)
     end
-    if not tok then
+    if not run.tokenizer then
       error("sample(): this run reads no text, so it has no tokenizer (data.mock=true); " ..
             "generate(ids, {max_new_tokens = n}) continues token ids", 2)
     end
-    local t = cfg.train
+    local t = run.cfg.train
     if prompt == nil then prompt = t.prompt or "\n" end
     if type(prompt) ~= "string" then
       error("sample(prompt, n): prompt must be a string, got " .. type(prompt), 2)
@@ -203,9 +203,7 @@ exit()           leave (or Ctrl-D)]])
     n = positive_whole(n, (t.sample_tokens or 0) > 0 and t.sample_tokens or 64,
                        "sample(prompt, n): n")
     session.uninterrupted(function()
-      local ids = gen(tok:encode(prompt), { max_new_tokens = n, temperature = t.temperature,
-                                            top_k = t.top_k, seed = t.seed })
-      print(prompt .. tok:decode(ids))
+      print(prompt .. require("tetra.train.generate").continuation(run, prompt, n))
     end)
   end
 

@@ -95,6 +95,16 @@ function generate.generate(model, prompt_ids, opts)
   return out
 end
 
+-- The text that continues `prompt` (a string) by n tokens of env's model, drawn with
+-- train.temperature, top_k and seed (the run's samples; the REPL's sample()). Every rank
+-- of a tensor-parallel or pipelined model calls it alike.
+function generate.continuation(env, prompt, n)
+  local t = env.cfg.train
+  local ids = env.generate(env.tokenizer:encode(prompt), { max_new_tokens = n,
+    temperature = t.temperature, top_k = t.top_k, seed = t.seed })
+  return env.tokenizer:decode(ids), #ids
+end
+
 -- Prints a continuation of `prompt` (a string; default train.prompt or a newline) on
 -- rank 0, using env.tokenizer (nothing to print without one) and train.sample_tokens,
 -- temperature, top_k, seed.
@@ -106,14 +116,11 @@ function generate.print_sample(env, prompt)
   if not env.tokenizer or (t.sample_tokens or 0) <= 0 then return end
   local par = env.par
   if env.rank ~= 0 and par.layout.tp == 1 and not par.stage then return end
-  local tok = env.tokenizer
   prompt = prompt or t.prompt or "\n"
-  local ids = env.generate(tok:encode(prompt), { max_new_tokens = t.sample_tokens,
-    temperature = t.temperature, top_k = t.top_k, seed = t.seed })
+  local text, n = generate.continuation(env, prompt, t.sample_tokens)
   if env.rank ~= 0 then return end
-  io.stdout:write("--- sample (", #ids, " tokens, temperature ", tostring(t.temperature),
-                  ", top-k ", tostring(t.top_k), ") ---\n", prompt, tok:decode(ids),
-                  "\n---\n")
+  io.stdout:write("--- sample (", n, " tokens, temperature ", tostring(t.temperature),
+                  ", top-k ", tostring(t.top_k), ") ---\n", prompt, text, "\n---\n")
   io.stdout:flush()
 end
 
