@@ -387,13 +387,17 @@ int tt_backward(tt_tensor *loss) {
 ** scales, taken from an amax history its forward moves on), kept while a checkpointed
 ** block runs (TT_CKPT_STASHING) and handed back in the same order while its re-run does
 ** (TT_CKPT_REPLAYING), so that the re-run computes with the first run's values and changes
-** nothing. A checkpoint node owns its block's stash (node->ctx).
+** nothing. A checkpoint node owns its block's stash (node->ctx). Values a device keeps
+** where the host cannot read them without a wait (the CUDA FP8 layers' scales) are
+** stashed as tensors (s: retained, in call order).
 ** Under selective recompute (tt_checkpoint_keep_gemms) the stash also keeps the block's
 ** GEMM outputs (t: retained tensors, in call order), which its re-run takes back instead
 ** of computing them again. */
 typedef struct ckpt_stash {
   double *v;
   int64_t n, cap, next;
+  tt_tensor **s;
+  int64_t ns, scap, snext;
   tt_tensor **t;
   int64_t nt, tcap, tnext;
   int keep;   /* GEMM outputs are kept: the re-run must take each back */
@@ -407,7 +411,9 @@ static void stash_free(void *p) {
   ckpt_stash *st = p;
   if (st) {
     for (int64_t i = 0; i < st->nt; i++) tt_tensor_release(st->t[i]);
+    for (int64_t i = 0; i < st->ns; i++) tt_tensor_release(st->s[i]);
     free(st->t);
+    free(st->s);
     free(st->v);
   }
   free(st);
@@ -426,20 +432,25 @@ static ckpt_stash *stash_get(void) {
 
 void tt_checkpoint_keep_gemms(int on) { tt_ckpt_keep = on != 0; }
 
+/* Appends t, retained, to a stash's list (*list, *n of *cap). */
+static int stash_push(tt_tensor ***list, int64_t *n, int64_t *cap, tt_tensor *t) {
+  if (*n == *cap) {
+    int64_t grown_cap = *cap ? *cap * 2 : 8;
+    tt_tensor **grown = realloc(*list, (size_t)grown_cap * sizeof *grown);
+    TT_CHECK(grown, "checkpoint: out of host memory (stash of %lld tensors)",
+             (long long)grown_cap);
+    *list = grown;
+    *cap = grown_cap;
+  }
+  tt_tensor_retain(t);
+  (*list)[(*n)++] = t;
+  return 0;
+}
+
 int tt_checkpoint_keep_output(tt_tensor *t) {
   if (tt_ckpt_mode != TT_CKPT_STASHING || !tt_ckpt_keep) return 0;
   ckpt_stash *st = stash_get();
-  if (!st) return -1;
-  if (st->nt == st->tcap) {
-    int64_t cap = st->tcap ? st->tcap * 2 : 8;
-    tt_tensor **grown = realloc(st->t, (size_t)cap * sizeof *grown);
-    TT_CHECK(grown, "checkpoint: out of host memory (stash of %lld outputs)", (long long)cap);
-    st->t = grown;
-    st->tcap = cap;
-  }
-  tt_tensor_retain(t);
-  st->t[st->nt++] = t;
-  return 0;
+  return st ? stash_push(&st->t, &st->nt, &st->tcap, t) : -1;
 }
 
 int tt_checkpoint_take_output(const int64_t *shape, int ndim, int dtype, int device,
@@ -462,6 +473,17 @@ int tt_checkpoint_take_output(const int64_t *shape, int ndim, int dtype, int dev
   tt_tensor_retain(t);
   *out = t;
   return 0;
+}
+
+int tt_checkpoint_keep_copy(tt_tensor *t) {
+  if (tt_ckpt_mode != TT_CKPT_STASHING || !tt_ckpt_keep) return 0;
+  /* A copy: the block may change its output in place (RoPE rotates q and k). */
+  tt_tensor *copy = NULL;
+  int rc = tt_empty_like(t, &copy);
+  if (rc == 0) rc = tt_copy_(copy, t);
+  if (rc == 0) rc = tt_checkpoint_keep_output(copy);
+  tt_tensor_release(copy);
+  return rc;
 }
 
 void tt_checkpoint_rerun_done(void) {
@@ -492,6 +514,23 @@ int tt_checkpoint_replay(double *v, int n) {
            "(the block's forward took another path)");
   memcpy(v, st->v + st->next, (size_t)n * sizeof *v);
   st->next += n;
+  return 0;
+}
+
+int tt_checkpoint_stash_tensor(tt_tensor *t) {
+  if (tt_ckpt_mode != TT_CKPT_STASHING) return 0;
+  ckpt_stash *st = stash_get();
+  return st ? stash_push(&st->s, &st->ns, &st->scap, t) : -1;
+}
+
+int tt_checkpoint_replay_tensor(tt_tensor **out) {
+  ckpt_stash *st = tt_ckpt_stash;
+  *out = NULL;
+  TT_CHECK(tt_ckpt_mode == TT_CKPT_REPLAYING && st && st->snext < st->ns,
+           "checkpoint: the re-run asks for more stashed tensors than its first run kept "
+           "(the block's forward took another path)");
+  *out = st->s[st->snext++];
+  tt_tensor_retain(*out);
   return 0;
 }
 
@@ -530,7 +569,7 @@ static int checkpoint_backward(tt_node *node, tt_tensor *grad_out) {
   tt_tape_base = tt_tape_len;
   tt_grad_enabled = 1;
   ckpt_stash *st = node->ctx;
-  if (st) st->next = st->tnext = 0;
+  if (st) st->next = st->snext = st->tnext = 0;
   tt_ckpt_stash = st;
   tt_ckpt_mode = TT_CKPT_REPLAYING;
   int rc = tt_recompute_hook(node->i[0], leaf, grad_out, tt_recompute_hook_ud);

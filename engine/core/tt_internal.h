@@ -57,11 +57,19 @@ enum { TT_CKPT_OFF, TT_CKPT_STASHING, TT_CKPT_REPLAYING };
 int tt_checkpoint_mode(void);
 int tt_checkpoint_stash(const double *v, int n);   /* 0 (no-op) outside STASHING */
 int tt_checkpoint_replay(double *v, int n);
+/* The same for a value held in a tensor (a device's scales, which the host does not
+** read): retained by the stash on the first run; on the re-run the next one, retained
+** for the caller (the same tensor, not a copy). */
+int tt_checkpoint_stash_tensor(tt_tensor *t);   /* 0 (no-op) outside STASHING */
+int tt_checkpoint_replay_tensor(tt_tensor **out);
 /* Selective recompute (tt_checkpoint_keep_gemms): a GEMM's output (its final tensor, of
 ** the caller's shape and dtype) kept on the block's first run, 0 (no-op) otherwise; and
 ** on the re-run the next kept one, checked against the shape, dtype and device the
 ** re-run would compute (*out NULL when nothing is kept: compute it). */
 int tt_checkpoint_keep_output(tt_tensor *t);
+/* tt_checkpoint_keep_output of a copy of t (the block may change t in place later); 0
+** (no-op, no copy) unless a block that keeps its GEMM outputs is being stashed. */
+int tt_checkpoint_keep_copy(tt_tensor *t);
 int tt_checkpoint_take_output(const int64_t *shape, int ndim, int dtype, int device,
                               tt_tensor **out);
 /* True when t takes part in autograd (requires_grad set). */

@@ -83,17 +83,19 @@ __global__ void amax_kernel(const T *x, int64_t n, float *amax) {
 
 enum { TILE = 32, TILE_ROWS = 8 };
 
-/* q (rows, cols) = fp8(x * scale) and, when qt is not NULL, qt (cols, rows) = q^T, from
-** one read of x; records max |x| into *amax and, from block 0, the inverse scale used
-** into *scale_inv_used. Blocks of TILE x TILE_ROWS threads, one TILE x TILE tile each. */
+/* q (rows, cols) = fp8(x * *scale) and, when qt is not NULL, qt (cols, rows) = q^T, from
+** one read of x; records max |x| into *amax and, from block 0, the inverse scale and the
+** scale used into used[0] and used[1] (each unless NULL: a recompute re-run records
+** nothing). Blocks of TILE x TILE_ROWS threads, one TILE x TILE tile each. */
 template <typename T>
 __global__ void cast_transpose_kernel(const T *x, int64_t rows, int64_t cols,
-                                      const dev_meta *m, int fp8_dtype, uint8_t *q,
-                                      uint8_t *qt, float *amax, float *scale_inv_used) {
+                                      const float *scale_in, const float *scale_inv_in,
+                                      int fp8_dtype, uint8_t *q, uint8_t *qt, float *amax,
+                                      float *used) {
   __shared__ uint8_t tile[TILE][TILE + 4];
   __shared__ float scratch[32];
   const __nv_fp8_interpretation_t kind = fp8_dtype == TT_E4M3 ? __NV_E4M3 : __NV_E5M2;
-  const float scale = m->scale;
+  const float scale = *scale_in;
   const int64_t r0 = (int64_t)blockIdx.y * TILE, c0 = (int64_t)blockIdx.x * TILE;
   const int tx = threadIdx.x, ty = threadIdx.y;
   float a = 0;
@@ -125,8 +127,11 @@ __global__ void cast_transpose_kernel(const T *x, int64_t rows, int64_t cols,
   if (flat == 0) {
     float b = 0;
     for (int i = 0; i < (TILE * TILE_ROWS) / 32; i++) b = fmaxf(b, scratch[i]);
-    record_amax(amax, b);
-    if (blockIdx.x == 0 && blockIdx.y == 0) *scale_inv_used = m->scale_inv;
+    if (amax) record_amax(amax, b);
+    if (used && blockIdx.x == 0 && blockIdx.y == 0) {
+      used[0] = *scale_inv_in;
+      used[1] = scale;
+    }
   }
 }
 
@@ -246,16 +251,22 @@ static int launch_amax(const cast_job *j, float *amax) {
   });
 }
 
-static int launch_cast(const cast_job *j, fp8_device *d, float *scale_inv_used) {
+/* The job's cast at its meta's scale, recording its amax and the scales used in the
+** role's slot of `scales`; with `replay`, at the scale already in that slot (a recompute
+** re-run: the first run's), recording nothing. */
+static int launch_cast(const cast_job *j, fp8_device *d, float *scales, int replay) {
   const dim3 grid((unsigned)((j->cols + TILE - 1) / TILE), (unsigned)((j->rows + TILE - 1) / TILE));
   const dim3 block(TILE, TILE_ROWS);
-  float *amax = (float *)tt_tensor_data(d->amax) + j->role;
+  float *slot = scales + j->role * SLOT;
+  const dev_meta *m = &d->metas[j->role];
+  const float *scale = replay ? slot + 1 : &m->scale, *scale_inv = replay ? slot : &m->scale_inv;
+  float *amax = replay ? NULL : (float *)tt_tensor_data(d->amax) + j->role;
   return tt_cuda_dispatch_float("fp8_linear", j->x->dtype, [&](auto *tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     cast_transpose_kernel<T><<<grid, block, 0, tt_cuda_cur_stream()>>>(
-        (const T *)tt_tensor_data(j->x), j->rows, j->cols, &d->metas[j->role], j->fp8_dtype,
+        (const T *)tt_tensor_data(j->x), j->rows, j->cols, scale, scale_inv, j->fp8_dtype,
         (uint8_t *)tt_tensor_data(j->q), j->qt ? (uint8_t *)tt_tensor_data(j->qt) : NULL,
-        amax, scale_inv_used + j->role * SLOT);
+        amax, replay ? NULL : slot);
     TT_CU_LAUNCHED("cast_transpose_kernel");
     return 0;
   });
@@ -273,9 +284,12 @@ static int agree(void *group, fp8_device *d) {
 }
 
 /* Quantises the n jobs at their delayed scales (a role's first quantisation from its own
-** agreed amax), writing the inverse scales used into scale_inv (ROLES slots of SLOT
-** floats, device), then updates the histories. Everything is queued on the stream: no host sync. */
-static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, float *scale_inv) {
+** agreed amax), writing the inverse scale and the scale used into each role's slot of
+** `scales` (ROLES slots of SLOT floats, device), then updates the histories. With
+** `replay` (a recompute re-run), at the scales already in those slots, and nothing else
+** moves. Everything is queued on the stream: no host sync. */
+static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, float *scales,
+                         int replay) {
   int fresh = 0, all = 0;
   for (int i = 0; i < n; i++) {
     cast_job *j = &jobs[i];
@@ -285,6 +299,10 @@ static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, floa
     TT_TRY(tt_tensor_empty(shape, 2, j->fp8_dtype, d->device, &j->q));
     if (j->want_t) TT_TRY(tt_tensor_empty(tshape, 2, j->fp8_dtype, d->device, &j->qt));
   }
+  if (replay) {
+    for (int i = 0; i < n; i++) TT_TRY(launch_cast(&jobs[i], d, scales, 1));
+    return 0;
+  }
   if (fresh) {
     for (int i = 0; i < n; i++)
       if (fresh & (1 << jobs[i].role)) TT_TRY(launch_amax(&jobs[i], (float *)tt_tensor_data(d->amax) + jobs[i].role));
@@ -293,7 +311,7 @@ static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, floa
                                                      fresh, fresh);
     TT_CU_LAUNCHED("update_kernel");
   }
-  for (int i = 0; i < n; i++) TT_TRY(launch_cast(&jobs[i], d, scale_inv));
+  for (int i = 0; i < n; i++) TT_TRY(launch_cast(&jobs[i], d, scales, 0));
   TT_TRY(agree(group, d));
   update_kernel<<<1, 1, 0, tt_cuda_cur_stream()>>>(d->metas, (float *)tt_tensor_data(d->amax),
                                                    all & ~fresh, all);
@@ -354,7 +372,7 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
   if (rc == 0) {
     job.x = g; job.rows = rows; job.cols = outf; job.role = ROLE_G;
     job.fp8_dtype = TT_E5M2; job.want_t = tt_needs_grad(w);
-    rc = quantise_jobs(&job, 1, d, st->amax_group, si);
+    rc = quantise_jobs(&job, 1, d, st->amax_group, si, 0);
   }
   if (rc == 0 && tt_needs_grad(x)) {
     /* dX (rows, in) = q_g (rows, out) . (q_w^T (in, out))^T, bf16 */
@@ -421,24 +439,43 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
   int rc = tt_contiguous_nograd(x, &xc);
   if (rc == 0) rc = tt_contiguous_nograd(w, &wc);
   if (rc == 0 && bias) rc = as_dtype(bias, TT_BF16, &bc);
-  if (rc == 0) rc = tt_tensor_zeros(&nroles, 1, TT_F32, x->device, &sinv);
+  /* Activation recompute (tt_checkpoint): a checkpointed block's first run stashes the
+  ** scales it used (this tensor, on the device: no host read) and its re-run in backward
+  ** quantises with them, recording no amax, so the histories move once per forward and
+  ** the re-run's codes and product are the first run's (engine/ops/fp8.c does the same
+  ** with host values). */
+  const int replay = tt_checkpoint_mode() == TT_CKPT_REPLAYING;
+  if (rc == 0 && replay) {
+    rc = tt_checkpoint_replay_tensor(&sinv);
+    if (rc == 0 && (sinv->device != x->device || tt_tensor_numel(sinv) != nroles))
+      rc = tt_set_error("fp8_linear: the re-run's stashed scales are not this layer's (the "
+                        "block's forward took another path)");
+  } else if (rc == 0) {
+    rc = tt_tensor_zeros(&nroles, 1, TT_F32, x->device, &sinv);
+    if (rc == 0) rc = tt_checkpoint_stash_tensor(sinv);
+  }
   if (rc == 0) {
     jobs[0].x = xc; jobs[0].rows = rows; jobs[0].cols = in; jobs[0].role = ROLE_X;
     jobs[0].fp8_dtype = TT_E4M3; jobs[0].want_t = record && tt_needs_grad(w);
     jobs[1].x = wc; jobs[1].rows = outf; jobs[1].cols = in; jobs[1].role = ROLE_W;
     jobs[1].fp8_dtype = TT_E4M3; jobs[1].want_t = record && tt_needs_grad(x);
-    rc = quantise_jobs(jobs, 2, d, st->amax_group, (float *)tt_tensor_data(sinv));
+    rc = quantise_jobs(jobs, 2, d, st->amax_group, (float *)tt_tensor_data(sinv), replay);
   }
-  if (rc == 0) {
+  /* Selective recompute's re-run takes the product its first run kept (the codes are
+  ** still made above: backward saves them), and the first run keeps a copy. */
+  if (rc == 0) rc = tt_checkpoint_take_output(y_shape, x->ndim, x->dtype, x->device, &yv);
+  const int kept = yv != NULL;
+  if (rc == 0 && !kept) {
     /* Y (rows, out) = q_x (rows, in) . q_w (out, in)^T + bias, bf16 */
     int64_t shape[2] = {rows, outf};
     const float *si = (const float *)tt_tensor_data(sinv);
     rc = tt_tensor_empty(shape, 2, TT_BF16, x->device, &y);
     if (rc == 0) rc = fp8_gemm(rows, outf, in, jobs[0].q, jobs[1].q, y, si + ROLE_X * SLOT,
                                si + ROLE_W * SLOT, bc ? tt_tensor_data(bc) : NULL, st->fast_accum);
+    if (rc == 0) rc = as_dtype(y, x->dtype, &y2);
+    if (rc == 0) rc = tt_view(y2, y_shape, x->ndim, &yv);
+    if (rc == 0) rc = tt_checkpoint_keep_copy(yv);
   }
-  if (rc == 0) rc = as_dtype(y, x->dtype, &y2);
-  if (rc == 0) rc = tt_view(y2, y_shape, x->ndim, &yv);
   tt_set_grad_enabled(grad);
   if (rc == 0 && record) {
     tt_node *node = tt_record("fp8_linear", fp8_linear_backward, yv, ins, 3);
@@ -446,6 +483,7 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
       rc = -1;
     } else {
       node->ctx = st;
+      node->whole = 1;   /* backward records the gradient's amax: one run only */
       /* Backward needs q_x^T only for dW and q_w^T only for dX; an empty placeholder
       ** keeps the slots fixed when one is not needed. */
       tt_node_save(node, jobs[0].qt ? jobs[0].qt : jobs[0].q);

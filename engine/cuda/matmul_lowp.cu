@@ -322,14 +322,7 @@ static int lowp_impl(const char *op, int allow_row, tt_tensor *a, tt_tensor *b,
   /* cuBLASLt's bias epilogue reads the bias in the output's dtype. */
   if (st == 0 && !kept && bias) st = tt_cuda_cast_contiguous(bias, o->dtype, &biasc);
   if (st == 0 && !kept) st = forward(&p, al, bl, o, biasc ? tt_tensor_data(biasc) : NULL);
-  if (st == 0 && !kept && tt_checkpoint_mode() == TT_CKPT_STASHING) {
-    /* A copy: the block may change its output in place (RoPE rotates q and k). */
-    tt_tensor *copy = NULL;
-    st = tt_tensor_empty(shape, ndim, o_dtype, a->device, &copy);
-    if (st == 0) st = tt_copy_(copy, o);
-    if (st == 0) st = tt_checkpoint_keep_output(copy);
-    tt_tensor_release(copy);
-  }
+  if (st == 0 && !kept) st = tt_checkpoint_keep_copy(o);
   if (st == 0 && tt_should_record(in, 3)) {
     tt_node *node = tt_record(op, lowp_backward, o, in, 3);
     if (!node) {

@@ -412,10 +412,6 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
   TT_TRY(tt_check_same_device("fp8_linear", ins, bias ? 3 : 2));
   if (tt_device_is_cuda(x->device)) {
     if (!tt_cuda_fp8_linear) return tt_no_kernel("fp8_linear", x->device);
-    /* The device keeps its scales on the device (no host read per GEMM), so there is no
-    ** stash to replay from: a re-run would quantise with moved scales. */
-    TT_CHECK(tt_checkpoint_mode() == TT_CKPT_OFF, "fp8_linear: activation recompute of "
-             "FP8 layers runs on the CPU only (train.recompute with fp8 on cuda)");
     return tt_cuda_fp8_linear(x, w, bias, st, out);
   }
   TT_CHECK(!st->fast_accum,
@@ -439,7 +435,9 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
     tt_fp8_meta *ms[2] = {&st->x, &st->w};
     rc = fp8_forward_quantize(ops, ms, st->amax_group, q, scale);
   }
-  /* Y (rows, out) = q_x (rows, in) @ q_w (out, in)^T */
+  /* Y (rows, out) = q_x (rows, in) @ q_w (out, in)^T. Under selective recompute the
+  ** product is kept and taken back by tt_matmul itself (engine/ops/matmul.c); the re-run
+  ** still makes the codes (backward saves them) and the epilogue. */
   if (!rc) rc = decode_fp8(q[0], &dxq);
   if (!rc) rc = decode_fp8(q[1], &dwq);
   if (!rc) rc = tt_matmul(dxq, dwq, NULL, 0, 1, &acc);

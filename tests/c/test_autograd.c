@@ -370,10 +370,11 @@ Test(autograd, deferred_grads_come_last_and_equal) {
 /* Two residual blocks y = x + linear(silu(linear(x, w, b)), v) (x: (N, D_IN), w: (D_H,
 ** D_IN), v: (D_IN, D_H)) after an input projection, run plainly or checkpointed: each
 ** block's first run records nothing, its re-run comes from recompute_block (the hook),
-** which also checks the stash hands back what the first run kept. */
+** which also checks the stash hands back what the first run kept (values and a tensor). */
 typedef struct ckpt_case {
   tt_tensor *p[5];    /* w0 (D_IN, D_IN), w, b, v, then c (D_IN, D_IN) for the second block */
   int reruns, fail;
+  tt_tensor *stashed[4];   /* the two tensors each block's first run stashes */
 } ckpt_case;
 
 static int block(const ckpt_case *c, int k, tt_tensor *x, tt_tensor **y) {
@@ -398,6 +399,15 @@ static int recompute_block(int64_t key, tt_tensor *leaf, tt_tensor *grad_out, vo
   if (tt_checkpoint_replay(s, 2) || s[0] != (double)key || s[1] != 0.5 * (double)key)
     return tt_fail("stash: not what the first run kept");
   if (tt_checkpoint_replay(s, 1) == 0) return tt_fail("stash: more values than kept");
+  tt_tensor *kept = NULL, *more = NULL;
+  for (int i = 0; i < 2; i++) {
+    if (tt_checkpoint_replay_tensor(&kept)) return -1;
+    const int same = kept == c->stashed[2 * (key - 1) + i] && kept->refcount >= 3;
+    tt_tensor_release(kept);
+    if (!same) return tt_fail("stash: not the tensor the first run kept");
+  }
+  if (tt_checkpoint_replay_tensor(&more) == 0 || more)
+    return tt_fail("stash: more tensors than kept");
   tt_tensor *y = NULL;
   int rc = block(c, (int)key - 1, leaf, &y);
   if (!rc) rc = tt_backward_with(y, grad_out);
@@ -418,6 +428,8 @@ static int ckpt_net(ckpt_case *c, tt_tensor *in, int checkpointed, tt_tensor **l
     tt_checkpoint_begin();
     double s[2] = {k + 1, 0.5 * (k + 1)};
     rc = tt_checkpoint_stash(s, 2);
+    if (!rc) rc = tt_checkpoint_stash_tensor(c->stashed[2 * k]);
+    if (!rc) rc = tt_checkpoint_stash_tensor(c->stashed[2 * k + 1]);
     if (!rc) rc = block(c, k, x[k], &x[k + 1]);
     tt_set_grad_enabled(1);
     if (!rc) rc = tt_checkpoint(x[k], x[k + 1], k + 1);
@@ -434,7 +446,9 @@ Test(autograd, checkpoint_is_bit_identical_and_nests) {
   int64_t sx[2] = {N, D_IN}, s0[2] = {D_IN, D_IN}, s1[2] = {D_H, D_IN}, sb[1] = {D_H};
   int64_t s2[2] = {D_IN, D_H}, sc[2] = {D_IN, D_IN};
   ckpt_case c = {{tt_test_rand(s0, 2, 41), tt_test_rand(s1, 2, 42), tt_test_rand(sb, 1, 43),
-                  tt_test_rand(s2, 2, 44), tt_test_rand(sc, 2, 45)}, 0, 0};
+                  tt_test_rand(s2, 2, 44), tt_test_rand(sc, 2, 45)}, 0, 0,
+                 {tt_test_rand(sb, 1, 46), tt_test_rand(sb, 1, 47), tt_test_rand(sb, 1, 48),
+                  tt_test_rand(sb, 1, 49)}};
   tt_tensor *in = tt_test_rand(sx, 2, 40), *plain[5], *loss = NULL;
   for (int i = 0; i < 5; i++) tt_set_requires_grad(c.p[i], 1);
   tt_set_recompute_hook(recompute_block, &c);
@@ -459,6 +473,8 @@ Test(autograd, checkpoint_is_bit_identical_and_nests) {
     tt_tensor_release(loss);
     cr_assert_eq(c.reruns, 2);
     cr_assert_eq(tt_tape_size(), 0);
+    for (int k = 0; k < 4; k++)
+      cr_assert_eq(c.stashed[k]->refcount, 1, "tensor %d: the stash still holds it", k);
     for (int i = 0; i < 5; i++) {
       cr_assert(memcmp(c.p[i]->grad->storage->data, plain[i]->storage->data,
                        (size_t)tt_tensor_numel(c.p[i]) * sizeof(float)) == 0,
@@ -480,5 +496,6 @@ Test(autograd, checkpoint_is_bit_identical_and_nests) {
     tt_tensor_release(plain[i]);
     tt_tensor_release(c.p[i]);
   }
+  for (int k = 0; k < 4; k++) tt_tensor_release(c.stashed[k]);
   tt_tensor_release(in);
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/cuda/gpu_recompute.sh TETRA — activation recompute on a GPU: the recipes' Llama
-# (tools/bench/gpu_train.lua) trained 10 steps in bf16 and in fp32 on cuda:0 with
+# (tools/bench/gpu_train.lua) trained 10 steps in bf16, fp8 and fp32 on cuda:0 with
 # train.recompute none, selective (the re-run takes back the GEMM outputs kept by
-# engine/cuda/matmul_lowp.cu and engine/ops/matmul.c) and full: every step's loss and
+# engine/cuda/matmul_lowp.cu, engine/cuda/fp8_linear.cu and engine/ops/matmul.c; an FP8
+# layer's re-run quantises with its first run's scales) and full: every step's loss and
 # gradient norm of each mode equal the no-recompute run's (the same kernels on the same
 # inputs in the same order; 1e-6 allowed for a kernel that sums in another order on a
 # second run), and selective's step peak lies between none's and full's. Exit 77 (skip)
@@ -17,7 +18,7 @@ source "$(dirname "$0")/need_gpus.bash"
 need_gpus "$TETRA" 1
 
 fails=0
-for precision in bf16 fp32; do
+for precision in bf16 fp8 fp32; do
   for mode in none selective full; do
     "$TETRA" run "$ROOT/tools/bench/gpu_train.lua" --set train.device=cuda \
       --set train.precision="$precision" --set train.recompute="$mode" --set train.steps=10 \

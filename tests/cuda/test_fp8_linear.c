@@ -13,6 +13,8 @@
 ** elements; dW (f32) to 1e-5 relative L2. After each of three steps the device metas,
 ** brought back with tt_fp8_linear_state_sync, must equal the CPU's bit for bit (scales,
 ** ring, history). The bounds come from that one element: the next GPU run confirms them.
+** Under activation recompute (full, and selective keeping the product) the layer's
+** outputs, gradients and metas must be those of the plain layer on the GPU, bit for bit.
 **
 ** Without a GPU the program exits 77 before running anything: ctest reports "Not Run".
 */
@@ -137,4 +139,165 @@ Test(fp8_linear, refuses_dims_not_multiple_of_16) {
   tt_fp8_linear_state_release(&st);
   tt_tensor_release(x);
   tt_tensor_release(w);
+}
+
+/* -- Twins: the same layer run two ways ---------------------------------------------- */
+
+/* One layer's weights twice on the GPU, each with its own fresh scaling state: run 0 is
+** the plain layer, run 1 the way under test, and everything they make must be the same
+** bits. x0 and g0 are the input and the output gradient the steps scale. */
+typedef struct twins {
+  tt_tensor *x0, *g0, *w0, *b0, *w[2], *b[2];
+  tt_fp8_linear_state st[2];
+} twins;
+
+static void twins_init(twins *t, int64_t rows_b, int64_t rows_t, int64_t in, int64_t out,
+                       uint64_t seed) {
+  tt_manual_seed(seed);
+  int64_t xs[3] = {rows_b, rows_t, in}, ws[2] = {out, in}, bs[1] = {out};
+  int64_t ys[3] = {rows_b, rows_t, out};
+  t->x0 = to_dev(randn(xs, 3, 1.0), GPU);
+  t->g0 = to_dev(randn(ys, 3, 1e-3), GPU);
+  t->w0 = randn(ws, 2, 0.2);
+  t->b0 = randn(bs, 1, 0.1);
+  for (int k = 0; k < 2; k++) {
+    t->w[k] = leaf(to_dev(t->w0, GPU));
+    t->b[k] = leaf(to_dev(t->b0, GPU));
+    cr_assert_eq(tt_fp8_linear_state_init(&t->st[k], 2, 0), 0);
+  }
+}
+
+static void expect_same_bits(const char *what, tt_tensor *plain, tt_tensor *other) {
+  int64_t n = tt_tensor_numel(plain);
+  cr_assert_eq(n, tt_tensor_numel(other), "%s: sizes", what);
+  double *a = host_values(plain), *b = host_values(other);
+  for (int64_t i = 0; i < n; i++)
+    cr_assert(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])),
+              "%s: element %lld: %.9g against the plain layer's %.9g", what, (long long)i,
+              b[i], a[i]);
+  free(a);
+  free(b);
+}
+
+/* After a step: the gradients of x, w and b and the three metas the same bits; then the
+** step's tensors go. */
+static void twins_expect_same_step(twins *t, tt_tensor **x, tt_tensor **y) {
+  expect_same_bits("dX", x[0]->grad, x[1]->grad);
+  expect_same_bits("dW", t->w[0]->grad, t->w[1]->grad);
+  expect_same_bits("db", t->b[0]->grad, t->b[1]->grad);
+  for (int k = 0; k < 2; k++) cr_assert_eq(tt_fp8_linear_state_sync(&t->st[k], 0), 0);
+  expect_same_meta("x", &t->st[1].x, &t->st[0].x);
+  expect_same_meta("w", &t->st[1].w, &t->st[0].w);
+  expect_same_meta("g", &t->st[1].g, &t->st[0].g);
+  for (int k = 0; k < 2; k++) {
+    tt_zero_grad(t->w[k]);
+    tt_zero_grad(t->b[k]);
+    tt_tensor_release(x[k]);
+    tt_tensor_release(y[k]);
+  }
+}
+
+static void twins_free(twins *t) {
+  for (int k = 0; k < 2; k++) {
+    tt_fp8_linear_state_release(&t->st[k]);
+    tt_tensor_release(t->w[k]);
+    tt_tensor_release(t->b[k]);
+  }
+  tt_tensor *all[] = {t->x0, t->g0, t->w0, t->b0};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+/* -- Activation recompute ------------------------------------------------------------ */
+
+/* The layer as a checkpointed block: its first run records nothing and stashes the
+** scales it used (a device tensor); the hook re-runs it in backward from a leaf sharing
+** x's storage, and that re-run must quantise with the stashed scales and record no amax. */
+typedef struct fp8_block {
+  twins *t;
+  int reruns;
+} fp8_block;
+
+static int fp8_rerun(int64_t key, tt_tensor *x, tt_tensor *grad_out, void *ud) {
+  (void)key;
+  fp8_block *blk = ud;
+  tt_tensor *y = NULL;
+  blk->reruns++;
+  int rc = tt_fp8_linear(x, blk->t->w[1], blk->t->b[1], &blk->t->st[1], &y);
+  tt_checkpoint_rerun_done();
+  if (rc == 0) rc = tt_backward_with(y, grad_out);
+  tt_tensor_release(y);
+  return rc;
+}
+
+/* Three steps, with the input and gradient scaled so the histories move, of the plain
+** layer and of the checkpointed one (full: keep nothing; selective: keep the product):
+** the outputs, all three gradients and the metas must be the same bits. A re-run that
+** read the moved metas would quantise at other scales and record the amaxes of x and w
+** twice. */
+static void recompute_steps(int selective) {
+  twins t;
+  twins_init(&t, 2, 32, 64, 48, 13);
+  fp8_block blk = {&t, 0};
+  tt_set_recompute_hook(fp8_rerun, &blk);
+  const double xf[3] = {1.0, 4.0, 0.5}, gf[3] = {1.0, 0.25, 8.0};
+  for (int step = 0; step < 3; step++) {
+    tt_tensor *xb = NULL, *gy = NULL, *x[2], *y[2] = {NULL, NULL};
+    cr_assert_eq(tt_scale(t.x0, xf[step], &xb), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_scale(t.g0, gf[step], &gy), 0, "%s", tt_last_error());
+    for (int k = 0; k < 2; k++) {
+      cr_assert_eq(tt_detach(xb, &x[k]), 0);
+      leaf(x[k]);
+    }
+    cr_assert_eq(tt_fp8_linear(x[0], t.w[0], t.b[0], &t.st[0], &y[0]), 0, "%s",
+                 tt_last_error());
+    tt_set_grad_enabled(0);
+    tt_checkpoint_begin();
+    tt_checkpoint_keep_gemms(selective);
+    int rc = tt_fp8_linear(x[1], t.w[1], t.b[1], &t.st[1], &y[1]);
+    tt_set_grad_enabled(1);
+    if (rc == 0) rc = tt_checkpoint(x[1], y[1], 1);
+    else tt_checkpoint_cancel();
+    cr_assert_eq(rc, 0, "%s", tt_last_error());
+    expect_same_bits("Y (first run)", y[0], y[1]);
+    cr_assert_eq(tt_backward_with(y[0], gy), 0, "%s", tt_last_error());
+    cr_assert_eq(tt_backward_with(y[1], gy), 0, "%s", tt_last_error());
+    cr_assert_eq(blk.reruns, step + 1);
+    twins_expect_same_step(&t, x, y);
+    tt_tensor_release(xb);
+    tt_tensor_release(gy);
+  }
+  tt_set_recompute_hook(NULL, NULL);
+  twins_free(&t);
+}
+
+Test(fp8_linear, full_recompute_reruns_with_the_first_runs_scales) { recompute_steps(0); }
+Test(fp8_linear, selective_recompute_takes_back_the_kept_product) { recompute_steps(1); }
+
+/* Data parallelism defers the first blocks' weight gradients to a second pass
+** (tt_set_deferred_grads). The layer's backward quantises the output gradient and records
+** its amax, so it must run whole, never split in two passes: dX, dW, db and the metas the
+** same bits as without deferring, over three steps. */
+Test(fp8_linear, deferred_weight_gradients_run_the_backward_once) {
+  twins t;
+  twins_init(&t, 2, 16, 32, 64, 17);
+  const double gf[3] = {1.0, 0.25, 8.0};
+  for (int step = 0; step < 3; step++) {
+    tt_tensor *gy = NULL, *x[2], *y[2] = {NULL, NULL};
+    cr_assert_eq(tt_scale(t.g0, gf[step], &gy), 0, "%s", tt_last_error());
+    for (int k = 0; k < 2; k++) {
+      cr_assert_eq(tt_detach(t.x0, &x[k]), 0);
+      leaf(x[k]);
+      if (k == 1) {
+        tt_tensor *later[2] = {t.w[1], t.b[1]};
+        cr_assert_eq(tt_set_deferred_grads(later, 2), 0, "%s", tt_last_error());
+      }
+      cr_assert_eq(tt_fp8_linear(x[k], t.w[k], t.b[k], &t.st[k], &y[k]), 0, "%s",
+                   tt_last_error());
+      cr_assert_eq(tt_backward_with(y[k], gy), 0, "%s", tt_last_error());
+      cr_assert_eq(tt_set_deferred_grads(NULL, 0), 0);
+    }
+    twins_expect_same_step(&t, x, y);
+    tt_tensor_release(gy);
+  }
+  twins_free(&t);
 }

@@ -549,15 +549,14 @@ describe("plan precision", function()
     expect(same.mem.params > lay.mem.params).to_be(true)
   end)
 
-  it("prices fp8 GEMMs faster and, on GPUs, without recompute, which the engine refuses", function()
+  it("prices fp8 GEMMs faster, with recompute weighed on GPUs as on the CPU", function()
     local sets = { "train.precision=fp8", unpack(small) }
     local cfg8, h8 = cluster("h100", sets)
     local cfg16, h16 = cluster("h100", { "train.precision=bf16", unpack(small) })
     local rows8, rows16 = plan.search(cfg8, h8), plan.search(cfg16, h16)
     local rc = {}
     for _, r in ipairs(rows8) do rc[r.recompute] = true end
-    expect(rc.selective or rc.full or false).to_be(false)
-    expect(rc.none).to_be(true)
+    expect(rc.none and rc.selective and rc.full).to_be(true)
     -- the same layout in both: its GEMMs at the FP8 rate take less time
     local a = rows8[1]
     local b
@@ -568,15 +567,23 @@ describe("plan precision", function()
          r.schedule == a.schedule and r.virtual == a.virtual then b = r end
     end
     expect(a.compute_s < b.compute_s).to_be(true)
-    -- the written config keeps fp8 and runs (the config checks pass)
-    local path = os.tmpname() .. ".yaml"
-    local f = assert(io.open(path, "w"))
-    f:write(plan.yaml(cfg8, rows8[1], h8))
-    f:close()
-    local _, loaded = config.load(path, { "train.device=cuda" }, { world_size = rows8[1].world })
-    os.remove(path)
-    expect(loaded.train.precision).to_be("fp8")
-    -- nor does the out-of-memory advice of tetra run's fit check suggest recompute
+    -- the written configs keep fp8 and run (the config checks pass), with recompute too
+    local with_rc
+    for _, r in ipairs(rows8) do
+      if r.recompute ~= "none" then with_rc = with_rc or r end
+    end
+    for _, r in ipairs({ rows8[1], with_rc }) do
+      local path = os.tmpname() .. ".yaml"
+      local f = assert(io.open(path, "w"))
+      f:write(plan.yaml(cfg8, r, h8))
+      f:close()
+      local _, loaded = config.load(path, { "train.device=cuda" }, { world_size = r.world })
+      os.remove(path)
+      expect(loaded.train.precision).to_be("fp8")
+      expect(loaded.train.recompute).to_be(r.recompute)
+    end
+    -- and the out-of-memory advice of tetra run's fit check suggests recompute for fp8 on
+    -- cuda where it does for bf16
     local fit = require("tetra.config.fit")
     local gpu8 = build(llama, { "train.precision=fp8", "train.device=cuda",
                                 "train.batch_size=8", "model.n_layers=4", unpack(small, 1, 7) })
@@ -586,16 +593,12 @@ describe("plan precision", function()
     local _, advice16 = fit.cheapest(gpu16, 1, 0.6 * need)
     expect(advice16:find("train.recompute=", 1, true) ~= nil).to_be(true)
     local advised = 0
-    for k = 7, 19 do   -- 35% to 95% of what the layout needs (a recompute was cheapest
-                       -- at 40% and 65% before)
+    for k = 7, 19 do   -- 35% to 95% of what the layout needs
       local _, advice8 = fit.cheapest(gpu8, 1, k * 0.05 * need)
-      if advice8 then
-        advised = advised + 1
-        expect(advice8:find("train.recompute=", 1, true)).to_be(nil)
-      end
+      if advice8 and advice8:find("train.recompute=", 1, true) then advised = advised + 1 end
     end
-    expect(advised >= 10).to_be(true)
-    -- on the CPU, where the engine re-runs FP8 blocks, recompute is weighed as ever
+    expect(advised >= 1).to_be(true)
+    -- on the CPU too
     local _, cpu8 = cluster("cpu", sets)
     local cpu_rc = {}
     for _, r in ipairs(plan.search(cfg8, cpu8)) do cpu_rc[r.recompute] = true end

@@ -116,10 +116,6 @@ local function candidates(cfg, world)
   local out = {}
   local rcs = base.recompute == "none" and { "none", "selective", "full" } or
               base.recompute == "selective" and { "selective", "full" } or { base.recompute }
-  -- fp8 runs without recompute on CUDA (config/schema/recompute.lua): not advised there.
-  if cfg.train.precision == "fp8" and tostring(cfg.train.device):match("^cuda") then
-    rcs = { base.recompute }
-  end
   local zeros = {}
   for z = base.zero, 3 do zeros[#zeros + 1] = z end
   local pps = {}

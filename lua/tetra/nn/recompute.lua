@@ -37,8 +37,9 @@
 -- used (tt_checkpoint_begin .. tt_checkpoint, kept on the node) and the re-run quantises
 -- with them and records nothing, so the histories move once and the codes are the
 -- first run's (engine/ops/fp8.c); the output gradient's amax is recorded by the one
--- backward, as without recompute. On CUDA the scales live on the device and there is no
--- such stash yet: the config refuses fp8 with recompute there.
+-- backward, as without recompute. On CUDA the scales live on the device: the stash keeps
+-- the device tensor of the scales the first run used (engine/cuda/fp8_linear.cu), with
+-- no host read.
 -- The weights' bf16 / fp16 copies (tetra.optim.amp) are cast once per step and read
 -- again by the re-run unchanged. Under CUDA graphs the re-run is part of the captured
 -- backward like any kernel launch.

@@ -63,12 +63,10 @@ M.replay, M.evaluate = schedule.replay, cost.evaluate
 function M.search(cfg, cl, opts)
   local rows = {}
   if cl.precision == "fp8" then
-    -- FP8 GEMMs at the cluster's FP8 rate; on GPUs no recompute, which the engine refuses
-    -- with fp8 there (config/schema/recompute.lua).
+    -- FP8 GEMMs at the cluster's FP8 rate.
     local o = {}
     for k, v in pairs(opts or {}) do o[k] = v end
     o.fp8 = true
-    if not cl.host_is_device then o.recompute = "none" end
     opts = o
   end
   local t, o = cfg.train or {}, cfg.optim or {}
