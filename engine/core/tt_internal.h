@@ -62,6 +62,13 @@ int tt_checkpoint_replay(double *v, int n);
 ** for the caller (the same tensor, not a copy). */
 int tt_checkpoint_stash_tensor(tt_tensor *t);   /* 0 (no-op) outside STASHING */
 int tt_checkpoint_replay_tensor(tt_tensor **out);
+/* A forward with gradient recording off outside activation recompute (evaluation,
+** generation, anything under no_grad) is inference: an FP8 layer then quantises at its
+** current scales and records no amax, so it leaves training's scaling as it was
+** (engine/ops/fp8.c, engine/cuda/fp8_linear.cu). Read at the op's entry. */
+static inline int tt_fp8_inference(void) {
+  return !tt_is_grad_enabled() && tt_checkpoint_mode() == TT_CKPT_OFF;
+}
 /* Selective recompute (tt_checkpoint_keep_gemms): a GEMM's output (its final tensor, of
 ** the caller's shape and dtype) kept on the block's first run, 0 (no-op) otherwise; and
 ** on the re-run the next kept one, checked against the shape, dtype and device the

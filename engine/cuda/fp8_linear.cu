@@ -156,6 +156,30 @@ __global__ void update_kernel(dev_meta *metas, float *amax, int push, int clear)
   }
 }
 
+/* Inference (tt_fp8_inference): each role in `roles` gets its slot of `scales` (SLOT
+** floats apart: the inverse scale, then the scale) filled from its meta, or, for a role
+** in `fresh` (an empty history), with the scale its own amax gives as tt_fp8_meta_update
+** would make it; nothing in the metas moves, and the amax slots are zeroed. One thread. */
+__global__ void freeze_kernel(const dev_meta *metas, float *amax, int roles, int fresh,
+                              float *scales) {
+  for (int r = 0; r < ROLES; r++) {
+    if (!(roles & (1 << r))) continue;
+    const dev_meta *m = &metas[r];
+    float s = m->scale, si = m->scale_inv;
+    if (fresh & (1 << r)) {
+      const float a = amax[r];
+      amax[r] = 0;
+      const float f = __fmul_rn(__fdiv_rn(m->fp8_max, a), ldexpf(1.0f, -m->margin));
+      if (a > 0 && !isinf(a) && isfinite(f) && f > 0) {
+        s = f;
+        si = __fdiv_rn(1.0f, f);
+      }
+    }
+    scales[r * SLOT] = si;
+    scales[r * SLOT + 1] = s;
+  }
+}
+
 /* -- Device state ------------------------------------------------------------------- */
 
 static void meta_to_dev(const tt_fp8_meta *h, dev_meta *d) {
@@ -283,13 +307,17 @@ static int agree(void *group, fp8_device *d) {
   return 0;
 }
 
+/* How quantise_jobs takes its scales: RECORD (training) at the metas' delayed scales,
+** recording the amaxes; REPLAY (a recompute re-run) at those already in the slots (the
+** first run's); FROZEN (inference) at the metas' scales, recording nothing. */
+enum { Q_RECORD, Q_REPLAY, Q_FROZEN };
+
 /* Quantises the n jobs at their delayed scales (a role's first quantisation from its own
 ** agreed amax), writing the inverse scale and the scale used into each role's slot of
-** `scales` (ROLES slots of SLOT floats, device), then updates the histories. With
-** `replay` (a recompute re-run), at the scales already in those slots, and nothing else
-** moves. Everything is queued on the stream: no host sync. */
+** `scales` (ROLES slots of SLOT floats, device), then updates the histories; or as `mode`
+** says. Everything is queued on the stream: no host sync. */
 static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, float *scales,
-                         int replay) {
+                         int mode) {
   int fresh = 0, all = 0;
   for (int i = 0; i < n; i++) {
     cast_job *j = &jobs[i];
@@ -299,7 +327,17 @@ static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, floa
     TT_TRY(tt_tensor_empty(shape, 2, j->fp8_dtype, d->device, &j->q));
     if (j->want_t) TT_TRY(tt_tensor_empty(tshape, 2, j->fp8_dtype, d->device, &j->qt));
   }
-  if (replay) {
+  if (mode == Q_FROZEN) {
+    /* The slots filled from the metas (a fresh role's from its own agreed amax), then
+    ** cast as a re-run is: at the slots' scales, recording nothing. */
+    float *amax = (float *)tt_tensor_data(d->amax);
+    for (int i = 0; i < n; i++)
+      if (fresh & (1 << jobs[i].role)) TT_TRY(launch_amax(&jobs[i], amax + jobs[i].role));
+    if (fresh) TT_TRY(agree(group, d));
+    freeze_kernel<<<1, 1, 0, tt_cuda_cur_stream()>>>(d->metas, amax, all, fresh, scales);
+    TT_CU_LAUNCHED("freeze_kernel");
+  }
+  if (mode != Q_RECORD) {
     for (int i = 0; i < n; i++) TT_TRY(launch_cast(&jobs[i], d, scales, 1));
     return 0;
   }
@@ -372,7 +410,7 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
   if (rc == 0) {
     job.x = g; job.rows = rows; job.cols = outf; job.role = ROLE_G;
     job.fp8_dtype = TT_E5M2; job.want_t = tt_needs_grad(w);
-    rc = quantise_jobs(&job, 1, d, st->amax_group, si, 0);
+    rc = quantise_jobs(&job, 1, d, st->amax_group, si, Q_RECORD);
   }
   if (rc == 0 && tt_needs_grad(x)) {
     /* dX (rows, in) = q_g (rows, out) . (q_w^T (in, out))^T, bf16 */
@@ -434,6 +472,9 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
   for (int dd = 0; dd < x->ndim - 1; dd++) y_shape[dd] = x->shape[dd];
   y_shape[x->ndim - 1] = outf;
   const int record = tt_should_record(ins, 3);
+  /* Read before recording is turned off below: a re-run, inference, or training. */
+  const int mode = tt_checkpoint_mode() == TT_CKPT_REPLAYING ? Q_REPLAY
+                   : tt_fp8_inference() ? Q_FROZEN : Q_RECORD;
   int grad = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
   int rc = tt_contiguous_nograd(x, &xc);
@@ -444,7 +485,7 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
   ** quantises with them, recording no amax, so the histories move once per forward and
   ** the re-run's codes and product are the first run's (engine/ops/fp8.c does the same
   ** with host values). */
-  const int replay = tt_checkpoint_mode() == TT_CKPT_REPLAYING;
+  const int replay = mode == Q_REPLAY;
   if (rc == 0 && replay) {
     rc = tt_checkpoint_replay_tensor(&sinv);
     if (rc == 0 && (sinv->device != x->device || tt_tensor_numel(sinv) != nroles))
@@ -459,7 +500,7 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
     jobs[0].fp8_dtype = TT_E4M3; jobs[0].want_t = record && tt_needs_grad(w);
     jobs[1].x = wc; jobs[1].rows = outf; jobs[1].cols = in; jobs[1].role = ROLE_W;
     jobs[1].fp8_dtype = TT_E4M3; jobs[1].want_t = record && tt_needs_grad(x);
-    rc = quantise_jobs(jobs, 2, d, st->amax_group, (float *)tt_tensor_data(sinv), replay);
+    rc = quantise_jobs(jobs, 2, d, st->amax_group, (float *)tt_tensor_data(sinv), mode);
   }
   /* Selective recompute's re-run takes the product its first run kept (the codes are
   ** still made above: backward saves them), and the first run keeps a copy. */

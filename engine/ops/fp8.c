@@ -259,26 +259,40 @@ static double amax_cpu(tt_tensor *x) {
 
 /* codes[i] = fp8(x_i * s_i) at each meta's delayed scale for n tensors (x_i contiguous,
 ** on the CPU), each meta's history then updated with the agreed amaxes; *scale_used gets
-** the float scales the codes were made with. */
+** the float scales the codes were made with. Without `record` (inference,
+** tt_fp8_inference) at the metas' scales, with nothing recorded: a history still empty
+** lends the scale its tensor's own agreed amax gives, and stays empty. */
 static int quantize_delayed(const char *op, tt_tensor **x, tt_fp8_meta **m, int n,
-                            void *group, tt_tensor **codes, float *scale_used) {
+                            void *group, int record, tt_tensor **codes, float *scale_used) {
   double amax[3];
   int fresh[3], any_fresh = 0;
-  for (int i = 0; i < n; i++) any_fresh |= fresh[i] = m[i]->filled == 0;
+  for (int i = 0; i < n; i++) {
+    any_fresh |= fresh[i] = m[i]->filled == 0;
+    scale_used[i] = (float)m[i]->scale;
+  }
   if (any_fresh) {
     /* An empty history has no scale yet: take it from this tensor's own (agreed) amax,
     ** which becomes the history's first entry. The metas are the same on every rank of
     ** the group, so every rank takes this branch together. */
     for (int i = 0; i < n; i++) amax[i] = fresh[i] ? amax_cpu(x[i]) : 0;
     TT_TRY(agree_amax(group, amax, n));
-    for (int i = 0; i < n; i++)
-      if (fresh[i]) tt_fp8_meta_update(m[i], amax[i]);
+    for (int i = 0; i < n; i++) {
+      if (!fresh[i]) continue;
+      if (record) {
+        tt_fp8_meta_update(m[i], amax[i]);
+        scale_used[i] = (float)m[i]->scale;
+      } else {
+        const float s = tt_fp8_scale_from_amax(m[i]->dtype, (float)amax[i], m[i]->margin);
+        if (amax[i] > 0 && isfinite(amax[i]) && isfinite(s) && s > 0) scale_used[i] = s;
+      }
+    }
   }
   for (int i = 0; i < n; i++) {
-    scale_used[i] = (float)m[i]->scale;
-    TT_TRY(quantize_into(op, x[i], m[i]->dtype, scale_used[i], 0, &codes[i], &amax[i]));
+    TT_TRY(quantize_into(op, x[i], m[i]->dtype, scale_used[i], 0, &codes[i],
+                         record ? &amax[i] : NULL));
     if (fresh[i]) amax[i] = 0;   /* already recorded above */
   }
+  if (!record) return 0;
   TT_TRY(agree_amax(group, amax, n));
   for (int i = 0; i < n; i++) tt_fp8_meta_update(m[i], amax[i]);
   return 0;
@@ -287,8 +301,9 @@ static int quantize_delayed(const char *op, tt_tensor **x, tt_fp8_meta **m, int 
 /* The forward's quantisation of x and w (quantize_delayed). Inside activation recompute
 ** (tt_checkpoint) a checkpointed block's first run stashes the two scales it used, and
 ** its re-run in backward quantises with those, recording no amax: the histories move
-** once per forward, and the re-run's codes are the first run's. */
-static int fp8_forward_quantize(tt_tensor **x, tt_fp8_meta **m, void *group,
+** once per forward, and the re-run's codes are the first run's. An inference forward
+** records nothing either. */
+static int fp8_forward_quantize(tt_tensor **x, tt_fp8_meta **m, void *group, int inference,
                                 tt_tensor **codes, float *scale_used) {
   if (tt_checkpoint_mode() == TT_CKPT_REPLAYING) {
     double s[2];
@@ -299,7 +314,7 @@ static int fp8_forward_quantize(tt_tensor **x, tt_fp8_meta **m, void *group,
     }
     return 0;
   }
-  TT_TRY(quantize_delayed("fp8_linear", x, m, 2, group, codes, scale_used));
+  TT_TRY(quantize_delayed("fp8_linear", x, m, 2, group, !inference, codes, scale_used));
   double s[2] = {scale_used[0], scale_used[1]};
   return tt_checkpoint_stash(s, 2);
 }
@@ -361,7 +376,7 @@ static int fp8_linear_backward(tt_node *node, tt_tensor *grad_out) {
   if (tt_contiguous_nograd(grad_out, &g) || tt_view(g, g_shape, 2, &g2)) goto done;
   {
     tt_fp8_meta *m = &st->g;
-    if (quantize_delayed("fp8_linear backward", &g2, &m, 1, st->amax_group, &qg, &sg))
+    if (quantize_delayed("fp8_linear backward", &g2, &m, 1, st->amax_group, 1, &qg, &sg))
       goto done;
   }
   if (decode_fp8(qg, &dg)) goto done;
@@ -424,6 +439,7 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
   for (int d = 0; d < x->ndim - 1; d++) y_shape[d] = x->shape[d];
   y_shape[x->ndim - 1] = w->shape[0];
   float scale[2];
+  const int inference = tt_fp8_inference();
   int grad = tt_is_grad_enabled();
   tt_set_grad_enabled(0);
   int rc = float_input("fp8_linear", x, &xc);
@@ -433,7 +449,7 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
   if (!rc) {
     tt_tensor *ops[2] = {x2, wc};
     tt_fp8_meta *ms[2] = {&st->x, &st->w};
-    rc = fp8_forward_quantize(ops, ms, st->amax_group, q, scale);
+    rc = fp8_forward_quantize(ops, ms, st->amax_group, inference, q, scale);
   }
   /* Y (rows, out) = q_x (rows, in) @ q_w (out, in)^T. Under selective recompute the
   ** product is kept and taken back by tt_matmul itself (engine/ops/matmul.c); the re-run

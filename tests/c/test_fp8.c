@@ -347,3 +347,67 @@ Test(fp8, linear_refuses_fast_accumulation_on_cpu) {
   tt_tensor *all[] = {x, w, y};
   for (size_t i = 0; i < 3; i++) tt_tensor_release(all[i]);
 }
+
+/* The metas of two states equal (scale, ring position, fill and history). */
+static void expect_same_metas(const tt_fp8_linear_state *a, const tt_fp8_linear_state *b) {
+  const tt_fp8_meta *ma[3] = {&a->x, &a->w, &a->g}, *mb[3] = {&b->x, &b->w, &b->g};
+  for (int r = 0; r < 3; r++) {
+    cr_assert_eq(ma[r]->scale, mb[r]->scale, "meta %d: scale %g against %g", r, ma[r]->scale,
+                 mb[r]->scale);
+    cr_assert_eq(ma[r]->pos, mb[r]->pos, "meta %d: pos", r);
+    cr_assert_eq(ma[r]->filled, mb[r]->filled, "meta %d: filled", r);
+    cr_assert(memcmp(ma[r]->amax_history, mb[r]->amax_history,
+                     sizeof ma[r]->amax_history) == 0, "meta %d: history", r);
+  }
+}
+
+static void expect_same_values(tt_tensor *a, tt_tensor *b) {
+  int64_t n = tt_tensor_numel(a);
+  double *va = values(a), *vb = values(b);
+  for (int64_t i = 0; i < n; i++)
+    cr_assert_eq(va[i], vb[i], "element %lld: %.9g against %.9g", (long long)i, va[i], vb[i]);
+  free(va);
+  free(vb);
+}
+
+/* A forward with recording off (evaluation, generation: tt_fp8_inference) quantises at
+** the scales a training forward would use and records nothing, so evaluating between
+** steps leaves training's scaling, and every later step, as they were. A fresh layer (no
+** history) infers at the scale its input's own amax gives, as its first training forward
+** does, and stays fresh: at the default scale of 1 this input (std 0.01) would fall to
+** e4m3's subnormals. */
+Test(fp8, linear_inference_uses_the_current_scales_and_records_nothing) {
+  int64_t xs[2] = {16, 32}, ws[2] = {24, 32};
+  tt_tensor *x = randn(xs, 2, 0.01), *w = randn(ws, 2, 0.3), *x2 = NULL;
+  tt_tensor *yt = NULL, *yi = NULL;
+  tt_fp8_linear_state trained, inferred;
+  cr_assert_eq(tt_fp8_linear_state_init(&trained, 4, 0), 0);
+  cr_assert_eq(tt_fp8_linear_state_init(&inferred, 4, 0), 0);
+  cr_assert_eq(tt_fp8_linear(x, w, NULL, &trained, &yt), 0, "%s", tt_last_error());
+  tt_set_grad_enabled(0);
+  cr_assert_eq(tt_fp8_inference(), 1);
+  cr_assert_eq(tt_fp8_linear(x, w, NULL, &inferred, &yi), 0, "%s", tt_last_error());
+  tt_set_grad_enabled(1);
+  expect_same_values(yt, yi);
+  cr_assert_eq(trained.x.filled, 1);
+  cr_assert_eq(inferred.x.filled, 0, "the fresh history recorded an inference");
+  cr_assert_eq(inferred.w.filled, 0);
+  tt_tensor_release(yt);
+  tt_tensor_release(yi);
+  /* With a history: a larger input inferred at the delayed scale, the metas unmoved; a
+  ** training forward from the same metas gives the same values and moves them. */
+  cr_assert_eq(tt_scale(x, 50.0, &x2), 0);
+  tt_fp8_linear_state before = trained, again = trained;
+  tt_set_grad_enabled(0);
+  cr_assert_eq(tt_fp8_linear(x2, w, NULL, &trained, &yi), 0, "%s", tt_last_error());
+  tt_set_grad_enabled(1);
+  expect_same_metas(&trained, &before);
+  cr_assert_eq(tt_fp8_linear(x2, w, NULL, &again, &yt), 0, "%s", tt_last_error());
+  expect_same_values(yt, yi);
+  cr_assert_eq(again.x.filled, 2);
+  cr_assert(again.x.scale != before.x.scale, "the training forward moved no scale");
+  tt_fp8_linear_state_release(&trained);
+  tt_fp8_linear_state_release(&inferred);
+  tt_tensor *all[] = {x, w, x2, yt, yi};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}

@@ -14,7 +14,8 @@
 ** brought back with tt_fp8_linear_state_sync, must equal the CPU's bit for bit (scales,
 ** ring, history). The bounds come from that one element: the next GPU run confirms them.
 ** Under activation recompute (full, and selective keeping the product) the layer's
-** outputs, gradients and metas must be those of the plain layer on the GPU, bit for bit.
+** outputs, gradients and metas must be those of the plain layer on the GPU, bit for bit;
+** with deferred weight gradients too; and an inference forward records nothing.
 **
 ** Without a GPU the program exits 77 before running anything: ctest reports "Not Run".
 */
@@ -299,5 +300,47 @@ Test(fp8_linear, deferred_weight_gradients_run_the_backward_once) {
     twins_expect_same_step(&t, x, y);
     tt_tensor_release(gy);
   }
+  twins_free(&t);
+}
+
+/* -- Inference ------------------------------------------------------------------------ */
+
+/* A forward with recording off (evaluation, generation) quantises at the scales a
+** training forward would use and records nothing: on a fresh state at the scale its
+** input's own amax gives (the first training forward's), the history left empty; later,
+** at the delayed scales, the metas unmoved, so the next training forward is that of a
+** layer that never ran the inference. */
+Test(fp8_linear, inference_uses_the_current_scales_and_records_nothing) {
+  twins t;
+  twins_init(&t, 2, 16, 32, 48, 19);
+  tt_tensor *y[2] = {NULL, NULL}, *yi = NULL, *x2 = NULL;
+  cr_assert_eq(tt_fp8_linear(t.x0, t.w[0], t.b[0], &t.st[0], &y[0]), 0, "%s", tt_last_error());
+  tt_set_grad_enabled(0);
+  cr_assert_eq(tt_fp8_linear(t.x0, t.w[1], t.b[1], &t.st[1], &yi), 0, "%s", tt_last_error());
+  tt_set_grad_enabled(1);
+  expect_same_bits("Y (fresh inference)", y[0], yi);
+  cr_assert_eq(tt_fp8_linear_state_sync(&t.st[1], 0), 0);
+  cr_assert_eq(t.st[1].x.filled, 0, "the fresh history recorded an inference");
+  cr_assert_eq(t.st[1].w.filled, 0);
+  tt_tensor_release(yi);
+  tt_tensor_release(y[0]);
+  /* Both trained once; then twin 1 infers on a larger input first. */
+  cr_assert_eq(tt_fp8_linear(t.x0, t.w[0], t.b[0], &t.st[0], &y[0]), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_fp8_linear(t.x0, t.w[1], t.b[1], &t.st[1], &y[1]), 0, "%s", tt_last_error());
+  tt_tensor_release(y[0]);
+  tt_tensor_release(y[1]);
+  cr_assert_eq(tt_scale(t.x0, 50.0, &x2), 0, "%s", tt_last_error());
+  tt_set_grad_enabled(0);
+  cr_assert_eq(tt_fp8_linear(x2, t.w[1], t.b[1], &t.st[1], &yi), 0, "%s", tt_last_error());
+  tt_set_grad_enabled(1);
+  for (int k = 0; k < 2; k++) cr_assert_eq(tt_fp8_linear_state_sync(&t.st[k], 0), 0);
+  expect_same_meta("x", &t.st[1].x, &t.st[0].x);
+  expect_same_meta("w", &t.st[1].w, &t.st[0].w);
+  for (int k = 0; k < 2; k++)
+    cr_assert_eq(tt_fp8_linear(x2, t.w[k], t.b[k], &t.st[k], &y[k]), 0, "%s", tt_last_error());
+  expect_same_bits("Y (inference at the delayed scales)", y[0], yi);
+  expect_same_bits("Y (the training forward after it)", y[0], y[1]);
+  tt_tensor *all[] = {y[0], y[1], yi, x2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
   twins_free(&t);
 }

@@ -1,6 +1,8 @@
 -- FP8 training (train.precision=fp8, CPU emulation of the cuBLASLt FP8 GEMMs):
 --   the amax histories and scales across steps follow the delayed-scaling rule;
 --   train.fp8_layers picks the layers (default: every Linear but the head);
+--   evaluation and generation (forwards with recording off) quantise at the current
+--   scales and record nothing: the steps after them are those of a run without them;
 --   a checkpoint carries the amax histories and scales: a resumed run continues bit for
 --   bit (and without them it would not: the first resumed step would rescale);
 --   a tiny Llama trained in FP8 follows the bf16 run within a measured tolerance.
@@ -150,6 +152,73 @@ describe("train.fp8_fast_accum", function()
     local m = nn.Linear(16, 16)
     local ctx = amp.wrap(m, { train = { precision = "fp8", fp8_fast_accum = true } })
     expect(ctx.fp8_states[""] and ctx.fp8_states[""].fast_accum).to_be(1)
+  end)
+end)
+
+describe("train.precision=fp8 on cuda", function()
+  local function refused(sets)
+    local all = { "train.precision=fp8", "train.device=cuda" }
+    for _, v in ipairs(sets) do all[#all + 1] = v end
+    local ok, err = pcall(tiny_cfg, all)
+    expect(ok).to_be(false)
+    expect(config.is_error(err)).to_be(true)
+    return err.message
+  end
+
+  it("refuses rows and features the FP8 GEMMs cannot take, naming them", function()
+    expect((pcall(tiny_cfg, { "train.precision=fp8", "train.device=cuda" }))).to_be(true)
+    expect(refused({ "model.seq_len=20", "train.batch_size=2" })).to_match(
+      "each layer gets 40 %(a micro%-batch of 2 sequences x model%.seq_len 20 / context " ..
+      "parallel 1%)")
+    expect(refused({ "model.seq_len=20", "train.gradient_accumulation_steps=4" }))
+      .to_match("each layer gets 40 %(a micro%-batch of 2 sequences")
+    expect(refused({ "model.seq_len=48", "train.batch_size=1",
+                     "parallel.context_parallel_size=2" }))
+      .to_match("each layer gets 24 .* / context parallel 2%)")
+    expect(refused({ "model.ffn_hidden=40" })).to_match(
+      "layers%.0%.feed_forward%.w1 has 64 in and 40 out on each of 1 tensor%-parallel rank")
+    expect(refused({ "model.ffn_hidden=96", "parallel.tensor_parallel_size=4" })).to_match(
+      "layers%.0%.feed_forward%.w1 has 64 in and 24 out on each of 4 tensor%-parallel rank")
+    -- accepted: 48 features per rank under tp 2, the layer left out of FP8, the CPU
+    for _, sets in ipairs({
+        { "train.precision=fp8", "train.device=cuda", "model.ffn_hidden=96",
+          "parallel.tensor_parallel_size=2" },
+        { "train.precision=fp8", "train.device=cuda", "model.ffn_hidden=40",
+          "train.fp8_layers=layers.*.attention.*" },
+        { "train.precision=fp8", "model.seq_len=20", "train.batch_size=2",
+          "model.ffn_hidden=40" } }) do
+      local ok, err = pcall(tiny_cfg, sets)
+      expect(ok).to_be(true)
+      expect(err ~= nil).to_be(true)
+    end
+  end)
+end)
+
+describe("fp8 inference (evaluation, generation)", function()
+  it("leaves training's scaling as it was: steps after it are those of a run without it",
+     function()
+    local sets = { "train.precision=fp8", "train.fp8_history=4" }
+    local plain = run(tiny.setup(tiny_cfg(sets)), 6)
+    local env = tiny.setup(tiny_cfg(sets))
+    -- before the first step too: every history still empty, and it stays so
+    local loss0 = env.evaluate(2)
+    expect(loss0 > 0 and loss0 < 10).to_be(true)
+    for _, st in pairs(env.amp.fp8_states) do
+      expect(st.x.filled + st.w.filled + st.g.filled).to_be(0)
+    end
+    local first = run(env, 3)
+    local before = snapshot(env)
+    local loss = env.evaluate(2)
+    local ids = env.generate({ 1, 2, 3 }, { max_new_tokens = 4, temperature = 0 })
+    expect(#ids).to_be(4)
+    expect(loss > 0 and loss < 10).to_be(true)
+    expect(snapshot(env)).to_equal(before)
+    local rest = run(env, 3)
+    for i = 1, 3 do
+      expect(first[i][1]).to_be(plain[i][1])
+      expect(rest[i][1]).to_be(plain[3 + i][1])
+      expect(rest[i][2]).to_be(plain[3 + i][2])
+    end
   end)
 end)
 

@@ -417,6 +417,76 @@ describe("training loop", function()
     expect(#env.generate(long, { max_new_tokens = 2, temperature = 0 })).to_be(2)
   end)
 
+  it("pads the window to the layers' row multiple at its end: the same draws", function()
+    local generate = require("tetra.train.generate")
+    expect(generate.row_multiple(tiny_cfg({ "train.precision=fp8", "train.device=cuda" })))
+      .to_be(16)
+    expect(generate.row_multiple(tiny_cfg({ "train.precision=fp8" }))).to_be(1)
+    expect(generate.row_multiple(tiny_cfg({ "train.precision=bf16", "train.device=cuda" })))
+      .to_be(1)
+    -- the windows a model gets: multiples of 16 within seq_len (32), the prompt's tokens
+    -- first; and env.generate passes the run's multiple on
+    local F = tetra.nn.functional
+    local widths = {}
+    local fake = setmetatable({ parameters = function() return {} end }, { __call =
+      function(_, x)
+        local w = x:shape()[2]
+        widths[#widths + 1] = w
+        return F.zeros({ 1, w, 8 })
+      end })
+    generate.generate(fake, { 5, 6, 7 }, { max_new_tokens = 40, temperature = 0,
+                                           seq_len = 32, row_multiple = 16 })
+    expect(#widths).to_be(40)
+    for i, w in ipairs(widths) do expect(w).to_be(i + 2 <= 16 and 16 or 32) end
+    local own = generate.row_multiple
+    generate.row_multiple = function() return 16 end
+    local opts = { max_new_tokens = 1, temperature = 0 }
+    local ok = pcall(tiny.setup(tiny_cfg()).generate, { 1, 2, 3 }, opts)
+    generate.row_multiple = own
+    expect(ok).to_be(true)
+    expect(opts.row_multiple).to_be(16)
+    -- FP8 layers on CUDA take rows in multiples of 16 only: a window of 3 to 40 tokens
+    -- padded to 16 or 48 draws what the unpadded one does (the CPU runs both)
+    for _, precision in ipairs({ "fp32", "fp8" }) do
+      local env = tiny.setup(tiny_cfg({ "train.precision=" .. precision }))
+      env.step()
+      local seen = {}
+      local function run(multiple)
+        local rows, worst = {}, 0
+        local ids = env.generate({ 1, 2, 3 }, {
+          max_new_tokens = 38, temperature = 0, row_multiple = multiple,
+          on_logits = function(p, V)
+            local row = {}
+            for i = 0, V - 1 do row[i + 1] = p[i] end
+            rows[#rows + 1] = row
+          end })
+        if seen[1] then
+          for k, row in ipairs(rows) do
+            for i, v in ipairs(row) do worst = math.max(worst, math.abs(v - seen[1][k][i])) end
+          end
+        end
+        seen[#seen + 1] = rows
+        return ids, worst
+      end
+      local plain = run(1)
+      local padded, worst = run(16)
+      expect(padded).to_equal(plain)
+      expect(worst <= 1e-5).to_be(true)
+    end
+    -- seq_len 24, not a multiple of 16: the padded context keeps within it (16 tokens), as
+    -- GPT-2's learned positions need (a 32-token window would index past them)
+    local gpt2 = dofile(here .. "/../../recipes/gpt2.lua")
+    local cfg = require("tetra.config").build({ defaults = gpt2.defaults, world_size = false,
+      sets = { "model.vocab_size=256", "model.dim=64", "model.n_layers=2", "model.n_heads=4",
+               "model.ffn_hidden=128", "model.seq_len=24", "train.batch_size=2" } })
+    cfg.log.progress = false
+    local env = gpt2.setup(cfg)
+    local long = {}
+    for i = 1, 30 do long[i] = i end
+    expect(#env.generate(long, { max_new_tokens = 3, temperature = 0, row_multiple = 16 }))
+      .to_be(3)
+  end)
+
   it("generates from a bf16 head's logits (read as bf16, not as floats)", function()
     local env = tiny.setup(tiny_cfg({ "train.precision=bf16" }))
     local got = env.generate({ 1, 2, 3 }, { max_new_tokens = 1, temperature = 0 })

@@ -142,7 +142,8 @@ end
 
 -- The matmuls of one block on a tp rank, in the order its forward runs them (the order
 -- M.parameters lists them: q, k, v, o, then the MLP's), each { weights = elements,
--- out = output features per token }: a row-parallel output is whole (partial sums).
+-- out = output features per token, path = the module's, in block 0 }: a row-parallel
+-- output is whole (partial sums).
 M.block_matmuls = memoized("block_matmuls", function(m, tp)
   local plan = M.model_plan(m)
   local hd = m.dim / m.n_heads
@@ -153,7 +154,7 @@ M.block_matmuls = memoized("block_matmuls", function(m, tp)
       local style = style_of(plan, path)
       local w = local_numel(shape, name, style, tp, 0, hd)
       local features = style == "row" and shape[1] or w / shape[2]
-      out[#out + 1] = { weights = w, out = features }
+      out[#out + 1] = { weights = w, out = features, path = path }
     end
   end
   return out

@@ -33,13 +33,25 @@ local function sample(logits, V, temperature, top_k)
   return idx[#idx]
 end
 
+local function gcd(a, b) while b ~= 0 do a, b = b, a % b end return a end
+local function lcm(a, b) return a / gcd(a, b) * b end
+
+-- The rows a forward of cfg's model must come in multiples of: 16 for FP8 layers on CUDA
+-- (cuBLASLt's FP8 GEMMs, engine/cuda/fp8_linear.cu), else 1. Training batches keep to it
+-- by the config check (config/schema/fp8.lua); a generation window is padded to it.
+function generate.row_multiple(cfg)
+  local t = cfg.train or {}
+  return (t.precision == "fp8" and tostring(t.device):match("^cuda")) and 16 or 1
+end
+
 -- Continues prompt_ids (array of token ids) by opts.max_new_tokens (64) tokens, feeding
 -- the last opts.seq_len tokens each time (no KV cache: models here are small).
 -- opts: temperature (0.8), top_k (40), seed (0), seq_len, par (the model's applied
 -- parallelism: a tensor-parallel head's logits are gathered), pipe (the pipeline runner
 -- under pipeline parallelism: every stage runs its layers, the last samples and the
 -- others receive the token), on_logits(row, V) (called with the float pointer to the
--- last position's V logits before each draw, where it is drawn). Every rank of a
+-- last position's V logits before each draw, where it is drawn), row_multiple (the
+-- window is padded to a multiple of it: generate.row_multiple). Every rank of a
 -- tensor-parallel group or a pipeline calls it alike. Returns the new ids (array).
 function generate.generate(model, prompt_ids, opts)
   opts = opts or {}
@@ -49,16 +61,19 @@ function generate.generate(model, prompt_ids, opts)
   local first_param = model:parameters()[1]
   local dev = first_param and first_param._device or C.TT_CPU  -- the model's device
   local par, pipe = opts.par, opts.pipe
-  -- Sequence parallelism cuts the sequence over the tensor-parallel group: the window is
-  -- padded to a multiple of its size, at the end, where no earlier position of a causal
-  -- model sees it.
-  local multiple = par and par.sequence and par.layout.tp or 1
+  -- The window is padded at its end, where no earlier position of a causal model sees
+  -- it, to a multiple of what the layers need (generate.row_multiple) and of the tensor-
+  -- parallel group's size under sequence parallelism, which cuts the sequence over it.
+  local multiple = lcm(opts.row_multiple or 1, par and par.sequence and par.layout.tp or 1)
+  -- The context, padded, stays within seq_len (learned positions end there): at most the
+  -- largest multiple of `multiple` in it.
+  local context = math.max(multiple, math.floor(seq_len / multiple) * multiple)
   local ids = {}
   for i, id in ipairs(prompt_ids) do ids[i] = id end
   local out = {}
   F.no_grad(function()
     for _ = 1, n_new do
-      local first = math.max(1, #ids - seq_len + 1)
+      local first = math.max(1, #ids - context + 1)
       local T = #ids - first + 1
       -- The pipeline reads (b, T + 1) tokens, as in training (the last is not read).
       local width = math.ceil(T / multiple) * multiple + (pipe and 1 or 0)

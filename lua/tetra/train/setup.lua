@@ -212,6 +212,7 @@ return function(cfg, model, data, opts)
     gen_opts.seq_len = gen_opts.seq_len or env.seq_len
     gen_opts.par = par
     gen_opts.pipe = env.strategy.pipe   -- the pipeline runner, under pipeline parallelism
+    gen_opts.row_multiple = gen_opts.row_multiple or generate.row_multiple(cfg)
     if optimizer.whole_masters then optimizer:whole_masters() end   -- see step.evaluate
     return generate.generate(model, prompt_ids, gen_opts)
   end
