@@ -567,6 +567,10 @@ describe("plan precision", function()
          r.schedule == a.schedule and r.virtual == a.virtual then b = r end
     end
     expect(a.compute_s < b.compute_s).to_be(true)
+    -- MFU against the FP8 peak, as a run measures it (tetra.obs.mfu)
+    local flops = plan.flops_per_token(cfg8.model)
+    expect(a.mfu).to_be_near(a.tokens_per_s * flops / (a.world * h8.fp8_flops), 1e-12)
+    expect(b.mfu).to_be_near(b.tokens_per_s * flops / (b.world * h16.peak_flops), 1e-12)
     -- the written configs keep fp8 and run (the config checks pass), with recompute too
     local with_rc
     for _, r in ipairs(rows8) do

@@ -184,7 +184,8 @@ function M.table(rows, cl, cfg)
     "# %s: %d devices; model %s (%s parameters, dim %d, %d layers, seq %d), batch %d " ..
     "sequences, %s", cl.name, cl.devices, cfg.train.model_name or m.family or "llama",
     count_text(plan.parameter_count(m)), m.dim, m.n_layers, m.seq_len, cfg.train.batch_size,
-    cl.precision == "fp8" and "fp8 (its GEMMs at the FP8 rate)" or cl.precision or "fp32")
+    cl.precision == "fp8" and "fp8 (its GEMMs at the FP8 rate, MFU against the FP8 peak)" or
+      cl.precision or "fp32")
   if cl.nodes > 1 then
     out[#out + 1] = string.format("# links: %g GB/s and %g us inside a node, %g Gbit/s and " ..
       "%g us between nodes (per device)", cl.intra_bw / 1e9, cl.latency_s * 1e6,

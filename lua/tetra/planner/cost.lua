@@ -480,7 +480,10 @@ function M.evaluate(cfg, lay, cl)
   local exposed = comm_blocking + crit.t_dp
   local tokens = t.batch_size * T
   local tps = tokens / step
-  local mfu = tps * model.flops_per_token(m) / (W * cl.peak_flops)
+  -- Against the dense peak of the precision the GEMMs run in, as tetra.obs.mfu measures
+  -- it in a run: FP8's under fp8.
+  local peak = lay.fp8 and cl.fp8_flops or cl.peak_flops
+  local mfu = tps * model.flops_per_token(m) / (W * peak)
   local r0 = stages[1]
   return {
     dp = lay.dp, tp = tp, pp = pp, cp = cp, zero_stage = lay.zero, sequence_parallel = lay.sp,
