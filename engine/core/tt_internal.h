@@ -64,7 +64,8 @@ int tt_checkpoint_stash_tensor(tt_tensor *t);   /* 0 (no-op) outside STASHING */
 int tt_checkpoint_replay_tensor(tt_tensor **out);
 /* A forward with gradient recording off outside activation recompute (evaluation,
 ** generation, anything under no_grad) is inference: an FP8 layer then quantises at its
-** current scales and records no amax, so it leaves training's scaling as it was
+** current scales, records no amax and agrees nothing with its amax group, so it leaves
+** training's scaling as it was and may run on some ranks of the group only
 ** (engine/ops/fp8.c, engine/cuda/fp8_linear.cu). Read at the op's entry. */
 static inline int tt_fp8_inference(void) {
   return !tt_is_grad_enabled() && tt_checkpoint_mode() == TT_CKPT_OFF;

@@ -328,12 +328,12 @@ static int quantise_jobs(cast_job *jobs, int n, fp8_device *d, void *group, floa
     if (j->want_t) TT_TRY(tt_tensor_empty(tshape, 2, j->fp8_dtype, d->device, &j->qt));
   }
   if (mode == Q_FROZEN) {
-    /* The slots filled from the metas (a fresh role's from its own agreed amax), then
-    ** cast as a re-run is: at the slots' scales, recording nothing. */
+    /* The slots filled from the metas (a fresh role's from its own amax, not agreed:
+    ** inference never communicates, since a sample may be drawn on one rank of the group
+    ** only), then cast as a re-run is: at the slots' scales, recording nothing. */
     float *amax = (float *)tt_tensor_data(d->amax);
     for (int i = 0; i < n; i++)
       if (fresh & (1 << jobs[i].role)) TT_TRY(launch_amax(&jobs[i], amax + jobs[i].role));
-    if (fresh) TT_TRY(agree(group, d));
     freeze_kernel<<<1, 1, 0, tt_cuda_cur_stream()>>>(d->metas, amax, all, fresh, scales);
     TT_CU_LAUNCHED("freeze_kernel");
   }

@@ -261,7 +261,8 @@ static double amax_cpu(tt_tensor *x) {
 ** on the CPU), each meta's history then updated with the agreed amaxes; *scale_used gets
 ** the float scales the codes were made with. Without `record` (inference,
 ** tt_fp8_inference) at the metas' scales, with nothing recorded: a history still empty
-** lends the scale its tensor's own agreed amax gives, and stays empty. */
+** lends the scale its tensor's own amax gives (not agreed: inference never communicates,
+** since a sample may be drawn on one rank of the group only), and stays empty. */
 static int quantize_delayed(const char *op, tt_tensor **x, tt_fp8_meta **m, int n,
                             void *group, int record, tt_tensor **codes, float *scale_used) {
   double amax[3];
@@ -275,7 +276,7 @@ static int quantize_delayed(const char *op, tt_tensor **x, tt_fp8_meta **m, int 
     ** which becomes the history's first entry. The metas are the same on every rank of
     ** the group, so every rank takes this branch together. */
     for (int i = 0; i < n; i++) amax[i] = fresh[i] ? amax_cpu(x[i]) : 0;
-    TT_TRY(agree_amax(group, amax, n));
+    if (record) TT_TRY(agree_amax(group, amax, n));
     for (int i = 0; i < n; i++) {
       if (!fresh[i]) continue;
       if (record) {

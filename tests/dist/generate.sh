@@ -8,7 +8,8 @@
 # odd lengths; context parallelism attends the whole sequence on each rank. The model's
 # evaluation loss (a pipeline's comes from its last stage) is compared too. Last, a
 # training run's printed sample (byte tokens of a text file) is the single process's
-# under tp 2 x pp 2 and pp 2 x dp 2, and so is the REPL's sample() under mpirun.
+# under tp 2 x pp 2 and pp 2 x dp 2, in fp8 under dp 2 (rank 0 draws alone) and tp 2, and
+# so is the REPL's sample() under mpirun, also on rank 0 alone of an untrained fp8 model.
 # Usage: bash generate.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -112,19 +113,29 @@ sample() {
     { echo "FAIL: $name: the run failed:"; tail -n 20 "$work/$name.log"; status=1; return 1; }
   sed -n '/^--- sample/,/^---$/p' "$work/$name.log" >"$work/$name.sample"
 }
+same_sample() {   # same_sample REF NAME: NAME's printed sample is REF's
+  if ! cmp -s "$work/$1.sample" "$work/$2.sample"; then
+    echo "FAIL: $2: the run's sample is not the single process's:"
+    diff "$work/$1.sample" "$work/$2.sample"; status=1
+  else
+    echo "$2: the single process's sample ($(sed -n 2,3p "$work/$2.sample" | tr '\n' ' '))"
+  fi
+}
 for lay in "tp2_pp2 4 $P.tensor_parallel_size=2 $P.pipeline_parallel_size=2" \
            "pp2_dp2 4 $P.pipeline_parallel_size=2 $P.data_parallel_size=2"; do
   stop_if_failed
   set -- $lay
-  name=sample_$1
   [ -s "$work/sample_ref.sample" ] || sample sample_ref 1 || break
-  sample "$name" "$2" "${@:3}" || continue
-  if ! cmp -s "$work/sample_ref.sample" "$work/$name.sample"; then
-    echo "FAIL: $name: the run's sample is not the single process's:"
-    diff "$work/sample_ref.sample" "$work/$name.sample"; status=1
-  else
-    echo "$name: the single process's sample ($(sed -n 2,3p "$work/$name.sample" | tr '\n' ' '))"
-  fi
+  sample "sample_$1" "$2" "${@:3}" && same_sample sample_ref "sample_$1"
+done
+# FP8: under data parallelism alone rank 0 draws the sample by itself, at the trained
+# scales, agreeing nothing with the other rank (when inference recorded amaxes it waited
+# for that rank's at its first token, until the timeout); under tp 2 both ranks draw.
+for lay in "fp8_dp2 2 $P.data_parallel_size=2" "fp8_tp2 2 $P.tensor_parallel_size=2"; do
+  stop_if_failed
+  set -- $lay
+  [ -s "$work/fp8_ref.sample" ] || sample fp8_ref 1 train.precision=fp8 || break
+  sample "sample_$1" "$2" "${@:3}" train.precision=fp8 && same_sample fp8_ref "sample_$1"
 done
 
 # The REPL's sample() under mpirun (one line for every rank) on pp 2 x dp 2 after the
@@ -143,6 +154,24 @@ if [ -z "$one" ] || [ "[0-3] $one" != "$many" ]; then
   echo "  one process: $one"; echo "  pp 2 x dp 2: $many"; status=1
 else
   echo "repl sample(): $many"
+fi
+
+# FP8 before any training step, rank 0 alone sampling (%on 0) under dp 2: every layer's
+# history is still empty, so each scales from its own input and agrees that amax with no
+# other rank (an inference that agreed it would wait for rank 1 until the timeout).
+stop_if_failed
+fresh_sample() {   # (%on is for sessions under mpirun: one process has no such line)
+  { [ "$1" = 1 ] || echo '%on 0'; echo 'sample("the q", 12)'; } |
+    timeout 30 mpirun --oversubscribe -np "$1" "$tetra" -i recipes/tiny.lua \
+    --set data.mock=false --set data.input_path="$work/text.txt" --set train.temperature=0 \
+    --set train.precision=fp8 "${@:2}" 2>&1 | grep -aE '^(\[[0-9-]+\] )?the q'
+}
+one=$(fresh_sample 1) && two=$(fresh_sample 2 --set $P.data_parallel_size=2)
+if [ -z "$one" ] || [ "[0] $one" != "$two" ]; then
+  echo "FAIL: an untrained fp8 model's sample() on rank 0 of dp 2 is not one process's:"
+  echo "  one process: $one"; echo "  rank 0 of dp 2: $two"; status=1
+else
+  echo "fp8 sample() on rank 0 alone, untrained: $two" | cat -v
 fi
 
 [ "$status" = 0 ] && echo PASS
