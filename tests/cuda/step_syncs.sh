@@ -111,7 +111,8 @@ cd "$ROOT"
 # tolerance is tight), each replayed step must wait for the device once, and the learning
 # rate must change under the replays (warm-up, then cosine). In fp16 the loss scale grows
 # every clean step until the grads overflow, so replays skip updates and back it off; with
-# a spike check (window 2, z 2) the device skips the spikes' updates against the limit.
+# a spike check (window 2, z 2) the device skips the spikes' updates against the limit. In
+# fp8 the replays move the amax histories and scales on the device as eager steps do.
 "$TETRA" -e '
   local tetra = require("tetra")
   local tffi = require("tetra.ffi")
@@ -119,7 +120,7 @@ cd "$ROOT"
   local C = tffi.C
   local tiny = dofile("recipes/tiny.lua")
   local bad = false
-  for _, case in ipairs({ "fp32", "bf16", "fp16", "spike" }) do
+  for _, case in ipairs({ "fp32", "bf16", "fp16", "fp8", "spike" }) do
     local precision = case == "spike" and "fp32" or case
     local function run(graphs)
       local sets = { "train.device=cuda", "train.precision=" .. precision, "train.warmup_steps=4",

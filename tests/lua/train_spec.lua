@@ -573,7 +573,7 @@ describe("training loop", function()
   -- 3, 5 and 8 are skipped, replays that must back the scale off as eager steps do), and
   -- with a spike check the guard's limit (steps 6, 8 and 9 are spikes).
   it("replays a captured step as eager steps run (train.cuda_graphs, CPU check)", function()
-    for _, case in ipairs({ "fp32", "bf16", "fp16", "spike" }) do
+    for _, case in ipairs({ "fp32", "bf16", "fp16", "fp8", "spike" }) do
       local precision = case == "spike" and "fp32" or case
       local sets = { "train.gradient_accumulation_steps=2", "train.max_grad_norm=0.05",
                      "train.precision=" .. precision, "train.warmup_steps=3",

@@ -9,13 +9,13 @@
 --   - collectives: the gradient reducer polls its transfers (NCCL events) from
 --     the host (tt_comm_test) to overlap them, which a capture refuses, so only
 --     single-process runs (every parallel size 1);
---   - fp8's scales are kept and chosen on the host between steps (fp16's loss scale is
---     written into the optimizer's stats before each step and read there), so fp32,
---     bf16 and fp16;
 --   - SGD takes its learning rate as a kernel argument (AdamW reads it from its stats);
 --   - train.inject_nan_step poisons chosen steps from the host.
--- (The loss guard's spike limit is written into the stats before each step, like the
--- learning rate: a spike check can be captured.)
+-- (The loss guard's spike limit and fp16's loss scale are written into the stats before
+-- each step, like the learning rate, and read there: a spike check and fp16 can be
+-- captured. fp8's scales, amax histories and their updates live on the device,
+-- engine/cuda/fp8_linear.cu, and the two eager steps give every history its first entry,
+-- after which no FP8 layer reads a host value: fp8 can be captured.)
 local config = require("tetra.config.registry")
 
 local function refuse(why, fix)
@@ -39,11 +39,6 @@ config.register_check(function(cfg)
              "run one process")
     end
   end
-  local precision = t.precision or "fp32"
-  if precision == "fp8" then
-    refuse("train.precision=fp8 chooses its scales on the host every step",
-           "use train.precision=bf16")
-  end
   if cfg.optim and cfg.optim.name == "sgd" then
     refuse("optim.name=sgd takes its learning rate as a kernel argument",
            "use optim.name=adamw")
@@ -58,7 +53,7 @@ return {
     cuda_graphs = { type = "bool", default = false,
                     doc = "after two eager steps, capture the training step (forward, " ..
                           "backward, AdamW update) in one CUDA graph and replay it: " ..
-                          "single-process CUDA runs in fp32, bf16 or fp16 (see " ..
+                          "single-process CUDA runs (see " ..
                           "lua/tetra/config/schema/cuda_graphs.lua)" },
   },
 }
