@@ -10,6 +10,7 @@
 # steps 41-50 within 3.3e-3 and 8.2e-3. The bounds: every one of steps 1-10 within 5e-3
 # of both, the means of steps 41-50 within 2e-2 (fp8 GPU vs CPU) and 3e-2 (fp8 vs bf16).
 # The curves must fall by more than 1 nat. Prints tokens/s of the FP8 and bf16 GPU runs.
+# The FP8 GPU run must end with its 20-token sample (padded windows, inference).
 # Exit 77 (skip) without a GPU or a CUDA build.
 set -euo pipefail
 TETRA=${1:?usage: gpu_fp8.sh /path/to/tetra}
@@ -20,12 +21,17 @@ trap 'rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/need_gpus.bash"
 need_gpus "$TETRA" 1
 
-run() {   # run DEVICE PRECISION NAME
+run() {   # run DEVICE PRECISION NAME [--set k=v ...]
   "$TETRA" run "$ROOT/tools/bench/gpu_train.lua" --set train.device="$1" \
     --set train.precision="$2" --set data.mock=false --set data.input_path="$ROOT/README.md" \
-    --set train.steps=50 --set log.metrics_file="$WORK/$3.jsonl" | tee "$WORK/$3.out" | tail -1
+    --set train.steps=50 --set log.metrics_file="$WORK/$3.jsonl" "${@:4}" |
+    tee "$WORK/$3.out" | tail -1
 }
-run cuda fp8 gpu_fp8
+# The FP8 run ends with a sample: its windows of 5 to 24 tokens are padded to multiples of
+# 16 for the FP8 GEMMs, and an inference forward records no amax.
+run cuda fp8 gpu_fp8 --set train.sample_tokens=20 --set train.temperature=0 --set train.prompt=Tetra
+grep -q '^--- sample (20 tokens' "$WORK/gpu_fp8.out" ||
+  { echo "FAIL: the FP8 run printed no sample"; exit 1; }
 run cuda bf16 gpu_bf16
 run cpu fp8 cpu_fp8
 
