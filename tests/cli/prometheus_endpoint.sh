@@ -61,7 +61,7 @@ steps=500
 run --set train.steps=$steps --set log.prometheus_port=$port \
     --set log.metrics_file="$tmp/hostile.jsonl" >"$tmp/out" 2>"$tmp/err" &
 train=$!
-timeout 60 python3 "$clients" hostile $port 40 || { kill $train; fail "hostile clients"; }
+timeout -k 10 60 python3 "$clients" hostile $port 40 || { kill $train; fail "hostile clients"; }
 wait $train || fail "the run failed under hostile clients: $(cat "$tmp/err")"
 [ "$(wc -l < "$tmp/hostile.jsonl")" -eq $steps ] || fail "not every step ran under hostile clients"
 
@@ -74,7 +74,7 @@ run --set model.dim=128 --set model.n_layers=4 --set model.seq_len=64 \
     --set model.ffn_hidden=384 --set train.steps=240 --set log.prometheus_port=$port \
     >/dev/null 2>"$tmp/err" &
 train=$!
-timeout 90 python3 "$clients" toggle $port 80 50 1 > "$tmp/toggle" || { kill $train; fail "toggle: $(cat "$tmp/toggle")"; }
+timeout -k 10 90 python3 "$clients" toggle $port 80 50 1 > "$tmp/toggle" || { kill $train; fail "toggle: $(cat "$tmp/toggle")"; }
 wait $train || fail "the scraped run failed: $(cat "$tmp/err")"
 cat "$tmp/toggle"
 waited=$(sed -E 's/.*steps \(([0-9.]+)%\)$/\1/' "$tmp/toggle")

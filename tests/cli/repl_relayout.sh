@@ -34,7 +34,7 @@ end' "$work/ref.jsonl" >"$work/ref.txt"
 out=$(printf '%s\n' 'train_steps(3)' 'relayout{ tp = 2 }' 'train_steps(2)' \
   'relayout{ tp = 2, pp = 2 }' 'train_steps(2)' 'relayout{ tp = 3 }' 'relayout{}' \
   'train_steps(2)' 'model.layers[1].attention.wq.weight:size(0)' |
-  timeout 120 mpirun --oversubscribe -np 4 "$TETRA" -i recipes/tiny.lua \
+  timeout -k 10 120 mpirun --oversubscribe -np 4 "$TETRA" -i recipes/tiny.lua \
     --set train.steps=20 --set parallel.data_parallel_size=4 2>&1); rc=$?
 [ $rc -eq 0 ] || fail "the session exited $rc: $out"
 sed -nE 's/^\[0-3\] (step [0-9]+ .*)$/\1/p' <<<"$out" >"$work/repl.txt"

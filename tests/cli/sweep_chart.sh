@@ -25,7 +25,7 @@ model=(--set model.dim=128 --set model.n_layers=2 --set model.n_heads=4 --set mo
 "$tetra" sweep "${model[@]}" --steps 3 --json --layout dp=1,mb=4 --layout dp=1,mb=8 \
   --chart out/sweep.png >sweep.json 2>sweep.err && fail "a missing folder was accepted"
 mkdir out
-timeout 100 "$tetra" sweep "${model[@]}" --steps 3 --repeat 2 --json --layout dp=1,mb=4 \
+timeout -k 10 100 "$tetra" sweep "${model[@]}" --steps 3 --repeat 2 --json --layout dp=1,mb=4 \
   --layout dp=1,mb=8 --chart out/sweep.png >sweep.json 2>sweep.err ||
   fail "tetra sweep --chart: $(tail -3 sweep.err)"
 # --repeat 2: the list runs twice, layout after layout in each round.

@@ -28,7 +28,7 @@ fails=0
 for zero in 2 3; do
   for off in false true; do
     run="z${zero}_$off"
-    timeout 300 mpirun -np 2 "$TETRA" run "$ROOT/recipes/tiny.lua" --set train.device=cuda \
+    timeout -k 10 300 mpirun -np 2 "$TETRA" run "$ROOT/recipes/tiny.lua" --set train.device=cuda \
       --set train.precision=bf16 --set train.steps=8 --set train.warmup_steps=2 \
       --set model.n_layers=8 --set parallel.data_parallel_size=2 \
       --set parallel.zero_stage=$zero --set parallel.offload_optimizer=$off \

@@ -19,7 +19,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 fails=0
 for z in 2 3; do
-  timeout 300 mpirun -np 2 "$TETRA" run "$ROOT/recipes/tiny.lua" --set train.device=cuda \
+  timeout -k 10 300 mpirun -np 2 "$TETRA" run "$ROOT/recipes/tiny.lua" --set train.device=cuda \
     --set train.precision=bf16 --set train.steps=6 --set train.warmup_steps=2 \
     --set model.n_layers=8 --set parallel.data_parallel_size=2 --set parallel.zero_stage=$z \
     --set log.metrics_file="$WORK/z$z.jsonl" >"$WORK/z$z.log" 2>&1 ||

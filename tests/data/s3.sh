@@ -154,7 +154,7 @@ echo '{}' >"$work/faults.json"
 refused() {   # refused PATTERN WHAT COMMAND...
   local want="$1" what="$2"; shift 2
   local t0=$SECONDS
-  if timeout 60 "$@" >"$work/err.log" 2>&1; then cat "$work/err.log"; fail "$what: accepted"; fi
+  if timeout -k 10 60 "$@" >"$work/err.log" 2>&1; then cat "$work/err.log"; fail "$what: accepted"; fi
   grep -q -- "$want" "$work/err.log" || { cat "$work/err.log"; fail "$what: no line matching '$want'"; }
   ! grep -q "stack traceback" "$work/err.log" || { cat "$work/err.log"; fail "$what: a traceback"; }
   echo "ok: $what: $(grep -m1 -- "$want" "$work/err.log") ($((SECONDS - t0)) s)"

@@ -25,7 +25,7 @@ run() {   # run NAME NP "settings": one process for NP=1, else mpirun -np NP
   local cmd=("$tetra" run "$recipe" "${common[@]}" $(sets "$layout") "$@"
              --set log.metrics_file="$work/$name.jsonl")
   [ "$np" -gt 1 ] && cmd=(mpirun --oversubscribe -np "$np" "${cmd[@]}")
-  if ! timeout 300 "${cmd[@]}" >"$work/$name.log" 2>&1; then
+  if ! timeout -k 10 300 "${cmd[@]}" >"$work/$name.log" 2>&1; then
     echo "FAIL: the $name run failed:"; tail -n 30 "$work/$name.log"; exit 1
   fi
 }

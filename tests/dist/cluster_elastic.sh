@@ -21,7 +21,7 @@ job=(recipes/tiny.lua --set parallel.tensor_parallel_size=2 --set train.steps=$s
      --set checkpoint.every=40 --set checkpoint.keep=0 --set log.every=100)
 
 cluster link node2 down
-on_head timeout 300 "$tetra" launch --min-np 2 --backoff 0.1 --probe-timeout 5 --grow-every 1 -- \
+on_head timeout -k 10 300 "$tetra" launch --min-np 2 --backoff 0.1 --probe-timeout 5 --grow-every 1 -- \
   mpirun -np 4 "${mpi_hosts[@]}" "$tetra" run "${job[@]}" \
   --set parallel.data_parallel_size=2 --set checkpoint.dir="$work/ck" \
   --set log.metrics_file="$work/elastic.jsonl" >"$work/elastic.out" 2>&1 &

@@ -37,7 +37,7 @@ run() {   # run NAME NP settings...
   local name="$1" np="$2"; shift 2
   local cmd=("$tetra" run recipes/tiny.lua "${common[@]}" "$@" --set log.metrics_file="$work/$name.jsonl")
   [ "$np" -gt 1 ] && cmd=(mpirun --oversubscribe -np "$np" "${cmd[@]}")
-  timeout 300 "${cmd[@]}" >"$work/$name.log" 2>&1 || { echo "FAIL: $name:"; tail -n 20 "$work/$name.log"; exit 1; }
+  timeout -k 10 300 "${cmd[@]}" >"$work/$name.log" 2>&1 || { echo "FAIL: $name:"; tail -n 20 "$work/$name.log"; exit 1; }
 }
 run single 1
 run dp2 2 --set parallel.data_parallel_size=2 --set checkpoint.dir="$work/ck" --set checkpoint.every=6

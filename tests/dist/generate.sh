@@ -23,7 +23,7 @@ gen() {
   local name="$1" np="$2"; shift 2
   local sets=() kv
   for kv in "$@"; do sets+=(--set "$kv"); done
-  if ! timeout 120 mpirun --oversubscribe -np "$np" "$tetra" run "$recipe" \
+  if ! timeout -k 10 120 mpirun --oversubscribe -np "$np" "$tetra" run "$recipe" \
        --set log.progress=false --set model.n_layers=4 --set generate.out="$work/$name.out" \
        "${sets[@]}" \
        >"$work/$name.log" 2>&1; then
@@ -106,7 +106,7 @@ sample() {
   local sets=() kv
   for kv in "$@"; do sets+=(--set "$kv"); done
   # (a few seconds; a stage left out of the generation hangs its pipeline)
-  timeout 40 mpirun --oversubscribe -np "$np" "$tetra" run recipes/tiny.lua \
+  timeout -k 10 40 mpirun --oversubscribe -np "$np" "$tetra" run recipes/tiny.lua \
     --set data.mock=false --set data.input_path="$work/text.txt" --set train.steps=30 \
     --set train.sample_tokens=40 --set train.temperature=0 --set log.progress=false \
     "${sets[@]}" >"$work/$name.log" 2>&1 ||
@@ -143,7 +143,7 @@ done
 stop_if_failed
 repl_sample() {
   printf '%s\n' 'train_steps(30)' 'sample("the q", 30)' |
-    timeout 60 mpirun --oversubscribe -np "$1" "$tetra" -i recipes/tiny.lua \
+    timeout -k 10 60 mpirun --oversubscribe -np "$1" "$tetra" -i recipes/tiny.lua \
     --set data.mock=false --set data.input_path="$work/text.txt" --set train.temperature=0 \
     "${@:2}" 2>&1 | grep -E '^(\[[0-9-]+\] )?the q'
 }
@@ -162,7 +162,7 @@ fi
 stop_if_failed
 fresh_sample() {   # (%on is for sessions under mpirun: one process has no such line)
   { [ "$1" = 1 ] || echo '%on 0'; echo 'sample("the q", 12)'; } |
-    timeout 30 mpirun --oversubscribe -np "$1" "$tetra" -i recipes/tiny.lua \
+    timeout -k 10 30 mpirun --oversubscribe -np "$1" "$tetra" -i recipes/tiny.lua \
     --set data.mock=false --set data.input_path="$work/text.txt" --set train.temperature=0 \
     --set train.precision=fp8 "${@:2}" 2>&1 | grep -aE '^(\[[0-9-]+\] )?the q'
 }

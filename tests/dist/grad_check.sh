@@ -37,7 +37,7 @@ check() {
       echo "FAIL: $name: the single-process run failed:"; tail -n 20 "$ref.log"; status=1; return
     fi
   fi
-  if ! timeout 120 mpirun --oversubscribe -np "$np" "$tetra" run "$recipe" "${common[@]}" "$@" \
+  if ! timeout -k 10 120 mpirun --oversubscribe -np "$np" "$tetra" run "$recipe" "${common[@]}" "$@" \
        "${msets[@]}" "${sets[@]}" --set grad_check.dir="$work/$name" >"$work/$name.log" 2>&1; then
     echo "FAIL: $name: the run failed:"; tail -n 20 "$work/$name.log"; status=1; return
   fi

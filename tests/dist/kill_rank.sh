@@ -18,7 +18,7 @@ run_case() {   # signal, extra mpirun args
   local sig="$1"; shift
   local start end rc
   start=$(date +%s)
-  TT_HANG_SIGNAL="$sig" TT_TIMEOUT="$timeout_s" timeout 120 \
+  TT_HANG_SIGNAL="$sig" TT_TIMEOUT="$timeout_s" timeout -k 10 120 \
     mpirun --oversubscribe "$@" -np 4 -x TT_HANG_SIGNAL -x TT_TIMEOUT \
     "$tetra" run "$here/hang_worker.lua" >"$log" 2>&1
   rc=$?

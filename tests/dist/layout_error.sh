@@ -13,10 +13,10 @@ refused_once() {
   local what="$1" msg="$2"
   shift 2
   local out rc n
-  out="$(timeout 120 mpirun --oversubscribe -np "${NP:-2}" "$tetra" run "$root/recipes/tiny.lua" "$@" 2>&1)"
+  out="$(timeout -k 10 120 mpirun --oversubscribe -np "${NP:-2}" "$tetra" run "$root/recipes/tiny.lua" "$@" 2>&1)"
   rc=$?
   n=$(echo "$out" | grep -c "$msg")
-  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || [ "$n" -ne 1 ]; then
     echo "FAIL: $what: exit $rc, the message appeared $n times (want once):"
     echo "$out" | head -n 20
     exit 1
@@ -50,12 +50,12 @@ refused_once "uneven context chunks" "model.seq_len (30) must be a multiple of 2
 for i in 1 2 3 4 5; do
   start=$(date +%s)
   out="$(ulimit -v 4000000
-         timeout 120 mpirun --oversubscribe -np 4 "$tetra" run "$root/recipes/llama.lua" \
+         timeout -k 10 120 mpirun --oversubscribe -np 4 "$tetra" run "$root/recipes/llama.lua" \
          --set train.model_name=llama-1b --set parallel.tensor_parallel_size=2 \
          --set parallel.pipeline_parallel_size=2 --set model.ffn_hidden=5633 2>&1)"
   rc=$? took=$(( $(date +%s) - start ))
   n=$(echo "$out" | grep -c "parallel.tensor_parallel_size (2) must divide model.ffn_hidden (5633)")
-  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$n" -ne 1 ]; then
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] || [ "$n" -ne 1 ]; then
     echo "FAIL: llama-1b refused layout, run $i: exit $rc, message $n times (want once), ${took}s:"
     echo "$out" | head -n 20
     exit 1

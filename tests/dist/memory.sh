@@ -28,7 +28,7 @@ check() {
   local cmd=("$tetra" run "$root/tests/dist/memory.lua" --set train.steps=1
              --set train.warmup_steps=1 "${sets[@]}")
   [ "$np" -gt 1 ] && cmd=(mpirun --oversubscribe -np "$np" "${cmd[@]}")
-  if ! timeout 120 "${cmd[@]}" >"$work/$name.log" 2>&1; then
+  if ! timeout -k 10 120 "${cmd[@]}" >"$work/$name.log" 2>&1; then
     echo "FAIL: $name: the run failed:"; tail -n 20 "$work/$name.log"; status=1; return
   fi
   local n

@@ -8,6 +8,6 @@ tetra="${1:?usage: $0 /path/to/tetra}"
 here="$(cd "$(dirname "$0")" && pwd)"
 command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
 for order in tp-cp-dp-pp dp-tp-cp-pp; do
-  TT_ORDER="$order" timeout 120 mpirun --oversubscribe -np 4 -x TT_ORDER \
+  TT_ORDER="$order" timeout -k 10 120 mpirun --oversubscribe -np 4 -x TT_ORDER \
     "$tetra" run "$here/mesh_groups.lua" || exit 1
 done

@@ -8,7 +8,7 @@
 # Usage: bash nccl_enable.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
-out=$(timeout 60 mpirun --oversubscribe -np 2 "$tetra" -e '
+out=$(timeout -k 10 60 mpirun --oversubscribe -np 2 "$tetra" -e '
   local ffi = require("ffi")
   local tetra = require("tetra")
   local dist = require("tetra.dist")
@@ -26,6 +26,6 @@ out=$(timeout 60 mpirun --oversubscribe -np 2 "$tetra" -e '
   print(("rank %d: CPU collectives still work"):format(mesh.rank))' 2>&1)
 rc=$?
 echo "$out"
-[ "$rc" -eq 0 ] || { echo "FAIL: rc $rc (124: hung)"; exit 1; }
+[ "$rc" -eq 0 ] || { echo "FAIL: rc $rc (124 or 137: hung)"; exit 1; }
 [ "$(grep -c 'CPU collectives still work' <<<"$out")" -eq 2 ] || { echo "FAIL: not both ranks finished"; exit 1; }
 echo "PASS"

@@ -14,7 +14,7 @@ m.world:all_reduce(require("tetra").zeros(4))
 local f = io.open(os.getenv("WORK") .. "/pid." .. m.rank, "w")
 f:write(io.open("/proc/self/stat"):read("*l"):match("^(%d+)")); f:close()
 while io.open(os.getenv("WORK") .. "/done") == nil do os.execute("sleep 0.1") end'
-WORK="$work" timeout 60 mpirun --oversubscribe -np 2 -x WORK "$tetra" -e "$code" >"$work/run.log" 2>&1 &
+WORK="$work" timeout -k 10 60 mpirun --oversubscribe -np 2 -x WORK "$tetra" -e "$code" >"$work/run.log" 2>&1 &
 job=$!
 for _ in $(seq 100); do [ -f "$work/pid.0" ] && [ -f "$work/pid.1" ] && break; sleep 0.1; done
 [ -f "$work/pid.0" ] && [ -f "$work/pid.1" ] || { echo "FAIL: the ranks did not start:"; cat "$work/run.log"; exit 1; }

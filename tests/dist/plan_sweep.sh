@@ -41,7 +41,7 @@ if ! awk -v b="$bw_gbs" 'BEGIN { exit !(b > 0) }'; then
 fi
 # One sweep into $work/sweep$1.json.
 sweep() {
-  timeout 300 "$tetra" sweep "${model[@]}" --steps 5 --json --calibrate \
+  timeout -k 10 300 "$tetra" sweep "${model[@]}" --steps 5 --json --calibrate \
     --intra-gbs "$bw_gbs" --latency-us "$lat_us" \
     --layout dp=1,mb=4 --layout dp=2,mb=2 --layout tp=2,mb=8 --layout tp=2,sp=1,mb=8 \
     --layout pp=2,mb=2 --layout cp=2,mb=4 --layout dp=2,mb=4 --layout dp=2,zero=1,mb=2 \
@@ -107,7 +107,7 @@ done
 "$tetra" plan "${model[@]}" --write "$work/best.yaml" >"$work/plan.txt" || fail "tetra plan --write"
 np=$(sed -n 's/^# run: mpirun -np \([0-9]*\).*/\1/p' "$work/best.yaml")
 [ "$np" = 2 ] || fail "the YAML names $np ranks, want 2"
-if ! timeout 120 mpirun --oversubscribe --bind-to none -np 2 "$tetra" run "$work/best.yaml" \
+if ! timeout -k 10 120 mpirun --oversubscribe --bind-to none -np 2 "$tetra" run "$work/best.yaml" \
       --set train.steps=2 --set train.warmup_steps=1 --set log.progress=false \
       --set log.metrics_file="$work/best.jsonl" >"$work/best.log" 2>&1; then
   fail "tetra run of the planned YAML failed:"; tail -n 5 "$work/best.log"

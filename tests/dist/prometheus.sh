@@ -64,7 +64,7 @@ done
 [ "$n" -ge 2 ] || fail "prometheus did not start scraping the 2 targets"
 
 start=$(date +%s.%N)
-out="$(TETRA_RESTART_COUNT=2 timeout 240 mpirun --oversubscribe -np 2 -x TETRA_RESTART_COUNT \
+out="$(TETRA_RESTART_COUNT=2 timeout -k 10 240 mpirun --oversubscribe -np 2 -x TETRA_RESTART_COUNT \
         "$tetra" run recipes/tiny.lua --set parallel.data_parallel_size=2 \
         --set train.steps=$steps --set log.every=100 --set train.peak_tflops=0.2 \
         --set log.prometheus_port=$base --set log.prometheus_job=$job \

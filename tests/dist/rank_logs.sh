@@ -12,7 +12,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
+out="$(timeout -k 10 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
         --set parallel.data_parallel_size=2 --set train.steps=3 \
         --set "log.log_file=$tmp/run-{rank}.log" 2>&1)" || fail "run failed: $out"
 for r in 0 1; do
@@ -27,7 +27,7 @@ loss1="$(grep ' step ' "$tmp/run-1.log" | sed -E 's/.*loss ([0-9.]+).*/\1/' | tr
 [ "$loss0" = "$loss1" ] || fail "ranks logged different losses: '$loss0' vs '$loss1'"
 [ "$(echo "$out" | grep -oE 'step +3/3' | wc -l)" -eq 1 ] || fail "progress not printed exactly once: $out"
 
-timeout 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
+timeout -k 10 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
   --set parallel.data_parallel_size=2 --set train.steps=2 \
   --set "log.log_file=$tmp/plain.log" >/dev/null 2>&1 || fail "run without placeholder failed"
 [ -f "$tmp/plain.log.rank0" ] && [ -f "$tmp/plain.log.rank1" ] || fail "no .rank<N> files: $(ls "$tmp")"

@@ -17,7 +17,7 @@ steps=8
 run() {   # run NAME [--set ...]: $np ranks (default 2), the output in $work/NAME.out
   local name="$1"; shift
   local n="${np:-2}"
-  timeout 120 mpirun --oversubscribe -np "$n" "$tetra" run tests/fixtures/slow_rank.lua \
+  timeout -k 10 120 mpirun --oversubscribe -np "$n" "$tetra" run tests/fixtures/slow_rank.lua \
     --set parallel.data_parallel_size="$n" --set train.batch_size=$((4 * n)) --set train.steps=$steps \
     --set "log.metrics_file=$work/$name.jsonl" "$@" > "$work/$name.out" 2>&1 ||
     fail "$name run failed: $(tail -5 "$work/$name.out")"

@@ -9,6 +9,6 @@ tetra="${1:?usage: $0 /path/to/tetra}"
 here="$(cd "$(dirname "$0")" && pwd)"
 command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
 for sp in 0 1; do
-  TT_SP="$sp" timeout 120 mpirun --oversubscribe -np 2 -x TT_SP \
+  TT_SP="$sp" timeout -k 10 120 mpirun --oversubscribe -np 2 -x TT_SP \
     "$tetra" run "$here/tp_fused.lua" || exit 1
 done

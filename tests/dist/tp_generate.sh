@@ -12,7 +12,7 @@ ids() {   # ids NP settings... -> the "ids: ..." line
   local np="$1"; shift
   local out
   if [ "$np" = 1 ]; then out="$("$tetra" run "$script" "${common[@]}" "$@" 2>&1)"
-  else out="$(timeout 120 mpirun --oversubscribe -np "$np" "$tetra" run "$script" "${common[@]}" "$@" 2>&1)"; fi
+  else out="$(timeout -k 10 120 mpirun --oversubscribe -np "$np" "$tetra" run "$script" "${common[@]}" "$@" 2>&1)"; fi
   grep '^ids:' <<<"$out" || { echo "no ids from np=$np $*:"; echo "$out" | tail -n 20; }
 }
 want="$(ids 1)"

@@ -15,7 +15,7 @@ if ! "$py" -c "import jsonschema" 2>/dev/null; then
   echo "skipped: no jsonschema (tools/setup-python-refs)"; exit 77
 fi
 
-out="$(timeout 120 mpirun --oversubscribe -np 2 "$tetra" run recipes/tiny.lua \
+out="$(timeout -k 10 120 mpirun --oversubscribe -np 2 "$tetra" run recipes/tiny.lua \
         --set parallel.pipeline_parallel_size=2 --set parallel.pipeline_schedule=1f1b \
         --set train.gradient_accumulation_steps=4 --set train.steps=5 \
         --set log.trace_steps=3:4 --set log.trace_dir="$work/trace" 2>&1)" || fail "run: $out"

@@ -6,9 +6,9 @@
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
 here="$(cd "$(dirname "$0")" && pwd)"
-timeout 60 "$tetra" run "$here/vocab_parallel_ce.lua" || exit 1
+timeout -k 10 60 "$tetra" run "$here/vocab_parallel_ce.lua" || exit 1
 command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
 for np in 2 3; do
-  timeout 120 mpirun --oversubscribe -np "$np" "$tetra" run "$here/vocab_parallel_ce.lua" ||
+  timeout -k 10 120 mpirun --oversubscribe -np "$np" "$tetra" run "$here/vocab_parallel_ce.lua" ||
     exit 1
 done
