@@ -432,6 +432,12 @@ static ckpt_stash *stash_get(void) {
 
 void tt_checkpoint_keep_gemms(int on) { tt_ckpt_keep = on != 0; }
 
+int tt_checkpoint_keep_swap(int on) {
+  const int was = tt_ckpt_keep;
+  tt_ckpt_keep = on != 0;
+  return was;
+}
+
 /* Appends t, retained, to a stash's list (*list, *n of *cap). */
 static int stash_push(tt_tensor ***list, int64_t *n, int64_t *cap, tt_tensor *t) {
   if (*n == *cap) {

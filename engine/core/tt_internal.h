@@ -80,6 +80,10 @@ int tt_checkpoint_keep_output(tt_tensor *t);
 int tt_checkpoint_keep_copy(tt_tensor *t);
 int tt_checkpoint_take_output(const int64_t *shape, int ndim, int dtype, int device,
                               tt_tensor **out);
+/* Whether GEMM outputs are being kept, and set that to on, returning what it was: an op
+** that keeps its own final output (the CPU FP8 layer's bf16 Y, not the f32 product of the
+** tt_matmul inside it) turns it off around that inner GEMM and back after. */
+int tt_checkpoint_keep_swap(int on);
 /* True when t takes part in autograd (requires_grad set). */
 int tt_needs_grad(const tt_tensor *t);
 /* t->grad += g (allocating t->grad as zeros on first use). g's shape must equal t's;

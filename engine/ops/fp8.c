@@ -452,14 +452,24 @@ int tt_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias, tt_fp8_linear_sta
     tt_fp8_meta *ms[2] = {&st->x, &st->w};
     rc = fp8_forward_quantize(ops, ms, st->amax_group, inference, q, scale);
   }
-  /* Y (rows, out) = q_x (rows, in) @ q_w (out, in)^T. Under selective recompute the
-  ** product is kept and taken back by tt_matmul itself (engine/ops/matmul.c); the re-run
-  ** still makes the codes (backward saves them) and the epilogue. */
-  if (!rc) rc = decode_fp8(q[0], &dxq);
-  if (!rc) rc = decode_fp8(q[1], &dwq);
-  if (!rc) rc = tt_matmul(dxq, dwq, NULL, 0, 1, &acc);
-  if (!rc) rc = epilogue(acc, (1.0f / scale[0]) * (1.0f / scale[1]),
-                         bc ? tt_tensor_data(bc) : NULL, 1, x->dtype, &y2);
+  /* Y (rows, out) = q_x (rows, in) @ q_w (out, in)^T. Under selective recompute the first
+  ** run keeps a copy of Y as it leaves the layer (bf16 values in x's dtype, as the GPU's
+  ** layer does), not the f32 product of the tt_matmul inside, and the re-run takes it
+  ** back; the re-run still makes the codes (backward saves them). */
+  if (!rc) {
+    const int64_t y2_shape[2] = {x2->shape[0], w->shape[0]};
+    rc = tt_checkpoint_take_output(y2_shape, 2, x->dtype, x->device, &y2);
+  }
+  if (!rc && !y2) {
+    const int keep = tt_checkpoint_keep_swap(0);
+    rc = decode_fp8(q[0], &dxq);
+    if (!rc) rc = decode_fp8(q[1], &dwq);
+    if (!rc) rc = tt_matmul(dxq, dwq, NULL, 0, 1, &acc);
+    tt_checkpoint_keep_swap(keep);
+    if (!rc) rc = epilogue(acc, (1.0f / scale[0]) * (1.0f / scale[1]),
+                           bc ? tt_tensor_data(bc) : NULL, 1, x->dtype, &y2);
+    if (!rc) rc = tt_checkpoint_keep_copy(y2);
+  }
   if (!rc) rc = tt_view(y2, y_shape, x->ndim, &y);
   tt_set_grad_enabled(grad);
   if (!rc && tt_should_record(ins, 3)) {
