@@ -9,6 +9,7 @@
 --   layout.problems(cfg, world_size) -- every problem, as an array of lines
 --   layout.step_kernels(cfg)         -- the kernel families a step dispatches, and dtypes
 --   layout.device_problem(cfg)       -- the line refusing a step with no CUDA kernel, or nil
+--   layout.row_multiple(cfg)         -- the multiple a forward's rows must come in
 local M = {}
 
 -- The config key of each dimension's size (parallel.<key>).
@@ -216,6 +217,15 @@ function M.device_problem(cfg)
     end
   end
   return nil
+end
+
+-- The number a forward's rows (tokens of a micro-batch on one rank) must be a multiple of:
+-- 16 for FP8 layers on CUDA (cuBLASLt's FP8 GEMMs, engine/cuda/fp8_linear.cu), else 1.
+-- Training batches are checked against it (config/schema/fp8.lua); a generation window is
+-- padded to it (tetra.train.generate).
+function M.row_multiple(cfg)
+  local t = (cfg and cfg.train) or {}
+  return (t.precision == "fp8" and tostring(t.device):match("^cuda")) and 16 or 1
 end
 
 -- Every problem of cfg's layout (an empty array when there is none). world: the number

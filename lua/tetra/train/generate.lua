@@ -36,13 +36,9 @@ end
 local function gcd(a, b) while b ~= 0 do a, b = b, a % b end return a end
 local function lcm(a, b) return a / gcd(a, b) * b end
 
--- The rows a forward of cfg's model must come in multiples of: 16 for FP8 layers on CUDA
--- (cuBLASLt's FP8 GEMMs, engine/cuda/fp8_linear.cu), else 1. Training batches keep to it
--- by the config check (config/schema/fp8.lua); a generation window is padded to it.
-function generate.row_multiple(cfg)
-  local t = cfg.train or {}
-  return (t.precision == "fp8" and tostring(t.device):match("^cuda")) and 16 or 1
-end
+-- The rows a forward of cfg's model must come in multiples of (tetra.parallel.layout's
+-- rule): a generation window is padded to it.
+generate.row_multiple = require("tetra.parallel.layout").row_multiple
 
 -- Continues prompt_ids (array of token ids) by opts.max_new_tokens (64) tokens, feeding
 -- the last opts.seq_len tokens each time (no KV cache: models here are small).

@@ -22,32 +22,36 @@ config.register_check(function(cfg)
 end)
 
 -- cuBLASLt's FP8 GEMMs on CUDA take every leading dimension in multiples of 16 bytes
--- (engine/cuda/fp8_linear.cu): each FP8 layer's rows (a micro-batch's tokens on this
+-- (engine/cuda/fp8_linear.cu; the multiple is tetra.parallel.layout.row_multiple's): each
+-- FP8 layer's rows (a micro-batch's tokens on this
 -- rank) and its input and output features on its tensor-parallel rank. Checked here, before
 -- anything is allocated, rather than at the first forward; the features for the model
 -- families the planner knows (tetra.planner.model) with train.fp8_layers=all.
 config.register_check(function(cfg)
   local t, m = cfg.train or {}, cfg.model or {}
-  if t.precision ~= "fp8" or not tostring(t.device):match("^cuda") then return end
-  local s = require("tetra.parallel.layout").sizes(cfg)
+  local layout = require("tetra.parallel.layout")
+  local k = layout.row_multiple(cfg)
+  if k == 1 then return end
+  local s = layout.sizes(cfg)
   local rows = s.micro_batch and m.seq_len and s.micro_batch * m.seq_len / s.cp
-  if rows and rows == math.floor(rows) and rows % 16 ~= 0 then
-    config.error("train.precision=fp8 on %s: the FP8 GEMMs take rows in multiples of 16, and " ..
+  if rows and rows == math.floor(rows) and rows % k ~= 0 then
+    config.error("train.precision=fp8 on %s: the FP8 GEMMs take rows in multiples of %d, and " ..
                  "each layer gets %d (a micro-batch of %d sequences x model.seq_len %d / " ..
                  "context parallel %d): change train.batch_size, " ..
                  "train.gradient_accumulation_steps or model.seq_len so that it is one",
-                 tostring(t.device), rows, s.micro_batch, m.seq_len, s.cp)
+                 tostring(t.device), k, rows, s.micro_batch, m.seq_len, s.cp)
   end
   if t.fp8_layers ~= nil and t.fp8_layers ~= "all" then return end
   local ok, mms = pcall(function() return require("tetra.planner.model").block_matmuls(m, s.tp) end)
   if not ok then return end   -- a model the planner does not know: the first forward says
   for _, mm in ipairs(mms) do
     local inf = mm.weights / mm.out
-    if inf % 16 ~= 0 or mm.out % 16 ~= 0 then
+    if inf % k ~= 0 or mm.out % k ~= 0 then
       config.error("train.precision=fp8 on %s: the FP8 GEMMs take features in multiples of " ..
-                   "16, and %s has %d in and %d out on each of %d tensor-parallel rank(s): " ..
+                   "%d, and %s has %d in and %d out on each of %d tensor-parallel rank(s): " ..
                    "change the model's sizes or parallel.tensor_parallel_size, or leave it " ..
-                   "out of FP8 (train.fp8_layers)", tostring(t.device), mm.path, inf, mm.out, s.tp)
+                   "out of FP8 (train.fp8_layers)", tostring(t.device), k, mm.path, inf, mm.out,
+                   s.tp)
     end
   end
 end)
