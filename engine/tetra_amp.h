@@ -63,6 +63,10 @@ typedef struct tt_fp8_meta {
   int margin;              /* headroom in powers of two */
   int pos;                 /* next slot of the ring */
   int filled;              /* slots holding an amax */
+  int quantised;           /* recorded quantisations: the first one (0 before it) scales
+                           ** from its tensor's own amax; a later one at the delayed scale,
+                           ** even when every amax so far was 0 or non-finite (the device
+                           ** cannot tell the host without a sync) */
   double scale;
   float amax_history[1024];
 } tt_fp8_meta;

@@ -67,6 +67,9 @@ int tt_cuda_blaslt(cublasLtHandle_t *handle, void **workspace, size_t *workspace
 ** counted (tt_cuda_host_sync_count), and refused while the stream is being captured into a
 ** graph (cudaErrorStreamCaptureUnsupported). */
 cudaError_t tt_cuda_host_wait(cudaStream_t s);
+/* The host waits for event e as tt_cuda_host_wait waits for a stream: counted, and
+** polling (with the hook) when a wait hook is set. */
+cudaError_t tt_cuda_host_wait_event(cudaEvent_t e);
 /* Deferred input checks (tt_cuda_set_deferred_checks). A kernel that validates its
 ** inputs writes the smallest bad position into *bad_pos (device memory, ~0 when none);
 ** instead of reading it back, the op calls tt_cuda_check_defer, which records (on the

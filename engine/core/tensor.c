@@ -218,12 +218,28 @@ static inline double load_elem(const void *p, int dtype) {
   }
 }
 
+/* v as a float rounded to odd: when v falls between two floats, the one whose last bit is
+** 1. A narrower format (bf16, f16, fp8: at least two bits fewer) rounded to nearest from
+** it is then v rounded to nearest once, as the GPU's double-to-bf16 conversion does
+** (engine/cuda/copy.cu); plain (float)v would round twice and can land on the other side
+** of a tie (an i32 2^24 + 2^16 + 1 became bf16 2^24, not 2^24 + 2^17). Only integers past
+** 2^24 are not floats already. */
+static inline float float_round_odd(double v) {
+  float f = (float)v;
+  if ((double)f != v && isfinite(f)) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (!(bits & 1)) f = nextafterf(f, v > f ? INFINITY : -INFINITY);
+  }
+  return f;
+}
+
 static inline void store_elem(void *p, int dtype, double v) {
   switch (dtype) {
   case TT_F32: *(float *)p = (float)v; break;
-  case TT_BF16: *(uint16_t *)p = tt_float_to_bf16((float)v); break;
-  case TT_F16: *(uint16_t *)p = tt_float_to_f16((float)v); break;
-  case TT_E4M3: case TT_E5M2: *(uint8_t *)p = tt_float_to_fp8((float)v, dtype); break;
+  case TT_BF16: *(uint16_t *)p = tt_float_to_bf16(float_round_odd(v)); break;
+  case TT_F16: *(uint16_t *)p = tt_float_to_f16(float_round_odd(v)); break;
+  case TT_E4M3: case TT_E5M2: *(uint8_t *)p = tt_float_to_fp8(float_round_odd(v), dtype); break;
   case TT_I32: *(int32_t *)p = (int32_t)v; break;
   case TT_I64: *(int64_t *)p = (int64_t)v; break;
   default: break;

@@ -87,7 +87,9 @@ static int cuda_fill_f32(float *p, int device, int64_t n, float value) {
 }
 
 /* The op profile's marks: timing events on the current stream. Reading an interval waits
-** for its later event (a host wait, counted: a profile is not a training step). */
+** for its later event (a host wait, counted: a profile is not a training step; polling
+** with the wait hook, so that the NCCL watchdog still sees a profiled step's collective
+** that never ends). */
 static int cuda_mark_record(int device, void **mark) {
   TT_TRY(tt_cuda_use_device(device));
   if (!*mark) {
@@ -101,7 +103,7 @@ static int cuda_mark_record(int device, void **mark) {
 
 static int cuda_mark_seconds(int device, void *from, void *to, double *out) {
   TT_TRY(tt_cuda_use_device(device));
-  TT_CU(cudaEventSynchronize((cudaEvent_t)to));
+  TT_CU(tt_cuda_host_wait_event((cudaEvent_t)to));
   float ms = 0.0f;
   TT_CU(cudaEventElapsedTime(&ms, (cudaEvent_t)from, (cudaEvent_t)to));
   *out = 1e-3 * (double)ms;

@@ -57,7 +57,8 @@ typedef struct fp8_device {
   int device;
   dev_meta *metas;   /* ROLES metas, device memory */
   tt_tensor *amax;   /* (ROLES) f32 on the device: this call's amaxes, zero between calls */
-  int quantised[ROLES];  /* host count of quantisations: the first scales from its own amax */
+  int quantised[ROLES];  /* tt_fp8_meta's quantised, kept here: the first quantisation
+                         ** scales from its own amax, a later one at the delayed scale */
 } fp8_device;
 
 /* -- Kernels ------------------------------------------------------------------------ */
@@ -218,13 +219,16 @@ extern "C" int tt_cuda_fp8_linear_state_sync(void *device, tt_fp8_linear_state *
   if (to_device) {
     for (int r = 0; r < ROLES; r++) {
       meta_to_dev(h[r], &buf[r]);
-      d->quantised[r] = h[r]->filled;
+      d->quantised[r] = h[r]->quantised;
     }
     TT_CU(cudaMemcpy(d->metas, buf, sizeof buf, cudaMemcpyHostToDevice));
     return 0;
   }
   TT_CU(cudaMemcpy(buf, d->metas, sizeof buf, cudaMemcpyDeviceToHost));
-  for (int r = 0; r < ROLES; r++) meta_from_dev(&buf[r], h[r]);
+  for (int r = 0; r < ROLES; r++) {
+    meta_from_dev(&buf[r], h[r]);
+    h[r]->quantised = d->quantised[r];
+  }
   return 0;
 }
 

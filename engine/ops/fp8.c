@@ -191,9 +191,11 @@ fail:
 **             dW (out, in)   =       acc(q_g^T q_x) * (1/s_g * 1/s_x)        (f32)
 **             db (out)       = column sums of the unquantised gradient       (f32)
 ** x and w are e4m3, the output gradient g e5m2. acc is a float32 sum of products of fp8
-** values: every product of two fp8 numbers is exact in float32, so the GPU and the CPU
-** differ only in the order of the float32 additions (and the epilogue's rounding of
-** that sum to bf16 may then differ by one bf16 ulp on rare elements). The epilogue
+** values: every product of two fp8 numbers is exact in float32, and the CPU adds them in
+** float32. Hopper's FP8 tensor cores keep fewer bits in their running sum (about 14:
+** DeepSeek-V3's report, 3.3.2), so the GPU's sums are off the CPU's in their low bits,
+** and after the epilogue's rounding to bf16 some elements by an ulp or so
+** (tests/cuda/test_fp8_linear.c holds them to that). The epilogue
 ** multiplies by the product of the two float inverse scales and adds the bias rounded
 ** to bf16 (cuBLASLt reads the bias in the output's dtype), then rounds to bf16 once.
 ** Y and dX come back in x's dtype holding bf16 values; dW in the weight's dtype.
@@ -268,7 +270,7 @@ static int quantize_delayed(const char *op, tt_tensor **x, tt_fp8_meta **m, int 
   double amax[3];
   int fresh[3], any_fresh = 0;
   for (int i = 0; i < n; i++) {
-    any_fresh |= fresh[i] = m[i]->filled == 0;
+    any_fresh |= fresh[i] = m[i]->quantised == 0;
     scale_used[i] = (float)m[i]->scale;
   }
   if (any_fresh) {
@@ -295,7 +297,10 @@ static int quantize_delayed(const char *op, tt_tensor **x, tt_fp8_meta **m, int 
   }
   if (!record) return 0;
   TT_TRY(agree_amax(group, amax, n));
-  for (int i = 0; i < n; i++) tt_fp8_meta_update(m[i], amax[i]);
+  for (int i = 0; i < n; i++) {
+    tt_fp8_meta_update(m[i], amax[i]);
+    m[i]->quantised++;
+  }
   return 0;
 }
 

@@ -334,9 +334,7 @@ static cudaError_t poll_until(cudaError_t (*query)(void *), void *what);
 
 extern "C" int tt_cuda_event_synchronize(tt_cuda_event *e) {
   TT_CHECK(e, "tt_cuda_event_synchronize: event is NULL");
-  __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
-  if (!g_wait_hook) TT_CU(cudaEventSynchronize(e->e));
-  else TT_CU(poll_until([](void *ev) { return cudaEventQuery((cudaEvent_t)ev); }, (void *)e->e));
+  TT_CU(tt_cuda_host_wait_event(e->e));
   return 0;
 }
 
@@ -394,6 +392,12 @@ cudaError_t tt_cuda_host_wait(cudaStream_t s) {
   __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
   if (!g_wait_hook) return cudaStreamSynchronize(s);
   return poll_until([](void *st) { return cudaStreamQuery((cudaStream_t)st); }, (void *)s);
+}
+
+cudaError_t tt_cuda_host_wait_event(cudaEvent_t e) {
+  __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
+  if (!g_wait_hook) return cudaEventSynchronize(e);
+  return poll_until([](void *ev) { return cudaEventQuery((cudaEvent_t)ev); }, (void *)e);
 }
 
 extern "C" int64_t tt_cuda_host_sync_count(void) {

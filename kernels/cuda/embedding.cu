@@ -44,7 +44,8 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
   TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, tt_cuda_cur_stream()));
   int rc = -1;
   int64_t blocks = n < 65535 ? n : 65535;
-  int threads = D >= 256 ? 256 : (int)((D + 31) / 32 * 32);
+  /* (a table of width 0 still checks its ids, as the CPU twin does: one warp a block) */
+  int threads = D >= 256 ? 256 : D > 0 ? (int)((D + 31) / 32 * 32) : 32;
   cudaError_t e = cudaMemsetAsync(bad_dev, 0xff, sizeof bad, tt_cuda_cur_stream());
   if (e == cudaSuccess) {
     if (out_dtype == TT_ELEM_BF16)

@@ -67,14 +67,15 @@ static uint32_t lt_alignment(const void *p, int64_t stride, int dtype, int64_t b
 ** heuristic; the heuristic query costs more host time than the descriptors it reads, and
 ** a training step asks the same few dozen questions every step. All of it depends only
 ** on the call's shape: the device, every field of the call but the data pointers (the
-** bias and scale pointers only by presence), the operands' alignments and the workspace
-** size. So each question's descriptors and algorithm are kept (a plan), and a call that
+** scale pointers only by presence, the bias pointer by presence and alignment: the
+** heuristic reads the bias pointer's value for the alignment it may assume, cublasLt.h on
+** CUBLASLT_MATMUL_DESC_BIAS_POINTER), the operands' alignments and the workspace size. So each question's descriptors and algorithm are kept (a plan), and a call that
 ** finds its plan sets only the pointers that are descriptor attributes (bias, scales)
 ** before the matmul. One cache per host thread, so no lock; its plans are destroyed when
 ** it is full (a model has far fewer shapes). */
 struct lt_key {
   int device, op_x, op_y, x_dtype, y_dtype, c_dtype, bias, bias_dtype, scaled, tf32,
-      fast_accum, zero;   /* zero: the int64s start 8-aligned with no padding before them */
+      fast_accum, bias_align;   /* 12 ints: the int64s start 8-aligned, no padding */
   int64_t rows, cols, k, ldx, ldy, ldc, stride_x, stride_y, stride_c, batch;
   uint32_t align[4];
   size_t ws_bytes;
@@ -130,6 +131,7 @@ static lt_key key_of(const lt_call *q, int device, const uint32_t align[4], size
   key.c_dtype = q->c_dtype;
   key.bias = q->bias != NULL;
   key.bias_dtype = q->bias ? q->c_dtype : -1;
+  key.bias_align = q->bias ? (int)lt_alignment(q->bias, 0, q->c_dtype, 1) : 0;
   key.scaled = (q->x_scale != NULL) | (q->y_scale != NULL) << 1;
   key.tf32 = q->tf32;
   key.fast_accum = q->fast_accum;

@@ -209,7 +209,7 @@ static void check_linear_call(tt_tensor *x, tt_tensor *w, tt_tensor *b, tt_tenso
     m = fmax(m, fabs(acc[i] * dgx));
     d = fmax(d, fabs(dwv[i] - acc[i] * dgx));
   }
-  *dw_rel = d / m;
+  *dw_rel = m > 0 ? d / m : d;
   free(xv); free(wv); free(bv); free(gv); free(yv); free(dxv); free(dwv);
   free(qx); free(qw); free(qg); free(acc); free(want);
   tt_tensor_release(y);
@@ -288,6 +288,60 @@ Test(fp8, linear_matches_float64_model_of_gpu_arithmetic) {
   }
   tt_fp8_linear_state_release(&st);
   tt_tensor_release(x0); tt_tensor_release(w); tt_tensor_release(b); tt_tensor_release(g0);
+}
+
+/* Only a meta's first recorded quantisation scales from its tensor's own amax; a later one
+** takes the delayed scale even while the history is still empty (every amax so far 0 or
+** non-finite), as on the GPU, whose host cannot see the history without a sync. Here an
+** all-zero first input leaves x's history empty, and the second call quantises x at the
+** initial scale, 1, not at the scale its own amax gives (the float64 model at the state's
+** scales before each call; w, fresh at the first call, is primed as in the test above). */
+Test(fp8, linear_only_the_first_quantisation_scales_from_its_own_amax) {
+  enum { ROWS = 16, IN = 32, OUT = 24 };
+  tt_manual_seed(23);
+  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs[1] = {OUT}, ys[2] = {ROWS, OUT};
+  tt_tensor *x0 = randn(xs, 2, 1.0), *w = randn(ws, 2, 0.2), *b = randn(bs, 1, 0.1);
+  tt_tensor *g0 = randn(ys, 2, 1e-3);
+  cr_assert_eq(tt_set_requires_grad(w, 1), 0);
+  cr_assert_eq(tt_set_requires_grad(b, 1), 0);
+  tt_fp8_linear_state st;
+  cr_assert_eq(tt_fp8_linear_state_init(&st, 2, 0), 0);
+  double *v = values(w);
+  const double wa = amax_of(v, OUT * IN);
+  free(v);
+  v = values(g0);
+  const double ga = amax_of(v, ROWS * OUT);
+  free(v);
+  for (int step = 0; step < 2; step++) {
+    tt_tensor *x = scaled(x0, step ? 4.0 : 0.0), *gy = scaled(g0, 1.0);
+    cr_assert_eq(tt_set_requires_grad(x, 1), 0);
+    if (step == 0) {
+      tt_fp8_linear_state probe = st;
+      tt_fp8_meta_update(&probe.w, wa);
+      tt_fp8_meta_update(&probe.g, ga);
+      st.w.scale = probe.w.scale;
+      st.g.scale = probe.g.scale;
+    } else {
+      cr_assert_eq(st.x.filled, 0, "an amax of 0 joined the history");
+      cr_assert_eq(st.x.scale, 1.0);
+    }
+    match fwd, bwd;
+    double dw_rel;
+    check_linear_call(x, w, b, gy, &st, ROWS, IN, OUT, &fwd, &bwd, &dw_rel);
+    cr_assert(fwd.worst_ulps <= 1 && fwd.exact >= fwd.n - fwd.n / 200, "step %d: Y", step);
+    cr_assert(bwd.worst_ulps <= 1 && bwd.exact >= bwd.n - bwd.n / 200, "step %d: dX", step);
+    cr_assert(dw_rel <= 1e-6, "step %d: dW: %g", step, dw_rel);
+    cr_assert_eq(st.x.quantised, step + 1);
+    cr_assert_eq(st.w.quantised, step + 1);
+    cr_assert_eq(st.g.quantised, step + 1);
+    cr_assert_eq(st.x.filled, step);
+    zero_grads((tt_tensor *[]){x, w, b}, 3);
+    tt_tensor_release(x);
+    tt_tensor_release(gy);
+  }
+  tt_fp8_linear_state_release(&st);
+  tt_tensor *all[] = {x0, w, b, g0};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
 }
 
 /* The bias gradient is the column sum of the unquantised output gradient, over every row

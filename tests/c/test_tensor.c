@@ -168,6 +168,26 @@ Test(cast, bf16_round_to_nearest_even) {
   }
 }
 
+/* Integers past 2^24 cast to bf16 round once, to the nearest (as the GPU's double-to-
+** bf16 conversion does), not through the nearest float first: 2^24 + 2^16 + 1 is just
+** above the tie between bf16 2^24 and 2^24 + 2^17, but its nearest float, 2^24 + 2^16, is
+** the tie itself, which rounds to even (2^24). On the tie and below it the two agree. (f16
+** and fp8 saturate long before 2^24, where every integer is a float.) */
+Test(cast, integers_round_once_to_bf16) {
+  const int64_t shape[1] = {4};
+  const int64_t v[4] = {16842753, 16842752, 16842751, -16842753};
+  const double want[4] = {16908288, 16777216, 16777216, -16908288};
+  tt_tensor *src = NULL, *b = NULL;
+  cr_assert_eq(tt_tensor_empty(shape, 1, TT_I64, TT_CPU, &src), 0);
+  memcpy(tt_tensor_data(src), v, sizeof v);
+  cr_assert_eq(tt_cast(src, TT_BF16, &b), 0, "%s", tt_last_error());
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(tt_tensor_get(b, i), want[i], "bf16 of %lld: %.9g, want %.9g",
+                 (long long)v[i], tt_tensor_get(b, i), want[i]);
+  tt_tensor_release(src);
+  tt_tensor_release(b);
+}
+
 Test(cast, f16_round_trip_and_rounding) {
   for (uint32_t h = 0; h < 65536; h++) {
     float f = tt_f16_to_float((uint16_t)h);

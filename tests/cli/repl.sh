@@ -40,7 +40,8 @@ if [ -f "$SRC/recipes/tiny.lua" ]; then
   grep -qE 'grad norm [0-9]' <<<"$out" || fail "inspect() showed no grad norm: $out"
   grep -qE '^step 1 +loss' <<<"$out" || fail "train_steps() printed no step: $out"
   # profile_step(k): the next step, its k longest ops, the update among the regions
-  out=$(printf '%s\n' 'train_steps(1)' 'profile_step(40)' 'profile_step(0)' |
+  out=$(printf '%s\n' 'train_steps(1)' 'profile_step(40)' 'profile_step(0)' \
+    'cfg.train.cuda_graphs = true' 'profile_step()' |
     "$TETRA" -i "$SRC/recipes/tiny.lua" --set model.dim=32 2>&1); rc=$?
   [ $rc -eq 0 ] || fail "profile_step: -i exited $rc: $out"
   grep -qE '^step 2 +loss [0-9.]+; its time op by op \(the host clock\):' <<<"$out" ||
@@ -50,6 +51,9 @@ if [ -f "$SRC/recipes/tiny.lua" ]; then
   grep -qE '^all +[0-9.]+ +100\.0%$' <<<"$out" || fail "profile_step(): no total: $out"
   grep -q 'profile_step(k): k must be a positive whole number, got 0' <<<"$out" ||
     fail "profile_step(0) not refused: $out"
+  # (a CUDA-graph session's steps record no ops: refused, as log.op_profile_step is)
+  grep -q 'profile_step(): this session.s steps run as a CUDA graph' <<<"$out" ||
+    fail "profile_step() under train.cuda_graphs not refused: $out"
   # sample(p, n): the prompt and n more tokens (bytes here); bad arguments and
   # a run without text refused with a line each.
   text=$(mktemp)

@@ -147,6 +147,20 @@ Test(cuda, embedding) {
   tt_tensor_release(in[1]);
   cr_assert_eq(tt_tensor_randint(is, 2, 0, 10, TT_I32, &in[1]), 0);
   check_op("embedding (i32 ids, many repeats)", op_embedding, NULL, in, 2, 1u, 1e-6);
+  /* A table of width 0 still checks its ids, as the CPU twin does (the forward once
+  ** launched blocks of 0 threads for it and failed). */
+  int64_t w0s[2] = {97, 0};
+  tt_tensor *w0 = NULL, *y0 = NULL, *y1 = NULL, *far = NULL;
+  cr_assert_eq(tt_tensor_zeros(w0s, 2, TT_F32, GPU, &w0), 0, "%s", tt_last_error());
+  tt_tensor *gids = to_dev(in[1], GPU);
+  cr_assert_eq(tt_embedding(w0, gids, &y0), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_numel(y0), 0);
+  cr_assert_eq(tt_tensor_randint(is, 2, 97, 200, TT_I64, &far), 0);
+  tt_tensor *gfar = to_dev(far, GPU);
+  cr_assert_eq(tt_embedding(w0, gfar, &y1), -1, "an id outside the table was taken");
+  cr_assert(strstr(tt_last_error(), "outside the vocabulary") != NULL, "%s", tt_last_error());
+  tt_tensor *more[] = {w0, y0, y1, far, gids, gfar};
+  for (size_t i = 0; i < sizeof more / sizeof *more; i++) tt_tensor_release(more[i]);
   for (int i = 0; i < 2; i++) tt_tensor_release(in[i]);
 }
 

@@ -340,7 +340,10 @@ Test(cuda_runtime, strided_copy_past_2_to_the_31) {
 /* cuBLASLt plans (kernels/cuda/matmul.cu) are made once per GEMM shape and reused: the
 ** second call of the same shape on other buffers makes none, and what a reused plan
 ** takes from the call (its bias pointer, alpha, beta) is this call's, not the first's.
-** C (m, n) = A (m, k) B (k, n) + bias, bf16 operands, f32 C, against the CPU. */
+** A third call's bias is a view one element into its buffer (4-byte aligned, where the
+** others were 256): the heuristic read the first bias pointer for the alignment it may
+** assume, so that call gets a plan of its own. C (m, n) = A (m, k) B (k, n) + bias, bf16
+** operands, f32 C, against the CPU. */
 static tt_tensor *host_matrix(int64_t r, int64_t c, int dtype, double scale) {
   const int64_t shape[2] = {r, c};
   tt_tensor *f = randn(shape, 2, scale), *t = NULL;
@@ -355,12 +358,16 @@ Test(cuda_runtime, gemm_plans_reused_with_this_calls_pointers) {
   tt_tensor *da = to_dev(a, GPU), *db = to_dev(b, GPU), *af = NULL, *bf = NULL;
   cr_assert_eq(tt_cast(a, TT_F32, &af), 0);
   cr_assert_eq(tt_cast(b, TT_F32, &bf), 0);
-  int64_t made0, reused0, made1, reused1, made2, reused2;
+  int64_t made0, reused0, made[3], reused[3];
   tt_cuda_gemm_plan_counts(&made0, &reused0);
-  for (int call = 0; call < 2; call++) {
-    /* A new bias and a new C each time; the second call also scales by alpha 2. */
+  for (int call = 0; call < 3; call++) {
+    /* A new bias and a new C each time; the second call also scales by alpha 2; the
+    ** third's bias starts one element into its buffer. */
     const float alpha = call ? 2.0f : 1.0f;
-    tt_tensor *bias = host_matrix(1, N, TT_F32, 1.0), *dbias = to_dev(bias, GPU), *c = NULL;
+    tt_tensor *bias_buf = host_matrix(1, N + 1, TT_F32, 1.0), *bias = NULL;
+    cr_assert_eq(tt_narrow(bias_buf, 1, call == 2 ? 1 : 0, N, &bias), 0);
+    tt_tensor *dbias_buf = to_dev(bias_buf, GPU), *dbias = NULL, *c = NULL;
+    cr_assert_eq(tt_narrow(dbias_buf, 1, call == 2 ? 1 : 0, N, &dbias), 0);
     const int64_t cs[2] = {M, N};
     cr_assert_eq(tt_tensor_zeros(cs, 2, TT_F32, GPU, &c), 0);
     tt_cuda_gemm_args g;
@@ -373,7 +380,7 @@ Test(cuda_runtime, gemm_plans_reused_with_this_calls_pointers) {
     g.alpha = alpha;
     g.bias = tt_tensor_data(dbias);
     cr_assert_eq(tt_cuda_lt_gemm(&g), 0, "%s", tt_last_error());
-    tt_cuda_gemm_plan_counts(call ? &made2 : &made1, call ? &reused2 : &reused1);
+    tt_cuda_gemm_plan_counts(&made[call], &reused[call]);
     tt_tensor *got = to_dev(c, TT_CPU);
     const float *p = tt_tensor_data(got), *x = tt_tensor_data(af), *y = tt_tensor_data(bf),
                 *bb = tt_tensor_data(bias);
@@ -385,14 +392,17 @@ Test(cuda_runtime, gemm_plans_reused_with_this_calls_pointers) {
         cr_assert(fabs(p[i * N + j] - want) <= 1e-4 * (1 + fabs(want)),
                   "call %d, C[%d, %d] = %g, want %g", call, i, j, p[i * N + j], want);
       }
-    tt_tensor *all[] = {bias, dbias, c, got};
+    tt_tensor *all[] = {bias_buf, bias, dbias_buf, dbias, c, got};
     for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
   }
-  cr_assert_eq(made1 - made0, 1, "the first GEMM of its shape made %lld plans",
-               (long long)(made1 - made0));
-  cr_assert(made2 == made1 && reused2 - reused1 == 1,
-            "the second GEMM made %lld plans and reused %lld", (long long)(made2 - made1),
-            (long long)(reused2 - reused1));
+  cr_assert_eq(made[0] - made0, 1, "the first GEMM of its shape made %lld plans",
+               (long long)(made[0] - made0));
+  cr_assert(made[1] == made[0] && reused[1] - reused[0] == 1,
+            "the second GEMM made %lld plans and reused %lld", (long long)(made[1] - made[0]),
+            (long long)(reused[1] - reused[0]));
+  cr_assert(made[2] - made[1] == 1 && reused[2] == reused[1],
+            "the GEMM with a 4-byte aligned bias made %lld plans and reused %lld",
+            (long long)(made[2] - made[1]), (long long)(reused[2] - reused[1]));
   tt_tensor *all[] = {a, b, da, db, af, bf};
   for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
 }

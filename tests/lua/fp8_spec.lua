@@ -42,6 +42,7 @@ local function snapshot(env)
       out[#out + 1] = tonumber(m.scale)
       out[#out + 1] = m.pos
       out[#out + 1] = m.filled
+      out[#out + 1] = m.quantised   -- past the history's length: 5 steps, a history of 4
       for i = 0, m.history_len - 1 do out[#out + 1] = tonumber(m.amax_history[i]) end
     end
   end

@@ -79,6 +79,9 @@ function recipe.run(cfg)
     if f then f:write(line(r)); f:flush() end
   end
   if f then f:close() end
+  -- train.sample_tokens > 0 with a tokenizer (data.mock=false): the run's sample, as a
+  -- training run prints it at its end (tests/cuda/gpu_fp8.sh reads it)
+  train.print_sample(env)
   local tps = timed_steps > 0 and tokens_per_step * timed_steps / timed_t or 0
   print(string.format("gpu_train: loss %.4f -> %.4f, nonfinite=%d of %d steps",
                       first_loss or 0 / 0, last_loss or 0 / 0, nonfinite, t.steps))

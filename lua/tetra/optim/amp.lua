@@ -327,7 +327,7 @@ end
 
 -- The FP8 scaling state of every FP8 layer as plain tables, for a checkpoint:
 -- { [layer path] = { x = meta, w = meta, g = meta } }, meta = { scale, pos, filled,
--- history = { amax ... } } (a device copy is fetched first).
+-- quantised, history = { amax ... } } (a device copy is fetched first).
 function Context:fp8_state_dict()
   local out = {}
   for path, st in pairs(self.fp8_states) do
@@ -338,7 +338,7 @@ function Context:fp8_state_dict()
       local h = {}
       for i = 0, m.filled - 1 do h[i + 1] = tonumber(m.amax_history[i]) end
       e[role] = { scale = tonumber(m.scale), pos = m.pos, filled = m.filled, history = h,
-                  history_len = m.history_len, margin = m.margin }
+                  quantised = m.quantised, history_len = m.history_len, margin = m.margin }
     end
     out[path] = e
   end
@@ -365,6 +365,9 @@ function Context:load_fp8_state_dict(d, missing)
         ffi.fill(m.amax_history, ffi.sizeof(m.amax_history))
         for i, a in ipairs(r.history) do m.amax_history[i - 1] = a end
         m.scale, m.pos, m.filled = r.scale, r.pos, r.filled
+        -- (a checkpoint from before the count: its layers quantised as often as they
+        -- recorded an amax, as far as can be told)
+        m.quantised = r.quantised or r.filled
       end
       tffi.check(C.tt_fp8_linear_state_sync(st, 1), 2)
     end

@@ -170,6 +170,13 @@ exit()           leave (or Ctrl-D)]])
     rows = positive_whole(rows, 25, "profile_step(k): k")
     local cfg = rawget(env, "cfg")
     local device = (cfg and cfg.train and cfg.train.device) or "cpu"
+    if cfg and cfg.train and cfg.train.cuda_graphs then
+      -- (as log.op_profile_step is refused with it: a replayed step records no ops, and
+      -- the capture step cannot record timing events)
+      error("profile_step(): this session's steps run as a CUDA graph (train.cuda_graphs), " ..
+            "which records no ops to time; start the session with --set " ..
+            "train.cuda_graphs=false to profile", 2)
+    end
     local ops = require("tetra.obs.ops")
     session.uninterrupted(function()
       if env.model and env.model.zero_grad then env.model:zero_grad() end
