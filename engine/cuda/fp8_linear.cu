@@ -464,6 +464,15 @@ extern "C" int tt_cuda_fp8_linear(tt_tensor *x, tt_tensor *w, tt_tensor *bias,
            "fp8_linear on cuda: in features (%lld), out features (%lld) and rows (%lld, the "
            "product of x's leading dims) must be multiples of 16 for cuBLASLt's FP8 GEMMs",
            (long long)in, (long long)outf, (long long)rows);
+  /* The casts tile each operand in 32 x 32 blocks over a grid whose second dimension
+  ** holds at most 65535: no operand may have more than 65535 x 32 rows (the gradient's
+  ** are x's rows, the weight's its out features), and an empty one launches no grid. */
+  const int64_t most = 65535 * (int64_t)TILE, longest = rows > outf ? rows : outf;
+  TT_CHECK(in > 0 && outf > 0 && rows > 0 && longest <= most,
+           "fp8_linear on cuda: %lld rows, %lld in and %lld out features; each must be "
+           "between 1 and %lld (the casts' grid): split the micro-batch "
+           "(train.gradient_accumulation_steps) or the layer (tensor parallelism)",
+           (long long)rows, (long long)in, (long long)outf, (long long)most);
   TT_CU(cudaSetDevice(x->device));
   fp8_device *d = NULL;
   TT_TRY(device_state(st, x->device, &d));

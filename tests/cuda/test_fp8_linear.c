@@ -147,9 +147,15 @@ Test(fp8_linear, refuses_dims_not_multiple_of_16) {
   cr_assert_eq(tt_fp8_linear_state_init(&st, 4, 0), 0);
   cr_assert_eq(tt_fp8_linear(x, w, NULL, &st, &y), -1);
   cr_assert(strstr(tt_last_error(), "multiples of 16") != NULL, "%s", tt_last_error());
+  /* No rows: the casts would launch an empty grid. */
+  int64_t es[2] = {0, 32}, ew[2] = {16, 32};
+  tt_tensor *xe = to_dev(randn(es, 2, 1.0), GPU), *we = to_dev(randn(ew, 2, 1.0), GPU);
+  cr_assert_eq(tt_fp8_linear(xe, we, NULL, &st, &y), -1);
+  cr_assert(strstr(tt_last_error(), "each must be between 1 and") != NULL, "%s",
+            tt_last_error());
   tt_fp8_linear_state_release(&st);
-  tt_tensor_release(x);
-  tt_tensor_release(w);
+  tt_tensor *all[] = {x, w, xe, we};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) tt_tensor_release(all[i]);
 }
 
 /* -- Twins: the same layer run two ways ---------------------------------------------- */
