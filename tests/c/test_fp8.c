@@ -222,20 +222,42 @@ static void zero_grads(tt_tensor **ts, int n) {
   }
 }
 
+/* One layer's tensors and fresh scaling state (a history of 2): x0 (b, t, in) and the
+** output gradient g0 (b, t, out) that the steps scale, w (out, in) and the bias (out),
+** both taking gradients. */
+typedef struct layer {
+  tt_tensor *x0, *w, *b, *g0;
+  tt_fp8_linear_state st;
+} layer;
+
+static void layer_init(layer *l, int64_t b, int64_t t, int64_t in, int64_t out,
+                       uint64_t seed) {
+  tt_manual_seed(seed);
+  int64_t xs[3] = {b, t, in}, ws[2] = {out, in}, bs[1] = {out}, ys[3] = {b, t, out};
+  l->x0 = randn(xs, 3, 1.0);
+  l->w = randn(ws, 2, 0.2);
+  l->b = randn(bs, 1, 0.1);
+  l->g0 = randn(ys, 3, 1e-3);
+  cr_assert_eq(tt_set_requires_grad(l->w, 1), 0);
+  cr_assert_eq(tt_set_requires_grad(l->b, 1), 0);
+  cr_assert_eq(tt_fp8_linear_state_init(&l->st, 2, 0), 0);
+}
+
+static void layer_free(layer *l) {
+  tt_fp8_linear_state_release(&l->st);
+  tt_tensor *all[] = {l->x0, l->w, l->b, l->g0};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) tt_tensor_release(all[i]);
+}
+
 /* The emulated FP8 linear, over three steps of delayed scaling, against the float64
 ** model. The float32 sums of exact fp8 products can differ from the float64 sums only
 ** in their last bits, so the bf16 outputs match exactly except where that moves a value
 ** across a bf16 rounding boundary (measured: none at these sizes, every element of Y and dX exact; dW within 4e-8). */
 Test(fp8, linear_matches_float64_model_of_gpu_arithmetic) {
   enum { B = 3, T = 8, IN = 48, OUT = 40, ROWS = B * T };
-  tt_manual_seed(7);
-  int64_t xs[3] = {B, T, IN}, ws[2] = {OUT, IN}, bs[1] = {OUT}, ys[3] = {B, T, OUT};
-  tt_tensor *x0 = randn(xs, 3, 1.0), *w = randn(ws, 2, 0.2), *b = randn(bs, 1, 0.1);
-  tt_tensor *g0 = randn(ys, 3, 1e-3);
-  cr_assert_eq(tt_set_requires_grad(w, 1), 0);
-  cr_assert_eq(tt_set_requires_grad(b, 1), 0);
-  tt_fp8_linear_state st;
-  cr_assert_eq(tt_fp8_linear_state_init(&st, 2, 0), 0);
+  layer l;
+  layer_init(&l, B, T, IN, OUT, 7);
+  tt_tensor *x0 = l.x0, *w = l.w, *b = l.b, *g0 = l.g0;
   /* Step sizes of x and the gradient: the amax falls, rises, falls, so the delayed
   ** scale (the max over a history of 2) differs from each tensor's own. */
   const double xf[3] = {1.0, 4.0, 0.5}, gf[3] = {1.0, 0.25, 8.0};
@@ -258,18 +280,18 @@ Test(fp8, linear_matches_float64_model_of_gpu_arithmetic) {
     double hg = step == 0 ? ga[0] : fmax(ga[step - 1], step >= 2 ? ga[step - 2] : 0);
     if (step == 0) {
       /* An empty history: check_linear_call reads the state's scales, so prime a copy. */
-      tt_fp8_linear_state probe = st;
+      tt_fp8_linear_state probe = l.st;
       tt_fp8_meta_update(&probe.x, xa[0]);
       tt_fp8_meta_update(&probe.w, wa);
       tt_fp8_meta_update(&probe.g, ga[0]);
-      st.x.scale = probe.x.scale; st.w.scale = probe.w.scale; st.g.scale = probe.g.scale;
+      l.st.x.scale = probe.x.scale; l.st.w.scale = probe.w.scale; l.st.g.scale = probe.g.scale;
     }
-    cr_assert_eq((float)st.x.scale, tt_fp8_scale_from_amax(TT_E4M3, (float)hx, 0));
-    cr_assert_eq((float)st.g.scale, tt_fp8_scale_from_amax(TT_E5M2, (float)hg, 0));
-    cr_assert_eq((float)st.w.scale, tt_fp8_scale_from_amax(TT_E4M3, (float)wa, 0));
+    cr_assert_eq((float)l.st.x.scale, tt_fp8_scale_from_amax(TT_E4M3, (float)hx, 0));
+    cr_assert_eq((float)l.st.g.scale, tt_fp8_scale_from_amax(TT_E5M2, (float)hg, 0));
+    cr_assert_eq((float)l.st.w.scale, tt_fp8_scale_from_amax(TT_E4M3, (float)wa, 0));
     match fwd, bwd;
     double dw_rel;
-    check_linear_call(x, w, b, gy, &st, ROWS, IN, OUT, &fwd, &bwd, &dw_rel);
+    check_linear_call(x, w, b, gy, &l.st, ROWS, IN, OUT, &fwd, &bwd, &dw_rel);
     cr_log_info("step %d: Y %lld/%lld exact (worst %.2g ulp), dX %lld/%lld exact (worst "
                 "%.2g ulp), dW rel %.2g", step, (long long)fwd.exact, (long long)fwd.n,
                 fwd.worst_ulps, (long long)bwd.exact, (long long)bwd.n, bwd.worst_ulps,
@@ -278,16 +300,15 @@ Test(fp8, linear_matches_float64_model_of_gpu_arithmetic) {
     cr_assert(bwd.worst_ulps <= 1 && bwd.exact >= bwd.n - bwd.n / 200, "dX");
     cr_assert(dw_rel <= 1e-6, "dW: %g", dw_rel);
     /* The history now ends with this call's amaxes. */
-    int last = (st.x.pos + st.x.history_len - 1) % st.x.history_len;
-    cr_assert_eq(st.x.amax_history[last], (float)xa[step]);
-    cr_assert_eq(st.g.amax_history[last], (float)ga[step]);
-    cr_assert_eq(st.x.filled, step + 1 < 2 ? step + 1 : 2);
+    int last = (l.st.x.pos + l.st.x.history_len - 1) % l.st.x.history_len;
+    cr_assert_eq(l.st.x.amax_history[last], (float)xa[step]);
+    cr_assert_eq(l.st.g.amax_history[last], (float)ga[step]);
+    cr_assert_eq(l.st.x.filled, step + 1 < 2 ? step + 1 : 2);
     zero_grads((tt_tensor *[]){x, w, b}, 3);
     tt_tensor_release(x);
     tt_tensor_release(gy);
   }
-  tt_fp8_linear_state_release(&st);
-  tt_tensor_release(x0); tt_tensor_release(w); tt_tensor_release(b); tt_tensor_release(g0);
+  layer_free(&l);
 }
 
 /* Only a meta's first recorded quantisation scales from its tensor's own amax; a later one
@@ -298,14 +319,9 @@ Test(fp8, linear_matches_float64_model_of_gpu_arithmetic) {
 ** scales before each call; w, fresh at the first call, is primed as in the test above). */
 Test(fp8, linear_only_the_first_quantisation_scales_from_its_own_amax) {
   enum { ROWS = 16, IN = 32, OUT = 24 };
-  tt_manual_seed(23);
-  int64_t xs[2] = {ROWS, IN}, ws[2] = {OUT, IN}, bs[1] = {OUT}, ys[2] = {ROWS, OUT};
-  tt_tensor *x0 = randn(xs, 2, 1.0), *w = randn(ws, 2, 0.2), *b = randn(bs, 1, 0.1);
-  tt_tensor *g0 = randn(ys, 2, 1e-3);
-  cr_assert_eq(tt_set_requires_grad(w, 1), 0);
-  cr_assert_eq(tt_set_requires_grad(b, 1), 0);
-  tt_fp8_linear_state st;
-  cr_assert_eq(tt_fp8_linear_state_init(&st, 2, 0), 0);
+  layer l;
+  layer_init(&l, 1, ROWS, IN, OUT, 23);
+  tt_tensor *x0 = l.x0, *w = l.w, *b = l.b, *g0 = l.g0;
   double *v = values(w);
   const double wa = amax_of(v, OUT * IN);
   free(v);
@@ -316,32 +332,30 @@ Test(fp8, linear_only_the_first_quantisation_scales_from_its_own_amax) {
     tt_tensor *x = scaled(x0, step ? 4.0 : 0.0), *gy = scaled(g0, 1.0);
     cr_assert_eq(tt_set_requires_grad(x, 1), 0);
     if (step == 0) {
-      tt_fp8_linear_state probe = st;
+      tt_fp8_linear_state probe = l.st;
       tt_fp8_meta_update(&probe.w, wa);
       tt_fp8_meta_update(&probe.g, ga);
-      st.w.scale = probe.w.scale;
-      st.g.scale = probe.g.scale;
+      l.st.w.scale = probe.w.scale;
+      l.st.g.scale = probe.g.scale;
     } else {
-      cr_assert_eq(st.x.filled, 0, "an amax of 0 joined the history");
-      cr_assert_eq(st.x.scale, 1.0);
+      cr_assert_eq(l.st.x.filled, 0, "an amax of 0 joined the history");
+      cr_assert_eq(l.st.x.scale, 1.0);
     }
     match fwd, bwd;
     double dw_rel;
-    check_linear_call(x, w, b, gy, &st, ROWS, IN, OUT, &fwd, &bwd, &dw_rel);
+    check_linear_call(x, w, b, gy, &l.st, ROWS, IN, OUT, &fwd, &bwd, &dw_rel);
     cr_assert(fwd.worst_ulps <= 1 && fwd.exact >= fwd.n - fwd.n / 200, "step %d: Y", step);
     cr_assert(bwd.worst_ulps <= 1 && bwd.exact >= bwd.n - bwd.n / 200, "step %d: dX", step);
     cr_assert(dw_rel <= 1e-6, "step %d: dW: %g", step, dw_rel);
-    cr_assert_eq(st.x.quantised, step + 1);
-    cr_assert_eq(st.w.quantised, step + 1);
-    cr_assert_eq(st.g.quantised, step + 1);
-    cr_assert_eq(st.x.filled, step);
+    cr_assert_eq(l.st.x.quantised, step + 1);
+    cr_assert_eq(l.st.w.quantised, step + 1);
+    cr_assert_eq(l.st.g.quantised, step + 1);
+    cr_assert_eq(l.st.x.filled, step);
     zero_grads((tt_tensor *[]){x, w, b}, 3);
     tt_tensor_release(x);
     tt_tensor_release(gy);
   }
-  tt_fp8_linear_state_release(&st);
-  tt_tensor *all[] = {x0, w, b, g0};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+  layer_free(&l);
 }
 
 /* The bias gradient is the column sum of the unquantised output gradient, over every row
