@@ -33,9 +33,10 @@ function F.randn(dims, std)
   return take(C.tt_tensor_randn(s, n, 0.0, std or 1.0, pout), 3)
 end
 
-function F.zeros(dims, dtype)
+-- device: an engine device id (default the CPU).
+function F.zeros(dims, dtype, device)
   local s, n = shape_of(dims)
-  return take(C.tt_tensor_zeros(s, n, dtype or C.TT_F32, C.TT_CPU, pout), 3)
+  return take(C.tt_tensor_zeros(s, n, dtype or C.TT_F32, device or C.TT_CPU, pout), 3)
 end
 
 function F.full(dims, value, dtype)

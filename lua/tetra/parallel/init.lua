@@ -286,12 +286,16 @@ function Par:full_logits(logits)
   if not head then return logits end
   local pl = head._placement.weight
   local V, part = pl.shape[1], math.ceil(pl.shape[1] / self.layout.tp)
-  if pl.length == part then return self.mesh.tp:gather_from_group(logits, -1) end
+  if part * self.layout.tp == V then return self.mesh.tp:gather_from_group(logits, -1) end
   -- The last rank holds fewer rows: every rank sends `part` columns (zeros after its
-  -- own), and the whole vocabulary is the first V columns of what arrives.
+  -- own), and the whole vocabulary is the first V columns of what arrives, on every rank
+  -- (rank 0, whose share is whole, once kept the padding as logits of tokens past the
+  -- vocabulary, which a draw could pick). The padding has the logits' dtype and device,
+  -- as the other ranks' do (bf16 logits padded in f32, or on the host beside the others'
+  -- GPUs, broke the gather).
   local shape = logits:shape()
   shape[#shape] = part
-  local padded = F.zeros(shape)
+  local padded = F.zeros(shape, logits._dtype, logits._device)
   local own = F.narrow(padded, #shape - 1, 0, pl.length)
   require("tetra.ffi").check(C.tt_copy_(own, logits))
   F.free(own)
