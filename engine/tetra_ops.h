@@ -46,6 +46,11 @@ int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out);
 /* The same with the rows in out_dtype: TT_F32, or TT_BF16 (rounded from the f32 table;
 ** the gradient, bf16 too, is summed into the f32 table's in f32). */
 int tt_embedding_ex(tt_tensor *weight, tt_tensor *ids, int out_dtype, tt_tensor **out);
+/* A vocabulary-parallel rank's share: weight holds the rows of ids [start, start + V);
+** token i gets row ids[i] - start, or a row of zeros when its id is another rank's (no
+** error: the ranks' rows are summed), and only this rank's ids receive gradient. */
+int tt_embedding_band(tt_tensor *weight, tt_tensor *ids, int64_t start, int out_dtype,
+                      tt_tensor **out);
 
 /* -- Normalisation (kernels/cpu/norm.c) --------------------------------------------- */
 /* Over the last dim. weight/bias: (D) or NULL. */

@@ -9,17 +9,20 @@
 #define TT_KERNELS_EMBEDDING_H
 #include <stdint.h>
 
+/* start: the id of the table's first row (0, or a vocabulary-parallel rank's first id):
+** token i reads row ids[i] - start. */
 typedef struct tt_embedding_kernels {
-  /* out[i, :] = weight[ids[i], :], rounded to out_dtype (f32 or bf16). weight: (V, D)
-  ** f32, ids: (n), out: (n, D). Fails naming the position when an id is outside [0, V). */
+  /* out[i, :] = weight[ids[i] - start, :], rounded to out_dtype (f32 or bf16). weight:
+  ** (V, D) f32, ids: (n), out: (n, D). An id outside [start, start + V): with `band`, a row
+  ** of zeros (another rank's id); without, a failure naming the position. */
   int (*forward)(void *out, const float *weight, const void *ids, int ids_i64, int64_t n,
-                 int64_t V, int64_t D, int out_dtype);
-  /* dweight[ids[i], :] += dout[i, :] (dout in dout_dtype, f32 or bf16; the sums f32).
-  ** dweight: (V, D) accumulated into (the caller zeroes it for a fresh gradient), dout:
-  ** (n, D). Deterministic: each row of dweight receives its contributions in token order,
-  ** whatever the thread count. ids are known valid (forward checked them). */
+                 int64_t V, int64_t D, int out_dtype, int64_t start, int band);
+  /* dweight[ids[i] - start, :] += dout[i, :] (dout in dout_dtype, f32 or bf16; the sums
+  ** f32). dweight: (V, D) accumulated into (the caller zeroes it for a fresh gradient),
+  ** dout: (n, D). Deterministic: each row of dweight receives its contributions in token
+  ** order, whatever the thread count. Ids outside [start, start + V) add nothing. */
   int (*backward)(float *dweight, const void *dout, const void *ids, int ids_i64,
-                  int64_t n, int64_t V, int64_t D, int dout_dtype);
+                  int64_t n, int64_t V, int64_t D, int dout_dtype, int64_t start);
 } tt_embedding_kernels;
 
 extern const tt_embedding_kernels tt_embedding_cpu;

@@ -538,7 +538,7 @@ static int start_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   int64_t shape[2] = {k, D};
   TT_TRY(tt_tensor_empty(shape, 2, TT_F32, p->device, &bk->rows));
   TT_TRY(kern->forward(tt_tensor_data(bk->rows), tt_tensor_data(bk->buf),
-                       tt_tensor_data(bk->row_ids), 1, k, V, D, TT_F32));
+                       tt_tensor_data(bk->row_ids), 1, k, V, D, TT_F32, 0, 0));
   TT_TRY(tt_comm_all_reduce_async(r->comm, bk->rows, TT_REDUCE_AVG, &bk->h));
   /* While the rows travel: zeros where the average will land. */
   tt_tensor *dst = sparse_dst(r, bk);
@@ -555,7 +555,7 @@ static int unpack_sparse_rows(tt_dist_reducer *r, grad_bucket *bk) {
   const tt_embedding_kernels *kern = TT_KERNELS(tt_embedding, p->device);
   if (!kern || !kern->backward) return tt_no_kernel("sparse gradient rows", p->device);
   TT_TRY(kern->backward(tt_tensor_data(dst), tt_tensor_data(bk->rows),
-                        tt_tensor_data(bk->row_ids), 1, k, V, D, TT_F32));
+                        tt_tensor_data(bk->row_ids), 1, k, V, D, TT_F32, 0));
   if (r->zero_stage == 0) return 0;
   int64_t len = bk->numel / r->comm->size;
   tt_tensor *owned = NULL;

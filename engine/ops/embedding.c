@@ -17,7 +17,7 @@ static int embedding_backward(tt_node *node, tt_tensor *grad_out) {
   if (tt_contiguous_nograd(grad_out, &g) != 0 || tt_zeros_like(weight, &dw) != 0) goto done;
   if (k->backward(tt_tensor_data(dw), tt_tensor_data(g), tt_tensor_data(ids),
                   ids->dtype == TT_I64, tt_tensor_numel(ids), weight->shape[0],
-                  weight->shape[1], g->dtype) != 0)
+                  weight->shape[1], g->dtype, node->i[0]) != 0)
     goto done;
   rc = tt_accumulate_grad(weight, dw);
 done:
@@ -26,7 +26,10 @@ done:
   return rc;
 }
 
-int tt_embedding_ex(tt_tensor *weight, tt_tensor *ids, int out_dtype, tt_tensor **out) {
+/* The lookup of rows ids - start; ids outside [start, start + V) give zero rows with
+** `band`, an error without. */
+static int embedding(tt_tensor *weight, tt_tensor *ids, int out_dtype, int64_t start,
+                     int band, tt_tensor **out) {
   TT_CHECK(weight && ids && out, "embedding: weight, ids and out must not be NULL");
   TT_TRY(tt_check_dtype("embedding", "weight", weight, TT_F32));
   TT_CHECK(out_dtype == TT_F32 || out_dtype == TT_BF16,
@@ -53,12 +56,13 @@ int tt_embedding_ex(tt_tensor *weight, tt_tensor *ids, int out_dtype, tt_tensor 
     goto fail;
   if (k->forward(tt_tensor_data(y), tt_tensor_data(wc), tt_tensor_data(idc),
                  idc->dtype == TT_I64, tt_tensor_numel(idc), wc->shape[0],
-                 wc->shape[1], out_dtype) != 0)
+                 wc->shape[1], out_dtype, start, band) != 0)
     goto fail;
   if (tt_should_record(ins, 2)) {
     tt_node *node = tt_record("embedding", embedding_backward, y, ins, 2);
     if (!node) goto fail;
     tt_node_save(node, idc);
+    node->i[0] = start;
   }
   tt_tensor_release(wc);
   tt_tensor_release(idc);
@@ -71,6 +75,16 @@ fail:
   return -1;
 }
 
+int tt_embedding_ex(tt_tensor *weight, tt_tensor *ids, int out_dtype, tt_tensor **out) {
+  return embedding(weight, ids, out_dtype, 0, 0, out);
+}
+
 int tt_embedding(tt_tensor *weight, tt_tensor *ids, tt_tensor **out) {
   return tt_embedding_ex(weight, ids, TT_F32, out);
+}
+
+int tt_embedding_band(tt_tensor *weight, tt_tensor *ids, int64_t start, int out_dtype,
+                      tt_tensor **out) {
+  TT_CHECK(start >= 0, "embedding_band: start %lld is negative", (long long)start);
+  return embedding(weight, ids, out_dtype, start, 1, out);
 }

@@ -21,21 +21,28 @@ static int check_row_dtype(const char *op, int dtype) {
 
 /* weight: (V, D), ids: (n), out: (n, D) in out_dtype */
 static int embedding_forward(void *out, const float *weight, const void *ids, int ids_i64,
-                             int64_t n, int64_t V, int64_t D, int out_dtype) {
+                             int64_t n, int64_t V, int64_t D, int out_dtype, int64_t start,
+                             int band) {
   TT_TRY(check_row_dtype("embedding", out_dtype));
   int dtype = ids_i64 ? TT_ELEM_I64 : TT_ELEM_I32;
   int64_t bad = -1;
-  for (int64_t i = 0; i < n; i++) {
-    int64_t id = tt_index_at(ids, dtype, i);
+  for (int64_t i = 0; i < n && !band; i++) {
+    int64_t id = tt_index_at(ids, dtype, i) - start;
     if (id < 0 || id >= V) { bad = i; break; }
   }
   if (bad >= 0)
     return tt_set_error("embedding: id %lld at position %lld is outside the vocabulary "
-                        "[0, %lld)", (long long)tt_index_at(ids, dtype, bad),
-                        (long long)bad, (long long)V);
+                        "[%lld, %lld)", (long long)tt_index_at(ids, dtype, bad),
+                        (long long)bad, (long long)start, (long long)(start + V));
 #pragma omp parallel for schedule(static) if (n * D > TT_PARALLEL_GRAIN)
   for (int64_t i = 0; i < n; i++) {
-    const float *src = weight + tt_index_at(ids, dtype, i) * D;
+    const int64_t id = tt_index_at(ids, dtype, i) - start;
+    if (id < 0 || id >= V) {   /* (band: another rank's id) */
+      memset((char *)out + i * D * (out_dtype == TT_ELEM_BF16 ? 2 : 4), 0,
+             (size_t)D * (out_dtype == TT_ELEM_BF16 ? 2 : 4));
+      continue;
+    }
+    const float *src = weight + id * D;
     if (out_dtype == TT_ELEM_BF16) {
       uint16_t *dst = (uint16_t *)out + i * D;
       for (int64_t j = 0; j < D; j++) dst[j] = tt_elem_float_to_bf16(src[j]);
@@ -48,7 +55,8 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
 
 /* dweight: (V, D) +=, dout: (n, D) in dout_dtype */
 static int embedding_backward(float *dweight, const void *dout, const void *ids,
-                              int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype) {
+                              int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype,
+                              int64_t start) {
   TT_TRY(check_row_dtype("embedding_backward", dout_dtype));
   int dtype = ids_i64 ? TT_ELEM_I64 : TT_ELEM_I32;
 #pragma omp parallel if (n * D > TT_PARALLEL_GRAIN)
@@ -56,8 +64,8 @@ static int embedding_backward(float *dweight, const void *dout, const void *ids,
     int nt = omp_get_num_threads(), t = omp_get_thread_num();
     int64_t lo = V * t / nt, hi = V * (t + 1) / nt;   /* this thread's vocabulary band */
     for (int64_t i = 0; i < n; i++) {
-      int64_t id = tt_index_at(ids, dtype, i);
-      if (id < lo || id >= hi) continue;
+      int64_t id = tt_index_at(ids, dtype, i) - start;
+      if (id < lo || id >= hi) continue;   /* (outside [0, V) too: no thread's band) */
       float *dst = dweight + id * D;
       if (dout_dtype == TT_ELEM_BF16) {
         const uint16_t *src = (const uint16_t *)dout + i * D;

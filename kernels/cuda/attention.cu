@@ -262,7 +262,10 @@ struct pos_run {
 enum { MAX_RUNS = 64 };
 
 /* The runs of consecutive positions of `pos` (device, n), or one run for NULL (0..n-1).
-** 0 when there are more than MAX_RUNS (not a chunked layout), -1 on a CUDA error. */
+** 0 when there are more than MAX_RUNS (not a chunked layout), -1 on a CUDA error. Reading
+** them is a host wait (context parallelism: four per layer and micro-batch), through
+** tt_cuda_host_wait: counted, and polling the wait hook, so that the NCCL watchdog still
+** sees the k/v gather just before it if a peer is gone. */
 static int position_runs(const int64_t *pos, int64_t n, std::vector<pos_run> &runs) {
   runs.clear();
   if (!pos) {
@@ -272,7 +275,7 @@ static int position_runs(const int64_t *pos, int64_t n, std::vector<pos_run> &ru
   std::vector<int64_t> h((size_t)n);
   TT_CU(cudaMemcpyAsync(h.data(), pos, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost,
                         tt_cuda_cur_stream()));
-  TT_CU(cudaStreamSynchronize(tt_cuda_cur_stream()));
+  TT_CU(tt_cuda_host_wait(tt_cuda_cur_stream()));
   for (int64_t i = 0; i < n; i++) {
     if (i > 0 && h[i] == h[i - 1] + 1) {
       runs.back().len++;

@@ -19,15 +19,20 @@ __device__ __forceinline__ int64_t load_id(const void *ids, int ids_i64, int64_t
   return ids_i64 ? ((const int64_t *)ids)[i] : (int64_t)((const int32_t *)ids)[i];
 }
 
-/* One block row per token; threads stride over D. bad: the smallest bad position. */
+/* One block row per token; threads stride over D. bad: the smallest bad position; with
+** `band` an id outside the table gives a row of zeros instead. */
 template <typename T>
 __global__ void embedding_fwd(T *out, const float *weight, const void *ids, int ids_i64,
-                              int64_t n, int64_t V, int64_t D,
+                              int64_t n, int64_t V, int64_t D, int64_t start, int band,
                               unsigned long long *bad) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    int64_t id = load_id(ids, ids_i64, i);
+    int64_t id = load_id(ids, ids_i64, i) - start;
     if (id < 0 || id >= V) {
-      if (threadIdx.x == 0) atomicMin(bad, (unsigned long long)i);
+      if (band) {
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) tt_st(out, i * D + j, 0.0f);
+      } else if (threadIdx.x == 0) {
+        atomicMin(bad, (unsigned long long)i);
+      }
       continue;
     }
     const float *src = weight + id * D;
@@ -36,7 +41,8 @@ __global__ void embedding_fwd(T *out, const float *weight, const void *ids, int 
 }
 
 static int embedding_forward(void *out, const float *weight, const void *ids, int ids_i64,
-                             int64_t n, int64_t V, int64_t D, int out_dtype) {
+                             int64_t n, int64_t V, int64_t D, int out_dtype, int64_t start,
+                             int band) {
   TT_CHECK(out_dtype == TT_ELEM_F32 || out_dtype == TT_ELEM_BF16,
            "embedding: rows in %s; expected f32 or bf16", tt_dtype_name(out_dtype));
   if (n == 0) return 0;
@@ -50,20 +56,20 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
   if (e == cudaSuccess) {
     if (out_dtype == TT_ELEM_BF16)
       embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
-          (__nv_bfloat16 *)out, weight, ids, ids_i64, n, V, D, bad_dev);
+          (__nv_bfloat16 *)out, weight, ids, ids_i64, n, V, D, start, band, bad_dev);
     else
       embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
-          (float *)out, weight, ids, ids_i64, n, V, D, bad_dev);
+          (float *)out, weight, ids, ids_i64, n, V, D, start, band, bad_dev);
     e = tt_cuda_launch_status();
   }
   if (e == cudaSuccess && tt_cuda_checks_deferred()) {   /* the step reads it later */
-    rc = tt_cuda_check_defer(TT_CHECK_EMBEDDING_ID, bad_dev, ids, ids_i64, V);
+    rc = band ? 0 : tt_cuda_check_defer(TT_CHECK_EMBEDDING_ID, bad_dev, ids, ids_i64, V);
     cudaFreeAsync(bad_dev, tt_cuda_cur_stream());
     return rc;
   }
-  if (e == cudaSuccess)
+  if (e == cudaSuccess && !band)   /* (a band reports nothing: no host wait) */
     e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, tt_cuda_cur_stream());
-  if (e == cudaSuccess) e = tt_cuda_host_wait(tt_cuda_cur_stream());
+  if (e == cudaSuccess && !band) e = tt_cuda_host_wait(tt_cuda_cur_stream());
   if (e != cudaSuccess) {
     tt_cu_fail(e, "embedding_fwd", __FILE__, __LINE__);
   } else if (bad != ~0ull) {
@@ -72,8 +78,8 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
     if (cudaMemcpy(&id, (const char *)ids + bad * w, w, cudaMemcpyDeviceToHost) == cudaSuccess &&
         !ids_i64)
       id = (int64_t)(int32_t)id;
-    tt_set_error("embedding: id %lld at position %llu is outside the vocabulary [0, %lld)",
-                 (long long)id, bad, (long long)V);
+    tt_set_error("embedding: id %lld at position %llu is outside the vocabulary [%lld, %lld)",
+                 (long long)id, bad, (long long)start, (long long)(start + V));
   } else {
     rc = 0;
   }
@@ -91,12 +97,12 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
 ** order as the CPU twin, so the same bits. Ids outside [0, V) (reported by the forward,
 ** or recorded for the step's deferred check) get the key V, sort last and are skipped. */
 
-/* key[i] = id (V when outside the table), pos[i] = i. */
+/* key[i] = the row of token i, ids[i] - start (V when outside the table), pos[i] = i. */
 __global__ void embedding_keys(uint32_t *key, uint32_t *pos, const void *ids, int ids_i64,
-                               int64_t n, int64_t V) {
+                               int64_t n, int64_t V, int64_t start) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t id = load_id(ids, ids_i64, i);
+    const int64_t id = load_id(ids, ids_i64, i) - start;
     key[i] = (uint32_t)(id < 0 || id >= V ? V : id);
     pos[i] = (uint32_t)i;
   }
@@ -129,7 +135,7 @@ static int key_bits(int64_t V) {
 
 template <typename T>
 static int backward_sorted(float *dweight, const T *dout, const void *ids, int ids_i64,
-                           int64_t n, int64_t V, int64_t D) {
+                           int64_t n, int64_t V, int64_t D, int64_t start) {
   cudaStream_t st = tt_cuda_cur_stream();
   const int bits = key_bits(V);
   size_t sort_bytes = 0;
@@ -143,7 +149,7 @@ static int backward_sorted(float *dweight, const T *dout, const void *ids, int i
   uint32_t *key = (uint32_t *)mem, *pos = key + words, *skey = pos + words,
            *spos = skey + words;
   void *scratch = spos + words;
-  embedding_keys<<<tt_cuda_blocks(n, 256), 256, 0, st>>>(key, pos, ids, ids_i64, n, V);
+  embedding_keys<<<tt_cuda_blocks(n, 256), 256, 0, st>>>(key, pos, ids, ids_i64, n, V, start);
   cudaError_t e = tt_cuda_launch_status();
   if (e == cudaSuccess)
     e = cub::DeviceRadixSort::SortPairs(scratch, sort_bytes, key, skey, pos, spos, (int)n, 0,
@@ -160,7 +166,8 @@ static int backward_sorted(float *dweight, const T *dout, const void *ids, int i
 }
 
 static int embedding_backward(float *dweight, const void *dout, const void *ids,
-                              int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype) {
+                              int ids_i64, int64_t n, int64_t V, int64_t D, int dout_dtype,
+                              int64_t start) {
   TT_CHECK(dout_dtype == TT_ELEM_F32 || dout_dtype == TT_ELEM_BF16,
            "embedding_backward: rows in %s; expected f32 or bf16", tt_dtype_name(dout_dtype));
   TT_CHECK(n < INT32_MAX && V < UINT32_MAX,
@@ -168,8 +175,9 @@ static int embedding_backward(float *dweight, const void *dout, const void *ids,
            "32-bit ids and positions", (long long)n, (long long)V);
   if (n == 0 || D == 0) return 0;
   if (dout_dtype == TT_ELEM_BF16)
-    return backward_sorted(dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, V, D);
-  return backward_sorted(dweight, (const float *)dout, ids, ids_i64, n, V, D);
+    return backward_sorted(dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, V, D,
+                           start);
+  return backward_sorted(dweight, (const float *)dout, ids, ids_i64, n, V, D, start);
 }
 
 extern "C" const tt_embedding_kernels tt_embedding_cuda = {

@@ -107,6 +107,51 @@ Test(embedding, backward_threaded_deterministic) {
   tt_tensor_release(w);
 }
 
+/* A vocabulary-parallel share (tt_embedding_band): the table holds the rows of ids
+** [start, start + V) of a larger vocabulary; other ids give zero rows and no gradient. */
+typedef struct { int64_t n, V, D, start; } band_ctx;
+
+static void band_ref(double *const *in, double *out, void *ctx) {
+  band_ctx *c = ctx;
+  for (int64_t i = 0; i < c->n; i++) {
+    int64_t row = (int64_t)in[1][i] - c->start;
+    for (int64_t j = 0; j < c->D; j++)
+      out[i * c->D + j] = row >= 0 && row < c->V ? in[0][row * c->D + j] : 0.0;
+  }
+}
+
+static int band_op(tt_tensor **in, tt_tensor **out, void *ctx) {
+  return tt_embedding_band(in[0], in[1], ((band_ctx *)ctx)->start, TT_F32, out);
+}
+
+Test(embedding, band_of_a_larger_vocabulary) {
+  int64_t wshape[2] = {5, 13}, ishape[2] = {4, 9};   /* rows of ids 4..8 of 0..11 */
+  int check[2] = {1, 0};
+  for (int dtype = 0; dtype < 2; dtype++) {
+    tt_tensor *in[2] = {tt_test_rand(wshape, 2, 12),
+                        tt_test_index(ishape, 2, 12, dtype ? TT_I64 : TT_I32, 13)};
+    band_ctx c = {36, 5, 13, 4};
+    /* (memory of the output's size full of 7s given back first, so that zero rows are
+    ** written, not found) */
+    int64_t yshape[3] = {4, 9, 13};
+    tt_tensor *junk = NULL;
+    cr_assert_eq(tt_tensor_full(yshape, 3, TT_F32, TT_CPU, 7.0, &junk), 0);
+    tt_tensor_release(junk);
+    tt_test_check_forward(band_op, band_ref, in, 2, &c, 0.0, 0.0);
+    tt_test_check_backward(band_op, band_ref, in, 2, check, &c, 1e-6, 1e-6);
+    tt_tensor_release(in[0]);
+    tt_tensor_release(in[1]);
+  }
+  /* The plain lookup still refuses those ids, naming the table's range. */
+  tt_tensor *w = tt_test_rand(wshape, 2, 12), *ids = tt_test_index(ishape, 2, 12, TT_I64, 13);
+  tt_tensor *y = NULL;
+  cr_assert_eq(tt_embedding(w, ids, &y), -1);
+  cr_assert(strstr(tt_last_error(), "outside the vocabulary [0, 5)") != NULL, "%s",
+            tt_last_error());
+  tt_tensor_release(w);
+  tt_tensor_release(ids);
+}
+
 Test(embedding, rejects_bad_arguments) {
   int64_t wshape[2] = {5, 3}, ishape[1] = {4}, w1[1] = {5};
   tt_tensor *w = tt_test_rand(wshape, 2, 1), *ids = tt_test_index(ishape, 1, 5, TT_I32, 2);

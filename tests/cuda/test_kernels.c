@@ -73,6 +73,9 @@ static int op_softmax0(tt_tensor **in, tt_tensor **out, const void *c) { (void)c
 static int op_linear(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_linear(in[0], in[1], in[2], out); }
 static int op_matmul_tt(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_matmul(in[0], in[1], NULL, 1, 1, out); }
 static int op_embedding(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_embedding(in[0], in[1], out); }
+static int op_embedding_band(tt_tensor **in, tt_tensor **out, const void *c) {
+  return tt_embedding_band(in[0], in[1], *(const int64_t *)c, TT_F32, out);
+}
 static int op_rmsnorm(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_rmsnorm(in[0], in[1], 1e-5, out); }
 static int op_layernorm(tt_tensor **in, tt_tensor **out, const void *c) { (void)c; return tt_layernorm(in[0], in[1], in[2], 1e-5, out); }
 static int op_rope(tt_tensor **in, tt_tensor **out, const void *c) { return tt_rope(in[0], NULL, 10000.0, *(const int *)c, out); }
@@ -161,6 +164,12 @@ Test(cuda, embedding) {
   cr_assert(strstr(tt_last_error(), "outside the vocabulary") != NULL, "%s", tt_last_error());
   tt_tensor *more[] = {w0, y0, y1, far, gids, gfar};
   for (size_t i = 0; i < sizeof more / sizeof *more; i++) tt_tensor_release(more[i]);
+  /* A vocabulary-parallel share: rows of ids [40, 137) of 0..199, zero rows (no gradient)
+  ** for the rest, and no error. */
+  const int64_t start = 40;
+  tt_tensor_release(in[1]);
+  cr_assert_eq(tt_tensor_randint(is, 2, 0, 200, TT_I64, &in[1]), 0);
+  check_op("embedding band (i64 ids)", op_embedding_band, &start, in, 2, 1u, 1e-6);
   for (int i = 0; i < 2; i++) tt_tensor_release(in[i]);
 }
 
@@ -187,10 +196,10 @@ static void expect_backward_bits(int ids_i64, int dout_dtype, int64_t n, int64_t
   cr_assert_eq(tt_cast(dout, dout_dtype, &dl), 0);
   tt_tensor *gi = to_dev(ids, GPU), *gd = to_dev(dl, GPU), *gw = to_dev(w, GPU);
   cr_assert_eq(tt_embedding_cpu.backward(tt_tensor_data(w), tt_tensor_data(dl),
-                                         tt_tensor_data(ids), ids_i64, n, V, D, dout_dtype),
+                                         tt_tensor_data(ids), ids_i64, n, V, D, dout_dtype, 0),
                0, "%s", tt_last_error());
   cr_assert_eq(tt_embedding_cuda.backward(tt_tensor_data(gw), tt_tensor_data(gd),
-                                          tt_tensor_data(gi), ids_i64, n, V, D, dout_dtype),
+                                          tt_tensor_data(gi), ids_i64, n, V, D, dout_dtype, 0),
                0, "%s", tt_last_error());
   tt_tensor *back = to_dev(gw, TT_CPU);
   const float *a = tt_tensor_data(back), *b = tt_tensor_data(w);

@@ -124,7 +124,7 @@ static int run_cast(bufs *B, int dtype) {
 ** added into a (VOCAB, D) f32 table held in f[4]. */
 static int run_embedding_bwd(bufs *B, int dtype) {
   return tt_embedding_cuda.backward(ptr(B->f[4]), ptr(buf(B, dtype, 0)), ptr(B->ids), 0, B->N,
-                                    VOCAB, D, dtype);
+                                    VOCAB, D, dtype, 0);
 }
 
 static int run_add_rms(bufs *B, int dtype) {

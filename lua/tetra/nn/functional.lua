@@ -94,6 +94,11 @@ function F.mul(a, b) return take(C.tt_mul(a, b, pout), 3) end
 function F.scale(a, s) return take(C.tt_scale(a, s, pout), 3) end
 function F.linear(x, w, b) return take(C.tt_linear(x, w, b, pout), 3) end
 function F.embedding(w, ids) return take(C.tt_embedding(w, ids, pout), 3) end
+-- A vocabulary-parallel share of the table (rows of ids [start, start + rows of w)):
+-- zero rows for the other ranks' ids (tt_embedding_band); f32 rows.
+function F.embedding_band(w, ids, start)
+  return take(C.tt_embedding_band(w, ids, start, C.TT_F32, pout), 3)
+end
 function F.rmsnorm(x, w, eps) return take(C.tt_rmsnorm(x, w, eps, pout), 3) end
 -- The pre-norm block's residual add and RMSNorm in one pass (tt_add_rms_norm):
 -- h = x + residual (x itself when residual is nil), y = rmsnorm(h) * w; returns h, y.

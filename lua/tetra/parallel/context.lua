@@ -66,6 +66,8 @@ local function index_tensor(list)
   return t
 end
 
+local uploaded_positions = {}   -- M.slice's positions on a GPU, by length, layout, device
+
 -- tokens: (B, T + 1) i32/i64 on any device -> ids (B, T / cp) and targets (B, T / cp) i64
 -- on that device (the tokens at this rank's positions and the ones after them: two
 -- contiguous chunks, copied as two strided blocks each, no host round trip) and those
@@ -84,8 +86,21 @@ function M.slice(tokens, group)
       if rc ~= 0 then error(ffi.string(C.tt_last_error()), 2) end
     end
   end
-  local pos = index_tensor(M.chunk_positions(T, group.size, group.rank))
-  if dev ~= C.TT_CPU then pos = tensor.moved(pos, dev) end
+  if dev == C.TT_CPU then
+    return ids, targets, index_tensor(M.chunk_positions(T, group.size, group.rank))
+  end
+  -- On a GPU the positions are uploaded once per length, layout and device (an upload
+  -- from pageable memory waits for the stream: once per micro-batch was a host wait in
+  -- every step), then copied on the device: the caller owns (and frees) what it gets.
+  local key = string.format("%d/%d/%d@%s", T, group.size, group.rank, tostring(dev))
+  local up = uploaded_positions[key]
+  if not up then
+    up = tensor.moved(index_tensor(M.chunk_positions(T, group.size, group.rank)), dev)
+    uploaded_positions[key] = up
+  end
+  local pos = F.empty({ 2 * L }, C.TT_I64, dev)
+  local rc = C.tt_copy_(pos, up)
+  if rc ~= 0 then error(ffi.string(C.tt_last_error()), 2) end
   return ids, targets, pos
 end
 

@@ -189,44 +189,14 @@ local function row_forward(g, sp)
   end
 end
 
--- Local ids (ids - start, 0 where this rank does not own the id) and a (..., 1) mask that
--- is 1 where it does, on the CPU. ids: contiguous CPU i32/i64.
-local function local_ids(ids, start, rows)
-  local n = ids:numel()
-  local shape = ids:shape()
-  local lid = F.empty(shape, C.TT_I64)
-  local mshape = { unpack(shape) }
-  mshape[#mshape + 1] = 1
-  local mask = F.empty(mshape, C.TT_F32)
-  local src = C.tt_tensor_data(ids)
-  local i64 = ids._dtype == C.TT_I64
-  local s64, s32 = ffi.cast("int64_t *", src), ffi.cast("int32_t *", src)
-  local dst = ffi.cast("int64_t *", C.tt_tensor_data(lid))
-  local m = ffi.cast("float *", C.tt_tensor_data(mask))
-  for i = 0, n - 1 do
-    local l = (i64 and s64[i] or s32[i]) - start
-    if l >= 0 and l < rows then
-      dst[i], m[i] = l, 1.0
-    else
-      dst[i], m[i] = 0, 0.0
-    end
-  end
-  return lid, mask
-end
-
-local function vocab_forward(g, sp, start, rows)
+-- The vocabulary-parallel lookup: this rank's rows for the ids it owns, zero rows for the
+-- others' (tt_embedding_band, on the ids' device: no host round trip), summed over the
+-- group (or reduce-scattered under sequence parallelism).
+local function vocab_forward(g, sp, start)
   return function(self, ids)
-    local dev = self.weight._device
-    local cpu = ids._device == C.TT_CPU and F.contiguous(ids) or
-                T.take(C.tt_to_device(ids, C.TT_CPU, T.pout))
-    local lid, mask = local_ids(cpu, start, rows)
-    if cpu ~= ids then free(cpu) end
-    lid, mask = T.moved(lid, dev), T.moved(mask, dev)
-    local e = F.embedding(self.weight, lid)
-    local masked = F.mul(e, mask)
-    free(e); free(lid); free(mask)
-    local y = reduce_output(g, sp, masked)
-    free(masked)
+    local e = F.embedding_band(self.weight, ids, start)
+    local y = reduce_output(g, sp, e)
+    free(e)
     return y
   end
 end
@@ -321,7 +291,7 @@ function M.apply(m, path, style, g, opts)
     end
     split_param(m, "weight", style, g, opts)
     local pl = m._placement.weight
-    m.forward = vocab_forward(g, sp, pl.offset, pl.length)
+    m.forward = vocab_forward(g, sp, pl.offset)
   elseif style == "sequence" then
     if sp then m.forward = sequence_forward(g, m.forward) end
   elseif style == "sequence_output" then
