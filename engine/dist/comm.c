@@ -285,10 +285,13 @@ void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s) {
            "%lld has not completed after %.1f s (dist.timeout_s = %g)%s; aborting the job",
            h->what, c->name, members, c->rank, c->size, (long long)g.step, waited_s,
            tt_dist_get_timeout(), hosts);
-  if (h->backend == 2) tt_nccl_abort(h->comm);
   if (!g.mpi_running || g.aborting) tt_dist_abort(msg, 1);
   fprintf(stderr, "tetra: rank %d: %s\n", g_world.rank, msg);
   fflush(stderr);
+  /* NCCL's abort (which frees the streams that wait on the collective) after the report:
+  ** it may itself wait for the other ranks of this node (NVIDIA/nccl#863), and a rank
+  ** stuck there must not be one that said nothing. */
+  if (h->backend == 2) tt_nccl_abort(h->comm);
   /* Cut off from every other host, this process cannot reach mpirun either: an abort
   ** would wait for nothing, and the daemon that started it (Open MPI's orted) would wait
   ** for good to pass on its exit. The peers' reports name this host; after a moment for
@@ -469,7 +472,10 @@ static int handle_new(tt_comm *c, const char *what, tt_comm_handle **out) {
   h->what = what;
   h->scale = 1.0;
   h->req[0] = MPI_REQUEST_NULL;
-  h->started = tt_telemetry_enabled() || tt_trace_enabled() ? tt_dist_now() : 0.0;
+  /* Always: the NCCL watchdog measures a pending collective from here (it once read 0.0
+  ** with telemetry and tracing off, the default, and so took every collective still
+  ** running for one as old as the node's uptime, past dist.timeout_s). */
+  h->started = tt_dist_now();
   *out = h;
   return 0;
 }
@@ -583,7 +589,7 @@ int tt_comm_wait(tt_comm_handle *h) {
     /* The device waits, not the host (nccl.c); the latency is reported when the
     ** watchdog sees the transfer finish. */
     TT_TRY(tt_nccl_join(h));
-    h->started = 0.0;
+    h->started = tt_dist_now();
     return finish_without_grad(h);
   }
   double start = tt_dist_now();

@@ -56,6 +56,33 @@ static int nccl_state_of(tt_comm *c, nccl_state **out) {
   return 0;
 }
 
+/* Whether another rank on this host computes on `device` too (set as the error; every
+** member of `world` calls it, -1 for a rank without a device). NCCL does not support two
+** ranks of one communicator on one GPU (it may hang): train.device=cuda gives each rank
+** its node rank's GPU, but cuda:N, or more ranks on a host than it has GPUs, share one. */
+static int shares_a_gpu(tt_comm *world, int device) {
+  MPI_Comm node;
+  if (MPI_Comm_split_type(world->mpi, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL,
+                          &node) != MPI_SUCCESS)
+    return 0;   /* (the set-up's own collectives report a broken MPI) */
+  int n = 1, me = 0, shared = -1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_rank(node, &me);
+  int *devs = malloc(sizeof *devs * (size_t)n);
+  if (devs && MPI_Allgather(&device, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS)
+    for (int i = 0; i < n && shared < 0; i++)
+      if (i != me && device >= 0 && devs[i] == device) shared = i;
+  free(devs);
+  MPI_Comm_free(&node);
+  if (shared < 0) return 0;
+  tt_set_error("nccl set-up: ranks %d and %d of this host both compute on cuda:%d, and NCCL "
+               "needs a GPU of its own for every rank: use train.device=cuda (each rank takes "
+               "the GPU of its rank on the host), not cuda:N, and start at most as many ranks "
+               "on a host as it has GPUs", me < shared ? me : shared, me < shared ? shared : me,
+               device);
+  return 1;
+}
+
 /* Every member prepares locally (its device, a stream; rank 0 the unique id) and the
 ** group agrees by MPI that all did before anyone enters ncclCommInitRank, which blocks
 ** until every member has: a member that failed to prepare would otherwise leave the
@@ -76,6 +103,10 @@ int tt_nccl_comm_init(tt_comm *c) {
   if (ce != cudaSuccess) {
     st->stream = NULL;
     rc = cuda_failed(ce, call, c);
+    ok = 0;
+  }
+  if (c->is_world && shares_a_gpu(c, ok ? st->device : -1)) {
+    rc = -1;
     ok = 0;
   }
   if (c->rank == 0) {

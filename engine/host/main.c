@@ -535,6 +535,12 @@ int main(int argc, char **argv) {
     break;
   }
   fflush(stdout);
+  /* A rank of a multi-process job that failed ends the job before its Lua state closes
+  ** (exit runs the dist module's handler, which aborts the job): closing runs finalizers
+  ** that free NCCL communicators, which waits for collectives still pending (a failed one
+  ** never finishes) and is itself collective, so a failed rank could wait there for good
+  ** instead of ending the job. */
+  if (code != 0 && tt_dist_is_initialized()) exit(code);
   lua_close(L);
   return code;
 }

@@ -6,6 +6,7 @@
 ** Prints each failure with the rank and exits 1 when any check failed.
 */
 #include "tetra_dist.h"
+#include "dist/dist_internal.h"   /* a handle's start time (the watchdog's clock) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,7 +239,13 @@ static void check_point_to_point(void) {
   tt_comm_handle *hs[3];
   for (int k = 0; k < 3; k++) {
     ts[k] = filled(shape, 1, TT_F32, g_rank, v_small);
+    const double before = tt_dist_now();
     OK(tt_comm_all_reduce_async(w, ts[k], TT_REDUCE_SUM, &hs[k]));
+    /* Stamped at its start whether telemetry is on or not (it is off here): the NCCL
+    ** watchdog measures a pending collective's age from it. */
+    CHECK(hs[k]->started >= before && hs[k]->started <= tt_dist_now(),
+          "async all_reduce %d: started %.3f, not between %.3f and now", k, hs[k]->started,
+          before);
   }
   for (int k = 2; k >= 0; k--) {
     OK(tt_comm_wait(hs[k]));
