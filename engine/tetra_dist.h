@@ -124,6 +124,13 @@ int tt_comm_reduce_scatter_async(tt_comm *c, tt_tensor *t, int dim, int op,
 int tt_comm_broadcast_async(tt_comm *c, tt_tensor *t, int root, tt_comm_handle **h);
 int tt_comm_send_async(tt_comm *c, tt_tensor *t, int dst, int tag, tt_comm_handle **h);
 int tt_comm_recv_async(tt_comm *c, tt_tensor *t, int src, int tag, tt_comm_handle **h);
+/* A send of `send` to dst and a receive into `recv` (shape known) from src that progress
+** together (on CUDA tensors one NCCL group: two calls in a row on the group's stream would
+** each wait for its peer first, and two ranks that each send before they receive would
+** wait for good). Returns once `recv` holds the data (on a GPU, once the device waits for
+** it); *send_h is the send's handle, to wait for before reusing `send`. */
+int tt_comm_sendrecv(tt_comm *c, tt_tensor *send, int dst, int send_tag, tt_tensor *recv,
+                     int src, int recv_tag, tt_comm_handle **send_h);
 int tt_comm_all_to_all_async(tt_comm *c, tt_tensor *t, int split_dim, int concat_dim,
                              tt_tensor **out, tt_comm_handle **h);
 int tt_comm_barrier_async(tt_comm *c, tt_comm_handle **h);

@@ -783,6 +783,21 @@ static int broadcast_start(tt_comm *c, tt_tensor *t, int root, tt_comm_handle *h
   return 0;
 }
 
+/* TETRA_TEST_P2P_IN_ORDER=1 (tests only): point-to-point transfers on the host as NCCL
+** runs them on a GPU, where the group's calls queue on one stream: a send completes only
+** once its receiver took it, and nothing after it starts before (tt_comm_send_async
+** waits); a tt_comm_sendrecv's two halves progress together, as NCCL's grouped pair does.
+** MPI alone lets sends run ahead, which hides an order in which two ranks each send
+** before they receive (tests/dist/pipeline_in_order.sh). */
+static int p2p_in_order(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *v = getenv("TETRA_TEST_P2P_IN_ORDER");
+    on = v && strcmp(v, "1") == 0;
+  }
+  return on;
+}
+
 static int p2p_start(tt_comm *c, tt_tensor *t, int peer, int tag, int is_send,
                      tt_comm_handle *h) {
   const char *what = is_send ? "send" : "recv";
@@ -806,7 +821,9 @@ static int p2p_start(tt_comm *c, tt_tensor *t, int peer, int tag, int is_send,
   h->backend = 1;
   h->n_req = 1;
   void *p = tt_tensor_data(h->work);
-  if (is_send)
+  if (is_send && p2p_in_order())   /* (a send that completes only once it is received) */
+    TT_MPI(MPI_Issend(p, (int)n, mpi_type(t->dtype), peer, tag, c->mpi, &h->req[0]), what, c);
+  else if (is_send)
     TT_MPI(MPI_Isend(p, (int)n, mpi_type(t->dtype), peer, tag, c->mpi, &h->req[0]), what, c);
   else
     TT_MPI(MPI_Irecv(p, (int)n, mpi_type(t->dtype), peer, tag, c->mpi, &h->req[0]), what, c);
@@ -961,7 +978,48 @@ int tt_comm_broadcast_async(tt_comm *c, tt_tensor *t, int root, tt_comm_handle *
 }
 int tt_comm_send_async(tt_comm *c, tt_tensor *t, int dst, int tag, tt_comm_handle **h) {
   start_args s = {K_SEND, c, t, dst, tag, 0, NULL};
-  return start(&s, h);
+  TT_TRY(start(&s, h));
+  if (p2p_in_order() && (*h)->backend == 1 && tt_comm_wait(*h) != 0) {
+    tt_comm_handle_free(*h);
+    *h = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+int tt_comm_sendrecv(tt_comm *c, tt_tensor *send, int dst, int send_tag, tt_tensor *recv,
+                     int src, int recv_tag, tt_comm_handle **send_h) {
+  *send_h = NULL;
+  TT_CHECK(c && send && recv, "sendrecv: no group or no tensor");
+  if (TT_IS_NCCL(send) && TT_IS_NCCL(recv)) {
+    TT_CHECK(tt_tensor_is_contiguous(recv),
+             "sendrecv: the receiving tensor on cuda:%d must be contiguous", recv->device);
+    TT_CHECK(dst >= 0 && dst < c->size && dst != c->rank && src >= 0 && src < c->size &&
+             src != c->rank, "sendrecv: peers %d and %d are not other ranks of group %s "
+             "(size %d, this is rank %d)", dst, src, c->name, c->size, c->rank);
+    tt_comm_handle *h = NULL;
+    TT_TRY(handle_new(c, "sendrecv", &h));
+    int copied = 0, rc = work_of(send, &h->work, &copied);
+    if (rc == 0) rc = tt_nccl_sendrecv_start(h, h->work, dst, recv, src);
+    if (rc == 0) rc = tt_comm_wait(h);   /* the device waits for both halves */
+    if (rc != 0) {
+      if (h->backend == 2 && !h->done) tt_nccl_event_free(h);
+      handle_release_tensors(h);
+      free(h);
+      return -1;
+    }
+    *send_h = h;   /* done: the send's memory is freed in stream order after it */
+    return 0;
+  }
+  /* MPI: the send goes out, then the receive; both are posted before either is waited for. */
+  start_args s = {K_SEND, c, send, dst, send_tag, 0, NULL};
+  TT_TRY(start(&s, send_h));
+  if (tt_comm_recv(c, recv, src, recv_tag) != 0) {
+    tt_comm_handle_free(*send_h);
+    *send_h = NULL;
+    return -1;
+  }
+  return 0;
 }
 int tt_comm_recv_async(tt_comm *c, tt_tensor *t, int src, int tag, tt_comm_handle **h) {
   start_args s = {K_RECV, c, t, src, tag, 0, NULL};

@@ -81,6 +81,10 @@ int tt_nccl_comm_init(tt_comm *c);
 ** per block; peer is the root / destination / source. Sets h->backend and h->nccl_event. */
 int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tensor *dst,
                   int64_t count, int op, int peer);
+/* A send of `send` to dst and a receive into `recv` from src (contiguous device tensors)
+** in one NCCL group, so that they progress together. Sets h's backend and event. */
+int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tensor *recv,
+                           int src);
 /* *done = 1 once the event completed; an asynchronous NCCL error is an error. */
 int tt_nccl_test(tt_comm_handle *h, int *done);
 /* Aborts the group's NCCL communicator (watchdog) so no kernel stays stuck. */

@@ -165,6 +165,20 @@ static int after_compute(nccl_state *st, const tt_comm *c) {
   return 0;
 }
 
+/* h's transfer, queued on st's stream, gets the event recorded after it. */
+static int record_done(tt_comm_handle *h, nccl_state *st, const tt_comm *c) {
+  cudaEvent_t done;
+  TT_CUDA_CALL(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), c);
+  cudaError_t e = cudaEventRecord(done, st->stream);
+  if (e != cudaSuccess) {
+    cudaEventDestroy(done);
+    return cuda_failed(e, "cudaEventRecord", c);
+  }
+  h->nccl_event = done;
+  h->backend = 2;
+  return 0;
+}
+
 int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tensor *dst,
                   int64_t count, int op, int peer) {
   tt_comm *c = h->comm;
@@ -216,16 +230,33 @@ int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tenso
     break;
   }
   }
-  cudaEvent_t done;
-  TT_CUDA_CALL(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), c);
-  cudaError_t e = cudaEventRecord(done, st->stream);
-  if (e != cudaSuccess) {
-    cudaEventDestroy(done);
-    return cuda_failed(e, "cudaEventRecord", c);
+  return record_done(h, st, c);
+}
+
+int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tensor *recv,
+                           int src) {
+  tt_comm *c = h->comm;
+  nccl_state *st = NULL;
+  TT_TRY(nccl_state_of(c, &st));
+  ncclDataType_t send_ty, recv_ty;
+  TT_TRY(nccl_type(send->dtype, &send_ty));
+  TT_TRY(nccl_type(recv->dtype, &recv_ty));
+  TT_TRY(after_compute(st, c));
+  /* One group: NCCL runs a send and a receive of one group together, where two calls
+  ** in a row on the stream would each wait for its peer in turn. */
+  TT_NCCL_CALL(ncclGroupStart(), c);
+  ncclResult_t e = ncclSend(tt_tensor_data(send), (size_t)tt_tensor_numel(send), send_ty, dst,
+                            st->comm, st->stream);
+  const char *failed = e != ncclSuccess ? "ncclSend (send_recv)" : NULL;
+  if (!failed) {
+    e = ncclRecv(tt_tensor_data(recv), (size_t)tt_tensor_numel(recv), recv_ty, src, st->comm,
+                 st->stream);
+    if (e != ncclSuccess) failed = "ncclRecv (send_recv)";
   }
-  h->nccl_event = done;
-  h->backend = 2;
-  return 0;
+  ncclResult_t end = ncclGroupEnd();
+  if (failed) return nccl_failed(e, failed, c);
+  if (end != ncclSuccess) return nccl_failed(end, "ncclGroupEnd (send_recv)", c);
+  return record_done(h, st, c);
 }
 
 int tt_nccl_test(tt_comm_handle *h, int *done) {
@@ -386,6 +417,11 @@ int tt_nccl_comm_init(tt_comm *c) {
 int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tensor *dst,
                   int64_t count, int op, int peer) {
   (void)h, (void)kind, (void)src, (void)dst, (void)count, (void)op, (void)peer;
+  return tt_set_error("collectives on CUDA tensors need a build with NCCL");
+}
+int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tensor *recv,
+                           int src) {
+  (void)h, (void)send, (void)dst, (void)recv, (void)src;
   return tt_set_error("collectives on CUDA tensors need a build with NCCL");
 }
 int tt_nccl_test(tt_comm_handle *h, int *done) {

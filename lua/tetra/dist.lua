@@ -138,6 +138,12 @@ end
 function Group:recv_async(t, src, tag)
   return new_handle(C.tt_comm_recv_async(self._c, t, src, tag or 0, hbox), t)
 end
+-- A send and a receive that progress together (tt_comm_sendrecv): returns once `recv`
+-- holds the data, with the send's handle (wait for it before reusing `send`).
+function Group:sendrecv(send, dst, send_tag, recv, src, recv_tag)
+  return new_handle(C.tt_comm_sendrecv(self._c, send, dst, send_tag or 0, recv, src,
+                                       recv_tag or 0, hbox), send)
+end
 function Group:all_to_all_async(t, split_dim, concat_dim)
   local status = C.tt_comm_all_to_all_async(self._c, t, split_dim or 0, concat_dim or 0,
                                             pout, hbox)

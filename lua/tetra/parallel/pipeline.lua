@@ -207,6 +207,39 @@ function M.runner(par, cfg)
                         dim = cfg.model.dim }, Pipeline)
 end
 
+-- Sends wait for the stage's next receive, and go out with it as one pair that progresses
+-- together (Group:sendrecv): on GPUs NCCL runs a group's transfers in the order they
+-- were queued on its stream, each send waiting for its receiver, so under 1F1B two
+-- neighbours that each send before they receive (stage s its next micro-batch's
+-- activations, stage s + 1 the last one's gradient) would wait on each other for good.
+-- This pairs them as Megatron-LM's send-forward-receive-backward does. A send with no
+-- receive after it goes out alone, before the next send or at the end of the step
+-- (flush_send). Handles go to self.pending, waited for at the end (each holds its
+-- tensor). t stays alive until then: `own`, it is this call's to free once sent (a
+-- gradient read from .grad, a reference of its own); else the caller frees it later
+-- (activations, after their backward, which comes after the next receive).
+function Pipeline:send(t, peer, tag, own)
+  self:flush_send()
+  self.deferred = { t = t, peer = peer, tag = tag, own = own }
+end
+
+function Pipeline:flush_send()
+  local d = self.deferred
+  if not d then return end
+  self.deferred = nil
+  self.pending[#self.pending + 1] = self.group:send_async(d.t, d.peer, d.tag)
+  if d.own then free(d.t) end
+end
+
+function Pipeline:recv(t, peer, tag)
+  local d = self.deferred
+  if not d then return self.group:recv(t, peer, tag) end
+  self.deferred = nil
+  self.pending[#self.pending + 1] = self.group:sendrecv(d.t, d.peer, d.tag, t, peer, tag)
+  if d.own then free(d.t) end
+  return t
+end
+
 -- Messages are told apart by micro-batch, receiving virtual stage and direction.
 function Pipeline:act_tag(m, vs) return 2 * (m * self.n_virtual + vs) end
 function Pipeline:grad_tag(m, vs) return 2 * (m * self.n_virtual + vs) + 1 end
@@ -233,7 +266,7 @@ function Pipeline:forward(tokens, m, c, record, logits_wanted)
   else
     x = F.empty({ tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim },
                 C.TT_F32, self.par.device)
-    self.group:recv(x, (vs - 1) % self.stages, self:act_tag(m, vs))
+    self:recv(x, (vs - 1) % self.stages, self:act_tag(m, vs))
     if record then tffi.check(C.tt_set_requires_grad(x, 1)) end
   end
   local y = self.chunks[c](h or x, positions)
@@ -241,8 +274,7 @@ function Pipeline:forward(tokens, m, c, record, logits_wanted)
   free(ids); free(positions)
   if vs < self.n_virtual - 1 then
     free(targets)
-    self.pending[#self.pending + 1] = self.group:send_async(y, (vs + 1) % self.stages,
-                                                            self:act_tag(m, vs + 1))
+    self:send(y, (vs + 1) % self.stages, self:act_tag(m, vs + 1))
     return x, y
   end
   local logits = self.model:head(y)
@@ -266,7 +298,7 @@ end
 function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
   local rows = tonumber(tokens._shape[0]) / n_micro
   local inputs, roots, loss_sum = {}, {}, nil
-  self.pending = {}
+  self.pending, self.deferred = {}, nil
   local ops = M.schedule(self.kind, self.stages, self.stage, n_micro, self.virtual)
   local n_backward, last_vs = 0, self.n_virtual - 1
   self.timer = self.timer or timers.new(self.par.device)
@@ -302,7 +334,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
         F.backward(y)
       else
         local g = F.empty(y:shape(), C.TT_F32, self.par.device)
-        self.group:recv(g, (vs + 1) % self.stages, self:grad_tag(m, vs))
+        self:recv(g, (vs + 1) % self.stages, self:grad_tag(m, vs))
         F.backward_with(y, g)
         free(g)
       end
@@ -310,14 +342,14 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
       roots[key] = nil
       if trace.on then trace.span("B", b0, metrics.now(), { micro = m, chunk = c }) end
       local x = inputs[key]
-      if x then   -- the handle keeps x.grad alive until the send ends
-        self.pending[#self.pending + 1] = self.group:send_async(x.grad, (vs - 1) % self.stages,
-                                                                self:grad_tag(m, vs - 1))
+      if x then   -- (the send keeps x.grad alive until it ends)
+        self:send(x.grad, (vs - 1) % self.stages, self:grad_tag(m, vs - 1), true)
         free(x)
         inputs[key] = nil
       end
     end
   end
+  self:flush_send()
   for _, h in ipairs(self.pending) do h:wait() end
   self.pending = nil
   -- the last stage's sum, on every stage of the pipeline
@@ -343,13 +375,19 @@ end
 -- Tokens (b, T + 1) through this stage's chunks, without the tape: the last virtual
 -- stage's output (its loss, or with logits_wanted its logits), nil on the other stages.
 local function forward_chunks(self, tokens, logits_wanted)
-  self.pending = {}
+  self.pending, self.deferred = {}, nil
   local out
   for c = 0, self.virtual - 1 do
     local x, y = self:forward(tokens, 0, c, false, logits_wanted)
     free(x)
-    if c * self.stages + self.stage == self.n_virtual - 1 then out = y else free(y) end
+    if c * self.stages + self.stage == self.n_virtual - 1 then
+      out = y
+    else
+      self:flush_send()   -- (y goes now: nothing keeps it for a backward)
+      free(y)
+    end
   end
+  self:flush_send()
   for _, h in ipairs(self.pending) do h:wait() end
   self.pending = nil
   return out
