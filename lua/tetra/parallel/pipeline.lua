@@ -207,20 +207,21 @@ function M.runner(par, cfg)
                         dim = cfg.model.dim }, Pipeline)
 end
 
--- Sends wait for the stage's next receive, and go out with it as one pair that progresses
--- together (Group:sendrecv): on GPUs NCCL runs a group's transfers in the order they
--- were queued on its stream, each send waiting for its receiver, so under 1F1B two
--- neighbours that each send before they receive (stage s its next micro-batch's
+-- A send whose schedule op is followed by one that starts with a receive (self.pair_next,
+-- set by train_step) waits for that receive and goes out with it as one pair that
+-- progresses together (Group:sendrecv): on GPUs NCCL runs a group's transfers in the
+-- order they were queued on its stream, each send waiting for its receiver, so under
+-- 1F1B two neighbours that each send before they receive (stage s its next micro-batch's
 -- activations, stage s + 1 the last one's gradient) would wait on each other for good.
--- This pairs them as Megatron-LM's send-forward-receive-backward does. A send with no
--- receive after it goes out alone, before the next send or at the end of the step
--- (flush_send). Handles go to self.pending, waited for at the end (each holds its
--- tensor). t stays alive until then: `own`, it is this call's to free once sent (a
--- gradient read from .grad, a reference of its own); else the caller frees it later
--- (activations, after their backward, which comes after the next receive).
+-- This pairs them as Megatron-LM's send-forward-receive-backward does; no compute comes
+-- between, so nothing waits longer. Any other send goes out at once. Handles go to
+-- self.pending, waited for at the end (each holds its tensor). `own`: t is this call's to
+-- free once sent (a gradient read from .grad, a reference of its own); else the caller
+-- frees it later (activations, after their backward, which comes after the receive).
 function Pipeline:send(t, peer, tag, own)
   self:flush_send()
   self.deferred = { t = t, peer = peer, tag = tag, own = own }
+  if not self.pair_next then self:flush_send() end
 end
 
 function Pipeline:flush_send()
@@ -298,16 +299,25 @@ end
 function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
   local rows = tonumber(tokens._shape[0]) / n_micro
   local inputs, roots, loss_sum = {}, {}, nil
-  self.pending, self.deferred = {}, nil
+  self.pending, self.deferred, self.pair_next = {}, nil, nil
   local ops = M.schedule(self.kind, self.stages, self.stage, n_micro, self.virtual)
   local n_backward, last_vs = 0, self.n_virtual - 1
   self.timer = self.timer or timers.new(self.par.device)
   local timer, marks = self.timer, {}
   self.forward_marks = marks
-  for _, op in ipairs(ops) do
+  -- Whether op i + 1 starts with a receive (a forward past virtual stage 0 receives its
+  -- activations, a backward before the last its gradient): op i's send then pairs with it.
+  local function starts_with_recv(op)
+    if not op then return false end
+    local v = op[3] * self.stages + self.stage
+    if op[1] == "F" then return v ~= 0 end
+    return v ~= last_vs
+  end
+  for i, op in ipairs(ops) do
     local m, c = op[2], op[3]
     local vs = c * self.stages + self.stage
     local key = m * self.virtual + c
+    self.pair_next = starts_with_recv(ops[i + 1])
     if op[1] == "F" then
       local mb = micro.rows(tokens, m, rows)
       local f0, w0 = timer:mark(), metrics.now()
@@ -350,6 +360,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
     end
   end
   self:flush_send()
+  self.pair_next = nil
   for _, h in ipairs(self.pending) do h:wait() end
   self.pending = nil
   -- the last stage's sum, on every stage of the pipeline
@@ -375,7 +386,7 @@ end
 -- Tokens (b, T + 1) through this stage's chunks, without the tape: the last virtual
 -- stage's output (its loss, or with logits_wanted its logits), nil on the other stages.
 local function forward_chunks(self, tokens, logits_wanted)
-  self.pending, self.deferred = {}, nil
+  self.pending, self.deferred, self.pair_next = {}, nil, nil
   local out
   for c = 0, self.virtual - 1 do
     local x, y = self:forward(tokens, 0, c, false, logits_wanted)
