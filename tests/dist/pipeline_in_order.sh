@@ -6,7 +6,8 @@
 # that under 1F1B two neighbouring stages each sent before they received (stage s the next
 # micro-batch's activations, stage s + 1 the last one's gradient) and would have waited on
 # each other for good on GPUs; the pipeline now pairs a send with the receive after it
-# (lua/tetra/parallel/pipeline.lua). Each layout must finish in order (not hang: timeout
+# (lua/tetra/parallel/pipeline.lua). Pipelines alone, and beside data, tensor and context
+# parallelism (whose collectives run between the transfers), must finish in order (timeout
 # 30 s against about 1 s; unpaired, 1F1B and the interleaved schedule hang, GPipe does
 # not) and give the same losses and gradient norms, bit for bit, as without the switch.
 # Usage: bash pipeline_in_order.sh /path/to/tetra   (exit 77: skipped)
@@ -34,7 +35,10 @@ run() {   # run NAME NP IN_ORDER SETTINGS...: the run's (loss, grad_norm) lines 
 for lay in "pp2_1f1b 2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4 model.n_layers=3" \
            "pp4_1f1b 4 $P.pipeline_parallel_size=4 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4 model.n_layers=4" \
            "pp2_v2_interleaved 2 $P.pipeline_parallel_size=2 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b train.gradient_accumulation_steps=4 model.n_layers=4" \
-           "pp2_gpipe 2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=gpipe train.gradient_accumulation_steps=4"; do
+           "pp2_gpipe 2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=gpipe train.gradient_accumulation_steps=4" \
+           "dp2_pp2_1f1b 4 $P.data_parallel_size=2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4 train.batch_size=16" \
+           "tp2_pp2_1f1b 4 $P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4" \
+           "cp2_pp2_1f1b 4 $P.context_parallel_size=2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4"; do
   stop_if_failed
   set -- $lay
   name=$1 np=$2; shift 2
