@@ -531,7 +531,8 @@ static int pack_blocks(tt_tensor *src, int dim, tt_tensor *buf) {
 ** the work buffer to where the caller expects it. */
 static int handle_finish(tt_comm_handle *h) {
   /* Latency as this rank saw it, for groups that really communicate (a group of one is a
-  ** local copy). An async operation completes when it is next tested or waited on. */
+  ** local copy). An async operation completes when it is next tested or waited on. A
+  ** joined NCCL transfer has started 0.0: its latency is reported when it finishes. */
   if (h->started > 0.0 && h->comm->size > 1) {
     double end = tt_dist_now();
     tt_telemetry_collective(h->what, h->comm->name, end - h->started);
@@ -589,7 +590,7 @@ int tt_comm_wait(tt_comm_handle *h) {
     /* The device waits, not the host (nccl.c); the latency is reported when the
     ** watchdog sees the transfer finish. */
     TT_TRY(tt_nccl_join(h));
-    h->started = tt_dist_now();
+    h->started = 0.0;   /* (so that handle_finish reports nothing: the watchdog will) */
     return finish_without_grad(h);
   }
   double start = tt_dist_now();

@@ -34,12 +34,12 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
     return tt_set_error("embedding: id %lld at position %lld is outside the vocabulary "
                         "[%lld, %lld)", (long long)tt_index_at(ids, dtype, bad),
                         (long long)bad, (long long)start, (long long)(start + V));
+  const size_t row_bytes = (size_t)D * (out_dtype == TT_ELEM_BF16 ? 2 : 4);
 #pragma omp parallel for schedule(static) if (n * D > TT_PARALLEL_GRAIN)
   for (int64_t i = 0; i < n; i++) {
     const int64_t id = tt_index_at(ids, dtype, i) - start;
     if (id < 0 || id >= V) {   /* (band: another rank's id) */
-      memset((char *)out + i * D * (out_dtype == TT_ELEM_BF16 ? 2 : 4), 0,
-             (size_t)D * (out_dtype == TT_ELEM_BF16 ? 2 : 4));
+      memset((char *)out + (size_t)i * row_bytes, 0, row_bytes);
       continue;
     }
     const float *src = weight + id * D;

@@ -40,36 +40,46 @@ __global__ void embedding_fwd(T *out, const float *weight, const void *ids, int 
   }
 }
 
+/* The forward kernel on the current stream; bad as embedding_fwd's (NULL with band). */
+static cudaError_t launch_fwd(void *out, const float *weight, const void *ids, int ids_i64,
+                              int64_t n, int64_t V, int64_t D, int out_dtype, int64_t start,
+                              int band, unsigned long long *bad) {
+  const int64_t blocks = n < 65535 ? n : 65535;
+  /* (a table of width 0 still checks its ids, as the CPU twin does: one warp a block) */
+  const int threads = D >= 256 ? 256 : D > 0 ? (int)((D + 31) / 32 * 32) : 32;
+  if (out_dtype == TT_ELEM_BF16)
+    embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
+        (__nv_bfloat16 *)out, weight, ids, ids_i64, n, V, D, start, band, bad);
+  else
+    embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
+        (float *)out, weight, ids, ids_i64, n, V, D, start, band, bad);
+  return tt_cuda_launch_status();
+}
+
 static int embedding_forward(void *out, const float *weight, const void *ids, int ids_i64,
                              int64_t n, int64_t V, int64_t D, int out_dtype, int64_t start,
                              int band) {
   TT_CHECK(out_dtype == TT_ELEM_F32 || out_dtype == TT_ELEM_BF16,
            "embedding: rows in %s; expected f32 or bf16", tt_dtype_name(out_dtype));
   if (n == 0) return 0;
+  if (band) {   /* other ranks' ids are zero rows, not errors: nothing to read back */
+    cudaError_t e = launch_fwd(out, weight, ids, ids_i64, n, V, D, out_dtype, start, 1, NULL);
+    return e == cudaSuccess ? 0 : tt_cu_fail(e, "embedding_fwd", __FILE__, __LINE__);
+  }
   unsigned long long *bad_dev = NULL, bad = ~0ull;
   TT_CU(cudaMallocAsync((void **)&bad_dev, sizeof bad, tt_cuda_cur_stream()));
   int rc = -1;
-  int64_t blocks = n < 65535 ? n : 65535;
-  /* (a table of width 0 still checks its ids, as the CPU twin does: one warp a block) */
-  int threads = D >= 256 ? 256 : D > 0 ? (int)((D + 31) / 32 * 32) : 32;
   cudaError_t e = cudaMemsetAsync(bad_dev, 0xff, sizeof bad, tt_cuda_cur_stream());
-  if (e == cudaSuccess) {
-    if (out_dtype == TT_ELEM_BF16)
-      embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
-          (__nv_bfloat16 *)out, weight, ids, ids_i64, n, V, D, start, band, bad_dev);
-    else
-      embedding_fwd<<<(unsigned)blocks, threads, 0, tt_cuda_cur_stream()>>>(
-          (float *)out, weight, ids, ids_i64, n, V, D, start, band, bad_dev);
-    e = tt_cuda_launch_status();
-  }
+  if (e == cudaSuccess)
+    e = launch_fwd(out, weight, ids, ids_i64, n, V, D, out_dtype, start, 0, bad_dev);
   if (e == cudaSuccess && tt_cuda_checks_deferred()) {   /* the step reads it later */
-    rc = band ? 0 : tt_cuda_check_defer(TT_CHECK_EMBEDDING_ID, bad_dev, ids, ids_i64, V);
+    rc = tt_cuda_check_defer(TT_CHECK_EMBEDDING_ID, bad_dev, ids, ids_i64, V);
     cudaFreeAsync(bad_dev, tt_cuda_cur_stream());
     return rc;
   }
-  if (e == cudaSuccess && !band)   /* (a band reports nothing: no host wait) */
+  if (e == cudaSuccess)
     e = cudaMemcpyAsync(&bad, bad_dev, sizeof bad, cudaMemcpyDeviceToHost, tt_cuda_cur_stream());
-  if (e == cudaSuccess && !band) e = tt_cuda_host_wait(tt_cuda_cur_stream());
+  if (e == cudaSuccess) e = tt_cuda_host_wait(tt_cuda_cur_stream());
   if (e != cudaSuccess) {
     tt_cu_fail(e, "embedding_fwd", __FILE__, __LINE__);
   } else if (bad != ~0ull) {

@@ -214,7 +214,8 @@ end
 -- 1F1B two neighbours that each send before they receive (stage s its next micro-batch's
 -- activations, stage s + 1 the last one's gradient) would wait on each other for good.
 -- This pairs them as Megatron-LM's send-forward-receive-backward does; no compute comes
--- between, so nothing waits longer. Any other send goes out at once. Handles go to
+-- between, so nothing waits longer. Any other send goes out at once (so always outside
+-- train_step, which alone sets pair_next: evaluation and generation). Handles go to
 -- self.pending, waited for at the end (each holds its tensor). `own`: t is this call's to
 -- free once sent (a gradient read from .grad, a reference of its own); else the caller
 -- frees it later (activations, after their backward, which comes after the receive).
@@ -359,8 +360,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
       end
     end
   end
-  self:flush_send()
-  self.pair_next = nil
+  self.pair_next = nil   -- (the last op's send went out at once: nothing follows it)
   for _, h in ipairs(self.pending) do h:wait() end
   self.pending = nil
   -- the last stage's sum, on every stage of the pipeline
@@ -391,14 +391,8 @@ local function forward_chunks(self, tokens, logits_wanted)
   for c = 0, self.virtual - 1 do
     local x, y = self:forward(tokens, 0, c, false, logits_wanted)
     free(x)
-    if c * self.stages + self.stage == self.n_virtual - 1 then
-      out = y
-    else
-      self:flush_send()   -- (y goes now: nothing keeps it for a backward)
-      free(y)
-    end
+    if c * self.stages + self.stage == self.n_virtual - 1 then out = y else free(y) end
   end
-  self:flush_send()
   for _, h in ipairs(self.pending) do h:wait() end
   self.pending = nil
   return out
