@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -133,6 +134,87 @@ static int create_half_ops(void) {
   return 0;
 }
 
+/* -- The watchdog thread ------------------------------------------------------------ */
+
+/* Waits no poll can watch: a blocking MPI call (making a group, NCCL's set-up), and on
+** GPUs a host stuck in a kernel launch behind a collective that never ends (the launch
+** queue is full, so the join or host wait that would poll next never comes). A thread of
+** its own looks at both a few times a second and fires the watchdog on one past
+** dist.timeout_s. It calls no MPI itself; firing does (MPI_Abort), once for the process. */
+static struct {
+  pthread_mutex_t lock;
+  pthread_t thread;
+  int running;
+  int stop;
+  const char *what;   /* the blocking call the main thread is in, or NULL */
+  tt_comm *comm;
+  double since;
+} g_wd = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void tt_dist_blocking_begin(const char *what, tt_comm *c) {
+  pthread_mutex_lock(&g_wd.lock);
+  g_wd.what = what;
+  g_wd.comm = c;
+  g_wd.since = tt_dist_now();
+  pthread_mutex_unlock(&g_wd.lock);
+}
+
+void tt_dist_blocking_end(void) {
+  pthread_mutex_lock(&g_wd.lock);
+  g_wd.what = NULL;
+  pthread_mutex_unlock(&g_wd.lock);
+}
+
+static void *watchdog_main(void *arg) {
+  (void)arg;
+  for (;;) {
+    struct timespec ts = {0, 200000000};
+    nanosleep(&ts, NULL);
+    double now = tt_dist_now(), timeout = tt_dist_get_timeout();
+    tt_comm_handle late;
+    double waited = 0.0;
+    int fire = 0;
+    pthread_mutex_lock(&g_wd.lock);
+    if (g_wd.stop) {
+      pthread_mutex_unlock(&g_wd.lock);
+      return NULL;
+    }
+    if (timeout > 0 && g_wd.what && now - g_wd.since > timeout) {
+      memset(&late, 0, sizeof late);
+      late.comm = g_wd.comm;
+      late.what = g_wd.what;
+      late.backend = 1;
+      waited = now - g_wd.since;
+      fire = 1;
+    }
+    pthread_mutex_unlock(&g_wd.lock);
+    if (!fire && timeout > 0) fire = tt_nccl_watch(now, timeout, &late, &waited);
+    if (fire) tt_dist_watchdog_fire(&late, waited);
+  }
+}
+
+static void watchdog_start(void) {
+  if (g_wd.running) return;
+  g_wd.stop = 0;
+  /* (without it the polls on the main thread still watch; only the blocked cases go
+  ** unseen, so a failure here is said, not fatal) */
+  if (pthread_create(&g_wd.thread, NULL, watchdog_main, NULL) != 0) {
+    fprintf(stderr, "tetra: rank %d: could not start the watchdog thread; a rank blocked "
+            "in a call that cannot poll will not be reported\n", g_world.rank);
+    return;
+  }
+  g_wd.running = 1;
+}
+
+static void watchdog_stop(void) {
+  if (!g_wd.running) return;
+  pthread_mutex_lock(&g_wd.lock);
+  g_wd.stop = 1;
+  pthread_mutex_unlock(&g_wd.lock);
+  pthread_join(g_wd.thread, NULL);
+  g_wd.running = 0;
+}
+
 /* What the NCCL transport does with a transfer past the deadline, or a failure found
 ** while the host waits for the device: this file's watchdog and abort. */
 static void fatal(const char *msg) { tt_dist_abort(msg, 1); }
@@ -172,13 +254,20 @@ int tt_dist_init(int force) {
   TT_MPI(MPI_Comm_size(g_world.mpi, &g_world.size), "init", NULL);
   TT_ALLOC(g_world.world_ranks, sizeof(int) * (size_t)g_world.size);
   for (int i = 0; i < g_world.size; i++) g_world.world_ranks[i] = i;
+  watchdog_start();
   MPI_Comm node;
-  TT_MPI(MPI_Comm_split_type(g_world.mpi, MPI_COMM_TYPE_SHARED, g_world.rank,
-                             MPI_INFO_NULL, &node), "init", NULL);
+  tt_dist_blocking_begin("init (ranks of this host)", &g_world);
+  int rc = MPI_Comm_split_type(g_world.mpi, MPI_COMM_TYPE_SHARED, g_world.rank,
+                               MPI_INFO_NULL, &node);
+  tt_dist_blocking_end();
+  TT_MPI(rc, "init", NULL);
   TT_MPI(MPI_Comm_rank(node, &g.local_rank), "init", NULL);
   TT_MPI(MPI_Comm_size(node, &g.local_size), "init", NULL);
   MPI_Comm_free(&node);
-  TT_TRY(tt_dist_hosts_init(g_world.mpi, g_world.size));
+  tt_dist_blocking_begin("init (host names)", &g_world);
+  rc = tt_dist_hosts_init(g_world.mpi, g_world.size);
+  tt_dist_blocking_end();
+  TT_TRY(rc);
   TT_TRY(create_half_ops());
   if (on_exit(on_process_exit, NULL) != 0) return tt_set_error("dist: on_exit failed");
   g.setup = 1;
@@ -191,8 +280,72 @@ int tt_dist_world_size(void) { return g.setup ? g_world.size : 1; }
 int tt_dist_local_rank(void) { return g.local_rank; }
 int tt_dist_local_size(void) { return g.local_size; }
 
+/* Groups with transports to free, in the order they were made (the world among them once
+** it has an NCCL communicator). Freeing either transport is collective: ncclCommDestroy
+** waits for the communicator's other ranks on the node (NCCL 2.23 and later), and
+** MPI_Comm_free is collective by the standard. A dropped group's Lua finalizer runs when
+** each rank's collector gets to it, in each rank's own order, and two ranks that free two
+** shared communicators in opposite orders wait on each other for good. So a dropped group
+** is only marked, and the exit (tt_dist_finalize) frees every group's transports in the
+** order they were made, the same on every rank. The cost: a dropped group's NCCL buffers
+** stay on the device until the exit. */
+static tt_comm **g_made;
+static int g_n_made, g_cap_made, g_made_seq;
+
+static int remember_group(tt_comm *c) {
+  if (g_n_made == g_cap_made) {
+    int cap = g_cap_made ? 2 * g_cap_made : 16;
+    tt_comm **grown = realloc(g_made, sizeof *grown * (size_t)cap);
+    TT_CHECK(grown, "group %s: out of host memory", c->name);
+    g_made = grown;
+    g_cap_made = cap;
+  }
+  g_made[g_n_made++] = c;
+  c->made = ++g_made_seq;
+  return 0;
+}
+
+static void forget_group(const tt_comm *c) {
+  for (int i = 0; i < g_n_made; i++)
+    if (g_made[i] == c) {
+      memmove(g_made + i, g_made + i + 1, sizeof *g_made * (size_t)(g_n_made - i - 1));
+      g_n_made--;
+      return;
+    }
+}
+
+/* Frees c's NCCL and MPI communicators (TETRA_TEST_LOG_TEARDOWN=1 says so, for the test
+** of the order: tests/dist/teardown_order.sh). */
+static void free_transports(tt_comm *c) {
+  const char *e = getenv("TETRA_TEST_LOG_TEARDOWN");
+  if (e && strcmp(e, "1") == 0 && c->made) {
+    fprintf(stderr, "tetra: rank %d: freeing group %s (made #%d%s)\n", g_world.rank, c->name,
+            c->made, c->dropped ? ", dropped" : "");
+    fflush(stderr);
+  }
+  tt_nccl_comm_free(c);
+  if (!c->is_world && c->mpi != MPI_COMM_NULL && g.mpi_running) MPI_Comm_free(&c->mpi);
+  c->made = 0;
+}
+
+static void free_groups_in_order(void) {
+  for (int i = 0; i < g_n_made; i++) {
+    tt_comm *c = g_made[i];
+    free_transports(c);
+    if (c->dropped) {
+      free(c->world_ranks);
+      free(c);
+    }
+  }
+  free(g_made);
+  g_made = NULL;
+  g_n_made = g_cap_made = 0;
+}
+
 int tt_dist_finalize(void) {
   if (!g.mpi_running) return 0;
+  watchdog_stop();
+  free_groups_in_order();
   tt_nccl_comm_free(&g_world);
   if (g.half_ops_created)
     for (int k = 0; k < 2; k++)
@@ -268,6 +421,11 @@ static double launcher_loss_s(void) {
 }
 
 void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s) {
+  /* The main thread's poll and the watchdog thread can find the same late transfer: the
+  ** first reports and ends the job, the other waits for that. */
+  static atomic_int firing;
+  if (atomic_exchange(&firing, 1))
+    for (;;) pause();
   const tt_comm *c = h->comm;
   char members[256];
   size_t used = 0;
@@ -350,7 +508,9 @@ int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm
     *out = c;
     return 0;
   }
+  tt_dist_blocking_begin("comm_split", parent);
   int rc = MPI_Comm_split(parent->mpi, color, key, &c->mpi);
+  tt_dist_blocking_end();
   if (rc != MPI_SUCCESS) {
     free(c);
     return tt_dist_mpi_error(rc, "comm_split", parent, __FILE__, __LINE__);
@@ -364,12 +524,18 @@ int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm
     return tt_set_error("comm_split: out of host memory");
   }
   int me = g_world.rank;
+  tt_dist_blocking_begin("comm_split (member list)", c);
   rc = MPI_Allgather(&me, 1, MPI_INT, c->world_ranks, 1, MPI_INT, c->mpi);
+  tt_dist_blocking_end();
   if (rc != MPI_SUCCESS) {
     tt_comm_free(c);
     return tt_dist_mpi_error(rc, "comm_split", parent, __FILE__, __LINE__);
   }
   if (g.nccl_eager && c->size > 1 && tt_nccl_comm_init(c) != 0) {
+    tt_comm_free(c);
+    return -1;
+  }
+  if (remember_group(c) != 0) {
     tt_comm_free(c);
     return -1;
   }
@@ -380,7 +546,10 @@ int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm
 int tt_dist_nccl_enable(void) {
   TT_CHECK(g.setup, "tt_dist_nccl_enable: call tt_dist_init first");
   if (g.nccl_eager) return 0;
-  if (g_world.size > 1 && !g_world.nccl) TT_TRY(tt_nccl_comm_init(&g_world));
+  if (g_world.size > 1 && !g_world.nccl) {
+    TT_TRY(tt_nccl_comm_init(&g_world));
+    TT_TRY(remember_group(&g_world));
+  }
   g.nccl_eager = 1;
   return 0;
 }
@@ -389,8 +558,12 @@ int tt_comm_has_nccl(const tt_comm *c) { return c && c->nccl != NULL; }
 
 void tt_comm_free(tt_comm *c) {
   if (!c || c->is_world) return;
-  tt_nccl_comm_free(c);
-  if (c->mpi != MPI_COMM_NULL && g.mpi_running) MPI_Comm_free(&c->mpi);
+  if (c->made && g.mpi_running) {   /* the exit frees it, in order (free_groups_in_order) */
+    c->dropped = 1;
+    return;
+  }
+  forget_group(c);
+  free_transports(c);
   free(c->world_ranks);
   free(c);
 }

@@ -16,6 +16,9 @@ struct tt_comm {
   int *world_ranks;    /* group rank -> world rank (size entries) */
   char name[32];
   void *nccl;          /* NCCL communicator state (tt_dist_nccl_enable), or NULL */
+  int made;            /* its place (from 1) in comm.c's list of groups whose transports
+                       ** the exit frees in order; 0 when not listed */
+  int dropped;         /* tt_comm_free ran: only the exit frees its transports */
 };
 
 /* What a finished transfer still has to do with its buffers. */
@@ -64,6 +67,11 @@ int tt_dist_hosts_report(const tt_comm *c, int self_world_rank, char *out, size_
 /* Reports a collective that missed its deadline and aborts the job. Never returns. */
 void tt_dist_watchdog_fire(const tt_comm_handle *h, double waited_s);
 double tt_dist_now(void);   /* monotonic seconds */
+/* Brackets a blocking call on the main thread that cannot poll (MPI_Comm_split, NCCL's
+** set-up): the watchdog thread reports it, as "what on group c", past dist.timeout_s. One
+** at a time; not nested. */
+void tt_dist_blocking_begin(const char *what, tt_comm *c);
+void tt_dist_blocking_end(void);
 
 /* Scales a contiguous float tensor in place (CPU). */
 int tt_dist_scale_inplace(tt_tensor *t, double s);
@@ -99,6 +107,9 @@ int tt_nccl_join(tt_comm_handle *h);
 ** the list (its latency reported), an asynchronous NCCL error is an error, one older than
 ** the dist timeout fires the watchdog (which aborts the job). */
 int tt_nccl_poll_pending(void);
+/* The watchdog thread's look at the same list (it retires nothing): 1 with *late a copy of
+** the oldest entry's handle and *waited its age when one is older than timeout, else 0. */
+int tt_nccl_watch(double now, double timeout, tt_comm_handle *late, double *waited);
 /* The watchdog the transport calls (comm.c's, set by tt_dist_init): on_late for a
 ** transfer older than dist.timeout_s (it does not return), on_fatal for a failure found
 ** while the host waits for the device. */

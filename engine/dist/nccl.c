@@ -22,6 +22,7 @@
 */
 #include "dist/dist_internal.h"
 #include "tetra_telemetry.h"
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,7 +70,10 @@ static int shares_a_gpu(tt_comm *world, int device) {
   MPI_Comm_size(node, &n);
   MPI_Comm_rank(node, &me);
   int *devs = malloc(sizeof *devs * (size_t)n);
-  if (devs && MPI_Allgather(&device, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS)
+  tt_dist_blocking_begin("nccl set-up (devices of this host)", world);
+  int gathered = devs && MPI_Allgather(&device, 1, MPI_INT, devs, 1, MPI_INT, node) == MPI_SUCCESS;
+  tt_dist_blocking_end();
+  if (gathered)
     for (int i = 0; i < n && shared < 0; i++)
       if (i != me && device >= 0 && devs[i] == device) shared = i;
   free(devs);
@@ -114,14 +118,18 @@ int tt_nccl_comm_init(tt_comm *c) {
     if (ne != ncclSuccess) rc = nccl_failed(ne, "ncclGetUniqueId", c);
     root.ok = ok = ok && ne == ncclSuccess;
   }
+  tt_dist_blocking_begin("nccl set-up (unique id)", c);
   int mpi = MPI_Bcast(&root, (int)sizeof root, MPI_BYTE, 0, c->mpi);
   if (mpi == MPI_SUCCESS) mpi = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->mpi);
+  tt_dist_blocking_end();
   if (mpi != MPI_SUCCESS) rc = tt_dist_mpi_error(mpi, "nccl set-up", c, __FILE__, __LINE__);
   else if (!all_ok && rc == 0)
     rc = tt_set_error("nccl set-up on group %s: another member could not prepare (%s)",
                       c->name, root.ok ? "its device or stream" : "rank 0's unique id");
   if (rc == 0) {
+    tt_dist_blocking_begin("ncclCommInitRank", c);
     ncclResult_t ne = ncclCommInitRank(&st->comm, c->size, root.id, c->rank);
+    tt_dist_blocking_end();
     if (ne != ncclSuccess) rc = nccl_failed(ne, "ncclCommInitRank", c);
   }
   if (rc != 0) {
@@ -308,7 +316,10 @@ typedef struct pending {
   struct pending *next;
 } pending;
 
-static pending *g_pending;   /* collectives run from the training thread: no lock */
+/* Collectives run from the training thread; the lock is for the watchdog thread's look
+** (tt_nccl_watch), which retires nothing. */
+static pending *g_pending;
+static pthread_mutex_t g_pending_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int tt_nccl_deferred(void) {
   static int deferred = -1;
@@ -355,14 +366,17 @@ int tt_nccl_join(tt_comm_handle *h) {
   }
   p->h = *h;
   p->done = done;
+  pthread_mutex_lock(&g_pending_lock);
   p->next = g_pending;
   g_pending = p;
+  pthread_mutex_unlock(&g_pending_lock);
   tt_cuda_set_host_wait_hook(host_wait_hook);
   return 0;
 }
 
 /* Drops c's entries from the list (c is going away); with sync, after they finished. */
 static void drop_pending(const tt_comm *c, int sync) {
+  pthread_mutex_lock(&g_pending_lock);
   for (pending **l = &g_pending; *l;) {
     pending *p = *l;
     if (p->h.comm != c) {
@@ -374,10 +388,12 @@ static void drop_pending(const tt_comm *c, int sync) {
     *l = p->next;
     free(p);
   }
+  pthread_mutex_unlock(&g_pending_lock);
 }
 
-int tt_nccl_poll_pending(void) {
-  double now = tt_dist_now(), timeout = tt_dist_get_timeout();
+/* One pass of tt_nccl_poll_pending with the list locked: 0, -1 with the message, or 1
+** with *late a copy of a late entry's handle (fired once the lock is let go). */
+static int poll_locked(double now, double timeout, tt_comm_handle *late) {
   for (pending **l = &g_pending; *l;) {
     pending *p = *l;
     const tt_comm *c = p->h.comm;
@@ -399,13 +415,43 @@ int tt_nccl_poll_pending(void) {
     if (st) TT_NCCL_CALL(ncclCommGetAsyncError(st->comm, &async), c);
     if (async != ncclSuccess) return nccl_failed(async, p->h.what, c);
     if (timeout > 0 && now - p->h.started > timeout) {
-      TT_CHECK(g_on_late, "%s on group %s: past dist.timeout_s with no watchdog set "
-               "(tt_dist_init sets it)", p->h.what, c->name);
-      g_on_late(&p->h, now - p->h.started);
+      *late = p->h;
+      return 1;
     }
     l = &p->next;
   }
   return 0;
+}
+
+int tt_nccl_poll_pending(void) {
+  double now = tt_dist_now(), timeout = tt_dist_get_timeout();
+  tt_comm_handle late;
+  pthread_mutex_lock(&g_pending_lock);
+  int rc = poll_locked(now, timeout, &late);
+  pthread_mutex_unlock(&g_pending_lock);
+  if (rc <= 0) return rc;
+  TT_CHECK(g_on_late, "%s on group %s: past dist.timeout_s with no watchdog set "
+           "(tt_dist_init sets it)", late.what, late.comm->name);
+  g_on_late(&late, now - late.started);
+  return 0;
+}
+
+/* The watchdog thread's CUDA calls run on the device of the collectives it watches. */
+int tt_nccl_watch(double now, double timeout, tt_comm_handle *late, double *waited) {
+  static __thread int device = -1;
+  int found = 0;
+  pthread_mutex_lock(&g_pending_lock);
+  for (pending *p = g_pending; p; p = p->next) {
+    const nccl_state *st = p->h.comm->nccl;
+    if (st && st->device != device && cudaSetDevice(st->device) == cudaSuccess)
+      device = st->device;
+    if (now - p->h.started <= timeout || cudaEventQuery(p->done) != cudaErrorNotReady) continue;
+    if (!found || p->h.started < late->started) *late = p->h;
+    found = 1;
+  }
+  pthread_mutex_unlock(&g_pending_lock);
+  if (found) *waited = now - late->started;
+  return found;
 }
 
 #else
@@ -437,6 +483,10 @@ int tt_nccl_join(tt_comm_handle *h) {
   return tt_set_error("collectives on CUDA tensors need a build with NCCL");
 }
 int tt_nccl_poll_pending(void) { return 0; }
+int tt_nccl_watch(double now, double timeout, tt_comm_handle *late, double *waited) {
+  (void)now, (void)timeout, (void)late, (void)waited;
+  return 0;
+}
 void tt_nccl_set_watchdog(void (*on_late)(const tt_comm_handle *h, double waited_s),
                           void (*on_fatal)(const char *msg)) {
   (void)on_late;

@@ -259,7 +259,11 @@ struct pos_run {
   int64_t start, len, pos0;
 };
 
-enum { MAX_RUNS = 64 };
+/* Context parallelism over cp ranks makes 2 cp key runs (each rank's two chunks), so this
+** takes cp up to 512; past it (or positions that are no chunked layout) the fallback
+** kernel runs, and the process says so once. (It was 64, which sent cp past 32 to the
+** fallback without a word.) */
+enum { MAX_RUNS = 1024 };
 
 /* The runs of consecutive positions of `pos` (device, n), or one run for NULL (0..n-1).
 ** 0 when there are more than MAX_RUNS (not a chunked layout), -1 on a CUDA error. Reading
@@ -281,7 +285,15 @@ static int position_runs(const int64_t *pos, int64_t n, std::vector<pos_run> &ru
       runs.back().len++;
       continue;
     }
-    if ((int)runs.size() == MAX_RUNS) return 0;
+    if ((int)runs.size() == MAX_RUNS) {
+      static bool said;
+      if (!said)
+        fprintf(stderr, "tetra: attention: positions in more than %d runs of consecutive "
+                "positions (context parallelism past %d ranks, or unsorted positions): the "
+                "f32 fallback kernel runs instead of cuDNN\n", MAX_RUNS, MAX_RUNS / 2);
+      said = true;
+      return 0;
+    }
     runs.push_back({i, 1, h[i]});
   }
   return 1;
