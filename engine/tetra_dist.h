@@ -78,6 +78,13 @@ tt_comm *tt_comm_world(void);
 ** Collective over parent. The new group is named `name` in messages; free it with
 ** tt_comm_free. */
 int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm **out);
+/* The same for a group whose collectives only ever move CPU tensors (the REPL's): it gets
+** no NCCL communicator, whose set-up takes a second or more and whose buffers take GPU
+** memory until the exit. */
+int tt_comm_split_host(tt_comm *parent, int color, int key, const char *name, tt_comm **out);
+/* A dropped group's communicators are freed at the exit (tt_dist_finalize), with every
+** group's, in the order made: freeing them is collective, and callers drop groups in no
+** one order (Lua's collector). */
 void tt_comm_free(tt_comm *c);                  /* NULL and the world group are ignored */
 /* Collectives on CUDA tensors go through NCCL. Its communicators are made eagerly: this
 ** call (collective over the world, before any group is split) makes the world's, and from

@@ -282,7 +282,8 @@ int tt_dist_local_size(void) { return g.local_size; }
 
 /* Groups with transports to free, in the order they were made (the world among them once
 ** it has an NCCL communicator). Freeing either transport is collective: ncclCommDestroy
-** waits for the communicator's other ranks on the node (NCCL 2.23 and later), and
+** first finalizes a communicator not yet finalized, and finalizing lasts until the
+** communicator is "globally quiescent" (nccl.h), so it waits for the other ranks; and
 ** MPI_Comm_free is collective by the standard. A dropped group's Lua finalizer runs when
 ** each rank's collector gets to it, in each rank's own order, and two ranks that free two
 ** shared communicators in opposite orders wait on each other for good. So a dropped group
@@ -489,7 +490,8 @@ tt_comm *tt_comm_world(void) {
   return &g_world;
 }
 
-int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm **out) {
+static int split(tt_comm *parent, int color, int key, const char *name, int nccl,
+                 tt_comm **out) {
   *out = NULL;
   TT_CHECK(parent, "comm_split: no parent group");
   tt_comm *c = calloc(1, sizeof *c);
@@ -531,7 +533,7 @@ int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm
     tt_comm_free(c);
     return tt_dist_mpi_error(rc, "comm_split", parent, __FILE__, __LINE__);
   }
-  if (g.nccl_eager && c->size > 1 && tt_nccl_comm_init(c) != 0) {
+  if (nccl && g.nccl_eager && c->size > 1 && tt_nccl_comm_init(c) != 0) {
     tt_comm_free(c);
     return -1;
   }
@@ -541,6 +543,14 @@ int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm
   }
   *out = c;
   return 0;
+}
+
+int tt_comm_split(tt_comm *parent, int color, int key, const char *name, tt_comm **out) {
+  return split(parent, color, key, name, 1, out);
+}
+
+int tt_comm_split_host(tt_comm *parent, int color, int key, const char *name, tt_comm **out) {
+  return split(parent, color, key, name, 0, out);
 }
 
 int tt_dist_nccl_enable(void) {

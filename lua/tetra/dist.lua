@@ -201,10 +201,12 @@ function Group:gather_numbers(xs)
 end
 
 -- A new group of the members that pass the same color, ordered by key (collective over
--- this group); name is what messages call it.
-function Group:split(color, key, name)
+-- this group); name is what messages call it. opts.host_only: its collectives only move
+-- CPU tensors, so it gets no NCCL communicator where CUDA tensors travel by NCCL.
+function Group:split(color, key, name, opts)
   local box = ffi.new("tt_comm *[1]")
-  check(C.tt_comm_split(self._c, color, key, name, box))
+  local make = opts and opts.host_only and C.tt_comm_split_host or C.tt_comm_split
+  check(make(self._c, color, key, name, box))
   return new_group(ffi.gc(box[0], C.tt_comm_free), self)
 end
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Groups are freed at the exit, in the order they were made, on every rank alike: freeing
-# an NCCL communicator waits for its other ranks on the node, so two ranks that free two
+# an NCCL communicator can wait for its other ranks, so two ranks that free two
 # shared ones in opposite orders (each rank's garbage collector picks its own) would wait
 # on each other for good. On 2 ranks: four groups are dropped in a different order on
 # each rank and collected, a fifth stays referenced; TETRA_TEST_LOG_TEARDOWN=1 has every

@@ -49,7 +49,7 @@ end
 function M.new()
   local dist = require("tetra.dist")
   local world = dist.world()
-  local g = world:split(0, world.rank, "repl")
+  local g = world:split(0, world.rank, "repl", { host_only = true })
   local ch = setmetatable({ g = g, rank = g.rank, size = g.size, selected = true,
                             sel_group = g, on_spec = "all", members = {}, sent = {} },
                           Channel)
@@ -188,7 +188,8 @@ function Channel:select(spec, env)
   self.selected = chosen and true or false
   self.on_spec = spec
   self.sel_group = spec == "all" and self.g
-                   or self.g:split(self.selected and 0 or 1, self.rank, "repl-on")
+                   or self.g:split(self.selected and 0 or 1, self.rank, "repl-on",
+                                   { host_only = true })
   local all = self:gather(self.selected and "1" or "0")
   if all then
     self.members = {}
