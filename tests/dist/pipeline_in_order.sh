@@ -8,7 +8,7 @@
 # each other for good on GPUs; the pipeline now pairs a send with the receive after it
 # (lua/tetra/parallel/pipeline.lua). Pipelines alone, and beside data, tensor and context
 # parallelism (whose collectives run between the transfers), must finish in order (timeout
-# 30 s against about 1 s; unpaired, 1F1B and the interleaved schedule hang, GPipe does
+# 20 s against about 1 s; unpaired, 1F1B and the interleaved schedule hang, GPipe does
 # not) and give the same losses and gradient norms, bit for bit, as without the switch.
 # Usage: bash pipeline_in_order.sh /path/to/tetra   (exit 77: skipped)
 set -u
@@ -21,7 +21,7 @@ run() {   # run NAME NP IN_ORDER SETTINGS...: the run's (loss, grad_norm) lines 
   local name=$1 np=$2 in_order=$3; shift 3
   local sets=() kv
   for kv in "$@"; do sets+=(--set "$kv"); done
-  TETRA_TEST_P2P_IN_ORDER=$in_order timeout -k 10 30 mpirun --oversubscribe -np "$np" \
+  TETRA_TEST_P2P_IN_ORDER=$in_order timeout -k 10 20 mpirun --oversubscribe -np "$np" \
     -x TETRA_TEST_P2P_IN_ORDER "$tetra" run recipes/tiny.lua "${common[@]}" "${sets[@]}" \
     --set log.metrics_file="$work/$name.jsonl" >"$work/$name.log" 2>&1
   local rc=$?
