@@ -195,14 +195,19 @@ void tt_alloc_stream_born(int device, void *key) {
 
 /* Takes a block of class `cls` for a request on stream `cur`: idle or of the same stream
 ** first, else the most recently freed one (*order set: the caller orders `cur` after
-** *from). Lock held. */
-static free_block *take_block(device_cache *c, int cls, void *cur, int *order, void **from) {
+** *from). During a capture (`capturing`) only the first kind, or NULL: ordering the
+** capturing stream after work outside the capture is not allowed (CUDA's programming
+** guide, "Prohibited and unhandled operations"), nor is touching the legacy default
+** stream while a blocking stream captures. Lock held. */
+static free_block *take_block(device_cache *c, int cls, void *cur, int capturing, int *order,
+                              void **from) {
   free_block **link = &c->classes[cls], **pick = NULL;
   for (free_block **l = link; *l; l = &(*l)->next)
     if ((*l)->idle || (*l)->stream == cur) {
       pick = l;
       break;
     }
+  if (!pick && capturing) return NULL;
   if (!pick) {
     pick = link;
     *order = 1;
@@ -213,6 +218,13 @@ static free_block *take_block(device_cache *c, int cls, void *cur, int *order, v
   return b;
 }
 
+/* Set by a backend whose allocation failed for another reason than memory (on CUDA an
+** earlier kernel's fault, which cudaMalloc reports too): its message stands, and neither
+** the cache is emptied nor the call retried. Per thread. */
+static __thread int tt_alloc_fault;
+
+void tt_alloc_failed_not_oom(void) { tt_alloc_fault = 1; }
+
 static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **pstream) {
   const tt_device_backend *be = tt_backend_for(device);
   device_cache *c = cache_for(device);
@@ -220,12 +232,15 @@ static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **ps
   size_t size = nbytes;
   int cls = size_class(&size);
   void *cur = be->current_stream ? be->current_stream() : NULL;
+  /* A pool in use: a CUDA graph is being captured on this thread (train/graph.lua). */
+  const int capturing = tt_alloc_pool_current(device) != NULL;
   void *p = NULL, *from = NULL;
   int order = 0;
   pthread_mutex_lock(&c->lock);
   c->stats.num_allocs++;
-  if (cls >= 0 && c->classes[cls]) {
-    free_block *b = take_block(c, cls, cur, &order, &from);
+  free_block *b = cls >= 0 && c->classes[cls]
+                      ? take_block(c, cls, cur, capturing, &order, &from) : NULL;
+  if (b) {
     p = b->ptr;
     c->stats.cached_bytes -= (int64_t)b->size;
     c->stats.num_cache_hits++;
@@ -237,9 +252,12 @@ static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **ps
     return NULL;
   }
   if (!p) {
+    tt_alloc_fault = 0;
     p = be->alloc(size, device);
-    if (!p) {
-      /* Give the cache back to the device and try once more before failing. */
+    if (!p && tt_alloc_fault) return NULL;
+    /* Give the cache back to the device and try once more before failing; not during a
+    ** capture, where freeing device memory (cudaFree) is not allowed and would end it. */
+    if (!p && !capturing) {
       tt_alloc_empty_cache(device);
       p = be->alloc(size, device);
     }
@@ -252,9 +270,11 @@ static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **ps
       if (device == TT_CPU) snprintf(where, sizeof where, "%s", be->name);
       else snprintf(where, sizeof where, "%s:%d", be->name, device);
       tt_set_error("out of memory on %s allocating %.3f GiB (%zu bytes): %.3f GiB held by "
-                   "tensors, %.3f GiB cached, peak %.3f GiB",
+                   "tensors, %.3f GiB cached, peak %.3f GiB%s",
                    where, (double)size / gib, size, (double)st.live_bytes / gib,
-                   (double)st.cached_bytes / gib, (double)st.peak_bytes / gib);
+                   (double)st.cached_bytes / gib, (double)st.peak_bytes / gib,
+                   capturing ? " (while a CUDA graph was being captured, when the cache "
+                               "cannot be given back)" : "");
       return NULL;
     }
   }
@@ -511,9 +531,14 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
 ** its block while every header over it (views, tensors saved for backward) stays, and
 ** taken again (contents undefined) before the next use. Both do nothing when there is
 ** nothing to do; memory not ours (external) is never evicted. */
+static void pool_adopt(tt_alloc_pool *pool, size_t size);
+
 void tt_storage_evict(tt_storage *s) {
   if (!s || !s->data || s->external) return;
-  if (s->pool) pool_free(s->pool, s->data, s->nbytes, s->stream);
+  tt_alloc_pool *pool = s->pool;
+  if (!pool && (pool = tt_alloc_pool_current(s->device)) != NULL)
+    pool_adopt(pool, s->nbytes);   /* as tt_storage_release does: the capture used it */
+  if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
   else cached_free(s->device, s->data, s->nbytes, s->stream);
   s->data = NULL;
   s->pool = NULL;

@@ -179,6 +179,11 @@ void tt_alloc_stream_retired(int device, void *key);
 /* ... and this when it creates a stream: a key the runtime hands out again is live. */
 void tt_alloc_stream_born(int device, void *key);
 
+/* A backend's alloc that fails for another reason than a lack of memory calls this
+** (its message set first): the allocator then neither empties its cache and retries nor
+** reports "out of memory". Per thread. */
+void tt_alloc_failed_not_oom(void);
+
 /* The CUDA backend registers itself at start-up when compiled in and a GPU exists. */
 void tt_register_cuda_backend(const tt_device_backend *backend);
 const tt_device_backend *tt_backend_for(int device);   /* NULL (error set) if absent */

@@ -31,13 +31,19 @@ static void *cuda_alloc(size_t nbytes, int device) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     tt_cu_fail(e, "cudaMalloc", __FILE__, __LINE__);
+    /* cudaMalloc also returns errors of earlier asynchronous launches: only this one is a
+    ** lack of memory, which emptying the cache may cure. */
+    if (e != cudaErrorMemoryAllocation) tt_alloc_failed_not_oom();
     return NULL;
   }
   return p;
 }
 
+/* A failure here (a sticky fault of an earlier kernel) is not this call's to report: it
+** is cleared, so that the next launch check does not blame its kernel for it; the fault
+** itself is reported again by the next synchronising call. */
 static void cuda_free(void *p, int device) {
-  if (tt_cuda_use_device(device) == 0) cudaFree(p);
+  if (tt_cuda_use_device(device) == 0 && cudaFree(p) != cudaSuccess) cudaGetLastError();
 }
 
 static int cuda_memcpy(void *dst, int dst_device, const void *src, int src_device,
@@ -77,6 +83,7 @@ static int cuda_order_after(int device, void *key) {
   cudaError_t e = cudaEventRecord(ev, from);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(cur, ev, 0);
   cudaEventDestroy(ev);
+  if (e != cudaSuccess) cudaGetLastError();   /* (the caller handles it: no later launch's) */
   TT_CU(e);
   return 0;
 }

@@ -87,9 +87,29 @@ static int local_rank(void) {
 
 /* -- Launch checks ------------------------------------------------------------------ */
 
+/* Whether stream s is being captured. Asked of the legacy default stream while a blocking
+** stream captures, CUDA answers cudaErrorStreamCaptureImplicit (cudaStreamIsCapturing's
+** documentation): a capture too, and the error is cleared. Other errors come back. */
+static cudaError_t is_capturing(cudaStream_t s, int *capturing) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(s, &cap);
+  *capturing = e == cudaErrorStreamCaptureImplicit ||
+               (e == cudaSuccess && cap != cudaStreamCaptureStatusNone);
+  if (e == cudaErrorStreamCaptureImplicit) {
+    cudaGetLastError();
+    e = cudaSuccess;
+  }
+  return e;
+}
+
+/* TETRA_CUDA_SYNC=1 synchronises after every launch, except inside a capture: there a
+** device synchronisation is not allowed and would end it. */
 cudaError_t tt_cuda_launch_status(void) {
   cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess && g_sync) e = cudaDeviceSynchronize();
+  int capturing = 0;
+  if (e == cudaSuccess && g_sync && (e = is_capturing(g_stream, &capturing)) == cudaSuccess &&
+      !capturing)
+    e = cudaDeviceSynchronize();
   return e;
 }
 
@@ -188,7 +208,14 @@ static int workspace_locked(int device, cudaStream_t stream, void **out) {
            "cuBLASLt: GEMMs on more than %d streams at once; destroy streams no longer used",
            MAX_WORKSPACES);
   void *p = NULL;
-  TT_CU(cudaMalloc(&p, g_workspace_bytes));
+  /* (a first GEMM on a stream inside a capture: cudaMalloc joins no stream, allowed with
+  ** the thread's capture mode relaxed for the call, as the allocator's cuda_alloc does) */
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaError_t e = cudaMalloc(&p, g_workspace_bytes);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e != cudaSuccess) cudaGetLastError();
+  TT_CU(e);
   g_workspaces[g_num_workspaces].device = device;
   g_workspaces[g_num_workspaces].stream = stream;
   g_workspaces[g_num_workspaces].ptr = p;
@@ -268,7 +295,7 @@ extern "C" void tt_cuda_stream_destroy(tt_cuda_stream *s) {
     g_stream = 0;
     g_stream_handle = NULL;
   }
-  cudaStreamSynchronize(s->s);
+  if (cudaStreamSynchronize(s->s) != cudaSuccess) cudaGetLastError();   /* (reported later) */
   pthread_mutex_lock(&g_lock);
   for (int i = 0; i < g_num_workspaces;) {
     if (g_workspaces[i].stream == s->s) {
@@ -384,8 +411,10 @@ static cudaError_t poll_until(cudaError_t (*query)(void *), void *what) {
 }
 
 cudaError_t tt_cuda_host_wait(cudaStream_t s) {
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone) {
+  int capturing = 0;
+  cudaError_t e = is_capturing(s, &capturing);
+  if (e != cudaSuccess) return e;
+  if (capturing) {
     g_capture_waited = 1;
     return cudaErrorStreamCaptureUnsupported;
   }
@@ -395,6 +424,13 @@ cudaError_t tt_cuda_host_wait(cudaStream_t s) {
 }
 
 cudaError_t tt_cuda_host_wait_event(cudaEvent_t e) {
+  int capturing = 0;   /* (the event may have been recorded inside the capture) */
+  cudaError_t ce = is_capturing(g_stream, &capturing);
+  if (ce != cudaSuccess) return ce;
+  if (capturing) {
+    g_capture_waited = 1;
+    return cudaErrorStreamCaptureUnsupported;
+  }
   __atomic_add_fetch(&g_host_syncs, 1, __ATOMIC_RELAXED);
   if (!g_wait_hook) return cudaEventSynchronize(e);
   return poll_until([](void *ev) { return cudaEventQuery((cudaEvent_t)ev); }, (void *)e);
@@ -534,6 +570,7 @@ extern "C" int tt_cuda_graph_end(tt_cuda_graph **out) {
   g->graph = graph;
   e = cudaGraphInstantiate(&g->exec, graph, 0);
   if (e != cudaSuccess) {
+    cudaGetLastError();
     cudaGraphDestroy(graph);
     free(g);
     return tt_cu_fail(e, "cudaGraphInstantiate", __FILE__, __LINE__);

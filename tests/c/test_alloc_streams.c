@@ -15,6 +15,14 @@
 **     destroying their stream), until a new stream takes the same key;
 **   - when ordering fails the allocation fails with the backend's message, and the block
 **     stays cached;
+**   - an allocation that fails for another reason than memory (on CUDA an earlier
+**     kernel's fault, which cudaMalloc reports too) keeps the backend's message, and the
+**     cache is neither emptied nor the call retried; a real lack of memory empties the
+**     cache and retries, except while a pool is in use (a CUDA graph being captured, where
+**     freeing device memory would end the capture);
+**   - while a pool is in use, a cached block of another stream is not taken (ordering the
+**     capturing stream after work outside the capture is not allowed): a new one is;
+**   - a storage evicted while a pool is in use (ZeRO-3 inside a capture) is the pool's;
 **   - tt_fill_ on a device fills by the backend (memset for zeros, its f32 fill kernel)
 **     without a copy from the host, which would wait for the device (and broke every
 **     CUDA-graph capture of a step on the first H200 run); integers other than zero
@@ -33,9 +41,28 @@ static void *g_ordered_after[16];    /* order_after calls, in order */
 static int g_num_ordered;
 static int g_order_fails;
 static int g_copies, g_memsets, g_fills;   /* backend calls */
+static int g_alloc_fails;   /* 1: a pretend lack of memory; 2: a pretend earlier fault */
+static int g_allocs, g_frees;
 
-static void *host_alloc(size_t n, int device) { (void)device; return malloc(n ? n : 1); }
-static void host_free(void *p, int device) { (void)device; free(p); }
+static void *host_alloc(size_t n, int device) {
+  (void)device;
+  g_allocs++;
+  if (g_alloc_fails == 2) {
+    tt_set_error("pretend: an illegal memory access was encountered");
+    tt_alloc_failed_not_oom();
+    return NULL;
+  }
+  if (g_alloc_fails == 1) {
+    tt_set_error("pretend: out of memory");
+    return NULL;
+  }
+  return malloc(n ? n : 1);
+}
+static void host_free(void *p, int device) {
+  (void)device;
+  g_frees++;
+  free(p);
+}
 static int host_memcpy(void *d, int dd, const void *s, int sd, size_t n) {
   (void)dd, (void)sd;
   memcpy(d, s, n);
@@ -87,6 +114,8 @@ static void setup(void) {
   g_num_ordered = 0;
   g_order_fails = 0;
   g_copies = g_memsets = g_fills = 0;
+  g_alloc_fails = 0;
+  g_allocs = g_frees = 0;
 }
 
 TestSuite(alloc_streams, .init = setup);
@@ -231,6 +260,105 @@ Test(alloc_streams, failed_ordering_fails_the_allocation_and_keeps_the_block) {
   tt_tensor *w = new_on(&g_stream_a, 1000);
   cr_assert_eq(tt_tensor_data(w), p, "the block was lost when ordering failed");
   free_on(&g_stream_a, w);
+}
+
+/* A block of `n` floats cached on stream A; the cache's byte count after it. */
+static int64_t cache_one(int64_t n) {
+  free_on(&g_stream_a, new_on(&g_stream_a, n));
+  tt_alloc_stats st;
+  cr_assert_eq(tt_alloc_stats_get(DEV, &st), 0);
+  cr_assert_gt(st.cached_bytes, 0);
+  return st.cached_bytes;
+}
+
+static int64_t cached_bytes(void) {
+  tt_alloc_stats st;
+  cr_assert_eq(tt_alloc_stats_get(DEV, &st), 0);
+  return st.cached_bytes;
+}
+
+Test(alloc_streams, a_fault_is_not_reported_as_out_of_memory) {
+  int64_t cached = cache_one(1000);
+  g_alloc_fails = 2;
+  g_allocs = g_frees = 0;
+  int64_t n = 5000;   /* another size class: the cache cannot serve it */
+  tt_tensor *t = NULL;
+  cr_assert_neq(tt_tensor_empty(&n, 1, TT_F32, DEV, &t), 0);
+  cr_assert(strstr(tt_last_error(), "illegal memory access") &&
+            !strstr(tt_last_error(), "out of memory"), "%s", tt_last_error());
+  cr_assert_eq(g_allocs, 1, "a fault was retried (%d calls)", g_allocs);
+  cr_assert_eq(g_frees, 0, "a fault emptied the cache");
+  cr_assert_eq(cached_bytes(), cached);
+}
+
+Test(alloc_streams, out_of_memory_empties_the_cache_and_retries) {
+  cache_one(1000);
+  g_alloc_fails = 1;
+  g_allocs = g_frees = 0;
+  int64_t n = 5000;
+  tt_tensor *t = NULL;
+  cr_assert_neq(tt_tensor_empty(&n, 1, TT_F32, DEV, &t), 0);
+  cr_assert(strstr(tt_last_error(), "out of memory on pretend-cuda:0"), "%s", tt_last_error());
+  cr_assert_eq(g_allocs, 2, "no retry after emptying the cache (%d calls)", g_allocs);
+  cr_assert_eq(g_frees, 1, "the cache was not given back");
+  cr_assert_eq(cached_bytes(), 0);
+}
+
+Test(alloc_streams, out_of_memory_in_a_capture_frees_nothing) {
+  int64_t cached = cache_one(1000);
+  tt_alloc_pool *pool = NULL;
+  cr_assert_eq(tt_alloc_pool_new(DEV, &pool), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_alloc_pool_use(DEV, pool), 0);
+  g_alloc_fails = 1;
+  g_allocs = g_frees = 0;
+  int64_t n = 5000;
+  tt_tensor *t = NULL;
+  g_current = &g_stream_a;
+  int rc = tt_tensor_empty(&n, 1, TT_F32, DEV, &t);
+  cr_assert_eq(tt_alloc_pool_use(DEV, NULL), 0);
+  tt_alloc_pool_release(pool);
+  cr_assert_neq(rc, 0);
+  cr_assert(strstr(tt_last_error(), "out of memory") &&
+            strstr(tt_last_error(), "CUDA graph was being captured"), "%s", tt_last_error());
+  cr_assert_eq(g_frees, 0, "device memory was freed during a capture");
+  cr_assert_eq(g_allocs, 1);
+  cr_assert_eq(cached_bytes(), cached);
+}
+
+Test(alloc_streams, a_capture_takes_no_block_of_another_stream) {
+  tt_tensor *t = new_on(&g_stream_a, 1000);
+  void *p = tt_tensor_data(t);
+  free_on(&g_stream_a, t);
+  tt_alloc_pool *pool = NULL;
+  cr_assert_eq(tt_alloc_pool_new(DEV, &pool), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_alloc_pool_use(DEV, pool), 0);
+  tt_tensor *u = new_on(&g_stream_b, 1000);   /* captured on B */
+  void *pu = tt_tensor_data(u);
+  cr_assert_eq(g_num_ordered, 0, "the capturing stream was ordered after another stream");
+  cr_assert_neq(pu, p, "the capture took another stream's block");
+  free_on(&g_stream_b, u);
+  cr_assert_eq(tt_alloc_pool_use(DEV, NULL), 0);
+  tt_alloc_pool_release(pool);
+}
+
+Test(alloc_streams, evicted_in_a_capture_stays_with_the_pool) {
+  tt_tensor *t = new_on(&g_stream_a, 1000);   /* made before the capture */
+  void *p = tt_tensor_data(t);
+  tt_alloc_pool *pool = NULL;
+  cr_assert_eq(tt_alloc_pool_new(DEV, &pool), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_alloc_pool_use(DEV, pool), 0);
+  tt_storage_evict(t->storage);               /* ZeRO-3 gives it back inside the capture */
+  tt_alloc_pool_stats ps;
+  cr_assert_eq(tt_alloc_pool_stats_get(pool, &ps), 0);
+  cr_assert_eq(ps.adopted, 1, "the pool did not take the evicted block");
+  cr_assert_eq(tt_alloc_pool_use(DEV, NULL), 0);
+  /* Outside the pool, on the same stream: the block the graph uses is not handed out. */
+  tt_tensor *u = new_on(&g_stream_a, 1000);
+  cr_assert_neq(tt_tensor_data(u), p, "the evicted block went back to the device's cache");
+  free_on(&g_stream_a, u);
+  cr_assert_eq(tt_storage_restore(t->storage), 0, "%s", tt_last_error());
+  tt_tensor_release(t);
+  tt_alloc_pool_release(pool);
 }
 
 Test(alloc_streams, live_and_cached_bytes_balance) {
