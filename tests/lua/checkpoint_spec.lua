@@ -92,6 +92,26 @@ describe("checkpoint resume", function()
     check_resume({})
   end)
 
+  -- train.cuda_graphs: a resumed process warms up again before it captures (its first
+  -- steps make the handles, workspaces and plans a capture may not make), where counting
+  -- by step number captured the resumed run's first step. The CPU check mode.
+  it("cuda_graphs: a resumed run runs two eager steps before it captures", function()
+    local dir = tmpdir()
+    local base = { "train.steps=8", "checkpoint.dir=" .. dir }
+    local first = tiny.setup(tiny_cfg(base), { graph_check = true })
+    for step = 1, 4 do
+      expect(first.step().graph_s ~= nil).to_be(step > 2)
+    end
+    checkpoint.save(first)
+    local sets = { "checkpoint.resume=true" }
+    for _, s in ipairs(base) do sets[#sets + 1] = s end
+    local env = tiny.setup(tiny_cfg(sets), { graph_check = true })
+    expect(env.step_count).to_be(4)
+    for step = 5, 8 do
+      expect(env.step().graph_s ~= nil).to_be(step > 6)
+    end
+  end)
+
   it("fp16: the loss-scaler state resumes too (scale grows during the run)", function()
     local full = check_resume({ "train.precision=fp16", "train.loss_scale_init=1024",
                                 "train.loss_scale_growth_interval=4" })

@@ -571,7 +571,9 @@ describe("training loop", function()
   -- bit for bit, while the learning rate changes every step (warm-up, then cosine) and,
   -- in fp16, the loss scale too (grown every clean step until the grads overflow: steps
   -- 3, 5 and 8 are skipped, replays that must back the scale off as eager steps do), and
-  -- with a spike check the guard's limit (steps 6, 8 and 9 are spikes).
+  -- with a spike check the guard's limit (steps 6, 8 and 9 are spikes). An eval after
+  -- every step must match too (the weights' cached copies, whose versions the replay's
+  -- update does not move on CUDA: the check mode skips ctx's update marks in replays).
   it("replays a captured step as eager steps run (train.cuda_graphs, CPU check)", function()
     for _, case in ipairs({ "fp32", "bf16", "fp16", "fp8", "spike" }) do
       local precision = case == "spike" and "fp32" or case
@@ -599,6 +601,9 @@ describe("training loop", function()
         expect(b.lr).to_be(a.lr)
         expect(b.guard).to_be(a.guard)
         lrs[step] = a.lr
+        -- an eval between steps reads the weights outside the graph: their fp16 copies
+        -- must be those of the weights the replay updated
+        expect(graphed.evaluate(1)).to_be(eager.evaluate(1))
         if step > 2 then
           expect(b.graph_s ~= nil).to_be(true)
           expect(b.forward_s).to_be(0)

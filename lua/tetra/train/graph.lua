@@ -19,8 +19,11 @@
 -- function once in the pool (that run is the first replay: the next replay() returns at
 -- once), and each later replay() runs it again there, failing when the function reads a
 -- device value (F.item, an optimizer's read_stats) or the pool must grow (a replay may
--- only reuse the capture's memory). What it cannot see: host values the function bakes
--- into kernel arguments, since it runs the function again instead of replaying launches.
+-- only reuse the capture's memory). Host work inside the function runs once on CUDA, at
+-- the capture: the methods named in opts.host_once ({ object, "method" } pairs: version
+-- counters moved, marks set) do nothing in its later replays, as they would on CUDA.
+-- What it cannot see: other host values the function bakes into kernel arguments or
+-- branches on, since it runs the function again instead of replaying launches.
 local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local tffi = require("tetra.ffi")
@@ -37,11 +40,12 @@ local function new_pool(device)
 end
 
 -- device: the engine device id. opts.check: the CPU check mode (any device); opts.readers:
--- optimizers whose read_stats the check mode refuses during a run.
+-- optimizers whose read_stats the check mode refuses during a run; opts.host_once: the
+-- check mode's host work that a replay does not repeat (above).
 function graph.new(device, opts)
   opts = opts or {}
   local self = setmetatable({ device = device, check = opts.check or false,
-                              readers = opts.readers or {},
+                              readers = opts.readers or {}, host_once = opts.host_once or {},
                               pool = new_pool(device), replays = 0,
                               stats = ffi.new("tt_alloc_pool_stats") }, Graph)
   if not self.check then
@@ -127,7 +131,14 @@ function Graph:replay()
     self.ran = false
     return
   end
-  in_pool(self, function() without_reads(self, self.fn) end)
+  local own = {}   -- (as in without_reads: what the instances held themselves)
+  for i, m in ipairs(self.host_once) do
+    own[i] = rawget(m[1], m[2])
+    m[1][m[2]] = function() end
+  end
+  local ok, err = pcall(in_pool, self, function() without_reads(self, self.fn) end)
+  for i, m in ipairs(self.host_once) do m[1][m[2]] = own[i] end
+  if not ok then error(err, 0) end
   local grown = self:pool_stats().grown
   if grown ~= self.grown then
     error(string.format("tetra.train.graph: a replay took %d new blocks beyond the capture's " ..

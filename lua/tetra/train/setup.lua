@@ -178,15 +178,17 @@ return function(cfg, model, data, opts)
   -- step and read there on the device (the backward's seed, the unscale).
   if ctx.scaler and optimizer.stats_tensor then ctx:use_stats_scale(optimizer:stats_tensor()) end
 
-  -- train.cuda_graphs: after `warmup` eager steps (the allocator's cache grown, the bf16
-  -- copies set up), the next step's forward, backward and update are captured into one
-  -- CUDA graph (tetra.train.graph) reading the batch from a static input tensor, and every
-  -- step from then on copies its batch there, writes its learning rate and bias
-  -- corrections into the optimizer's stats (AdamW:set_update) and replays the graph: no
-  -- Lua and no launch per kernel, and still one read per step. opts.graph_check runs the
-  -- same steps on the CPU in tetra.train.graph's check mode (tests).
+  -- train.cuda_graphs: after `warmup` eager steps of this process (the allocator's cache
+  -- grown; the bf16 copies, cuBLASLt and cuDNN handles, workspaces and plans made, which
+  -- a capture may not make: a resumed run warms up again), the next step's forward,
+  -- backward and update are captured into one CUDA graph (tetra.train.graph) reading the
+  -- batch from a static input tensor, and every step from then on copies its batch there,
+  -- writes its learning rate and bias corrections into the optimizer's stats
+  -- (AdamW:set_update) and replays the graph: no Lua and no launch per kernel, and still
+  -- one read per step. opts.graph_check runs the same steps on the CPU in
+  -- tetra.train.graph's check mode (tests).
   if t.cuda_graphs or opts.graph_check then
-    env.graphs = { warmup = 2, check = opts.graph_check and true or false }
+    env.graphs = { warmup = 2, eager = 0, check = opts.graph_check and true or false }
   end
   -- Drops the captured step (the next step captures again): after anything that moves or
   -- replaces tensors the graph reads (a roll-back, a checkpoint load).

@@ -319,7 +319,9 @@ local function graph_step(env, s, global)
   opt.external_update = true
   opt:set_update(lr)
   if not graphs.graph then
-    local g = graph.new(env.device, { check = graphs.check, readers = { opt } })
+    local g = graph.new(env.device, { check = graphs.check, readers = { opt },
+                                      host_once = { { ctx, "before_update" },
+                                                    { ctx, "after_update" } } })
     -- No timing marks inside: the graph is timed as a whole.
     local ok, err = pcall(g.capture, g, function()
       local timed = strategy.timer
@@ -340,7 +342,12 @@ local function graph_step(env, s, global)
   end
   s.ow0 = metrics.now()
   local g0 = timer:mark()
+  -- The replay's update runs no Lua: the weights' versions move here, as after_update
+  -- moves them in an eager step, so that a read outside the graph (an eval, a sample)
+  -- casts their fp16 copies again (the graph's own forward casts every replay).
+  local marks = ctx:before_update(opt)
   graphs.graph:replay()
+  ctx:after_update(marks)
   local g1 = timer:mark()
   s.lr = lr
   s.skipped, s.grad_norm, s.loss = step.update_finish(ctx, opt)
@@ -373,7 +380,10 @@ function step.run(env)
     free(data:batch(next_read(), t.batch_size, env.seq_len, "train"))
   end
   write_step_inputs(env)
-  local graphed = env.graphs and n > env.graphs.warmup
+  -- (eager steps of this process, not the step number: a resumed run's first steps make
+  -- the handles, workspaces and plans a capture may not make)
+  local graphed = env.graphs and env.graphs.eager >= env.graphs.warmup
+  if env.graphs and not graphed then env.graphs.eager = env.graphs.eager + 1 end
   local mine = upload_batch(env, s.pos, graphed)   -- this rank's rows
   s.data_wait = metrics.now() - s.t0
   if trace.on then trace.span("data_wait", s.t0, s.t0 + s.data_wait, { step = n }) end
