@@ -252,13 +252,17 @@ local function F() F_ = F_ or require("tetra.nn.functional"); return F_ end
 -- keeps the parameters and gradients only: the moments' two parameter-sized f32 tensors
 -- are gone from it. On the CPU the same copies, kernel and stats run host to host, so the
 -- run is bit for bit the one without offload (tests/lua/offload_spec.lua); on CUDA the
--- update is the CPU kernel's, every host buffer page-locked (host_f32). Call after
+-- update is the CPU kernel's, the parameters' and gradients' host buffers page-locked
+-- (host_f32; the moments are not: no async copy moves them). Call after
 -- ZeRO's attach_optimizer (the moments of this rank's shards move). Returns self.
 function AdamW:offload_state()
   if self.offloaded then return self end
   for i, p in ipairs(self.params) do
     local m, v = self.m[i], self.v[i]
-    self.m[i], self.v[i] = self:host_f32(p), self:host_f32(p)
+    -- (pageable: only the CPU kernel reads them, and only synchronous copies move them, at
+    -- checkpoints; page-locked memory is scarce, and 8 bytes an element of it for the
+    -- moments alone would take an 8B model's host memory whole)
+    self.m[i], self.v[i] = self:host_f32(p, false), self:host_f32(p, false)
     check(C.tt_copy_(self.m[i], m))
     check(C.tt_copy_(self.v[i], v))
     F().free(m); F().free(v)
@@ -275,8 +279,9 @@ end
 -- staged through the driver's own pinned buffer, a second copy on the host. The blocks
 -- live as long as the optimizer (self._pinned holds them; each frees itself when
 -- collected); the tensors wrap them without owning them (tt_tensor_from_buffer).
-function AdamW:host_f32(p)
-  if p._device == C.TT_CPU then
+-- pinned == false: pageable in any case (memory no async copy touches).
+function AdamW:host_f32(p, pinned)
+  if p._device == C.TT_CPU or pinned == false then
     return take(C.tt_tensor_empty(p._shape, p._ndim, C.TT_F32, C.TT_CPU, pout), 3)
   end
   local tffi = require("tetra.ffi")
@@ -566,6 +571,7 @@ function AdamW:_land(t, away)
   elseif t.async then
     check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
                                          C.tt_tensor_data(h.p), p:numel() * 4))
+    C.tt_tensor_bump_version(p)   -- (a write the engine did not see, as tt_copy_ counts one)
   else
     check(C.tt_copy_(p, h.p))   -- synchronous: the CPU, a strided shard
   end
