@@ -269,6 +269,10 @@ function AdamW:offload_state()
   end
   self.offloaded = true
   self._host = {}   -- parameter index -> { p = host copy, g = host gradient }
+  -- Made now, not at the first update: a lack of page-locked memory stops the set-up, not
+  -- step 1 halfway, and the allocations (each stops other streams' work while it runs,
+  -- CUDA's "implicit synchronization") stay out of the steps.
+  for i = 1, #self.params do self:_host_of(i) end
   self:_build_groups()
   return self
 end
