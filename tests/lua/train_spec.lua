@@ -641,6 +641,17 @@ describe("training loop", function()
     end
   end)
 
+  -- A config built in code has not met tetra.config's checks: train.setup refuses what a
+  -- captured step cannot hold itself, before anything is built.
+  it("refuses train.cuda_graphs that cannot be captured in a config built in code", function()
+    local cfg = tiny_cfg({ "train.steps=4" })
+    cfg.train.cuda_graphs = true   -- on the CPU
+    local ok, err = pcall(tiny.setup, cfg)
+    expect(ok).to_be(false)
+    expect(tostring(err.message or err)).to_match("train%.cuda_graphs replays GPU work and " ..
+                                                  "needs train%.device=cuda")
+  end)
+
   it("stops with one line when the step cannot be captured", function()
     local env = tiny.setup(tiny_cfg({ "train.steps=4" }), { graph_check = true })
     env.step()

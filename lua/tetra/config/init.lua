@@ -172,6 +172,7 @@ end
 
 -- Cross-key checks, fn(cfg), and model sources, fn(merged, user) (tetra.config.registry).
 M.register_check, M.register_model_source = registry.register_check, registry.register_model_source
+M.run_check = registry.run_check
 
 local schema_dirs_loaded = false
 local function load_schema_dir()

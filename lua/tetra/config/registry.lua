@@ -20,9 +20,15 @@ function M.error(fmt, ...) M.raise("config error: " .. fmt:format(...)) end
 
 function M.is_error(e) return errors.is(e, "config") end
 
--- fn(cfg) raises through config.error when the merged config is impossible.
-M.checks = {}
-function M.register_check(fn) M.checks[#M.checks + 1] = fn end
+-- fn(cfg) raises through config.error when the merged config is impossible. A named check
+-- can also be run alone (run_check): tetra.train runs those of what it does for a config
+-- built in code, which has not met config.validate.
+M.checks, M.named_checks = {}, {}
+function M.register_check(fn, name)
+  M.checks[#M.checks + 1] = fn
+  if name then M.named_checks[name] = fn end
+end
+function M.run_check(name, cfg) M.named_checks[name](cfg) end
 
 -- fn(merged, user) fills merged.model from a model the config names (model.init_from)
 -- before validation; user is the YAML and --set layer, whose model keys must agree.

@@ -71,8 +71,10 @@ return function(cfg, model, data, opts)
   local t, o = cfg.train, cfg.optim or {}
   if t.threads and t.threads > 0 then C.tt_set_num_threads(t.threads) end
   local parallel = require("tetra.parallel")
-  -- A config built in code has not met tetra.config's checks: the layout's are cheap.
+  -- A config built in code has not met tetra.config's checks: the layout's are cheap, and
+  -- so are the refusals of what a captured step cannot hold.
   require("tetra.config").check_layout(cfg, require("tetra.config").world_size())
+  if t.cuda_graphs then require("tetra.config").run_check("cuda_graphs", cfg) end
   local lay = require("tetra.parallel.layout").sizes(cfg)
   local dist = require("tetra.dist")
   local mesh = dist.init(cfg)

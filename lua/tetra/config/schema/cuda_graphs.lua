@@ -22,6 +22,7 @@ local function refuse(why, fix)
   config.error("train.cuda_graphs: %s; %s, or set train.cuda_graphs=false", why, fix)
 end
 
+-- (tetra.train runs it again for a config built in code: config.run_check)
 config.register_check(function(cfg)
   local t = cfg.train
   if not (t and t.cuda_graphs) then return end
@@ -46,7 +47,7 @@ config.register_check(function(cfg)
   if (t.inject_nan_step or 0) > 0 then
     refuse("train.inject_nan_step poisons steps from the host", "drop train.inject_nan_step")
   end
-end)
+end, "cuda_graphs")
 
 return {
   train = {
