@@ -146,24 +146,7 @@ static struct {
   pthread_t thread;
   int running;
   int stop;
-  const char *what;   /* the blocking call the main thread is in, or NULL */
-  tt_comm *comm;
-  double since;
 } g_wd = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-void tt_dist_blocking_begin(const char *what, tt_comm *c) {
-  pthread_mutex_lock(&g_wd.lock);
-  g_wd.what = what;
-  g_wd.comm = c;
-  g_wd.since = tt_dist_now();
-  pthread_mutex_unlock(&g_wd.lock);
-}
-
-void tt_dist_blocking_end(void) {
-  pthread_mutex_lock(&g_wd.lock);
-  g_wd.what = NULL;
-  pthread_mutex_unlock(&g_wd.lock);
-}
 
 static void *watchdog_main(void *arg) {
   (void)arg;
@@ -172,22 +155,22 @@ static void *watchdog_main(void *arg) {
     nanosleep(&ts, NULL);
     double now = tt_dist_now(), timeout = tt_dist_get_timeout();
     tt_comm_handle late;
-    double waited = 0.0;
+    double waited = 0.0, since = 0.0;
     int fire = 0;
     pthread_mutex_lock(&g_wd.lock);
-    if (g_wd.stop) {
-      pthread_mutex_unlock(&g_wd.lock);
-      return NULL;
-    }
-    if (timeout > 0 && g_wd.what && now - g_wd.since > timeout) {
+    int stop = g_wd.stop;
+    pthread_mutex_unlock(&g_wd.lock);
+    if (stop) return NULL;
+    const char *what = NULL;
+    tt_comm *comm = NULL;
+    if (timeout > 0 && tt_dist_blocking_get(&what, &comm, &since) && now - since > timeout) {
       memset(&late, 0, sizeof late);
-      late.comm = g_wd.comm;
-      late.what = g_wd.what;
+      late.comm = comm;
+      late.what = what;
       late.backend = 1;
-      waited = now - g_wd.since;
+      waited = now - since;
       fire = 1;
     }
-    pthread_mutex_unlock(&g_wd.lock);
     if (!fire && timeout > 0) fire = tt_nccl_watch(now, timeout, &late, &waited);
     if (fire) tt_dist_watchdog_fire(&late, waited);
   }

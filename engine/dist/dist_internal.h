@@ -72,6 +72,8 @@ double tt_dist_now(void);   /* monotonic seconds */
 ** at a time; not nested. */
 void tt_dist_blocking_begin(const char *what, tt_comm *c);
 void tt_dist_blocking_end(void);
+/* 1 with the call, its group and its start while the main thread is in one, else 0. */
+int tt_dist_blocking_get(const char **what, tt_comm **c, double *since);
 
 /* Scales a contiguous float tensor in place (CPU). */
 int tt_dist_scale_inplace(tt_tensor *t, double s);
