@@ -423,6 +423,44 @@ int tt_round_f32_(tt_tensor *dst, const tt_tensor *src, int dtype) {
   return 0;
 }
 
+/* A copy between the CPU and a device with strides or a cast on either side (a
+** checkpoint's shard narrowed along a row-parallel weight's dim 1, into or out of the
+** device's parameter): through contiguous buffers, the whole-buffer transfer in between,
+** the strides and the cast on the host where they can be (copy_strided_cpu), and a
+** device's own strided copy for a strided device side. */
+static int copy_across(tt_tensor *dst, const tt_tensor *src) {
+  tt_tensor *dev = NULL, *host = NULL;
+  int rc = 0;
+  if (dst->device == TT_CPU) {   /* down: the source made contiguous on its device first */
+    const tt_tensor *from = src;
+    if (!tt_tensor_is_contiguous(src)) {
+      rc = tt_tensor_empty(src->shape, src->ndim, src->dtype, src->device, &dev);
+      if (rc == 0) rc = tt_copy_(dev, src);
+      from = dev;
+    }
+    if (rc == 0) rc = tt_tensor_empty(src->shape, src->ndim, src->dtype, TT_CPU, &host);
+    if (rc == 0) rc = tt_copy_(host, from);
+    if (rc == 0) copy_strided_cpu(dst, host);
+  } else {                       /* up: cast and packed on the host, unpacked on the device */
+    const tt_tensor *from = src;
+    if (!tt_tensor_is_contiguous(src) || src->dtype != dst->dtype) {
+      rc = tt_tensor_empty(src->shape, src->ndim, dst->dtype, TT_CPU, &host);
+      if (rc == 0) copy_strided_cpu(host, src);
+      from = host;
+    }
+    if (rc == 0 && tt_tensor_is_contiguous(dst)) {
+      rc = tt_copy_(dst, from);
+    } else if (rc == 0) {
+      rc = tt_tensor_empty(dst->shape, dst->ndim, dst->dtype, dst->device, &dev);
+      if (rc == 0) rc = tt_copy_(dev, from);
+      if (rc == 0) rc = tt_copy_(dst, dev);
+    }
+  }
+  tt_tensor_release(dev);
+  tt_tensor_release(host);
+  return rc == 0 ? 0 : tt_error_context("copy between cpu and cuda");
+}
+
 int tt_copy_(tt_tensor *dst, const tt_tensor *src) {
   char a[160], b[160];
   TT_CHECK(dst->ndim == src->ndim &&
@@ -445,10 +483,14 @@ int tt_copy_(tt_tensor *dst, const tt_tensor *src) {
     return be->memcpy(tt_tensor_data(dst), dst->device, tt_tensor_data(src), src->device,
                       (size_t)n * tt_dtype_size(dst->dtype));
   }
-  if (dst->device == src->device && tt_cuda_copy_strided)
+  if (dst->device == src->device) {
+    TT_CHECK(tt_cuda_copy_strided, "copy: strided or casting copy on cuda:%d: this build has "
+             "no CUDA copy kernel", dst->device);
     return tt_cuda_copy_strided(dst, src);
-  return tt_set_error("copy: strided or casting copy between cpu and cuda; make the tensor "
-                      "contiguous on its own device first");
+  }
+  if (dst->device == TT_CPU || src->device == TT_CPU) return copy_across(dst, src);
+  return tt_set_error("copy: strided or casting copy between cuda:%d and cuda:%d; make the "
+                      "tensor contiguous on its own device first", src->device, dst->device);
 }
 
 /* A fill on a GPU by kernels, in stream order: no host wait (backward's seed of ones is a

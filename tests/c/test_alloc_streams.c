@@ -23,6 +23,9 @@
 **   - while a pool is in use, a cached block of another stream is not taken (ordering the
 **     capturing stream after work outside the capture is not allowed): a new one is;
 **   - a storage evicted while a pool is in use (ZeRO-3 inside a capture) is the pool's;
+**   - tt_copy_ between the CPU and the device with strides or a cast on the host side (a
+**     checkpoint shard narrowed along a row-parallel weight's dim 1, resumed in another
+**     tensor-parallel layout) goes through contiguous buffers, where it was refused;
 **   - tt_fill_ on a device fills by the backend (memset for zeros, its f32 fill kernel)
 **     without a copy from the host, which would wait for the device (and broke every
 **     CUDA-graph capture of a step on the first H200 run); integers other than zero
@@ -359,6 +362,60 @@ Test(alloc_streams, evicted_in_a_capture_stays_with_the_pool) {
   cr_assert_eq(tt_storage_restore(t->storage), 0, "%s", tt_last_error());
   tt_tensor_release(t);
   tt_alloc_pool_release(pool);
+}
+
+/* A (4, 6) f32 CPU tensor holding 0..23, and its columns 2..4 as a strided view. */
+static tt_tensor *host_4x6(tt_tensor **cols) {
+  int64_t shape[2] = {4, 6};
+  tt_tensor *t = NULL;
+  cr_assert_eq(tt_tensor_empty(shape, 2, TT_F32, TT_CPU, &t), 0, "%s", tt_last_error());
+  for (int i = 0; i < 24; i++) tt_tensor_set(t, i, i + 0.3);
+  cr_assert_eq(tt_narrow(t, 1, 2, 3, cols), 0, "%s", tt_last_error());
+  cr_assert(!tt_tensor_is_contiguous(*cols));
+  return t;
+}
+
+static tt_tensor *device_4x3(int dtype) {
+  int64_t shape[2] = {4, 3};
+  tt_tensor *t = NULL;
+  g_current = &g_stream_a;
+  cr_assert_eq(tt_tensor_empty(shape, 2, dtype, DEV, &t), 0, "%s", tt_last_error());
+  return t;
+}
+
+Test(alloc_streams, strided_host_side_copies_to_and_from_a_device) {
+  tt_tensor *cols = NULL, *whole = host_4x6(&cols);
+  /* up: a strided host view into a contiguous device tensor, f32 and cast to bf16 */
+  tt_tensor *d = device_4x3(TT_F32), *h = device_4x3(TT_BF16);
+  cr_assert_eq(tt_copy_(d, cols), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_copy_(h, cols), 0, "%s", tt_last_error());
+  const float *df = tt_tensor_data(d);
+  const uint16_t *hb = tt_tensor_data(h);
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < 3; c++) {
+      float want = (float)(r * 6 + 2 + c + 0.3);
+      cr_assert_eq(df[r * 3 + c], want, "up f32 (%d, %d): %g", r, c, df[r * 3 + c]);
+      cr_assert_eq(hb[r * 3 + c], tt_elem_float_to_bf16(want), "up bf16 (%d, %d)", r, c);
+    }
+  /* down: the device tensors into the strided host view (the other columns untouched) */
+  float *dw = tt_tensor_data(d);
+  for (int i = 0; i < 12; i++) dw[i] = -1.0f - (float)i;
+  cr_assert_eq(tt_copy_(cols, d), 0, "%s", tt_last_error());
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < 6; c++) {
+      double got = tt_tensor_get(whole, r * 6 + c);
+      double want = c >= 2 && c < 5 ? -1.0 - (r * 3 + (c - 2)) : (float)(r * 6 + c + 0.3);
+      cr_assert_eq(got, want, "down f32 (%d, %d): %g, want %g", r, c, got, want);
+    }
+  cr_assert_eq(tt_copy_(cols, h), 0, "%s", tt_last_error());   /* bf16 up, f32 down */
+  for (int r = 0; r < 4; r++)
+    for (int c = 0; c < 3; c++)
+      cr_assert_eq(tt_tensor_get(cols, r * 3 + c), tt_elem_bf16_to_float(hb[r * 3 + c]),
+                   "down bf16 (%d, %d)", r, c);
+  tt_tensor_release(cols);
+  tt_tensor_release(whole);
+  free_on(&g_stream_a, d);
+  free_on(&g_stream_a, h);
 }
 
 Test(alloc_streams, live_and_cached_bytes_balance) {

@@ -12,7 +12,10 @@
 **     the call that launched it, naming the kernel;
 **   - with a host-wait hook set (the NCCL watchdog's), a host wait polls and calls it
 **     while the device works, and still returns the finished results;
-**   - the op profile's marks are events: no host wait until its stop, kernel time per row.
+**   - the op profile's marks are events: no host wait until its stop, kernel time per row;
+**   - copies between the CPU and the GPU with strides on both sides, and a cast (a
+**     checkpoint resumed in another tensor-parallel layout narrows row-parallel weights
+**     along dim 1 on the host and on the device), equal the CPU's own copies.
 ** Without a GPU the program exits 77: ctest reports "Not Run".
 */
 #include "cuda_test.h"
@@ -225,6 +228,39 @@ Test(cuda_runtime, strided_widening_copy_of_token_ids) {
   tt_tensor_release(dtok);
   tt_tensor_release(ref);
   tt_tensor_release(tok);
+}
+
+Test(cuda_runtime, strided_copies_across_cpu_and_gpu) {
+  const int64_t shape[2] = {5, 8};
+  tt_tensor *h = NULL, *ref = NULL;
+  cr_assert_eq(tt_tensor_empty(shape, 2, TT_F32, TT_CPU, &h), 0, "%s", tt_last_error());
+  for (int i = 0; i < 40; i++) tt_tensor_set(h, i, i * 0.37 - 3.0);
+  cr_assert_eq(tt_tensor_zeros(shape, 2, TT_F32, TT_CPU, &ref), 0);
+  tt_tensor *d = NULL;
+  cr_assert_eq(tt_tensor_zeros(shape, 2, TT_BF16, GPU, &d), 0, "%s", tt_last_error());
+  tt_tensor *dcopy = NULL;
+  cr_assert_eq(tt_tensor_zeros(shape, 2, TT_BF16, TT_CPU, &dcopy), 0);
+  /* up: host columns 1..3 into device columns 4..6 (strided both sides, f32 -> bf16) */
+  tt_tensor *hs = NULL, *ds = NULL, *cs = NULL;
+  cr_assert_eq(tt_narrow(h, 1, 1, 3, &hs), 0);
+  cr_assert_eq(tt_narrow(d, 1, 4, 3, &ds), 0);
+  cr_assert_eq(tt_narrow(dcopy, 1, 4, 3, &cs), 0);
+  cr_assert_eq(tt_copy_(ds, hs), 0, "up: %s", tt_last_error());
+  cr_assert_eq(tt_copy_(cs, hs), 0, "%s", tt_last_error());   /* the CPU's own */
+  tt_tensor *back = to_dev(d, TT_CPU);
+  const uint16_t *a = tt_tensor_data(back), *b = tt_tensor_data(dcopy);
+  for (int i = 0; i < 40; i++) cr_assert_eq(a[i], b[i], "up: element %d", i);
+  /* down: device columns 4..6 into host columns 0..2 of ref (bf16 -> f32) */
+  tt_tensor *rs = NULL;
+  cr_assert_eq(tt_narrow(ref, 1, 0, 3, &rs), 0);
+  cr_assert_eq(tt_copy_(rs, ds), 0, "down: %s", tt_last_error());
+  for (int r = 0; r < 5; r++)
+    for (int c = 0; c < 8; c++) {
+      double want = c < 3 ? tt_elem_bf16_to_float(b[r * 8 + 4 + c]) : 0.0;
+      cr_assert_eq(tt_tensor_get(ref, r * 8 + c), want, "down (%d, %d)", r, c);
+    }
+  tt_tensor *list[] = {rs, back, cs, ds, hs, dcopy, d, ref, h};
+  for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) tt_tensor_release(list[i]);
 }
 
 /* The strided copy kernels (engine/cuda/copy.cu: element bits for one dtype, direct float
