@@ -104,7 +104,8 @@ int64_t tt_tensor_numel(const tt_tensor *t);
 int tt_tensor_is_contiguous(const tt_tensor *t);
 /* Pointer to element 0 of the view (storage data + offset), host or device memory. */
 void *tt_tensor_data(const tt_tensor *t);
-/* Element at flat (row-major, logical) index, converted to double. CPU only. */
+/* Element at flat (row-major, logical) index, converted to double; on a device copied to
+** the host first (a wait). NaN for an index out of range. */
 double tt_tensor_get(const tt_tensor *t, int64_t flat_index);
 int tt_tensor_set(tt_tensor *t, int64_t flat_index, double value);
 /* Copies all elements (logical order) into `dst` as float64 / from float64. CPU only. */

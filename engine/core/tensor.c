@@ -261,9 +261,18 @@ static inline void *elem_ptr(const tt_tensor *t, int64_t storage_off) {
   return (char *)t->storage->data + storage_off * (int64_t)tt_dtype_size(t->dtype);
 }
 
+/* On a device the element is copied to the host (a wait for the device: for reading a
+** loss or a check, not in a loop); it was NaN there, which read every GPU loss that
+** F.item took as not finite. NaN for an index out of range or a failed copy. */
 double tt_tensor_get(const tt_tensor *t, int64_t i) {
-  if (t->device != TT_CPU || i < 0 || i >= tt_tensor_numel(t)) return NAN;
-  return load_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype);
+  if (i < 0 || i >= tt_tensor_numel(t)) return NAN;
+  if (t->device == TT_CPU) return load_elem(elem_ptr(t, flat_to_offset(t, i)), t->dtype);
+  const tt_device_backend *be = tt_backend_for(t->device);
+  unsigned char elem[16];
+  if (!be || be->memcpy(elem, TT_CPU, elem_ptr(t, flat_to_offset(t, i)), t->device,
+                        tt_dtype_size(t->dtype)) != 0)
+    return NAN;
+  return load_elem(elem, t->dtype);
 }
 
 int tt_tensor_set(tt_tensor *t, int64_t i, double v) {

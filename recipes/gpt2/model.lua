@@ -37,17 +37,18 @@ function GPT2:init(c)
   self:add("ln_f", nn.LayerNorm(c.dim, c.norm_eps))
   -- The head reads the token embedding's matrix (tied); it stays out of FP8.
   self:add("lm_head", nn.Linear(c.dim, c.vocab_size, { weight = self.wte.weight, fp8 = false }))
-  self.positions = {}   -- T -> i64 tensor 0..T-1, built once per length
+  self.positions = {}   -- "T@device" -> i64 tensor 0..T-1, built once per length and device
 end
 
 -- The three parts of forward; pipeline stages run them apart.
 -- ids (B, T), positions (T) or nil for 0..T-1 -> (B, T, D)
 function GPT2:embed(ids, positions)
   local pos = positions
-  if not pos then
+  if not pos then   -- (made on the ids' device: the table wpe looks them up in is there)
     local T = tonumber(ids._shape[1])
-    pos = self.positions[T] or F.arange_i64(T)
-    self.positions[T] = pos
+    local key = T .. "@" .. tostring(ids._device)
+    pos = self.positions[key] or tetra.tensor.moved(F.arange_i64(T), ids._device)
+    self.positions[key] = pos
   end
   local tok, p = self.wte(ids), self.wpe(pos)       -- (B, T, D), (T, D)
   local x = F.add(tok, p)

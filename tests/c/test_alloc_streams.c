@@ -26,6 +26,8 @@
 **   - tt_copy_ between the CPU and the device with strides or a cast on the host side (a
 **     checkpoint shard narrowed along a row-parallel weight's dim 1, resumed in another
 **     tensor-parallel layout) goes through contiguous buffers, where it was refused;
+**   - tt_tensor_get reads a device tensor's element through the backend (it was NaN, and
+**     every loss F.item read on a GPU was taken as not finite);
 **   - tt_fill_ on a device fills by the backend (memset for zeros, its f32 fill kernel)
 **     without a copy from the host, which would wait for the device (and broke every
 **     CUDA-graph capture of a step on the first H200 run); integers other than zero
@@ -416,6 +418,21 @@ Test(alloc_streams, strided_host_side_copies_to_and_from_a_device) {
   tt_tensor_release(whole);
   free_on(&g_stream_a, d);
   free_on(&g_stream_a, h);
+}
+
+Test(alloc_streams, get_reads_a_device_element) {
+  tt_tensor *d = device_4x3(TT_BF16);
+  uint16_t *p = tt_tensor_data(d);
+  for (int i = 0; i < 12; i++) p[i] = tt_elem_float_to_bf16(0.5f * (float)i - 1.0f);
+  tt_tensor *col = NULL;
+  cr_assert_eq(tt_narrow(d, 1, 1, 1, &col), 0);   /* a strided view: element (2, 0) is 7 */
+  int copies = g_copies;
+  cr_assert_eq(tt_tensor_get(col, 2), 2.5);
+  cr_assert_eq(tt_tensor_get(d, 11), 4.5);
+  cr_assert_eq(g_copies, copies + 2, "not read through the backend");
+  cr_assert(isnan(tt_tensor_get(d, 12)), "an index out of range");
+  tt_tensor_release(col);
+  free_on(&g_stream_a, d);
 }
 
 Test(alloc_streams, live_and_cached_bytes_balance) {

@@ -157,7 +157,7 @@ function F.cross_entropy(logits, targets, ignore_index)
   return take(C.tt_cross_entropy(logits, targets, ignore_index or -100, pout), 3)
 end
 
--- The value of a one-element tensor (a loss) as a Lua number.
+-- The value of a one-element tensor (a loss) as a Lua number (on a GPU: a wait for it).
 function F.item(t)
   return C.tt_tensor_get(t, 0)
 end

@@ -180,7 +180,8 @@ function parallel.apply(model, plan, mesh, cfg)
     pl.primary = pl.primary and present[name] or false
     if pl.tied and not tied[name] then
       tied[name] = true
-      tied[#tied + 1] = { name = name, tensor = s[2] }
+      -- (where the parameter is, not the tensor: moving the model to a GPU replaces it)
+      tied[#tied + 1] = { name = name, module = m, pname = pname }
     end
   end
   table.sort(tied, function(a, b) return a.name < b.name end)   -- the same order everywhere
@@ -314,7 +315,7 @@ function Par:sync_tied_grads()
   local st = self.stage
   if not (st.is_first or st.is_last) then return end
   for _, e in ipairs(self.tied) do
-    local g = e.tensor.grad
+    local g = e.module[e.pname].grad
     if g == nil then error("tied parameter " .. e.name .. " has no gradient after backward", 0) end
     self.tied_group:all_reduce(g, "sum")
     F.free(g)   -- the borrowed reference: left to the GC it keeps the gradient alive

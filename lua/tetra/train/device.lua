@@ -16,17 +16,20 @@ device.id = require("tetra.device").start
 
 -- Moves every parameter of model to device `dev` (an engine device id) as a new leaf
 -- that requires grad, replacing it in its module. A tensor shared by two modules (tied
--- embeddings) becomes one shared copy. Call before building the optimizer.
-function device.move_model(model, dev)
+-- embeddings) becomes one shared copy. Call before building the optimizer. always: new
+-- tensors on the device it is on as well (the tests' TETRA_TEST_MOVE_MODEL=1: on the CPU,
+-- what a move to a GPU does to whatever kept a parameter from before it).
+function device.move_model(model, dev, always)
   local moved = {}
   for _, nm in ipairs(model:named_modules()) do
     local m = nm[2]
     for _, name in ipairs(m._param_names) do
       local p = m[name]
-      if p ~= nil and p._device ~= dev then
+      if p ~= nil and (p._device ~= dev or always) then
         local key = tostring(ffi.cast("uintptr_t", ffi.cast("void *", p)))
         if not moved[key] then
-          local d = T.take(C.tt_to_device(p, dev, T.pout))
+          local d = p._device ~= dev and T.take(C.tt_to_device(p, dev, T.pout))
+                    or T.no_grad(function() return T.take(C.tt_clone(p, T.pout)) end)
           tffi.check(C.tt_set_requires_grad(d, 1))
           moved[key] = d
         end

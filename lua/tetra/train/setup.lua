@@ -108,7 +108,8 @@ return function(cfg, model, data, opts)
   -- Device.
   local dev = device.id(t.device)
   if t.cuda_graphs and dev ~= C.TT_CPU then device.use_own_stream() end
-  if dev ~= C.TT_CPU then device.move_model(model, dev) end
+  local always = os.getenv("TETRA_TEST_MOVE_MODEL") == "1"
+  if dev ~= C.TT_CPU or always then device.move_model(model, dev, always) end
   par.device = dev
   local peak_tflops = mfu.peak_tflops(cfg, mfu.device_name(dev))
   if not peak_tflops and dev ~= C.TT_CPU and mesh.rank == 0 then
