@@ -1,6 +1,7 @@
 -- A recipe for memory.sh: the tiny Llama set up in the layout --set gives; every rank
 -- prints what it holds ("memory rank R tp T pp P params N grads N optimizer N", bytes)
--- after one step.
+-- after one step. With checkpoint.dir set it then saves a checkpoint and prints how far
+-- the allocator's peak rose above what the rank held before ("save rank R peak N").
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
 
@@ -13,6 +14,17 @@ function recipe.run(cfg)
   io.stdout:write(string.format("memory rank %d tp %d pp %d params %d grads %d optimizer %d\n",
                                 env.rank, c.tp, c.pp, r.param_bytes, r.grad_bytes,
                                 r.optimizer_bytes))
+  if cfg.checkpoint.dir and cfg.checkpoint.dir ~= "" then
+    local C = require("tetra.ffi").C
+    local st = require("ffi").new("tt_alloc_stats")
+    C.tt_alloc_stats_get(C.TT_CPU, st)
+    local before = tonumber(st.live_bytes)
+    C.tt_alloc_reset_peak(C.TT_CPU)
+    require("tetra.checkpoint").save(env)
+    C.tt_alloc_stats_get(C.TT_CPU, st)
+    io.stdout:write(string.format("save rank %d peak %d\n", env.rank,
+                                  tonumber(st.peak_bytes) - before))
+  end
   io.stdout:flush()
   return 0
 end

@@ -136,5 +136,18 @@ echo "peak on rank 0, dp 2, 8 layers: ZeRO-2 $z2 bytes, ZeRO-3 $z3 bytes (a laye
 if [ "$z3" -gt $((z2 - 4 * LAYER)) ]; then
   echo "FAIL: ZeRO-3 does not lower the peak by a layer's parameter bytes or more"; status=1
 fi
+# A checkpoint under ZeRO-1 on dp 2: the ranks gather each parameter's whole moments, one
+# parameter at a time, and only rank 0 (which writes them) keeps them. Rank 1's peak
+# during the save must stay under three of the largest parameter's tensors (the embedding,
+# 4 x E bytes), far below the whole moments (8 x ONE bytes), which it held all at once
+# before (on a GPU, 8 bytes a parameter more on every device at the first save).
+save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua"   --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2   --set parallel.zero_stage=1 --set checkpoint.dir="$work/ckpt" 2>&1) ||
+  { echo "FAIL: the ZeRO-1 save failed:"; tail -n 20 <<<"$save_out"; status=1; }
+p1=$(sed -n 's/^save rank 1 peak \([0-9]*\)$/\1/p' <<<"$save_out")
+echo "ZeRO-1 save on dp 2: rank 1's peak rose $p1 bytes (whole moments $((8 * ONE)), an embedding $((4 * E)))"
+if [ -z "$p1" ] || [ "$p1" -gt $((3 * 4 * E)) ]; then
+  echo "FAIL: a rank that writes no optimizer state held more than 3 embeddings' bytes during the save"
+  status=1
+fi
 [ "$status" = 0 ] && echo PASS
 exit "$status"

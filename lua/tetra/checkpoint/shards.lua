@@ -46,11 +46,17 @@ function M.local_slices(env)
   end
   local params = {}
   for i, e in ipairs(out) do params[i] = e.tensor end
+  -- Every rank takes part in the gathers; only the ranks that write keep what they give,
+  -- on the host, one parameter's moment on the device at a time.
+  local keep, T = M.writes_state(env), require("tetra.tensor")
   for _, kind in ipairs(state_kinds(opt)) do
-    for i, w in ipairs(env.ddp:gather_shards(kind[2], params)) do out[i].state[kind[1]] = w end
+    env.ddp:gather_shards(kind[2], params, function(i, w)
+      if keep then out[i].state[kind[1]] = T.moved(w, C.TT_CPU) else F.free(w) end
+    end)
   end
   return out
 end
+
 
 -- The { name, tensor } entries of model.safetensors or optim.safetensors from slices.
 function M.model_entries(slices)
@@ -81,14 +87,20 @@ function M.split_layout(env)
   return l.tp > 1 or l.pp > 1 or l.cp > 1
 end
 
+-- Whether this rank writes optimizer state: rank 0 of a whole checkpoint, the first data-
+-- and context-parallel rank of each slice of a split one (M.shard_files).
+function M.writes_state(env)
+  if not M.split_layout(env) then return (env.rank or 0) == 0 end
+  return group_rank(env.mesh.dp) == 0 and group_rank(env.mesh.cp) == 0
+end
+
 local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end
 
 -- This rank's shard file and its part of the index (shard_NNNNN.json, merged into
 -- index.json by rank 0), appended to `files` (see tetra.checkpoint.save's plan) when
 -- this rank writes one.
 function M.shard_files(env, slices, rank, meta, files)
-  local mesh = env.mesh
-  if group_rank(mesh.dp) ~= 0 or group_rank(mesh.cp) ~= 0 then return end
+  if not M.writes_state(env) then return end
   local file = shard_name(rank)
   local entries, index = {}, {}
   for _, e in ipairs(slices) do
@@ -270,7 +282,6 @@ end
 function M.load_state(env, path)
   local tensors, opt, files = M.load_index(path), env.optimizer, {}
   local kinds, zero = state_kinds(opt), M.zero_sharded(env)
-  local zeros = require("tetra.optim").state_like
   local entries = env.par:placements()
   if env.par.layout.pp == 1 then   -- every parameter of the model is on this rank
     local known = {}
@@ -286,7 +297,6 @@ function M.load_state(env, path)
     end
   end
   require("tetra.tensor").no_grad(function()
-    local whole = {}
     local T = require("tetra.tensor")
     for i, e in ipairs(entries) do
       local pl = e.placement
@@ -299,14 +309,16 @@ function M.load_state(env, path)
              "checkpoint); resume from an earlier one", path, pl.name)
       end
       for _, kind in ipairs(kinds) do
-        local target = zero and zeros(e.tensor) or kind[2][i]
+        -- Under ZeRO-1 the whole moment on the host, one parameter at a time, then this
+        -- rank's shards of it (all on the device at once were 8 bytes a parameter more).
+        local target = zero and T.zeros(e.tensor:shape()) or kind[2][i]
         M.assemble(path, tensors, files, kind[1] .. "." .. pl.name, pl, target)
-        whole[kind[1]] = whole[kind[1]] or {}
-        whole[kind[1]][i] = target
+        if zero then
+          env.ddp:scatter_to_shards({ [i] = target }, kind[2], i)
+          F.free(target)
+        end
       end
     end
-    if not zero then return end
-    for _, kind in ipairs(kinds) do env.ddp:scatter_to_shards(whole[kind[1]], kind[2]) end
   end)
   for _, f in pairs(files) do f:close() end
 end

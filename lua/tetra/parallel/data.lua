@@ -414,26 +414,40 @@ end
 -- ZeRO-1: per-parameter tensors (index-aligned with the params given to wrap) put
 -- together from this rank's per-shard ones (index-aligned with self.shards) and every
 -- other rank's: f32 zeros beside each parameter, each shard copied into its range, then
--- summed over the group (collective). params: the parameters (for the shapes).
-function DDP:gather_shards(per_shard, params)
-  local whole = {}
-  for i, p in ipairs(params) do whole[i] = zeros_like(p) end
+-- summed over the group (collective), one parameter at a time. params: the parameters
+-- (for the shapes). each(i, whole) (optional) takes parameter i's tensor as it is done, and
+-- nothing is returned: then only one parameter's whole tensor is on the device at a time
+-- (a checkpoint of the moments: all at once, 8 bytes a parameter on every GPU, which
+-- ZeRO is there to avoid).
+function DDP:gather_shards(per_shard, params, each)
+  local mine = {}   -- parameter index -> this rank's shards of it
   for j, sh in ipairs(self.shards) do
-    local dst = shard_part(whole[sh.param], sh)
-    check(C.tt_copy_(dst, per_shard[j]))
-    F.free(dst)
+    mine[sh.param] = mine[sh.param] or {}
+    table.insert(mine[sh.param], j)
   end
-  for _, w in ipairs(whole) do self.group:all_reduce(w, "sum") end
+  local whole = {}
+  for i, p in ipairs(params) do
+    local w = zeros_like(p)
+    for _, j in ipairs(mine[i] or {}) do
+      local dst = shard_part(w, self.shards[j])
+      check(C.tt_copy_(dst, per_shard[j]))
+      F.free(dst)
+    end
+    self.group:all_reduce(w, "sum")
+    if each then each(i, w) else whole[i] = w end
+  end
   return whole
 end
 
 -- ZeRO-1, the other way: each of this rank's per-shard tensors filled from its range of
--- the per-parameter ones.
-function DDP:scatter_to_shards(whole, per_shard)
+-- the per-parameter ones (only: the shards of that parameter alone, whole[only] given).
+function DDP:scatter_to_shards(whole, per_shard, only)
   for j, sh in ipairs(self.shards) do
-    local src = shard_part(whole[sh.param], sh)
-    check(C.tt_copy_(per_shard[j], src))
-    F.free(src)
+    if not only or sh.param == only then
+      local src = shard_part(whole[sh.param], sh)
+      check(C.tt_copy_(per_shard[j], src))
+      F.free(src)
+    end
   end
 end
 
