@@ -7,10 +7,13 @@
 #include "tetra_io.h"
 #include "core/tt_internal.h"
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 
+/* Made once, by whichever thread needs it first: the checkpoint writer's, a TFRecord
+** loader's and the main thread's checks may all start at once. */
 static uint32_t table[256];
-static int table_ready;
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 
 static void make_table(void) {
   for (uint32_t i = 0; i < 256; i++) {
@@ -18,11 +21,10 @@ static void make_table(void) {
     for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
     table[i] = c;
   }
-  table_ready = 1;
 }
 
 static uint32_t crc_table(uint32_t crc, const uint8_t *p, size_t n) {
-  if (!table_ready) make_table();
+  pthread_once(&table_once, make_table);
   while (n--) crc = table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
   return crc;
 }
