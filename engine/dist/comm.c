@@ -328,9 +328,12 @@ static void free_groups_in_order(void) {
 
 int tt_dist_finalize(void) {
   if (!g.mpi_running) return 0;
-  watchdog_stop();
+  /* (watched: freeing waits for the other ranks, and one may be gone) */
+  tt_dist_blocking_begin("exit (freeing the groups' communicators)", &g_world);
   free_groups_in_order();
   tt_nccl_comm_free(&g_world);
+  tt_dist_blocking_end();
+  watchdog_stop();
   if (g.half_ops_created)
     for (int k = 0; k < 2; k++)
       for (int op = 0; op < 4; op++) MPI_Op_free(&g.half_ops[k][op]);

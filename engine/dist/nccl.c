@@ -374,8 +374,10 @@ int tt_nccl_join(tt_comm_handle *h) {
   return 0;
 }
 
-/* Drops c's entries from the list (c is going away); with sync, after they finished. */
+/* Drops c's entries from the list (c is going away); with sync, after they finished
+** (waited for with the list let go: the watchdog thread must not wait on it meanwhile). */
 static void drop_pending(const tt_comm *c, int sync) {
+  pending *mine = NULL;
   pthread_mutex_lock(&g_pending_lock);
   for (pending **l = &g_pending; *l;) {
     pending *p = *l;
@@ -383,12 +385,18 @@ static void drop_pending(const tt_comm *c, int sync) {
       l = &p->next;
       continue;
     }
-    if (sync) cudaEventSynchronize(p->done);
-    cudaEventDestroy(p->done);
     *l = p->next;
-    free(p);
+    p->next = mine;
+    mine = p;
   }
   pthread_mutex_unlock(&g_pending_lock);
+  while (mine) {
+    pending *p = mine;
+    mine = p->next;
+    if (sync) cudaEventSynchronize(p->done);
+    cudaEventDestroy(p->done);
+    free(p);
+  }
 }
 
 /* One pass of tt_nccl_poll_pending with the list locked: 0, -1 with the message, or 1
