@@ -528,22 +528,10 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
 }
 
 /* ZeRO-3 (engine/dist/reducer.c): a parameter's memory given back between the uses of
-** its block while every header over it (views, tensors saved for backward) stays, and
-** taken again (contents undefined) before the next use. Both do nothing when there is
-** nothing to do; memory not ours (external) is never evicted. */
-static void pool_adopt(tt_alloc_pool *pool, size_t size);
-
-void tt_storage_evict(tt_storage *s) {
-  if (!s || !s->data || s->external) return;
-  tt_alloc_pool *pool = s->pool;
-  if (!pool && (pool = tt_alloc_pool_current(s->device)) != NULL)
-    pool_adopt(pool, s->nbytes);   /* as tt_storage_release does: the capture used it */
-  if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
-  else cached_free(s->device, s->data, s->nbytes, s->stream);
-  s->data = NULL;
-  s->pool = NULL;
-}
-
+** its block while every header over it (views, tensors saved for backward) stays
+** (tt_storage_evict, below), and taken again (contents undefined) before the next use.
+** Both do nothing when there is nothing to do; memory not ours (external) is never
+** evicted. */
 int tt_storage_restore(tt_storage *s) {
   if (!s || s->data) return 0;
   size_t granted = 0;
@@ -572,6 +560,24 @@ static void pool_adopt(tt_alloc_pool *pool, size_t size) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* s's block given back, freed (tt_storage_release) or evicted (tt_storage_evict): to its
+** pool, to the pool this thread allocates from (adopted, above), or to the device's
+** cache; external memory is not ours to give. */
+static void give_back(tt_storage *s) {
+  tt_alloc_pool *pool = s->pool;
+  if (!pool && !s->external && (pool = tt_alloc_pool_current(s->device)) != NULL)
+    pool_adopt(pool, s->nbytes);
+  if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
+  else if (!s->external) cached_free(s->device, s->data, s->nbytes, s->stream);
+}
+
+void tt_storage_evict(tt_storage *s) {
+  if (!s || !s->data || s->external) return;
+  give_back(s);
+  s->data = NULL;
+  s->pool = NULL;
+}
+
 void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
@@ -579,10 +585,6 @@ void tt_storage_release(tt_storage *s) {
     free(s);
     return;
   }
-  tt_alloc_pool *pool = s->pool;
-  if (!pool && !s->external && (pool = tt_alloc_pool_current(s->device)) != NULL)
-    pool_adopt(pool, s->nbytes);
-  if (pool) pool_free(pool, s->data, s->nbytes, s->stream);
-  else if (!s->external) cached_free(s->device, s->data, s->nbytes, s->stream);
+  give_back(s);
   free(s);
 }
