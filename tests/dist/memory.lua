@@ -1,7 +1,8 @@
 -- A recipe for memory.sh: the tiny Llama set up in the layout --set gives; every rank
 -- prints what it holds ("memory rank R tp T pp P params N grads N optimizer N", bytes)
 -- after one step. With checkpoint.dir set it then saves a checkpoint and prints how far
--- the allocator's peak rose above what the rank held before ("save rank R peak N").
+-- the allocator's peak rose above what the rank held before ("save rank R peak N"), loads
+-- it back ("load rank R peak N").
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
 
@@ -20,9 +21,18 @@ function recipe.run(cfg)
     C.tt_alloc_stats_get(C.TT_CPU, st)
     local before = tonumber(st.live_bytes)
     C.tt_alloc_reset_peak(C.TT_CPU)
-    require("tetra.checkpoint").save(env)
+    local ckpt = require("tetra.checkpoint")
+    local path = ckpt.save(env)
     C.tt_alloc_stats_get(C.TT_CPU, st)
     io.stdout:write(string.format("save rank %d peak %d\n", env.rank,
+                                  tonumber(st.peak_bytes) - before))
+    collectgarbage()
+    C.tt_alloc_stats_get(C.TT_CPU, st)
+    before = tonumber(st.live_bytes)
+    C.tt_alloc_reset_peak(C.TT_CPU)
+    ckpt.load(env, path)
+    C.tt_alloc_stats_get(C.TT_CPU, st)
+    io.stdout:write(string.format("load rank %d peak %d\n", env.rank,
                                   tonumber(st.peak_bytes) - before))
   end
   io.stdout:flush()

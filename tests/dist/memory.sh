@@ -9,7 +9,8 @@
 # lower a step's peak memory (activations held on 1/tp of the sequence between the
 # tensor-parallel regions) against plain tp 2, activation recompute must lower it under
 # tp 2 + sp and under pp 2, and ZeRO-2 the allocator's peak against ZeRO-1 on dp 2 (the
-# whole gradients and the bucket buffers released).
+# whole gradients and the bucket buffers released), and checkpoints under ZeRO-1 and ZeRO-3
+# must not put the whole optimizer state or model on a rank at once.
 # Usage: bash memory.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -149,5 +150,22 @@ if [ -z "$p1" ] || [ "$p1" -gt $((3 * 4 * E)) ]; then
   echo "FAIL: a rank that writes no optimizer state held more than 3 embeddings' bytes during the save"
   status=1
 fi
+# A checkpoint under ZeRO-3 on dp 2 with 8 layers goes one unit at a time: a save gathers
+# each unit whole and gives it back before the next, a load likewise. Rank 1 (which writes
+# nothing) must rise less than three layers' bytes during each (measured: a unit's
+# gathered parameters and its all-gather buffer, 2.1 layers), where gathering the whole
+# model (8 layers) at once rose 9.1 layers' bytes.
+save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua" \
+  --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
+  --set parallel.zero_stage=3 --set model.n_layers=8 --set checkpoint.dir="$work/ckpt3" 2>&1) ||
+  { echo "FAIL: the ZeRO-3 save and load failed:"; tail -n 20 <<<"$save_out"; status=1; }
+for what in save load; do
+  p1=$(sed -n "s/^$what rank 1 peak \([0-9]*\)\$/\1/p" <<<"$save_out")
+  echo "ZeRO-3 $what on dp 2, 8 layers: rank 1's peak rose $p1 bytes (a layer $((4 * LAYER)))"
+  if [ -z "$p1" ] || [ "$p1" -ge $((3 * 4 * LAYER)) ]; then
+    echo "FAIL: the ZeRO-3 $what held three layers' bytes or more at once on a rank"
+    status=1
+  fi
+done
 [ "$status" = 0 ] && echo PASS
 exit "$status"

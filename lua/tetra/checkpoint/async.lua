@@ -21,10 +21,10 @@ local function queue_safetensors(writer, path, f, copies)
   local names = ffi.new("const char *[?]", math.max(n, 1))
   local ts = ffi.new("tt_tensor *[?]", math.max(n, 1))
   for i, kt in ipairs(f.tensors) do
-    -- A copy the next steps cannot change, in host memory.
+    -- A copy the next steps cannot change, in host memory (kt[3]: t is one already).
     local t = kt[2]
-    local host = take(t._device == C.TT_CPU and C.tt_clone(t, pout)
-                      or C.tt_to_device(t, C.TT_CPU, pout))
+    local host = kt[3] and t or take(t._device == C.TT_CPU and C.tt_clone(t, pout)
+                                     or C.tt_to_device(t, C.TT_CPU, pout))
     copies[#copies + 1] = host
     names[i - 1], ts[i - 1] = kt[1], host
   end
@@ -49,12 +49,11 @@ function M.save(env)
   M.drain(env)
   local writer = save.new_writer()
   local copies = {}
-  -- ZeRO-3: the blocks' parameters are gathered while the plan takes its host copies.
-  local plan = env.ddp:with_full_params(function()
-    local p = save.plan(env)
-    T.no_grad(function()
-    for _, f in ipairs(p.files) do
-      local path = p.tmp .. "/" .. f.name
+  -- ZeRO-3: the plan's parameters are host copies already, taken unit by unit.
+  local plan = save.plan(env)
+  T.no_grad(function()
+    for _, f in ipairs(plan.files) do
+      local path = plan.tmp .. "/" .. f.name
       if f.tensors then
         queue_safetensors(writer, path, f, copies)
         f.tensors = nil   -- the plan outlives the step: it must not keep the state alive
@@ -62,8 +61,6 @@ function M.save(env)
         save.check_io(C.tt_ckpt_writer_add_bytes(writer, path, f.bytes, #f.bytes))
       end
     end
-    end)
-    return p
   end)
   for _, t in ipairs(copies) do F.free(t) end   -- the writer holds its own references
   C.tt_ckpt_writer_set_delay_ms(writer, (env.cfg.checkpoint or {}).async_delay_ms or 0)

@@ -71,11 +71,9 @@ M.prune = folder.prune
 -- is completed first.
 function M.save(env)
   async.drain(env)
-  -- ZeRO-3: the blocks' parameters are gathered while the files are written.
-  local plan, crcs = env.ddp:with_full_params(function()
-    local p = save.plan(env)
-    return p, save.write_files(p)
-  end)
+  -- ZeRO-3: the plan's parameters are host copies, taken unit by unit (shards.local_slices).
+  local plan = save.plan(env)
+  local crcs = save.write_files(plan)
   local delay = (env.cfg.checkpoint or {}).save_delay_ms or 0
   if delay > 0 then host.sleep(delay / 1000) end   -- a test switch
   return save.finish(env, plan, crcs)
@@ -197,8 +195,7 @@ function M.load(env, path)
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),
          opt.m and "adamw" or "sgd")
   end
-  -- ZeRO-3: loaded into whole parameters, which then become this rank's shares.
-  env.ddp:with_full_params(function() shards.load_state(env, path) end)
+  shards.load_state(env, path)
   opt.step_count = tonumber(state.optimizer_step) or state.step
 
   local scaler = env.amp and env.amp.scaler

@@ -18,6 +18,7 @@ local fail = require("tetra.util.errors").raise
 local folder = require("tetra.checkpoint.dir")
 local rng = require("tetra.checkpoint.rng")
 local shards = require("tetra.checkpoint.shards")
+local F = require("tetra.nn.functional")
 
 local M = {}
 
@@ -99,7 +100,15 @@ function M.write_files(plan)
   local crcs = {}
   for i, f in ipairs(plan.files) do
     local path = plan.tmp .. "/" .. f.name
-    if f.tensors then st.save(path, f.tensors, f.meta) else fs.write_file(path, f.bytes, "checkpoint") end
+    if f.tensors then
+      st.save(path, f.tensors, f.meta)
+      for _, kt in ipairs(f.tensors) do   -- host copies of this save's own (ZeRO): written
+        if kt[3] then F.free(kt[2]) end
+      end
+      f.tensors = nil
+    else
+      fs.write_file(path, f.bytes, "checkpoint")
+    end
     crcs[i] = folder.crc_of(path)
   end
   return crcs

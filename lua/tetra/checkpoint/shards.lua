@@ -30,38 +30,66 @@ end
 -- their placements. Under ZeRO-1 each parameter's whole moments are put together from
 -- the shards of every data-parallel rank (collective over that group), else they are the
 -- optimizer's own tensors.
+-- Under ZeRO-3 each slice's tensor is a host copy taken with its unit gathered (one unit
+-- at a time, collective), on the ranks that write it only (nil elsewhere); `own` names
+-- the fields that hold such private host copies (the asynchronous writer takes them as
+-- they are).
 function M.local_slices(env)
-  local opt, entries = env.optimizer, env.par:placements()
+  local opt, entries, ddp = env.optimizer, env.par:placements(), env.ddp
   local out = {}
   for i, e in ipairs(entries) do
     local pl = e.placement
     out[i] = { name = pl.name, tensor = e.tensor, shape = pl.shape, dim = pl.dim,
-               offset = pl.offset, length = pl.length, primary = pl.primary, state = {} }
+               offset = pl.offset, length = pl.length, primary = pl.primary, state = {},
+               own = {} }
   end
+  local writes, split = M.writes_state(env), M.split_layout(env)
+  local T = require("tetra.tensor")
+  local per_unit = ddp.zero_stage == 3 and ddp._reducer ~= nil
+  ddp:each_param_whole(function(i)
+    if not per_unit then return end   -- the parameters are whole: the files read them
+    local e = out[i]
+    if writes and (e.primary or not split) then
+      e.tensor, e.own.tensor = M.host_copy(e.tensor), true
+    else
+      e.tensor = nil
+    end
+  end)
   if not M.zero_sharded(env) then
     for _, kind in ipairs(state_kinds(opt)) do
       for i, t in ipairs(kind[2]) do out[i].state[kind[1]] = t end
     end
     return out
   end
-  local params = {}
-  for i, e in ipairs(out) do params[i] = e.tensor end
+  local params = {}   -- for the shapes and the device
+  for i, e in ipairs(entries) do params[i] = e.tensor end
   -- Every rank takes part in the gathers; only the ranks that write keep what they give,
   -- on the host, one parameter's moment on the device at a time.
-  local keep, T = M.writes_state(env), require("tetra.tensor")
   for _, kind in ipairs(state_kinds(opt)) do
-    env.ddp:gather_shards(kind[2], params, function(i, w)
-      if keep then out[i].state[kind[1]] = T.moved(w, C.TT_CPU) else F.free(w) end
+    ddp:gather_shards(kind[2], params, function(i, w)
+      if writes then
+        out[i].state[kind[1]], out[i].own[kind[1]] = T.moved(w, C.TT_CPU), true
+      else
+        F.free(w)
+      end
     end)
   end
   return out
 end
 
+-- A copy of t in host memory that nothing else references.
+function M.host_copy(t)
+  local T = require("tetra.tensor")
+  if t._device == C.TT_CPU then return t:clone() end
+  return T.take(C.tt_to_device(t, C.TT_CPU, T.pout))
+end
 
--- The { name, tensor } entries of model.safetensors or optim.safetensors from slices.
+
+-- The { name, tensor, own } entries of model.safetensors or optim.safetensors from slices
+-- (own: the tensor is a private host copy, see M.local_slices).
 function M.model_entries(slices)
   local out = {}
-  for _, e in ipairs(slices) do out[#out + 1] = { e.name, e.tensor } end
+  for _, e in ipairs(slices) do out[#out + 1] = { e.name, e.tensor, e.own.tensor } end
   return out
 end
 
@@ -69,7 +97,9 @@ function M.optim_entries(slices)
   local out = {}
   for _, e in ipairs(slices) do
     for _, prefix in ipairs({ "m", "v", "momentum" }) do
-      if e.state[prefix] then out[#out + 1] = { prefix .. "." .. e.name, e.state[prefix] } end
+      if e.state[prefix] then
+        out[#out + 1] = { prefix .. "." .. e.name, e.state[prefix], e.own[prefix] }
+      end
     end
   end
   return out
@@ -105,7 +135,7 @@ function M.shard_files(env, slices, rank, meta, files)
   local entries, index = {}, {}
   for _, e in ipairs(slices) do
     if e.primary then
-      local list = { { e.name, e.tensor } }
+      local list = { { e.name, e.tensor, e.own.tensor } }
       for _, kt in ipairs(M.optim_entries({ e })) do list[#list + 1] = kt end
       for _, kt in ipairs(list) do
         entries[#entries + 1] = kt
@@ -296,9 +326,12 @@ function M.load_state(env, path)
       end
     end
   end
+  -- ZeRO-3: the parameters are loaded one unit at a time, gathered whole, and each unit
+  -- then becomes this rank's shares (ddp:each_param_whole).
   require("tetra.tensor").no_grad(function()
     local T = require("tetra.tensor")
-    for i, e in ipairs(entries) do
+    env.ddp:each_param_whole(function(i)
+      local e = entries[i]
       local pl = e.placement
       M.assemble(path, tensors, files, pl.name, pl, e.tensor)
       local total = T.sum(e.tensor)   -- NaN or Inf anywhere makes the sum so
@@ -318,7 +351,7 @@ function M.load_state(env, path)
           F.free(target)
         end
       end
-    end
+    end, true)
   end)
   for _, f in pairs(files) do f:close() end
 end

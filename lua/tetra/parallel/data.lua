@@ -50,8 +50,8 @@
 -- FSDP's root unit without resharding: gathered again after each optimizer step. The
 -- master weights a rank keeps are its share of every unit, in a buffer of the reducer's
 -- (engine/dist/reducer.c; with optimizer offload in bf16 / fp16 on the host from the
--- forward to the update: master_shares); a checkpoint or an export gathers every unit first
--- (ddp:with_full_params). Gradients go as under stage 2.
+-- forward to the update: master_shares); a checkpoint saves and loads one unit at a time,
+-- gathered whole (ddp:each_param_whole). Gradients go as under stage 2.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("tetra_dist.h")
@@ -229,7 +229,10 @@ function data.wrap(entries, mesh, cfg, model, plan)
     self._reducer = ffi.gc(box[0], C.tt_dist_reducer_free)
     self.num_buckets = C.tt_dist_reducer_num_buckets(box[0])
     self.deferred = n_deferred or 0
-    if zero3 then self:_shard_blocks(blocks, block_of) end
+    if zero3 then
+      self.unit_of = units
+      self:_shard_blocks(blocks, block_of)
+    end
   end
   return self
 end
@@ -267,33 +270,41 @@ function DDP:_shard_blocks(blocks, block_of)
   self.sharded_blocks = #blocks
 end
 
-local function pack(...) return { n = select("#", ...), ... } end
-
--- Runs fn() with every parameter whole (ZeRO-3: every unit gathered; afterwards what fn
--- wrote into the parameters becomes this rank's shares, and the blocks' units are
--- released again). Other stages: just fn().
-function DDP:with_full_params(fn)
+-- Calls each(i) for every parameter index i (1-based, the params given to wrap) in order,
+-- with parameter i whole. ZeRO-3: one unit at a time, gathered whole in f32 (collective:
+-- every rank of the group calls this with the same i's) and released after its last
+-- parameter unless it was gathered before, so the device holds the shares and one unit
+-- more, never the whole model (a checkpoint of an 8B model would take 32 GB); with
+-- `written`, each(i) wrote the parameters and a unit's become this rank's shares before
+-- its release. Other stages: every parameter is whole, each(i) in turn.
+function DDP:each_param_whole(each, written)
   local r = self._reducer
-  -- stages 1 and 2: weights a failed step left in pieces (AdamW:settle_masters); stage
-  -- 3: the shares on the host come back
   if self._opt and self._opt.whole_masters then self._opt:whole_masters() end
-  if self.zero_stage ~= 3 or not r then return fn() end
-  local n = C.tt_dist_reducer_num_units(r)
-  local was = {}
-  for u = 0, n - 1 do
-    was[u] = C.tt_dist_reducer_unit_is_gathered(r, u) == 1
-    check(C.tt_dist_reducer_unit_gather_whole(r, u))
+  if self.zero_stage ~= 3 or not r then
+    for i = 1, #self.params do each(i) end
+    return
   end
-  local res = { n = 0 }
+  local units, n = self.unit_of, #self.params
+  local unit, was = -1, false
   local ok, err = pcall(function()
-    res = pack(fn())
-    check(C.tt_dist_reducer_params_to_shards(r))
+    for i = 1, n do
+      if units[i] ~= unit then
+        unit = units[i]
+        was = C.tt_dist_reducer_unit_is_gathered(r, unit) == 1
+        check(C.tt_dist_reducer_unit_gather_whole(r, unit))
+      end
+      each(i)
+      if i == n or units[i + 1] ~= unit then
+        if written then check(C.tt_dist_reducer_unit_to_shards(r, unit)) end
+        if not was then check(C.tt_dist_reducer_unit_release(r, unit)) end
+        unit = -1
+      end
+    end
   end)
-  for u = 0, n - 1 do
-    if not was[u] then check(C.tt_dist_reducer_unit_release(r, u)) end
+  if not ok then
+    if unit >= 0 and not was then C.tt_dist_reducer_unit_release(r, unit) end
+    error(err, 0)
   end
-  if not ok then error(err, 0) end
-  return unpack(res, 1, res.n)
 end
 
 -- ZeRO-3: all-gathers of units so far (each block twice per micro-batch, once per
