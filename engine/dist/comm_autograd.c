@@ -2,9 +2,9 @@
 ** comm_autograd.c — collectives as differentiable ops, in conjugate pairs.
 **
 ** Tensor parallelism (Megatron): a column-parallel layer's input goes through
-** copy_to_group (identity forward, all-reduce of the input gradient backward: every rank
-** used the same x), a row-parallel layer's output through reduce_from_group (all-reduce
-** forward, identity backward). Sequence parallelism swaps them for sp_gather /
+** copy_to_group (identity forward, a view; all-reduce of the input gradient backward:
+** every rank used the same x), a row-parallel layer's output through reduce_from_group
+** (all-reduce forward, identity backward). Sequence parallelism swaps them for sp_gather /
 ** sp_reduce_scatter along the sequence dim; gather_from_group / scatter_to_group move
 ** between a replicated tensor and its shards. The group pointer rides in node->ctx and
 ** the dim in node->i[0]; groups outlive the tape.
@@ -63,9 +63,25 @@ static int reduce_scatter_backward(tt_node *node, tt_tensor *grad_out) {
 typedef enum { FWD_COPY, FWD_ALL_REDUCE, FWD_ALL_GATHER, FWD_TAKE_BLOCK, FWD_REDUCE_SCATTER }
     fwd_kind;
 
+/* copy_to_group's output: a header of its own over x's storage, as one process would
+** read x itself (no copy: an activation's would be held until backward), sharing x's
+** bf16 / fp16 copy when x is a weight, so a replicated weight is not cast again each
+** forward (the copy belongs to the storage's values: lowp_weight.c). */
+static int alias_of(tt_tensor *x, tt_tensor **out) {
+  tt_tensor *y = tt_tensor_header_alias(x);
+  if (!y) return -1;
+  if (x->lowp) {
+    tt_tensor_retain(x->lowp);
+    y->lowp = x->lowp;
+    y->lowp_version = x->lowp_version;
+  }
+  *out = y;
+  return 0;
+}
+
 static int forward(tt_comm *c, tt_tensor *x, fwd_kind kind, int dim, tt_tensor **out) {
   switch (kind) {
-  case FWD_COPY: return tt_clone(x, out);
+  case FWD_COPY: return alias_of(x, out);
   case FWD_ALL_REDUCE:
     TT_TRY(tt_clone(x, out));
     return tt_comm_all_reduce(c, *out, TT_REDUCE_SUM);

@@ -90,16 +90,18 @@ end
 -- The bytes of activations one micro-batch leaves for backward: per block, the first
 -- stage's embedding output, a later stage's received input, the last stage's head, and
 -- what exists at once when backward starts at the head.
-local function activation_bytes(x, lay, act_b)
+local function activation_bytes(x, lay, act_b, grouped)
   local m, T, d, f, V, L = x.m, x.T, x.d, x.f, x.V, x.L
   local hd, tp, cp, pp, v, mb = x.hd, x.tp, x.cp, x.pp, x.v, x.mb
   local n, seq_n, Hl, kvl, fl, Vl, block = x.n, x.seq_n, x.Hl, x.kvl, x.fl, x.Vl, x.block
   -- Activations. The autograd tape holds every op's inputs and output until backward
   -- (engine/core/autograd.c: tt_record retains both), so a micro-batch in flight costs every
   -- tensor its forward made; views share storage and cost nothing. Under tensor
-  -- parallelism each column-parallel linear gets its own copy of its input
-  -- (copy_to_group clones; sp_gather gathers) and each row-parallel output is summed
-  -- into a new tensor. Element counts, one entry per tensor, of one block:
+  -- parallelism a column-parallel linear reads its input through copy_to_group (a view)
+  -- or, under sequence parallelism, a gather of it (sp_gather: one per group of linears
+  -- that read one x when they run as one GEMM, `grouped`: bf16 and fp16), and each
+  -- row-parallel output is summed into a new tensor. Element counts, one entry per
+  -- tensor, of one block:
   local nd, nds = n * d, seq_n * d           -- whole sequence; the residual stream
   local stats = block.layer_norm and 2 * seq_n or seq_n   -- LayerNorm: mean, 1/std; RMSNorm: 1/rms
   local tensors = {}
@@ -121,7 +123,9 @@ local function activation_bytes(x, lay, act_b)
     keep(n * Hl * hd); keep(n * Hl)
   else
     keep(nds); keep(stats)                      -- norm 1
-    if tp > 1 then keep(nd); keep(nd); keep(nd) end   -- wq, wk, wv inputs
+    if tp > 1 and lay.sp then                   -- wq, wk, wv inputs, gathered
+      for _ = 1, grouped and 1 or 3 do keep(nd) end
+    end
     keep(n * Hl * hd)                           -- wq (RoPE rotates it in place)
     keep(n * kvl * hd)                          -- wk (the same)
     keep(n * kvl * hd)                          -- wv
@@ -131,7 +135,9 @@ local function activation_bytes(x, lay, act_b)
     if tp > 1 then keep(nds); if block.out_bias then keep(nds) end end   -- summed (+ bias)
     keep(nds)                                   -- residual
     keep(nds); keep(stats)                      -- norm 2
-    if tp > 1 then keep(nd); if block.gated_mlp then keep(nd) end end  -- MLP inputs
+    if tp > 1 and lay.sp then                   -- MLP inputs, gathered
+      keep(nd); if block.gated_mlp and not grouped then keep(nd) end
+    end
     keep(n * fl); keep(n * fl)                  -- w1, w3 (c_fc, gelu)
     if block.gated_mlp then keep(n * fl) end    -- swiglu
     keep(tp > 1 and nd or nds)                  -- w2 (partial sums under tp)
@@ -146,9 +152,10 @@ local function activation_bytes(x, lay, act_b)
   if tp > 1 then embed_act = embed_act + model.granted(nd * act_b) end
   if block.learned_positions then embed_act = embed_act + 2 * model.granted(nds * act_b) end
   local recv_act = model.granted(nds * act_b)
-  -- The last stage's head: final norm, the head's input copy under tp, the logits.
+  -- The last stage's head: final norm, the head's input gathered under sp, the logits.
   local head_act = model.granted(nds * act_b) + model.granted(stats * act_b) +
-                   (tp > 1 and model.granted(nd * act_b) or 0) + model.granted(n * Vl * 4)
+                   (tp > 1 and lay.sp and model.granted(nd * act_b) or 0) +
+                   model.granted(n * Vl * 4)
   -- When backward starts: the logits' gradient, the head weight's gradient and the
   -- gradient of its input exist at once. The weight's gradient is a new tensor only when
   -- the weight has none yet: a later micro-batch's GEMM adds into the one there (beta = 1).
@@ -455,7 +462,8 @@ end
 function M.evaluate(cfg, lay, cl)
   local x = shape(cfg, lay)
   local act_b = widths(cl.precision)
-  local acts = activation_bytes(x, lay, act_b)
+  local acts = activation_bytes(x, lay, act_b,
+                                cl.precision == "bf16" or cl.precision == "fp16")
   local fwd, bwd, comm_mb, hop = chunk_times(x, lay, cl, act_b)
   local span, busy, held = schedule.replay(lay, x.n_micro, fwd, bwd, hop)
   local stages = stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
