@@ -1,6 +1,6 @@
 /*
-** embedding.h — kernel table of the embedding family (token lookup and its scatter-add
-** backward) on raw contiguous buffers.
+** embedding.h — kernel table of the embedding family (token lookup, its scatter-add
+** backward and the touched rows of a gradient) on raw contiguous buffers.
 **
 ** ids hold n token ids, int32 (ids_i64 = 0) or int64 (ids_i64 = 1). Every entry returns 0,
 ** or -1 with tt_last_error() set.
@@ -23,6 +23,11 @@ typedef struct tt_embedding_kernels {
   ** order, whatever the thread count. Ids outside [start, start + V) add nothing. */
   int (*backward)(float *dweight, const void *dout, const void *ids, int ids_i64,
                   int64_t n, int64_t V, int64_t D, int dout_dtype, int64_t start);
+  /* The rows of a table's gradient g (V, D) f32 that hold anything: bit v % 32 of
+  ** mask[v / 32] set where row v has an element other than zero (NaN and inf count), the
+  ** other bits clear; mask holds (V + 31) / 32 words on g's device, all written. A
+  ** row-sparse reduction sends only those rows (engine/dist/reducer.c). */
+  int (*row_mask)(uint32_t *mask, const float *g, int64_t V, int64_t D);
 } tt_embedding_kernels;
 
 extern const tt_embedding_kernels tt_embedding_cpu;

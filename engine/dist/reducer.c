@@ -83,6 +83,7 @@ typedef struct {
   tt_tensor *mask;  /* sparse: (V / 32) bits, set where this rank's row is nonzero, then
                     ** where any rank's is */
   tt_tensor *masks; /* sparse: every rank's mask, gathered */
+  tt_tensor *dev_mask;  /* sparse, on a GPU: this rank's mask where the kernel writes it */
   tt_tensor *row_ids;   /* sparse: (k) i64 rows that travel, on the parameter's device */
   tt_tensor *rows;      /* sparse: (k, D) those rows, averaged in place; NULL when dense */
   int in_grad;          /* sparse: the average went straight into the parameter's grad */
@@ -301,6 +302,7 @@ void tt_dist_reducer_free(tt_dist_reducer *r) {
     tt_tensor_release(bk->buf);
     tt_tensor_release(bk->shard_grad);
     tt_tensor_release(bk->mask);
+    tt_tensor_release(bk->dev_mask);
     tt_tensor_release(bk->masks);
     tt_tensor_release(bk->row_ids);
     tt_tensor_release(bk->rows);
@@ -475,19 +477,18 @@ static const tt_tensor *sparse_param(const tt_dist_reducer *r, const grad_bucket
 static int start_sparse_mask(tt_dist_reducer *r, grad_bucket *bk) {
   const tt_tensor *p = sparse_param(r, bk);
   int64_t V = p->shape[0], D = p->shape[1], words = (V + 31) / 32;
-  tt_tensor *host = NULL;
+  const tt_embedding_kernels *kern = TT_KERNELS(tt_embedding, p->device);
+  if (!kern || !kern->row_mask) return tt_no_kernel("sparse gradient rows", p->device);
   if (!bk->mask) TT_TRY(tt_tensor_zeros(&words, 1, TT_I32, TT_CPU, &bk->mask));
-  TT_TRY(tt_to_device(bk->buf, TT_CPU, &host));
-  const float *g = tt_tensor_data(host);
-  uint32_t *m = tt_tensor_data(bk->mask);
-  memset(m, 0, sizeof(uint32_t) * (size_t)words);
-  for (int64_t v = 0; v < V; v++) {
-    const float *row = g + v * D;
-    int64_t d = 0;
-    while (d < D && row[d] == 0.0f) d++;
-    if (d < D) m[v / 32] |= 1u << (v % 32);
+  /* On a GPU the bits are found there and only they come to the host (V / 8 bytes, not
+  ** the table's V * D * 4). */
+  tt_tensor *at = bk->mask;
+  if (p->device != TT_CPU) {
+    if (!bk->dev_mask) TT_TRY(tt_tensor_empty(&words, 1, TT_I32, p->device, &bk->dev_mask));
+    at = bk->dev_mask;
   }
-  tt_tensor_release(host);
+  TT_TRY(kern->row_mask(tt_tensor_data(at), tt_tensor_data(bk->buf), V, D));
+  if (at != bk->mask) TT_TRY(tt_copy_(bk->mask, at));
   tt_comm_handle_free(bk->h);
   bk->h = NULL;
   tt_tensor_release(bk->masks);

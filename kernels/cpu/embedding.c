@@ -80,7 +80,25 @@ static int embedding_backward(float *dweight, const void *dout, const void *ids,
   return 0;
 }
 
+/* mask: (V + 31) / 32 words, bit v set where row v of g (V, D) is not all zeros. */
+static int embedding_row_mask(uint32_t *mask, const float *g, int64_t V, int64_t D) {
+  const int64_t words = (V + 31) / 32;
+#pragma omp parallel for schedule(static) if (V * D > TT_PARALLEL_GRAIN)
+  for (int64_t w = 0; w < words; w++) {
+    uint32_t word = 0;
+    for (int64_t v = w * 32; v < V && v < w * 32 + 32; v++) {
+      const float *row = g + v * D;
+      int64_t d = 0;
+      while (d < D && row[d] == 0.0f) d++;
+      if (d < D) word |= 1u << (v % 32);
+    }
+    mask[w] = word;
+  }
+  return 0;
+}
+
 const tt_embedding_kernels tt_embedding_cpu = {
   .forward = embedding_forward,
   .backward = embedding_backward,
+  .row_mask = embedding_row_mask,
 };

@@ -1,6 +1,7 @@
 /*
 ** embedding.cu — CUDA kernels of the embedding family (kernels/embedding.h): row gather
-** forward, scatter-add backward, f32 or bf16 rows (f32 table and sums), i32/i64 ids.
+** forward, scatter-add backward, f32 or bf16 rows (f32 table and sums), i32/i64 ids, and
+** the touched rows of a gradient (row_mask).
 **
 ** The forward validates ids on the device and reports the first bad position through a
 ** flag read back after the launch (one small copy per call, which is also where the
@@ -190,8 +191,39 @@ static int embedding_backward(float *dweight, const void *dout, const void *ids,
   return backward_sorted(dweight, (const float *)dout, ids, ids_i64, n, V, D, start);
 }
 
+/* Bit v % 32 of mask[v / 32] set where row v of g (V, D) holds anything but zeros (NaN
+** and inf count: they compare unequal to zero). One warp a word: its 32 rows in turn, each
+** read by the lanes together (coalesced), the warp's vote giving the row's bit; no
+** atomics, and every word written, so mask needs no clearing. */
+__global__ void embedding_row_mask_kernel(uint32_t *mask, const float *g, int64_t V,
+                                          int64_t D) {
+  const int lane = threadIdx.x & 31;
+  const int64_t words = (V + 31) / 32;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x / 32;
+  for (int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; w < words;
+       w += stride) {
+    uint32_t word = 0;
+    for (int r = 0; r < 32 && w * 32 + r < V; r++) {   /* the same bound on every lane */
+      const float *row = g + (w * 32 + r) * D;
+      int nz = 0;
+      for (int64_t j = lane; j < D && !nz; j += 32) nz = row[j] != 0.0f;
+      if (__any_sync(0xffffffffu, nz)) word |= 1u << r;
+    }
+    if (lane == 0) mask[w] = word;
+  }
+}
+
+static int embedding_row_mask(uint32_t *mask, const float *g, int64_t V, int64_t D) {
+  const int64_t words = (V + 31) / 32;
+  if (words == 0) return 0;
+  embedding_row_mask_kernel<<<tt_cuda_blocks(words * 32, 256), 256, 0,
+                              tt_cuda_cur_stream()>>>(mask, g, V, D);
+  TT_CU(tt_cuda_launch_status());
+  return 0;
+}
+
 extern "C" const tt_embedding_kernels tt_embedding_cuda = {
-  embedding_forward, embedding_backward,
+  embedding_forward, embedding_backward, embedding_row_mask,
 };
 
 TT_CUDA_FAMILY(embedding)

@@ -1,8 +1,10 @@
 /*
 ** test_ops_embedding.c — token embedding lookup and its scatter-add backward against
-** float64 loops; repeated ids; bitwise determinism across thread counts; bad ids.
+** float64 loops; repeated ids; bitwise determinism across thread counts; bad ids; the
+** touched rows of a gradient.
 */
 #include "tt_test.h"
+#include "embedding.h"
 
 typedef struct { int64_t n, V, D; } emb_ctx;   /* n ids, weight (V, D) */
 
@@ -201,4 +203,40 @@ Test(embedding, bf16_rows) {
             "bf16 rows' gradient differs from the f32 sums of the same values");
   tt_tensor *all[] = {w, ids, y, y32, g, g32, gr, wl};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) tt_tensor_release(all[i]);
+}
+
+/* The touched rows of a gradient (the row-sparse reduction's mask, engine/dist/reducer.c)
+** against a row-by-row loop: zero rows, rows whose only nonzero is the last or the first
+** element, NaN and inf rows (touched), -0.0 rows (untouched), a V that is no multiple of
+** 32, on 1 and 2 threads. Every word is written, whatever the buffer held. */
+Test(embedding, row_mask) {
+  const int64_t sizes[3][2] = {{1000, 67}, {33, 5}, {7, 1}};
+  for (int c = 0; c < 3; c++) {
+    const int64_t V = sizes[c][0], D = sizes[c][1], words = (V + 31) / 32;
+    float *g = calloc((size_t)(V * D), sizeof *g);
+    uint32_t *m = malloc(sizeof *m * (size_t)words);
+    for (int64_t v = 0; v < V; v++) {
+      if (v % 7 == 1) g[v * D + D - 1] = 1e-30f;
+      if (v % 7 == 2) g[v * D] = -3.0f;
+      if (v % 7 == 3) g[v * D + D / 2] = NAN;
+      if (v % 7 == 4) g[v * D + v % D] = INFINITY;
+      if (v % 7 == 5) g[v * D + v % D] = -0.0f;
+    }
+    int keep = tt_get_num_threads();
+    for (int threads = 1; threads <= 2; threads++) {
+      tt_set_num_threads(threads);
+      memset(m, 0xa5, sizeof *m * (size_t)words);
+      cr_assert_eq(tt_embedding_cpu.row_mask(m, g, V, D), 0);
+      for (int64_t v = 0; v < V; v++) {
+        int want = v % 7 >= 1 && v % 7 <= 4, got = (m[v / 32] >> (v % 32)) & 1u;
+        cr_assert_eq(got, want, "V %lld, D %lld, %d threads: row %lld %s", (long long)V,
+                     (long long)D, threads, (long long)v, want ? "missed" : "taken");
+      }
+      for (int64_t v = V; v < words * 32; v++)
+        cr_assert_eq((m[v / 32] >> (v % 32)) & 1u, 0u, "bit %lld past the table", (long long)v);
+    }
+    tt_set_num_threads(keep);
+    free(g);
+    free(m);
+  }
 }

@@ -221,6 +221,48 @@ Test(cuda, embedding_backward_bits) {
   expect_backward_bits(0, TT_F32, 0, 7, 16);
 }
 
+/* The touched rows of a gradient (the row-sparse reduction's mask) on the GPU against the
+** CPU twin, word for word: rows of zeros, rows whose only nonzero is the last element (or
+** the first), NaN, inf and -0.0 rows, a V that is no multiple of 32 and D narrower and
+** wider than a warp. The GPU mask starts as garbage (every word must be written). */
+static void expect_row_mask(int64_t V, int64_t D) {
+  const int64_t shape[2] = {V, D}, words = (V + 31) / 32;
+  tt_tensor *g = NULL, *m = NULL, *gm = NULL;
+  cr_assert_eq(tt_tensor_zeros(shape, 2, TT_F32, TT_CPU, &g), 0);
+  float *x = tt_tensor_data(g);
+  for (int64_t v = 0; v < V; v++) {
+    switch (v % 7) {
+    case 1: x[v * D + D - 1] = 1e-30f; break;
+    case 2: x[v * D] = -3.0f; break;
+    case 3: if (v % 3 == 0) x[v * D + D / 2] = NAN; break;
+    case 4: x[v * D + (v % D)] = INFINITY; break;
+    case 5: x[v * D + (v % D)] = -0.0f; break;   /* equal to zero: untouched */
+    default: break;
+    }
+  }
+  cr_assert_eq(tt_tensor_empty(&words, 1, TT_I32, TT_CPU, &m), 0);
+  cr_assert_eq(tt_tensor_empty(&words, 1, TT_I32, GPU, &gm), 0);
+  cr_assert_eq(tt_fill_(gm, -1.0), 0);
+  tt_tensor *gg = to_dev(g, GPU);
+  cr_assert_eq(tt_embedding_cpu.row_mask(tt_tensor_data(m), x, V, D), 0);
+  cr_assert_eq(tt_embedding_cuda.row_mask(tt_tensor_data(gm), tt_tensor_data(gg), V, D), 0,
+               "%s", tt_last_error());
+  tt_tensor *back = to_dev(gm, TT_CPU);
+  const uint32_t *a = tt_tensor_data(back), *b = tt_tensor_data(m);
+  for (int64_t w = 0; w < words; w++)
+    cr_assert_eq(a[w], b[w], "V %lld, D %lld: word %lld is %08x on the GPU, %08x on the CPU",
+                 (long long)V, (long long)D, (long long)w, a[w], b[w]);
+  tt_tensor *all[] = {g, m, gm, gg, back};
+  for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
+}
+
+Test(cuda, embedding_row_mask) {
+  expect_row_mask(1000, 67);
+  expect_row_mask(50257, 20);
+  expect_row_mask(33, 300);
+  expect_row_mask(7, 1);
+}
+
 /* axpy into bf16 / f16 (a half activation's gradient receiving its second contribution)
 ** in one pass on the GPU, bit for bit the CPU twin's: widened, one fused multiply-add,
 ** rounded once. Through tt_axpy_, which picks the kernel for contiguous operands. */
