@@ -38,8 +38,10 @@ typedef struct tt_attention_args {
   int64_t batch, tq, tk, hq, hkv, dh;
   /* Element strides of the batch, time and head dims of q, k and v. */
   int64_t q_stride[3], k_stride[3], v_stride[3];
-  /* Positions (tq) and (tk) in the kernel's device memory, or NULL for 0..T-1. */
+  /* Positions (tq) and (tk) in the kernel's device memory, or NULL for 0..T-1; and the
+  ** same in host memory (NULL with them), for a kernel that plans its launches on them. */
   const int64_t *q_pos, *k_pos;
+  const int64_t *q_pos_host, *k_pos_host;
   int causal;
   float scale;
 } tt_attention_args;

@@ -142,6 +142,14 @@ void tt_storage_release(tt_storage *s);
 void tt_storage_evict(tt_storage *s);
 int tt_storage_restore(tt_storage *s);
 
+/* Attention positions (ops/attention.c) in host memory, a reference the caller releases:
+** pos itself on the CPU; on a device, a host copy made once per storage and version and
+** kept (with a reference to pos) among the last few, so that positions uploaded once
+** (context parallelism's, cached by tetra.parallel.context) are read back once, not at
+** every call. tt_attention_forget_positions drops the copies. */
+int tt_attention_host_positions(tt_tensor *pos, tt_tensor **out);
+void tt_attention_forget_positions(void);
+
 /* -- Device backends ---------------------------------------------------------------- */
 /* Each device provides raw memory; op families keep their own kernel tables
 ** (kernels/<family>.h) and pick the table with tt_device_is_cuda(). */

@@ -15,6 +15,7 @@
 #include "core/tt_internal.h"
 #include "attention.h"
 #include <math.h>
+#include <pthread.h>
 
 static const char *const attn_names[3] = {"q", "k", "v"};
 
@@ -80,6 +81,80 @@ static int ready_positions(const char *arg, tt_tensor *pos, int64_t len, int dev
   return 0;
 }
 
+/* -- Positions in host memory --------------------------------------------------------- */
+
+/* The last few device positions read back, each with a reference to its tensor (so no
+** other storage can take its address while it is here), keyed by storage, offset, length
+** and the storage's version (a write moves it): context parallelism's are made once
+** (tetra.parallel.context caches them), and every attention call, forward and backward,
+** then plans its cuDNN block pairs without waiting for the device. */
+enum { HOST_POSITIONS = 8 };
+static struct {
+  tt_tensor *t;
+  const tt_storage *storage;
+  int64_t offset, n, version;
+  tt_tensor *host;
+} g_host_pos[HOST_POSITIONS];
+static int g_host_pos_next;
+static pthread_mutex_t g_host_pos_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int tt_attention_host_positions(tt_tensor *pos, tt_tensor **out) {
+  *out = NULL;
+  if (!pos) return 0;
+  if (pos->device == TT_CPU) {
+    tt_tensor_retain(pos);
+    *out = pos;
+    return 0;
+  }
+  TT_CHECK(pos->dtype == TT_I64 && pos->ndim == 1 && tt_tensor_is_contiguous(pos),
+           "attention: positions for the host must be contiguous (n) i64");
+  int64_t n = pos->shape[0];
+  pthread_mutex_lock(&g_host_pos_lock);
+  for (int i = 0; i < HOST_POSITIONS; i++) {
+    if (g_host_pos[i].t && g_host_pos[i].storage == pos->storage &&
+        g_host_pos[i].offset == pos->offset && g_host_pos[i].n == n &&
+        g_host_pos[i].version == pos->storage->version) {
+      tt_tensor_retain(g_host_pos[i].host);
+      *out = g_host_pos[i].host;
+      pthread_mutex_unlock(&g_host_pos_lock);
+      return 0;
+    }
+  }
+  tt_tensor *host = NULL;
+  int rc = tt_tensor_empty(&n, 1, TT_I64, TT_CPU, &host);
+  if (rc == 0) rc = tt_copy_(host, pos);
+  if (rc == 0) {
+    int i = g_host_pos_next;
+    g_host_pos_next = (i + 1) % HOST_POSITIONS;
+    tt_tensor_release(g_host_pos[i].t);
+    tt_tensor_release(g_host_pos[i].host);
+    tt_tensor_retain(pos);
+    g_host_pos[i].t = pos;
+    g_host_pos[i].storage = pos->storage;
+    g_host_pos[i].offset = pos->offset;
+    g_host_pos[i].n = n;
+    g_host_pos[i].version = pos->storage->version;
+    g_host_pos[i].host = host;
+    tt_tensor_retain(host);
+    *out = host;
+  } else {
+    tt_tensor_release(host);
+  }
+  pthread_mutex_unlock(&g_host_pos_lock);
+  return rc;
+}
+
+void tt_attention_forget_positions(void) {
+  pthread_mutex_lock(&g_host_pos_lock);
+  for (int i = 0; i < HOST_POSITIONS; i++) {
+    tt_tensor_release(g_host_pos[i].t);
+    tt_tensor_release(g_host_pos[i].host);
+    g_host_pos[i].t = g_host_pos[i].host = NULL;
+  }
+  g_host_pos_next = 0;
+  pthread_mutex_unlock(&g_host_pos_lock);
+}
+
 /* The element strides of kernel-ready q, k, v. */
 static void fill_strides(tt_attention_args *a, const tt_tensor *q, const tt_tensor *k,
                          const tt_tensor *v) {
@@ -106,8 +181,21 @@ static void fill_args(tt_attention_args *a, const tt_tensor *q, const tt_tensor 
   fill_strides(a, q, k, v);
   a->q_pos = q_pos ? tt_tensor_data(q_pos) : NULL;
   a->k_pos = k_pos ? tt_tensor_data(k_pos) : NULL;
+  a->q_pos_host = a->k_pos_host = NULL;
   a->causal = causal != 0;
   a->scale = (float)(scale != 0.0 ? scale : 1.0 / sqrt((double)a->dh));
+}
+
+/* a's positions in host memory too: host[0] and host[1] hold the references (released by
+** the caller, also after a failure). */
+static int host_positions(tt_attention_args *a, tt_tensor *q_pos, tt_tensor *k_pos,
+                          tt_tensor *host[2]) {
+  host[0] = host[1] = NULL;
+  TT_TRY(tt_attention_host_positions(q_pos, &host[0]));
+  TT_TRY(tt_attention_host_positions(k_pos, &host[1]));
+  a->q_pos_host = host[0] ? tt_tensor_data(host[0]) : NULL;
+  a->k_pos_host = host[1] ? tt_tensor_data(host[1]) : NULL;
+  return 0;
 }
 
 /* -- Running the kernels ------------------------------------------------------------ */
@@ -262,8 +350,9 @@ static int attention_backward(tt_node *node, tt_tensor *grad_out) {
 
   tt_attention_args a;
   fill_args(&a, q, k, v, q_pos, k_pos, (int)node->i[0], node->f[0]);
-  tt_tensor *dout = NULL, *grads[3] = {NULL, NULL, NULL};
+  tt_tensor *dout = NULL, *grads[3] = {NULL, NULL, NULL}, *host[2];
   int rc = -1;
+  if (host_positions(&a, q_pos, k_pos, host) != 0) goto done;
   if (tt_contiguous_nograd(grad_out, &dout) != 0) goto done;
   /* the kernels write q's dtype; a view of another dtype upstream is cast here */
   if (dout->dtype != q->dtype) {
@@ -282,6 +371,8 @@ static int attention_backward(tt_node *node, tt_tensor *grad_out) {
 done:
   tt_tensor_release(dout);
   for (int i = 0; i < 3; i++) tt_tensor_release(grads[i]);
+  tt_tensor_release(host[0]);
+  tt_tensor_release(host[1]);
   return rc;
 }
 
@@ -294,7 +385,7 @@ int tt_attention_ex(tt_tensor *q, tt_tensor *k, tt_tensor *v, tt_tensor *q_pos,
   if (!kern || !kern->forward) return tt_no_kernel("attention", q->device);
 
   tt_tensor *ins[3] = {q, k, v}, *ready[3] = {NULL, NULL, NULL};
-  tt_tensor *qp = NULL, *kp = NULL, *o = NULL, *lse = NULL;
+  tt_tensor *qp = NULL, *kp = NULL, *o = NULL, *lse = NULL, *host[2] = {NULL, NULL};
   for (int i = 0; i < 3; i++)
     if (ready_input(ins[i], &ready[i]) != 0) goto fail;
   if (ready_positions("q_pos", q_pos, q->shape[1], q->device, &qp) != 0 ||
@@ -303,6 +394,7 @@ int tt_attention_ex(tt_tensor *q, tt_tensor *k, tt_tensor *v, tt_tensor *q_pos,
 
   tt_attention_args a;
   fill_args(&a, ready[0], ready[1], ready[2], qp, kp, causal, scale);
+  if (host_positions(&a, qp, kp, host) != 0) goto fail;
   int64_t lse_shape[3] = {a.batch, a.hq, a.tq};
   if (tt_tensor_empty(q->shape, 4, q->dtype, q->device, &o) != 0 ||
       tt_tensor_empty(lse_shape, 3, TT_F32, q->device, &lse) != 0)
@@ -329,6 +421,8 @@ int tt_attention_ex(tt_tensor *q, tt_tensor *k, tt_tensor *v, tt_tensor *q_pos,
   for (int i = 0; i < 3; i++) tt_tensor_release(ready[i]);
   tt_tensor_release(qp);
   tt_tensor_release(kp);
+  tt_tensor_release(host[0]);
+  tt_tensor_release(host[1]);
   tt_tensor_release(lse);
   *out = o;
   return 0;
@@ -336,6 +430,8 @@ fail:
   for (int i = 0; i < 3; i++) tt_tensor_release(ready[i]);
   tt_tensor_release(qp);
   tt_tensor_release(kp);
+  tt_tensor_release(host[0]);
+  tt_tensor_release(host[1]);
   tt_tensor_release(o);
   tt_tensor_release(lse);
   return -1;

@@ -27,8 +27,9 @@
 ** f32; the backward runs each visible pair with the merged out and lse, which is exactly
 ** the FlashAttention-2 gradient restricted to that pair, and sums the pairs' gradients.
 ** Positions that do not cut into such runs (unsorted, or a key run that starts after
-** its query run but overlaps it) fall back. Finding the runs reads the positions back to
-** the host, a stream synchronisation per call with positions (none without them).
+** its query run but overlaps it) fall back. The runs are found on the op layer's host copy
+** of the positions, made once per positions tensor (engine/ops/attention.c), so a call
+** waits for nothing.
 */
 #include "kernel_cuda.h"
 #include "tt_cudnn_sdpa.h"
@@ -266,20 +267,28 @@ struct pos_run {
 enum { MAX_RUNS = 1024 };
 
 /* The runs of consecutive positions of `pos` (device, n), or one run for NULL (0..n-1).
-** 0 when there are more than MAX_RUNS (not a chunked layout), -1 on a CUDA error. Reading
-** them is a host wait (context parallelism: four per layer and micro-batch), through
-** tt_cuda_host_wait: counted, and polling the wait hook, so that the NCCL watchdog still
-** sees the k/v gather just before it if a peer is gone. */
-static int position_runs(const int64_t *pos, int64_t n, std::vector<pos_run> &runs) {
+** 0 when there are more than MAX_RUNS (not a chunked layout), -1 on a CUDA error. `host`:
+** the same positions in host memory (the op layer's copy, made once per positions tensor:
+** engine/ops/attention.c), or NULL: then reading them back is a host wait (four per layer
+** and micro-batch under context parallelism), through tt_cuda_host_wait: counted, and
+** polling the wait hook, so that the NCCL watchdog still sees the k/v gather just before
+** it if a peer is gone. */
+static int position_runs(const int64_t *pos, const int64_t *host, int64_t n,
+                         std::vector<pos_run> &runs) {
   runs.clear();
   if (!pos) {
     runs.push_back({0, n, 0});
     return 1;
   }
-  std::vector<int64_t> h((size_t)n);
-  TT_CU(cudaMemcpyAsync(h.data(), pos, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                        tt_cuda_cur_stream()));
-  TT_CU(tt_cuda_host_wait(tt_cuda_cur_stream()));
+  std::vector<int64_t> back;
+  const int64_t *h = host;
+  if (!h) {
+    back.resize((size_t)n);
+    TT_CU(cudaMemcpyAsync(back.data(), pos, (size_t)n * sizeof(int64_t),
+                          cudaMemcpyDeviceToHost, tt_cuda_cur_stream()));
+    TT_CU(tt_cuda_host_wait(tt_cuda_cur_stream()));
+    h = back.data();
+  }
   for (int64_t i = 0; i < n; i++) {
     if (i > 0 && h[i] == h[i - 1] + 1) {
       runs.back().len++;
@@ -320,9 +329,9 @@ struct block_pair {
 /* Every visible block pair, or 0 when one pair has no cuDNN form (fall back). */
 static int block_pairs(const tt_attention_args *a, std::vector<block_pair> &pairs) {
   std::vector<pos_run> qr, kr;
-  int rc = position_runs(a->q_pos, a->tq, qr);
+  int rc = position_runs(a->q_pos, a->q_pos_host, a->tq, qr);
   if (rc <= 0) return rc;
-  rc = position_runs(a->k_pos, a->tk, kr);
+  rc = position_runs(a->k_pos, a->k_pos_host, a->tk, kr);
   if (rc <= 0) return rc;
   pairs.clear();
   for (const pos_run &q : qr)

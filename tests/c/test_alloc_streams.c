@@ -31,7 +31,9 @@
 **   - tt_fill_ on a device fills by the backend (memset for zeros, its f32 fill kernel)
 **     without a copy from the host, which would wait for the device (and broke every
 **     CUDA-graph capture of a step on the first H200 run); integers other than zero
-**     still come from the host.
+**     still come from the host;
+**   - attention positions on a device come to the host once per storage and version, not
+**     at every call (context parallelism's fused attention waited four times a layer).
 */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -467,4 +469,52 @@ Test(alloc_streams, device_fills_never_copy_from_the_host) {
   cr_assert_eq(((const int32_t *)tt_tensor_data(i))[n - 1], 7);
   tt_tensor *all[] = {t, z, m, i};
   for (int k = 0; k < 4; k++) tt_tensor_release(all[k]);
+}
+
+/* Attention positions on a device (context parallelism's, uploaded once) come to the host
+** once per storage and version (ops/attention.c), not at every call, which was a device
+** wait four times a layer and micro-batch; a write makes a fresh copy; the kept copy holds
+** its tensor, so a tensor made after the caller let the first go cannot be taken for it;
+** and on the CPU the positions are their own host copy. */
+static tt_tensor *device_positions(int64_t n, int64_t first) {
+  tt_tensor *h = NULL, *d = NULL;
+  cr_assert_eq(tt_tensor_empty(&n, 1, TT_I64, TT_CPU, &h), 0);
+  for (int64_t i = 0; i < n; i++) ((int64_t *)tt_tensor_data(h))[i] = first + i;
+  cr_assert_eq(tt_to_device(h, DEV, &d), 0, "%s", tt_last_error());
+  tt_tensor_release(h);
+  return d;
+}
+
+Test(alloc_streams, attention_positions_read_back_once) {
+  tt_attention_forget_positions();
+  tt_tensor *pos = device_positions(6, 10), *h1 = NULL, *h2 = NULL, *h3 = NULL;
+  int copies = g_copies;
+  cr_assert_eq(tt_attention_host_positions(pos, &h1), 0, "%s", tt_last_error());
+  cr_assert_eq(h1->device, TT_CPU);
+  cr_assert_eq(((const int64_t *)tt_tensor_data(h1))[5], 15);
+  cr_assert_eq(g_copies, copies + 1);
+  cr_assert_eq(tt_attention_host_positions(pos, &h2), 0);
+  cr_assert_eq(g_copies, copies + 1, "read back again");
+  cr_assert_eq(tt_tensor_data(h2), tt_tensor_data(h1));
+  /* A write (an in-place copy moves the storage's version): read back afresh. */
+  tt_tensor *other = device_positions(6, 100);
+  cr_assert_eq(tt_copy_(pos, other), 0);
+  copies = g_copies;
+  cr_assert_eq(tt_attention_host_positions(pos, &h3), 0);
+  cr_assert_eq(g_copies, copies + 1);
+  cr_assert_eq(((const int64_t *)tt_tensor_data(h3))[0], 100);
+  cr_assert_eq(((const int64_t *)tt_tensor_data(h1))[0], 10, "an earlier copy changed");
+  /* The caller lets go; a new tensor of the same size gets its own values. */
+  free_on(NULL, pos);
+  tt_tensor *pos2 = device_positions(6, 40), *h4 = NULL;
+  cr_assert_eq(tt_attention_host_positions(pos2, &h4), 0);
+  cr_assert_eq(((const int64_t *)tt_tensor_data(h4))[2], 42);
+  tt_tensor *cpu = NULL, *h5 = NULL;
+  int64_t n = 3;
+  cr_assert_eq(tt_tensor_zeros(&n, 1, TT_I64, TT_CPU, &cpu), 0);
+  cr_assert_eq(tt_attention_host_positions(cpu, &h5), 0);
+  cr_assert_eq(h5, cpu, "a CPU tensor is its own host copy");
+  tt_tensor *all[] = {h1, h2, h3, h4, h5, other, pos2, cpu};
+  for (int k = 0; k < 8; k++) tt_tensor_release(all[k]);
+  tt_attention_forget_positions();
 }
