@@ -6,7 +6,8 @@
 --   bf16 / fp8 (CPU emulation) follow the fp32 curve of recipes/tiny.lua learning a byte
 --   corpus within 1e-2 / 5e-2 over 20 steps (tests/lua/amp_spec.lua: 6e-2 / 0.25 on a
 --   bigram stream at a higher learning rate);
---   train.device=cuda without CUDA fails with one "no CUDA device: ..." line.
+--   train.device=cuda without CUDA fails with one "no CUDA device: ..." line; the batch
+--   uploader writes a staging buffer again only once the device copied it.
 local ffi = require("ffi")
 local tetra = require("tetra")
 local train, optim, metrics, amp = tetra.train, tetra.optim, tetra.metrics, tetra.amp
@@ -287,6 +288,63 @@ describe("train.device", function()
     expect(err.user).to_be(true)                       -- printed without a traceback
     expect(err.message).to_match("^[^\n]+$")
     if not has_gpu then expect(err.message).to_match("^no CUDA device: ") end
+  end)
+
+  -- The batch uploader's two page-locked staging buffers on a pretend device whose copies
+  -- land only when the host waits for them (the DMA reads the buffer then): a third
+  -- upload before the first copy landed must wait for it before writing that buffer
+  -- again (the event recorded after the copy), and one that landed must not be waited
+  -- for (a host wait a step).
+  it("uploads each batch through a staging buffer the device has finished with", function()
+    local pending, landed, marks, waits, keep = {}, 0, {}, 0, {}
+    local function land(upto)
+      while landed < upto do
+        landed = landed + 1
+        local p = pending[landed]
+        ffi.copy(p.dst, p.src, p.n)
+      end
+    end
+    local cu = {
+      tt_cuda_event_create = function(_, box)
+        marks[#marks + 1] = 0
+        box[0] = ffi.cast("tt_cuda_event *", #marks)
+        return 0
+      end,
+      tt_cuda_event_destroy = function() end,
+      tt_cuda_event_record = function(e)
+        marks[tonumber(ffi.cast("uintptr_t", e))] = #pending
+        return 0
+      end,
+      tt_cuda_event_query = function(e)
+        return landed >= marks[tonumber(ffi.cast("uintptr_t", e))] and 1 or 0
+      end,
+      tt_cuda_event_synchronize = function(e)
+        waits = waits + 1
+        land(marks[tonumber(ffi.cast("uintptr_t", e))])
+        return 0
+      end,
+      tt_cuda_host_alloc = function(n, box)
+        keep[#keep + 1] = ffi.new("uint8_t[?]", n)
+        box[0] = keep[#keep]
+        return 0
+      end,
+      tt_cuda_host_free = function() end,
+      tt_cuda_copy_to_device_async = function(dst, _, src, n)
+        pending[#pending + 1] = { dst = dst, src = src, n = n }
+        return 0
+      end,
+      tt_cuda_get_stream = function() return nil end,
+    }
+    local upload = require("tetra.train.device").uploader(C.TT_CPU, cu)
+    local outs = {}
+    for i = 1, 3 do outs[i] = upload(tetra.from_table({ i, 10 * i, 100 * i })) end
+    expect(waits).to_be(1)      -- the third waited for the first's copy, and only it
+    land(#pending)
+    for i = 1, 3 do expect(outs[i]:tolist()).to_equal({ i, 10 * i, 100 * i }) end
+    outs[4] = upload(tetra.from_table({ 4, 40, 400 }))   -- every copy landed: no wait
+    expect(waits).to_be(1)
+    land(#pending)
+    expect(outs[4]:tolist()).to_equal({ 4, 40, 400 })
   end)
 
   it("cpu keeps parameters, optimizer state and batches on the CPU", function()

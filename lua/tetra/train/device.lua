@@ -47,12 +47,15 @@ end
 
 -- upload(host[, into]) for device `dev`: batches there without a wait for the GPU (a
 -- plain copy from pageable memory waits for it), through two page-locked staging buffers
--- used in turns. The copy from a buffer is in stream order before the step's one read of
--- its stats, so by the time the buffer's turn comes again (two steps later) it has
--- finished. On the CPU: the batch. With `into` (a device tensor of the batch's shape and
+-- used in turns. An event recorded after each buffer's copy says when the buffer may be
+-- written again: normally long done (the step's one read of its stats came after it),
+-- and waited for only when not (a caller that uploads twice before the device gets
+-- there). On the CPU: the batch. With `into` (a device tensor of the batch's shape and
 -- dtype: the static input of a captured step) the batch is copied there, also on the CPU.
-function device.uploader(dev)
-  if dev == C.TT_CPU then
+-- cu: the CUDA runtime's entries (tetra_cuda.h; default the engine's), for a test's
+-- stand-in whose copies land late; with it, dev may be the CPU.
+function device.uploader(dev, cu)
+  if dev == C.TT_CPU and not cu then
     return function(t, into)
       if not into then return t end
       upload_check(t, into)
@@ -62,24 +65,35 @@ function device.uploader(dev)
     end
   end
   tffi.cdef_header("tetra_cuda.h")
-  local bufs, sizes, turn = {}, { 0, 0 }, 0
+  cu = cu or C
+  local bufs, sizes, turn, done = {}, { 0, 0 }, 0, {}
   local box = ffi.new("void *[1]")
+  local ebox = ffi.new("tt_cuda_event *[1]")
   return function(host, into)
     if into then upload_check(host, into) end
     local c = host
     if not host:is_contiguous() then c = host:contiguous() end
     local n = tonumber(C.tt_tensor_numel(c)) * tonumber(C.tt_dtype_size(c._dtype))
     turn = turn % 2 + 1
+    if not done[turn] then
+      tffi.check(cu.tt_cuda_event_create(0, ebox))
+      done[turn] = ffi.gc(ebox[0], cu.tt_cuda_event_destroy)
+    else
+      local q = cu.tt_cuda_event_query(done[turn])
+      if q < 0 then tffi.check(-1) end
+      if q == 0 then tffi.check(cu.tt_cuda_event_synchronize(done[turn])) end
+    end
     if sizes[turn] < n then
-      if bufs[turn] then C.tt_cuda_host_free(bufs[turn]) end
-      tffi.check(C.tt_cuda_host_alloc(n, box))
+      if bufs[turn] then cu.tt_cuda_host_free(bufs[turn]) end
+      tffi.check(cu.tt_cuda_host_alloc(n, box))
       bufs[turn], sizes[turn] = box[0], n
     end
     ffi.copy(bufs[turn], C.tt_tensor_data(c), n)
     local out = into or F.empty(host:shape(), c._dtype, dev)
     if n > 0 then
-      tffi.check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(out), dev, bufs[turn], n))
+      tffi.check(cu.tt_cuda_copy_to_device_async(C.tt_tensor_data(out), dev, bufs[turn], n))
     end
+    tffi.check(cu.tt_cuda_event_record(done[turn], cu.tt_cuda_get_stream()))
     if c ~= host then free(c) end
     free(host)
     return out
