@@ -3,6 +3,7 @@
 -- Initialisation follows GPT-2 / Llama practice: weights ~ Normal(0, std) with std 0.02 by
 -- default (callers pass a smaller std for residual projections), biases 0, norm scales 1.
 local F = require("tetra.nn.functional")
+local C = require("tetra.ffi").C
 local Module = require("tetra.nn.module")
 
 local M = {}
@@ -43,17 +44,24 @@ end
 -- gave every layer the same grouped GEMM (bf16 / fp16: tt_linear_lowp_group, the
 -- outputs strided views of one result) and either none has a forward of its own or all
 -- have one that only transforms x before that GEMM, the same for all (group_input: a
--- column-parallel wrapper's gather, which then runs once); otherwise each layer's own
+-- column-parallel wrapper's gather, which then runs once). Without a grouped GEMM, on
+-- an f32 x (fp32) layers that all have that transform still share it: it runs once, then
+-- each layer's GEMM (one gather and, in backward, one reduction of x's gradient, where
+-- each layer's own forward made one each). (fp8's x is bf16: its gradient's three parts
+-- would be rounded in another order than one process rounds them, and the greedy sample
+-- of tests/dist/generate.sh after 30 steps changed a token.) Otherwise each layer's own
 -- forward.
 function M.linears(x, layers)
   local group, input = layers[1].gemm_group, layers[1].group_input
   local with_bias = layers[1].bias ~= nil
+  local shared = input ~= nil and x._dtype == C.TT_F32
   for _, m in ipairs(layers) do
     local own = rawget(m, "forward") ~= nil
     if m.gemm_group ~= group or (m.bias ~= nil) ~= with_bias or m.group_input ~= input or
        own ~= (input ~= nil) then
       group = nil
     end
+    if m.group_input ~= input or not own then shared = false end
   end
   if group then
     local ws, bs = {}, with_bias and {} or nil
@@ -67,6 +75,12 @@ function M.linears(x, layers)
     return unpack(outs)
   end
   local outs = {}
+  if shared then
+    local xi = input(x)
+    for i, m in ipairs(layers) do outs[i] = m.gemm(xi, m.weight, m.bias) end
+    if xi ~= x then F.free(xi) end
+    return unpack(outs)
+  end
   for i, m in ipairs(layers) do outs[i] = m(x) end
   return unpack(outs)
 end

@@ -90,7 +90,7 @@ end
 -- The bytes of activations one micro-batch leaves for backward: per block, the first
 -- stage's embedding output, a later stage's received input, the last stage's head, and
 -- what exists at once when backward starts at the head.
-local function activation_bytes(x, lay, act_b, grouped)
+local function activation_bytes(x, lay, act_b)
   local m, T, d, f, V, L = x.m, x.T, x.d, x.f, x.V, x.L
   local hd, tp, cp, pp, v, mb = x.hd, x.tp, x.cp, x.pp, x.v, x.mb
   local n, seq_n, Hl, kvl, fl, Vl, block = x.n, x.seq_n, x.Hl, x.kvl, x.fl, x.Vl, x.block
@@ -98,10 +98,9 @@ local function activation_bytes(x, lay, act_b, grouped)
   -- (engine/core/autograd.c: tt_record retains both), so a micro-batch in flight costs every
   -- tensor its forward made; views share storage and cost nothing. Under tensor
   -- parallelism a column-parallel linear reads its input through copy_to_group (a view)
-  -- or, under sequence parallelism, a gather of it (sp_gather: one per group of linears
-  -- that read one x when they run as one GEMM, `grouped`: bf16 and fp16), and each
-  -- row-parallel output is summed into a new tensor. Element counts, one entry per
-  -- tensor, of one block:
+  -- or, under sequence parallelism, a gather of it (sp_gather: one for the linears that
+  -- read one x, nn.linears), and each row-parallel output is summed into a new tensor.
+  -- Element counts, one entry per tensor, of one block:
   local nd, nds = n * d, seq_n * d           -- whole sequence; the residual stream
   local stats = block.layer_norm and 2 * seq_n or seq_n   -- LayerNorm: mean, 1/std; RMSNorm: 1/rms
   local tensors = {}
@@ -123,9 +122,7 @@ local function activation_bytes(x, lay, act_b, grouped)
     keep(n * Hl * hd); keep(n * Hl)
   else
     keep(nds); keep(stats)                      -- norm 1
-    if tp > 1 and lay.sp then                   -- wq, wk, wv inputs, gathered
-      for _ = 1, grouped and 1 or 3 do keep(nd) end
-    end
+    if tp > 1 and lay.sp then keep(nd) end      -- wq, wk, wv input, gathered once
     keep(n * Hl * hd)                           -- wq (RoPE rotates it in place)
     keep(n * kvl * hd)                          -- wk (the same)
     keep(n * kvl * hd)                          -- wv
@@ -135,9 +132,7 @@ local function activation_bytes(x, lay, act_b, grouped)
     if tp > 1 then keep(nds); if block.out_bias then keep(nds) end end   -- summed (+ bias)
     keep(nds)                                   -- residual
     keep(nds); keep(stats)                      -- norm 2
-    if tp > 1 and lay.sp then                   -- MLP inputs, gathered
-      keep(nd); if block.gated_mlp and not grouped then keep(nd) end
-    end
+    if tp > 1 and lay.sp then keep(nd) end      -- MLP input, gathered once
     keep(n * fl); keep(n * fl)                  -- w1, w3 (c_fc, gelu)
     if block.gated_mlp then keep(n * fl) end    -- swiglu
     keep(tp > 1 and nd or nds)                  -- w2 (partial sums under tp)
@@ -462,8 +457,7 @@ end
 function M.evaluate(cfg, lay, cl)
   local x = shape(cfg, lay)
   local act_b = widths(cl.precision)
-  local acts = activation_bytes(x, lay, act_b,
-                                cl.precision == "bf16" or cl.precision == "fp16")
+  local acts = activation_bytes(x, lay, act_b)
   local fwd, bwd, comm_mb, hop = chunk_times(x, lay, cl, act_b)
   local span, busy, held = schedule.replay(lay, x.n_micro, fwd, bwd, hop)
   local stages = stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
