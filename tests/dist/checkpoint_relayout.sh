@@ -102,6 +102,12 @@ save_then_resume dp2_zero3 2 "$P.data_parallel_size=2 $P.zero_stage=3" \
 # into ZeRO-3 without offload as well.
 save_then_resume dp2_zero3_offload 2 "$P.data_parallel_size=2 $P.zero_stage=3 $P.offload_optimizer=true" \
   2 "$P.data_parallel_size=2 $P.zero_stage=3"
+# ZeRO-3 in a split layout: each stage's units gathered one at a time, each writing rank's
+# shard file from its host copies; resumed under tensor parallelism with ZeRO-3 (the load
+# unit by unit into each rank's shares) and on one process.
+save_then_resume pp2_dp2_zero3 4 "$P.pipeline_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=3" \
+  1 "" \
+  4 "$P.tensor_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=3"
 save_then_resume tp2_pp2_dp2_zero1 8 "$P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=1" \
   1 "" \
   2 "$P.data_parallel_size=2 $P.zero_stage=1" \
