@@ -90,7 +90,7 @@ end
 -- The bytes of activations one micro-batch leaves for backward: per block, the first
 -- stage's embedding output, a later stage's received input, the last stage's head, and
 -- what exists at once when backward starts at the head.
-local function activation_bytes(x, lay, act_b)
+local function activation_bytes(x, lay, act_b, per_projection)
   local m, T, d, f, V, L = x.m, x.T, x.d, x.f, x.V, x.L
   local hd, tp, cp, pp, v, mb = x.hd, x.tp, x.cp, x.pp, x.v, x.mb
   local n, seq_n, Hl, kvl, fl, Vl, block = x.n, x.seq_n, x.Hl, x.kvl, x.fl, x.Vl, x.block
@@ -99,8 +99,9 @@ local function activation_bytes(x, lay, act_b)
   -- tensor its forward made; views share storage and cost nothing. Under tensor
   -- parallelism a column-parallel linear reads its input through copy_to_group (a view)
   -- or, under sequence parallelism, a gather of it (sp_gather: one for the linears that
-  -- read one x, nn.linears), and each row-parallel output is summed into a new tensor.
-  -- Element counts, one entry per tensor, of one block:
+  -- read one x, nn.linears; one per projection in fp8, `per_projection`), and each
+  -- row-parallel output is summed into a new tensor. Element counts, one entry per
+  -- tensor, of one block:
   local nd, nds = n * d, seq_n * d           -- whole sequence; the residual stream
   local stats = block.layer_norm and 2 * seq_n or seq_n   -- LayerNorm: mean, 1/std; RMSNorm: 1/rms
   local tensors = {}
@@ -122,7 +123,9 @@ local function activation_bytes(x, lay, act_b)
     keep(n * Hl * hd); keep(n * Hl)
   else
     keep(nds); keep(stats)                      -- norm 1
-    if tp > 1 and lay.sp then keep(nd) end      -- wq, wk, wv input, gathered once
+    if tp > 1 and lay.sp then                   -- wq, wk, wv input, gathered
+      for _ = 1, per_projection and 3 or 1 do keep(nd) end
+    end
     keep(n * Hl * hd)                           -- wq (RoPE rotates it in place)
     keep(n * kvl * hd)                          -- wk (the same)
     keep(n * kvl * hd)                          -- wv
@@ -132,7 +135,9 @@ local function activation_bytes(x, lay, act_b)
     if tp > 1 then keep(nds); if block.out_bias then keep(nds) end end   -- summed (+ bias)
     keep(nds)                                   -- residual
     keep(nds); keep(stats)                      -- norm 2
-    if tp > 1 and lay.sp then keep(nd) end      -- MLP input, gathered once
+    if tp > 1 and lay.sp then                   -- MLP input, gathered
+      keep(nd); if per_projection and block.gated_mlp then keep(nd) end
+    end
     keep(n * fl); keep(n * fl)                  -- w1, w3 (c_fc, gelu)
     if block.gated_mlp then keep(n * fl) end    -- swiglu
     keep(tp > 1 and nd or nds)                  -- w2 (partial sums under tp)
@@ -457,7 +462,7 @@ end
 function M.evaluate(cfg, lay, cl)
   local x = shape(cfg, lay)
   local act_b = widths(cl.precision)
-  local acts = activation_bytes(x, lay, act_b)
+  local acts = activation_bytes(x, lay, act_b, cl.precision == "fp8")
   local fwd, bwd, comm_mb, hop = chunk_times(x, lay, cl, act_b)
   local span, busy, held = schedule.replay(lay, x.n_micro, fwd, bwd, hop)
   local stages = stage_costs(cfg, x, lay, cl, acts, bwd, fwd, busy, held, comm_mb)
