@@ -38,9 +38,10 @@ cp "$work/async.jsonl" "$work/resumed.jsonl"
   { echo "FAIL: the resumed run failed"; tail "$work/resumed.out"; failed=1; }
 same_records "$work/sync.jsonl" "$work/resumed.jsonl" 0 || failed=1
 
-# 3. ZeRO-1 and ZeRO-3 on dp 2: the files hold the ranks' gathered moments (ZeRO-1 and 3)
-# and parameters (ZeRO-3, gathered one unit at a time), host copies of the save's own that
-# the writer takes as they are; they must equal a synchronous save's byte for byte.
+# 3. ZeRO-1 and ZeRO-3 on dp 2: each rank's file holds its share of the gathered moments
+# (ZeRO-1 and 3) and parameters (ZeRO-3, gathered one unit at a time), host copies of the
+# save's own that the writer takes as they are; they must equal a synchronous save's byte
+# for byte.
 for z in 1 3; do
   for mode in sync async; do
     mpirun --oversubscribe -np 2 "$tetra" run recipes/tiny.lua --set train.steps=8 \
@@ -52,7 +53,8 @@ for z in 1 3; do
       { echo "FAIL: the zero_stage=$z $mode run failed"; tail "$work/z$z.$mode.out"; exit 1; }
   done
   for s in 4 8; do
-    for f in model.safetensors optim.safetensors; do
+    # (each data-parallel rank writes its share: shard_0000R.safetensors and index.json)
+    for f in shard_00000.safetensors shard_00001.safetensors index.json; do
       cmp "$work/z$z.sync.ck/step_00000$s/$f" "$work/z$z.async.ck/step_00000$s/$f" ||
         { echo "FAIL: zero_stage=$z, step $s: $f differs between the sync and async saves"; failed=1; }
     done

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Checkpoint resume on 2 data-parallel ranks, plain DP and ZeRO-1 (the ranks put their
-# shards' AdamW moments together into one optim.safetensors): the tiny Llama recipe runs
+# Checkpoint resume on 2 data-parallel ranks, plain DP (rank 0 writes optim.safetensors)
+# and ZeRO-1 (the ranks put their shards' AdamW moments together, and each writes its share
+# of the parameters and moments: shard_0000R.safetensors, index.json): the tiny Llama
+# recipe runs
 # 12 steps saving every 6; then,
 # as if the job had died after step 7, the step-12 checkpoint goes, `latest` names
 # step 6, and a second mpirun resumes from it. Its metrics file must hold steps 1..12
@@ -25,8 +27,10 @@ for zero in 0 1; do
        --set log.metrics_file="$full" >"$work/full.log" 2>&1; then
     echo "FAIL: the uninterrupted run (zero_stage=$zero) failed:"; cat "$work/full.log"; exit 1
   fi
-  [ -f "$dir/step_000006/optim.safetensors" ] ||
-    { echo "FAIL: the checkpoint (zero_stage=$zero) has no optim.safetensors"; ls -R "$dir"; exit 1; }
+  want=optim.safetensors
+  [ "$zero" = 1 ] && want="shard_00001.safetensors"
+  [ -f "$dir/step_000006/$want" ] ||
+    { echo "FAIL: the checkpoint (zero_stage=$zero) has no $want"; ls -R "$dir"; exit 1; }
   rm -rf "$dir/step_000012"
   echo step_000006 >"$dir/latest"
   head -n 7 "$full" >"$resumed"        # the crashed run had logged steps 1..7

@@ -1,8 +1,9 @@
 -- A recipe for memory.sh: the tiny Llama set up in the layout --set gives; every rank
 -- prints what it holds ("memory rank R tp T pp P params N grads N optimizer N", bytes)
 -- after one step. With checkpoint.dir set it then saves a checkpoint and prints how far
--- the allocator's peak rose above what the rank held before ("save rank R peak N"), loads
--- it back ("load rank R peak N").
+-- the allocator's peak rose above what the rank held before and the bytes of the host
+-- copies it kept to write ("save rank R peak N kept K"), loads it back ("load rank R peak
+-- N").
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
 
@@ -24,8 +25,23 @@ function recipe.run(cfg)
     local ckpt = require("tetra.checkpoint")
     local path = ckpt.save(env)
     C.tt_alloc_stats_get(C.TT_CPU, st)
-    io.stdout:write(string.format("save rank %d peak %d\n", env.rank,
-                                  tonumber(st.peak_bytes) - before))
+    -- What the rank kept on the host to write (on the CPU the same allocator as the
+    -- "device"): its shard file's tensors that are copies, the moments, and under ZeRO-3
+    -- the parameters too (ZeRO-1 and 2 write the whole parameters themselves).
+    local kept, file = 0, string.format("%s/shard_%05d.safetensors", path, env.rank)
+    if require("tetra.util.fs").exists(file) then
+      local f = require("tetra.io").open(file)
+      for _, name in ipairs(f:names()) do
+        if name:match("^[mv]%.") or cfg.parallel.zero_stage == 3 then
+          local n = 4
+          for _, d in ipairs(f:info(name).shape) do n = n * d end
+          kept = kept + n
+        end
+      end
+      f:close()
+    end
+    io.stdout:write(string.format("save rank %d peak %d kept %d\n", env.rank,
+                                  tonumber(st.peak_bytes) - before, kept))
     collectgarbage()
     C.tt_alloc_stats_get(C.TT_CPU, st)
     before = tonumber(st.live_bytes)

@@ -7,15 +7,18 @@
 -- Layout of DIR/step_000120/ (DIR = checkpoint.dir):
 --   model.safetensors         the parameters (rank 0; every rank holds them all)
 --   optim.safetensors         AdamW m.NAME / v.NAME (SGD: momentum.NAME) per parameter,
---                             step count in the metadata (rank 0). Under ZeRO-1 the ranks
---                             first put their shards' moments together (an all-reduce over
---                             the data-parallel group), so the file is the same as without
---                             it and resumes with or without ZeRO-1, on any rank count
---   shard_00003.safetensors   under tensor, pipeline or context parallelism instead of
---                             model.safetensors and optim.safetensors: the parameter slices
---                             rank 3 holds and their moments, written by the ranks of data-
---                             and context-parallel rank 0, each slice once: by the rank
---                             whose placement is primary (tetra.parallel)
+--                             step count in the metadata (rank 0)
+--   shard_00003.safetensors   under tensor, pipeline or context parallelism, or ZeRO over
+--                             data-parallel ranks, instead of model.safetensors and
+--                             optim.safetensors: parameter slices rank 3 holds and their
+--                             moments, each slice once: by the rank whose placement is
+--                             primary (tetra.parallel), of context-parallel rank 0 and
+--                             data-parallel rank 0, or under ZeRO the data-parallel rank
+--                             the slice falls to (they share the writing by bytes,
+--                             shards.written_here). Under ZeRO the ranks first put their
+--                             shards' moments together (ZeRO-3: the parameters too, one
+--                             unit at a time), so the tensors are the same as without it
+--                             and resume with or without ZeRO, on any rank count
 --   index.json                with the shards: { tensors = { NAME = { shape = global shape,
 --                             shards = { { file =, dim =, offset =, length = } } } } } for
 --                             every parameter and moment (dim 0-based; a whole tensor is

@@ -43,13 +43,14 @@ function M.local_slices(env)
                offset = pl.offset, length = pl.length, primary = pl.primary, state = {},
                own = {} }
   end
-  local writes, split = M.writes_state(env), M.split_layout(env)
+  local mine = M.written_here(env, out)
+  out.written_here = mine
   local T = require("tetra.tensor")
   local per_unit = ddp.zero_stage == 3 and ddp._reducer ~= nil
   ddp:each_param_whole(function(i)
     if not per_unit then return end   -- the parameters are whole: the files read them
     local e = out[i]
-    if writes and (e.primary or not split) then
+    if mine[i] then
       e.tensor, e.own.tensor = M.host_copy(e.tensor), true
     else
       e.tensor = nil
@@ -63,11 +64,11 @@ function M.local_slices(env)
   end
   local params = {}   -- for the shapes and the device
   for i, e in ipairs(entries) do params[i] = e.tensor end
-  -- Every rank takes part in the gathers; only the ranks that write keep what they give,
-  -- on the host, one parameter's moment on the device at a time.
+  -- Every rank takes part in the gathers; only the rank that writes a slice keeps what
+  -- they give, on the host, one parameter's moment on the device at a time.
   for _, kind in ipairs(state_kinds(opt)) do
     ddp:gather_shards(kind[2], params, function(i, w)
-      if writes then
+      if mine[i] then
         out[i].state[kind[1]], out[i].own[kind[1]] = T.moved(w, C.TT_CPU), true
       else
         F.free(w)
@@ -105,23 +106,57 @@ function M.optim_entries(slices)
   return out
 end
 
--- -- Saving shards (tensor, pipeline, context parallelism) ---------------------------------
+-- -- Saving shards (tensor, pipeline, context parallelism, ZeRO) ---------------------------
 
 local function group_rank(g) return g and g.rank or 0 end
+local function group_size(g) return g and g.size or 1 end
 
--- Whether parameters are split over ranks (tensor, pipeline parallelism) or held by
--- several ranks of one model replica (context parallelism): then each rank writes the
--- slices it holds, with index.json.
+-- Whether the checkpoint is written in shards, with index.json: parameters split over
+-- ranks (tensor, pipeline parallelism), held by several ranks of one model replica
+-- (context parallelism), or under ZeRO over several data-parallel ranks, which then
+-- share the writing (M.written_here).
 function M.split_layout(env)
   local l = env.par.layout
-  return l.tp > 1 or l.pp > 1 or l.cp > 1
+  return l.tp > 1 or l.pp > 1 or l.cp > 1 or
+         (M.zero_sharded(env) and group_size(env.mesh.dp) > 1)
 end
 
--- Whether this rank writes optimizer state: rank 0 of a whole checkpoint, the first data-
--- and context-parallel rank of each slice of a split one (M.shard_files).
-function M.writes_state(env)
-  if not M.split_layout(env) then return (env.rank or 0) == 0 end
-  return group_rank(env.mesh.dp) == 0 and group_rank(env.mesh.cp) == 0
+-- For each slice (index-aligned with slices), whether this rank writes it and its
+-- optimizer state. A whole checkpoint: rank 0 all. A split one: the slices this rank
+-- counts (primary), by context-parallel rank 0 and data-parallel rank 0, except under
+-- ZeRO, where the data-parallel ranks share them, the largest first to the one with the
+-- fewest bytes so far (the same on every rank): each keeps and writes 1/dp of the state
+-- on the host, where one rank held it all (12 bytes a parameter: 840 GB for a 70B model
+-- under ZeRO-3 on data parallelism alone), and the files are written in parallel.
+function M.written_here(env, slices)
+  local mine = {}
+  if not M.split_layout(env) then
+    for i = 1, #slices do mine[i] = (env.rank or 0) == 0 end
+    return mine
+  end
+  local owner, n = {}, group_size(env.mesh.dp)
+  if M.zero_sharded(env) and n > 1 then
+    local order, load = {}, {}
+    for i, e in ipairs(slices) do
+      e.numel = e.numel or e.tensor:numel()
+      if e.primary then order[#order + 1] = i end
+    end
+    table.sort(order, function(a, b)
+      if slices[a].numel ~= slices[b].numel then return slices[a].numel > slices[b].numel end
+      return a < b
+    end)
+    for r = 0, n - 1 do load[r] = 0 end
+    for _, i in ipairs(order) do
+      local best = 0
+      for r = 1, n - 1 do if load[r] < load[best] then best = r end end
+      owner[i], load[best] = best, load[best] + slices[i].numel
+    end
+  end
+  local here = group_rank(env.mesh.cp) == 0
+  for i, e in ipairs(slices) do
+    mine[i] = here and e.primary and (owner[i] or 0) == group_rank(env.mesh.dp) or false
+  end
+  return mine
 end
 
 local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end
@@ -130,11 +165,13 @@ local function shard_name(rank) return string.format("shard_%05d.safetensors", r
 -- index.json by rank 0), appended to `files` (see tetra.checkpoint.save's plan) when
 -- this rank writes one.
 function M.shard_files(env, slices, rank, meta, files)
-  if not M.writes_state(env) then return end
+  local mine, any = slices.written_here or M.written_here(env, slices), false
+  for i = 1, #slices do any = any or mine[i] end
+  if not any then return end
   local file = shard_name(rank)
   local entries, index = {}, {}
-  for _, e in ipairs(slices) do
-    if e.primary then
+  for i, e in ipairs(slices) do
+    if mine[i] then
       local list = { { e.name, e.tensor, e.own.tensor } }
       for _, kt in ipairs(M.optim_entries({ e })) do list[#list + 1] = kt end
       for _, kt in ipairs(list) do
