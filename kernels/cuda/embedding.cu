@@ -103,10 +103,11 @@ static int embedding_forward(void *out, const float *weight, const void *ids, in
 ** (the first version) gives only D-way parallelism: ceil(D / 128) blocks, each thread
 ** reading all n tokens. Instead the (id, position) pairs are sorted by id with CUB's
 ** radix sort, which is stable: the positions of one id stay in token order. Then each
-** run of equal ids is one block, its threads over D, each summing its column of the run
-** starting from the row's current value, in token order: the same additions in the same
-** order as the CPU twin, so the same bits. Ids outside [0, V) (reported by the forward,
-** or recorded for the step's deferred check) get the key V, sort last and are skipped. */
+** run of equal ids is a row of blocks, one per tile of columns, each thread summing its
+** column of the run starting from the row's current value, in token order: the same
+** additions in the same order as the CPU twin, so the same bits. Ids outside [0, V)
+** (reported by the forward, or recorded for the step's deferred check) get the key V,
+** sort last and are skipped. */
 
 /* key[i] = the row of token i, ids[i] - start (V when outside the table), pos[i] = i. */
 __global__ void embedding_keys(uint32_t *key, uint32_t *pos, const void *ids, int ids_i64,
@@ -119,21 +120,25 @@ __global__ void embedding_keys(uint32_t *key, uint32_t *pos, const void *ids, in
   }
 }
 
-/* One block per sorted position p that starts a run of equal keys. */
+/* Blocks (x) per sorted position p that starts a run of equal keys, and (y) per tile of
+** blockDim.x columns: each thread sums one column of the run. A long run (a padding id,
+** a common token: half a batch's tokens may share a handful of ids) is then spread over
+** ceil(D / blockDim.x) SMs, where one block walked it column tile after column tile;
+** every column is still summed alone, in token order (the same bits). */
 template <typename T>
 __global__ void embedding_runs(float *dweight, const T *dout, const uint32_t *key,
                                const uint32_t *pos, int64_t n, int64_t V, int64_t D) {
+  const int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
   for (int64_t p = blockIdx.x; p < n; p += gridDim.x) {
     const uint32_t id = key[p];
     if (id >= V || (p > 0 && key[p - 1] == id)) continue;
     int64_t end = p + 1;
     while (end < n && key[end] == id) end++;
+    if (j >= D) continue;
     float *row = dweight + (int64_t)id * D;
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-      float s = row[j];
-      for (int64_t q = p; q < end; q++) s += tt_ld(dout, (int64_t)pos[q] * D + j);
-      row[j] = s;
-    }
+    float s = row[j];
+    for (int64_t q = p; q < end; q++) s += tt_ld(dout, (int64_t)pos[q] * D + j);
+    row[j] = s;
   }
 }
 
@@ -167,8 +172,12 @@ static int backward_sorted(float *dweight, const T *dout, const void *ids, int i
                                         bits, st);
   if (e == cudaSuccess) {
     const int threads = D >= 128 ? 128 : (int)((D + 31) / 32 * 32);
-    const int64_t blocks = n < 65535 * 16 ? n : 65535 * 16;
-    embedding_runs<<<(unsigned)blocks, threads, 0, st>>>(dweight, dout, skey, spos, n, V, D);
+    const int64_t tiles = (D + threads - 1) / threads;   /* <= 65535: checked by the caller */
+    /* (x: 2^31 - 1 at most; with the tiles, fewer for wide rows: most blocks only look
+    ** at two keys, and the loop covers the rest) */
+    const int64_t cap = 65535 * 16 / (tiles < 16 ? tiles : 16);
+    const dim3 grid((unsigned)(n < cap ? n : cap), (unsigned)tiles);
+    embedding_runs<<<grid, threads, 0, st>>>(dweight, dout, skey, spos, n, V, D);
     e = tt_cuda_launch_status();
   }
   cudaFreeAsync(mem, st);
@@ -184,6 +193,8 @@ static int embedding_backward(float *dweight, const void *dout, const void *ids,
   TT_CHECK(n < INT32_MAX && V < UINT32_MAX,
            "embedding_backward: %lld tokens of a vocabulary of %lld; the CUDA kernel sorts "
            "32-bit ids and positions", (long long)n, (long long)V);
+  TT_CHECK(D <= (int64_t)65535 * 128, "embedding_backward: rows of %lld; the CUDA kernel "
+           "takes up to %d", (long long)D, 65535 * 128);
   if (n == 0 || D == 0) return 0;
   if (dout_dtype == TT_ELEM_BF16)
     return backward_sorted(dweight, (const __nv_bfloat16 *)dout, ids, ids_i64, n, V, D,

@@ -63,8 +63,10 @@ compare tp_across parallel.order=dp-tp-cp-pp
 tp_across_eth0=$eth0
 echo "eth0 bytes sent, all hosts: $tp_in_eth0 with TP inside each host, $tp_across_eth0 with TP across hosts"
 echo "lo bytes sent, all hosts (TCP within a host): $tp_in_lo"
-if [ "$tp_across_eth0" -lt $((3 * tp_in_eth0)) ]; then
-  echo "FAIL: TP across hosts moved under 3x the bytes over eth0: TP traffic crosses eth0 either way"
+# (measured: 2.75x since q/k/v and the MLP share one gather and one gradient all-reduce
+# each, 4 TP collectives a layer where there were 7; over 3x before)
+if [ "$tp_across_eth0" -lt $((2 * tp_in_eth0)) ]; then
+  echo "FAIL: TP across hosts moved under 2x the bytes over eth0: TP traffic crosses eth0 either way"
   failed=1
 fi
 if [ "$tp_in_lo" -gt 2000000 ]; then

@@ -55,6 +55,7 @@ typedef struct bufs {
   tt_tensor *f[5], *b[5];   /* f32 and bf16 */
   tt_tensor *w, *bias, *stats, *mean, *parts, *dw, *db;
   tt_tensor *ids;           /* N token ids in [0, VOCAB), i32 */
+  tt_tensor *padded;        /* the same with every other id 0 (a batch half padding) */
 } bufs;
 
 typedef int (*bench_fn)(bufs *B, int dtype);
@@ -125,6 +126,12 @@ static int run_cast(bufs *B, int dtype) {
 static int run_embedding_bwd(bufs *B, int dtype) {
   return tt_embedding_cuda.backward(ptr(B->f[4]), ptr(buf(B, dtype, 0)), ptr(B->ids), 0, B->N,
                                     VOCAB, D, dtype, 0);
+}
+
+/* The same with half the tokens one id: a run of N / 2 rows, which one block summed. */
+static int run_embedding_bwd_padded(bufs *B, int dtype) {
+  return tt_embedding_cuda.backward(ptr(B->f[4]), ptr(buf(B, dtype, 0)), ptr(B->padded), 0,
+                                    B->N, VOCAB, D, dtype, 0);
 }
 
 static int run_add_rms(bufs *B, int dtype) {
@@ -232,6 +239,8 @@ int main(int argc, char **argv) {
     tt_tensor *h = NULL;
     if (tt_tensor_randint(&n, 1, 0, VOCAB, TT_I32, &h) || tt_to_device(h, 0, &B.ids))
       die("token ids");
+    for (int64_t i = 0; i < n; i += 2) ((int32_t *)tt_tensor_data(h))[i] = 0;
+    if (tt_to_device(h, 0, &B.padded)) die("padded token ids");
     tt_tensor_release(h);
   }
   B.w = rand_dev(D, TT_F32);
@@ -251,6 +260,7 @@ int main(int argc, char **argv) {
     {"cast to f32 (copy kernel)", run_cast, TT_BF16, 2 + 4, 0},
     {"embedding bwd (sorted ids)", run_embedding_bwd, TT_F32, 4 + 2 * 4, 0},
     {"embedding bwd (sorted ids)", run_embedding_bwd, TT_BF16, 2 + 2 * 4, 0},
+    {"embedding bwd, half padding", run_embedding_bwd_padded, TT_BF16, 2 + 2 * 4, 0},
     {"rmsnorm fwd (unfused)", run_rms_unfused, TT_F32, 2 * 4, 0},
     {"add+rmsnorm fwd", run_add_rms, TT_F32, 4 * 4, 0},
     {"add+rmsnorm fwd", run_add_rms, TT_BF16, 4 * 2, 0},
@@ -296,5 +306,6 @@ int main(int argc, char **argv) {
   tt_tensor_release(B.db);
   tt_tensor_release(B.parts);
   tt_tensor_release(B.ids);
+  tt_tensor_release(B.padded);
   return 0;
 }
