@@ -8,10 +8,9 @@ local T = require("tetra.tensor")
 local F = require("tetra.nn.functional")
 local folder = require("tetra.checkpoint.dir")
 local save = require("tetra.checkpoint.save")
+local shards = require("tetra.checkpoint.shards")
 
 local M = {}
-
-local take, pout = T.take, T.pout
 
 -- Queues on writer the safetensors file f (see tetra.checkpoint.save's plan) at path, from
 -- host copies of its tensors taken now (appended to copies, for the caller to free once
@@ -23,8 +22,7 @@ local function queue_safetensors(writer, path, f, copies)
   for i, kt in ipairs(f.tensors) do
     -- A copy the next steps cannot change, in host memory (kt[3]: t is one already).
     local t = kt[2]
-    local host = kt[3] and t or take(t._device == C.TT_CPU and C.tt_clone(t, pout)
-                                     or C.tt_to_device(t, C.TT_CPU, pout))
+    local host = kt[3] and t or shards.host_copy(t)
     copies[#copies + 1] = host
     names[i - 1], ts[i - 1] = kt[1], host
   end

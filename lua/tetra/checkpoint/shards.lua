@@ -3,6 +3,7 @@
 -- this rank's slices together again from whatever layout wrote them (a reshard).
 local C = require("tetra.ffi").C
 local F = require("tetra.nn.functional")
+local T = require("tetra.tensor")
 local fs = require("tetra.util.fs")
 local json = require("tetra.util.json")
 local fail = require("tetra.util.errors").raise
@@ -45,7 +46,6 @@ function M.local_slices(env)
   end
   local mine = M.written_here(env, out)
   out.written_here = mine
-  local T = require("tetra.tensor")
   local per_unit = ddp.zero_stage == 3 and ddp._reducer ~= nil
   ddp:each_param_whole(function(i)
     if not per_unit then return end   -- the parameters are whole: the files read them
@@ -80,7 +80,6 @@ end
 
 -- A copy of t in host memory that nothing else references.
 function M.host_copy(t)
-  local T = require("tetra.tensor")
   if t._device == C.TT_CPU then return t:clone() end
   return T.take(C.tt_to_device(t, C.TT_CPU, T.pout))
 end
@@ -136,20 +135,20 @@ function M.written_here(env, slices)
   end
   local owner, n = {}, group_size(env.mesh.dp)
   if M.zero_sharded(env) and n > 1 then
-    local order, load = {}, {}
+    local order, load, numel = {}, {}, {}
     for i, e in ipairs(slices) do
-      e.numel = e.numel or e.tensor:numel()
+      numel[i] = e.tensor:numel()
       if e.primary then order[#order + 1] = i end
     end
     table.sort(order, function(a, b)
-      if slices[a].numel ~= slices[b].numel then return slices[a].numel > slices[b].numel end
+      if numel[a] ~= numel[b] then return numel[a] > numel[b] end
       return a < b
     end)
     for r = 0, n - 1 do load[r] = 0 end
     for _, i in ipairs(order) do
       local best = 0
       for r = 1, n - 1 do if load[r] < load[best] then best = r end end
-      owner[i], load[best] = best, load[best] + slices[i].numel
+      owner[i], load[best] = best, load[best] + numel[i]
     end
   end
   local here = group_rank(env.mesh.cp) == 0
@@ -165,7 +164,7 @@ local function shard_name(rank) return string.format("shard_%05d.safetensors", r
 -- index.json by rank 0), appended to `files` (see tetra.checkpoint.save's plan) when
 -- this rank writes one.
 function M.shard_files(env, slices, rank, meta, files)
-  local mine, any = slices.written_here or M.written_here(env, slices), false
+  local mine, any = slices.written_here, false
   for i = 1, #slices do any = any or mine[i] end
   if not any then return end
   local file = shard_name(rank)
@@ -365,8 +364,7 @@ function M.load_state(env, path)
   end
   -- ZeRO-3: the parameters are loaded one unit at a time, gathered whole, and each unit
   -- then becomes this rank's shares (ddp:each_param_whole).
-  require("tetra.tensor").no_grad(function()
-    local T = require("tetra.tensor")
+  T.no_grad(function()
     env.ddp:each_param_whole(function(i)
       local e = entries[i]
       local pl = e.placement
