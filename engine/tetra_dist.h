@@ -275,12 +275,6 @@ int tt_dist_reducer_unit_gather_whole(tt_dist_reducer *r, int unit);
 int tt_dist_reducer_unit_prefetch(tt_dist_reducer *r, int unit);
 /* Gives the unit's parameter memory back; headers stay. */
 int tt_dist_reducer_unit_release(tt_dist_reducer *r, int unit);
-/* Every unit gathered: copies this rank's share of the parameters into its own (after
-** something wrote the parameters: a checkpoint load). */
-int tt_dist_reducer_params_to_shards(tt_dist_reducer *r);
-/* The same for one unit, gathered whole (unit_gather_whole): a load goes unit by unit, so
-** the device holds one unit's whole parameters at a time besides the shares. */
-int tt_dist_reducer_unit_to_shards(tt_dist_reducer *r, int unit);
 /* ZeRO-3 with the f32 shares on the host (reducer.c's section says how): shares_away gives
 ** the owned buffers' memory back, keeping compute-dtype copies for the blocks' gathers;
 ** shares_home takes it again (zeroed: the caller writes the shares). away_bytes: the

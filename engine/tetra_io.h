@@ -31,6 +31,16 @@ int tt_safetensors_read(const tt_safetensors *f, const char *name, tt_tensor **o
 ** any device). */
 int tt_safetensors_read_into(const tt_safetensors *f, const char *name, tt_tensor *dst);
 
+/* The file's byte offset where the tensor data starts (8 + the header's length). */
+uint64_t tt_safetensors_data_start(const tt_safetensors *f);
+/* The box of tensor `name` whose dim d spans [lo[d], hi[d]) (each non-empty): its bytes
+** lie in the file's [*begin, *end), and read_box copies it into dst (shaped hi - lo; any
+** dtype: casts; any device), reading from the mapping only the box's elements. */
+int tt_safetensors_box_span(const tt_safetensors *f, const char *name, const int64_t *lo,
+                            const int64_t *hi, uint64_t *begin, uint64_t *end);
+int tt_safetensors_read_box(const tt_safetensors *f, const char *name, const int64_t *lo,
+                            const int64_t *hi, tt_tensor *dst);
+
 /* "__metadata__" entries. */
 int tt_safetensors_metadata_count(const tt_safetensors *f);
 const char *tt_safetensors_metadata_key(const tt_safetensors *f, int i);
@@ -49,6 +59,19 @@ int tt_safetensors_save(const char *path, const char *const *names,
 uint32_t tt_crc32c(uint32_t crc, const void *data, size_t len);
 /* CRC-32C of a whole file. */
 int tt_crc32c_file(const char *path, uint32_t *out);
+/* The block a checkpoint's safetensors file is summed in, for a file of `bytes`: a power
+** of two from 4 KiB to 4 MiB, about 1024 blocks a file (a load then sums only the blocks
+** it reads: under ZeRO a rank reads 1/dp of each file). */
+uint64_t tt_checksum_block(uint64_t bytes);
+/* CRC-32C of file path whole (*whole) and, with sums, of each `block` bytes of it (the
+** last block may be shorter): the file must have exactly n_sums blocks. */
+int tt_crc32c_file_blocks(const char *path, uint64_t block, uint32_t *whole, uint32_t *sums,
+                          int64_t n_sums);
+/* CRC-32C of len bytes of file path from byte offset. */
+int tt_crc32c_file_range(const char *path, uint64_t offset, uint64_t len, uint32_t *out);
+/* Bytes this process has read from files so far: *copied out of a safetensors mapping
+** (tt_safetensors_read*), *summed by the calls above. */
+void tt_io_bytes(uint64_t *copied, uint64_t *summed);
 
 /* -- Asynchronous checkpoint writer (engine/io/ckpt_writer.c) --------------------------- */
 /* Files queued, then written (each fsynced) and summed (CRC-32C) in order by one
@@ -73,6 +96,10 @@ int tt_ckpt_writer_poll(const tt_ckpt_writer *w);
 int tt_ckpt_writer_wait(tt_ckpt_writer *w);
 /* The CRC-32C of the i-th queued operation (0-based) when it wrote a file, once run. */
 uint32_t tt_ckpt_writer_crc(const tt_ckpt_writer *w, int i);
+/* When the i-th operation wrote a safetensors file, once run: its block size and the
+** CRC-32C of each block (*sums, owned by the writer until free); their count, else -1. */
+int64_t tt_ckpt_writer_blocks(const tt_ckpt_writer *w, int i, uint64_t *block,
+                              const uint32_t **sums);
 /* Waits for the thread if it runs, then frees the queue and drops its references. */
 void tt_ckpt_writer_free(tt_ckpt_writer *w);
 #endif

@@ -205,4 +205,7 @@ static inline int tt_device_is_cuda(int device) { return device >= 0; }
 /* Fails with "op: not implemented on cuda" style message when a family has no kernel. */
 int tt_no_kernel(const char *op, int device);
 
+/* Adds n to the bytes copied that tt_io_bytes reports (engine/io/checksum.c). */
+void tt_io_count_copied(uint64_t n);
+
 #endif

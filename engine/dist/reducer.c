@@ -1085,44 +1085,6 @@ static int refresh_gathered_units(tt_dist_reducer *r) {
   return 0;
 }
 
-/* Bucket bk, gathered whole in f32: this rank's share of its parameters into owned. */
-static int bucket_to_shares(tt_dist_reducer *r, grad_bucket *bk, const char *op) {
-  int b = (int)(bk - r->buckets);
-  TT_CHECK(!r->away, "%s: the f32 shares are on the host (shares_away)", op);
-  TT_CHECK(bk->gathered && !bk->lp, "%s: bucket %d is not gathered whole in f32", op, b);
-  int n = r->comm->size, me = r->comm->rank;
-  int64_t len = bk->numel / n, lo = me * len, hi = lo + len;
-  for (int k = 0; k < bk->n_slots; k++) {
-    grad_slot *s = &r->slots[bk->first_slot + k];
-    int64_t a, e;
-    if (!share_of(s, lo, hi, &a, &e)) continue;
-    tt_tensor *p = r->params[s->param], *flat = NULL, *src = NULL, *dst = NULL;
-    int64_t numel = s->numel;
-    int rc = tt_view(p, &numel, 1, &flat);
-    if (rc == 0) rc = flat_piece(flat, a - s->offset, e - a, NULL, &src);
-    if (rc == 0) rc = flat_piece(bk->owned, a - lo, e - a, NULL, &dst);
-    if (rc == 0) rc = tt_copy_(dst, src);
-    tt_tensor_release(flat);
-    tt_tensor_release(src);
-    tt_tensor_release(dst);
-    TT_TRY(rc);
-  }
-  return 0;
-}
-
-int tt_dist_reducer_params_to_shards(tt_dist_reducer *r) {
-  TT_CHECK(r->zero_stage == 3, "params_to_shards: only under parallel.zero_stage = 3");
-  for (int b = 0; b < r->n_buckets; b++)
-    TT_TRY(bucket_to_shares(r, &r->buckets[b], "params_to_shards"));
-  return 0;
-}
-
-int tt_dist_reducer_unit_to_shards(tt_dist_reducer *r, int unit) {
-  int b = unit_bucket(r, unit, "zero-3 unit_to_shards");
-  if (b < 0) return -1;
-  return bucket_to_shares(r, &r->buckets[b], "zero-3 unit_to_shards");
-}
-
 /* -- ZeRO-3: the f32 shares on the host ----------------------------------------------- */
 
 /* Optimizer offload in bf16 / fp16 (AdamW:masters_on_host): the optimizer's host copies of

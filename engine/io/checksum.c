@@ -8,7 +8,10 @@
 #include "core/tt_internal.h"
 #include <errno.h>
 #include <pthread.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <unistd.h>
 
 /* Made once, by whichever thread needs it first: the checkpoint writer's, a TFRecord
 ** loader's and the main thread's checks may all start at once. */
@@ -52,22 +55,92 @@ uint32_t tt_crc32c(uint32_t crc, const void *data, size_t len) {
   return ~crc_table(crc, data, len);
 }
 
-int tt_crc32c_file(const char *path, uint32_t *out) {
+/* Bytes read from files: summed here, and copied out of a safetensors mapping
+** (tt_io_count_copied). */
+static _Atomic uint64_t bytes_summed, bytes_copied;
+
+void tt_io_count_copied(uint64_t n) { bytes_copied += n; }
+void tt_io_bytes(uint64_t *copied, uint64_t *summed) {
+  *copied = bytes_copied;
+  *summed = bytes_summed;
+}
+
+uint64_t tt_checksum_block(uint64_t bytes) {
+  uint64_t block = 4096;
+  while (block < (4u << 20) && block * 1024 < bytes) block *= 2;
+  return block;
+}
+
+int tt_crc32c_file_blocks(const char *path, uint64_t block, uint32_t *whole, uint32_t *sums,
+                          int64_t n_sums) {
+  TT_CHECK(block > 0 && block <= (64u << 20), "%s: block of %llu bytes", path,
+           (unsigned long long)block);
   FILE *f = fopen(path, "rb");
   if (!f) return tt_set_error("%s: %s", path, strerror(errno));
-  enum { CHUNK = 1 << 20 };
-  uint8_t *buf = malloc(CHUNK);
+  uint8_t *buf = malloc((size_t)block);
   if (!buf) {
     fclose(f);
     return tt_set_error("out of host memory");
   }
   uint32_t crc = 0;
+  int64_t k = 0;
   size_t n;
-  while ((n = fread(buf, 1, CHUNK, f)) > 0) crc = tt_crc32c(crc, buf, n);
-  int bad = ferror(f);
+  int rc = 0;
+  /* fread fills a whole block unless the file ends first. */
+  while ((n = fread(buf, 1, (size_t)block, f)) > 0) {
+    crc = tt_crc32c(crc, buf, n);
+    bytes_summed += n;
+    if (sums) {
+      if (k >= n_sums) {
+        rc = tt_set_error("%s: longer than %lld blocks of %llu bytes (written to meanwhile?)",
+                          path, (long long)n_sums, (unsigned long long)block);
+        break;
+      }
+      sums[k] = tt_crc32c(0, buf, n);
+    }
+    k++;
+  }
+  if (!rc && ferror(f)) rc = tt_set_error("%s: read error", path);
+  if (!rc && sums && k != n_sums)
+    rc = tt_set_error("%s: %lld blocks of %llu bytes, %lld expected (written to meanwhile?)",
+                      path, (long long)k, (unsigned long long)block, (long long)n_sums);
   free(buf);
   fclose(f);
-  if (bad) return tt_set_error("%s: read error", path);
-  *out = crc;
-  return 0;
+  if (!rc) *whole = crc;
+  return rc;
+}
+
+int tt_crc32c_file(const char *path, uint32_t *out) {
+  return tt_crc32c_file_blocks(path, 1u << 20, out, NULL, 0);
+}
+
+int tt_crc32c_file_range(const char *path, uint64_t offset, uint64_t len, uint32_t *out) {
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return tt_set_error("%s: %s", path, strerror(errno));
+  enum { CHUNK = 1 << 20 };
+  uint8_t *buf = malloc(CHUNK);
+  if (!buf) {
+    close(fd);
+    return tt_set_error("out of host memory");
+  }
+  uint32_t crc = 0;
+  int rc = 0;
+  while (len > 0) {
+    ssize_t n = pread(fd, buf, len < CHUNK ? (size_t)len : CHUNK, (off_t)offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      rc = n < 0 ? tt_set_error("%s: %s", path, strerror(errno))
+                 : tt_set_error("%s: ends before byte %llu", path,
+                                (unsigned long long)(offset + len));
+      break;
+    }
+    crc = tt_crc32c(crc, buf, (size_t)n);
+    bytes_summed += (uint64_t)n;
+    offset += (uint64_t)n;
+    len -= (uint64_t)n;
+  }
+  free(buf);
+  close(fd);
+  if (!rc) *out = crc;
+  return rc;
 }

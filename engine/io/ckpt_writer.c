@@ -5,7 +5,8 @@
 ** The training thread queues operations: safetensors files of host tensors it will not
 ** touch again (snapshots taken at the step boundary), byte blobs (copied here), fsyncs
 ** and renames. start() hands the queue to one thread, which runs them in order (each
-** file fsynced, tt_safetensors_save for the tensors, and summed: CRC-32C) while training
+** file fsynced, tt_safetensors_save for the tensors, and summed: CRC-32C, a safetensors
+** file also per block) while training
 ** goes on; poll() and wait() tell the training thread when it is done. A checkpoint
 ** takes two queues: every rank's files, then, once every rank's writer has finished,
 ** rank 0's publishing (checksums.json, the directory's rename, `latest`).
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,6 +46,10 @@ typedef struct {
   char *bytes;
   size_t len;
   uint32_t crc;
+  /* CKPT_SAFETENSORS: the CRC-32C of each block of tt_checksum_block's size */
+  uint64_t block;
+  int64_t n_blocks;
+  uint32_t *blocks;
 } ckpt_file;
 
 struct tt_ckpt_writer {
@@ -72,6 +78,7 @@ static char *dup_str(const char *s) {
 }
 
 static void free_file(ckpt_file *f) {
+  free(f->blocks);
   free(f->path);
   free(f->to);
   for (int i = 0; i < f->n_tensors; i++) {
@@ -212,13 +219,25 @@ static int fsync_path(const char *path) {
   return 0;
 }
 
+/* A written safetensors file's CRC-32C, whole and per block. */
+static int sum_blocks(ckpt_file *f) {
+  struct stat st;
+  TT_CHECK(stat(f->path, &st) == 0, "checkpoint writer: cannot stat %s: %s", f->path,
+           strerror(errno));
+  f->block = tt_checksum_block((uint64_t)st.st_size);
+  f->n_blocks = (int64_t)(((uint64_t)st.st_size + f->block - 1) / f->block);
+  f->blocks = malloc(sizeof(uint32_t) * (size_t)(f->n_blocks ? f->n_blocks : 1));
+  TT_CHECK(f->blocks, "checkpoint writer: out of host memory");
+  return tt_crc32c_file_blocks(f->path, f->block, &f->crc, f->blocks, f->n_blocks);
+}
+
 static int run_op(ckpt_file *f) {
   switch (f->kind) {
   case CKPT_SAFETENSORS:
     TT_TRY(tt_safetensors_save(f->path, (const char *const *)f->names, f->tensors,
                                f->n_tensors, (const char *const *)f->meta_keys,
                                (const char *const *)f->meta_values, f->n_meta));
-    return tt_crc32c_file(f->path, &f->crc);
+    return sum_blocks(f);
   case CKPT_BYTES:
     f->crc = tt_crc32c(0, f->bytes, f->len);
     return write_blob(f);
@@ -274,6 +293,14 @@ int tt_ckpt_writer_wait(tt_ckpt_writer *w) {
 
 uint32_t tt_ckpt_writer_crc(const tt_ckpt_writer *w, int i) {
   return i >= 0 && i < w->n ? w->files[i].crc : 0;
+}
+
+int64_t tt_ckpt_writer_blocks(const tt_ckpt_writer *w, int i, uint64_t *block,
+                              const uint32_t **sums) {
+  if (i < 0 || i >= w->n || !w->files[i].blocks) return -1;
+  *block = w->files[i].block;
+  *sums = w->files[i].blocks;
+  return w->files[i].n_blocks;
 }
 
 void tt_ckpt_writer_free(tt_ckpt_writer *w) {

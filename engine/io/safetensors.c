@@ -3,8 +3,8 @@
 **
 ** Reading maps the file and parses the JSON header with the engine's one JSON reader
 ** (common/json.c), then takes from it exactly what the format allows (objects of
-** strings and unsigned integers), ignoring other fields of a tensor entry. Tensor bytes are
-** copied out of the mapping into engine storage, so the mapping never outlives the file
+** strings and unsigned integers), ignoring other fields of a tensor entry. Tensor bytes (a
+** whole tensor, or a box of one) are copied out of the mapping into engine storage, so the mapping never outlives the file
 ** handle. Writing builds the header, pads it with spaces to a multiple of 8 bytes (so
 ** the data starts aligned, as the Python writer does), and goes through a temporary
 ** file that is fsynced and renamed: a crash leaves the old file or the new one.
@@ -339,6 +339,7 @@ int tt_safetensors_read(const tt_safetensors *f, const char *name, tt_tensor **o
   tt_tensor *t;
   TT_TRY(tt_tensor_empty(e->shape, e->ndim, e->dtype, TT_CPU, &t));
   memcpy(tt_tensor_data(t), f->data + e->begin, (size_t)(e->end - e->begin));
+  tt_io_count_copied(e->end - e->begin);
   *out = t;
   return 0;
 }
@@ -366,6 +367,94 @@ int tt_safetensors_read_into(const tt_safetensors *f, const char *name, tt_tenso
     tt_tensor_release(dev);
   }
   tt_tensor_release(src);
+  return rc;
+}
+
+uint64_t tt_safetensors_data_start(const tt_safetensors *f) {
+  return (uint64_t)(f->data - f->map);
+}
+
+/* Checks that [lo, hi) is a box of e (non-empty in every dim) and dst, when given, is
+** shaped like it; the first and last element's flat indices in e. */
+static int box_of(const tt_safetensors *f, const st_entry *e, const int64_t *lo,
+                  const int64_t *hi, const tt_tensor *dst, int64_t *first, int64_t *last) {
+  int64_t stride = 1;
+  *first = *last = 0;
+  for (int d = e->ndim - 1; d >= 0; d--) {
+    TT_CHECK(lo[d] >= 0 && lo[d] < hi[d] && hi[d] <= e->shape[d],
+             "safetensors: %s: tensor '%s': [%lld, %lld) of dim %d, which has %lld", f->path,
+             e->name, (long long)lo[d], (long long)hi[d], d, (long long)e->shape[d]);
+    TT_CHECK(!dst || (dst->ndim == e->ndim && dst->shape[d] == hi[d] - lo[d]),
+             "safetensors: %s: tensor '%s': the destination is not shaped like the box",
+             f->path, e->name);
+    *first += lo[d] * stride;
+    *last += (hi[d] - 1) * stride;
+    stride *= e->shape[d];
+  }
+  return 0;
+}
+
+int tt_safetensors_box_span(const tt_safetensors *f, const char *name, const int64_t *lo,
+                            const int64_t *hi, uint64_t *begin, uint64_t *end) {
+  const st_entry *e = NULL;
+  TT_TRY(lookup(f, name, &e));
+  int64_t first, last;
+  TT_TRY(box_of(f, e, lo, hi, NULL, &first, &last));
+  uint64_t base = tt_safetensors_data_start(f) + e->begin;
+  size_t es = tt_dtype_size(e->dtype);
+  *begin = base + (uint64_t)first * es;
+  *end = base + (uint64_t)(last + 1) * es;
+  return 0;
+}
+
+int tt_safetensors_read_box(const tt_safetensors *f, const char *name, const int64_t *lo,
+                            const int64_t *hi, tt_tensor *dst) {
+  const st_entry *e = NULL;
+  TT_TRY(lookup(f, name, &e));
+  int64_t first, last;
+  TT_TRY(box_of(f, e, lo, hi, dst, &first, &last));
+  size_t es = tt_dtype_size(e->dtype), nbytes = (size_t)(e->end - e->begin);
+  /* The mapping, wrapped as a tensor only for this call (it is read, never written). A
+  ** tensor whose bytes are not aligned to its element size (a file that mixes dtypes) is
+  ** read whole into aligned memory first. */
+  void *bytes = (void *)(f->data + e->begin), *bounce = NULL;
+  int64_t box_numel = 1;
+  for (int d = 0; d < e->ndim; d++) box_numel *= hi[d] - lo[d];
+  if ((uintptr_t)bytes % es) {
+    bounce = malloc(nbytes ? nbytes : 1);
+    TT_CHECK(bounce, "safetensors: out of host memory (%zu bytes)", nbytes);
+    memcpy(bounce, bytes, nbytes);
+    bytes = bounce;
+    tt_io_count_copied(nbytes);
+  } else {
+    tt_io_count_copied((uint64_t)box_numel * es);
+  }
+  tt_tensor *whole = NULL, *view = NULL, *host = NULL, *dev = NULL;
+  int rc = tt_tensor_from_buffer(bytes, e->shape, e->ndim, e->dtype, &whole);
+  view = whole;
+  if (whole) tt_tensor_retain(whole);
+  for (int d = 0; rc == 0 && d < e->ndim; d++) {
+    if (lo[d] == 0 && hi[d] == e->shape[d]) continue;
+    tt_tensor *n = NULL;
+    rc = tt_narrow(view, d, lo[d], hi[d] - lo[d], &n);
+    tt_tensor_release(view);
+    view = n;
+  }
+  if (rc == 0 && dst->device == TT_CPU) {
+    rc = tt_copy_(dst, view);
+  } else if (rc == 0) {
+    int64_t shape[TT_MAX_DIMS];
+    for (int d = 0; d < e->ndim; d++) shape[d] = hi[d] - lo[d];
+    rc = tt_tensor_empty(shape, e->ndim, e->dtype, TT_CPU, &host);
+    if (rc == 0) rc = tt_copy_(host, view);
+    if (rc == 0) rc = tt_to_device(host, dst->device, &dev);
+    if (rc == 0) rc = tt_copy_(dst, dev);
+  }
+  tt_tensor_release(dev);
+  tt_tensor_release(host);
+  tt_tensor_release(view);
+  tt_tensor_release(whole);
+  free(bounce);
   return rc;
 }
 

@@ -5,7 +5,7 @@
 --   local tensors, meta = st.load("w.safetensors")        -- name -> tensor, metadata
 --   local f = st.open("w.safetensors")                   -- lazy access
 --   f:names(), f:info(name) -> {dtype =, shape =}, f:read(name), f:read_into(name, t),
---   f:metadata(), f:close()
+--   f:read_box(name, lo, hi, t) (a part), f:box_span(name, lo, hi), f:metadata(), f:close()
 
 local ffi = require("ffi")
 local tffi = require("tetra.ffi").cdef_header("tetra_io.h")
@@ -61,6 +61,34 @@ end
 
 function File:read_into(name, t)
   if C.tt_safetensors_read_into(self.handle, name, t) ~= 0 then fail() end
+  return t
+end
+
+-- Where the tensor data starts in the file (the header is the bytes before it).
+function File:data_start()
+  return tonumber(C.tt_safetensors_data_start(self.handle))
+end
+
+-- The box of tensor `name` whose dim d (1-based here) spans [lo[d], hi[d]) (0-based
+-- bounds, each non-empty): box_span -> the file bytes [begin, end) it lies in;
+-- read_box copies it into t (shaped hi - lo), reading only the box's elements.
+local lo_box, hi_box = ffi.new("int64_t[8]"), ffi.new("int64_t[8]")
+local span_box = ffi.new("uint64_t[2]")
+local function set_box(lo, hi)
+  for d = 1, #lo do lo_box[d - 1], hi_box[d - 1] = lo[d], hi[d] end
+end
+
+function File:box_span(name, lo, hi)
+  set_box(lo, hi)
+  if C.tt_safetensors_box_span(self.handle, name, lo_box, hi_box, span_box, span_box + 1) ~= 0 then
+    fail()
+  end
+  return tonumber(span_box[0]), tonumber(span_box[1])
+end
+
+function File:read_box(name, lo, hi, t)
+  set_box(lo, hi)
+  if C.tt_safetensors_read_box(self.handle, name, lo_box, hi_box, t) ~= 0 then fail() end
   return t
 end
 

@@ -1,5 +1,5 @@
-/* CRC-32C (engine/io/checksum.c) against RFC 3720's test vectors, chunked = whole, and a
-** file's checksum equals its bytes'. */
+/* CRC-32C (engine/io/checksum.c) against RFC 3720's test vectors, chunked = whole, a
+** file's checksum equals its bytes', and so do its blocks' and any range's. */
 #include "tt_test.h"
 #include "tetra_io.h"
 #include <unistd.h>
@@ -36,4 +36,39 @@ Test(checksum, chunked_equals_whole_and_files_match) {
   unlink(path);
   cr_assert_neq(tt_crc32c_file(path, &fc), 0);
   cr_assert(strstr(tt_last_error(), path));
+}
+
+/* A file of 10,000 bytes in blocks of 4096: two whole blocks and one of 1808 bytes, each
+** the CRC of those bytes, the whole file's as well; ranges likewise; a wrong block count
+** or a range past the end is an error. The block size grows with the file, 4 KiB to
+** 4 MiB, about 1024 blocks a file. */
+Test(checksum, blocks_and_ranges_of_a_file) {
+  enum { N = 10000 };
+  static uint8_t data[N];
+  for (int i = 0; i < N; i++) data[i] = (uint8_t)(i * 131 + (i >> 8));
+  char path[] = "/tmp/tt_crc_blocks_XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  cr_assert_eq(write(fd, data, N), (ssize_t)N);
+  close(fd);
+  uint32_t whole = 0, sums[3] = {0};
+  cr_assert_eq(tt_crc32c_file_blocks(path, 4096, &whole, sums, 3), 0, "%s", tt_last_error());
+  cr_assert_eq(whole, tt_crc32c(0, data, N));
+  cr_assert_eq(sums[0], tt_crc32c(0, data, 4096));
+  cr_assert_eq(sums[1], tt_crc32c(0, data + 4096, 4096));
+  cr_assert_eq(sums[2], tt_crc32c(0, data + 8192, N - 8192));
+  cr_assert_neq(tt_crc32c_file_blocks(path, 4096, &whole, sums, 2), 0);
+  cr_assert_neq(tt_crc32c_file_blocks(path, 4096, &whole, sums, 4), 0);
+  uint32_t r = 0;
+  cr_assert_eq(tt_crc32c_file_range(path, 4095, 3000, &r), 0, "%s", tt_last_error());
+  cr_assert_eq(r, tt_crc32c(0, data + 4095, 3000));
+  cr_assert_eq(tt_crc32c_file_range(path, 8192, N - 8192, &r), 0);
+  cr_assert_eq(r, sums[2]);
+  cr_assert_neq(tt_crc32c_file_range(path, 8192, 4096, &r), 0);
+  cr_assert(strstr(tt_last_error(), "ends before byte 12288"), "%s", tt_last_error());
+  unlink(path);
+  cr_assert_eq(tt_checksum_block(0), 4096u);
+  cr_assert_eq(tt_checksum_block(10000), 4096u);
+  cr_assert_eq(tt_checksum_block(10u << 20), 16384u);   /* 10 MiB: 640 blocks */
+  cr_assert_eq(tt_checksum_block(100ull << 30), 4u << 20);   /* 100 GiB: capped */
 }

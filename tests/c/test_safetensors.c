@@ -289,3 +289,93 @@ Test(safetensors, shape_overflowing_64_bits_is_refused) {
             "%s", tt_last_error());
   unlink(path);
 }
+
+/* read_box against the whole tensor read and indexed here, for every box of the
+** fixture's f32 (2, 3) matrix and i32 (2, 2) ids; box_span names the bytes from the box's
+** first element to its last; a bf16 box read into f32 is cast. */
+Test(safetensors, read_box_takes_every_box_element_by_element) {
+  tt_safetensors *f = open_ok(FIXTURE);
+  const char *names[] = {"f32.matrix", "i32.ids"};
+  for (int which = 0; which < 2; which++) {
+    const char *name = names[which];
+    int dtype, ndim;
+    int64_t shape[TT_MAX_DIMS];
+    cr_assert_eq(tt_safetensors_info(f, tt_safetensors_find(f, name), &dtype, shape, &ndim), 0);
+    tt_tensor *whole = read_ok(f, name);
+    uint64_t tensor_begin, tensor_end;
+    int64_t all_lo[2] = {0, 0};
+    cr_assert_eq(tt_safetensors_box_span(f, name, all_lo, shape, &tensor_begin, &tensor_end), 0);
+    cr_assert_eq(tensor_end - tensor_begin,
+                 (uint64_t)(shape[0] * shape[1]) * tt_dtype_size(dtype));
+    for (int64_t r0 = 0; r0 < shape[0]; r0++)
+      for (int64_t r1 = r0 + 1; r1 <= shape[0]; r1++)
+        for (int64_t c0 = 0; c0 < shape[1]; c0++)
+          for (int64_t c1 = c0 + 1; c1 <= shape[1]; c1++) {
+            int64_t lo[2] = {r0, c0}, hi[2] = {r1, c1}, box[2] = {r1 - r0, c1 - c0};
+            tt_tensor *dst;
+            cr_assert_eq(tt_tensor_full(box, 2, dtype, TT_CPU, 99.0, &dst), 0);
+            cr_assert_eq(tt_safetensors_read_box(f, name, lo, hi, dst), 0, "%s",
+                         tt_last_error());
+            for (int64_t i = 0; i < box[0]; i++)
+              for (int64_t j = 0; j < box[1]; j++)
+                cr_assert_eq(tt_tensor_get(dst, i * box[1] + j),
+                             tt_tensor_get(whole, (r0 + i) * shape[1] + c0 + j),
+                             "%s box [%lld:%lld, %lld:%lld] at (%lld, %lld)", name,
+                             (long long)r0, (long long)r1, (long long)c0, (long long)c1,
+                             (long long)i, (long long)j);
+            uint64_t b, e, es = tt_dtype_size(dtype);
+            cr_assert_eq(tt_safetensors_box_span(f, name, lo, hi, &b, &e), 0);
+            cr_assert_eq(b, tensor_begin + (uint64_t)(r0 * shape[1] + c0) * es);
+            cr_assert_eq(e, tensor_begin + (uint64_t)((r1 - 1) * shape[1] + c1) * es);
+            tt_tensor_release(dst);
+          }
+    tt_tensor_release(whole);
+  }
+  int64_t vlo[1] = {1}, vhi[1] = {3}, two[1] = {2};
+  tt_tensor *cast;
+  cr_assert_eq(tt_tensor_zeros(two, 1, TT_F32, TT_CPU, &cast), 0);
+  cr_assert_eq(tt_safetensors_read_box(f, "bf16.vector", vlo, vhi, cast), 0, "%s",
+               tt_last_error());
+  cr_assert_eq(tt_tensor_get(cast, 0), -2.5);
+  cr_assert_eq(tt_tensor_get(cast, 1), 3.140625);
+  tt_tensor_release(cast);
+  /* Out of range, empty, or a destination of another shape: refused. */
+  int64_t lo[2] = {0, 1}, hi[2] = {2, 4}, empty_hi[2] = {2, 1}, ok_hi[2] = {2, 3};
+  int64_t two_two[2] = {2, 2}, zero_lo[2] = {0, 0};
+  tt_tensor *dst;
+  cr_assert_eq(tt_tensor_zeros(two_two, 2, TT_F32, TT_CPU, &dst), 0);
+  cr_assert_eq(tt_safetensors_read_box(f, "f32.matrix", lo, hi, dst), -1);
+  cr_assert(strstr(tt_last_error(), "[1, 4) of dim 1, which has 3"), "%s", tt_last_error());
+  cr_assert_eq(tt_safetensors_read_box(f, "f32.matrix", lo, empty_hi, dst), -1);
+  cr_assert_eq(tt_safetensors_read_box(f, "f32.matrix", zero_lo, ok_hi, dst), -1);
+  cr_assert(strstr(tt_last_error(), "not shaped like the box"), "%s", tt_last_error());
+  tt_tensor_release(dst);
+  tt_safetensors_close(f);
+}
+
+/* A tensor whose bytes are not aligned to its element size (an f32 after three f16s):
+** read_box reads it right all the same. */
+Test(safetensors, read_box_of_unaligned_bytes) {
+  char path[128];
+  tmp_path(path, sizeof path, "unaligned");
+  /* header padded with spaces so the data starts at a multiple of 8 */
+  char header[256];
+  snprintf(header, sizeof header, "%s",
+           "{\"h\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,6]},"
+           "\"w\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[6,22]}}");
+  while ((8 + strlen(header)) % 8) strcat(header, " ");
+  uint8_t data[22] = {0};
+  float w[4] = {1.5f, -2.0f, 3.25f, 8.0f};
+  memcpy(data + 6, w, sizeof w);
+  write_raw(path, header, data, sizeof data);
+  tt_safetensors *f = open_ok(path);
+  int64_t lo[2] = {0, 1}, hi[2] = {2, 2}, box[2] = {2, 1};
+  tt_tensor *dst;
+  cr_assert_eq(tt_tensor_zeros(box, 2, TT_F32, TT_CPU, &dst), 0);
+  cr_assert_eq(tt_safetensors_read_box(f, "w", lo, hi, dst), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_get(dst, 0), -2.0);
+  cr_assert_eq(tt_tensor_get(dst, 1), 8.0);
+  tt_tensor_release(dst);
+  tt_safetensors_close(f);
+  unlink(path);
+}

@@ -4,7 +4,8 @@
 #  1. one process, 30 steps, a save every 10, the writer thread held back 1 s
 #     (checkpoint.async_delay_ms, a test switch) so that each write overlaps the next
 #     steps and the next save has to wait for it (at most one in flight): the async checkpoints' model and optimizer files equal the synchronous run's
-#     byte for byte (the snapshot is the state of its step), the metrics are the same,
+#     byte for byte (the snapshot is the state of its step), and so do their checksums
+#     (whole and per block), the metrics are the same,
 #     and a run resumed from the async step-10 checkpoint continues exactly like the
 #     synchronous run.
 #  2. 4 ranks under tetra launch with async saves, each writer held 200 ms (so that a save
@@ -28,6 +29,12 @@ for s in 10 20 30; do
   for f in model.safetensors optim.safetensors; do
     cmp "$work/sync.ck/step_0000$s/$f" "$work/async.ck/step_0000$s/$f" ||
       { echo "FAIL: step $s: $f differs between the sync and async saves"; failed=1; }
+    # and so must its checksums: the whole file's CRC and each block's, which the writer
+    # thread takes
+    sums() { grep -o "\"$f\":{[^}]*}" "$1/step_0000$s/checksums.json"; }
+    sync_sums=$(sums "$work/sync.ck")
+    [[ "$sync_sums" == *'"blocks":"'[0-9a-f]* ]] && [ "$sync_sums" = "$(sums "$work/async.ck")" ] ||
+      { echo "FAIL: step $s: $f's block sums differ between the sync and async saves"; failed=1; }
   done
 done
 same_records "$work/sync.jsonl" "$work/async.jsonl" 0 || failed=1

@@ -6,7 +6,8 @@
 # 12 steps saving every 6; then,
 # as if the job had died after step 7, the step-12 checkpoint goes, `latest` names
 # step 6, and a second mpirun resumes from it. Its metrics file must hold steps 1..12
-# with loss, lr and grad_norm identical (as text) to the uninterrupted run's.
+# with loss, lr and grad_norm identical (as text) to the uninterrupted run's. Then a byte
+# of the ZeRO-1 checkpoint's shard file is changed: the resume must stop and name it.
 # Usage: bash dp2_checkpoint_resume.sh /path/to/tetra   (exit 77: skipped)
 set -u
 tetra="${1:?usage: $0 /path/to/tetra}"
@@ -46,4 +47,20 @@ for zero in 0 1; do
   [ "$(wc -l <"$resumed")" -eq 12 ] || { echo "FAIL: expected 12 metrics records"; exit 1; }
   echo "zero_stage=$zero: steps 7..12 after resuming match the uninterrupted run"
 done
+# Under ZeRO each rank reads only its shards and checks only the blocks of the files that
+# hold them: a byte changed in the middle of a shard file (read by one rank alone) must
+# still stop the resume, with one line naming the file and the bytes, not a hang.
+file="$work/ckpt_zero1/step_000006/shard_00001.safetensors"
+pos=$(($(stat -c %s "$file") / 2))
+old=$(od -An -tu1 -j "$pos" -N1 "$file" | tr -d ' ')
+printf "\\$(printf %03o $(((old + 1) % 256)))" | dd of="$file" bs=1 seek="$pos" conv=notrunc 2>/dev/null
+if timeout -k 10 120 mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" \
+     --set train.steps=12 --set parallel.data_parallel_size=2 --set parallel.zero_stage=1 \
+     --set checkpoint.dir="$work/ckpt_zero1" --set checkpoint.resume="${file%/*}" \
+     >"$work/corrupt.log" 2>&1; then
+  echo "FAIL: the resume from a changed shard file succeeded"; exit 1
+fi
+grep -q "$file is corrupt (CRC-32C [0-9a-f]* of bytes" "$work/corrupt.log" ||
+  { echo "FAIL: the changed shard file was not named:"; cat "$work/corrupt.log"; exit 1; }
+echo "a byte changed in a shard file stops the ZeRO-1 resume, naming the file"
 echo PASS

@@ -3,7 +3,8 @@
 -- after one step. With checkpoint.dir set it then saves a checkpoint and prints how far
 -- the allocator's peak rose above what the rank held before and the bytes of the host
 -- copies it kept to write ("save rank R peak N kept K"), loads it back ("load rank R peak
--- N").
+-- N copied B summed S of T": of the T bytes of the checkpoint's safetensors files, those it
+-- copied out and those it read to check their checksums).
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
 local tiny = dofile(here .. "/../../recipes/tiny.lua")
 
@@ -48,8 +49,19 @@ function recipe.run(cfg)
     C.tt_alloc_reset_peak(C.TT_CPU)
     ckpt.load(env, path)
     C.tt_alloc_stats_get(C.TT_CPU, st)
-    io.stdout:write(string.format("load rank %d peak %d\n", env.rank,
-                                  tonumber(st.peak_bytes) - before))
+    -- and the bytes of the checkpoint's safetensors files it read, of all there are
+    local total = 0
+    for _, e in ipairs(require("tetra.util.fs").listdir(path) or {}) do
+      if e:match("%.safetensors$") then
+        local f = assert(io.open(path .. "/" .. e, "rb"))
+        total = total + f:seek("end")
+        f:close()
+      end
+    end
+    io.stdout:write(string.format("load rank %d peak %d copied %d summed %d of %d\n",
+                                  env.rank, tonumber(st.peak_bytes) - before,
+                                  env.resume_read_bytes.copied, env.resume_read_bytes.summed,
+                                  total))
   end
   io.stdout:flush()
   return 0

@@ -169,6 +169,28 @@ save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lu
   --set parallel.zero_stage=1 --set checkpoint.dir="$work/ckpt" 2>&1) ||
   { echo "FAIL: the ZeRO-1 save failed:"; tail -n 20 <<<"$save_out"; status=1; }
 save_peaks ZeRO-1 "$save_out" $((3 * 4 * E)) "3 embeddings' bytes" $((8 * ONE))
+# A load under ZeRO reads from the checkpoint's files only this rank's shards of the
+# parameters and the moments, and checks only the blocks of the files that hold them
+# (checksums.json's block sums), then gathers the parameters: on dp 2 each rank must copy
+# out about half of the safetensors bytes and sum less than two thirds of them (measured:
+# half, and 0.56 with the blocks around the shards), where every rank read them all, and
+# summed them all, before.
+# load_reads NAME OUT: every rank's "load rank R peak P copied C summed S of T" line.
+load_reads() {
+  local name="$1" out="$2" r copied summed total
+  for r in 0 1; do
+    read -r copied summed total < <(sed -n \
+      "s/^load rank $r peak [0-9]* copied \([0-9]*\) summed \([0-9]*\) of \([0-9]*\)\$/\1 \2 \3/p" \
+      <<<"$out")
+    echo "$name load on dp 2: rank $r copied $copied and summed $summed of $total bytes"
+    if [ -z "$total" ] || [ "$copied" -lt $((total * 45 / 100)) ] ||
+       [ "$copied" -gt $((total * 55 / 100)) ] || [ "$summed" -gt $((total * 2 / 3)) ]; then
+      echo "FAIL: $name: rank $r did not read about its half of the checkpoint alone"
+      status=1
+    fi
+  done
+}
+load_reads ZeRO-1 "$save_out"
 # A checkpoint under ZeRO-3 on dp 2 with 8 layers goes one unit at a time: a save gathers
 # each unit whole and gives it back before the next, a load likewise. Beyond the host
 # copies it writes, each rank must rise less than three layers' bytes during the save
@@ -181,8 +203,9 @@ save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lu
   { echo "FAIL: the ZeRO-3 save and load failed:"; tail -n 20 <<<"$save_out"; status=1; }
 save_peaks ZeRO-3 "$save_out" $((3 * 4 * LAYER)) "three layers' bytes" \
   $((12 * (2 * E + 8 * LAYER + FINAL)))
+load_reads ZeRO-3 "$save_out"
 for r in 0 1; do
-  p=$(sed -n "s/^load rank $r peak \([0-9]*\)\$/\1/p" <<<"$save_out")
+  p=$(sed -n "s/^load rank $r peak \([0-9]*\) .*/\1/p" <<<"$save_out")
   echo "ZeRO-3 load on dp 2, 8 layers: rank $r's peak rose $p bytes (a layer $((4 * LAYER)))"
   if [ -z "$p" ] || [ "$p" -ge $((3 * 4 * LAYER)) ]; then
     echo "FAIL: the ZeRO-3 load held three layers' bytes or more at once on rank $r"

@@ -301,6 +301,64 @@ describe("checkpoint resume", function()
     end).to_error(file .. " is corrupt (CRC-32C ")
   end)
 
+  it("checks a safetensors file by its blocks, and refuses block sums of another size", function()
+    local dir = tmpdir()
+    local env = tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir }))
+    checkpoint.save(env)
+    local ck = dir .. "/step_000000"
+    local sums = json.decode(read(ck .. "/checksums.json"))
+    local entry = sums["model.safetensors"]
+    expect(type(entry)).to_be("table")
+    local size = #read(ck .. "/model.safetensors")
+    expect(#entry.blocks / 8).to_be(math.ceil(size / entry.block))
+    expect(entry.block).to_be(tonumber(tetra.ffi.C.tt_checksum_block(size)))
+    expect(entry.crc).to_be(require("tetra.checkpoint.dir").crc_of(ck .. "/model.safetensors"))
+    entry.blocks = entry.blocks:sub(9)   -- one block fewer than the file has
+    local f = assert(io.open(ck .. "/checksums.json", "wb"))
+    f:write(json.encode(sums))
+    f:close()
+    expect(function()
+      tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.resume=true" }))
+    end).to_error(ck .. "/model.safetensors is corrupt (" .. size .. " bytes, where " ..
+                  "checksums.json sums " .. (#entry.blocks / 8) .. " blocks of " .. entry.block)
+  end)
+
+  it("splits a flat range into boxes that cover it in order, each contiguous", function()
+    local flat_boxes = require("tetra.checkpoint.shards").flat_boxes
+    for _, shape in ipairs({ { 7 }, { 3, 5 }, { 2, 3, 4 }, { 2, 1, 3, 2 } }) do
+      local numel, strides = 1, {}
+      for d = #shape, 1, -1 do strides[d] = numel; numel = numel * shape[d] end
+      for first = 0, numel - 1 do
+        for last = first + 1, numel do
+          local boxes, at = flat_boxes(shape, first, last), first
+          expect(#boxes <= 2 * #shape - 1).to_be(true)
+          for _, b in ipairs(boxes) do
+            -- the box's elements in row-major order must be at, at + 1, ...
+            local idx = {}
+            for d = 1, #shape do idx[d] = b.lo[d] end
+            repeat
+              local flat = 0
+              for d = 1, #shape do flat = flat + idx[d] * strides[d] end
+              if flat ~= at then
+                error(("shape {%s}, [%d, %d): element %d where %d was due"):format(
+                  table.concat(shape, ","), first, last, flat, at))
+              end
+              at = at + 1
+              local d = #shape
+              while d >= 1 do
+                idx[d] = idx[d] + 1
+                if idx[d] < b.hi[d] then break end
+                idx[d] = b.lo[d]
+                d = d - 1
+              end
+            until d < 1
+          end
+          expect(at).to_be(last)
+        end
+      end
+    end
+  end)
+
   it("starts fresh when resume=true finds no checkpoint yet", function()
     local env = tiny.setup(tiny_cfg({ "checkpoint.dir=" .. tmpdir(), "checkpoint.resume=true" }))
     expect(env.resumed_from).to_be_nil()

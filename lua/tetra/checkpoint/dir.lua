@@ -25,31 +25,131 @@ end
 
 function M.crc_of_string(text) return bit.tohex(tonumber(C.tt_crc32c(0, text, #text)), 8) end
 
--- The checksums of the checkpoint being loaded ({ FILE = crc }, from its checksums.json;
--- nil for a checkpoint written before checksums) and the files verified so far.
-local sums, verified
+local function file_size(path)
+  local f = io.open(path, "rb")
+  if not f then fail("checkpoint: cannot open %s", path) end
+  local size = f:seek("end")
+  f:close()
+  return size
+end
+
+-- checksums.json's entry for a safetensors file: { crc = the whole file's, block = bytes
+-- (tt_checksum_block), blocks = the CRC-32C of each block, 8 hex digits each, in one
+-- string }: a load sums only the blocks it reads (under ZeRO a rank reads 1/dp of each
+-- file). block_entry makes it from sums already taken (the asynchronous writer's: a
+-- uint32_t[n]); block_sums sums the file at path.
+function M.block_entry(crc, block, sums, n)
+  local hex = {}
+  for k = 0, n - 1 do hex[k + 1] = bit.tohex(tonumber(sums[k]), 8) end
+  return { crc = crc, block = tonumber(block), blocks = table.concat(hex) }
+end
+
+function M.block_sums(path)
+  local size = file_size(path)
+  local block = C.tt_checksum_block(size)
+  local n = math.ceil(size / tonumber(block))
+  local sums = ffi.new("uint32_t[?]", math.max(n, 1))
+  if C.tt_crc32c_file_blocks(path, block, crc_box, sums, n) ~= 0 then
+    fail("checkpoint: %s", ffi.string(C.tt_last_error()))
+  end
+  return M.block_entry(bit.tohex(tonumber(crc_box[0]), 8), block, sums, n)
+end
+
+-- The checksums of the checkpoint being loaded ({ FILE = crc, or a block_sums entry },
+-- from its checksums.json; nil for a checkpoint written before checksums), the files
+-- verified whole so far and, per file, the blocks verified so far.
+local sums, verified, blocks_seen
+
+-- One line for a file that fails its check.
+local function corrupt(path, what, have, want)
+  fail("checkpoint: %s is corrupt (CRC-32C %s%s, checksums.json says %s): resume from " ..
+       "another checkpoint", path, have, what, want)
+end
+
+-- path's entry in checksums.json.
+local function entry_of(path)
+  local name = path:match("[^/]+$")
+  local want = sums[name]
+  if not want then fail("checkpoint: %s is not in its checkpoint's checksums.json", path) end
+  return want
+end
 
 -- Checks the file at path against its checksum, once per load.
 function M.verify(path)
   if not sums or verified[path] then return end
-  local name = path:match("[^/]+$")
-  local want = sums[name]
-  if not want then fail("checkpoint: %s is not in its checkpoint's checksums.json", path) end
+  local want = entry_of(path)
+  if type(want) == "table" then want = want.crc end
   local have = M.crc_of(path)
-  if have ~= want then
-    fail("checkpoint: %s is corrupt (CRC-32C %s, checksums.json says %s): resume from " ..
-         "another checkpoint", path, have, want)
-  end
+  if have ~= want then corrupt(path, "", have, want) end
   verified[path] = true
 end
 
--- A safetensors file of the checkpoint being loaded, verified, open for reading.
+-- Checks bytes [begin, end) of the file at path: the blocks that hold them, each once
+-- per load, when checksums.json has block sums for it; else the whole file.
+function M.verify_span(path, begin, finish)
+  if not sums or verified[path] then return end
+  local want = entry_of(path)
+  if type(want) ~= "table" then return M.verify(path) end
+  local block, hex = want.block, want.blocks
+  local seen = blocks_seen[path]
+  if not seen then
+    seen = { size = file_size(path) }
+    if #hex / 8 ~= math.ceil(seen.size / block) then
+      fail("checkpoint: %s is corrupt (%d bytes, where checksums.json sums %d blocks of %d): " ..
+           "resume from another checkpoint", path, seen.size, #hex / 8, block)
+    end
+    blocks_seen[path] = seen
+  end
+  finish = math.min(math.max(finish, begin + 1), seen.size)
+  for k = math.floor(begin / block), math.floor((finish - 1) / block) do
+    if not seen[k] then
+      local from = k * block
+      local len = math.min(block, seen.size - from)
+      if C.tt_crc32c_file_range(path, from, len, crc_box) ~= 0 then
+        fail("checkpoint: %s", ffi.string(C.tt_last_error()))
+      end
+      local have, expect = bit.tohex(tonumber(crc_box[0]), 8), hex:sub(8 * k + 1, 8 * k + 8)
+      if have ~= expect then
+        corrupt(path, string.format(" of bytes %d to %d", from, from + len - 1), have, expect)
+      end
+      seen[k] = true
+    end
+  end
+end
+
+-- A safetensors file of the checkpoint being loaded, open for reading: its header
+-- verified (with block sums; else the whole file). Read its tensors' bytes through
+-- M.read_box, which verifies them.
 function M.open_safetensors(path)
   if not fs.exists(path) then fail("checkpoint: %s is missing (incomplete checkpoint?)", path) end
-  M.verify(path)
+  local want = sums and sums[path:match("[^/]+$")]
+  if type(want) == "table" and want.blocks then
+    local f = io.open(path, "rb")
+    local head = f and f:read(8) or ""
+    if f then f:close() end
+    local n = 0
+    for i = 8, 1, -1 do n = n * 256 + (head:byte(i) or 0) end
+    M.verify_span(path, 0, 8 + math.min(n, 2^52))
+  else
+    M.verify(path)
+  end
   local ok, f = pcall(st.open, path)
   if not ok then fail("checkpoint: cannot read %s: %s", path, tostring(f)) end
   return f
+end
+
+-- Copies the box [lo, hi) (0-based bounds per dim) of tensor `name` of f, a file
+-- M.open_safetensors opened, into t, once the file's bytes that hold it are verified.
+function M.read_box(f, name, lo, hi, t)
+  local ok, err = pcall(function()
+    local b, e = f:box_span(name, lo, hi)
+    M.verify_span(f.path, b, e)
+    f:read_box(name, lo, hi, t)
+  end)
+  if not ok then
+    if type(err) == "table" then error(err, 0) end   -- a checksum's own error
+    fail("checkpoint %s: cannot read tensor '%s': %s", f.path, name, tostring(err))
+  end
 end
 
 -- -- Finding a checkpoint ------------------------------------------------------------------
@@ -96,15 +196,21 @@ function M.open(path)
   path = resolve(path)
   if not fs.is_dir(path) then fail("checkpoint: %s is not a checkpoint directory (missing)", path) end
   local sums_text = fs.read_file(path .. "/checksums.json")
-  sums, verified = nil, {}
+  sums, verified, blocks_seen = nil, {}, {}
   if sums_text then
     local ok, t = pcall(json.decode, sums_text)
     if not ok or type(t) ~= "table" then fail("checkpoint: %s/checksums.json is corrupt", path) end
     sums = t
-    for name in pairs(sums) do
+    for name, want in pairs(sums) do
       if type(name) ~= "string" or not fs.exists(path .. "/" .. name) then
         fail("checkpoint: %s/%s is missing (incomplete checkpoint?)", path, tostring(name))
       end
+      local bad = type(want) ~= "string"
+      if type(want) == "table" then
+        bad = type(want.crc) ~= "string" or type(want.block) ~= "number" or want.block < 1 or
+              type(want.blocks) ~= "string" or #want.blocks % 8 ~= 0
+      end
+      if bad then fail("checkpoint: %s/checksums.json is corrupt (entry %s)", path, name) end
     end
   end
   local text = fs.read_file(path .. "/state.json")

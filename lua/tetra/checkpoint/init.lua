@@ -38,9 +38,13 @@
 --   state.json                step, tokens seen, engine RNG state, loss-scaler state, the
 --                             data source's step, the loss guard's spike window and
 --                             skipped data windows (tetra.train.guard), world size, config
---   checksums.json            { FILE = CRC-32C (8 hex digits) } of every other file: each
---                             rank sums the files it wrote, rank 0 merges them; a load
---                             checks each file before reading it and names a corrupt one
+--   checksums.json            { FILE = CRC-32C (8 hex digits) } of every other file; for a
+--                             safetensors file { crc =, block =, blocks = } with the CRC
+--                             of each block of it too (4 KiB to 4 MiB, about 1024 a
+--                             file): each rank sums the files it wrote, rank 0 merges
+--                             them; a load checks each file before reading it, or of a
+--                             safetensors file the blocks it reads, and names a corrupt
+--                             one
 -- A save writes DIR/.tmp.step_000120/ (every file fsynced), renames it to step_000120,
 -- then replaces DIR/latest (the directory name, written to a temporary file and renamed)
 -- last; under MPI the ranks meet at a barrier first, so `latest` moves only once all of
@@ -198,7 +202,9 @@ function M.load(env, path)
     fail("checkpoint %s holds %s state but the optimizer is %s", path, tostring(state.optimizer),
          opt.m and "adamw" or "sgd")
   end
-  shards.load_state(env, path)
+  -- the bytes of its files this rank read, { copied =, summed = } (under ZeRO about 1/dp
+  -- of them each)
+  env.resume_read_bytes = shards.load_state(env, path)
   opt.step_count = tonumber(state.optimizer_step) or state.step
 
   local scaler = env.amp and env.amp.scaler

@@ -4,7 +4,8 @@
 --                together): the temporary directory and the list of files this rank
 --                writes, { name =, tensors = { {NAME, tensor} }, meta = } or
 --                { name =, bytes = string }, `summed` when checksums.json lists it
---   write_files  writes them (each fsynced) and returns their CRC-32C: here, or in
+--   write_files  writes them (each fsynced) and returns their checksums (CRC-32C; a
+--                safetensors file's per block as well, dir.block_sums): here, or in
 --                tetra.checkpoint's writer thread (engine/io/ckpt_writer.c) from host copies
 --   finish       on every rank once every rank wrote (collective): sums_NNNNN.json, then
 --                rank 0 merges the index and the checksums, renames the directory and
@@ -106,10 +107,11 @@ function M.write_files(plan)
         if kt[3] then F.free(kt[2]) end
       end
       f.tensors = nil
+      crcs[i] = folder.block_sums(path)
     else
       fs.write_file(path, f.bytes, "checkpoint")
+      crcs[i] = folder.crc_of(path)
     end
-    crcs[i] = folder.crc_of(path)
   end
   return crcs
 end
@@ -125,14 +127,18 @@ function M.new_writer()
   return ffi.gc(writer_box[0], C.tt_ckpt_writer_free)
 end
 
--- Waits for writer w's thread and frees it; returns the CRC-32C (8 hex digits) of each
--- of the first n queued operations (those that wrote a file).
+-- Waits for writer w's thread and frees it; returns the checksums.json entry of each of
+-- the first n queued operations (those that wrote a file): its CRC-32C (8 hex digits),
+-- or for a safetensors file its block sums (tetra.checkpoint.dir's block_entry).
+local block_box, sums_box = ffi.new("uint64_t[1]"), ffi.new("const uint32_t *[1]")
 function M.end_writer(w, n)
   local rc = C.tt_ckpt_writer_wait(w)
   local msg = rc ~= 0 and ffi.string(C.tt_last_error())
   local crcs = {}
   for i = 1, msg and 0 or (n or 0) do
-    crcs[i] = bit.tohex(tonumber(C.tt_ckpt_writer_crc(w, i - 1)), 8)
+    local crc = bit.tohex(tonumber(C.tt_ckpt_writer_crc(w, i - 1)), 8)
+    local blocks = tonumber(C.tt_ckpt_writer_blocks(w, i - 1, block_box, sums_box))
+    crcs[i] = blocks >= 0 and folder.block_entry(crc, block_box[0], sums_box[0], blocks) or crc
   end
   C.tt_ckpt_writer_free(ffi.gc(w, nil))
   if msg then fail("checkpoint: %s", msg) end
@@ -156,7 +162,8 @@ local function merge_sums(tmp, extra)
   return json.encode(sums) .. "\n"
 end
 
--- Once this rank's files are written (crcs: their CRC-32C in plan order), on every rank:
+-- Once this rank's files are written (crcs: their checksums.json entries in plan order),
+-- on every rank:
 -- its checksums go to sums_NNNNN.json (a part rank 0 merges and removes: not fsynced,
 -- checksums.json is), then, once every rank got there, rank 0 returns a writer queued
 -- with the publishing: index.json and checksums.json written and fsynced, the directory

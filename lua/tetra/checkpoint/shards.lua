@@ -1,7 +1,9 @@
 -- tetra.checkpoint.shards: which slices of the parameters and their optimizer moments this
 -- rank saves, the index.json that says where each slice went, and the load that puts
 -- this rank's slices together again from whatever layout wrote them (a reshard).
+local ffi = require("ffi")
 local C = require("tetra.ffi").C
+local check = require("tetra.ffi").check
 local F = require("tetra.nn.functional")
 local T = require("tetra.tensor")
 local fs = require("tetra.util.fs")
@@ -294,22 +296,23 @@ local function sub(t, base, lo, hi)
   return v
 end
 
--- Fills t, the slice e (see M.local_slices) of checkpoint tensor `key`, from the shards
--- that hold parts of it. files: path -> open file (a cache the caller closes).
-function M.assemble(path, tensors, files, key, e, t)
+-- Fills t, the box `want` ({ lo =, hi = }, see box) of checkpoint tensor `key` (whose
+-- whole shape the model says is `shape`), from the shards that hold parts of it, reading
+-- only the parts of their files that it covers. files: path -> open file (a cache the
+-- caller closes).
+local function fill_box(path, tensors, files, key, shape, want, t)
   local entry = tensors[key]
   if not entry then fail("checkpoint %s has no tensor '%s' (the model has it)", path, key) end
-  if shape_text(entry.shape) ~= shape_text(e.shape) then
+  if shape_text(entry.shape) ~= shape_text(shape) then
     fail("checkpoint %s: tensor '%s' has shape %s in the checkpoint but %s in the model",
-         path, key, shape_text(entry.shape), shape_text(e.shape))
+         path, key, shape_text(entry.shape), shape_text(shape))
   end
-  local want = box(e.shape, e.dim, e.offset, e.length)
   local covered, needed = 0, 1
-  for d = 1, #e.shape do needed = needed * (want.hi[d] - want.lo[d]) end
+  for d = 1, #shape do needed = needed * (want.hi[d] - want.lo[d]) end
   for _, s in ipairs(entry.shards) do
     local have = box(entry.shape, s.dim, s.offset, s.length)
     local lo, hi, n = {}, {}, 1
-    for d = 1, #e.shape do
+    for d = 1, #shape do
       lo[d] = math.max(want.lo[d], have.lo[d])
       hi[d] = math.min(want.hi[d], have.hi[d])
       n = n * math.max(0, hi[d] - lo[d])
@@ -317,20 +320,21 @@ function M.assemble(path, tensors, files, key, e, t)
     if n > 0 then
       local file = path .. "/" .. s.file
       files[file] = files[file] or folder.open_safetensors(file)
-      local ok, src = pcall(files[file].read, files[file], key)
-      if not ok then fail("checkpoint %s: cannot read tensor '%s': %s", file, key, tostring(src)) end
-      local stored, claimed = src:shape(), {}
+      local f = files[file]
+      if not f:has(key) then
+        fail("checkpoint %s: cannot read tensor '%s': the file has no such tensor", file, key)
+      end
+      local stored, claimed = f:info(key).shape, {}
       for d = 1, #entry.shape do claimed[d] = have.hi[d] - have.lo[d] end
       if shape_text(stored) ~= shape_text(claimed) then
-        F.free(src)
         fail("checkpoint %s: tensor '%s' has shape %s in the file but %s in index.json", file,
              key, shape_text(stored), shape_text(claimed))
       end
-      local from, to = sub(src, have, lo, hi), sub(t, want, lo, hi)
-      require("tetra.ffi").check(C.tt_copy_(to, from))
-      if from ~= src then F.free(from) end
+      local from_lo, from_hi = {}, {}
+      for d = 1, #shape do from_lo[d], from_hi[d] = lo[d] - have.lo[d], hi[d] - have.lo[d] end
+      local to = sub(t, want, lo, hi)
+      folder.read_box(f, key, from_lo, from_hi, to)
       if to ~= t then F.free(to) end
-      F.free(src)
       covered = covered + n
     end
   end
@@ -340,14 +344,118 @@ function M.assemble(path, tensors, files, key, e, t)
   end
 end
 
+-- Fills t, the slice e (see M.local_slices) of checkpoint tensor `key`.
+function M.assemble(path, tensors, files, key, e, t)
+  fill_box(path, tensors, files, key, e.shape, box(e.shape, e.dim, e.offset, e.length), t)
+end
+
+-- The boxes (0-based { lo =, hi = } per dim) that elements [first, last) of a row-major
+-- tensor of `shape` make, in order, each contiguous: at most 2 x dims - 1.
+local function flat_boxes(shape, first, last, out, prefix)
+  out, prefix = out or {}, prefix or {}
+  if first >= last then return out end
+  local d = #prefix + 1
+  local inner = 1
+  for k = d + 1, #shape do inner = inner * shape[k] end
+  local function add(r0, r1)   -- rows [r0, r1) of dim d, whole below it
+    local lo, hi = {}, {}
+    for k = 1, #prefix do lo[k], hi[k] = prefix[k], prefix[k] + 1 end
+    lo[d], hi[d] = r0, r1
+    for k = d + 1, #shape do lo[k], hi[k] = 0, shape[k] end
+    out[#out + 1] = { lo = lo, hi = hi }
+  end
+  local function within(r, a, b)   -- elements [a, b) of row r of dim d
+    local p = { unpack(prefix) }
+    p[d] = r
+    flat_boxes(shape, a, b, out, p)
+  end
+  local r0, r1 = math.floor(first / inner), math.floor(last / inner)
+  if r0 == r1 then
+    within(r0, first - r0 * inner, last - r0 * inner)
+    return out
+  end
+  if first % inner ~= 0 then
+    within(r0, first - r0 * inner, inner)
+    r0 = r0 + 1
+  end
+  if r1 > r0 then add(r0, r1) end
+  if last % inner ~= 0 then within(r1, 0, last - r1 * inner) end
+  return out
+end
+M.flat_boxes = flat_boxes
+
+-- Fills dst (numel n) with elements [first, first + n) of the slice e of checkpoint
+-- tensor `key`, flattened in row-major order (a ZeRO shard of the parameter this rank
+-- holds), reading only those.
+local function fill_flat(path, tensors, files, key, e, first, dst)
+  local n = dst:numel()
+  local local_shape = {}
+  for d = 1, #e.shape do local_shape[d] = d == e.dim + 1 and e.length or e.shape[d] end
+  local flat = F.view(dst, { n })
+  local at = 0
+  for _, b in ipairs(flat_boxes(local_shape, first, first + n)) do
+    local count, size = 1, {}
+    for d = 1, #b.lo do size[d] = b.hi[d] - b.lo[d]; count = count * size[d] end
+    b.lo[e.dim + 1], b.hi[e.dim + 1] = b.lo[e.dim + 1] + e.offset, b.hi[e.dim + 1] + e.offset
+    local piece = F.narrow(flat, 0, at, count)
+    local shaped = F.view(piece, size)
+    fill_box(path, tensors, files, key, e.shape, b, shaped)
+    F.free(shaped); F.free(piece)
+    at = at + count
+  end
+  F.free(flat)
+end
+
+-- Fails when tensor t (parameter `name`, or a part of it) holds NaN or Inf.
+local function check_finite(path, name, t)
+  local total = T.sum(t)   -- NaN or Inf anywhere makes the sum so
+  local v = total:item()
+  F.free(total)
+  if v ~= v or v == math.huge or v == -math.huge then
+    fail("checkpoint %s: parameter '%s' holds NaN or Inf values (a corrupt or diverged " ..
+         "checkpoint); resume from an earlier one", path, name)
+  end
+end
+
 -- -- Loading ---------------------------------------------------------------------------------
 
+-- Under ZeRO: each of this rank's shards of the parameters and of their moments read
+-- from its range of the checkpoint's tensors, and nothing else (a rank reads 1/dp of
+-- the parameters and the moments, where it read them all); then the parameters made
+-- whole again from every rank's shards, as after an update (collective over the
+-- group). ZeRO-3: the reducer's shares are the shards; the gather refreshes the units
+-- kept gathered.
+local function load_shards(env, path, tensors, files)
+  local opt, ddp, entries = env.optimizer, env.ddp, env.par:placements()
+  local kinds = state_kinds(opt)
+  if opt.whole_masters then opt:whole_masters() end   -- host masters: weights whole first
+  T.no_grad(function()
+    for j, sh in ipairs(ddp.shards) do
+      local pl = entries[sh.param].placement
+      fill_flat(path, tensors, files, pl.name, pl, sh.offset, opt.params[j])
+      check_finite(path, pl.name, opt.params[j])
+      for _, kind in ipairs(kinds) do
+        fill_flat(path, tensors, files, kind[1] .. "." .. pl.name, pl, sh.offset, kind[2][j])
+      end
+    end
+  end)
+  check(C.tt_dist_reducer_gather_params(ddp._reducer))
+end
+
 -- Loads this rank's parameters and optimizer state, in its own layout, from the shards
--- (or the whole tensors) of checkpoint `path`, whatever layout wrote them. Under ZeRO-1
--- each parameter's whole moments are read, then this rank's shards of them kept.
+-- (or the whole tensors) of checkpoint `path`, whatever layout wrote them, reading only
+-- the parts of the files it needs (tetra.checkpoint.dir verifies those bytes' blocks).
+-- Returns the bytes this process read from the files meanwhile: { copied =, summed = }.
+local io_box = ffi.new("uint64_t[2]")
+local function io_bytes()
+  C.tt_io_bytes(io_box, io_box + 1)
+  return tonumber(io_box[0]), tonumber(io_box[1])
+end
+
 function M.load_state(env, path)
+  local copied, summed = io_bytes()
   local tensors, opt, files = M.load_index(path), env.optimizer, {}
-  local kinds, zero = state_kinds(opt), M.zero_sharded(env)
+  local kinds = state_kinds(opt)
   local entries = env.par:placements()
   if env.par.layout.pp == 1 then   -- every parameter of the model is on this rank
     local known = {}
@@ -362,33 +470,23 @@ function M.load_state(env, path)
       end
     end
   end
-  -- ZeRO-3: the parameters are loaded one unit at a time, gathered whole, and each unit
-  -- then becomes this rank's shares (ddp:each_param_whole).
-  T.no_grad(function()
-    env.ddp:each_param_whole(function(i)
-      local e = entries[i]
-      local pl = e.placement
-      M.assemble(path, tensors, files, pl.name, pl, e.tensor)
-      local total = T.sum(e.tensor)   -- NaN or Inf anywhere makes the sum so
-      local v = total:item()
-      F.free(total)
-      if v ~= v or v == math.huge or v == -math.huge then
-        fail("checkpoint %s: parameter '%s' holds NaN or Inf values (a corrupt or diverged " ..
-             "checkpoint); resume from an earlier one", path, pl.name)
-      end
-      for _, kind in ipairs(kinds) do
-        -- Under ZeRO-1 the whole moment on the host, one parameter at a time, then this
-        -- rank's shards of it (all on the device at once were 8 bytes a parameter more).
-        local target = zero and T.zeros(e.tensor:shape()) or kind[2][i]
-        M.assemble(path, tensors, files, kind[1] .. "." .. pl.name, pl, target)
-        if zero then
-          env.ddp:scatter_to_shards({ [i] = target }, kind[2], i)
-          F.free(target)
+  local ok, err = pcall(function()
+    if M.zero_sharded(env) then return load_shards(env, path, tensors, files) end
+    T.no_grad(function()
+      for i, e in ipairs(entries) do
+        local pl = e.placement
+        M.assemble(path, tensors, files, pl.name, pl, e.tensor)
+        check_finite(path, pl.name, e.tensor)
+        for _, kind in ipairs(kinds) do
+          M.assemble(path, tensors, files, kind[1] .. "." .. pl.name, pl, kind[2][i])
         end
       end
-    end, true)
+    end)
   end)
   for _, f in pairs(files) do f:close() end
+  if not ok then error(err, 0) end
+  local copied_now, summed_now = io_bytes()
+  return { copied = copied_now - copied, summed = summed_now - summed }
 end
 
 return M

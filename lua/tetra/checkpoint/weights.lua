@@ -62,7 +62,8 @@ function M.save(path, entries, config, origin)
     weights_only = true, rng = rng.state_text(), origin = origin,
     config = config }) .. "\n", "checkpoint")
   local sums = {}
-  for _, f in ipairs({ "model.safetensors", "state.json" }) do sums[f] = folder.crc_of(tmp .. "/" .. f) end
+  sums["model.safetensors"] = folder.block_sums(tmp .. "/model.safetensors")
+  sums["state.json"] = folder.crc_of(tmp .. "/state.json")
   fs.write_file(tmp .. "/checksums.json", json.encode(sums) .. "\n", "checkpoint")
   fs.fsync(tmp, "checkpoint")
   fs.rename(tmp, path, "checkpoint")

@@ -50,8 +50,9 @@
 -- FSDP's root unit without resharding: gathered again after each optimizer step. The
 -- master weights a rank keeps are its share of every unit, in a buffer of the reducer's
 -- (engine/dist/reducer.c; with optimizer offload in bf16 / fp16 on the host from the
--- forward to the update: master_shares); a checkpoint saves and loads one unit at a time,
--- gathered whole (ddp:each_param_whole). Gradients go as under stage 2.
+-- forward to the update: master_shares); a checkpoint saves one unit at a time, gathered
+-- whole (ddp:each_param_whole), and a load reads each rank's shares alone. Gradients go
+-- as under stage 2.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("tetra_dist.h")
@@ -274,10 +275,10 @@ end
 -- with parameter i whole. ZeRO-3: one unit at a time, gathered whole in f32 (collective:
 -- every rank of the group calls this with the same i's) and released after its last
 -- parameter unless it was gathered before, so the device holds the shares and one unit
--- more, never the whole model (a checkpoint of an 8B model would take 32 GB); with
--- `written`, each(i) wrote the parameters and a unit's become this rank's shares before
--- its release. Other stages: every parameter is whole, each(i) in turn.
-function DDP:each_param_whole(each, written)
+-- more, never the whole model (a checkpoint of an 8B model would take 32 GB). Other
+-- stages: every parameter is whole, each(i) in turn. (A load writes the shares
+-- themselves: tetra.checkpoint.shards.)
+function DDP:each_param_whole(each)
   local r = self._reducer
   if self._opt and self._opt.whole_masters then self._opt:whole_masters() end
   if self.zero_stage ~= 3 or not r then
@@ -295,7 +296,6 @@ function DDP:each_param_whole(each, written)
       end
       each(i)
       if i == n or units[i + 1] ~= unit then
-        if written then check(C.tt_dist_reducer_unit_to_shards(r, unit)) end
         if not was then check(C.tt_dist_reducer_unit_release(r, unit)) end
         unit = -1
       end
@@ -448,18 +448,6 @@ function DDP:gather_shards(per_shard, params, each)
     if each then each(i, w) else whole[i] = w end
   end
   return whole
-end
-
--- ZeRO-1, the other way: each of this rank's per-shard tensors filled from its range of
--- the per-parameter ones (only: the shards of that parameter alone, whole[only] given).
-function DDP:scatter_to_shards(whole, per_shard, only)
-  for j, sh in ipairs(self.shards) do
-    if not only or sh.param == only then
-      local src = shard_part(whole[sh.param], sh)
-      check(C.tt_copy_(per_shard[j], src))
-      F.free(src)
-    end
-  end
 end
 
 -- One optimizer update; with ZeRO-1 each rank updates its shards and the updated
