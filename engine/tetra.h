@@ -56,6 +56,7 @@ typedef struct tt_storage {
   void *stream;        /* the device stream current when it was allocated (NULL: default) */
   int64_t version;     /* bumped by every in-place write (tt_storage_bump_version) */
   struct tt_alloc_pool *pool;   /* the private pool it came from (tt_alloc_pool_use), or NULL */
+  struct tt_lazy_init *lazy;    /* random values not drawn yet (tt_tensor_randn), or NULL */
 } tt_storage;
 
 typedef struct tt_tensor {
@@ -88,11 +89,26 @@ int tt_tensor_from_buffer(void *data, const int64_t *shape, int ndim, int dtype,
 /* Copies `n` float64 values into a new f32 (or any dtype) tensor. */
 int tt_tensor_from_f64(const double *values, const int64_t *shape, int ndim, int dtype,
                        tt_tensor **out);
+/* randn and rand tensors are drawn lazily: no memory is taken and nothing is drawn until
+** their data is first read (tt_tensor_data), and a copy from a view of one (a slice that
+** tensor parallelism keeps, a ZeRO-3 share) draws that view's elements alone, so a rank
+** of a model built whole never holds the whole model. The values are those an eager draw
+** gives (element k is a function of the generator's state and k), and the generator
+** advances at creation as ever. tt_tensor_materialize draws t's storage now (no-op when
+** drawn); tt_tensor_is_lazy tells whether it is not yet. tt_set_lazy_init(0) makes
+** randn and rand draw at once; it returns the previous setting (on by default). */
 int tt_tensor_randn(const int64_t *shape, int ndim, double mean, double std,
                     tt_tensor **out);
 int tt_tensor_rand(const int64_t *shape, int ndim, double lo, double hi, tt_tensor **out);
 int tt_tensor_randint(const int64_t *shape, int ndim, int64_t lo, int64_t hi, int dtype,
                       tt_tensor **out);
+/* f32 zeros on `device` whose memory is taken at first use, the same way (optimizer
+** state: under ZeRO the whole-parameter moments an optimizer is built with are never
+** allocated, only the shards' that replace them). */
+int tt_tensor_lazy_zeros(const int64_t *shape, int ndim, int device, tt_tensor **out);
+int tt_tensor_materialize(tt_tensor *t);
+int tt_tensor_is_lazy(const tt_tensor *t);
+int tt_set_lazy_init(int on);
 void tt_manual_seed(uint64_t seed);
 uint64_t tt_rng_state(void);
 void tt_rng_set_state(uint64_t state);

@@ -534,6 +534,12 @@ tt_storage *tt_storage_new(size_t nbytes, int device) {
 ** evicted. */
 int tt_storage_restore(tt_storage *s) {
   if (!s || s->data) return 0;
+  free(s->lazy);   /* contents undefined: the caller writes them, not the generator */
+  s->lazy = NULL;
+  return tt_storage_take(s);
+}
+
+int tt_storage_take(tt_storage *s) {
   size_t granted = 0;
   tt_alloc_pool *pool = tt_alloc_pool_current(s->device);
   s->data = pool ? pool_alloc(pool, s->nbytes, &granted, &s->stream)
@@ -572,6 +578,10 @@ static void give_back(tt_storage *s) {
 }
 
 void tt_storage_evict(tt_storage *s) {
+  if (s && s->lazy && !s->data) {   /* never drawn: nothing to give back, nothing kept */
+    free(s->lazy);
+    s->lazy = NULL;
+  }
   if (!s || !s->data || s->external) return;
   give_back(s);
   s->data = NULL;
@@ -581,7 +591,8 @@ void tt_storage_evict(tt_storage *s) {
 void tt_storage_release(tt_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  if (!s->data) {   /* evicted (tt_storage_evict): nothing left to give back */
+  free(s->lazy);
+  if (!s->data) {   /* evicted (tt_storage_evict) or never drawn: nothing to give back */
     free(s);
     return;
   }

@@ -4,6 +4,7 @@
 */
 #include "core/tt_internal.h"
 #include <math.h>
+#include <pthread.h>
 
 /* -- Headers ------------------------------------------------------------------------- */
 
@@ -43,6 +44,13 @@ static int shape_nbytes(const char *op, const int64_t *shape, int ndim, int dtyp
 }
 
 /* A fresh header over `storage` (retained), contiguous strides. */
+/* Lazy random tensors (tetra.h; defined with the generator, below). */
+static tt_lazy_init *lazy_of(const tt_storage *s);
+static void lazy_fill(const tt_lazy_init *z, int64_t first, int64_t n, float *p);
+static int lazy_view_values(const tt_tensor *v, tt_tensor **out);
+static int lazy_tensor(const tt_lazy_init *z, const int64_t *shape, int ndim, size_t nbytes,
+                       int device, tt_tensor **out);
+
 static tt_tensor *header_new(tt_storage *storage, const int64_t *shape, int ndim, int dtype) {
   tt_tensor *t = calloc(1, sizeof *t);
   if (!t) {
@@ -183,6 +191,14 @@ int tt_tensor_is_contiguous(const tt_tensor *t) {
 }
 
 void *tt_tensor_data(const tt_tensor *t) {
+  /* A lazy tensor is drawn whole when its data is first needed; a failure here has no
+  ** caller to report to (the memory a draw needs is what the eager draw took at creation). */
+  if (__builtin_expect(__atomic_load_n(&t->storage->lazy, __ATOMIC_ACQUIRE) != NULL, 0) &&
+      tt_lazy_materialize(t->storage) != 0) {
+    fprintf(stderr, "tetra: cannot draw a lazily initialised tensor of %zu bytes: %s\n",
+            t->storage->nbytes, tt_last_error());
+    abort();
+  }
   return (char *)t->storage->data + t->offset * (int64_t)tt_dtype_size(t->dtype);
 }
 
@@ -258,6 +274,7 @@ static inline int64_t flat_to_offset(const tt_tensor *t, int64_t i) {
 }
 
 static inline void *elem_ptr(const tt_tensor *t, int64_t storage_off) {
+  (void)tt_tensor_data(t);   /* a lazy tensor drawn */
   return (char *)t->storage->data + storage_off * (int64_t)tt_dtype_size(t->dtype);
 }
 
@@ -479,6 +496,22 @@ int tt_copy_(tt_tensor *dst, const tt_tensor *src) {
            tt_shape_str(src->shape, src->ndim, b, sizeof b));
   int64_t n = tt_tensor_numel(dst);
   if (n == 0) return 0;
+  TT_TRY(tt_lazy_materialize(dst->storage));
+  /* From a lazy tensor only the source view's elements are drawn (straight into dst when
+  ** both are plain f32 runs on the host), and the source stays lazy. */
+  if (lazy_of(src->storage)) {
+    if (dst->device == TT_CPU && dst->dtype == TT_F32 && tt_tensor_is_contiguous(dst) &&
+        tt_tensor_is_contiguous(src)) {
+      dst->storage->version++;
+      lazy_fill(lazy_of(src->storage), src->offset, n, tt_tensor_data(dst));
+      return 0;
+    }
+    tt_tensor *values = NULL;
+    int rc = lazy_view_values(src, &values);
+    if (rc == 0) rc = tt_copy_(dst, values);
+    tt_tensor_release(values);
+    return rc;
+  }
   dst->storage->version++;
   if (dst->device == TT_CPU && src->device == TT_CPU) {
     copy_strided_cpu(dst, src);
@@ -580,6 +613,13 @@ int tt_to_device(tt_tensor *t, int device, tt_tensor **out) {
     *out = t;
     return 0;
   }
+  /* A lazy tensor that is its whole storage stays lazy there: drawn on the host and
+  ** uploaded when first read, or only a view's part when copied from (a ZeRO-3 share). */
+  const tt_lazy_init *z = lazy_of(t->storage);
+  if (z && t->offset == 0 && tt_tensor_is_contiguous(t) && tt_tensor_numel(t) == z->numel &&
+      t->dtype == TT_F32 && tt_backend_for(device)) {
+    return lazy_tensor(z, t->shape, t->ndim, t->storage->nbytes, device, out);
+  }
   tt_tensor *src = NULL, *dst = NULL;
   TT_TRY(tt_contiguous_nograd(t, &src));
   if (tt_tensor_empty(t->shape, t->ndim, t->dtype, device, &dst) != 0 || tt_copy_(dst, src) != 0) {
@@ -653,33 +693,162 @@ static uint64_t rng_next(void) { return rng_mix(tt_rng += 0x9e3779b97f4a7c15ULL)
 /* Uniform in (0, 1): 53 random bits, never exactly 0 (safe for log). */
 static inline double rng_unit(uint64_t bits) { return ((double)(bits >> 11) + 0.5) * 0x1.0p-53; }
 
-/* Initialising a billion-parameter model draws a billion normals: at about 45 M/s on one
+/* Elements [first, first + n) of the draws z describes, into p (f32). Normals go by
+** Box-Muller, both outputs used: pair k takes draws 2k and 2k + 1 and gives elements 2k
+** (cos) and 2k + 1 (sin), so any range gives the bits the whole tensor's draw has there.
+** Initialising a billion-parameter model draws a billion normals: at about 45 M/s on one
 ** core that was 25 s before the first step (the first H200 run), hence the threads. */
-int tt_tensor_randn(const int64_t *shape, int ndim, double mean, double std, tt_tensor **out) {
-  TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, TT_CPU, out));
-  float *p = tt_tensor_data(*out);
-  const int64_t n = tt_tensor_numel(*out), pairs = (n + 1) / 2;
-  const uint64_t s = tt_rng;
-  /* Box-Muller, both outputs used: pair k takes draws 2k and 2k + 1. */
+static void lazy_fill(const tt_lazy_init *z, int64_t first, int64_t n, float *p) {
+  const uint64_t s = z->state;
+  if (z->kind == TT_LAZY_ZEROS) {
+    memset(p, 0, (size_t)n * sizeof(float));
+    return;
+  }
+  if (z->kind == TT_LAZY_UNIFORM) {
 #pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
-  for (int64_t k = 0; k < pairs; k++) {
+    for (int64_t i = 0; i < n; i++)
+      p[i] = (float)(z->a + (z->b - z->a) * rng_unit(rng_at(s, (uint64_t)(first + i))));
+    return;
+  }
+  const int64_t k0 = first / 2, k1 = (first + n - 1) / 2;
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
+  for (int64_t k = k0; k <= k1; k++) {
     double r = sqrt(-2.0 * log(rng_unit(rng_at(s, 2 * (uint64_t)k)))),
            a = 2.0 * M_PI * rng_unit(rng_at(s, 2 * (uint64_t)k + 1));
-    p[2 * k] = (float)(mean + std * r * cos(a));
-    if (2 * k + 1 < n) p[2 * k + 1] = (float)(mean + std * r * sin(a));
+    if (2 * k >= first) p[2 * k - first] = (float)(z->a + z->b * r * cos(a));
+    if (2 * k + 1 < first + n) p[2 * k + 1 - first] = (float)(z->a + z->b * r * sin(a));
   }
-  tt_rng = s + 2 * (uint64_t)pairs * 0x9e3779b97f4a7c15ULL;
+}
+
+/* A new f32 tensor on `device` whose storage (nbytes) holds z's draws, not made yet. */
+static int lazy_tensor(const tt_lazy_init *z, const int64_t *shape, int ndim, size_t nbytes,
+                       int device, tt_tensor **out) {
+  tt_storage *st = calloc(1, sizeof *st);
+  tt_lazy_init *lz = malloc(sizeof *lz);
+  if (st && lz) {
+    *lz = *z;
+    st->nbytes = nbytes;
+    st->device = device;
+    st->refcount = 1;
+    st->lazy = lz;
+  }
+  tt_tensor *t = st && lz ? header_new(st, shape, ndim, TT_F32) : NULL;
+  if (!t) {
+    free(st);
+    free(lz);
+    return tt_set_error("out of host memory (a tensor's header)");
+  }
+  *out = t;
   return 0;
 }
 
+static int lazy_on = 1;
+int tt_set_lazy_init(int on) {
+  int was = lazy_on;
+  lazy_on = on != 0;
+  return was;
+}
+
+/* A new f32 CPU tensor of n draws from the generator (normal or uniform in a, b): lazy
+** (tetra.h), or drawn now. The generator advances by the draws either way. */
+static int random_tensor(const int64_t *shape, int ndim, int normal, double a, double b,
+                         tt_tensor **out) {
+  int64_t n;
+  TT_TRY(tt_shape_numel_checked(normal ? "randn" : "rand", shape, ndim, &n));
+  size_t nbytes = (size_t)n * sizeof(float);
+  const tt_lazy_init z = {normal ? TT_LAZY_NORMAL : TT_LAZY_UNIFORM, tt_rng, a, b, n};
+  uint64_t draws = normal ? 2 * (uint64_t)((n + 1) / 2) : (uint64_t)n;
+  if (!lazy_on || n == 0) {
+    TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, TT_CPU, out));
+    lazy_fill(&z, 0, n, tt_tensor_data(*out));
+  } else {
+    TT_TRY(lazy_tensor(&z, shape, ndim, nbytes, TT_CPU, out));
+  }
+  tt_rng = z.state + draws * 0x9e3779b97f4a7c15ULL;
+  return 0;
+}
+
+int tt_tensor_randn(const int64_t *shape, int ndim, double mean, double std, tt_tensor **out) {
+  return random_tensor(shape, ndim, 1, mean, std, out);
+}
+
+int tt_tensor_lazy_zeros(const int64_t *shape, int ndim, int device, tt_tensor **out) {
+  int64_t n;
+  TT_TRY(tt_shape_numel_checked("lazy_zeros", shape, ndim, &n));
+  if (n == 0 || !tt_backend_for(device)) return tt_tensor_zeros(shape, ndim, TT_F32, device, out);
+  const tt_lazy_init z = {TT_LAZY_ZEROS, 0, 0.0, 0.0, n};
+  return lazy_tensor(&z, shape, ndim, (size_t)n * sizeof(float), device, out);
+}
+
 int tt_tensor_rand(const int64_t *shape, int ndim, double lo, double hi, tt_tensor **out) {
-  TT_TRY(tt_tensor_empty(shape, ndim, TT_F32, TT_CPU, out));
+  return random_tensor(shape, ndim, 0, lo, hi, out);
+}
+
+/* -- Lazy storage ------------------------------------------------------------------- */
+
+static pthread_mutex_t lazy_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static tt_lazy_init *lazy_of(const tt_storage *s) {
+  return __atomic_load_n(&s->lazy, __ATOMIC_ACQUIRE);
+}
+
+int tt_lazy_materialize(tt_storage *s) {
+  if (!lazy_of(s)) return 0;
+  pthread_mutex_lock(&lazy_lock);
+  int rc = 0;
+  tt_lazy_init *z = s->lazy;
+  if (z && !s->data) rc = tt_storage_take(s);
+  if (z && rc == 0) {
+    if (s->device == TT_CPU) {
+      lazy_fill(z, 0, z->numel, s->data);
+    } else if (z->kind == TT_LAZY_ZEROS) {
+      const tt_device_backend *be = tt_backend_for(s->device);
+      rc = be ? be->memset0(s->data, s->device, (size_t)z->numel * sizeof(float)) : -1;
+    } else {   /* drawn on the host, then uploaded */
+      float *host = malloc((size_t)z->numel * sizeof(float) + 1);
+      const tt_device_backend *be = tt_backend_for(s->device);
+      rc = host && be ? 0 : (host ? -1 : tt_set_error("out of host memory (%lld floats to "
+                                                       "draw)", (long long)z->numel));
+      if (rc == 0) {
+        lazy_fill(z, 0, z->numel, host);
+        rc = be->memcpy(s->data, s->device, host, TT_CPU, (size_t)z->numel * sizeof(float));
+      }
+      free(host);
+    }
+    if (rc == 0) {
+      __atomic_store_n(&s->lazy, NULL, __ATOMIC_RELEASE);
+      free(z);
+    }
+  }
+  pthread_mutex_unlock(&lazy_lock);
+  return rc;
+}
+
+int tt_tensor_materialize(tt_tensor *t) { return tt_lazy_materialize(t->storage); }
+int tt_tensor_is_lazy(const tt_tensor *t) { return lazy_of(t->storage) != NULL; }
+
+/* The elements of a view of a lazy storage, drawn alone into a new contiguous f32 CPU
+** tensor: each innermost row is a run of storage indices when its stride is 1. */
+static int lazy_view_values(const tt_tensor *v, tt_tensor **out) {
+  const tt_lazy_init *z = lazy_of(v->storage);
+  TT_TRY(tt_tensor_empty(v->shape, v->ndim, TT_F32, TT_CPU, out));
   float *p = tt_tensor_data(*out);
-  const int64_t n = tt_tensor_numel(*out);
-  const uint64_t s = tt_rng;
-#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
-  for (int64_t i = 0; i < n; i++) p[i] = (float)(lo + (hi - lo) * rng_unit(rng_at(s, (uint64_t)i)));
-  tt_rng = s + (uint64_t)n * 0x9e3779b97f4a7c15ULL;
+  int64_t n = tt_tensor_numel(v);
+  if (n == 0) return 0;
+  int last = v->ndim - 1;
+  int64_t len = v->ndim ? v->shape[last] : 1, step = v->ndim ? v->stride[last] : 1;
+  for (int64_t row = 0; row < n / len; row++) {
+    int64_t base = v->offset, rest = row;
+    for (int d = last - 1; d >= 0; d--) {
+      base += (rest % v->shape[d]) * v->stride[d];
+      rest /= v->shape[d];
+    }
+    if (step == 1) {
+      lazy_fill(z, base, len, p + row * len);
+    } else {
+      for (int64_t j = 0; j < len; j++) lazy_fill(z, base + j * step, 1, p + row * len + j);
+    }
+  }
   return 0;
 }
 

@@ -141,6 +141,19 @@ void tt_storage_release(tt_storage *s);
 ** allocates s->nbytes again (contents undefined) and bumps the storage's version. */
 void tt_storage_evict(tt_storage *s);
 int tt_storage_restore(tt_storage *s);
+/* Takes s->nbytes of memory for a storage that has none (data NULL), leaving s->lazy. */
+int tt_storage_take(tt_storage *s);
+/* The values a lazy storage will hold (tensor.c): draws from the generator's state, or
+** zeros. */
+enum { TT_LAZY_UNIFORM, TT_LAZY_NORMAL, TT_LAZY_ZEROS };
+typedef struct tt_lazy_init {
+  int kind;            /* uniform in [a, b), normal(a = mean, b = std), or zeros */
+  uint64_t state;      /* the generator's state before the draws */
+  double a, b;
+  int64_t numel;       /* f32 elements */
+} tt_lazy_init;
+/* Draws the lazy storage s's values now (thread-safe; no-op once drawn). */
+int tt_lazy_materialize(tt_storage *s);
 
 /* Attention positions (ops/attention.c) in host memory, a reference the caller releases:
 ** pos itself on the CPU; on a device, a host copy made once per storage and version and

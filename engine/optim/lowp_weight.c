@@ -55,7 +55,7 @@ int tt_lowp_weight(tt_tensor *w, int dtype, tt_tensor **out) {
   TT_TRY(check_args("tt_lowp_weight", w, dtype, out));
   TT_TRY(ensure_buffer(w, dtype));
   if (w->lowp_version != w->storage->version) {
-    TT_CHECK(w->storage->data, "tt_lowp_weight: the weight's f32 master is in host memory "
+    TT_CHECK(w->storage->data || tt_tensor_is_lazy(w), "tt_lowp_weight: the weight's f32 master is in host memory "
              "(optimizer offload) and its %s copy is stale: restore the master first "
              "(tt_lowp_weight_restore_master)", tt_dtype_name(dtype));
     if (tt_copy_(w->lowp, w) != 0) {
@@ -78,7 +78,9 @@ int tt_lowp_weight_buffer(tt_tensor *w, int dtype, tt_tensor **out) {
   return 0;
 }
 
-int tt_tensor_resident(const tt_tensor *t) { return t && t->storage->data != NULL; }
+int tt_tensor_resident(const tt_tensor *t) {
+  return t && (t->storage->data != NULL || tt_tensor_is_lazy(t));   /* lazy: not drawn yet */
+}
 
 int tt_lowp_weight_release_master(tt_tensor *w) {
   TT_CHECK(w, "tt_lowp_weight_release_master: w is NULL");

@@ -346,6 +346,13 @@ setters.requires_grad = function(t, on) check(C.tt_set_requires_grad(t, on and 1
 -- -- Shape and elements --------------------------------------------------------------
 
 function methods.numel(t) return tonumber(C.tt_tensor_numel(t)) end
+
+-- randn and rand tensors are drawn lazily (tetra.h): t drawn now (its memory taken);
+-- returns t.
+function methods.materialize(t)
+  tffi.check(C.tt_tensor_materialize(t), 2)
+  return t
+end
 function methods.dim(t) return t._ndim end
 
 function methods.shape(t)

@@ -512,6 +512,103 @@ static void expect_same_as_pieces(int normal) {
 Test(rng, parallel_normals_equal_serial_pieces) { expect_same_as_pieces(1); }
 Test(rng, parallel_uniforms_equal_serial_pieces) { expect_same_as_pieces(0); }
 
+/* A lazy draw (tetra.h) takes no memory; a copy of a view of it (rows, strided columns,
+** a transpose, a view of a view) holds the bits of the eager draw from the same state at
+** the same places, and leaves it lazy; reading it draws it whole, equal to the eager one;
+** the generator ends where the eager draw leaves it. Lazy zeros likewise. */
+static void expect_lazy_views_like_eager(int normal) {
+  const int64_t shape[2] = {7, 9};
+  tt_tensor *lazy = NULL, *eager = NULL, *after_lazy = NULL, *after_eager = NULL;
+  int64_t one = 1;
+  tt_alloc_stats st;
+  tt_manual_seed(21);
+  uint64_t state = tt_rng_state();
+  tt_alloc_stats_get(TT_CPU, &st);
+  int64_t live = st.live_bytes;
+  cr_assert_eq(normal ? tt_tensor_randn(shape, 2, 0.25, 3.0, &lazy)
+                      : tt_tensor_rand(shape, 2, -2.0, 5.0, &lazy), 0);
+  cr_assert_eq(tt_tensor_randn(&one, 1, 0.0, 1.0, &after_lazy), 0);
+  tt_alloc_stats_get(TT_CPU, &st);
+  cr_assert_eq(st.live_bytes, live, "a lazy draw took %lld bytes",
+               (long long)(st.live_bytes - live));
+  cr_assert(tt_tensor_is_lazy(lazy));
+  int was = tt_set_lazy_init(0);
+  tt_rng_set_state(state);
+  cr_assert_eq(normal ? tt_tensor_randn(shape, 2, 0.25, 3.0, &eager)
+                      : tt_tensor_rand(shape, 2, -2.0, 5.0, &eager), 0);
+  cr_assert_eq(tt_tensor_randn(&one, 1, 0.0, 1.0, &after_eager), 0);
+  tt_set_lazy_init(was);
+  cr_assert(!tt_tensor_is_lazy(eager));
+  cr_assert_eq(tt_tensor_get(after_lazy, 0), tt_tensor_get(after_eager, 0),
+               "the generator's state after the draw differs");
+  const float *e = tt_tensor_data(eager);
+  /* views: {dim, start, length} narrows, then an optional transpose */
+  const struct { int dim; int64_t start, len; int dim2; int64_t start2, len2; int tr; } views[] = {
+      {0, 2, 3, -1, 0, 0, 0}, {1, 3, 5, -1, 0, 0, 0}, {0, 0, 7, -1, 0, 0, 1},
+      {1, 1, 7, 0, 4, 3, 0},  {0, 6, 1, 1, 8, 1, 0},  {1, 0, 9, -1, 0, 0, 0}};
+  for (size_t k = 0; k < sizeof views / sizeof views[0]; k++) {
+    tt_tensor *v = NULL, *w = NULL, *c = NULL;
+    cr_assert_eq(tt_narrow(lazy, views[k].dim, views[k].start, views[k].len, &v), 0);
+    if (views[k].dim2 >= 0) {
+      cr_assert_eq(tt_narrow(v, views[k].dim2, views[k].start2, views[k].len2, &w), 0);
+      tt_tensor_release(v);
+      v = w;
+    }
+    if (views[k].tr) {
+      cr_assert_eq(tt_transpose(v, 0, 1, &w), 0);
+      tt_tensor_release(v);
+      v = w;
+    }
+    cr_assert_eq(tt_clone(v, &c), 0, "%s", tt_last_error());
+    for (int64_t i = 0; i < c->shape[0]; i++)
+      for (int64_t j = 0; j < c->shape[1]; j++) {
+        int64_t at = v->offset + i * v->stride[0] + j * v->stride[1];
+        float got = (float)tt_tensor_get(c, i * c->shape[1] + j);
+        cr_assert_eq(memcmp(&got, &e[at], sizeof got), 0, "view %zu (%lld, %lld): %.9g, the "
+                     "eager draw %.9g", k, (long long)i, (long long)j, got, e[at]);
+      }
+    cr_assert(tt_tensor_is_lazy(lazy), "copying view %zu drew the whole tensor", k);
+    tt_tensor_release(v);
+    tt_tensor_release(c);
+  }
+  const float *l = tt_tensor_data(lazy);   /* drawn whole now */
+  cr_assert(!tt_tensor_is_lazy(lazy));
+  cr_assert_eq(memcmp(l, e, sizeof(float) * 63), 0, "the whole lazy draw differs");
+  tt_tensor_release(lazy);
+  tt_tensor_release(eager);
+  tt_tensor_release(after_lazy);
+  tt_tensor_release(after_eager);
+}
+
+Test(rng, lazy_normals_equal_eager_ones_view_by_view) { expect_lazy_views_like_eager(1); }
+Test(rng, lazy_uniforms_equal_eager_ones_view_by_view) { expect_lazy_views_like_eager(0); }
+
+Test(rng, lazy_zeros_take_memory_at_first_use) {
+  const int64_t shape[2] = {5, 6};
+  tt_alloc_stats st;
+  tt_alloc_stats_get(TT_CPU, &st);
+  int64_t live = st.live_bytes;
+  tt_tensor *z = NULL, *part = NULL, *c = NULL;
+  cr_assert_eq(tt_tensor_lazy_zeros(shape, 2, TT_CPU, &z), 0);
+  cr_assert(tt_tensor_is_lazy(z));
+  cr_assert_eq(tt_narrow(z, 1, 2, 3, &part), 0);
+  cr_assert_eq(tt_clone(part, &c), 0);
+  for (int i = 0; i < 15; i++) cr_assert_eq(tt_tensor_get(c, i), 0.0);
+  tt_alloc_stats_get(TT_CPU, &st);
+  int64_t taken = st.live_bytes - live;
+  tt_tensor *same = NULL;   /* what a tensor of the copy's size takes (sizes are rounded) */
+  cr_assert_eq(tt_tensor_empty(part->shape, 2, TT_F32, TT_CPU, &same), 0);
+  tt_alloc_stats_get(TT_CPU, &st);
+  cr_assert_eq(taken, st.live_bytes - live - taken, "the lazy zeros took memory");
+  tt_tensor_release(same);
+  cr_assert_eq(tt_tensor_materialize(z), 0);
+  cr_assert(!tt_tensor_is_lazy(z));
+  for (int i = 0; i < 30; i++) cr_assert_eq(tt_tensor_get(z, i), 0.0);
+  tt_tensor_release(part);
+  tt_tensor_release(c);
+  tt_tensor_release(z);
+}
+
 /* A strided copy of one dtype moves bits: int64 ids above 2^53, which a double cannot
 ** hold, stay exact through a transpose (the CUDA twin: cuda/test_runtime). */
 Test(tensor, strided_int64_copy_is_exact) {

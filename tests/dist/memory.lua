@@ -1,6 +1,7 @@
 -- A recipe for memory.sh: the tiny Llama set up in the layout --set gives; every rank
 -- prints what it holds ("memory rank R tp T pp P params N grads N optimizer N", bytes)
--- after one step. With checkpoint.dir set it then saves a checkpoint and prints how far
+-- after one step, and before it the allocator's peak through the set-up ("setup rank R
+-- peak N"). With checkpoint.dir set it then saves a checkpoint and prints how far
 -- the allocator's peak rose above what the rank held before and the bytes of the host
 -- copies it kept to write ("save rank R peak N kept K"), loads it back ("load rank R peak
 -- N copied B summed S of T": of the T bytes of the checkpoint's safetensors files, those it
@@ -12,6 +13,12 @@ local recipe = { name = "memory", defaults = tiny.defaults }
 
 function recipe.run(cfg)
   local env = tiny.setup(cfg)
+  -- The allocator's peak from the start to the end of the set-up (the model built, its
+  -- parameters drawn, sliced and sharded): on the CPU every tensor goes through it.
+  local C0 = require("tetra.ffi").C
+  local st0 = require("ffi").new("tt_alloc_stats")
+  C0.tt_alloc_stats_get(C0.TT_CPU, st0)
+  io.stdout:write(string.format("setup rank %d peak %d\n", env.rank, tonumber(st0.peak_bytes)))
   local r = env.step()
   local c = env.mesh.coords
   io.stdout:write(string.format("memory rank %d tp %d pp %d params %d grads %d optimizer %d\n",

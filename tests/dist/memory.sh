@@ -77,6 +77,29 @@ TP4=$((E / 4 + 2 * (2 * LQ / 4 + 2 * (LK / 2) + LMLP / 4 + NORMS) + FINAL + E / 
 check tp4_kv2 4 "parallel.tensor_parallel_size=4" \
   "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
 
+# The set-up: the recipe builds the whole model, but its parameters are drawn lazily and
+# the optimizer's state is lazy zeros, so a rank's allocator peak through the set-up must
+# be what it keeps, its parameters and optimizer state (within 1%), not the whole model
+# besides (tp 4: 541,952 bytes, where it keeps 347,904; tp 2 x pp 2: 534,016 and
+# 321,024): every rank of tp 4 and of tp 2 x pp 2.
+# setup_peaks NAME: every rank's "setup rank R peak P" against its "memory rank" line.
+setup_peaks() {
+  local name="$1" r peak params optim before=$status
+  while read -r _ _ r _ peak; do
+    read -r params optim < <(sed -n \
+      "s/^memory rank $r tp [0-9]* pp [0-9]* params \([0-9]*\) grads [0-9]* optimizer \([0-9]*\)\$/\1 \2/p" \
+      "$work/$name.log")
+    if [ -z "$params" ] || [ "$peak" -gt $(((params + optim) * 101 / 100)) ]; then
+      echo "FAIL: $name: rank $r's set-up peaked at $peak bytes; it keeps $params of" \
+           "parameters and ${optim:-?} of optimizer state"
+      status=1
+    fi
+  done < <(grep '^setup rank' "$work/$name.log")
+  [ "$status" = "$before" ] && echo "$name: every rank's set-up held its own part alone"
+}
+setup_peaks tp4_kv2
+setup_peaks tp2_pp2
+
 # Sequence parallelism: a step's peak on rank 0, longer sequences so activations dominate
 # (measured in fp32: 16.4 MB against plain tp 2's 17.5 MB, whose column-parallel inputs
 # are views; 19.6 MB against 23.3 MB when copy_to_group copied them and each projection
@@ -203,6 +226,21 @@ save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lu
   { echo "FAIL: the ZeRO-3 save and load failed:"; tail -n 20 <<<"$save_out"; status=1; }
 save_peaks ZeRO-3 "$save_out" $((3 * 4 * LAYER)) "three layers' bytes" \
   $((12 * (2 * E + 8 * LAYER + FINAL)))
+# Its set-up: AdamW's moments were made whole, 8 bytes a parameter, before ZeRO replaced
+# them by the shards' (4.7 MB at the peak); lazy, they are never allocated: the peak must
+# stay within a layer's bytes of what the rank keeps (measured: 116 KB above).
+for r in 0 1; do
+  peak=$(sed -n "s/^setup rank $r peak \([0-9]*\)\$/\1/p" <<<"$save_out")
+  read -r params optim < <(sed -n \
+    "s/^memory rank $r tp 0 pp 0 params \([0-9]*\) grads [0-9]* optimizer \([0-9]*\)\$/\1 \2/p" \
+    <<<"$save_out")
+  echo "ZeRO-3 set-up on dp 2, 8 layers: rank $r peaked at $peak bytes, keeps" \
+       "$((params + optim))"
+  if [ -z "$peak" ] || [ -z "$params" ] || [ "$peak" -ge $((params + optim + 4 * LAYER)) ]; then
+    echo "FAIL: the ZeRO-3 set-up held a layer's bytes or more beyond what rank $r keeps"
+    status=1
+  fi
+done
 load_reads ZeRO-3 "$save_out"
 for r in 0 1; do
   p=$(sed -n "s/^load rank $r peak \([0-9]*\) .*/\1/p" <<<"$save_out")

@@ -317,6 +317,31 @@ describe("data", function()
 end)
 
 describe("training loop", function()
+  it("set-up draws what the rank keeps: no parameter or optimizer state is left lazy", function()
+    -- the recipe's randn weights are lazy until set-up (tetra.h), and AdamW's state is
+    -- lazy zeros; set-up must take their memory and draw them, so that a lack of memory
+    -- stops it there, not a step
+    local C = require("tetra.ffi").C
+    local env = tiny.setup(tiny_cfg())
+    local n = 0
+    for _, e in ipairs(env.par:placements()) do
+      expect(C.tt_tensor_is_lazy(e.tensor)).to_be(0)
+      n = n + 1
+    end
+    for _, list in ipairs({ env.optimizer.m, env.optimizer.v }) do
+      for _, t in ipairs(list) do
+        expect(C.tt_tensor_is_lazy(t)).to_be(0)
+        n = n + 1
+      end
+    end
+    expect(n > 10).to_be(true)
+    -- while a randn tensor made outside the set-up stays lazy until read
+    local t = tetra.randn(4, 4)
+    expect(C.tt_tensor_is_lazy(t)).to_be(1)
+    expect(t:sum():item() == t:sum():item()).to_be(true)
+    expect(C.tt_tensor_is_lazy(t)).to_be(0)
+  end)
+
   it("gradient accumulation gives the same step as one big batch", function()
     local results = {}
     for _, accum in ipairs({ 1, 4 }) do

@@ -53,9 +53,11 @@ local T_key = require("tetra.tensor").key
 local take = require("tetra.tensor").take
 
 -- f32 zeros shaped like t on t's device: the optimizer state lives beside its parameter.
--- (Also used by ZeRO-1 for the moments of its parameter shards.)
+-- (Also used by ZeRO-1 for the moments of its parameter shards.) Lazy (tetra.h): the
+-- memory is taken at first use, so the whole-parameter moments that ZeRO replaces by its
+-- shards' are never allocated (8 bytes a parameter on every rank).
 local function zeros_like(t)
-  return take(C.tt_tensor_zeros(t._shape, t._ndim, C.TT_F32, t._device, pout), 3)
+  return take(C.tt_tensor_lazy_zeros(t._shape, t._ndim, t._device, pout), 3)
 end
 optim.state_like = zeros_like
 

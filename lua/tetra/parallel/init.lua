@@ -30,7 +30,8 @@
 -- apply runs the dimensions in one fixed order: pipeline (drop what other stages hold),
 -- tensor (slice what this rank holds), context (attention over the cp group). The model
 -- must have been built whole from the seed on every rank, so every slice is the
--- single-process weights' and every layout starts where one process does.
+-- single-process weights' and every layout starts where one process does; its randn
+-- weights are lazy (tetra.h), so a slice draws its own elements only.
 --
 -- Placements. Every local parameter then carries (module._placement, read through
 -- par:placements()) the part of the whole parameter it holds and whether it counts:

@@ -18,7 +18,8 @@
 -- env.guard:position(s), which is s until a window was skipped.
 --
 -- The model is built whole on the CPU by the recipe (so a seed gives the same initial
--- weights on every rank and device); train.setup then applies the layout's parallelism
+-- weights on every rank and device), its randn weights lazy (tetra.h: each rank draws
+-- only what it keeps); train.setup then applies the layout's parallelism
 -- from the recipe's plan (tetra.parallel.apply), the precision (train.precision through
 -- tetra.optim.amp) and moves the parameters to train.device (cpu, cuda, cuda:N); the
 -- optimizer state is created beside them and each batch is moved as it is drawn.

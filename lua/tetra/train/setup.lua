@@ -64,7 +64,8 @@ local function overlap_update(opt, model, plan)
   end
 end
 
--- Builds env for cfg, the model (built whole, on the CPU, by the recipe) and the data
+-- Builds env for cfg, the model (built whole, on the CPU, by the recipe; its randn
+-- weights lazy, drawn here only where this rank keeps them) and the data
 -- source; see tetra.train.setup for what env holds and opts takes.
 return function(cfg, model, data, opts)
   opts = opts or {}
@@ -147,6 +148,24 @@ return function(cfg, model, data, opts)
                                 ddp:master_shares())
     end
     overlap_update(optimizer, par.model or model, opts.plan)
+  end
+  -- The recipe's randn and rand parameters are drawn lazily, and the optimizer's state
+  -- is lazy zeros (tetra.h): apply's slices and ZeRO-3's shares drew only this rank's
+  -- elements, ZeRO's whole moments were never allocated, and what the rank keeps is
+  -- drawn now. A rank never holds the whole model (280 GB in f32 for 70B, on every
+  -- rank), and a lack of memory stops the set-up here, with one line.
+  local function materialize(t, what)
+    if C.tt_tensor_materialize(t) ~= 0 then
+      dist.fail(string.format("cannot hold %s (%s): %s", what, table.concat(t:shape(), " x "),
+                              ffi.string(C.tt_last_error())))
+    end
+  end
+  for _, e in ipairs(par:placements()) do materialize(e.tensor, "parameter " .. e.name) end
+  for _, list in ipairs({ optimizer.m or {}, optimizer.v or {}, optimizer.buffers or {} }) do
+    for i, t in ipairs(list) do
+      materialize(t, "the optimizer state of " .. tostring(optimizer.names and
+                                                          optimizer.names[i] or i))
+    end
   end
   local pstep = require("tetra.parallel.step")
   local env = {
