@@ -123,7 +123,8 @@ first_loss() {   # SOURCE TAG [LAUNCHER...]: the first step's loss
   local source=$1 tag=$2; shift 2
   "$@" "$TETRA" run "$root/recipes/llama.lua" --set model.init_from="$source" --set train.steps=2 \
     --set train.batch_size=2 --set model.seq_len=16 --set train.warmup_steps=1 \
-    --set parallel.tensor_parallel_size="${TP:-1}" --set log.metrics_file="m_$tag.jsonl" \
+    --set parallel.tensor_parallel_size="${TP:-1}" --set parallel.data_parallel_size="${DP:-1}" \
+    --set parallel.zero_stage="${ZERO:-0}" --set log.metrics_file="m_$tag.jsonl" \
     >/dev/null || fail "training from $source"
   sed -n 's/.*"loss":\([-0-9.e]*\).*/\1/p' "m_$tag.jsonl" | head -1
 }
@@ -134,6 +135,15 @@ if command -v mpirun >/dev/null; then   # the whole model loads, then the plan s
       OMP_NUM_THREADS=1 mpirun --oversubscribe -np 2)
   awk -v a="$a" -v d="$d" 'BEGIN { r = (a - d) / a; exit !(d != "" && r < 1e-6 && r > -1e-6) }' ||
     fail "first loss from hf:DIR with tensor_parallel_size=2 ($d) is not one process's ($a)"
+  # From the checkpoint each rank reads its own part once the model is split: tp 2, and
+  # dp 2 under ZeRO-3 (the shares alone).
+  for layout in "2 1 0 ck_tp2" "1 2 3 ck_zero3"; do
+    read -r tp dp zero tag <<<"$layout"
+    d=$(TP=$tp DP=$dp ZERO=$zero first_loss ck_llama "$tag" env OMPI_ALLOW_RUN_AS_ROOT=1 \
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun --oversubscribe -np 2)
+    awk -v a="$a" -v d="$d" 'BEGIN { r = (a - d) / a; exit !(d != "" && r < 1e-6 && r > -1e-6) }' ||
+      fail "first loss from the checkpoint with tp $tp, dp $dp, ZeRO $zero ($d) is not one process's ($a)"
+  done
 fi
 c=$("$TETRA" -e 'print(math.log(97))')
 echo "training from r_llama: first loss $a (ln 97 = $c)"

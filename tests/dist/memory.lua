@@ -1,7 +1,8 @@
 -- A recipe for memory.sh: the tiny Llama set up in the layout --set gives; every rank
 -- prints what it holds ("memory rank R tp T pp P params N grads N optimizer N", bytes)
 -- after one step, and before it the allocator's peak through the set-up ("setup rank R
--- peak N"). With checkpoint.dir set it then saves a checkpoint and prints how far
+-- peak N"; with model.init_from a checkpoint, "init rank R copied C summed S", the bytes
+-- of it read). With checkpoint.dir set it then saves a checkpoint and prints how far
 -- the allocator's peak rose above what the rank held before and the bytes of the host
 -- copies it kept to write ("save rank R peak N kept K"), loads it back ("load rank R peak
 -- N copied B summed S of T": of the T bytes of the checkpoint's safetensors files, those it
@@ -19,6 +20,10 @@ function recipe.run(cfg)
   local st0 = require("ffi").new("tt_alloc_stats")
   C0.tt_alloc_stats_get(C0.TT_CPU, st0)
   io.stdout:write(string.format("setup rank %d peak %d\n", env.rank, tonumber(st0.peak_bytes)))
+  if env.init_read_bytes then   -- model.init_from a checkpoint: what this rank read of it
+    io.stdout:write(string.format("init rank %d copied %d summed %d\n", env.rank,
+                                  env.init_read_bytes.copied, env.init_read_bytes.summed))
+  end
   local r = env.step()
   local c = env.mesh.coords
   io.stdout:write(string.format("memory rank %d tp %d pp %d params %d grads %d optimizer %d\n",

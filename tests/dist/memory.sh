@@ -99,6 +99,31 @@ setup_peaks() {
 }
 setup_peaks tp4_kv2
 setup_peaks tp2_pp2
+# model.init_from a checkpoint (one process's) under tp 4: read once the model is split,
+# each rank copies out of it exactly the parameter bytes it keeps and sums less than
+# three quarters of model.safetensors (its slices' blocks; the moments' file not at all),
+# where every rank read every parameter whole into the whole model, and its set-up
+# still peaks at what it keeps.
+if "$tetra" run "$root/tests/dist/memory.lua" --set train.steps=1 --set train.warmup_steps=1 \
+     --set checkpoint.dir="$work/ck_one" >"$work/ck_one.log" 2>&1; then
+  check tp4_init 4 "parallel.tensor_parallel_size=4 model.init_from=$work/ck_one/step_000001" \
+    "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
+  setup_peaks tp4_init
+  model_bytes=$(stat -c %s "$work/ck_one/step_000001/model.safetensors")
+  n=0
+  while read -r _ _ r _ copied _ summed; do
+    n=$((n + 1))
+    echo "tp4 init_from: rank $r copied $copied and summed $summed bytes (parameters" \
+         "$((4 * TP4)), model.safetensors $model_bytes)"
+    if [ "$copied" -ne $((4 * TP4)) ] || [ "$summed" -ge $((model_bytes * 3 / 4)) ]; then
+      echo "FAIL: tp4 init_from: rank $r read more of the checkpoint than its part"; status=1
+    fi
+  done < <(grep '^init rank' "$work/tp4_init.log")
+  [ "$n" -eq 4 ] || { echo "FAIL: tp4 init_from: $n of 4 ranks reported their reads"; status=1; }
+else
+  echo "FAIL: the one-process checkpoint for init_from failed:"; tail -n 20 "$work/ck_one.log"
+  status=1
+fi
 
 # Sequence parallelism: a step's peak on rank 0, longer sequences so activations dominate
 # (measured in fp32: 16.4 MB against plain tp 2's 17.5 MB, whose column-parallel inputs

@@ -574,7 +574,9 @@ function M.model_config(source)
 end
 
 -- Copies the weights of source (model.init_from) into model, built whole from the
--- matching config: every parameter must be there with its shape.
+-- matching config: every parameter must be there with its shape. (A recipe's set-up reads
+-- a Tetra checkpoint once the model is split instead, each rank its own part:
+-- tetra.checkpoint.init_weights.)
 function M.init_weights(model, source)
   local kind, path = parse_source(source)
   local params

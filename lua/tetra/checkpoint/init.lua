@@ -220,6 +220,16 @@ function M.load(env, path)
   return path
 end
 
+-- model.init_from=path, a Tetra checkpoint (a weights-only one from tetra convert, or a
+-- training one): env's parameters, this rank's part of each, read from it whatever
+-- layout wrote it; nothing else (the optimizer, step and RNG start fresh).
+function M.init_weights(env, path)
+  path = folder.open(path)
+  if env.drop_graph then env.drop_graph() end
+  env.init_read_bytes = shards.load_state(env, path, true)
+  env.initialised_from = path
+end
+
 -- Loads the checkpoint checkpoint.resume asks for into env, if any; returns its path.
 function M.resume(env)
   local path = M.resume_path(env.cfg)

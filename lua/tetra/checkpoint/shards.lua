@@ -425,9 +425,8 @@ end
 -- whole again from every rank's shards, as after an update (collective over the
 -- group). ZeRO-3: the reducer's shares are the shards; the gather refreshes the units
 -- kept gathered.
-local function load_shards(env, path, tensors, files)
+local function load_shards(env, path, tensors, files, kinds)
   local opt, ddp, entries = env.optimizer, env.ddp, env.par:placements()
-  local kinds = state_kinds(opt)
   if opt.whole_masters then opt:whole_masters() end   -- host masters: weights whole first
   T.no_grad(function()
     for j, sh in ipairs(ddp.shards) do
@@ -445,17 +444,19 @@ end
 -- Loads this rank's parameters and optimizer state, in its own layout, from the shards
 -- (or the whole tensors) of checkpoint `path`, whatever layout wrote them, reading only
 -- the parts of the files it needs (tetra.checkpoint.dir verifies those bytes' blocks).
--- Returns the bytes this process read from the files meanwhile: { copied =, summed = }.
+-- params_only: the parameters alone (model.init_from), the checkpoint's moments, if any,
+-- left. Returns the bytes this process read from the files meanwhile: { copied =,
+-- summed = }.
 local io_box = ffi.new("uint64_t[2]")
 local function io_bytes()
   C.tt_io_bytes(io_box, io_box + 1)
   return tonumber(io_box[0]), tonumber(io_box[1])
 end
 
-function M.load_state(env, path)
+function M.load_state(env, path, params_only)
   local copied, summed = io_bytes()
   local tensors, opt, files = M.load_index(path), env.optimizer, {}
-  local kinds = state_kinds(opt)
+  local kinds = params_only and {} or state_kinds(opt)
   local entries = env.par:placements()
   if env.par.layout.pp == 1 then   -- every parameter of the model is on this rank
     local known = {}
@@ -464,14 +465,16 @@ function M.load_state(env, path)
       for _, kind in ipairs(kinds) do known[kind[1] .. "." .. e.placement.name] = true end
     end
     for name in pairs(tensors) do
-      if not known[name] then
+      local moment = params_only and (name:match("^m%.") or name:match("^v%.") or
+                                      name:match("^momentum%."))
+      if not known[name] and not moment then
         fail("checkpoint %s: tensor '%s' is not in the model or its optimizer state (a " ..
              "different model or optimizer?)", path, name)
       end
     end
   end
   local ok, err = pcall(function()
-    if M.zero_sharded(env) then return load_shards(env, path, tensors, files) end
+    if M.zero_sharded(env) then return load_shards(env, path, tensors, files, kinds) end
     T.no_grad(function()
       for i, e in ipairs(entries) do
         local pl = e.placement

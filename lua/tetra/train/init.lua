@@ -108,9 +108,14 @@ function train.recipe(spec)
         "a %s: run recipes/%s/model.lua", source, cfg.model.family, spec.name, family,
         cfg.model.family))
     end
+    -- A Hugging Face folder is read whole into the model before the plan splits it; a
+    -- Tetra checkpoint once the model is split, each rank reading its own part of it
+    -- (checked first: a missing or corrupt one stops before the model is built).
+    local from_hf = source and source:match("^hf:")
+    if source and not from_hf then checkpoint.open_weights(source).close() end
     local model = spec.Model(cfg.model)
-    if source then hf.init_weights(model, source) end   -- before the plan splits it
-    local opts = { tokenizer = tokenizer, plan = spec.plan }
+    local opts = { tokenizer = tokenizer, plan = spec.plan, init_from = not from_hf and source or nil }
+    if from_hf then hf.init_weights(model, source) end
     for k, v in pairs(extra or {}) do opts[k] = v end
     return train.setup(cfg, model, data, opts)
   end
