@@ -43,7 +43,6 @@ static int shape_nbytes(const char *op, const int64_t *shape, int ndim, int dtyp
   return 0;
 }
 
-/* A fresh header over `storage` (retained), contiguous strides. */
 /* Lazy random tensors (tetra.h; defined with the generator, below). */
 static tt_lazy_init *lazy_of(const tt_storage *s);
 static void lazy_fill(const tt_lazy_init *z, int64_t first, int64_t n, float *p);
@@ -51,6 +50,7 @@ static int lazy_view_values(const tt_tensor *v, tt_tensor **out);
 static int lazy_tensor(const tt_lazy_init *z, const int64_t *shape, int ndim, size_t nbytes,
                        int device, tt_tensor **out);
 
+/* A fresh header over `storage` (retained), contiguous strides. */
 static tt_tensor *header_new(tt_storage *storage, const int64_t *shape, int ndim, int dtype) {
   tt_tensor *t = calloc(1, sizeof *t);
   if (!t) {
@@ -837,6 +837,9 @@ static int lazy_view_values(const tt_tensor *v, tt_tensor **out) {
   if (n == 0) return 0;
   int last = v->ndim - 1;
   int64_t len = v->ndim ? v->shape[last] : 1, step = v->ndim ? v->stride[last] : 1;
+  /* rows in parallel (a row-parallel slice's rows are short; lazy_fill's own threads
+  ** then stay off, OpenMP not nesting) */
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
   for (int64_t row = 0; row < n / len; row++) {
     int64_t base = v->offset, rest = row;
     for (int d = last - 1; d >= 0; d--) {

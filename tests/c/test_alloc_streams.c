@@ -518,3 +518,52 @@ Test(alloc_streams, attention_positions_read_back_once) {
   for (int k = 0; k < 8; k++) tt_tensor_release(all[k]);
   tt_attention_forget_positions();
 }
+
+/* A lazy draw (tetra.h) moved to a device stays lazy there: no block and no copy. A
+** share of it (flat elements 7 to 18, across rows) copied into a device buffer holds the
+** eager draw's elements and leaves it lazy; reading it draws it on the host and uploads
+** it once. Lazy zeros on a device are a memset at first read. */
+Test(alloc_streams, lazy_draws_stay_lazy_on_a_device) {
+  const int64_t shape[2] = {6, 5};
+  int64_t thirty = 30, twelve = 12;
+  tt_manual_seed(3);
+  uint64_t state = tt_rng_state();
+  tt_tensor *host = NULL, *dev = NULL, *eager = NULL, *flat = NULL, *piece = NULL, *share;
+  cr_assert_eq(tt_tensor_randn(shape, 2, 0.0, 1.0, &host), 0);
+  int allocs = g_allocs, copies = g_copies;
+  g_current = &g_stream_a;
+  cr_assert_eq(tt_to_device(host, DEV, &dev), 0, "%s", tt_last_error());
+  cr_assert(tt_tensor_is_lazy(dev));
+  cr_assert_eq(g_allocs, allocs, "the move took device memory");
+  cr_assert_eq(g_copies, copies, "the move copied");
+  int was = tt_set_lazy_init(0);
+  tt_rng_set_state(state);
+  cr_assert_eq(tt_tensor_randn(shape, 2, 0.0, 1.0, &eager), 0);
+  tt_set_lazy_init(was);
+  const float *e = tt_tensor_data(eager);
+  cr_assert_eq(tt_view(dev, &thirty, 1, &flat), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_narrow(flat, 0, 7, 12, &piece), 0);
+  share = new_on(&g_stream_a, twelve);
+  cr_assert_eq(tt_copy_(share, piece), 0, "%s", tt_last_error());
+  cr_assert(tt_tensor_is_lazy(dev), "copying a share drew the whole tensor");
+  cr_assert_eq(memcmp(tt_tensor_data(share), e + 7, 12 * sizeof(float)), 0, "the share differs");
+  copies = g_copies;
+  const float *d = tt_tensor_data(dev);
+  cr_assert(!tt_tensor_is_lazy(dev));
+  cr_assert_eq(g_copies, copies + 1, "drawn with %d uploads", g_copies - copies);
+  cr_assert_eq(memcmp(d, e, 30 * sizeof(float)), 0, "the drawn device tensor differs");
+  tt_tensor *z = NULL;
+  int memsets = g_memsets;
+  cr_assert_eq(tt_tensor_lazy_zeros(shape, 2, DEV, &z), 0, "%s", tt_last_error());
+  cr_assert(tt_tensor_is_lazy(z));
+  const float *zp = tt_tensor_data(z);
+  cr_assert_eq(g_memsets, memsets + 1);
+  for (int i = 0; i < 30; i++) cr_assert_eq(zp[i], 0.0f);
+  tt_tensor_release(piece);
+  tt_tensor_release(flat);
+  tt_tensor_release(host);
+  tt_tensor_release(eager);
+  free_on(&g_stream_a, share);
+  free_on(&g_stream_a, dev);
+  free_on(&g_stream_a, z);
+}
