@@ -120,6 +120,18 @@ if "$tetra" run "$root/tests/dist/memory.lua" --set train.steps=1 --set train.wa
     fi
   done < <(grep '^init rank' "$work/tp4_init.log")
   [ "$n" -eq 4 ] || { echo "FAIL: tp4 init_from: $n of 4 ranks reported their reads"; status=1; }
+  # The same from a Hugging Face folder of it (tetra convert --to hf): a Llama's tensors are
+  # Tetra's under other names, so each rank reads its part of them alone too.
+  if "$tetra" convert --to hf "$work/ck_one/step_000001" "$work/hf_one" >"$work/hf_one.log" 2>&1; then
+    check tp4_hf 4 "parallel.tensor_parallel_size=4 model.init_from=hf:$work/hf_one" \
+      "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
+    setup_peaks tp4_hf
+    n=$(grep -c "^init rank [0-3] copied $((4 * TP4)) " "$work/tp4_hf.log")
+    echo "tp4 init_from=hf: $n of 4 ranks copied exactly their $((4 * TP4)) parameter bytes"
+    [ "$n" -eq 4 ] || { echo "FAIL: tp4 init_from=hf: a rank read more than its part"; status=1; }
+  else
+    echo "FAIL: tetra convert --to hf failed:"; tail -n 20 "$work/hf_one.log"; status=1
+  fi
 else
   echo "FAIL: the one-process checkpoint for init_from failed:"; tail -n 20 "$work/ck_one.log"
   status=1

@@ -338,6 +338,7 @@ local function open_hf(dir)
     return t
   end
   function reader.read(r) return reader.read_name(r.hf) end
+  function reader.file_of(name) return where[name] end
   function reader.check_tied_head()
     if not extra_head then return end
     local a, b = reader.read_name(head), reader.read_name(embed)
@@ -555,6 +556,32 @@ local function parse_source(source)
          source, source)
   end
   return "checkpoint", source
+end
+
+-- model.init_from=hf:DIR read once the model is split: the folder's tensors as the index
+-- tetra.checkpoint.shards reads slices from ({ TETRA_NAME = { shape =, shards = { { file
+-- =, dim = 0, offset = 0, length =, name = the folder's name } } } }), so that each rank
+-- reads its own part, cast from the folder's dtype; nil when a tensor is transformed on
+-- the way (GPT-2's transposed and fused matrices): those folders are read whole. The
+-- folder is checked first (names, dtypes, shapes, a tied head saved anyway).
+function M.sliced_index(source)
+  local kind, dir = parse_source(source)
+  if kind ~= "hf" then return nil end
+  local reader = open_hf(dir)
+  local tensors = {}
+  for _, r in ipairs(reader.rules) do
+    if r.kind ~= "copy" and r.kind ~= "rope" then   -- rope: transformers' order is Tetra's
+      reader.close()
+      return nil
+    end
+    local shape = r.shapes[1]
+    tensors[r.tetra[1]] = { shape = shape, shards = { { file = reader.file_of(r.hf), dim = 0,
+                                                        offset = 0, length = shape[1],
+                                                        name = r.hf } } }
+  end
+  reader.check_tied_head()
+  reader.close()
+  return tensors, dir
 end
 
 -- The model keys (family included) of model.init_from's source; the headers (hf) or

@@ -221,12 +221,14 @@ function M.load(env, path)
 end
 
 -- model.init_from=path, a Tetra checkpoint (a weights-only one from tetra convert, or a
--- training one): env's parameters, this rank's part of each, read from it whatever
--- layout wrote it; nothing else (the optimizer, step and RNG start fresh).
-function M.init_weights(env, path)
-  path = folder.open(path)
+-- training one), or a Hugging Face folder whose tensors `index` lists
+-- (tetra.checkpoint.hf's sliced_index; it has no checksums): env's parameters, this
+-- rank's part of each, read from it whatever layout wrote it; nothing else (the
+-- optimizer, step and RNG start fresh).
+function M.init_weights(env, path, index)
+  if index then folder.without_checksums() else path = folder.open(path) end
   if env.drop_graph then env.drop_graph() end
-  env.init_read_bytes = shards.load_state(env, path, true)
+  env.init_read_bytes = shards.load_state(env, path, true, index)
   env.initialised_from = path
 end
 

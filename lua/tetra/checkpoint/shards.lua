@@ -320,11 +320,11 @@ local function fill_box(path, tensors, files, key, shape, want, t)
     if n > 0 then
       local file = path .. "/" .. s.file
       files[file] = files[file] or folder.open_safetensors(file)
-      local f = files[file]
-      if not f:has(key) then
-        fail("checkpoint %s: cannot read tensor '%s': the file has no such tensor", file, key)
+      local f, name = files[file], s.name or key   -- name: the file's own (Hugging Face)
+      if not f:has(name) then
+        fail("checkpoint %s: cannot read tensor '%s': the file has no such tensor", file, name)
       end
-      local stored, claimed = f:info(key).shape, {}
+      local stored, claimed = f:info(name).shape, {}
       for d = 1, #entry.shape do claimed[d] = have.hi[d] - have.lo[d] end
       if shape_text(stored) ~= shape_text(claimed) then
         fail("checkpoint %s: tensor '%s' has shape %s in the file but %s in index.json", file,
@@ -333,7 +333,7 @@ local function fill_box(path, tensors, files, key, shape, want, t)
       local from_lo, from_hi = {}, {}
       for d = 1, #shape do from_lo[d], from_hi[d] = lo[d] - have.lo[d], hi[d] - have.lo[d] end
       local to = sub(t, want, lo, hi)
-      folder.read_box(f, key, from_lo, from_hi, to)
+      folder.read_box(f, name, from_lo, from_hi, to)
       if to ~= t then F.free(to) end
       covered = covered + n
     end
@@ -445,7 +445,8 @@ end
 -- (or the whole tensors) of checkpoint `path`, whatever layout wrote them, reading only
 -- the parts of the files it needs (tetra.checkpoint.dir verifies those bytes' blocks).
 -- params_only: the parameters alone (model.init_from), the checkpoint's moments, if any,
--- left. Returns the bytes this process read from the files meanwhile: { copied =,
+-- left; tensors: the index to read by (a Hugging Face folder's), else index.json's.
+-- Returns the bytes this process read from the files meanwhile: { copied =,
 -- summed = }.
 local io_box = ffi.new("uint64_t[2]")
 local function io_bytes()
@@ -453,9 +454,10 @@ local function io_bytes()
   return tonumber(io_box[0]), tonumber(io_box[1])
 end
 
-function M.load_state(env, path, params_only)
+function M.load_state(env, path, params_only, tensors)
   local copied, summed = io_bytes()
-  local tensors, opt, files = M.load_index(path), env.optimizer, {}
+  local opt, files = env.optimizer, {}
+  tensors = tensors or M.load_index(path)
   local kinds = params_only and {} or state_kinds(opt)
   local entries = env.par:placements()
   if env.par.layout.pp == 1 then   -- every parameter of the model is on this rank

@@ -108,14 +108,24 @@ function train.recipe(spec)
         "a %s: run recipes/%s/model.lua", source, cfg.model.family, spec.name, family,
         cfg.model.family))
     end
-    -- A Hugging Face folder is read whole into the model before the plan splits it; a
-    -- Tetra checkpoint once the model is split, each rank reading its own part of it
-    -- (checked first: a missing or corrupt one stops before the model is built).
+    -- A Tetra checkpoint, or a Hugging Face folder whose tensors are Tetra's under other
+    -- names (Llama, Qwen2), is read once the model is split, each rank reading its own
+    -- part (checked first: a missing or bad one stops before the model is built); a
+    -- folder whose tensors are transformed on the way (GPT-2) is read whole into the
+    -- model before the plan splits it.
     local from_hf = source and source:match("^hf:")
+    local index, dir
+    if from_hf then index, dir = hf.sliced_index(source) end
     if source and not from_hf then checkpoint.open_weights(source).close() end
     local model = spec.Model(cfg.model)
-    local opts = { tokenizer = tokenizer, plan = spec.plan, init_from = not from_hf and source or nil }
-    if from_hf then hf.init_weights(model, source) end
+    local opts = { tokenizer = tokenizer, plan = spec.plan }
+    if index then
+      opts.init_from, opts.init_index = dir, index
+    elseif from_hf then
+      hf.init_weights(model, source)
+    elseif source then
+      opts.init_from = source
+    end
     for k, v in pairs(extra or {}) do opts[k] = v end
     return train.setup(cfg, model, data, opts)
   end

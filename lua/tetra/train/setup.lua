@@ -241,9 +241,10 @@ return function(cfg, model, data, opts)
     return generate.generate(model, prompt_ids, gen_opts)
   end
 
-  -- model.init_from a Tetra checkpoint (opts.init_from): this rank's part of every
-  -- parameter read from it, in whatever layout wrote it; the optimizer starts fresh.
-  if opts.init_from then checkpoint.init_weights(env, opts.init_from) end
+  -- model.init_from a Tetra checkpoint (opts.init_from), or a Hugging Face folder
+  -- (opts.init_index its tensors): this rank's part of every parameter read from it, in
+  -- whatever layout wrote it; the optimizer starts fresh.
+  if opts.init_from then checkpoint.init_weights(env, opts.init_from, opts.init_index) end
   -- checkpoint.resume: model, optimizer, step, RNG, data and scaler state from a
   -- checkpoint (env.resumed_from names it); the next env.step() continues after it.
   checkpoint.resume(env)
