@@ -56,6 +56,15 @@ describe("layout.problems", function()
                 "2 %(gradients too%) or 3 %(parameters too%)$")
   end)
 
+  it("refuses SGD under ZeRO (its buffers are not sharded), naming both keys", function()
+    local c = cfg({ data_parallel_size = 2, zero_stage = 1 })
+    c.optim = { name = "sgd" }
+    one_problem(c, 2, "^parallel.zero_stage = 1 shards AdamW's state, and optim.name=sgd " ..
+                      "keeps none in shards: set optim.name=adamw or parallel.zero_stage=0$")
+    c.parallel.zero_stage = 0
+    expect(layout.problems(c, 2)).to_equal({})
+  end)
+
   it("refuses what ZeRO-3 cannot go with, naming the key to change", function()
     -- Offload goes with it (each rank's shares of the moments on the host).
     expect(#layout.problems(cfg({ data_parallel_size = 2, zero_stage = 3,

@@ -57,6 +57,12 @@ local function mesh_rules(cfg, s, world, out)
     add(out, "parallel.zero_stage = %d is not a stage: use 0, 1 (AdamW state sharded), " ..
         "2 (gradients too) or 3 (parameters too)", p.zero_stage)
   end
+  -- ZeRO shards AdamW's moments (and the parameters' update); SGD's momentum buffers are
+  -- kept whole per parameter, which the shards' update cannot index.
+  if (p.zero_stage or 0) >= 1 and (cfg.optim or {}).name == "sgd" then
+    add(out, "parallel.zero_stage = %d shards AdamW's state, and optim.name=sgd keeps none " ..
+        "in shards: set optim.name=adamw or parallel.zero_stage=0", p.zero_stage)
+  end
   -- ZeRO-3 gathers parameters into memory it gives back between uses: a captured CUDA
   -- graph would replay on freed addresses, the offloaded update and the row-sparse
   -- embedding bucket expect whole parameters and size-planned buckets.
