@@ -251,6 +251,10 @@ int tt_dist_reducer_shard_param(const tt_dist_reducer *r, int i);
 ** parameter (checkpoints rebuild whole optimizer moments from the shards); -1 when out of
 ** range. */
 int64_t tt_dist_reducer_shard_offset(const tt_dist_reducer *r, int i);
+/* The piece of parameter `param` (0-based) that group rank `rank` holds under ZeRO: its
+** element offset in the flattened parameter and its length; 0 when it holds none. */
+int tt_dist_reducer_param_piece(const tt_dist_reducer *r, int param, int rank, int64_t *offset,
+                                int64_t *len);
 /* Sum over this rank's shards of the squared gradient, all-reduced over the group:
 ** the square of the global gradient norm (ZeRO-1 and 2). */
 int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out);

@@ -777,6 +777,20 @@ int64_t tt_dist_reducer_shard_offset(const tt_dist_reducer *r, int i) {
   return i >= 0 && i < r->n_shards ? r->shards[i].param_offset : -1;
 }
 
+int tt_dist_reducer_param_piece(const tt_dist_reducer *r, int param, int rank, int64_t *offset,
+                                int64_t *len) {
+  *offset = *len = 0;
+  if (r->zero_stage < 1 || param < 0 || param >= r->n_params || rank < 0 ||
+      rank >= r->comm->size)
+    return 0;
+  const grad_slot *s = &r->slots[r->slot_of[param]];
+  int64_t n = r->buckets[s->bucket].numel / r->comm->size, a, e;
+  if (!share_of(s, rank * n, (rank + 1) * n, &a, &e)) return 0;
+  *offset = a - s->offset;
+  *len = e - a;
+  return 1;
+}
+
 /* -- ZeRO-1 and 2 ---------------------------------------------------------------------- */
 
 int tt_dist_reducer_grad_sq_norm(tt_dist_reducer *r, double *out) {

@@ -98,6 +98,10 @@ save_then_resume dp2_zero3 2 "$P.data_parallel_size=2 $P.zero_stage=3" \
   1 "" \
   2 "$P.data_parallel_size=2 $P.zero_stage=1" \
   4 "$P.context_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=3"
+# Under context parallelism the ZeRO group spans dp x cp: each slice's moments go to its
+# writer, the rank of context-parallel rank 0 that the data-parallel share falls to.
+save_then_resume cp2_dp2_zero1 4 "$P.context_parallel_size=2 $P.data_parallel_size=2 $P.zero_stage=1" \
+  1 ""
 # With optimizer offload the shares' moments are host tensors: saved and loaded the same,
 # into ZeRO-3 without offload as well.
 save_then_resume dp2_zero3_offload 2 "$P.data_parallel_size=2 $P.zero_stage=3 $P.offload_optimizer=true" \

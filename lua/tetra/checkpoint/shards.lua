@@ -27,6 +27,22 @@ local function state_kinds(opt)
   return { { "momentum", opt.buffers } }
 end
 
+-- The writers of slices (written_here's data-parallel ranks, nil: none) as ranks of the
+-- ZeRO group, which under context parallelism spans dp x cp (the writer of a slice is
+-- the one of context-parallel rank 0).
+local function group_ranks(env, group, owners, n)
+  if group == env.mesh.dp then return owners end
+  local c, of_world = env.mesh.coords, {}
+  for g = 0, group.size - 1 do of_world[group:world_rank(g)] = g end
+  local out = {}
+  for i = 1, n do
+    if owners[i] then
+      out[i] = of_world[env.mesh:rank_at({ tp = c.tp, cp = 0, dp = owners[i], pp = c.pp })]
+    end
+  end
+  return out
+end
+
 -- This rank's parameters as an array of { name =, tensor =, shape = the whole
 -- parameter's shape, dim =, offset =, length = (the 0-based dim and the range of it the
 -- tensor holds), primary =, state = { m = tensor, v = tensor } (or momentum) }, from
@@ -46,7 +62,7 @@ function M.local_slices(env)
                offset = pl.offset, length = pl.length, primary = pl.primary, state = {},
                own = {} }
   end
-  local mine = M.written_here(env, out)
+  local mine, owners = M.written_here(env, out)
   out.written_here = mine
   local per_unit = ddp.zero_stage == 3 and ddp._reducer ~= nil
   ddp:each_param_whole(function(i)
@@ -66,16 +82,15 @@ function M.local_slices(env)
   end
   local params = {}   -- for the shapes and the device
   for i, e in ipairs(entries) do params[i] = e.tensor end
-  -- Every rank takes part in the gathers; only the rank that writes a slice keeps what
-  -- they give, on the host, one parameter's moment on the device at a time.
+  local function keep(kind, i, w)
+    out[i].state[kind[1]], out[i].own[kind[1]] = T.moved(w, C.TT_CPU), true
+  end
+  -- Each slice's moments put together on the rank that writes it alone (point to point,
+  -- one parameter's on its device at a time), then kept on the host.
+  owners = group_ranks(env, ddp.group, owners, #entries)
   for _, kind in ipairs(state_kinds(opt)) do
-    ddp:gather_shards(kind[2], params, function(i, w)
-      if mine[i] then
-        out[i].state[kind[1]], out[i].own[kind[1]] = T.moved(w, C.TT_CPU), true
-      else
-        F.free(w)
-      end
-    end)
+    ddp:gather_to_owners(kind[2], params, owners, function(i, w) keep(kind, i, w) end,
+                         opt.offloaded and C.TT_CPU or nil)
   end
   return out
 end
@@ -128,12 +143,14 @@ end
 -- ZeRO, where the data-parallel ranks share them, the largest first to the one with the
 -- fewest bytes so far (the same on every rank): each keeps and writes 1/dp of the state
 -- on the host, where one rank held it all (12 bytes a parameter: 840 GB for a 70B model
--- under ZeRO-3 on data parallelism alone), and the files are written in parallel.
+-- under ZeRO-3 on data parallelism alone), and the files are written in parallel. Also
+-- returns, per slice, the data-parallel rank that writes it, with context-parallel rank 0
+-- (nil: none).
 function M.written_here(env, slices)
-  local mine = {}
+  local mine, owners = {}, {}
   if not M.split_layout(env) then
-    for i = 1, #slices do mine[i] = (env.rank or 0) == 0 end
-    return mine
+    for i = 1, #slices do mine[i], owners[i] = (env.rank or 0) == 0, 0 end
+    return mine, owners
   end
   local owner, n = {}, group_size(env.mesh.dp)
   if M.zero_sharded(env) and n > 1 then
@@ -155,9 +172,10 @@ function M.written_here(env, slices)
   end
   local here = group_rank(env.mesh.cp) == 0
   for i, e in ipairs(slices) do
-    mine[i] = here and e.primary and (owner[i] or 0) == group_rank(env.mesh.dp) or false
+    owners[i] = e.primary and (owner[i] or 0) or nil   -- of context-parallel rank 0
+    mine[i] = here and owners[i] == group_rank(env.mesh.dp)
   end
-  return mine
+  return mine, owners
 end
 
 local function shard_name(rank) return string.format("shard_%05d.safetensors", rank) end

@@ -428,8 +428,9 @@ end
 -- summed over the group (collective), one parameter at a time. params: the parameters
 -- (for the shapes). each(i, whole) (optional) takes parameter i's tensor as it is done, and
 -- nothing is returned: then only one parameter's whole tensor is on the device at a time
--- (a checkpoint of the moments: all at once, 8 bytes a parameter on every GPU, which
--- ZeRO is there to avoid).
+-- (8 bytes a parameter on every GPU at once otherwise, which ZeRO is there to avoid). A
+-- checkpoint gathers each tensor on its writer alone instead (gather_to_owners);
+-- tests/dist/grad_check.lua compares whole tensors with this.
 function DDP:gather_shards(per_shard, params, each)
   local mine = {}   -- parameter index -> this rank's shards of it
   for j, sh in ipairs(self.shards) do
@@ -448,6 +449,52 @@ function DDP:gather_shards(per_shard, params, each)
     if each then each(i, w) else whole[i] = w end
   end
   return whole
+end
+
+-- ZeRO-1, for a checkpoint: parameter i's whole per-parameter tensor put together on
+-- group rank owners[i] alone, from every rank's piece of it (per_shard, index-aligned
+-- with self.shards), point to point: each rank sends its pieces once, about 1/dp of the
+-- state in all, where gather_shards' all-reduce moved twice the whole state through every
+-- rank and made it whole on every device. A parameter without an owner (owners[i] nil:
+-- no rank of the group writes it) is not gathered. each(i, whole) runs on the owner, the
+-- tensor on `device` (default: the parameter's). Collective over the group, in parameter
+-- order.
+local GATHER_TAG = 0x7a31
+function DDP:gather_to_owners(per_shard, params, owners, each, device)
+  local r, me = self._reducer, self.group.rank
+  local mine = {}   -- parameter index -> this rank's shard of it (one at most)
+  for j, sh in ipairs(self.shards) do mine[sh.param] = j end
+  local off, len = ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  local function flat(t, n)
+    return F.view(t, { n or t:numel() })
+  end
+  for i, p in ipairs(params) do
+    local o = owners[i]
+    if o == me then
+      local w = tensor.take(C.tt_tensor_lazy_zeros(p._shape, p._ndim, device or p._device,
+                                                   tensor.pout))
+      local whole = flat(w)
+      for src = 0, self.group.size - 1 do
+        if C.tt_dist_reducer_param_piece(r, i - 1, src, off, len) == 1 then
+          local piece = F.narrow(whole, 0, off[0], len[0])
+          if src == me then
+            local s = flat(per_shard[mine[i]])
+            check(C.tt_copy_(piece, s))
+            F.free(s)
+          else
+            self.group:recv(piece, src, GATHER_TAG)
+          end
+          F.free(piece)
+        end
+      end
+      F.free(whole)
+      each(i, w)
+    elseif o ~= nil and mine[i] then
+      local s = flat(per_shard[mine[i]])
+      self.group:send(s, o, GATHER_TAG)
+      F.free(s)
+    end
+  end
 end
 
 -- One optimizer update; with ZeRO-1 each rank updates its shards and the updated
