@@ -161,6 +161,10 @@ typedef struct tt_alloc_stats {
 int tt_alloc_stats_get(int device, tt_alloc_stats *out);
 void tt_alloc_reset_peak(int device);
 void tt_alloc_empty_cache(int device);
+/* The most bytes each device's cache may hold, tensors and cached blocks together (0:
+** no limit, the default): beyond it a request fails as out of memory. The host sets it
+** from TETRA_ALLOC_LIMIT_MIB. */
+void tt_alloc_set_limit(size_t bytes);
 /* The bytes a request of nbytes takes from the allocator (its size class): what
 ** live_bytes and peak_bytes count. The planner (lua/tetra/planner/init.lua) sums these. */
 size_t tt_alloc_granted_bytes(size_t nbytes);

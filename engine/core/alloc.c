@@ -225,6 +225,23 @@ static __thread int tt_alloc_fault;
 
 void tt_alloc_failed_not_oom(void) { tt_alloc_fault = 1; }
 
+/* TETRA_ALLOC_LIMIT_MIB (tt_alloc_set_limit): the most each device's cache may hold,
+** tensors and cached blocks together; 0, none. A request that would pass it fails as one
+** the device refused, so a run rehearses its out-of-memory path on a device that small. */
+static size_t alloc_limit;
+
+void tt_alloc_set_limit(size_t bytes) { alloc_limit = bytes; }
+
+/* Whether c may take size more bytes under the limit. Lock not held: two threads may
+** both pass it by one request each, which the limit tolerates. */
+static int within_limit(device_cache *c, size_t size) {
+  if (!alloc_limit) return 1;
+  pthread_mutex_lock(&c->lock);
+  size_t held = (size_t)(c->stats.live_bytes + c->stats.cached_bytes);
+  pthread_mutex_unlock(&c->lock);
+  return held + size <= alloc_limit;
+}
+
 static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **pstream) {
   const tt_device_backend *be = tt_backend_for(device);
   device_cache *c = cache_for(device);
@@ -253,13 +270,13 @@ static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **ps
   }
   if (!p) {
     tt_alloc_fault = 0;
-    p = be->alloc(size, device);
+    p = within_limit(c, size) ? be->alloc(size, device) : NULL;
     if (!p && tt_alloc_fault) return NULL;
     /* Give the cache back to the device and try once more before failing; not during a
     ** capture, where freeing device memory (cudaFree) is not allowed and would end it. */
     if (!p && !capturing) {
       tt_alloc_empty_cache(device);
-      p = be->alloc(size, device);
+      p = within_limit(c, size) ? be->alloc(size, device) : NULL;
     }
     if (!p) {
       pthread_mutex_lock(&c->lock);
@@ -269,10 +286,13 @@ static void *cached_alloc(int device, size_t nbytes, size_t *pgranted, void **ps
       char where[32];
       if (device == TT_CPU) snprintf(where, sizeof where, "%s", be->name);
       else snprintf(where, sizeof where, "%s:%d", be->name, device);
+      char limit[80] = "";
+      if (!within_limit(c, size))
+        snprintf(limit, sizeof limit, " (over TETRA_ALLOC_LIMIT_MIB=%zu)", alloc_limit >> 20);
       tt_set_error("out of memory on %s allocating %.3f GiB (%zu bytes): %.3f GiB held by "
-                   "tensors, %.3f GiB cached, peak %.3f GiB%s",
+                   "tensors, %.3f GiB cached, peak %.3f GiB%s%s",
                    where, (double)size / gib, size, (double)st.live_bytes / gib,
-                   (double)st.cached_bytes / gib, (double)st.peak_bytes / gib,
+                   (double)st.cached_bytes / gib, (double)st.peak_bytes / gib, limit,
                    capturing ? " (while a CUDA graph was being captured, when the cache "
                                "cannot be given back)" : "");
       return NULL;

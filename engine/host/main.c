@@ -437,6 +437,23 @@ static void warn_weak_blas_core(void) {
 
 /* The matmul family's library: the user's TETRA_BLAS, else this CPU's (tt_blas_library_for)
 ** when it is installed, else OpenBLAS; why, for --version. 0, or -1 with the error set. */
+/* TETRA_ALLOC_LIMIT_MIB: the most each device's allocator may hold (tt_alloc_set_limit),
+** to rehearse a run on a smaller device than this one; unset or empty, no limit. */
+static int set_alloc_limit(void) {
+  const char *v = getenv("TETRA_ALLOC_LIMIT_MIB");
+  if (!v || !*v) return 0;
+  char *end;
+  errno = 0;
+  unsigned long long mib = strtoull(v, &end, 10);
+  if (*v < '0' || *v > '9' || *end || errno || mib == 0 || mib > (SIZE_MAX >> 20)) {
+    fprintf(stderr, "tetra: TETRA_ALLOC_LIMIT_MIB=%s is not a whole number of MiB above 0 "
+            "(e.g. 4096): unset it for no limit\n", v);
+    return -1;
+  }
+  tt_alloc_set_limit((size_t)mib << 20);
+  return 0;
+}
+
 static int select_blas(char *why, size_t n) {
   const char *user = getenv("TETRA_BLAS");
   if (user && *user) {
@@ -461,6 +478,7 @@ int main(int argc, char **argv) {
   ** the one this CPU ran fastest (tt_blas_library_for), or OpenBLAS where that one is not
   ** installed. TETRA_BF16_GEMM: how bf16 products run. */
   char blas_why[160];
+  if (set_alloc_limit() != 0) return 2;
   if (select_blas(blas_why, sizeof blas_why) != 0 ||
       tt_bf16_gemm_select(getenv("TETRA_BF16_GEMM"),
                           tt_blas_core_choice_get()->cpu.avx512_bf16) != 0) {
