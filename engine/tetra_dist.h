@@ -272,7 +272,7 @@ int64_t tt_dist_reducer_unit_gather_bytes(const tt_dist_reducer *r);   /* and th
 int tt_dist_reducer_unit_is_gathered(const tt_dist_reducer *r, int unit);   /* -1: no unit */
 /* Fills the unit's parameters (waiting for a prefetch when one is in flight); with a
 ** gather_dtype, the flagged ones may hold only their low-precision copy. _whole: every
-** parameter in f32 (a checkpoint reads them). */
+** parameter in f32. */
 int tt_dist_reducer_unit_gather(tt_dist_reducer *r, int unit);
 int tt_dist_reducer_unit_gather_whole(tt_dist_reducer *r, int unit);
 /* Starts the unit's gather without waiting; out-of-range units are none (no-op). */

@@ -51,6 +51,21 @@ const char *tt_safetensors_metadata_get(const tt_safetensors *f, const char *key
 int tt_safetensors_save(const char *path, const char *const *names,
                         tt_tensor *const *tensors, int n, const char *const *meta_keys,
                         const char *const *meta_values, int n_meta);
+/* A file's CRC-32C taken as it was written: the whole file's (crc) and each block's of
+** `block` bytes (tt_checksum_block of the file's size; the last may be shorter), n_blocks
+** of them in sums (malloc'd: tt_file_sums_free). */
+typedef struct tt_file_sums {
+  uint32_t crc;
+  uint64_t block;
+  int64_t n_blocks;
+  uint32_t *sums;
+} tt_file_sums;
+void tt_file_sums_free(tt_file_sums *s);
+/* tt_safetensors_save, summing the bytes on their way to the file (*out), where summing
+** the file afterwards would read it all back. */
+int tt_safetensors_save_summed(const char *path, const char *const *names,
+                               tt_tensor *const *tensors, int n, const char *const *meta_keys,
+                               const char *const *meta_values, int n_meta, tt_file_sums *out);
 
 /* -- Checksums (engine/io/checksum.c) --------------------------------------------------- */
 

@@ -5,8 +5,8 @@
 ** The training thread queues operations: safetensors files of host tensors it will not
 ** touch again (snapshots taken at the step boundary), byte blobs (copied here), fsyncs
 ** and renames. start() hands the queue to one thread, which runs them in order (each
-** file fsynced, tt_safetensors_save for the tensors, and summed: CRC-32C, a safetensors
-** file also per block) while training
+** file fsynced and summed: CRC-32C, a safetensors file also per block, taken as
+** tt_safetensors_save_summed writes it) while training
 ** goes on; poll() and wait() tell the training thread when it is done. A checkpoint
 ** takes two queues: every rank's files, then, once every rank's writer has finished,
 ** rank 0's publishing (checksums.json, the directory's rename, `latest`).
@@ -219,25 +219,19 @@ static int fsync_path(const char *path) {
   return 0;
 }
 
-/* A written safetensors file's CRC-32C, whole and per block. */
-static int sum_blocks(ckpt_file *f) {
-  struct stat st;
-  TT_CHECK(stat(f->path, &st) == 0, "checkpoint writer: cannot stat %s: %s", f->path,
-           strerror(errno));
-  f->block = tt_checksum_block((uint64_t)st.st_size);
-  f->n_blocks = (int64_t)(((uint64_t)st.st_size + f->block - 1) / f->block);
-  f->blocks = malloc(sizeof(uint32_t) * (size_t)(f->n_blocks ? f->n_blocks : 1));
-  TT_CHECK(f->blocks, "checkpoint writer: out of host memory");
-  return tt_crc32c_file_blocks(f->path, f->block, &f->crc, f->blocks, f->n_blocks);
-}
-
 static int run_op(ckpt_file *f) {
   switch (f->kind) {
-  case CKPT_SAFETENSORS:
-    TT_TRY(tt_safetensors_save(f->path, (const char *const *)f->names, f->tensors,
-                               f->n_tensors, (const char *const *)f->meta_keys,
-                               (const char *const *)f->meta_values, f->n_meta));
-    return sum_blocks(f);
+  case CKPT_SAFETENSORS: {
+    tt_file_sums sums;
+    TT_TRY(tt_safetensors_save_summed(f->path, (const char *const *)f->names, f->tensors,
+                                      f->n_tensors, (const char *const *)f->meta_keys,
+                                      (const char *const *)f->meta_values, f->n_meta, &sums));
+    f->crc = sums.crc;
+    f->block = sums.block;
+    f->n_blocks = sums.n_blocks;
+    f->blocks = sums.sums;
+    return 0;
+  }
   case CKPT_BYTES:
     f->crc = tt_crc32c(0, f->bytes, f->len);
     return write_blob(f);

@@ -516,8 +516,37 @@ static void sb_json_string(sbuf *b, const char *s) {
   sb_put(b, "\"", 1);
 }
 
-static int write_all(int fd, const void *p, size_t n, const char *path) {
+/* The sums of a file being written (tt_safetensors_save_summed): the whole file's CRC,
+** the current block's so far (fill bytes of it), and the blocks done. */
+typedef struct {
+  tt_file_sums *out;
+  uint32_t cur;
+  uint64_t fill;
+  int64_t done;
+} summer;
+
+static void sum_bytes(summer *s, const uint8_t *p, size_t n) {
+  tt_file_sums *o = s->out;
+  o->crc = tt_crc32c(o->crc, p, n);
+  while (n > 0) {
+    size_t take = o->block - s->fill < n ? (size_t)(o->block - s->fill) : n;
+    s->cur = tt_crc32c(s->cur, p, take);
+    s->fill += take;
+    p += take;
+    n -= take;
+    if (s->fill == o->block) {   /* more blocks than planned: counted, caught below */
+      if (s->done < o->n_blocks) o->sums[s->done] = s->cur;
+      s->done++;
+      s->cur = 0;
+      s->fill = 0;
+    }
+  }
+}
+
+/* Writes n bytes, summed on the way when s is not NULL. */
+static int write_all(int fd, const void *p, size_t n, const char *path, summer *s) {
   const char *q = p;
+  if (s) sum_bytes(s, p, n);
   while (n > 0) {
     ssize_t w = write(fd, q, n);
     if (w < 0) {
@@ -578,7 +607,7 @@ static int build_header(sbuf *b, const char *const *names, tt_tensor *const *ten
 
 /* Writes one tensor's bytes in logical order (copying to a contiguous CPU tensor when
 ** the view is strided or on a device). */
-static int write_tensor(int fd, tt_tensor *t, const char *path) {
+static int write_tensor(int fd, tt_tensor *t, const char *path, summer *s) {
   tt_tensor *host = NULL;
   if (t->device != TT_CPU) {
     TT_TRY(tt_to_device(t, TT_CPU, &host));
@@ -592,24 +621,41 @@ static int write_tensor(int fd, tt_tensor *t, const char *path) {
     TT_TRY(rc);
   }
   size_t nbytes = (size_t)tt_tensor_numel(c) * tt_dtype_size(c->dtype);
-  int rc = write_all(fd, tt_tensor_data(c), nbytes, path);
+  int rc = write_all(fd, tt_tensor_data(c), nbytes, path, s);
   tt_tensor_release(c);
   return rc;
 }
 
-int tt_safetensors_save(const char *path, const char *const *names,
-                        tt_tensor *const *tensors, int n, const char *const *meta_keys,
-                        const char *const *meta_values, int n_meta) {
+/* tt_safetensors_save, with the sums taken on the way when out is not NULL. */
+static int save_file(const char *path, const char *const *names, tt_tensor *const *tensors,
+                     int n, const char *const *meta_keys, const char *const *meta_values,
+                     int n_meta, tt_file_sums *out) {
+  if (out) *out = (tt_file_sums){0, 0, 0, NULL};
   TT_CHECK(n >= 0 && n_meta >= 0, "safetensors: negative count");
   sbuf b = {0};
   if (build_header(&b, names, tensors, n, meta_keys, meta_values, n_meta)) {
     free(b.s);
     return -1;
   }
+  summer sum = {out, 0, 0, 0}, *s = NULL;
+  if (out) {   /* the file's size is known from the header: its blocks too */
+    uint64_t size = 8 + (uint64_t)b.len;
+    for (int i = 0; i < n; i++)
+      size += (uint64_t)tt_tensor_numel(tensors[i]) * tt_dtype_size(tensors[i]->dtype);
+    *out = (tt_file_sums){0, tt_checksum_block(size), 0, NULL};
+    out->n_blocks = (int64_t)((size + out->block - 1) / out->block);
+    out->sums = malloc(sizeof(uint32_t) * (size_t)(out->n_blocks ? out->n_blocks : 1));
+    if (!out->sums) {
+      free(b.s);
+      return tt_set_error("safetensors: out of host memory");
+    }
+    s = &sum;
+  }
   size_t plen = strlen(path);
   char *tmp = malloc(plen + 5);
   if (!tmp) {
     free(b.s);
+    tt_file_sums_free(out);
     return tt_set_error("safetensors: out of host memory");
   }
   memcpy(tmp, path, plen);
@@ -619,19 +665,50 @@ int tt_safetensors_save(const char *path, const char *const *names,
     tt_set_error("safetensors: cannot create %s: %s", tmp, strerror(errno));
     free(tmp);
     free(b.s);
+    tt_file_sums_free(out);
     return -1;
   }
   uint8_t len_le[8];
   for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)((uint64_t)b.len >> (8 * i));
-  int rc = write_all(fd, len_le, 8, tmp);
-  if (!rc) rc = write_all(fd, b.s, b.len, tmp);
-  for (int i = 0; !rc && i < n; i++) rc = write_tensor(fd, tensors[i], tmp);
+  int rc = write_all(fd, len_le, 8, tmp, s);
+  if (!rc) rc = write_all(fd, b.s, b.len, tmp, s);
+  for (int i = 0; !rc && i < n; i++) rc = write_tensor(fd, tensors[i], tmp, s);
+  if (!rc && s && sum.fill) {   /* the last, shorter block */
+    if (sum.done < out->n_blocks) out->sums[sum.done] = sum.cur;
+    sum.done++;
+  }
+  if (!rc && s && sum.done != out->n_blocks)
+    rc = tt_set_error("safetensors: %s: summed %lld blocks, %lld expected", tmp,
+                      (long long)sum.done, (long long)out->n_blocks);
   if (!rc && fsync(fd) != 0) rc = tt_set_error("safetensors: fsync %s: %s", tmp, strerror(errno));
   if (close(fd) != 0 && !rc) rc = tt_set_error("safetensors: close %s: %s", tmp, strerror(errno));
   if (!rc && rename(tmp, path) != 0)
     rc = tt_set_error("safetensors: rename %s -> %s: %s", tmp, path, strerror(errno));
-  if (rc) unlink(tmp);
+  if (rc) {
+    unlink(tmp);
+    tt_file_sums_free(out);
+  }
   free(tmp);
   free(b.s);
   return rc;
+}
+
+int tt_safetensors_save(const char *path, const char *const *names,
+                        tt_tensor *const *tensors, int n, const char *const *meta_keys,
+                        const char *const *meta_values, int n_meta) {
+  return save_file(path, names, tensors, n, meta_keys, meta_values, n_meta, NULL);
+}
+
+int tt_safetensors_save_summed(const char *path, const char *const *names,
+                               tt_tensor *const *tensors, int n, const char *const *meta_keys,
+                               const char *const *meta_values, int n_meta, tt_file_sums *out) {
+  TT_CHECK(out, "safetensors: no place for the sums");
+  return save_file(path, names, tensors, n, meta_keys, meta_values, n_meta, out);
+}
+
+void tt_file_sums_free(tt_file_sums *s) {
+  if (!s) return;
+  free(s->sums);
+  s->sums = NULL;
+  s->n_blocks = 0;
 }

@@ -119,8 +119,10 @@ function M.load(path)
 end
 
 -- tensors: { name = tensor } (written in sorted name order) or an array of
--- { name, tensor } pairs (kept in order). metadata: { string = string } or nil.
-function M.save(path, tensors, metadata)
+-- { name, tensor } pairs (kept in order). metadata: { string = string } or nil. sums: a
+-- tt_file_sums to fill with the file's CRC-32C, whole and per block, taken as it is
+-- written (tt_safetensors_save_summed; free its sums with tt_file_sums_free), or nil.
+function M.save(path, tensors, metadata, sums)
   local pairs_list = {}
   if #tensors > 0 then
     for i, p in ipairs(tensors) do pairs_list[i] = p end
@@ -154,7 +156,8 @@ function M.save(path, tensors, metadata)
     end
   end
   anchored = keep
-  local rc = C.tt_safetensors_save(path, names, ts, n, mk, mv, nm)
+  local rc = sums and C.tt_safetensors_save_summed(path, names, ts, n, mk, mv, nm, sums)
+               or C.tt_safetensors_save(path, names, ts, n, mk, mv, nm)
   anchored = nil
   if rc ~= 0 then fail() end
   return path

@@ -4,7 +4,9 @@
 -- peak N"; with model.init_from a checkpoint, "init rank R copied C summed S", the bytes
 -- of it read). With checkpoint.dir set it then saves a checkpoint and prints how far
 -- the allocator's peak rose above what the rank held before and the bytes of the host
--- copies it kept to write ("save rank R peak N kept K"), loads it back ("load rank R peak
+-- copies it kept to write, the all-gathers of ZeRO-3 units it ran and the bytes of its
+-- files it read back to sum them ("save rank R peak N kept K gathers G summed S"), loads
+-- it back ("load rank R peak
 -- N copied B summed S of T": of the T bytes of the checkpoint's safetensors files, those it
 -- copied out and those it read to check their checksums).
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
@@ -36,7 +38,13 @@ function recipe.run(cfg)
     local before = tonumber(st.live_bytes)
     C.tt_alloc_reset_peak(C.TT_CPU)
     local ckpt = require("tetra.checkpoint")
+    local gathers, bytes = env.ddp:unit_gathers(), require("ffi").new("uint64_t[2]")
+    C.tt_io_bytes(bytes, bytes + 1)
+    local summed = tonumber(bytes[1])
     local path = ckpt.save(env)
+    gathers = env.ddp:unit_gathers() - gathers   -- ZeRO-3's all-gathers of units
+    C.tt_io_bytes(bytes, bytes + 1)
+    summed = tonumber(bytes[1]) - summed   -- file bytes read back to sum them
     C.tt_alloc_stats_get(C.TT_CPU, st)
     -- What the rank kept on the host to write (on the CPU the same allocator as the
     -- "device"): its shard file's tensors that are copies, the moments, and under ZeRO-3
@@ -53,8 +61,9 @@ function recipe.run(cfg)
       end
       f:close()
     end
-    io.stdout:write(string.format("save rank %d peak %d kept %d\n", env.rank,
-                                  tonumber(st.peak_bytes) - before, kept))
+    io.stdout:write(string.format("save rank %d peak %d kept %d gathers %d summed %d\n",
+                                  env.rank, tonumber(st.peak_bytes) - before, kept, gathers,
+                                  summed))
     collectgarbage()
     C.tt_alloc_stats_get(C.TT_CPU, st)
     before = tonumber(st.live_bytes)

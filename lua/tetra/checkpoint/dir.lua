@@ -36,23 +36,22 @@ end
 -- checksums.json's entry for a safetensors file: { crc = the whole file's, block = bytes
 -- (tt_checksum_block), blocks = the CRC-32C of each block, 8 hex digits each, in one
 -- string }: a load sums only the blocks it reads (under ZeRO a rank reads 1/dp of each
--- file). block_entry makes it from sums already taken (the asynchronous writer's: a
--- uint32_t[n]); block_sums sums the file at path.
+-- file). block_entry makes it from sums taken as the file was written (a uint32_t[n]).
 function M.block_entry(crc, block, sums, n)
   local hex = {}
   for k = 0, n - 1 do hex[k + 1] = bit.tohex(tonumber(sums[k]), 8) end
   return { crc = crc, block = tonumber(block), blocks = table.concat(hex) }
 end
 
-function M.block_sums(path)
-  local size = file_size(path)
-  local block = C.tt_checksum_block(size)
-  local n = math.ceil(size / tonumber(block))
-  local sums = ffi.new("uint32_t[?]", math.max(n, 1))
-  if C.tt_crc32c_file_blocks(path, block, crc_box, sums, n) ~= 0 then
-    fail("checkpoint: %s", ffi.string(C.tt_last_error()))
-  end
-  return M.block_entry(bit.tohex(tonumber(crc_box[0]), 8), block, sums, n)
+-- Writes a safetensors file (tetra.io.save's path, tensors, metadata), summed on its way
+-- to the file, and returns its checksums.json entry (reading it back to sum it would read
+-- every byte again).
+function M.save_summed(path, tensors, metadata)
+  local s = ffi.new("tt_file_sums")
+  st.save(path, tensors, metadata, s)
+  local entry = M.block_entry(bit.tohex(tonumber(s.crc), 8), s.block, s.sums, tonumber(s.n_blocks))
+  C.tt_file_sums_free(s)
+  return entry
 end
 
 -- The checksums of the checkpoint being loaded ({ FILE = crc, or a block_sums entry },

@@ -16,8 +16,8 @@
 --                             data-parallel rank 0, or under ZeRO the data-parallel rank
 --                             the slice falls to (they share the writing by bytes,
 --                             shards.written_here). Under ZeRO the ranks first put their
---                             shards' moments together (ZeRO-3: the parameters too, one
---                             unit at a time), so the tensors are the same as without it
+--                             shards' moments together on the writer (ZeRO-3: the
+--                             parameters too), so the tensors are the same as without it
 --                             and resume with or without ZeRO, on any rank count
 --   index.json                with the shards: { tensors = { NAME = { shape = global shape,
 --                             shards = { { file =, dim =, offset =, length = } } } } } for

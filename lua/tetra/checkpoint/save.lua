@@ -5,14 +5,13 @@
 --                writes, { name =, tensors = { {NAME, tensor} }, meta = } or
 --                { name =, bytes = string }, `summed` when checksums.json lists it
 --   write_files  writes them (each fsynced) and returns their checksums (CRC-32C; a
---                safetensors file's per block as well, dir.block_sums): here, or in
+--                safetensors file's per block as well, dir.save_summed): here, or in
 --                tetra.checkpoint's writer thread (engine/io/ckpt_writer.c) from host copies
 --   finish       on every rank once every rank wrote (collective): sums_NNNNN.json, then
 --                rank 0 merges the index and the checksums, renames the directory and
 --                moves `latest`
 local ffi = require("ffi")
 local C = require("tetra.ffi").C
-local st = require("tetra.io")
 local fs = require("tetra.util.fs")
 local json = require("tetra.util.json")
 local fail = require("tetra.util.errors").raise
@@ -102,15 +101,14 @@ function M.write_files(plan)
   for i, f in ipairs(plan.files) do
     local path = plan.tmp .. "/" .. f.name
     if f.tensors then
-      st.save(path, f.tensors, f.meta)
+      crcs[i] = folder.save_summed(path, f.tensors, f.meta)
       for _, kt in ipairs(f.tensors) do   -- host copies of this save's own (ZeRO): written
         if kt[3] then F.free(kt[2]) end
       end
       f.tensors = nil
-      crcs[i] = folder.block_sums(path)
     else
       fs.write_file(path, f.bytes, "checkpoint")
-      crcs[i] = folder.crc_of(path)
+      crcs[i] = folder.crc_of_string(f.bytes)
     end
   end
   return crcs

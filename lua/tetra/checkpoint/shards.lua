@@ -46,51 +46,44 @@ end
 -- This rank's parameters as an array of { name =, tensor =, shape = the whole
 -- parameter's shape, dim =, offset =, length = (the 0-based dim and the range of it the
 -- tensor holds), primary =, state = { m = tensor, v = tensor } (or momentum) }, from
--- their placements. Under ZeRO-1 each parameter's whole moments are put together from
--- the shards of every data-parallel rank (collective over that group), else they are the
--- optimizer's own tensors.
--- Under ZeRO-3 each slice's tensor is a host copy taken with its unit gathered (one unit
--- at a time, collective), on the ranks that write it only (nil elsewhere); `own` names
--- the fields that hold such private host copies (the asynchronous writer takes them as
--- they are).
+-- their placements. Under ZeRO each slice's moments, and under ZeRO-3 its parameter too,
+-- are put together from every rank's shard on the rank that writes the slice alone
+-- (DDP:gather_to_owners, point to point, one parameter on the device at a time), and kept
+-- on the host; elsewhere that slice's tensor is nil. Without ZeRO they are the
+-- optimizer's own tensors and the parameters. `own` names the fields that hold private
+-- host copies (the asynchronous writer takes them as they are).
 function M.local_slices(env)
   local opt, entries, ddp = env.optimizer, env.par:placements(), env.ddp
-  local out = {}
+  local out, params = {}, {}
   for i, e in ipairs(entries) do
     local pl = e.placement
     out[i] = { name = pl.name, tensor = e.tensor, shape = pl.shape, dim = pl.dim,
                offset = pl.offset, length = pl.length, primary = pl.primary, state = {},
                own = {} }
+    params[i] = e.tensor   -- for the shapes and the device
   end
   local mine, owners = M.written_here(env, out)
   out.written_here = mine
-  local per_unit = ddp.zero_stage == 3 and ddp._reducer ~= nil
-  ddp:each_param_whole(function(i)
-    if not per_unit then return end   -- the parameters are whole: the files read them
-    local e = out[i]
-    if mine[i] then
-      e.tensor, e.own.tensor = M.host_copy(e.tensor), true
-    else
-      e.tensor = nil
-    end
-  end)
   if not M.zero_sharded(env) then
     for _, kind in ipairs(state_kinds(opt)) do
       for i, t in ipairs(kind[2]) do out[i].state[kind[1]] = t end
     end
     return out
   end
-  local params = {}   -- for the shapes and the device
-  for i, e in ipairs(entries) do params[i] = e.tensor end
-  local function keep(kind, i, w)
-    out[i].state[kind[1]], out[i].own[kind[1]] = T.moved(w, C.TT_CPU), true
-  end
-  -- Each slice's moments put together on the rank that writes it alone (point to point,
-  -- one parameter's on its device at a time), then kept on the host.
   owners = group_ranks(env, ddp.group, owners, #entries)
+  if ddp.zero_stage == 3 then
+    -- The parameters are shares too (the optimizer's, f32): a unit is never gathered
+    -- whole for a save (every rank took the whole model in before, unit by unit).
+    if opt.whole_masters then opt:whole_masters() end   -- offloaded shares come home
+    for _, e in ipairs(out) do e.tensor = nil end
+    ddp:gather_to_owners(opt.params, params, owners, function(i, w)
+      out[i].tensor, out[i].own.tensor = T.moved(w, C.TT_CPU), true
+    end)
+  end
   for _, kind in ipairs(state_kinds(opt)) do
-    ddp:gather_to_owners(kind[2], params, owners, function(i, w) keep(kind, i, w) end,
-                         opt.offloaded and C.TT_CPU or nil)
+    ddp:gather_to_owners(kind[2], params, owners, function(i, w)
+      out[i].state[kind[1]], out[i].own[kind[1]] = T.moved(w, C.TT_CPU), true
+    end, opt.offloaded and C.TT_CPU or nil)
   end
   return out
 end

@@ -1,6 +1,5 @@
 -- tetra.checkpoint.weights: the parameters alone, for `tetra convert` and model.init_from:
 -- read from any checkpoint whatever layout wrote it, or written as a weights-only one.
-local st = require("tetra.io")
 local T = require("tetra.tensor")
 local fs = require("tetra.util.fs")
 local json = require("tetra.util.json")
@@ -57,13 +56,13 @@ function M.save(path, entries, config, origin)
   local tmp = path .. ".tmp"
   if fs.exists(tmp) then fs.remove_tree(tmp, "checkpoint") end
   fs.mkdir_p(tmp, "checkpoint.dir")
-  st.save(tmp .. "/model.safetensors", entries)
-  fs.write_file(tmp .. "/state.json", json.encode({ format = 1, step = 0, tokens_seen = 0,
-    weights_only = true, rng = rng.state_text(), origin = origin,
-    config = config }) .. "\n", "checkpoint")
+  local model_sums = folder.save_summed(tmp .. "/model.safetensors", entries)
+  local state = json.encode({ format = 1, step = 0, tokens_seen = 0, weights_only = true,
+    rng = rng.state_text(), origin = origin, config = config }) .. "\n"
+  fs.write_file(tmp .. "/state.json", state, "checkpoint")
   local sums = {}
-  sums["model.safetensors"] = folder.block_sums(tmp .. "/model.safetensors")
-  sums["state.json"] = folder.crc_of(tmp .. "/state.json")
+  sums["model.safetensors"] = model_sums
+  sums["state.json"] = folder.crc_of_string(state)
   fs.write_file(tmp .. "/checksums.json", json.encode(sums) .. "\n", "checkpoint")
   fs.fsync(tmp, "checkpoint")
   fs.rename(tmp, path, "checkpoint")

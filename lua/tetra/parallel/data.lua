@@ -50,9 +50,9 @@
 -- FSDP's root unit without resharding: gathered again after each optimizer step. The
 -- master weights a rank keeps are its share of every unit, in a buffer of the reducer's
 -- (engine/dist/reducer.c; with optimizer offload in bf16 / fp16 on the host from the
--- forward to the update: master_shares); a checkpoint saves one unit at a time, gathered
--- whole (ddp:each_param_whole), and a load reads each rank's shares alone. Gradients go
--- as under stage 2.
+-- forward to the update: master_shares); a checkpoint puts each parameter together from
+-- the shares on the rank that writes it alone (gather_to_owners), and a load reads each
+-- rank's shares alone. Gradients go as under stage 2.
 local ffi = require("ffi")
 local tffi = require("tetra.ffi")
 tffi.cdef_header("tetra_dist.h")
@@ -271,42 +271,6 @@ function DDP:_shard_blocks(blocks, block_of)
   self.sharded_blocks = #blocks
 end
 
--- Calls each(i) for every parameter index i (1-based, the params given to wrap) in order,
--- with parameter i whole. ZeRO-3: one unit at a time, gathered whole in f32 (collective:
--- every rank of the group calls this with the same i's) and released after its last
--- parameter unless it was gathered before, so the device holds the shares and one unit
--- more, never the whole model (a checkpoint of an 8B model would take 32 GB). Other
--- stages: every parameter is whole, each(i) in turn. (A load writes the shares
--- themselves: tetra.checkpoint.shards.)
-function DDP:each_param_whole(each)
-  local r = self._reducer
-  if self._opt and self._opt.whole_masters then self._opt:whole_masters() end
-  if self.zero_stage ~= 3 or not r then
-    for i = 1, #self.params do each(i) end
-    return
-  end
-  local units, n = self.unit_of, #self.params
-  local unit, was = -1, false
-  local ok, err = pcall(function()
-    for i = 1, n do
-      if units[i] ~= unit then
-        unit = units[i]
-        was = C.tt_dist_reducer_unit_is_gathered(r, unit) == 1
-        check(C.tt_dist_reducer_unit_gather_whole(r, unit))
-      end
-      each(i)
-      if i == n or units[i + 1] ~= unit then
-        if not was then check(C.tt_dist_reducer_unit_release(r, unit)) end
-        unit = -1
-      end
-    end
-  end)
-  if not ok then
-    if unit >= 0 and not was then C.tt_dist_reducer_unit_release(r, unit) end
-    error(err, 0)
-  end
-end
-
 -- ZeRO-3: all-gathers of units so far (each block twice per micro-batch, once per
 -- forward and once per backward, plus the outside units after every step).
 function DDP:unit_gathers()
@@ -451,7 +415,8 @@ function DDP:gather_shards(per_shard, params, each)
   return whole
 end
 
--- ZeRO-1, for a checkpoint: parameter i's whole per-parameter tensor put together on
+-- ZeRO, for a checkpoint: parameter i's whole per-parameter tensor (a moment, or under
+-- ZeRO-3 the parameter from the optimizer's shares) put together on
 -- group rank owners[i] alone, from every rank's piece of it (per_shard, index-aligned
 -- with self.shards), point to point: each rank sends its pieces once, about 1/dp of the
 -- state in all, where gather_shards' all-reduce moved twice the whole state through every
