@@ -49,10 +49,17 @@ static int g_sync;                      /* TETRA_CUDA_SYNC=1 */
 static cublasLtHandle_t g_blaslt[MAX_GPUS];
 /* cuBLASLt wants 32 MiB on Hopper to reach its fastest kernels. Two GEMMs running at once
 ** on two streams must not share one, so each (device, stream) gets its own, freed when
-** the stream is destroyed. */
+** the stream is destroyed; a CUDA graph captured on the stream holds its workspace (its
+** GEMM nodes name the address), which then outlives the stream until the last such graph
+** is destroyed (`graphs`; `orphan`: the stream is gone, so no new GEMM gets it). */
 static const size_t g_workspace_bytes = (size_t)32 << 20;
 enum { MAX_WORKSPACES = 64 };
-static struct { int device; cudaStream_t stream; void *ptr; } g_workspaces[MAX_WORKSPACES];
+static struct {
+  int device;
+  cudaStream_t stream;
+  void *ptr;
+  int graphs, orphan;
+} g_workspaces[MAX_WORKSPACES];
 static int g_num_workspaces;
 static int64_t g_host_syncs;            /* tt_cuda_host_sync_count; atomic adds */
 
@@ -200,7 +207,8 @@ extern "C" void *tt_cuda_stream_raw(void) { return (void *)g_stream; }
 /* The workspace of (device, stream), made on first use. Lock held. */
 static int workspace_locked(int device, cudaStream_t stream, void **out) {
   for (int i = 0; i < g_num_workspaces; i++)
-    if (g_workspaces[i].device == device && g_workspaces[i].stream == stream) {
+    if (g_workspaces[i].device == device && g_workspaces[i].stream == stream &&
+        !g_workspaces[i].orphan) {
       *out = g_workspaces[i].ptr;
       return 0;
     }
@@ -219,6 +227,8 @@ static int workspace_locked(int device, cudaStream_t stream, void **out) {
   g_workspaces[g_num_workspaces].device = device;
   g_workspaces[g_num_workspaces].stream = stream;
   g_workspaces[g_num_workspaces].ptr = p;
+  g_workspaces[g_num_workspaces].graphs = 0;
+  g_workspaces[g_num_workspaces].orphan = 0;
   g_num_workspaces++;
   *out = p;
   return 0;
@@ -287,8 +297,8 @@ extern "C" int tt_cuda_stream_create(tt_cuda_stream **out) {
 }
 
 /* Destroying the current stream makes the default stream current again. Its GEMM
-** workspaces and the allocator's blocks last used on it are released once its queued
-** work has finished. */
+** workspaces (those a live graph holds excepted: tt_cuda_graph_destroy frees them) and the
+** allocator's blocks last used on it are released once its queued work has finished. */
 extern "C" void tt_cuda_stream_destroy(tt_cuda_stream *s) {
   if (!s) return;
   if (g_stream_handle == s || g_stream == s->s) {
@@ -298,7 +308,9 @@ extern "C" void tt_cuda_stream_destroy(tt_cuda_stream *s) {
   if (cudaStreamSynchronize(s->s) != cudaSuccess) cudaGetLastError();   /* (reported later) */
   pthread_mutex_lock(&g_lock);
   for (int i = 0; i < g_num_workspaces;) {
-    if (g_workspaces[i].stream == s->s) {
+    if (g_workspaces[i].stream == s->s && !g_workspaces[i].orphan && g_workspaces[i].graphs) {
+      g_workspaces[i++].orphan = 1;
+    } else if (g_workspaces[i].stream == s->s && !g_workspaces[i].orphan) {
       cudaFree(g_workspaces[i].ptr);
       g_workspaces[i] = g_workspaces[--g_num_workspaces];
     } else {
@@ -522,7 +534,39 @@ extern "C" int tt_cuda_checks_take(void) {
 struct tt_cuda_graph {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
+  void *workspace;   /* the capture stream's GEMM workspace, held (NULL: none) */
 };
+
+/* The graph takes (+1) or gives back (-1) the workspace of (device, stream), made
+** before or during the capture; given back last by a graph whose stream is gone, it is
+** freed (cudaFree waits for the device's work first, a replay still in flight included:
+** the programming guide's implicit synchronisation). */
+static void *hold_workspace(int device, cudaStream_t stream) {
+  void *held = NULL;
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < g_num_workspaces; i++)
+    if (g_workspaces[i].device == device && g_workspaces[i].stream == stream &&
+        !g_workspaces[i].orphan) {
+      g_workspaces[i].graphs++;
+      held = g_workspaces[i].ptr;
+    }
+  pthread_mutex_unlock(&g_lock);
+  return held;
+}
+
+static void release_workspace(void *ptr) {
+  if (!ptr) return;
+  pthread_mutex_lock(&g_lock);
+  for (int i = 0; i < g_num_workspaces; i++)
+    if (g_workspaces[i].ptr == ptr) {
+      if (--g_workspaces[i].graphs == 0 && g_workspaces[i].orphan) {
+        cudaFree(ptr);
+        g_workspaces[i] = g_workspaces[--g_num_workspaces];
+      }
+      break;
+    }
+  pthread_mutex_unlock(&g_lock);
+}
 
 extern "C" int tt_cuda_graph_capturing(void) {
   cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
@@ -575,6 +619,7 @@ extern "C" int tt_cuda_graph_end(tt_cuda_graph **out) {
     free(g);
     return tt_cu_fail(e, "cudaGraphInstantiate", __FILE__, __LINE__);
   }
+  g->workspace = hold_workspace(tt_cuda_current_device(), g_stream);
   *out = g;
   return 0;
 }
@@ -589,6 +634,7 @@ extern "C" void tt_cuda_graph_destroy(tt_cuda_graph *g) {
   if (!g) return;
   cudaGraphExecDestroy(g->exec);
   cudaGraphDestroy(g->graph);
+  release_workspace(g->workspace);
   free(g);
 }
 

@@ -4,7 +4,7 @@
 **   - destroying the current stream makes the default stream current again (the handle
 **     too: tt_cuda_get_stream never returns a destroyed stream);
 **   - each stream has its own cuBLASLt workspace, and GEMMs on two streams at once give
-**     the CPU's results;
+**     the CPU's results; a graph keeps its stream's workspace when the stream goes;
 **   - a block freed on one stream and taken on another waits for the first stream's
 **     kernels: a slow GEMM on stream A writes a block, the block is freed while the GEMM
 **     still runs, stream B takes the same block and fills it; the fill must win;
@@ -93,6 +93,48 @@ Test(cuda_runtime, gemm_workspace_per_stream) {
     tt_cuda_stream_destroy(s);
   }
   tt_tensor *list[] = {a_c, b_c, b2_c, a, b, b2, ref1, ref2};
+  for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) tt_tensor_release(list[i]);
+}
+
+/* A CUDA graph's GEMM nodes name the workspace of the stream it was captured on: the
+** graph must keep it when that stream is destroyed first. A new stream must then get
+** another workspace (cudaMalloc would hand the freed address straight back), and the
+** graph, replayed on it, must still give the product. */
+Test(cuda_runtime, graph_keeps_its_gemm_workspace) {
+  int64_t sa[2] = {256, 384}, sb[2] = {384, 320};
+  tt_tensor *a_c = randn(sa, 2, 1.0), *b_c = randn(sb, 2, 1.0), *ref = NULL;
+  tt_tensor *a = to_dev(a_c, GPU), *b = to_dev(b_c, GPU), *warm = NULL, *out = NULL;
+  cr_assert_eq(tt_matmul(a_c, b_c, NULL, 0, 0, &ref), 0, "%s", tt_last_error());
+  tt_cuda_stream *s = new_stream();
+  cr_assert_eq(tt_cuda_set_stream(s), 0);
+  cr_assert_eq(tt_matmul(a, b, NULL, 0, 0, &warm), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_cuda_synchronize(), 0, "%s", tt_last_error());
+  tt_tensor_release(warm);
+  void *ws = NULL, *ws2 = NULL;
+  cr_assert_eq(tt_cuda_gemm_workspace(s, &ws), 0, "%s", tt_last_error());
+  tt_alloc_pool *pool = NULL;
+  cr_assert_eq(tt_alloc_pool_new(GPU, &pool), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_alloc_pool_use(GPU, pool), 0, "%s", tt_last_error());
+  tt_cuda_graph *g = NULL;
+  cr_assert_eq(tt_cuda_graph_begin(), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_matmul(a, b, NULL, 0, 0, &out), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_cuda_graph_end(&g), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_alloc_pool_use(GPU, NULL), 0);
+  tt_cuda_stream_destroy(s);
+  tt_cuda_stream *s2 = new_stream();
+  cr_assert_eq(tt_cuda_set_stream(s2), 0);
+  cr_assert_eq(tt_cuda_gemm_workspace(s2, &ws2), 0, "%s", tt_last_error());
+  cr_assert_neq(ws2, ws, "a new stream got the workspace a live graph's GEMM uses");
+  cr_assert_eq(tt_cuda_graph_replay(g), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_cuda_synchronize(), 0, "%s", tt_last_error());
+  double e = rel_err(out, ref);
+  cr_assert(e < 2e-3, "the graph's GEMM after its stream went: relative error %g", e);
+  tt_cuda_graph_destroy(g);   /* the last holder: the workspace is freed now */
+  cr_assert_eq(tt_cuda_set_stream(NULL), 0);
+  tt_cuda_stream_destroy(s2);
+  tt_tensor_release(out);
+  tt_alloc_pool_release(pool);
+  tt_tensor *list[] = {a_c, b_c, a, b, ref};
   for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) tt_tensor_release(list[i]);
 }
 
