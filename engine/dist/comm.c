@@ -785,10 +785,22 @@ int tt_comm_wait(tt_comm_handle *h) {
 void tt_comm_handle_free(tt_comm_handle *h) {
   if (!h) return;
   if (!h->done && tt_comm_wait(h) != 0) {
+    /* The transfer failed, or was never seen to end, and may still write its buffers: an
+    ** MPI request freed while active completes on its own (MPI_Request_free), and NCCL's
+    ** kernels run on until their communicator is aborted. Those blocks must not go back
+    ** to the cache meanwhile, where another tensor could get them: MPI's are kept (the
+    ** job is failing), and NCCL's communicator is aborted first, which ends its kernels.
+    ** (A transfer the compute stream already waits for, joined, needs neither: a block
+    ** freed there is reused after it.) */
+    int active = 0;
     for (int i = 0; i < h->n_req; i++)
-      if (h->req[i] != MPI_REQUEST_NULL) MPI_Request_free(&h->req[i]);
+      if (h->req[i] != MPI_REQUEST_NULL) {
+        MPI_Request_free(&h->req[i]);
+        active = 1;
+      }
+    if (h->backend == 2 && h->nccl_event) tt_nccl_abort(h->comm);
     if (h->backend == 2) tt_nccl_event_free(h);
-    handle_release_tensors(h);
+    if (!active) handle_release_tensors(h);
   }
   free(h);
 }
