@@ -9,8 +9,10 @@
 -- it back ("load rank R peak
 -- N copied B summed S of T": of the T bytes of the checkpoint's safetensors files, those it
 -- copied out and those it read to check their checksums).
+-- MEMORY_RECIPE=gpt2: recipes/gpt2.lua's model instead of the tiny Llama. Every rank also
+-- prints its first step's loss ("loss rank R L").
 local here = debug.getinfo(1, "S").source:match("^@(.*)/[^/]*$") or "."
-local tiny = dofile(here .. "/../../recipes/tiny.lua")
+local tiny = dofile(here .. "/../../recipes/" .. (os.getenv("MEMORY_RECIPE") or "tiny") .. ".lua")
 
 local recipe = { name = "memory", defaults = tiny.defaults }
 
@@ -27,6 +29,7 @@ function recipe.run(cfg)
                                   env.init_read_bytes.copied, env.init_read_bytes.summed))
   end
   local r = env.step()
+  io.stdout:write(string.format("loss rank %d %.9g\n", env.rank, r.loss))
   local c = env.mesh.coords
   io.stdout:write(string.format("memory rank %d tp %d pp %d params %d grads %d optimizer %d\n",
                                 env.rank, c.tp, c.pp, r.param_bytes, r.grad_bytes,

@@ -560,24 +560,34 @@ end
 
 -- model.init_from=hf:DIR read once the model is split: the folder's tensors as the index
 -- tetra.checkpoint.shards reads slices from ({ TETRA_NAME = { shape =, shards = { { file
--- =, dim = 0, offset = 0, length =, name = the folder's name } } } }), so that each rank
--- reads its own part, cast from the folder's dtype; nil when a tensor is transformed on
--- the way (GPT-2's transposed and fused matrices): those folders are read whole. The
--- folder is checked first (names, dtypes, shapes, a tied head saved anyway).
+-- =, dim = 0, offset = 0, length =, name = the folder's name, transposed =, at = } } } }:
+-- GPT-2's Conv1D weights are Tetra's transposed, c_attn holds q, k and v side by side, its
+-- bias one after the other), so that each rank reads its own part, cast from the folder's
+-- dtype; nil for a rule of another kind. The folder is checked first (names, dtypes,
+-- shapes, a tied head saved anyway).
 function M.sliced_index(source)
   local kind, dir = parse_source(source)
   if kind ~= "hf" then return nil end
   local reader = open_hf(dir)
   local tensors = {}
   for _, r in ipairs(reader.rules) do
-    if r.kind ~= "copy" and r.kind ~= "rope" then   -- rope: transformers' order is Tetra's
+    -- copy, rope (transformers' order is Tetra's): the tensor itself; t: it transposed;
+    -- qkv: side by side, each transposed (its rows from `at` of the file's columns); cat:
+    -- one after the other (from `at` of its rows).
+    if r.kind ~= "copy" and r.kind ~= "rope" and r.kind ~= "t" and r.kind ~= "qkv" and
+       r.kind ~= "cat" then
       reader.close()
       return nil
     end
-    local shape = r.shapes[1]
-    tensors[r.tetra[1]] = { shape = shape, shards = { { file = reader.file_of(r.hf), dim = 0,
-                                                        offset = 0, length = shape[1],
-                                                        name = r.hf } } }
+    local at = 0
+    for i, name in ipairs(r.tetra) do
+      local shape = r.shapes[i]
+      tensors[name] = { shape = shape, shards = { {
+        file = reader.file_of(r.hf), dim = 0, offset = 0, length = shape[1], name = r.hf,
+        transposed = (r.kind == "t" or r.kind == "qkv") or nil,
+        at = (r.kind == "qkv" or r.kind == "cat") and at or nil } } }
+      at = at + shape[1]
+    end
   end
   reader.check_tied_head()
   reader.close()

@@ -307,6 +307,41 @@ local function sub(t, base, lo, hi)
   return v
 end
 
+-- Reads the box [lo, hi) of a shard into `to` where the file's tensor `name` holds the
+-- shard as a part of another tensor (a Hugging Face folder's, tetra.checkpoint.hf's
+-- sliced_index): its rows from s.at (0 by default) of the file tensor's first dim, or with
+-- s.transposed, its columns from s.at of a 2-D file tensor that holds it transposed (GPT-2's
+-- Conv1D weights are (in, out), and c_attn's are q, k and v side by side). Only the box
+-- is read, in the file's coordinates, then transposed into place. claimed: the shard's
+-- shape; stored: the file tensor's.
+local function read_part(f, file, name, s, claimed, stored, lo, hi, to)
+  local at, fits = s.at or 0, #stored == #claimed
+  if s.transposed then
+    fits = fits and #claimed == 2 and stored[1] == claimed[2] and at + claimed[1] <= stored[2]
+  else
+    fits = fits and at + claimed[1] <= stored[1]
+    for d = 2, #claimed do fits = fits and stored[d] == claimed[d] end
+  end
+  if not fits then
+    fail("checkpoint %s: tensor '%s' has shape %s in the file, which does not hold %s%s " ..
+         "from %d", file, name, shape_text(stored), shape_text(claimed),
+         s.transposed and " transposed" or "", at)
+  end
+  if not s.transposed then
+    local flo, fhi = {}, {}
+    for d = 1, #lo do flo[d], fhi[d] = lo[d], hi[d] end
+    flo[1], fhi[1] = at + lo[1], at + hi[1]
+    return folder.read_box(f, name, flo, fhi, to)
+  end
+  local part = T.take(C.tt_tensor_empty(ffi.new("int64_t[2]", hi[2] - lo[2], hi[1] - lo[1]), 2,
+                                        to._dtype, C.TT_CPU, T.pout))
+  folder.read_box(f, name, { lo[2], at + lo[1] }, { hi[2], at + hi[1] }, part)
+  local back = part:transpose(0, 1)
+  check(C.tt_copy_(to, back))
+  F.free(back)
+  F.free(part)
+end
+
 -- Fills t, the box `want` ({ lo =, hi = }, see box) of checkpoint tensor `key` (whose
 -- whole shape the model says is `shape`), from the shards that hold parts of it, reading
 -- only the parts of their files that it covers. files: path -> open file (a cache the
@@ -337,14 +372,19 @@ local function fill_box(path, tensors, files, key, shape, want, t)
       end
       local stored, claimed = f:info(name).shape, {}
       for d = 1, #entry.shape do claimed[d] = have.hi[d] - have.lo[d] end
-      if shape_text(stored) ~= shape_text(claimed) then
+      local part = s.name and (s.transposed or s.at)
+      if not part and shape_text(stored) ~= shape_text(claimed) then
         fail("checkpoint %s: tensor '%s' has shape %s in the file but %s in index.json", file,
              key, shape_text(stored), shape_text(claimed))
       end
       local from_lo, from_hi = {}, {}
       for d = 1, #shape do from_lo[d], from_hi[d] = lo[d] - have.lo[d], hi[d] - have.lo[d] end
       local to = sub(t, want, lo, hi)
-      folder.read_box(f, name, from_lo, from_hi, to)
+      if part then
+        read_part(f, file, name, s, claimed, stored, from_lo, from_hi, to)
+      else
+        folder.read_box(f, name, from_lo, from_hi, to)
+      end
       if to ~= t then F.free(to) end
       covered = covered + n
     end

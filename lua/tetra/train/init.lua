@@ -108,11 +108,10 @@ function train.recipe(spec)
         "a %s: run recipes/%s/model.lua", source, cfg.model.family, spec.name, family,
         cfg.model.family))
     end
-    -- A Tetra checkpoint, or a Hugging Face folder whose tensors are Tetra's under other
-    -- names (Llama, Qwen2), is read once the model is split, each rank reading its own
-    -- part (checked first: a missing or bad one stops before the model is built); a
-    -- folder whose tensors are transformed on the way (GPT-2) is read whole into the
-    -- model before the plan splits it.
+    -- A Tetra checkpoint, or a Hugging Face folder (Llama, Qwen2, GPT-2: its tensors are
+    -- Tetra's under other names, some transposed or side by side), is read once the
+    -- model is split, each rank reading its own part (checked first: a missing or bad one
+    -- stops before the model is built).
     local from_hf = source and source:match("^hf:")
     local index, dir
     if from_hf then index, dir = hf.sliced_index(source) end
