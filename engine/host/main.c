@@ -435,8 +435,6 @@ static void warn_weak_blas_core(void) {
     fprintf(stderr, "%s\n", line);
 }
 
-/* The matmul family's library: the user's TETRA_BLAS, else this CPU's (tt_blas_library_for)
-** when it is installed, else OpenBLAS; why, for --version. 0, or -1 with the error set. */
 /* TETRA_ALLOC_LIMIT_MIB: the most each device's allocator may hold (tt_alloc_set_limit),
 ** to rehearse a run on a smaller device than this one; unset or empty, no limit. */
 static int set_alloc_limit(void) {
@@ -454,6 +452,8 @@ static int set_alloc_limit(void) {
   return 0;
 }
 
+/* The matmul family's library: the user's TETRA_BLAS, else this CPU's (tt_blas_library_for)
+** when it is installed, else OpenBLAS; why, for --version. 0, or -1 with the error set. */
 static int select_blas(char *why, size_t n) {
   const char *user = getenv("TETRA_BLAS");
   if (user && *user) {

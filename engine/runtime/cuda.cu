@@ -308,13 +308,13 @@ extern "C" void tt_cuda_stream_destroy(tt_cuda_stream *s) {
   if (cudaStreamSynchronize(s->s) != cudaSuccess) cudaGetLastError();   /* (reported later) */
   pthread_mutex_lock(&g_lock);
   for (int i = 0; i < g_num_workspaces;) {
-    if (g_workspaces[i].stream == s->s && !g_workspaces[i].orphan && g_workspaces[i].graphs) {
+    if (g_workspaces[i].stream != s->s || g_workspaces[i].orphan) {
+      i++;
+    } else if (g_workspaces[i].graphs) {   /* a live graph's: freed with its last graph */
       g_workspaces[i++].orphan = 1;
-    } else if (g_workspaces[i].stream == s->s && !g_workspaces[i].orphan) {
+    } else {
       cudaFree(g_workspaces[i].ptr);
       g_workspaces[i] = g_workspaces[--g_num_workspaces];
-    } else {
-      i++;
     }
   }
   pthread_mutex_unlock(&g_lock);

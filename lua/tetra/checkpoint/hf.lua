@@ -563,7 +563,7 @@ end
 -- =, dim = 0, offset = 0, length =, name = the folder's name, transposed =, at = } } } }:
 -- GPT-2's Conv1D weights are Tetra's transposed, c_attn holds q, k and v side by side, its
 -- bias one after the other), so that each rank reads its own part, cast from the folder's
--- dtype; nil for a rule of another kind. The folder is checked first (names, dtypes,
+-- dtype; nil for a source that is not hf:. The folder is checked first (names, dtypes,
 -- shapes, a tied head saved anyway).
 function M.sliced_index(source)
   local kind, dir = parse_source(source)
@@ -574,11 +574,6 @@ function M.sliced_index(source)
     -- copy, rope (transformers' order is Tetra's): the tensor itself; t: it transposed;
     -- qkv: side by side, each transposed (its rows from `at` of the file's columns); cat:
     -- one after the other (from `at` of its rows).
-    if r.kind ~= "copy" and r.kind ~= "rope" and r.kind ~= "t" and r.kind ~= "qkv" and
-       r.kind ~= "cat" then
-      reader.close()
-      return nil
-    end
     local at = 0
     for i, name in ipairs(r.tetra) do
       local shape = r.shapes[i]

@@ -118,10 +118,8 @@ function train.recipe(spec)
     if source and not from_hf then checkpoint.open_weights(source).close() end
     local model = spec.Model(cfg.model)
     local opts = { tokenizer = tokenizer, plan = spec.plan }
-    if index then
+    if from_hf then
       opts.init_from, opts.init_index = dir, index
-    elseif from_hf then
-      hf.init_weights(model, source)
     elseif source then
       opts.init_from = source
     end
