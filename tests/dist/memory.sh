@@ -10,7 +10,8 @@
 # tensor-parallel regions) against plain tp 2, activation recompute must lower it under
 # tp 2 + sp and under pp 2, and ZeRO-2 the allocator's peak against ZeRO-1 on dp 2 (the
 # whole gradients and the bucket buffers released), and checkpoints under ZeRO-1 and ZeRO-3
-# must not put the whole optimizer state or model on a rank at once.
+# must not put the whole optimizer state or model on a rank at once; under ZeRO and
+# without it, the data-parallel ranks share a checkpoint's writing and reading.
 # Usage: bash memory.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -249,8 +250,9 @@ save_peaks() {
   for r in 0 1; do
     line=$(grep "^save rank $r peak" <<<"$out")
     read -r _ _ _ _ peak _ kept _ gathers _ summed <<<"$line"
-    echo "$name save on dp 2: rank $r's peak rose $peak bytes, $kept of them host copies" \
-         "to write (of $whole); $gathers units gathered, $summed bytes read back to sum"
+    echo "$name save on dp 2: rank $r's peak rose $peak bytes; it writes $kept of the" \
+         "$whole bytes of state (host copies under ZeRO); $gathers units gathered, $summed" \
+         "bytes read back to sum"
     if [ -z "$peak" ] || [ "$kept" -le 0 ] || [ "$kept" -gt $((whole * 3 / 4)) ]; then
       echo "FAIL: $name: rank $r did not keep a share of what the checkpoint writes"
       status=1
@@ -290,6 +292,17 @@ load_reads() {
   done
 }
 load_reads ZeRO-1 "$save_out"
+# Plain data parallelism on dp 2 (no ZeRO): every rank holds the whole state, yet the
+# ranks share the writing (each writes about half of the moments, and its peak must not
+# rise: no host copies on the CPU) and the reading (each slice read by one rank and
+# broadcast to the other: about half each, where each rank read its whole part before,
+# and rank 0 wrote everything).
+save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua" \
+  --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
+  --set parallel.zero_stage=0 --set checkpoint.dir="$work/ckpt0" 2>&1) ||
+  { echo "FAIL: the plain data-parallel save failed:"; tail -n 20 <<<"$save_out"; status=1; }
+save_peaks "plain DP" "$save_out" $((4 * E / 2)) "half an embedding's bytes" $((8 * ONE))
+load_reads "plain DP" "$save_out"
 # A checkpoint under ZeRO-3 on dp 2 with 8 layers: a save gathers no unit, each parameter
 # put together from the shares on the rank that writes it alone, as the moments; beyond
 # the host copies it writes, each rank must rise less than half an embedding's bytes

@@ -5,20 +5,20 @@
 --   checkpoint.load(env, path)      -- one checkpoint directory into env
 --
 -- Layout of DIR/step_000120/ (DIR = checkpoint.dir):
---   model.safetensors         the parameters (rank 0; every rank holds them all)
+--   model.safetensors         the parameters (one process)
 --   optim.safetensors         AdamW m.NAME / v.NAME (SGD: momentum.NAME) per parameter,
---                             step count in the metadata (rank 0)
---   shard_00003.safetensors   under tensor, pipeline or context parallelism, or ZeRO over
---                             data-parallel ranks, instead of model.safetensors and
---                             optim.safetensors: parameter slices rank 3 holds and their
---                             moments, each slice once: by the rank whose placement is
---                             primary (tetra.parallel), of context-parallel rank 0 and
---                             data-parallel rank 0, or under ZeRO the data-parallel rank
---                             the slice falls to (they share the writing by bytes,
---                             shards.written_here). Under ZeRO the ranks first put their
---                             shards' moments together on the writer (ZeRO-3: the
---                             parameters too), so the tensors are the same as without it
---                             and resume with or without ZeRO, on any rank count
+--                             step count in the metadata (one process)
+--   shard_00003.safetensors   under tensor, pipeline, context or data parallelism,
+--                             instead of model.safetensors and optim.safetensors:
+--                             parameter slices rank 3 holds and their moments, each slice
+--                             once: by the rank whose placement is primary
+--                             (tetra.parallel), of context-parallel rank 0, and the
+--                             data-parallel rank the slice falls to (they share the
+--                             writing by elements, shards.written_here). Under ZeRO the
+--                             ranks first put their shards' moments together on the
+--                             writer (ZeRO-3: the parameters too), so the tensors are the
+--                             same as without it and resume with or without ZeRO, on any
+--                             rank count
 --   index.json                with the shards: { tensors = { NAME = { shape = global shape,
 --                             shards = { { file =, dim =, offset =, length = } } } } } for
 --                             every parameter and moment (dim 0-based; a whole tensor is

@@ -122,50 +122,57 @@ local function group_size(g) return g and g.size or 1 end
 
 -- Whether the checkpoint is written in shards, with index.json: parameters split over
 -- ranks (tensor, pipeline parallelism), held by several ranks of one model replica
--- (context parallelism), or under ZeRO over several data-parallel ranks, which then
--- share the writing (M.written_here).
+-- (context parallelism), or by several data-parallel ranks, which then share the writing
+-- (M.written_here; under ZeRO each holds a share of the state, without it every one
+-- holds it all).
 function M.split_layout(env)
   local l = env.par.layout
-  return l.tp > 1 or l.pp > 1 or l.cp > 1 or
-         (M.zero_sharded(env) and group_size(env.mesh.dp) > 1)
+  return l.tp > 1 or l.pp > 1 or l.cp > 1 or group_size(env.mesh.dp) > 1
+end
+
+-- Items of sizes numel[i] (the indices in `order`) dealt to n ranks, the largest first to
+-- the one with the fewest elements so far (ties: the lower rank, then the lower index),
+-- the same on every rank: owner[i], the 0-based rank.
+local function deal(numel, order, n)
+  order = { unpack(order) }
+  table.sort(order, function(a, b)
+    if numel[a] ~= numel[b] then return numel[a] > numel[b] end
+    return a < b
+  end)
+  local owner, load = {}, {}
+  for r = 0, n - 1 do load[r] = 0 end
+  for _, i in ipairs(order) do
+    local best = 0
+    for r = 1, n - 1 do if load[r] < load[best] then best = r end end
+    owner[i], load[best] = best, load[best] + numel[i]
+  end
+  return owner
 end
 
 -- For each slice (index-aligned with slices), whether this rank writes it and its
 -- optimizer state. A whole checkpoint: rank 0 all. A split one: the slices this rank
--- counts (primary), by context-parallel rank 0 and data-parallel rank 0, except under
--- ZeRO, where the data-parallel ranks share them, the largest first to the one with the
--- fewest bytes so far (the same on every rank): each keeps and writes 1/dp of the state
--- on the host, where one rank held it all (12 bytes a parameter: 840 GB for a 70B model
--- under ZeRO-3 on data parallelism alone), and the files are written in parallel. Also
--- returns, per slice, the data-parallel rank that writes it, with context-parallel rank 0
--- (nil: none).
+-- counts (primary), by context-parallel rank 0, the data-parallel ranks sharing them
+-- (dealt by elements): each writes 1/dp of the state, and the files are written in
+-- parallel. Under ZeRO each keeps on the host only what it writes (12 bytes a parameter
+-- in all: 840 GB for a 70B model under ZeRO-3 on data parallelism alone, where one rank
+-- held it all); without it every rank holds the whole state, and 1/dp of the writing
+-- falls to each (Megatron-LM's fully parallel save). Also returns, per slice, the
+-- data-parallel rank that writes it, with context-parallel rank 0 (nil: none).
 function M.written_here(env, slices)
   local mine, owners = {}, {}
   if not M.split_layout(env) then
     for i = 1, #slices do mine[i], owners[i] = (env.rank or 0) == 0, 0 end
     return mine, owners
   end
-  local owner, n = {}, group_size(env.mesh.dp)
-  if M.zero_sharded(env) and n > 1 then
-    local order, load, numel = {}, {}, {}
-    for i, e in ipairs(slices) do
-      numel[i] = e.tensor:numel()
-      if e.primary then order[#order + 1] = i end
-    end
-    table.sort(order, function(a, b)
-      if numel[a] ~= numel[b] then return numel[a] > numel[b] end
-      return a < b
-    end)
-    for r = 0, n - 1 do load[r] = 0 end
-    for _, i in ipairs(order) do
-      local best = 0
-      for r = 1, n - 1 do if load[r] < load[best] then best = r end end
-      owner[i], load[best] = best, load[best] + numel[i]
-    end
+  local numel, order = {}, {}
+  for i, e in ipairs(slices) do
+    numel[i] = e.tensor:numel()
+    if e.primary then order[#order + 1] = i end
   end
+  local owner = deal(numel, order, group_size(env.mesh.dp))
   local here = group_rank(env.mesh.cp) == 0
   for i, e in ipairs(slices) do
-    owners[i] = e.primary and (owner[i] or 0) or nil   -- of context-parallel rank 0
+    owners[i] = e.primary and owner[i] or nil   -- of context-parallel rank 0
     mine[i] = here and owners[i] == group_rank(env.mesh.dp)
   end
   return mine, owners
@@ -492,6 +499,48 @@ local function load_shards(env, path, tensors, files, kinds)
   check(C.tt_dist_reducer_gather_params(ddp._reducer))
 end
 
+-- Without ZeRO, where every rank of the data-parallel group (dp x cp under context
+-- parallelism) holds the same slices: each slice, its parameter and its moments, read by
+-- one rank of the group (dealt by elements, as a save shares the writing) and broadcast
+-- from it to the others, so that the group reads the checkpoint once between them, where
+-- each rank read its part whole (Megatron-LM's fully parallel load). The reads of the
+-- next slices go on while the broadcasts of the last ones travel, up to IN_FLIGHT of
+-- them at once. One process, or a group of one: each slice read here.
+local IN_FLIGHT = 16
+local function load_replicated(env, path, tensors, files, kinds)
+  local entries, group = env.par:placements(), env.ddp and env.ddp.group
+  local n = group and group.size or 1
+  local numel, order = {}, {}
+  for i, e in ipairs(entries) do numel[i], order[i] = e.tensor:numel(), i end
+  local owner = deal(numel, order, n)
+  local me = n > 1 and group.rank or 0
+  local pending, waited = {}, 1
+  local function land(h)
+    local t = h:wait()
+    C.tt_tensor_bump_version(t)   -- a write the engine did not see (cached low-precision copies)
+  end
+  T.no_grad(function()
+    for i, e in ipairs(entries) do
+      local pl, list = e.placement, { e.tensor }
+      for _, kind in ipairs(kinds) do list[#list + 1] = kind[2][i] end
+      if owner[i] == me then
+        M.assemble(path, tensors, files, pl.name, pl, e.tensor)
+        check_finite(path, pl.name, e.tensor)
+        for k, kind in ipairs(kinds) do
+          M.assemble(path, tensors, files, kind[1] .. "." .. pl.name, pl, list[k + 1])
+        end
+      end
+      if n > 1 then
+        for _, t in ipairs(list) do
+          pending[#pending + 1] = group:broadcast_async(t, owner[i])
+          if #pending - waited + 1 > IN_FLIGHT then land(pending[waited]); waited = waited + 1 end
+        end
+      end
+    end
+    for k = waited, #pending do land(pending[k]) end
+  end)
+end
+
 -- Loads this rank's parameters and optimizer state, in its own layout, from the shards
 -- (or the whole tensors) of checkpoint `path`, whatever layout wrote them, reading only
 -- the parts of the files it needs (tetra.checkpoint.dir verifies those bytes' blocks).
@@ -528,16 +577,7 @@ function M.load_state(env, path, params_only, tensors)
   end
   local ok, err = pcall(function()
     if M.zero_sharded(env) then return load_shards(env, path, tensors, files, kinds) end
-    T.no_grad(function()
-      for i, e in ipairs(entries) do
-        local pl = e.placement
-        M.assemble(path, tensors, files, pl.name, pl, e.tensor)
-        check_finite(path, pl.name, e.tensor)
-        for _, kind in ipairs(kinds) do
-          M.assemble(path, tensors, files, kind[1] .. "." .. pl.name, pl, kind[2][i])
-        end
-      end
-    end)
+    load_replicated(env, path, tensors, files, kinds)
   end)
   for _, f in pairs(files) do f:close() end
   if not ok then error(err, 0) end
