@@ -166,6 +166,25 @@ if MEMORY_RECIPE=gpt2 "$tetra" run "$root/tests/dist/memory.lua" "${g2[@]}" --se
       echo "FAIL: gpt2 tp2 init_from=hf: rank $r's first loss is not the one process's"; status=1
     fi
   done
+  # dp 2 without ZeRO: both ranks hold the whole model, and each copies out of the folder
+  # only the parameters dealt to it (the other's come by broadcast): together exactly the
+  # model's bytes, each less than them.
+  MEMORY_RECIPE=gpt2 check gpt2_dp2_hf 2 "$G2 parallel.data_parallel_size=2 model.init_from=hf:$work/hf_gpt2"
+  read -r params < <(sed -n "s/^memory rank 0 tp 0 pp 0 params \([0-9]*\) .*/\1/p" \
+                         "$work/gpt2_dp2_hf.log")
+  both=0
+  for r in 0 1; do
+    copied=$(sed -n "s/^init rank $r copied \([0-9]*\) .*/\1/p" "$work/gpt2_dp2_hf.log")
+    echo "gpt2 dp2 init_from=hf: rank $r copied ${copied:-?} of the model's ${params:-?} bytes"
+    if [ -z "$copied" ] || [ -z "$params" ] || [ "$copied" -ge "$params" ]; then
+      echo "FAIL: gpt2 dp2 init_from=hf: rank $r read the whole model"; status=1
+    fi
+    both=$((both + ${copied:-0}))
+  done
+  if [ "$both" != "${params:-}" ]; then
+    echo "FAIL: gpt2 dp2 init_from=hf: the ranks copied $both bytes between them, not the" \
+         "model's ${params:-?}"; status=1
+  fi
 else
   echo "FAIL: the GPT-2 checkpoint and its folder failed:"; tail -n 20 "$work/ck_gpt2.log"
   status=1
