@@ -837,10 +837,13 @@ static int lazy_view_values(const tt_tensor *v, tt_tensor **out) {
   if (n == 0) return 0;
   int last = v->ndim - 1;
   int64_t len = v->ndim ? v->shape[last] : 1, step = v->ndim ? v->stride[last] : 1;
-  /* rows in parallel (a row-parallel slice's rows are short; lazy_fill's own threads
-  ** then stay off, OpenMP not nesting) */
-#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN)
-  for (int64_t row = 0; row < n / len; row++) {
+  /* Rows in parallel where there are enough of them (a row-parallel slice's rows are
+  ** short); lazy_fill's own threads then stay off, OpenMP not nesting. Fewer rows than
+  ** threads (a ZeRO-3 share is one row of a flat view) go one by one, each row drawn by
+  ** lazy_fill's threads, where a team of one row drew it on one core. */
+  const int64_t rows = n / len;
+#pragma omp parallel for schedule(static) if (n > TT_PARALLEL_GRAIN && rows >= tt_get_num_threads())
+  for (int64_t row = 0; row < rows; row++) {
     int64_t base = v->offset, rest = row;
     for (int d = last - 1; d >= 0; d--) {
       base += (rest % v->shape[d]) * v->stride[d];

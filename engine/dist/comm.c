@@ -782,26 +782,29 @@ int tt_comm_wait(tt_comm_handle *h) {
   return finish_without_grad(h);
 }
 
+/* After a transfer failed, or was never seen to end: it may still write its buffers, so
+** those must not go back to the cache, where another tensor could get them. An MPI
+** request left active is left as it is (MPI forbids freeing a nonblocking collective's
+** request, MPI-3.1 5.12) and its tensors are kept: the job is failing. An NCCL transfer
+** the compute stream does not wait for yet (not joined) has its communicator aborted,
+** which ends its kernels but is not said to wait for them, so its tensors are kept too.
+** A transfer already joined needs neither: a block freed there is reused after it, in
+** stream order. */
+static void forsake(tt_comm_handle *h) {
+  int keep = 0;
+  for (int i = 0; i < h->n_req; i++)
+    if (h->req[i] != MPI_REQUEST_NULL) keep = 1;
+  if (h->backend == 2 && h->nccl_event) {
+    tt_nccl_abort(h->comm);
+    keep = 1;
+  }
+  if (h->backend == 2) tt_nccl_event_free(h);
+  if (!keep) handle_release_tensors(h);
+}
+
 void tt_comm_handle_free(tt_comm_handle *h) {
   if (!h) return;
-  if (!h->done && tt_comm_wait(h) != 0) {
-    /* The transfer failed, or was never seen to end, and may still write its buffers: an
-    ** MPI request freed while active completes on its own (MPI_Request_free), and NCCL's
-    ** kernels run on until their communicator is aborted. Those blocks must not go back
-    ** to the cache meanwhile, where another tensor could get them: MPI's are kept (the
-    ** job is failing), and NCCL's communicator is aborted first, which ends its kernels.
-    ** (A transfer the compute stream already waits for, joined, needs neither: a block
-    ** freed there is reused after it.) */
-    int active = 0;
-    for (int i = 0; i < h->n_req; i++)
-      if (h->req[i] != MPI_REQUEST_NULL) {
-        MPI_Request_free(&h->req[i]);
-        active = 1;
-      }
-    if (h->backend == 2 && h->nccl_event) tt_nccl_abort(h->comm);
-    if (h->backend == 2) tt_nccl_event_free(h);
-    if (!active) handle_release_tensors(h);
-  }
+  if (!h->done && tt_comm_wait(h) != 0) forsake(h);
   free(h);
 }
 
@@ -1185,8 +1188,7 @@ int tt_comm_sendrecv(tt_comm *c, tt_tensor *send, int dst, int send_tag, tt_tens
     if (rc == 0) rc = tt_nccl_sendrecv_start(h, h->work, dst, recv, src);
     if (rc == 0) rc = tt_comm_wait(h);   /* the device waits for both halves */
     if (rc != 0) {
-      if (h->backend == 2 && !h->done) tt_nccl_event_free(h);
-      handle_release_tensors(h);
+      forsake(h);
       free(h);
       return -1;
     }

@@ -16,6 +16,7 @@ struct tt_comm {
   int *world_ranks;    /* group rank -> world rank (size entries) */
   char name[32];
   void *nccl;          /* NCCL communicator state (tt_dist_nccl_enable), or NULL */
+  int nccl_aborted;    /* tt_nccl_abort ran: NULL above says so, not a missing enable */
   int made;            /* its place (from 1) in comm.c's list of groups whose transports
                        ** the exit frees in order; 0 when not listed */
   int dropped;         /* tt_comm_free ran: only the exit frees its transports */

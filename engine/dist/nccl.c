@@ -49,6 +49,8 @@ static int nccl_failed(ncclResult_t e, const char *call, const tt_comm *c) {
   do { ncclResult_t e_ = (call); if (e_ != ncclSuccess) return nccl_failed(e_, #call, c); } while (0)
 
 static int nccl_state_of(tt_comm *c, nccl_state **out) {
+  TT_CHECK(c->nccl || !c->nccl_aborted, "group %s: its NCCL communicator was aborted after a "
+           "failed transfer (the first error says which)", c->name);
   TT_CHECK(c->nccl,
            "group %s has no NCCL communicator: collectives on CUDA tensors need "
            "tt_dist_nccl_enable (tetra.dist.init does it for train.device=cuda) before the "
@@ -194,9 +196,12 @@ int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tenso
   TT_TRY(nccl_state_of(c, &st));
   ncclDataType_t ty;
   TT_TRY(nccl_type(src->dtype, &ty));
-  TT_TRY(after_compute(st, c));
+  /* The data first: a lazy tensor's fill (lazy zeros: a memset on the compute stream) must
+  ** be among the work the comm stream is ordered after, or the two streams write the
+  ** same bytes in no set order (a receive into lazy zeros could end up zeros). */
   const void *s = tt_tensor_data(src);
   void *d = tt_tensor_data(dst);
+  TT_TRY(after_compute(st, c));
   size_t bytes = (size_t)count * tt_dtype_size(src->dtype);
   size_t n = (size_t)count;
   switch (kind) {
@@ -249,16 +254,17 @@ int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tenso
   ncclDataType_t send_ty, recv_ty;
   TT_TRY(nccl_type(send->dtype, &send_ty));
   TT_TRY(nccl_type(recv->dtype, &recv_ty));
+  const void *s = tt_tensor_data(send);   /* before the ready event, as in tt_nccl_start */
+  void *d = tt_tensor_data(recv);
   TT_TRY(after_compute(st, c));
   /* One group: NCCL runs a send and a receive of one group together, where two calls
   ** in a row on the stream would each wait for its peer in turn. */
   TT_NCCL_CALL(ncclGroupStart(), c);
-  ncclResult_t e = ncclSend(tt_tensor_data(send), (size_t)tt_tensor_numel(send), send_ty, dst,
-                            st->comm, st->stream);
+  ncclResult_t e = ncclSend(s, (size_t)tt_tensor_numel(send), send_ty, dst, st->comm,
+                            st->stream);
   const char *failed = e != ncclSuccess ? "ncclSend (send_recv)" : NULL;
   if (!failed) {
-    e = ncclRecv(tt_tensor_data(recv), (size_t)tt_tensor_numel(recv), recv_ty, src, st->comm,
-                 st->stream);
+    e = ncclRecv(d, (size_t)tt_tensor_numel(recv), recv_ty, src, st->comm, st->stream);
     if (e != ncclSuccess) failed = "ncclRecv (send_recv)";
   }
   ncclResult_t end = ncclGroupEnd();
@@ -268,7 +274,9 @@ int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tenso
 }
 
 int tt_nccl_test(tt_comm_handle *h, int *done) {
-  nccl_state *st = h->comm->nccl;
+  nccl_state *st = __atomic_load_n((nccl_state **)&h->comm->nccl, __ATOMIC_ACQUIRE);
+  TT_CHECK(st, "%s on group %s: its NCCL communicator was aborted after a failed transfer "
+           "(the first error says which)", h->what, h->comm->name);
   cudaError_t e = cudaEventQuery((cudaEvent_t)h->nccl_event);
   if (e == cudaSuccess) {
     *done = 1;
@@ -286,11 +294,16 @@ int tt_nccl_test(tt_comm_handle *h, int *done) {
 
 static void drop_pending(const tt_comm *c, int sync);
 
+/* Once per communicator, whichever thread gets there first (the watchdog's, or one
+** whose transfer failed): its entries leave the list before ncclCommAbort, which may
+** block (NVIDIA/nccl#863), so that the watchdog does not fire on them meanwhile. The
+** state is not freed: a stream or handle may still name it. */
 void tt_nccl_abort(tt_comm *c) {
-  nccl_state *st = c->nccl;
-  if (st) ncclCommAbort(st->comm);
-  c->nccl = NULL;
+  nccl_state *st = __atomic_exchange_n((nccl_state **)&c->nccl, NULL, __ATOMIC_ACQ_REL);
+  if (!st) return;
+  c->nccl_aborted = 1;
   drop_pending(c, 0);
+  ncclCommAbort(st->comm);
 }
 
 void tt_nccl_comm_free(tt_comm *c) {
@@ -358,10 +371,9 @@ int tt_nccl_join(tt_comm_handle *h) {
     cudaEventDestroy(done);   /* the graph holds the dependency; no watchdog inside it */
     return 0;
   }
-  TT_TRY(tt_nccl_poll_pending());
   pending *p = malloc(sizeof *p);
   if (!p) {
-    cudaEventDestroy(done);
+    cudaEventDestroy(done);   /* (the stream's wait was taken at the call) */
     return tt_set_error("%s on group %s: out of host memory", h->what, h->comm->name);
   }
   p->h = *h;
@@ -371,7 +383,9 @@ int tt_nccl_join(tt_comm_handle *h) {
   g_pending = p;
   pthread_mutex_unlock(&g_pending_lock);
   tt_cuda_set_host_wait_hook(host_wait_hook);
-  return 0;
+  /* then the list's pass (listed first: a pass that fails leaves the event there, where
+  ** the watchdog sees it and the communicator's end frees it) */
+  return tt_nccl_poll_pending();
 }
 
 /* Drops c's entries from the list (c is going away); with sync, after they finished

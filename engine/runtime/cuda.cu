@@ -61,6 +61,7 @@ static struct {
   int graphs, orphan;
 } g_workspaces[MAX_WORKSPACES];
 static int g_num_workspaces;
+static void free_unheld_locked(void);   /* orphaned workspaces no graph holds, freed */
 static int64_t g_host_syncs;            /* tt_cuda_host_sync_count; atomic adds */
 
 extern "C" int tt_cuda_device_count(void) {
@@ -307,16 +308,11 @@ extern "C" void tt_cuda_stream_destroy(tt_cuda_stream *s) {
   }
   if (cudaStreamSynchronize(s->s) != cudaSuccess) cudaGetLastError();   /* (reported later) */
   pthread_mutex_lock(&g_lock);
-  for (int i = 0; i < g_num_workspaces;) {
-    if (g_workspaces[i].stream != s->s || g_workspaces[i].orphan) {
-      i++;
-    } else if (g_workspaces[i].graphs) {   /* a live graph's: freed with its last graph */
-      g_workspaces[i++].orphan = 1;
-    } else {
-      cudaFree(g_workspaces[i].ptr);
-      g_workspaces[i] = g_workspaces[--g_num_workspaces];
-    }
-  }
+  /* its workspace orphaned (no new GEMM gets it), and freed now unless a live graph holds
+  ** it (then with its last graph) */
+  for (int i = 0; i < g_num_workspaces; i++)
+    if (g_workspaces[i].stream == s->s) g_workspaces[i].orphan = 1;
+  free_unheld_locked();
   pthread_mutex_unlock(&g_lock);
   if (g_stream_retired)
     for (int d = 0; d < g_num_devices; d++) g_stream_retired(d, (void *)s->s);
@@ -554,17 +550,34 @@ static void *hold_workspace(int device, cudaStream_t stream) {
   return held;
 }
 
+/* Frees the orphaned workspaces no graph holds any more (lock held). Not during a
+** capture on this thread's stream: cudaFree synchronises the device, which would end it
+** (a graph the Lua collector frees inside a captured step); the next release or stream
+** destroy outside one frees them. */
+static void free_unheld_locked(void) {
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (g_stream && cudaStreamIsCapturing(g_stream, &cap) == cudaSuccess &&
+      cap != cudaStreamCaptureStatusNone)
+    return;
+  for (int i = 0; i < g_num_workspaces;) {
+    if (g_workspaces[i].orphan && g_workspaces[i].graphs == 0) {
+      cudaFree(g_workspaces[i].ptr);
+      g_workspaces[i] = g_workspaces[--g_num_workspaces];
+    } else {
+      i++;
+    }
+  }
+}
+
 static void release_workspace(void *ptr) {
   if (!ptr) return;
   pthread_mutex_lock(&g_lock);
   for (int i = 0; i < g_num_workspaces; i++)
     if (g_workspaces[i].ptr == ptr) {
-      if (--g_workspaces[i].graphs == 0 && g_workspaces[i].orphan) {
-        cudaFree(ptr);
-        g_workspaces[i] = g_workspaces[--g_num_workspaces];
-      }
+      g_workspaces[i].graphs--;
       break;
     }
+  free_unheld_locked();
   pthread_mutex_unlock(&g_lock);
 }
 

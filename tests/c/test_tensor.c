@@ -583,6 +583,48 @@ static void expect_lazy_views_like_eager(int normal) {
 Test(rng, lazy_normals_equal_eager_ones_view_by_view) { expect_lazy_views_like_eager(1); }
 Test(rng, lazy_uniforms_equal_eager_ones_view_by_view) { expect_lazy_views_like_eager(0); }
 
+/* Views large enough for the threads (kernel.h's grain is 32768 elements), copied into
+** bf16 so that the view's own draw runs (an f32 run is drawn straight into its copy):
+** a ZeRO-3 share, one long row of a flat view at an odd offset (fewer rows than threads:
+** each row by lazy_fill's threads), and a row-parallel slice, many short rows (a row a
+** thread). Each must round to the eager draw's bf16 values, bit for bit. */
+Test(rng, lazy_large_views_equal_eager_ones) {
+  const int64_t shape[2] = {300, 1001}, flat = 300 * 1001;
+  tt_manual_seed(5);
+  uint64_t state = tt_rng_state();
+  tt_tensor *lazy = NULL, *eager = NULL;
+  cr_assert_eq(tt_tensor_randn(shape, 2, 0.0, 0.02, &lazy), 0);
+  int was = tt_set_lazy_init(0);
+  tt_rng_set_state(state);
+  cr_assert_eq(tt_tensor_randn(shape, 2, 0.0, 0.02, &eager), 0);
+  tt_set_lazy_init(was);
+  for (int k = 0; k < 2; k++) {
+    tt_tensor *src[2] = {lazy, eager}, *got[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+      tt_tensor *f = NULL, *v = NULL;
+      if (k == 0) {   /* a share: elements [1001 * 37 + 1, + 150001) of the flat view */
+        cr_assert_eq(tt_view(src[i], &flat, 1, &f), 0);
+        cr_assert_eq(tt_narrow(f, 0, 1001 * 37 + 1, 150001, &v), 0);
+      } else {   /* a slice: columns [250, 750) of every row */
+        cr_assert_eq(tt_narrow(src[i], 1, 250, 500, &v), 0);
+      }
+      cr_assert_eq(tt_tensor_empty(v->shape, v->ndim, TT_BF16, TT_CPU, &got[i]), 0);
+      cr_assert_eq(tt_copy_(got[i], v), 0, "%s", tt_last_error());
+      tt_tensor_release(v);
+      tt_tensor_release(f);
+    }
+    cr_assert(tt_tensor_is_lazy(lazy), "copying view %d drew the whole tensor", k);
+    int64_t n = tt_tensor_numel(got[0]);
+    cr_assert_gt(n, 32768);
+    cr_assert_eq(memcmp(tt_tensor_data(got[0]), tt_tensor_data(got[1]), (size_t)n * 2), 0,
+                 "view %d of the lazy draw differs from the eager one's", k);
+    tt_tensor_release(got[0]);
+    tt_tensor_release(got[1]);
+  }
+  tt_tensor_release(lazy);
+  tt_tensor_release(eager);
+}
+
 Test(rng, lazy_zeros_take_memory_at_first_use) {
   const int64_t shape[2] = {5, 6};
   tt_alloc_stats st;

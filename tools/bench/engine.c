@@ -2,7 +2,8 @@
 ** engine.c — the engine benchmark of issue 2. In one run it measures OpenBLAS sgemm's own
 ** GFLOP/s on this machine (a large square product, the peak every other row is divided
 ** by, and the GEMM shapes of the benchmark model), then the engine's matmul (tt_linear),
-** attention and a full Llama block, forward and forward + backward, and prints one table.
+** attention and a full Llama block, forward and forward + backward, and the lazy draw of
+** a rank's slice of a weight against the whole one's, and prints one table.
 **
 ** Build and run with tools/bench/engine (it links the CMake build's engine library).
 ** Options: --reps N (timed repetitions; default 10), --quick (3 runs, 1024^3 peak).
@@ -292,6 +293,73 @@ __attribute__((section(".preinit_array"), used)) static void (*const bench_prein
                                                                                     char **) =
     before_libraries;
 
+/* -- Lazy initialisation ------------------------------------------------------------- */
+
+/* A randn weight is drawn when first read (tetra.h): a rank that keeps a slice draws only
+** its elements. Each row copies part of a lazy tensor out: the whole of it into f32 (one
+** contiguous run, lazy_fill's threads), and as a tensor-parallel rank or a ZeRO-3 share
+** (bf16, so through the view's draw): a row-parallel slice has many short rows, drawn a
+** row per thread; a share is one long row, which must get every thread too. The ratio is
+** the rate against the whole draw's. */
+typedef struct lazy_case {
+  tt_tensor *src, *dst;
+} lazy_case;
+
+static int run_lazy(void *p) {
+  lazy_case *c = p;
+  return tt_copy_(c->dst, c->src);
+}
+
+static double bench_lazy(const char *name, int how, double whole_rate) {
+  const int64_t rows = 4096, cols = 4096, n = rows * cols;
+  const int64_t shape[2] = {rows, cols}, flat[1] = {n};
+  tt_tensor *w = NULL, *view = NULL, *dst = NULL;
+  timing t = {-1.0, -1.0};
+  int64_t count = 0;
+  char shape_text[64] = "";
+  if (tt_tensor_randn(shape, 2, 0.0, 0.02, &w) == 0) {
+    int rc = 0;
+    if (how == 0) {   /* the whole tensor */
+      rc = tt_view(w, flat, 1, &view);
+      count = n;
+    } else if (how == 1) {   /* tp 4's row-parallel slice: a quarter of each row */
+      rc = tt_narrow(w, 1, cols / 4, cols / 4, &view);
+      count = n / 4;
+    } else {   /* dp 4's ZeRO-3 share: a quarter of the flat tensor */
+      tt_tensor *f = NULL;
+      rc = tt_view(w, flat, 1, &f);
+      if (rc == 0) rc = tt_narrow(f, 0, n / 4, n / 4, &view);
+      tt_tensor_release(f);
+      count = n / 4;
+    }
+    const int64_t out[1] = {count};
+    if (rc == 0) rc = tt_tensor_empty(out, 1, how == 0 ? TT_F32 : TT_BF16, TT_CPU, &dst);
+    tt_tensor *dst_view = NULL;
+    if (rc == 0 && how == 1) {   /* the slice's own shape */
+      const int64_t s2[2] = {rows, cols / 4};
+      rc = tt_view(dst, s2, 2, &dst_view);
+    }
+    if (rc == 0) {
+      lazy_case c = {view, dst_view ? dst_view : dst};
+      t = time_runs(run_lazy, &c, 1, g_reps);
+    }
+    tt_tensor_release(dst_view);
+  }
+  snprintf(shape_text, sizeof shape_text, "%lld of %lldx%lld", (long long)count,
+           (long long)rows, (long long)cols);
+  double rate = t.best > 0 ? (double)count / t.best / 1e6 : 0.0;
+  if (t.best < 0) {
+    printf("%-28s %-26s   failed: %s\n", name, shape_text, tt_last_error());
+  } else {
+    printf("%-28s %-26s %9.3f %9.3f %9.1f %7.2fx\n", name, shape_text, t.best * 1e3,
+           t.median * 1e3, rate, whole_rate > 0 ? rate / whole_rate : 1.0);
+  }
+  tt_tensor_release(dst);
+  tt_tensor_release(view);
+  tt_tensor_release(w);
+  return rate;
+}
+
 int main(int argc, char **argv) {
   tt_preinit_restore();
   int square = 2048;
@@ -339,5 +407,11 @@ int main(int argc, char **argv) {
 
   header("engine llama block");
   bench_block(B, T, D, H, F);
+
+  printf("\n%-28s %-26s %9s %9s %9s %8s\n", "lazy randn, drawn on read", "elements",
+         "best ms", "median", "M/s", "of whole");
+  double whole = bench_lazy("  whole tensor (f32)", 0, 0.0);
+  bench_lazy("  tp 4 row slice (bf16)", 1, whole);
+  bench_lazy("  dp 4 ZeRO-3 share (bf16)", 2, whole);
   return 0;
 }
