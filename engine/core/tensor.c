@@ -45,8 +45,9 @@ static int shape_nbytes(const char *op, const int64_t *shape, int ndim, int dtyp
 
 /* Lazy random tensors (tetra.h; defined with the generator, below). */
 static tt_lazy_init *lazy_of(const tt_storage *s);
+static int lazy_snapshot(const tt_storage *s, tt_lazy_init *out);
 static void lazy_fill(const tt_lazy_init *z, int64_t first, int64_t n, float *p);
-static int lazy_view_values(const tt_tensor *v, tt_tensor **out);
+static int lazy_view_values(const tt_tensor *v, const tt_lazy_init *z, tt_tensor **out);
 static int lazy_tensor(const tt_lazy_init *z, const int64_t *shape, int ndim, size_t nbytes,
                        int device, tt_tensor **out);
 
@@ -499,15 +500,16 @@ int tt_copy_(tt_tensor *dst, const tt_tensor *src) {
   TT_TRY(tt_lazy_materialize(dst->storage));
   /* From a lazy tensor only the source view's elements are drawn (straight into dst when
   ** both are plain f32 runs on the host), and the source stays lazy. */
-  if (lazy_of(src->storage)) {
+  tt_lazy_init z;
+  if (lazy_snapshot(src->storage, &z)) {
     if (dst->device == TT_CPU && dst->dtype == TT_F32 && tt_tensor_is_contiguous(dst) &&
         tt_tensor_is_contiguous(src)) {
       dst->storage->version++;
-      lazy_fill(lazy_of(src->storage), src->offset, n, tt_tensor_data(dst));
+      lazy_fill(&z, src->offset, n, tt_tensor_data(dst));
       return 0;
     }
     tt_tensor *values = NULL;
-    int rc = lazy_view_values(src, &values);
+    int rc = lazy_view_values(src, &z, &values);
     if (rc == 0) rc = tt_copy_(dst, values);
     tt_tensor_release(values);
     return rc;
@@ -615,10 +617,10 @@ int tt_to_device(tt_tensor *t, int device, tt_tensor **out) {
   }
   /* A lazy tensor that is its whole storage stays lazy there: drawn on the host and
   ** uploaded when first read, or only a view's part when copied from (a ZeRO-3 share). */
-  const tt_lazy_init *z = lazy_of(t->storage);
-  if (z && t->offset == 0 && tt_tensor_is_contiguous(t) && tt_tensor_numel(t) == z->numel &&
-      t->dtype == TT_F32 && tt_backend_for(device)) {
-    return lazy_tensor(z, t->shape, t->ndim, t->storage->nbytes, device, out);
+  tt_lazy_init z;
+  if (lazy_snapshot(t->storage, &z) && t->offset == 0 && tt_tensor_is_contiguous(t) &&
+      tt_tensor_numel(t) == z.numel && t->dtype == TT_F32 && tt_backend_for(device)) {
+    return lazy_tensor(&z, t->shape, t->ndim, t->storage->nbytes, device, out);
   }
   tt_tensor *src = NULL, *dst = NULL;
   TT_TRY(tt_contiguous_nograd(t, &src));
@@ -792,6 +794,18 @@ static tt_lazy_init *lazy_of(const tt_storage *s) {
   return __atomic_load_n(&s->lazy, __ATOMIC_ACQUIRE);
 }
 
+/* Whether s is still lazy, with a copy of its descriptor in *out: taken under the lock,
+** since a materialize on another thread frees the descriptor (the copy stays right: the
+** draws are a function of it alone). */
+static int lazy_snapshot(const tt_storage *s, tt_lazy_init *out) {
+  if (!lazy_of(s)) return 0;
+  pthread_mutex_lock(&lazy_lock);
+  const tt_lazy_init *z = lazy_of(s);
+  if (z) *out = *z;
+  pthread_mutex_unlock(&lazy_lock);
+  return z != NULL;
+}
+
 int tt_lazy_materialize(tt_storage *s) {
   if (!lazy_of(s)) return 0;
   pthread_mutex_lock(&lazy_lock);
@@ -829,8 +843,7 @@ int tt_tensor_is_lazy(const tt_tensor *t) { return lazy_of(t->storage) != NULL; 
 
 /* The elements of a view of a lazy storage, drawn alone into a new contiguous f32 CPU
 ** tensor: each innermost row is a run of storage indices when its stride is 1. */
-static int lazy_view_values(const tt_tensor *v, tt_tensor **out) {
-  const tt_lazy_init *z = lazy_of(v->storage);
+static int lazy_view_values(const tt_tensor *v, const tt_lazy_init *z, tt_tensor **out) {
   TT_TRY(tt_tensor_empty(v->shape, v->ndim, TT_F32, TT_CPU, out));
   float *p = tt_tensor_data(*out);
   int64_t n = tt_tensor_numel(v);
