@@ -197,6 +197,30 @@ describe("validation errors", function()
     end
   end)
 
+  it("takes a warmup-stable-decay schedule's keys with it alone, and a decay that fits", function()
+    local base = { train = { model_name = "llama-tiny", steps = 100, warmup_steps = 10 } }
+    local cfg = config.build({ yaml = base, world_size = false, sets = {
+      "train.lr_schedule=wsd", "train.lr_decay_steps=90", "train.lr_decay_shape=sqrt" } })
+    expect(cfg.train.lr_decay_steps).to_be(90)
+    expect(cfg.train.lr_decay_shape).to_be("sqrt")
+    local cases = {
+      { { "train.lr_schedule=wsd" }, "train.lr_schedule=wsd needs train.lr_decay_steps" },
+      { { "train.lr_schedule=wsd", "train.lr_decay_steps=91" },
+        "train.lr_decay_steps (91) must not exceed train.steps - train.warmup_steps (90)" },
+      { { "train.lr_schedule=wsd", "train.lr_decay_steps=0" }, "train.lr_decay_steps must be >= 1" },
+      { { "train.lr_schedule=wsd", "train.lr_decay_steps=5", "train.lr_decay_shape=exp" },
+        "train.lr_decay_shape must be one of linear, cosine, sqrt" },
+      { { "train.lr_decay_steps=20" },
+        "train.lr_decay_steps applies to train.lr_schedule=wsd (this run's is cosine)" },
+      { { "train.lr_schedule=linear", "train.lr_decay_shape=cosine" },
+        "train.lr_decay_shape applies to train.lr_schedule=wsd (this run's is linear)" },
+    }
+    for _, c in ipairs(cases) do
+      local msg = config_error(function() config.build({ yaml = base, sets = c[1], world_size = false }) end)
+      expect(msg).to_match(c[2]:gsub("[%(%)%.%-%+]", "%%%0"))
+    end
+  end)
+
   it("refuses a save delay the chosen kind of save would ignore", function()
     local function msg(sets)
       return config_error(function()

@@ -178,6 +178,39 @@ describe("optim", function()
     expect(const(99)).to_be_near(0.5, 1e-12)
     expect(function() optim.schedule({ lr = 1, schedule = "step" }) end).to_error("unknown schedule")
   end)
+
+  it("schedules warmup-stable-decay: lr held, then the shape's decay over the last steps", function()
+    local base = { lr = 1.0, min_lr = 0.1, warmup_steps = 10, steps = 110, schedule = "wsd",
+                   decay_steps = 20 }
+    local lin = optim.schedule(base)
+    expect(lin(5)).to_be_near(0.5, 1e-12)          -- warmup
+    expect(lin(10)).to_be_near(1.0, 1e-12)
+    expect(lin(11)).to_be_near(1.0, 1e-12)         -- stable
+    expect(lin(90)).to_be_near(1.0, 1e-12)
+    expect(lin(91)).to_be_near(1.0 - 0.9 / 20, 1e-12)   -- the decay's first step: p = 1/20
+    expect(lin(100)).to_be_near(0.55, 1e-12)       -- halfway
+    expect(lin(110)).to_be_near(0.1, 1e-12)        -- min_lr at the last step
+    expect(lin(200)).to_be_near(0.1, 1e-12)
+    local function shaped(shape)
+      local c = {}
+      for k, v in pairs(base) do c[k] = v end
+      c.decay_shape = shape
+      return optim.schedule(c)
+    end
+    expect(shaped("linear")(100)).to_be_near(lin(100), 1e-12)
+    expect(shaped("cosine")(95)).to_be_near(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.25)), 1e-12)
+    expect(shaped("sqrt")(95)).to_be_near(0.1 + 0.9 * (1 - math.sqrt(0.25)), 1e-12)
+    expect(shaped("sqrt")(90)).to_be_near(1.0, 1e-12)
+    expect(shaped("sqrt")(110)).to_be_near(0.1, 1e-12)
+    -- The stable part does not depend on the run's length: a longer run agrees up to its
+    -- own decay.
+    local longer = optim.schedule({ lr = 1.0, min_lr = 0.1, warmup_steps = 10, steps = 1000,
+                                    schedule = "wsd", decay_steps = 20 })
+    for step = 1, 90 do expect(longer(step)).to_be(lin(step)) end
+    expect(function() optim.schedule({ lr = 1, steps = 10, schedule = "wsd" }) end).to_error("decay_steps")
+    expect(function() shaped("constant") end).to_error("unknown decay_shape")
+    expect(function() optim.schedule({ lr = 1, steps = 10, schedule = "sqrt" }) end).to_error("unknown schedule")
+  end)
 end)
 
 describe("data", function()
@@ -374,6 +407,20 @@ describe("training loop", function()
     expect(rows[3].eval_loss).to_be_a("number")
     expect(rows[2].eval_loss).to_be_nil()
     expect(summary.last_loss).to_be_near(rows[3].loss, 1e-6)
+  end)
+
+  it("steps at the configured schedule's learning rate (wsd's decay steps and shape)", function()
+    local cfg = tiny_cfg({ "train.steps=10", "train.warmup_steps=2", "train.lr_schedule=wsd",
+                           "train.lr_decay_steps=4", "train.lr_decay_shape=sqrt",
+                           "train.min_lr=0" })
+    local env = tiny.setup(cfg)
+    local lr = cfg.train.lr
+    local want = { lr / 2, lr, lr, lr, lr, lr, lr * (1 - math.sqrt(0.25)),
+                   lr * (1 - math.sqrt(0.5)) }
+    for _, w in ipairs(want) do
+      local r = env.step()
+      expect(r.lr).to_be_near(w, 1e-12 * lr)
+    end
   end)
 
   it("evaluate is the mean held-out loss without recording a tape", function()

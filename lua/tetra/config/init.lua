@@ -58,8 +58,14 @@ M.schema = {
     gradient_accumulation_steps = int(1, 1, "micro-batches per optimizer step and DP rank"),
     steps = int(100, 0, "optimizer steps"),
     lr = num(3e-4, 0, "peak learning rate"),
-    lr_schedule = enum("cosine", { "cosine", "constant", "linear" },
-                       "decay from lr to min_lr after the warmup"),
+    lr_schedule = enum("cosine", { "cosine", "constant", "linear", "wsd" },
+                       "decay from lr to min_lr after the warmup; wsd (warmup-stable-decay): " ..
+                       "lr held, then decayed over the last lr_decay_steps"),
+    lr_decay_steps = int(nil, 1, "wsd: steps of the final decay to min_lr, the last of " ..
+                         "train.steps (a stable-phase checkpoint resumes with more steps)"),
+    lr_decay_shape = enum(nil, { "linear", "cosine", "sqrt" },
+                          "wsd: the final decay's shape, linear when unset; sqrt: " ..
+                          "min_lr + (lr - min_lr) x (1 - sqrt of its progress)"),
     warmup_steps = int(0, 0, "steps of linear warmup to lr"),
     min_lr = num(0, 0, "learning rate at the end of the decay"),
     weight_decay = num(0.1, 0, "AdamW decoupled weight decay"),
@@ -445,6 +451,24 @@ function M.validate(cfg, opts)
   if cfg.train.warmup_steps > cfg.train.steps and cfg.train.steps > 0 then
     M.error("train.warmup_steps (%d) must not exceed train.steps (%d)",
             cfg.train.warmup_steps, cfg.train.steps)
+  end
+  local t = cfg.train
+  if t.lr_schedule == "wsd" then
+    if not t.lr_decay_steps then
+      M.error("train.lr_schedule=wsd needs train.lr_decay_steps: the steps of the final " ..
+              "decay to train.min_lr, the last of train.steps (a fifth of them, say)")
+    end
+    if t.steps > 0 and t.lr_decay_steps > t.steps - t.warmup_steps then
+      M.error("train.lr_decay_steps (%d) must not exceed train.steps - train.warmup_steps " ..
+              "(%d): the decay comes after the warmup", t.lr_decay_steps, t.steps - t.warmup_steps)
+    end
+  else
+    for _, k in ipairs({ "lr_decay_steps", "lr_decay_shape" }) do
+      if t[k] ~= nil then
+        M.error("train.%s applies to train.lr_schedule=wsd (this run's is %s): drop it or " ..
+                "set train.lr_schedule=wsd", k, t.lr_schedule)
+      end
+    end
   end
   local device = cfg.train.device
   if device ~= "cpu" and device ~= "cuda" and not device:match("^cuda:%d+$") then

@@ -825,25 +825,51 @@ end
 -- -- Schedules -------------------------------------------------------------------------
 
 -- Returns lr(step) for 1-based optimizer steps. cfg: lr, warmup_steps (0), steps (total),
--- min_lr (0), schedule ("cosine", "linear" or "constant").
+-- min_lr (0), schedule ("cosine", "linear", "constant" or "wsd"), and for wsd
+-- decay_steps and decay_shape ("linear", "cosine" or "sqrt"; default linear).
 --   warmup:   lr * step / warmup_steps for step <= warmup_steps, then with progress p
 --             going 0 -> 1 from the end of warmup to `steps`:
 --   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2
 --   linear:   lr + (min_lr - lr) * p
 --   constant: lr
+--   wsd:      (warmup-stable-decay) lr until steps - decay_steps, then decay_shape from
+--             lr to min_lr with p going 0 -> 1 over the last decay_steps steps (1 / n at
+--             the first of them, 1 at the last); sqrt is min_lr + (lr - min_lr) *
+--             (1 - sqrt(p)). The stable part does not depend on `steps`, so a checkpoint
+--             taken there resumes into a longer run.
 local decays = {
   cosine = function(lr, min_lr, p) return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p)) end,
   linear = function(lr, min_lr, p) return lr + (min_lr - lr) * p end,
+  sqrt = function(lr, min_lr, p) return min_lr + (lr - min_lr) * (1.0 - math.sqrt(p)) end,
   constant = function(lr) return lr end,
 }
+
+local function wsd(lr, min_lr, warmup, total, cfg)
+  local n, shape = cfg.decay_steps, decays[cfg.decay_shape or "linear"]
+  if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
+    error("optim.schedule: wsd needs decay_steps, a whole number >= 1, got " .. tostring(n), 3)
+  end
+  if not shape or cfg.decay_shape == "constant" then
+    error("optim.schedule: unknown decay_shape '" .. tostring(cfg.decay_shape) ..
+          "' (expected linear, cosine or sqrt)", 3)
+  end
+  if not total then error("optim.schedule: wsd needs steps (the run's total)", 3) end
+  local start = total - n
+  return function(step)
+    if warmup > 0 and step <= warmup then return lr * step / warmup end
+    if step <= start then return lr end
+    return shape(lr, min_lr, math.min(1.0, (step - start) / n))
+  end
+end
 
 function optim.schedule(cfg)
   local lr, warmup = cfg.lr, cfg.warmup_steps or 0
   local min_lr, total = cfg.min_lr or 0.0, cfg.steps
-  local decay = decays[cfg.schedule or "cosine"]
+  if cfg.schedule == "wsd" then return wsd(lr, min_lr, warmup, total, cfg) end
+  local decay = cfg.schedule ~= "sqrt" and decays[cfg.schedule or "cosine"]
   if not decay then
     error("optim.schedule: unknown schedule '" .. tostring(cfg.schedule) ..
-          "' (expected cosine, linear or constant)", 2)
+          "' (expected cosine, linear, constant or wsd)", 2)
   end
   return function(step)
     if warmup > 0 and step <= warmup then return lr * step / warmup end
