@@ -273,10 +273,9 @@ int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tenso
   return record_done(h, st, c);
 }
 
+static pthread_mutex_t g_pending_lock;
+
 int tt_nccl_test(tt_comm_handle *h, int *done) {
-  nccl_state *st = __atomic_load_n((nccl_state **)&h->comm->nccl, __ATOMIC_ACQUIRE);
-  TT_CHECK(st, "%s on group %s: its NCCL communicator was aborted after a failed transfer "
-           "(the first error says which)", h->what, h->comm->name);
   cudaError_t e = cudaEventQuery((cudaEvent_t)h->nccl_event);
   if (e == cudaSuccess) {
     *done = 1;
@@ -285,8 +284,16 @@ int tt_nccl_test(tt_comm_handle *h, int *done) {
   if (e != cudaErrorNotReady) return cuda_failed(e, h->what, h->comm);
   cudaGetLastError();   /* "not ready" is recorded as the thread's last error, which a later
                         ** launch check would report: clear it */
-  ncclResult_t async = ncclSuccess;
-  TT_NCCL_CALL(ncclCommGetAsyncError(st->comm, &async), h->comm);
+  /* The communicator's state is read and asked under the pending list's lock: an abort on
+  ** the watchdog's thread takes it (drop_pending) before ncclCommAbort frees the comm. */
+  ncclResult_t async = ncclSuccess, got = ncclSuccess;
+  pthread_mutex_lock(&g_pending_lock);
+  nccl_state *st = __atomic_load_n((nccl_state **)&h->comm->nccl, __ATOMIC_ACQUIRE);
+  if (st) got = ncclCommGetAsyncError(st->comm, &async);
+  pthread_mutex_unlock(&g_pending_lock);
+  TT_CHECK(st, "%s on group %s: its NCCL communicator was aborted after a failed transfer "
+           "(the first error says which)", h->what, h->comm->name);
+  if (got != ncclSuccess) return nccl_failed(got, "ncclCommGetAsyncError", h->comm);
   if (async != ncclSuccess) return nccl_failed(async, h->what, h->comm);
   *done = 0;
   return 0;
@@ -332,7 +339,7 @@ typedef struct pending {
 /* Collectives run from the training thread; the lock is for the watchdog thread's look
 ** (tt_nccl_watch), which retires nothing. */
 static pending *g_pending;
-static pthread_mutex_t g_pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_pending_lock = PTHREAD_MUTEX_INITIALIZER;   /* (declared above) */
 
 int tt_nccl_deferred(void) {
   static int deferred = -1;
