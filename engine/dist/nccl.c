@@ -273,7 +273,10 @@ int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tenso
   return record_done(h, st, c);
 }
 
-static pthread_mutex_t g_pending_lock;
+/* The list of deferred waits' lock (below): collectives run from the training thread; the
+** lock is for the watchdog thread's look (tt_nccl_watch), which retires nothing, and for
+** its abort (tt_nccl_abort takes it in drop_pending before ncclCommAbort). */
+static pthread_mutex_t g_pending_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int tt_nccl_test(tt_comm_handle *h, int *done) {
   cudaError_t e = cudaEventQuery((cudaEvent_t)h->nccl_event);
@@ -336,10 +339,7 @@ typedef struct pending {
   struct pending *next;
 } pending;
 
-/* Collectives run from the training thread; the lock is for the watchdog thread's look
-** (tt_nccl_watch), which retires nothing. */
-static pending *g_pending;
-static pthread_mutex_t g_pending_lock = PTHREAD_MUTEX_INITIALIZER;   /* (declared above) */
+static pending *g_pending;   /* under g_pending_lock */
 
 int tt_nccl_deferred(void) {
   static int deferred = -1;

@@ -837,19 +837,22 @@ end
 --             the first of them, 1 at the last); sqrt is min_lr + (lr - min_lr) *
 --             (1 - sqrt(p)). The stable part does not depend on `steps`, so a checkpoint
 --             taken there resumes into a longer run.
-local decays = {
+-- The shapes of a decay from lr to min_lr as p goes 0 -> 1 (wsd's decay_shape), and the
+-- schedules after the warmup (wsd aside).
+local shapes = {
   cosine = function(lr, min_lr, p) return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p)) end,
   linear = function(lr, min_lr, p) return lr + (min_lr - lr) * p end,
   sqrt = function(lr, min_lr, p) return min_lr + (lr - min_lr) * (1.0 - math.sqrt(p)) end,
-  constant = function(lr) return lr end,
 }
+local decays = { cosine = shapes.cosine, linear = shapes.linear,
+                 constant = function(lr) return lr end }
 
 local function wsd(lr, min_lr, warmup, total, cfg)
-  local n, shape = cfg.decay_steps, decays[cfg.decay_shape or "linear"]
+  local n, shape = cfg.decay_steps, shapes[cfg.decay_shape or "linear"]
   if type(n) ~= "number" or n < 1 or n % 1 ~= 0 then
     error("optim.schedule: wsd needs decay_steps, a whole number >= 1, got " .. tostring(n), 3)
   end
-  if not shape or cfg.decay_shape == "constant" then
+  if not shape then
     error("optim.schedule: unknown decay_shape '" .. tostring(cfg.decay_shape) ..
           "' (expected linear, cosine or sqrt)", 3)
   end
@@ -866,7 +869,7 @@ function optim.schedule(cfg)
   local lr, warmup = cfg.lr, cfg.warmup_steps or 0
   local min_lr, total = cfg.min_lr or 0.0, cfg.steps
   if cfg.schedule == "wsd" then return wsd(lr, min_lr, warmup, total, cfg) end
-  local decay = cfg.schedule ~= "sqrt" and decays[cfg.schedule or "cosine"]
+  local decay = decays[cfg.schedule or "cosine"]
   if not decay then
     error("optim.schedule: unknown schedule '" .. tostring(cfg.schedule) ..
           "' (expected cosine, linear, constant or wsd)", 2)
