@@ -12,6 +12,8 @@
 # whole gradients and the bucket buffers released), and checkpoints under ZeRO-1 and ZeRO-3
 # must not put the whole optimizer state or model on a rank at once; under ZeRO and
 # without it, the data-parallel ranks share a checkpoint's writing and reading.
+# Its cases, for TETRA_TEST_CASES (tests/dist/prelude.bash's wanted): layouts, init_from,
+# gpt2_folder, peaks, ckpt_zero1, ckpt_plain_dp and ckpt_zero3.
 # Usage: bash memory.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -53,31 +55,10 @@ check() {
 }
 
 ONE=$((2 * E + 2 * LAYER + FINAL))
-check one 1 "" "0:0:$ONE:$((2 * ONE))"
-# tp 2: matrices halved, norms replicated.
 TP2=$((E / 2 + 2 * ((LAYER - NORMS) / 2 + NORMS) + FINAL + E / 2))
-check tp2 2 "parallel.tensor_parallel_size=2" "0:0:$TP2:$((2 * TP2))" "1:0:$TP2:$((2 * TP2))"
-# pp 2: the first stage the embedding and layer 0, the last layer 1, the norm and the head.
 S0=$((E + LAYER)) S1=$((LAYER + FINAL + E))
-check pp2 2 "parallel.pipeline_parallel_size=2" "0:0:$S0:$((2 * S0))" "0:1:$S1:$((2 * S1))"
-# tp 2 x pp 2.
 T0=$((E / 2 + (LAYER - NORMS) / 2 + NORMS)) T1=$(((LAYER - NORMS) / 2 + NORMS + FINAL + E / 2))
-check tp2_pp2 4 "parallel.tensor_parallel_size=2 parallel.pipeline_parallel_size=2" \
-  "0:0:$T0:$((2 * T0))" "1:0:$T0:$((2 * T0))" "0:1:$T1:$((2 * T1))" "1:1:$T1:$((2 * T1))"
-# dp 2 with ZeRO-1: whole parameters, half of the AdamW state (one bucket, split in two).
-check dp2_zero1 2 "parallel.data_parallel_size=2 parallel.zero_stage=1" "0:0:$ONE:$ONE"
-# ZeRO-2: the same, and half of the gradients.
-check dp2_zero2 2 "parallel.data_parallel_size=2 parallel.zero_stage=2" "0:0:$ONE:$ONE:$((ONE / 2))"
-# ZeRO-3: half of every parameter (the master weights) besides the whole embedding, final
-# norm and head (outside the blocks, kept gathered); the blocks' parameters only while
-# they run.
-check dp2_zero3 2 "parallel.data_parallel_size=2 parallel.zero_stage=3" \
-  "0:0:$((2 * E + FINAL + ONE / 2)):$ONE:$((ONE / 2))"
-# tp 4 with 2 key/value heads: q, o and the MLP in quarters, one whole k and v head each.
 TP4=$((E / 4 + 2 * (2 * LQ / 4 + 2 * (LK / 2) + LMLP / 4 + NORMS) + FINAL + E / 4))
-check tp4_kv2 4 "parallel.tensor_parallel_size=4" \
-  "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
-
 # The set-up: the recipe builds the whole model, but its parameters are drawn lazily and
 # the optimizer's state is lazy zeros, so a rank's allocator peak through the set-up must
 # be what it keeps, its parameters and optimizer state (within 1%), not the whole model
@@ -98,44 +79,68 @@ setup_peaks() {
   done < <(grep '^setup rank' "$work/$name.log")
   [ "$status" = "$before" ] && echo "$name: every rank's set-up held its own part alone"
 }
-setup_peaks tp4_kv2
-setup_peaks tp2_pp2
+if wanted layouts; then
+  check one 1 "" "0:0:$ONE:$((2 * ONE))"
+  # tp 2: matrices halved, norms replicated.
+  check tp2 2 "parallel.tensor_parallel_size=2" "0:0:$TP2:$((2 * TP2))" "1:0:$TP2:$((2 * TP2))"
+  # pp 2: the first stage the embedding and layer 0, the last layer 1, the norm and the head.
+  check pp2 2 "parallel.pipeline_parallel_size=2" "0:0:$S0:$((2 * S0))" "0:1:$S1:$((2 * S1))"
+  # tp 2 x pp 2.
+  check tp2_pp2 4 "parallel.tensor_parallel_size=2 parallel.pipeline_parallel_size=2" \
+    "0:0:$T0:$((2 * T0))" "1:0:$T0:$((2 * T0))" "0:1:$T1:$((2 * T1))" "1:1:$T1:$((2 * T1))"
+  # dp 2 with ZeRO-1: whole parameters, half of the AdamW state (one bucket, split in two).
+  check dp2_zero1 2 "parallel.data_parallel_size=2 parallel.zero_stage=1" "0:0:$ONE:$ONE"
+  # ZeRO-2: the same, and half of the gradients.
+  check dp2_zero2 2 "parallel.data_parallel_size=2 parallel.zero_stage=2" "0:0:$ONE:$ONE:$((ONE / 2))"
+  # ZeRO-3: half of every parameter (the master weights) besides the whole embedding, final
+  # norm and head (outside the blocks, kept gathered); the blocks' parameters only while
+  # they run.
+  check dp2_zero3 2 "parallel.data_parallel_size=2 parallel.zero_stage=3" \
+    "0:0:$((2 * E + FINAL + ONE / 2)):$ONE:$((ONE / 2))"
+  # tp 4 with 2 key/value heads: q, o and the MLP in quarters, one whole k and v head each.
+  check tp4_kv2 4 "parallel.tensor_parallel_size=4" \
+    "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
+  setup_peaks tp4_kv2
+  setup_peaks tp2_pp2
+fi
 # model.init_from a checkpoint (one process's) under tp 4: read once the model is split,
 # each rank copies out of it exactly the parameter bytes it keeps and sums less than
 # three quarters of model.safetensors (its slices' blocks; the moments' file not at all),
 # where every rank read every parameter whole into the whole model, and its set-up
 # still peaks at what it keeps.
-if "$tetra" run "$root/tests/dist/memory.lua" --set train.steps=1 --set train.warmup_steps=1 \
-     --set checkpoint.dir="$work/ck_one" >"$work/ck_one.log" 2>&1; then
-  check tp4_init 4 "parallel.tensor_parallel_size=4 model.init_from=$work/ck_one/step_000001" \
-    "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
-  setup_peaks tp4_init
-  model_bytes=$(stat -c %s "$work/ck_one/step_000001/model.safetensors")
-  n=0
-  while read -r _ _ r _ copied _ summed; do
-    n=$((n + 1))
-    echo "tp4 init_from: rank $r copied $copied and summed $summed bytes (parameters" \
-         "$((4 * TP4)), model.safetensors $model_bytes)"
-    if [ "$copied" -ne $((4 * TP4)) ] || [ "$summed" -ge $((model_bytes * 3 / 4)) ]; then
-      echo "FAIL: tp4 init_from: rank $r read more of the checkpoint than its part"; status=1
-    fi
-  done < <(grep '^init rank' "$work/tp4_init.log")
-  [ "$n" -eq 4 ] || { echo "FAIL: tp4 init_from: $n of 4 ranks reported their reads"; status=1; }
-  # The same from a Hugging Face folder of it (tetra convert --to hf): a Llama's tensors are
-  # Tetra's under other names, so each rank reads its part of them alone too.
-  if "$tetra" convert --to hf "$work/ck_one/step_000001" "$work/hf_one" >"$work/hf_one.log" 2>&1; then
-    check tp4_hf 4 "parallel.tensor_parallel_size=4 model.init_from=hf:$work/hf_one" \
+if wanted init_from; then
+  if "$tetra" run "$root/tests/dist/memory.lua" --set train.steps=1 --set train.warmup_steps=1 \
+       --set checkpoint.dir="$work/ck_one" >"$work/ck_one.log" 2>&1; then
+    check tp4_init 4 "parallel.tensor_parallel_size=4 model.init_from=$work/ck_one/step_000001" \
       "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
-    setup_peaks tp4_hf
-    n=$(grep -c "^init rank [0-3] copied $((4 * TP4)) " "$work/tp4_hf.log")
-    echo "tp4 init_from=hf: $n of 4 ranks copied exactly their $((4 * TP4)) parameter bytes"
-    [ "$n" -eq 4 ] || { echo "FAIL: tp4 init_from=hf: a rank read more than its part"; status=1; }
+    setup_peaks tp4_init
+    model_bytes=$(stat -c %s "$work/ck_one/step_000001/model.safetensors")
+    n=0
+    while read -r _ _ r _ copied _ summed; do
+      n=$((n + 1))
+      echo "tp4 init_from: rank $r copied $copied and summed $summed bytes (parameters" \
+           "$((4 * TP4)), model.safetensors $model_bytes)"
+      if [ "$copied" -ne $((4 * TP4)) ] || [ "$summed" -ge $((model_bytes * 3 / 4)) ]; then
+        echo "FAIL: tp4 init_from: rank $r read more of the checkpoint than its part"; status=1
+      fi
+    done < <(grep '^init rank' "$work/tp4_init.log")
+    [ "$n" -eq 4 ] || { echo "FAIL: tp4 init_from: $n of 4 ranks reported their reads"; status=1; }
+    # The same from a Hugging Face folder of it (tetra convert --to hf): a Llama's tensors are
+    # Tetra's under other names, so each rank reads its part of them alone too.
+    if "$tetra" convert --to hf "$work/ck_one/step_000001" "$work/hf_one" >"$work/hf_one.log" 2>&1; then
+      check tp4_hf 4 "parallel.tensor_parallel_size=4 model.init_from=hf:$work/hf_one" \
+        "0:0:$TP4:$((2 * TP4))" "1:0:$TP4:$((2 * TP4))" "2:0:$TP4:$((2 * TP4))" "3:0:$TP4:$((2 * TP4))"
+      setup_peaks tp4_hf
+      n=$(grep -c "^init rank [0-3] copied $((4 * TP4)) " "$work/tp4_hf.log")
+      echo "tp4 init_from=hf: $n of 4 ranks copied exactly their $((4 * TP4)) parameter bytes"
+      [ "$n" -eq 4 ] || { echo "FAIL: tp4 init_from=hf: a rank read more than its part"; status=1; }
+    else
+      echo "FAIL: tetra convert --to hf failed:"; tail -n 20 "$work/hf_one.log"; status=1
+    fi
   else
-    echo "FAIL: tetra convert --to hf failed:"; tail -n 20 "$work/hf_one.log"; status=1
+    echo "FAIL: the one-process checkpoint for init_from failed:"; tail -n 20 "$work/ck_one.log"
+    status=1
   fi
-else
-  echo "FAIL: the one-process checkpoint for init_from failed:"; tail -n 20 "$work/ck_one.log"
-  status=1
 fi
 # A GPT-2 folder likewise, though its tensors are not Tetra's as they are: the Conv1D
 # weights are transposed, and c_attn holds q, k and v side by side (their biases one after
@@ -143,51 +148,53 @@ fi
 # (every rank read the whole folder into the whole model before), and its first loss must
 # be the one process's from the checkpoint the folder was made of, bit for bit (printed
 # to 9 digits).
-G2="model.dim=64 model.n_heads=4 model.n_layers=2 model.vocab_size=256 model.ffn_hidden=128 model.seq_len=32"
-g2=()
-for kv in $G2; do g2+=(--set "$kv"); done
-if MEMORY_RECIPE=gpt2 "$tetra" run "$root/tests/dist/memory.lua" "${g2[@]}" --set train.steps=1 \
-     --set train.warmup_steps=1 --set checkpoint.dir="$work/ck_gpt2" >"$work/ck_gpt2.log" 2>&1 &&
-   "$tetra" convert --to hf "$work/ck_gpt2/step_000001" "$work/hf_gpt2" >>"$work/ck_gpt2.log" 2>&1; then
-  MEMORY_RECIPE=gpt2 check gpt2_one 1 "$G2 model.init_from=$work/ck_gpt2/step_000001"
-  MEMORY_RECIPE=gpt2 check gpt2_tp2_hf 2 "$G2 parallel.tensor_parallel_size=2 model.init_from=hf:$work/hf_gpt2"
-  want=$(sed -n 's/^loss rank 0 //p' "$work/gpt2_one.log")
-  for r in 0 1; do
-    read -r params < <(sed -n "s/^memory rank $r tp [0-9]* pp 0 params \([0-9]*\) .*/\1/p" \
-                           "$work/gpt2_tp2_hf.log")
-    copied=$(sed -n "s/^init rank $r copied \([0-9]*\) .*/\1/p" "$work/gpt2_tp2_hf.log")
-    loss=$(sed -n "s/^loss rank $r //p" "$work/gpt2_tp2_hf.log")
-    echo "gpt2 tp2 init_from=hf: rank $r copied $copied bytes, keeps $params; first loss" \
-         "$loss (one process from the checkpoint: $want)"
-    if [ -z "$copied" ] || [ "$copied" != "$params" ]; then
-      echo "FAIL: gpt2 tp2 init_from=hf: rank $r did not read exactly its part"; status=1
+if wanted gpt2_folder; then
+  G2="model.dim=64 model.n_heads=4 model.n_layers=2 model.vocab_size=256 model.ffn_hidden=128 model.seq_len=32"
+  g2=()
+  for kv in $G2; do g2+=(--set "$kv"); done
+  if MEMORY_RECIPE=gpt2 "$tetra" run "$root/tests/dist/memory.lua" "${g2[@]}" --set train.steps=1 \
+       --set train.warmup_steps=1 --set checkpoint.dir="$work/ck_gpt2" >"$work/ck_gpt2.log" 2>&1 &&
+     "$tetra" convert --to hf "$work/ck_gpt2/step_000001" "$work/hf_gpt2" >>"$work/ck_gpt2.log" 2>&1; then
+    MEMORY_RECIPE=gpt2 check gpt2_one 1 "$G2 model.init_from=$work/ck_gpt2/step_000001"
+    MEMORY_RECIPE=gpt2 check gpt2_tp2_hf 2 "$G2 parallel.tensor_parallel_size=2 model.init_from=hf:$work/hf_gpt2"
+    want=$(sed -n 's/^loss rank 0 //p' "$work/gpt2_one.log")
+    for r in 0 1; do
+      read -r params < <(sed -n "s/^memory rank $r tp [0-9]* pp 0 params \([0-9]*\) .*/\1/p" \
+                             "$work/gpt2_tp2_hf.log")
+      copied=$(sed -n "s/^init rank $r copied \([0-9]*\) .*/\1/p" "$work/gpt2_tp2_hf.log")
+      loss=$(sed -n "s/^loss rank $r //p" "$work/gpt2_tp2_hf.log")
+      echo "gpt2 tp2 init_from=hf: rank $r copied $copied bytes, keeps $params; first loss" \
+           "$loss (one process from the checkpoint: $want)"
+      if [ -z "$copied" ] || [ "$copied" != "$params" ]; then
+        echo "FAIL: gpt2 tp2 init_from=hf: rank $r did not read exactly its part"; status=1
+      fi
+      if [ -z "$want" ] || [ "$loss" != "$want" ]; then
+        echo "FAIL: gpt2 tp2 init_from=hf: rank $r's first loss is not the one process's"; status=1
+      fi
+    done
+    # dp 2 without ZeRO: both ranks hold the whole model, and each copies out of the folder
+    # only the parameters dealt to it (the other's come by broadcast): together exactly the
+    # model's bytes, each less than them.
+    MEMORY_RECIPE=gpt2 check gpt2_dp2_hf 2 "$G2 parallel.data_parallel_size=2 model.init_from=hf:$work/hf_gpt2"
+    read -r params < <(sed -n "s/^memory rank 0 tp 0 pp 0 params \([0-9]*\) .*/\1/p" \
+                           "$work/gpt2_dp2_hf.log")
+    both=0
+    for r in 0 1; do
+      copied=$(sed -n "s/^init rank $r copied \([0-9]*\) .*/\1/p" "$work/gpt2_dp2_hf.log")
+      echo "gpt2 dp2 init_from=hf: rank $r copied ${copied:-?} of the model's ${params:-?} bytes"
+      if [ -z "$copied" ] || [ -z "$params" ] || [ "$copied" -ge "$params" ]; then
+        echo "FAIL: gpt2 dp2 init_from=hf: rank $r read the whole model"; status=1
+      fi
+      both=$((both + ${copied:-0}))
+    done
+    if [ "$both" != "${params:-}" ]; then
+      echo "FAIL: gpt2 dp2 init_from=hf: the ranks copied $both bytes between them, not the" \
+           "model's ${params:-?}"; status=1
     fi
-    if [ -z "$want" ] || [ "$loss" != "$want" ]; then
-      echo "FAIL: gpt2 tp2 init_from=hf: rank $r's first loss is not the one process's"; status=1
-    fi
-  done
-  # dp 2 without ZeRO: both ranks hold the whole model, and each copies out of the folder
-  # only the parameters dealt to it (the other's come by broadcast): together exactly the
-  # model's bytes, each less than them.
-  MEMORY_RECIPE=gpt2 check gpt2_dp2_hf 2 "$G2 parallel.data_parallel_size=2 model.init_from=hf:$work/hf_gpt2"
-  read -r params < <(sed -n "s/^memory rank 0 tp 0 pp 0 params \([0-9]*\) .*/\1/p" \
-                         "$work/gpt2_dp2_hf.log")
-  both=0
-  for r in 0 1; do
-    copied=$(sed -n "s/^init rank $r copied \([0-9]*\) .*/\1/p" "$work/gpt2_dp2_hf.log")
-    echo "gpt2 dp2 init_from=hf: rank $r copied ${copied:-?} of the model's ${params:-?} bytes"
-    if [ -z "$copied" ] || [ -z "$params" ] || [ "$copied" -ge "$params" ]; then
-      echo "FAIL: gpt2 dp2 init_from=hf: rank $r read the whole model"; status=1
-    fi
-    both=$((both + ${copied:-0}))
-  done
-  if [ "$both" != "${params:-}" ]; then
-    echo "FAIL: gpt2 dp2 init_from=hf: the ranks copied $both bytes between them, not the" \
-         "model's ${params:-?}"; status=1
+  else
+    echo "FAIL: the GPT-2 checkpoint and its folder failed:"; tail -n 20 "$work/ck_gpt2.log"
+    status=1
   fi
-else
-  echo "FAIL: the GPT-2 checkpoint and its folder failed:"; tail -n 20 "$work/ck_gpt2.log"
-  status=1
 fi
 
 # Sequence parallelism: a step's peak on rank 0, longer sequences so activations dominate
@@ -195,63 +202,65 @@ fi
 # are views; 19.6 MB against 23.3 MB when copy_to_group copied them and each projection
 # gathered its own input).
 # peak NAME "settings": the step peak rank 0 reports in the second step.
-peak() {
-  local sets=() kv
-  for kv in $2; do sets+=(--set "$kv"); done
-  mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" --set train.steps=2 \
-    --set train.warmup_steps=1 --set model.seq_len=256 --set log.progress=false \
-    "${sets[@]}" --set log.metrics_file="$work/$1.jsonl" >"$work/$1.log" 2>&1 ||
-    { echo "FAIL: $1 run failed:" >&2; tail -n 20 "$work/$1.log" >&2; return 1; }
-  tail -n 1 "$work/$1.jsonl" | sed -E 's/.*"step_peak_bytes":([0-9]+).*/\1/'
-}
-tp2="parallel.tensor_parallel_size=2"
-plain=$(peak tp2 "$tp2") && sp=$(peak tp2_sp "$tp2 parallel.sequence_parallel=true") || exit 1
-echo "step peak on rank 0: tp 2 $plain bytes, with sequence parallelism $sp bytes"
-if [ "$sp" -ge $((plain * 95 / 100)) ]; then
-  echo "FAIL: sequence parallelism does not lower the peak by 5% or more"; status=1
-fi
-# Activation recompute (train.recompute=full) keeps only each block's input: under tp 2
-# with sequence parallelism and under pp 2 (1F1B, 4 micro-batches) it must lower rank
-# 0's step peak by a quarter or more (measured: 43% and 31%; the first stage also holds
-# the embedding's gradient and the micro-batches in flight).
-pp2="parallel.pipeline_parallel_size=2 train.gradient_accumulation_steps=4"
-for layout in "tp2_sp|$tp2 parallel.sequence_parallel=true" "pp2|$pp2"; do
-  name="${layout%%|*}" sets="${layout#*|}"
-  before=$(peak "${name}_none" "$sets") && after=$(peak "${name}_full" "$sets train.recompute=full") ||
-    exit 1
-  echo "step peak on rank 0, $name: $before bytes, with train.recompute=full $after bytes"
-  if [ "$after" -ge $((before * 3 / 4)) ]; then
-    echo "FAIL: $name: train.recompute=full does not lower the peak by a quarter or more"; status=1
+if wanted peaks; then
+  peak() {
+    local sets=() kv
+    for kv in $2; do sets+=(--set "$kv"); done
+    mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" --set train.steps=2 \
+      --set train.warmup_steps=1 --set model.seq_len=256 --set log.progress=false \
+      "${sets[@]}" --set log.metrics_file="$work/$1.jsonl" >"$work/$1.log" 2>&1 ||
+      { echo "FAIL: $1 run failed:" >&2; tail -n 20 "$work/$1.log" >&2; return 1; }
+    tail -n 1 "$work/$1.jsonl" | sed -E 's/.*"step_peak_bytes":([0-9]+).*/\1/'
+  }
+  tp2="parallel.tensor_parallel_size=2"
+  plain=$(peak tp2 "$tp2") && sp=$(peak tp2_sp "$tp2 parallel.sequence_parallel=true") || exit 1
+  echo "step peak on rank 0: tp 2 $plain bytes, with sequence parallelism $sp bytes"
+  if [ "$sp" -ge $((plain * 95 / 100)) ]; then
+    echo "FAIL: sequence parallelism does not lower the peak by 5% or more"; status=1
   fi
-done
+  # Activation recompute (train.recompute=full) keeps only each block's input: under tp 2
+  # with sequence parallelism and under pp 2 (1F1B, 4 micro-batches) it must lower rank
+  # 0's step peak by a quarter or more (measured: 43% and 31%; the first stage also holds
+  # the embedding's gradient and the micro-batches in flight).
+  pp2="parallel.pipeline_parallel_size=2 train.gradient_accumulation_steps=4"
+  for layout in "tp2_sp|$tp2 parallel.sequence_parallel=true" "pp2|$pp2"; do
+    name="${layout%%|*}" sets="${layout#*|}"
+    before=$(peak "${name}_none" "$sets") && after=$(peak "${name}_full" "$sets train.recompute=full") ||
+      exit 1
+    echo "step peak on rank 0, $name: $before bytes, with train.recompute=full $after bytes"
+    if [ "$after" -ge $((before * 3 / 4)) ]; then
+      echo "FAIL: $name: train.recompute=full does not lower the peak by a quarter or more"; status=1
+    fi
+  done
 
 
-# ZeRO-2 against ZeRO-1 on dp 2: the allocator's peak during a step on rank 0 (absolute:
-# ZeRO-1's bucket buffers live across steps, so they are not in its step_peak_bytes). The
-# gradients of the tiny model are 4 x ONE bytes; ZeRO-2 never holds all of them at once
-# with its buckets (ZeRO-1 holds both, each whole), so its peak must be lower by at least
-# half of them.
-zero_peak() {
-  mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" --set train.steps=2 \
-    --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
-    --set parallel.zero_stage="$1" --set log.progress=false "${@:2}" \
-    --set log.metrics_file="$work/zero_$1.jsonl" >"$work/zero_$1.log" 2>&1 ||
-    { echo "FAIL: zero_stage=$1 run failed:" >&2; tail -n 20 "$work/zero_$1.log" >&2; return 1; }
-  tail -n 1 "$work/zero_$1.jsonl" | sed -E 's/.*"peak_bytes":([0-9]+).*/\1/'
-}
-z1=$(zero_peak 1) && z2=$(zero_peak 2) || exit 1
-echo "peak on rank 0, dp 2: ZeRO-1 $z1 bytes, ZeRO-2 $z2 bytes (gradients $((4 * ONE)) bytes)"
-if [ "$z2" -gt $((z1 - 2 * ONE)) ]; then
-  echo "FAIL: ZeRO-2 does not lower the peak by half the gradient bytes or more"; status=1
-fi
-# ZeRO-3 against ZeRO-2 with 8 layers: at most two blocks are gathered at once (the one
-# running and the next, prefetched) besides the half of every block a rank keeps, so of
-# the 8 layers' parameters (8 x LAYER floats) 8 / 2 + 2 are there at the peak: ZeRO-3's
-# peak must be lower by at least one layer's bytes.
-z2=$(zero_peak 2 --set model.n_layers=8) && z3=$(zero_peak 3 --set model.n_layers=8) || exit 1
-echo "peak on rank 0, dp 2, 8 layers: ZeRO-2 $z2 bytes, ZeRO-3 $z3 bytes (a layer $((4 * LAYER)) bytes)"
-if [ "$z3" -gt $((z2 - 4 * LAYER)) ]; then
-  echo "FAIL: ZeRO-3 does not lower the peak by a layer's parameter bytes or more"; status=1
+  # ZeRO-2 against ZeRO-1 on dp 2: the allocator's peak during a step on rank 0 (absolute:
+  # ZeRO-1's bucket buffers live across steps, so they are not in its step_peak_bytes). The
+  # gradients of the tiny model are 4 x ONE bytes; ZeRO-2 never holds all of them at once
+  # with its buckets (ZeRO-1 holds both, each whole), so its peak must be lower by at least
+  # half of them.
+  zero_peak() {
+    mpirun --oversubscribe -np 2 "$tetra" run "$root/recipes/tiny.lua" --set train.steps=2 \
+      --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
+      --set parallel.zero_stage="$1" --set log.progress=false "${@:2}" \
+      --set log.metrics_file="$work/zero_$1.jsonl" >"$work/zero_$1.log" 2>&1 ||
+      { echo "FAIL: zero_stage=$1 run failed:" >&2; tail -n 20 "$work/zero_$1.log" >&2; return 1; }
+    tail -n 1 "$work/zero_$1.jsonl" | sed -E 's/.*"peak_bytes":([0-9]+).*/\1/'
+  }
+  z1=$(zero_peak 1) && z2=$(zero_peak 2) || exit 1
+  echo "peak on rank 0, dp 2: ZeRO-1 $z1 bytes, ZeRO-2 $z2 bytes (gradients $((4 * ONE)) bytes)"
+  if [ "$z2" -gt $((z1 - 2 * ONE)) ]; then
+    echo "FAIL: ZeRO-2 does not lower the peak by half the gradient bytes or more"; status=1
+  fi
+  # ZeRO-3 against ZeRO-2 with 8 layers: at most two blocks are gathered at once (the one
+  # running and the next, prefetched) besides the half of every block a rank keeps, so of
+  # the 8 layers' parameters (8 x LAYER floats) 8 / 2 + 2 are there at the peak: ZeRO-3's
+  # peak must be lower by at least one layer's bytes.
+  z2=$(zero_peak 2 --set model.n_layers=8) && z3=$(zero_peak 3 --set model.n_layers=8) || exit 1
+  echo "peak on rank 0, dp 2, 8 layers: ZeRO-2 $z2 bytes, ZeRO-3 $z3 bytes (a layer $((4 * LAYER)) bytes)"
+  if [ "$z3" -gt $((z2 - 4 * LAYER)) ]; then
+    echo "FAIL: ZeRO-3 does not lower the peak by a layer's parameter bytes or more"; status=1
+  fi
 fi
 # A checkpoint under ZeRO-1 on dp 2: each parameter's whole moments are put together on
 # the rank that writes it alone, one parameter at a time (the others send it their
@@ -284,11 +293,6 @@ save_peaks() {
     fi
   done
 }
-save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua" \
-  --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
-  --set parallel.zero_stage=1 --set checkpoint.dir="$work/ckpt" 2>&1) ||
-  { echo "FAIL: the ZeRO-1 save failed:"; tail -n 20 <<<"$save_out"; status=1; }
-save_peaks ZeRO-1 "$save_out" $((4 * E / 2)) "half an embedding's bytes" $((8 * ONE))
 # A load under ZeRO reads from the checkpoint's files only this rank's shards of the
 # parameters and the moments, and checks only the blocks of the files that hold them
 # (checksums.json's block sums), then gathers the parameters: on dp 2 each rank must copy
@@ -310,53 +314,64 @@ load_reads() {
     fi
   done
 }
-load_reads ZeRO-1 "$save_out"
+if wanted ckpt_zero1; then
+  save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua" \
+    --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
+    --set parallel.zero_stage=1 --set checkpoint.dir="$work/ckpt" 2>&1) ||
+    { echo "FAIL: the ZeRO-1 save failed:"; tail -n 20 <<<"$save_out"; status=1; }
+  save_peaks ZeRO-1 "$save_out" $((4 * E / 2)) "half an embedding's bytes" $((8 * ONE))
+  load_reads ZeRO-1 "$save_out"
+fi
 # Plain data parallelism on dp 2 (no ZeRO): every rank holds the whole state, yet the
 # ranks share the writing (each writes about half of the moments, and its peak must not
 # rise: no host copies on the CPU) and the reading (each slice read by one rank and
 # broadcast to the other: about half each, where each rank read its whole part before,
 # and rank 0 wrote everything).
-save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua" \
-  --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
-  --set parallel.zero_stage=0 --set checkpoint.dir="$work/ckpt0" 2>&1) ||
-  { echo "FAIL: the plain data-parallel save failed:"; tail -n 20 <<<"$save_out"; status=1; }
-save_peaks "plain DP" "$save_out" $((4 * E / 2)) "half an embedding's bytes" $((8 * ONE))
-load_reads "plain DP" "$save_out"
+if wanted ckpt_plain_dp; then
+  save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua" \
+    --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
+    --set parallel.zero_stage=0 --set checkpoint.dir="$work/ckpt0" 2>&1) ||
+    { echo "FAIL: the plain data-parallel save failed:"; tail -n 20 <<<"$save_out"; status=1; }
+  save_peaks "plain DP" "$save_out" $((4 * E / 2)) "half an embedding's bytes" $((8 * ONE))
+  load_reads "plain DP" "$save_out"
+fi
 # A checkpoint under ZeRO-3 on dp 2 with 8 layers: a save gathers no unit, each parameter
 # put together from the shares on the rank that writes it alone, as the moments; beyond
 # the host copies it writes, each rank must rise less than half an embedding's bytes
 # (measured: 0; gathering each unit whole rose 2.1 layers, 4.7 embeddings). A load reads
 # the shares and gathers the units as after an update: it must rise less than three
 # layers' bytes, where gathering the whole model (8 layers) at once rose 9.1 layers'.
-save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua" \
-  --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
-  --set parallel.zero_stage=3 --set model.n_layers=8 --set checkpoint.dir="$work/ckpt3" 2>&1) ||
-  { echo "FAIL: the ZeRO-3 save and load failed:"; tail -n 20 <<<"$save_out"; status=1; }
-save_peaks ZeRO-3 "$save_out" $((4 * E / 2)) "half an embedding's bytes" \
-  $((12 * (2 * E + 8 * LAYER + FINAL)))
-# Its set-up: AdamW's moments were made whole, 8 bytes a parameter, before ZeRO replaced
-# them by the shards' (4.7 MB at the peak); lazy, they are never allocated: the peak must
-# stay within a layer's bytes of what the rank keeps (measured: 116 KB above).
-for r in 0 1; do
-  peak=$(sed -n "s/^setup rank $r peak \([0-9]*\)\$/\1/p" <<<"$save_out")
-  read -r params optim < <(sed -n \
-    "s/^memory rank $r tp 0 pp 0 params \([0-9]*\) grads [0-9]* optimizer \([0-9]*\)\$/\1 \2/p" \
-    <<<"$save_out")
-  echo "ZeRO-3 set-up on dp 2, 8 layers: rank $r peaked at $peak bytes, keeps" \
-       "$((params + optim))"
-  if [ -z "$peak" ] || [ -z "$params" ] || [ "$peak" -ge $((params + optim + 4 * LAYER)) ]; then
-    echo "FAIL: the ZeRO-3 set-up held a layer's bytes or more beyond what rank $r keeps"
-    status=1
-  fi
-done
-load_reads ZeRO-3 "$save_out"
-for r in 0 1; do
-  p=$(sed -n "s/^load rank $r peak \([0-9]*\) .*/\1/p" <<<"$save_out")
-  echo "ZeRO-3 load on dp 2, 8 layers: rank $r's peak rose $p bytes (a layer $((4 * LAYER)))"
-  if [ -z "$p" ] || [ "$p" -ge $((3 * 4 * LAYER)) ]; then
-    echo "FAIL: the ZeRO-3 load held three layers' bytes or more at once on rank $r"
-    status=1
-  fi
-done
+if wanted ckpt_zero3; then
+  save_out=$(mpirun --oversubscribe -np 2 "$tetra" run "$root/tests/dist/memory.lua" \
+    --set train.steps=1 --set train.warmup_steps=1 --set parallel.data_parallel_size=2 \
+    --set parallel.zero_stage=3 --set model.n_layers=8 --set checkpoint.dir="$work/ckpt3" 2>&1) ||
+    { echo "FAIL: the ZeRO-3 save and load failed:"; tail -n 20 <<<"$save_out"; status=1; }
+  save_peaks ZeRO-3 "$save_out" $((4 * E / 2)) "half an embedding's bytes" \
+    $((12 * (2 * E + 8 * LAYER + FINAL)))
+  # Its set-up: AdamW's moments were made whole, 8 bytes a parameter, before ZeRO replaced
+  # them by the shards' (4.7 MB at the peak); lazy, they are never allocated: the peak must
+  # stay within a layer's bytes of what the rank keeps (measured: 116 KB above).
+  for r in 0 1; do
+    peak=$(sed -n "s/^setup rank $r peak \([0-9]*\)\$/\1/p" <<<"$save_out")
+    read -r params optim < <(sed -n \
+      "s/^memory rank $r tp 0 pp 0 params \([0-9]*\) grads [0-9]* optimizer \([0-9]*\)\$/\1 \2/p" \
+      <<<"$save_out")
+    echo "ZeRO-3 set-up on dp 2, 8 layers: rank $r peaked at $peak bytes, keeps" \
+         "$((params + optim))"
+    if [ -z "$peak" ] || [ -z "$params" ] || [ "$peak" -ge $((params + optim + 4 * LAYER)) ]; then
+      echo "FAIL: the ZeRO-3 set-up held a layer's bytes or more beyond what rank $r keeps"
+      status=1
+    fi
+  done
+  load_reads ZeRO-3 "$save_out"
+  for r in 0 1; do
+    p=$(sed -n "s/^load rank $r peak \([0-9]*\) .*/\1/p" <<<"$save_out")
+    echo "ZeRO-3 load on dp 2, 8 layers: rank $r's peak rose $p bytes (a layer $((4 * LAYER)))"
+    if [ -z "$p" ] || [ "$p" -ge $((3 * 4 * LAYER)) ]; then
+      echo "FAIL: the ZeRO-3 load held three layers' bytes or more at once on rank $r"
+      status=1
+    fi
+  done
+fi
 [ "$status" = 0 ] && echo PASS
 exit "$status"

@@ -21,3 +21,12 @@ stop_if_failed() {
   [ -n "${TETRA_TEST_STOP_AT_FAILURE:-}" ] && [ "${status:-0}" != 0 ] && exit 1
   return 0
 }
+# wanted NAME, before a case of a script that names its cases: whether to run it.
+# TETRA_TEST_CASES, when set (tools/mutate sets it for a mutant that one case of a long
+# script catches), is an extended regular expression that a case's whole name must match;
+# unset, every case runs. A filter that matches no case runs none, and the script passes:
+# a mutant then survives, and says so.
+wanted() {
+  [ -z "${TETRA_TEST_CASES:-}" ] && return 0
+  [[ "$1" =~ ^(${TETRA_TEST_CASES})$ ]]
+}
