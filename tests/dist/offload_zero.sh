@@ -20,6 +20,7 @@
 # - a checkpoint loaded into the running job (as the loss guard's roll-back loads one)
 #   reaches the host shares: the steps after it equal the run without offload;
 # - the same three for ZeRO-3, whose masters are every share (z3_shares below).
+# Its cases, for TETRA_TEST_CASES (prelude.bash's wanted), are the tags that same names.
 # Usage: bash offload_zero.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -45,10 +46,12 @@ steps() {
 field() { grep "^offload_zero rank $2 step $3 loss" "$1" | sed -E "s/.* $4 ([0-9]+).*/\\1/"; }
 
 # same TAG NP SETTINGS...: with and without offload, every rank's steps compared (there
-# must be want_steps of them, default 6).
+# must be want_steps of them, default 6). TAG names the case (TETRA_TEST_CASES, prelude's
+# wanted): an unwanted one returns 1 at once, and the checks after it ask wanted too.
 same() {
   local tag="$1" np="$2"; shift 2
   stop_if_failed
+  wanted "$tag" || return 1
   run "${tag}" "$np" "$@" parallel.offload_optimizer=false &&
     run "${tag}_off" "$np" "$@" parallel.offload_optimizer=true || return 1
   local r a b before=$status
@@ -101,7 +104,7 @@ same z2_fp16_overflow 2 $DP2 parallel.zero_stage=2 train.precision=fp16 train.in
   train.loss_scale_init=1024 && shares z2_fp16_overflow
 # A NaN loss at step 4: the loss guard skips that update (on the host, from its stats).
 same z2_bf16_nan 2 $DP2 parallel.zero_stage=2 train.precision=bf16 train.inject_nan_step=4
-if ! grep -q "rank 0 step 4 loss nan" "$work/z2_bf16_nan_off.out" 2>/dev/null; then
+if wanted z2_bf16_nan && ! grep -q "rank 0 step 4 loss nan" "$work/z2_bf16_nan_off.out" 2>/dev/null; then
   echo "FAIL: z2_bf16_nan: step 4's loss is not the NaN injected:"
   grep "rank 0 step 4" "$work/z2_bf16_nan_off.out"; status=1
 fi
@@ -160,7 +163,7 @@ same pp2_dp2_z3_bf16_accum2 4 $DP2 parallel.pipeline_parallel_size=2 parallel.ze
 same cp2_dp2_z3_fp16 4 $DP2 parallel.context_parallel_size=2 parallel.zero_stage=3 \
   train.precision=fp16
 same z3_bf16_nan 2 $DP2 parallel.zero_stage=3 train.precision=bf16 train.inject_nan_step=4
-if ! grep -q "rank 0 step 4 loss nan" "$work/z3_bf16_nan_off.out" 2>/dev/null; then
+if wanted z3_bf16_nan && ! grep -q "rank 0 step 4 loss nan" "$work/z3_bf16_nan_off.out" 2>/dev/null; then
   echo "FAIL: z3_bf16_nan: step 4's loss is not the NaN injected"; status=1
 fi
 # A gather in f32 while the shares are on the host (as a checkpoint would gather, had it
@@ -168,13 +171,15 @@ fi
 export OFFLOAD_ZERO_PROBE=1
 same z3_bf16_probe 2 $DP2 parallel.zero_stage=3 train.precision=bf16
 unset OFFLOAD_ZERO_PROBE
-if ! grep -q "rank 0 probe refused: .*f32 shares are on the host" "$work/z3_bf16_probe_off.out" ||
-   ! grep -q "rank 0 probe gathered" "$work/z3_bf16_probe.out"; then
+if wanted z3_bf16_probe &&
+   { ! grep -q "rank 0 probe refused: .*f32 shares are on the host" "$work/z3_bf16_probe_off.out" ||
+     ! grep -q "rank 0 probe gathered" "$work/z3_bf16_probe.out"; }; then
   echo "FAIL: z3_bf16_probe: the f32 gather with the shares away was not refused:"
   grep probe "$work/z3_bf16_probe.out" "$work/z3_bf16_probe_off.out"; status=1
 fi
 # The fp16 overflow at step 5 was skipped (its loss scale halved) in both runs alike.
 for tag in z2_fp16_overflow z3_fp16_overflow_accum2; do
+  wanted "$tag" || continue
   if ! grep -q "rank 0 step 5 .*grad_norm nan\|rank 0 step 5 .*grad_norm inf" \
        "$work/${tag}_off.out" 2>/dev/null; then
     echo "FAIL: $tag: step 5 shows no overflow:"
@@ -186,12 +191,14 @@ done
 # evaluation, after step 5 the next step at once; each runs again.
 export OFFLOAD_ZERO_FAIL=3,5
 same z2_bf16_failed_steps 2 $DP2 parallel.zero_stage=2 train.precision=bf16
-if ! grep -q "rank 0 step 3 failed eval" "$work/z2_bf16_failed_steps_off.out" 2>/dev/null ||
-   ! grep -q "rank 0 step 5 failed$" "$work/z2_bf16_failed_steps_off.out"; then
+if wanted z2_bf16_failed_steps &&
+   { ! grep -q "rank 0 step 3 failed eval" "$work/z2_bf16_failed_steps_off.out" 2>/dev/null ||
+     ! grep -q "rank 0 step 5 failed$" "$work/z2_bf16_failed_steps_off.out"; }; then
   echo "FAIL: z2_bf16_failed_steps: steps 3 and 5 did not fail as injected"; status=1
 fi
 same z3_bf16_failed_steps 2 $DP2 parallel.zero_stage=3 train.precision=bf16
-if ! grep -q "rank 0 step 3 failed eval" "$work/z3_bf16_failed_steps_off.out" 2>/dev/null; then
+if wanted z3_bf16_failed_steps &&
+   ! grep -q "rank 0 step 3 failed eval" "$work/z3_bf16_failed_steps_off.out" 2>/dev/null; then
   echo "FAIL: z3_bf16_failed_steps: step 3 did not fail as injected"; status=1
 fi
 unset OFFLOAD_ZERO_FAIL
@@ -201,12 +208,14 @@ unset OFFLOAD_ZERO_FAIL
 export OFFLOAD_ZERO_RELOAD=2,4
 want_steps=8 same z1_bf16_reloaded 2 $DP2 parallel.zero_stage=1 train.precision=bf16 \
   checkpoint.dir="$work/ck"
-if [ "$(grep -c "rank 0 step [34] loss" "$work/z1_bf16_reloaded_off.out" 2>/dev/null)" != 4 ]; then
+if wanted z1_bf16_reloaded &&
+   [ "$(grep -c "rank 0 step [34] loss" "$work/z1_bf16_reloaded_off.out" 2>/dev/null)" != 4 ]; then
   echo "FAIL: z1_bf16_reloaded: steps 3 and 4 did not run twice"; status=1
 fi
 want_steps=8 same z3_bf16_reloaded 2 $DP2 parallel.zero_stage=3 train.precision=bf16 \
   checkpoint.dir="$work/ck3"
-if [ "$(grep -c "rank 0 step [34] loss" "$work/z3_bf16_reloaded_off.out" 2>/dev/null)" != 4 ]; then
+if wanted z3_bf16_reloaded &&
+   [ "$(grep -c "rank 0 step [34] loss" "$work/z3_bf16_reloaded_off.out" 2>/dev/null)" != 4 ]; then
   echo "FAIL: z3_bf16_reloaded: steps 3 and 4 did not run twice"; status=1
 fi
 unset OFFLOAD_ZERO_RELOAD
