@@ -17,6 +17,10 @@
 int tt_cuda_init(void);
 /* GPUs visible to this process (0 when there is no driver or device; never fails). */
 int tt_cuda_device_count(void);
+/* Opens cuBLASLt, which the engine opens on first use rather than links (kernel_cuda.h):
+** 1 when it opened with every entry point the engine calls, else 0 with the message set.
+** Needs no GPU. */
+int tt_blaslt_loaded(void);
 /* The device tensors created as "cuda" (no ordinal) go to: the one tt_cuda_init chose,
 ** or the last tt_cuda_set_device. */
 int tt_cuda_current_device(void);

@@ -19,6 +19,43 @@ extern "C" {
 #include "kernel.h"
 }
 
+/* -- cuBLASLt, opened on first use -------------------------------------------------- */
+/* libcublasLt is not linked but opened (dlopen) by the first call that needs it: linked,
+** its 540 MB cost every process 25,000 page faults (about 0.12 s of system time) at
+** start, a GPU in use or not, where a CPU run, a tool or a rank of a test never calls it.
+** Every cublasLt function the engine calls is listed here; its name is a macro for the
+** entry point tt_blaslt() found (engine/runtime/cuda.cu). When the library cannot be
+** opened, each entry point returns CUBLAS_STATUS_NOT_INITIALIZED and
+** cublasLtGetStatusString says why (the file, dlerror, the fix). */
+#define TT_BLASLT_FUNCTIONS(X)                                                           \
+  X(Create) X(GetStatusString) X(Matmul) X(MatmulAlgoGetHeuristic) X(MatmulDescCreate)    \
+  X(MatmulDescDestroy) X(MatmulDescSetAttribute) X(MatmulPreferenceCreate)                \
+  X(MatmulPreferenceDestroy) X(MatmulPreferenceSetAttribute) X(MatrixLayoutCreate)        \
+  X(MatrixLayoutDestroy) X(MatrixLayoutSetAttribute)
+struct tt_blaslt_api {
+#define TT_BLASLT_MEMBER(f) decltype(&cublasLt##f) f;
+  TT_BLASLT_FUNCTIONS(TT_BLASLT_MEMBER)
+#undef TT_BLASLT_MEMBER
+};
+/* The entry points, the library opened on the first call (thread-safe). */
+const tt_blaslt_api *tt_blaslt(void);
+/* 1 when the library opened and every entry point was found, else 0 and the message set
+** (tetra_cuda.h declares it for C and the Lua FFI). */
+extern "C" int tt_blaslt_loaded(void);
+#define cublasLtCreate (tt_blaslt()->Create)
+#define cublasLtGetStatusString (tt_blaslt()->GetStatusString)
+#define cublasLtMatmul (tt_blaslt()->Matmul)
+#define cublasLtMatmulAlgoGetHeuristic (tt_blaslt()->MatmulAlgoGetHeuristic)
+#define cublasLtMatmulDescCreate (tt_blaslt()->MatmulDescCreate)
+#define cublasLtMatmulDescDestroy (tt_blaslt()->MatmulDescDestroy)
+#define cublasLtMatmulDescSetAttribute (tt_blaslt()->MatmulDescSetAttribute)
+#define cublasLtMatmulPreferenceCreate (tt_blaslt()->MatmulPreferenceCreate)
+#define cublasLtMatmulPreferenceDestroy (tt_blaslt()->MatmulPreferenceDestroy)
+#define cublasLtMatmulPreferenceSetAttribute (tt_blaslt()->MatmulPreferenceSetAttribute)
+#define cublasLtMatrixLayoutCreate (tt_blaslt()->MatrixLayoutCreate)
+#define cublasLtMatrixLayoutDestroy (tt_blaslt()->MatrixLayoutDestroy)
+#define cublasLtMatrixLayoutSetAttribute (tt_blaslt()->MatrixLayoutSetAttribute)
+
 /* -- Status checks ------------------------------------------------------------------ */
 /* TT_CU(call) evaluates a CUDA runtime, cuBLAS(Lt) or NCCL call; on failure it sets the
 ** message "file:line: call: reason" and returns -1 from the enclosing function. The three

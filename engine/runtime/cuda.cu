@@ -13,6 +13,7 @@
 extern "C" {
 #include "tetra_cuda.h"
 }
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <time.h>
@@ -25,7 +26,60 @@ int tt_cu_fail(cudaError_t e, const char *call, const char *file, int line) {
 }
 
 int tt_cu_fail(cublasStatus_t e, const char *call, const char *file, int line) {
-  return tt_set_error("%s:%d: %s: %s", file, line, call, cublasGetStatusString(e));
+  return tt_set_error("%s:%d: %s: %s", file, line, call, cublasLtGetStatusString(e));
+}
+
+/* -- cuBLASLt, opened on first use (kernel_cuda.h) ----------------------------------- */
+
+static tt_blaslt_api g_blaslt_api;
+static pthread_once_t g_blaslt_once = PTHREAD_ONCE_INIT;
+static char g_blaslt_why[1024];
+
+/* What every entry point is when the library could not be opened. */
+template <typename... A> static cublasStatus_t blaslt_missing(A...) {
+  return CUBLAS_STATUS_NOT_INITIALIZED;
+}
+static const char *blaslt_missing_status(cublasStatus_t) { return g_blaslt_why; }
+template <typename... A> static void set_missing(cublasStatus_t (*&f)(A...)) {
+  f = blaslt_missing<A...>;
+}
+static void set_missing(const char *(*&f)(cublasStatus_t)) { f = blaslt_missing_status; }
+
+static void blaslt_open(void) {
+  /* The soname of the toolkit the engine was built with (libcublasLt.so.13 for CUDA 13). */
+  char file[64];
+  snprintf(file, sizeof file, "libcublasLt.so.%d", CUBLAS_VER_MAJOR);
+  void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+  const char *missing = NULL;
+  if (lib) {
+#define TT_BLASLT_FIND(f)                                                          \
+    g_blaslt_api.f = (decltype(g_blaslt_api.f))dlsym(lib, "cublasLt" #f);            \
+    if (!g_blaslt_api.f && !missing) missing = "cublasLt" #f;
+    TT_BLASLT_FUNCTIONS(TT_BLASLT_FIND)
+#undef TT_BLASLT_FIND
+    if (!missing) return;
+    snprintf(g_blaslt_why, sizeof g_blaslt_why,
+             "cuBLASLt: %s has no %s (the engine was built with CUDA %d's cuBLAS %d.%d)", file,
+             missing, CUDART_VERSION / 1000, CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR);
+  } else {
+    snprintf(g_blaslt_why, sizeof g_blaslt_why,
+             "cuBLASLt: cannot open %s (%s); put the CUDA toolkit's lib64 (or the "
+             "nvidia-cublas wheel's lib) on LD_LIBRARY_PATH", file, dlerror());
+  }
+#define TT_BLASLT_MISSING(f) set_missing(g_blaslt_api.f);
+  TT_BLASLT_FUNCTIONS(TT_BLASLT_MISSING)
+#undef TT_BLASLT_MISSING
+}
+
+const tt_blaslt_api *tt_blaslt(void) {
+  pthread_once(&g_blaslt_once, blaslt_open);
+  return &g_blaslt_api;
+}
+
+extern "C" int tt_blaslt_loaded(void) {
+  tt_blaslt();
+  if (g_blaslt_why[0]) return tt_set_error("%s", g_blaslt_why), 0;
+  return 1;
 }
 
 #ifdef TETRA_HAVE_NCCL

@@ -24,6 +24,8 @@ function M.start(name)
                name .. "; rebuild with -DTETRA_CUDA=ON or use train.device=cpu)")
   end
   if C.tt_cuda_init() ~= 0 then errors.raise(ffi.string(C.tt_last_error())) end
+  -- cuBLASLt is opened here, before anything is allocated, rather than at the first GEMM.
+  if C.tt_blaslt_loaded() == 0 then errors.raise(ffi.string(C.tt_last_error())) end
   if n >= 0 and C.tt_cuda_set_device(n) ~= 0 then errors.raise(ffi.string(C.tt_last_error())) end
   return C.tt_cuda_current_device()
 end

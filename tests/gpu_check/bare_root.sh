@@ -7,7 +7,7 @@
 # unpack the carried .debs, configure with TETRA_REQUIRE_CUDA=ON, build everything for
 # sm_90a and find every CUDA test of tests/cuda/ built; then the CUDA test programs must
 # start there and skip for want of a GPU (exit 77), which shows they link and load against
-# the carried libraries alone.
+# the carried libraries alone, and tetra must open cuBLASLt there (it is not linked).
 #
 # The .debs (gpu-check's own list, and the toolchain) are downloaded with apt into
 # CACHE_DIR once and reused. Needs root (chroot, mounts), apt and nvcc; the build inside
@@ -95,6 +95,11 @@ for t in /tmp/build-gpu/cuda_test_*; do
   echo "$(basename "$t"): exit $rc"
   [ "$rc" -eq 77 ] || { cat "/out/$(basename "$t").run.log"; exit 1; }
 done
+# cuBLASLt, which the engine opens on first use rather than links, opens here too.
+/tmp/build-gpu/tetra -e 'local tffi = require("tetra.ffi"); tffi.cdef_header("tetra_cuda.h")
+  local ok = tffi.C.tt_blaslt_loaded()
+  print(ok == 1 and "cuBLASLt: opened" or "cuBLASLt: " .. require("ffi").string(tffi.C.tt_last_error()))
+  os.exit(ok == 1 and 0 or 1)' || exit 1
 EOF
 set +e
 unshare -m bash -c '

@@ -18,4 +18,8 @@ if(TETRA_HAVE_CUDA)
   add_test(NAME gpu_check/weak_symbols
            COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/weak_symbols.sh ${CMAKE_BINARY_DIR})
   set_tests_properties(gpu_check/weak_symbols PROPERTIES TIMEOUT 60)
+  # cuBLASLt is opened on first use, not linked; and says why when it cannot be.
+  add_test(NAME gpu_check/blaslt_opened
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/blaslt_opened.sh ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_check/blaslt_opened PROPERTIES TIMEOUT 60 SKIP_RETURN_CODE 77)
 endif()
