@@ -117,25 +117,30 @@ same pp2_dp2_z1_fp16 4 $DP2 parallel.pipeline_parallel_size=2 parallel.zero_stag
 # the reducer's buffers; with offload their host copies are the masters and the buffers
 # leave the device from before the forward to the update, the blocks' gathers sending
 # bf16 / fp16 copies of the shares kept meanwhile (released_masters: the buffers' bytes
-# less those copies'). On dp 2 the two ranks' host shares are every weight once, and
-# each rank's step peak (the lowest of steps 2 to 6) is lower than without offload by
-# released_masters, and by at most 128 KiB more: without offload a prefetched gather's
-# bf16 cast waits for MPI to complete it, so whether it is still held at the step's peak
-# depends on timing (measured: 0 or 512 bytes more, or 123,392, at one step here and at
-# every step in a CI run under load); with offload the gathers send the copies kept and
-# every step's peak came out the same. A missing release leaves the difference within
-# those transients, below released_masters.
-# The lowest step peak of rank R in FILE over steps 2 to 6.
+# less those copies'). On dp 2 the two ranks' host shares are every weight once, and the
+# lowest step peak (over steps 2 to 6 and both ranks, whose shares are alike) is lower
+# than without offload by released_masters, and by at most 128 KiB more.
+# Why the lowest of ten, and the margin: a buffer a collective holds is freed when the
+# collective is next seen complete, so under load a step's peak can hold one more:
+# without offload a prefetched gather's bf16 cast (measured: 512 bytes more at some
+# steps, 122,880 at others, 123,392 at every step of rank 0 in a CI run under load); with
+# offload 82,432 bytes more at some steps of rank 0 (about one in three under load here,
+# and at all five of rank 0's in a CI run). A missing release leaves the difference
+# within those transients, below released_masters.
+peaks() { sed -nE 's/^offload_zero rank ([0-9]+) step ([0-9]+) loss .* peak ([0-9]+) .*/rank \1 step \2 \3/p' "$1" | sort -k2n -k4n; }
+# The lowest step peak over steps 2 to 6 of ranks 0 and 1 in FILE.
 lowest_peak() {
-  local step low a=""
-  for step in 2 3 4 5 6; do
-    low=$(field "$1" "$2" "$step" peak)
-    if [ -z "$a" ] || [ "$low" -lt "$a" ]; then a=$low; fi
+  local r step low a=""
+  for r in 0 1; do
+    for step in 2 3 4 5 6; do
+      low=$(field "$1" "$r" "$step" peak)
+      if [ -z "$a" ] || [ "$low" -lt "$a" ]; then a=$low; fi
+    done
   done
   echo "$a"
 }
 z3_shares() {
-  local tag="$1" r h0 h1 released whole a b before=$status
+  local tag="$1" h0 h1 released whole a b before=$status
   released=$(field "$work/${tag}_off.out" 0 6 released_masters)
   whole=$(field "$work/${tag}_off.out" 0 6 weights)
   h0=$(field "$work/${tag}_off.out" 0 6 host_masters)
@@ -143,13 +148,12 @@ z3_shares() {
   if [ $((h0 + h1)) -ne "$whole" ]; then
     echo "FAIL: $tag: host shares $h0 + $h1 bytes, want the weights' $whole"; status=1
   fi
-  for r in 0 1; do
-    a=$(lowest_peak "$work/$tag.out" "$r") b=$(lowest_peak "$work/${tag}_off.out" "$r")
-    if [ $((a - b)) -lt "$released" ] || [ $((a - b)) -gt $((released + 131072)) ]; then
-      echo "FAIL: $tag: rank $r step peak $b with offload, $a without: lower by" \
-           "$((a - b)), want $released (+ 0 to 131072)"; status=1
-    fi
-  done
+  a=$(lowest_peak "$work/$tag.out") b=$(lowest_peak "$work/${tag}_off.out")
+  if [ $((a - b)) -lt "$released" ] || [ $((a - b)) -gt $((released + 131072)) ]; then
+    echo "FAIL: $tag: lowest step peak $b with offload, $a without: lower by $((a - b))," \
+         "want $released (+ 0 to 131072); the peaks (without, with):"
+    paste <(peaks "$work/$tag.out") <(peaks "$work/${tag}_off.out"); status=1
+  fi
   [ "$status" = "$before" ] &&
     echo "$tag: host shares $h0 + $h1 = $whole bytes (every weight); step peak lower by $released"
 }
