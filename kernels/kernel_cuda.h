@@ -24,9 +24,10 @@ extern "C" {
 ** its 540 MB cost every process 25,000 page faults (about 0.12 s of system time) at
 ** start, a GPU in use or not, where a CPU run, a tool or a rank of a test never calls it.
 ** Every cublasLt function the engine calls is listed here; its name is a macro for the
-** entry point tt_blaslt() found (engine/runtime/cuda.cu). When the library cannot be
-** opened, each entry point returns CUBLAS_STATUS_NOT_INITIALIZED and
-** cublasLtGetStatusString says why (the file, dlerror, the fix). */
+** entry point tt_blaslt() found (engine/runtime/cuda.cu: the loader's path, then beside
+** the process's libcudart and in the nvidia-cublas wheel beside its wheel). When the
+** library cannot be opened, each entry point returns CUBLAS_STATUS_NOT_INITIALIZED and
+** cublasLtGetStatusString says why (the file, every place tried, dlerror, the fix). */
 #define TT_BLASLT_FUNCTIONS(X)                                                           \
   X(Create) X(GetStatusString) X(Matmul) X(MatmulAlgoGetHeuristic) X(MatmulDescCreate)    \
   X(MatmulDescDestroy) X(MatmulDescSetAttribute) X(MatmulPreferenceCreate)                \

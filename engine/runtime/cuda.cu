@@ -15,6 +15,9 @@ extern "C" {
 }
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include <sched.h>
 #include <time.h>
 
@@ -45,11 +48,62 @@ template <typename... A> static void set_missing(cublasStatus_t (*&f)(A...)) {
 }
 static void set_missing(const char *(*&f)(cublasStatus_t)) { f = blaslt_missing_status; }
 
+/* The directory the loader found the process's libcudart at, and the one that name
+** resolves to (different when it is a link, as /usr/local/lib's often are); "" if none. */
+static void cudart_dirs(char *named, char *real, size_t n) {
+  named[0] = real[0] = '\0';
+  char soname[64];
+  snprintf(soname, sizeof soname, "libcudart.so.%d", CUDART_VERSION / 1000);
+  void *h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+  void *fn = h ? dlsym(h, "cudaRuntimeGetVersion") : NULL;
+  Dl_info info;
+  if (!fn || !dladdr(fn, &info) || !info.dli_fname || !strchr(info.dli_fname, '/')) return;
+  snprintf(named, n, "%s", info.dli_fname);
+  *strrchr(named, '/') = '\0';
+  char *r = realpath(info.dli_fname, NULL);
+  if (r && strrchr(r, '/')) {
+    *strrchr(r, '/') = '\0';
+    if (strcmp(r, named) != 0) snprintf(real, n, "%s", r);
+  }
+  free(r);
+}
+
+/* cuBLASLt: first where the system loader looks (LD_LIBRARY_PATH, ld.so.cache, the
+** binary's RUNPATH); then beside the libcudart this process runs with, and in the
+** nvidia-cublas wheel beside an nvidia-cuda-runtime wheel's (DIR/../../cublas/lib, as pip
+** installs PyTorch's CUDA), for each of cudart's directory as named and as resolved. On
+** failure `why` lists what was tried. */
+static void *blaslt_dlopen(const char *file, char *why, size_t why_n) {
+  void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+  if (lib) return lib;
+  const char *e = dlerror();
+  int at = snprintf(why, why_n, "cannot open %s (%s)", file, e ? e : "unknown error");
+  static char dirs[2][2048];
+  cudart_dirs(dirs[0], dirs[1], sizeof dirs[0]);
+  for (int i = 0; i < 2; i++) {
+    if (!dirs[i][0]) continue;
+    for (int wheel = 0; wheel < 2; wheel++) {
+      char path[4200];
+      snprintf(path, sizeof path, "%s/%s%s", dirs[i], wheel ? "../../cublas/lib/" : "", file);
+      if (access(path, F_OK) != 0) {
+        if (at > 0 && (size_t)at < why_n)
+          at += snprintf(why + at, why_n - at, ", no %s", path);
+        continue;
+      }
+      if ((lib = dlopen(path, RTLD_NOW | RTLD_LOCAL))) return lib;
+      e = dlerror();
+      if (at > 0 && (size_t)at < why_n)
+        at += snprintf(why + at, why_n - at, ", cannot open %s (%s)", path, e ? e : "?");
+    }
+  }
+  return NULL;
+}
+
 static void blaslt_open(void) {
   /* The soname of the toolkit the engine was built with (libcublasLt.so.13 for CUDA 13). */
-  char file[64];
+  char file[64], tried[sizeof g_blaslt_why - 200];
   snprintf(file, sizeof file, "libcublasLt.so.%d", CUBLAS_VER_MAJOR);
-  void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+  void *lib = blaslt_dlopen(file, tried, sizeof tried);
   const char *missing = NULL;
   if (lib) {
 #define TT_BLASLT_FIND(f)                                                          \
@@ -63,8 +117,8 @@ static void blaslt_open(void) {
              missing, CUDART_VERSION / 1000, CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR);
   } else {
     snprintf(g_blaslt_why, sizeof g_blaslt_why,
-             "cuBLASLt: cannot open %s (%s); put the CUDA toolkit's lib64 (or the "
-             "nvidia-cublas wheel's lib) on LD_LIBRARY_PATH", file, dlerror());
+             "cuBLASLt: %s; put the CUDA toolkit's lib64 (or the nvidia-cublas wheel's lib) "
+             "on LD_LIBRARY_PATH", tried);
   }
 #define TT_BLASLT_MISSING(f) set_missing(g_blaslt_api.f);
   TT_BLASLT_FUNCTIONS(TT_BLASLT_MISSING)
@@ -292,6 +346,10 @@ static int workspace_locked(int device, cudaStream_t stream, void **out) {
 int tt_cuda_blaslt(cublasLtHandle_t *handle, void **workspace, size_t *workspace_bytes) {
   int d = tt_cuda_current_device();
   TT_CHECK(d >= 0 && d < MAX_GPUS, "cuBLASLt: no current CUDA device (call tt_cuda_init)");
+  /* Opened here the first time (about 0.1 s) unless train.device=cuda did it, and outside
+  ** the lock every launch's workspace lookup takes; a library that cannot be opened says
+  ** which file, why and the fix, not cublasLtCreate's bare status. */
+  if (!tt_blaslt_loaded()) return -1;
   pthread_mutex_lock(&g_lock);
   int rc = 0;
   if (!g_blaslt[d]) {
