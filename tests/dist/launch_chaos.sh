@@ -9,7 +9,7 @@
 #     the run finishes and its metrics records (loss and gradient norm of every step)
 #     equal an uninterrupted run's bit for bit; each restart is a logged line, the count
 #     reaches the job (records' `restarts`), and `latest` names a complete checkpoint.
-#  2. a SIGSTOPped rank: the watchdog (dist.timeout_s=2) aborts the job, tetra launch
+#  2. a SIGSTOPped rank: the watchdog (dist.timeout_s=5) aborts the job, tetra launch
 #     restarts it, and the losses again equal the uninterrupted run's.
 #  3. a deterministic failure (train.inject_crash_step=3 fails every time at step 3):
 #     two tries, then one line saying why, and the job's exit status.
@@ -62,7 +62,7 @@ same_records "$work/ref.jsonl" "$work/chaos.jsonl" "$kills" || failed=1
 # -- 2. a stopped rank ---------------------------------------------------------------
 "$tetra" launch --max-restarts 2 --backoff 0.1 -- \
   mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$work/stop.ck" \
-  --set dist.timeout_s=2 --set log.metrics_file="$work/stop.jsonl" >"$work/stop.out" 2>&1 &
+  --set dist.timeout_s=5 --set log.metrics_file="$work/stop.jsonl" >"$work/stop.out" 2>&1 &
 launch=$!
 for ((i = 0; i < 6000; i++)); do   # training, not start-up (the watchdog guards collectives)
   [ -f "$work/stop.ck/latest" ] && break

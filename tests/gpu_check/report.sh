@@ -166,7 +166,8 @@ rc=$?
 b=$WORK/budget
 grep -q '^quick=0$' "$WORK/budget.out" && grep -q '^quick a b$' "$b/quick.log" || fail "a passing stage: $(cat "$WORK/budget.out")"
 grep -q '^exit3=1$' "$WORK/budget.out" && grep -qP '^exit3\tfailed \(rc 3\)\t' "$b/stages.tsv" || fail "a failing stage: $(cat "$b/stages.tsv")"
-grep -qP '^stubborn\ttimeout\t(9|10|11)\t5$' "$b/stages.tsv" || fail "a stage ignoring SIGTERM past its cap: $(cat "$b/stages.tsv")"
+# (10 s: killed 5 s after its 5 s cap; 9 to 13 where a loaded machine starts it late.)
+grep -qP '^stubborn\ttimeout\t(9|1[0-3])\t5$' "$b/stages.tsv" || fail "a stage ignoring SIGTERM past its cap: $(cat "$b/stages.tsv")"
 # stubborn is killed 5 s after its 5 s cap; sleepy, as stubborn, then gets 24 - 10 - 5 = 9 s
 # (not 100; 5 to 9 s when a loaded machine starts processes late) and is killed 5 s later,
 # at the deadline. (A 20 s budget left sleepy exactly 5 s, and one second of start-up lag
