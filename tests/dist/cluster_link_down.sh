@@ -8,7 +8,8 @@
 # themselves; and no process of the job is left on any host. Three times: mpirun with
 # the oob keepalive settings of docs/multinode.md; plain mpirun under `tetra launch`,
 # which sets them; and, where iptables is installed, node3's packets dropped instead of
-# its link down.
+# its link down. Its cases, for TETRA_TEST_CASES (prelude.bash's wanted): mpirun, launch,
+# drop.
 # Usage: bash cluster_link_down.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -20,6 +21,8 @@ fail() { echo "FAIL: $*"; failed=1; }
 
 run_case() {   # run_case NAME down|drop LAUNCH-WORDS...: the job, started on node1 by the words
   local name="$1" how="$2"; shift 2
+  status=$failed; stop_if_failed   # (prelude.bash: under tools/mutate, a failed case ends it)
+  wanted "$name" || return 0
   local out="$work/$name"
   mkdir -p "$out"
   cluster link node3 up
