@@ -36,7 +36,7 @@ int tt_cu_fail(cublasStatus_t e, const char *call, const char *file, int line) {
 
 static tt_blaslt_api g_blaslt_api;
 static pthread_once_t g_blaslt_once = PTHREAD_ONCE_INIT;
-static char g_blaslt_why[1024];
+static char g_blaslt_why[4608];   /* (paths: up to PATH_MAX) */
 
 /* What every entry point is when the library could not be opened. */
 template <typename... A> static cublasStatus_t blaslt_missing(A...) {
@@ -54,26 +54,40 @@ static void cudart_dirs(char *named, char *real, size_t n) {
   named[0] = real[0] = '\0';
   char soname[64];
   snprintf(soname, sizeof soname, "libcudart.so.%d", CUDART_VERSION / 1000);
-  void *h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
+  void *h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);   /* (a reference: closed below) */
   void *fn = h ? dlsym(h, "cudaRuntimeGetVersion") : NULL;
   Dl_info info;
-  if (!fn || !dladdr(fn, &info) || !info.dli_fname || !strchr(info.dli_fname, '/')) return;
-  snprintf(named, n, "%s", info.dli_fname);
-  *strrchr(named, '/') = '\0';
-  char *r = realpath(info.dli_fname, NULL);
-  if (r && strrchr(r, '/')) {
-    *strrchr(r, '/') = '\0';
-    if (strcmp(r, named) != 0) snprintf(real, n, "%s", r);
+  if (fn && dladdr(fn, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
+    snprintf(named, n, "%s", info.dli_fname);
+    *strrchr(named, '/') = '\0';
+    char *r = realpath(info.dli_fname, NULL);
+    if (r && strrchr(r, '/')) {
+      *strrchr(r, '/') = '\0';
+      if (strcmp(r, named) != 0) snprintf(real, n, "%s", r);
+    }
+    free(r);
   }
-  free(r);
+  if (h) dlclose(h);
 }
 
-/* cuBLASLt: first where the system loader looks (LD_LIBRARY_PATH, ld.so.cache, the
-** binary's RUNPATH); then beside the libcudart this process runs with, and in the
+/* Appends ", TEXT" to `why` (of why_n bytes, `*at` used) while it fits. */
+static void why_add(char *why, size_t why_n, int *at, const char *what, const char *path,
+                    const char *detail) {
+  if (*at < 0 || (size_t)*at >= why_n) return;
+  *at += snprintf(why + *at, why_n - *at, detail ? ", %s %s (%s)" : ", %s %s", what, path,
+                  detail);
+}
+
+/* cuBLASLt: first where the system loader looks (LD_LIBRARY_PATH, the binary's RUNPATH,
+** ld.so.cache); then beside the libcudart this process runs with, and in the
 ** nvidia-cublas wheel beside an nvidia-cuda-runtime wheel's (DIR/../../cublas/lib, as pip
-** installs PyTorch's CUDA), for each of cudart's directory as named and as resolved. On
-** failure `why` lists what was tried. */
-static void *blaslt_dlopen(const char *file, char *why, size_t why_n) {
+** installs PyTorch's CUDA), for cudart's directory as named and as resolved. Only a
+** failure to open moves on: a library that opens but lacks an entry point is reported
+** (blaslt_open), not mixed with another. The path opened goes to `opened`; on failure
+** `why` lists every place tried. */
+static void *blaslt_dlopen(const char *file, char *opened, size_t opened_n, char *why,
+                           size_t why_n) {
+  snprintf(opened, opened_n, "%s", file);
   void *lib = dlopen(file, RTLD_NOW | RTLD_LOCAL);
   if (lib) return lib;
   const char *e = dlerror();
@@ -83,17 +97,21 @@ static void *blaslt_dlopen(const char *file, char *why, size_t why_n) {
   for (int i = 0; i < 2; i++) {
     if (!dirs[i][0]) continue;
     for (int wheel = 0; wheel < 2; wheel++) {
-      char path[4200];
-      snprintf(path, sizeof path, "%s/%s%s", dirs[i], wheel ? "../../cublas/lib/" : "", file);
+      char dir[4200], path[4300];
+      snprintf(dir, sizeof dir, "%s%s", dirs[i], wheel ? "/../../cublas/lib" : "");
+      char *clean = realpath(dir, NULL);   /* names without "..", for the loader and us */
+      snprintf(path, sizeof path, "%s/%s", clean ? clean : dir, file);
+      free(clean);
       if (access(path, F_OK) != 0) {
-        if (at > 0 && (size_t)at < why_n)
-          at += snprintf(why + at, why_n - at, ", no %s", path);
+        why_add(why, why_n, &at, "no", path, NULL);
         continue;
       }
-      if ((lib = dlopen(path, RTLD_NOW | RTLD_LOCAL))) return lib;
+      if ((lib = dlopen(path, RTLD_NOW | RTLD_LOCAL))) {
+        snprintf(opened, opened_n, "%s", path);
+        return lib;
+      }
       e = dlerror();
-      if (at > 0 && (size_t)at < why_n)
-        at += snprintf(why + at, why_n - at, ", cannot open %s (%s)", path, e ? e : "?");
+      why_add(why, why_n, &at, "cannot open", path, e ? e : "unknown error");
     }
   }
   return NULL;
@@ -101,9 +119,9 @@ static void *blaslt_dlopen(const char *file, char *why, size_t why_n) {
 
 static void blaslt_open(void) {
   /* The soname of the toolkit the engine was built with (libcublasLt.so.13 for CUDA 13). */
-  char file[64], tried[sizeof g_blaslt_why - 200];
+  char file[64], opened[4300], tried[sizeof g_blaslt_why - 200];
   snprintf(file, sizeof file, "libcublasLt.so.%d", CUBLAS_VER_MAJOR);
-  void *lib = blaslt_dlopen(file, tried, sizeof tried);
+  void *lib = blaslt_dlopen(file, opened, sizeof opened, tried, sizeof tried);
   const char *missing = NULL;
   if (lib) {
 #define TT_BLASLT_FIND(f)                                                          \
@@ -113,8 +131,8 @@ static void blaslt_open(void) {
 #undef TT_BLASLT_FIND
     if (!missing) return;
     snprintf(g_blaslt_why, sizeof g_blaslt_why,
-             "cuBLASLt: %s has no %s (the engine was built with CUDA %d's cuBLAS %d.%d)", file,
-             missing, CUDART_VERSION / 1000, CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR);
+             "cuBLASLt: %s has no %s (the engine was built with CUDA %d's cuBLAS %d.%d)",
+             opened, missing, CUDART_VERSION / 1000, CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR);
   } else {
     snprintf(g_blaslt_why, sizeof g_blaslt_why,
              "cuBLASLt: %s; put the CUDA toolkit's lib64 (or the nvidia-cublas wheel's lib) "

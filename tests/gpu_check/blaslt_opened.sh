@@ -69,11 +69,14 @@ soname=$(readelf -d "$tetra" | sed -n 's/.*NEEDED.*\[\(libcudart\.so\.[0-9]*\)\]
 if [ -z "$soname" ] || [ -z "$cudart" ] || [ "$cudart" = none ]; then
   echo "FAIL: no libcudart linked ($soname) or mapped ($cudart)"; exit 1
 fi
-wheel="$(cd "$build" && pwd)/blaslt_opened.wheel"
+wheel="$(cd "$build" && pwd -P)/blaslt_opened.wheel"   # (maps shows paths resolved)
 rm -rf "$wheel"
 mkdir -p "$wheel/nvidia/cuda_runtime/lib" "$wheel/nvidia/cublas/lib"
 ln -s "$cudart" "$wheel/nvidia/cuda_runtime/lib/$soname"
-in_wheel="$wheel/nvidia/cublas/lib/$(basename "$lib")"
+# Named by its soname, as a wheel names it (a toolkit's file is libcublasLt.so.13.0.x).
+blaslt_soname=$(readelf -d "$real" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')
+[ -n "$blaslt_soname" ] || { echo "FAIL: $real names no soname"; exit 1; }
+in_wheel="$wheel/nvidia/cublas/lib/$blaslt_soname"
 : >"$in_wheel"
 out=$(unshare -m bash -c 'mount --bind "$1" "$2" && mount --bind /dev/null "$1" || exit 3
         LD_LIBRARY_PATH="$3" "$4" -e "$5"' _ "$real" "$in_wheel" \
