@@ -193,6 +193,8 @@ static void loaded_path(const char *soname, char *path, size_t path_n) {
     snprintf(path, path_n, "%s", info.dli_fname);
   else
     snprintf(path, path_n, "%s", soname);
+  /* NOLOAD took a reference of its own; the handle that loaded it keeps it loaded. */
+  if (h) dlclose(h);
 }
 
 int tt_cudnn_probe(char *path, size_t path_n, char *why, size_t why_n) {

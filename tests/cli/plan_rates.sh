@@ -37,12 +37,17 @@ sed -i -E 's/peak_flops = [0-9.e+-]+/peak_flops = 1e9/' "$work/cache/cpu-rates.l
 awk -v a="$(tokens "$work/first")" -v b="$(tokens "$work/slow")" 'BEGIN { exit !(b < a / 5) }' ||
   fail "a 1 GFLOP/s cache predicts $(tokens "$work/slow") tokens/s against $(tokens "$work/first")"
 
+# Each writer writes the cache under a name of its own and renames it over the old one:
+# a name another writer could be using (here a directory in the way) does not stop it.
+mkdir "$work/cache/cpu-rates.lua.tmp"
 "$TETRA" plan "${args[@]}" --measure >"$work/again" 2>"$work/again.err" || fail "plan --measure"
 grep -q "measuring this machine's rates" "$work/again.err" || fail "--measure did not measure"
 # (Not against the first measurement: both are wall-clock rates, taken at different moments
 # of a loaded machine.)
 grep -q 'peak_flops = 1e9' "$work/cache/cpu-rates.lua" &&
   fail "--measure kept the doctored GEMM rate in the cache"
+left=$(cd "$work/cache" && ls -A | grep -vx -e cpu-rates.lua -e cpu-rates.lua.tmp)
+[ -z "$left" ] || fail "--measure left files beside the cache: $left"
 awk -v a="$(tokens "$work/slow")" -v b="$(tokens "$work/again")" 'BEGIN { exit !(b > a) }' ||
   fail "--measure kept the doctored rates: $(tokens "$work/again") tokens/s, doctored $(tokens "$work/slow")"
 

@@ -58,7 +58,6 @@ int tt_launch_usleep(unsigned int usec) __asm__("usleep");
 int tt_launch_kill(tt_launch_pid_t pid, int sig) __asm__("kill");
 int tt_launch_gethostname(char *name, size_t len) __asm__("gethostname");
 char *tt_launch_strerror(int errnum) __asm__("strerror");
-int tt_launch_getpid(void) __asm__("getpid");
 extern char **environ;
 ]]
 local C = ffi.C

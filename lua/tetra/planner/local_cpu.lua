@@ -25,6 +25,7 @@ pcall(ffi.cdef, [[
 const char *openblas_get_corename(void);
 long sysconf(int name);
 ]])
+pcall(ffi.cdef, [[int tt_plan_getpid(void) __asm__("getpid");]])
 
 local M = {}
 
@@ -113,7 +114,10 @@ end
 
 local function write_cache(path, dir, key, r)
   os.execute("mkdir -p " .. fs.shell_quote(dir))
-  local f = io.open(path .. ".tmp", "w")
+  -- Written under a name of this process's own, then renamed over the cache: two plans
+  -- measuring at once on one home each replace the whole file, never half of it.
+  local tmp = ("%s.%d.tmp"):format(path, C.tt_plan_getpid())
+  local f = io.open(tmp, "w")
   if not f then return end
   f:write("-- tetra plan --cluster cpu: this machine's measured rates (delete to measure again)\n")
   f:write(("return { key = %q, peak_flops = %.17g, mem_bw = %.17g, devices_per_node = %d,\n")
@@ -122,7 +126,7 @@ local function write_cache(path, dir, key, r)
     r.latency_s and ("%.17g"):format(r.latency_s) or "nil",
     r.link_bw and ("%.17g"):format(r.link_bw) or "nil", r.links_note or "", r.measured))
   f:close()
-  os.rename(path .. ".tmp", path)
+  if not os.rename(tmp, path) then os.remove(tmp) end
 end
 
 -- This machine's rates: { peak_flops, mem_bw, devices_per_node, latency_s, link_bw (nil
