@@ -12,6 +12,8 @@
 # under tp 2 x pp 2 and pp 2 x dp 2, in fp8 under dp 2 (rank 0 draws alone) and tp 2 the
 # single process's from the run's weights, and so is the REPL's sample() under mpirun,
 # also on rank 0 alone of an untrained fp8 model.
+# Cases (wanted, tests/dist/prelude.bash): each check's name, sample_tp2_pp2,
+# sample_pp2_dp2, sample_fp8_dp2, sample_fp8_tp2, repl_sample, fresh_sample.
 # Usage: bash generate.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -39,6 +41,7 @@ gen() {
 check() {
   local name="$1" np="$2"
   stop_if_failed
+  wanted "$name" || return 0
   gen "$@" || return
   local want r n
   want=$(sed -E 's/^generate rank 0 ids //' "$work/ref.ids")
@@ -94,10 +97,12 @@ check cp2_pp2 4 $P.context_parallel_size=2 $P.pipeline_parallel_size=2
 # stage's embedding.
 gpt2=(generate.gpt2=true model.vocab_size=256 model.dim=64 model.n_heads=4 model.n_kv_heads=4
       model.ffn_hidden=128 model.seq_len=32 model.tie_embeddings=true)
-gen gpt2_ref 1 "${gpt2[@]}" || exit 1
-for f in ids out eval; do mv "$work/gpt2_ref.$f" "$work/ref.$f"; done
-check gpt2_tp2_sp_pp2 4 "${gpt2[@]}" $P.tensor_parallel_size=2 $P.sequence_parallel=true \
-  $P.pipeline_parallel_size=2
+if wanted gpt2_tp2_sp_pp2; then
+  gen gpt2_ref 1 "${gpt2[@]}" || exit 1
+  for f in ids out eval; do mv "$work/gpt2_ref.$f" "$work/ref.$f"; done
+  check gpt2_tp2_sp_pp2 4 "${gpt2[@]}" $P.tensor_parallel_size=2 $P.sequence_parallel=true \
+    $P.pipeline_parallel_size=2
+fi
 
 # bf16 logits of a vocabulary that tp 2 does not divide (257): every rank pads its share
 # to 129 columns for the gather, in the logits' dtype, and keeps the first 257 of what
@@ -105,9 +110,11 @@ check gpt2_tp2_sp_pp2 4 "${gpt2[@]}" $P.tensor_parallel_size=2 $P.sequence_paral
 # the last rank padded in f32 beside rank 0's bf16, which MPI refused).
 odd=(model.vocab_size=257 train.precision=bf16)
 stop_if_failed
-gen odd_ref 1 "${odd[@]}" || exit 1
-for f in ids out eval; do mv "$work/odd_ref.$f" "$work/ref.$f"; done
-check bf16_odd_vocab_tp2 2 "${odd[@]}" $P.tensor_parallel_size=2
+if wanted bf16_odd_vocab_tp2; then
+  gen odd_ref 1 "${odd[@]}" || exit 1
+  for f in ids out eval; do mv "$work/odd_ref.$f" "$work/ref.$f"; done
+  check bf16_odd_vocab_tp2 2 "${odd[@]}" $P.tensor_parallel_size=2
+fi
 
 # The sample a run prints at its end (every rank of the pipelines generates, rank 0
 # prints).
@@ -117,11 +124,12 @@ sample() {
   local name="$1" np="$2"; shift 2
   local sets=() kv
   for kv in "$@"; do sets+=(--set "$kv"); done
-  # (a few seconds; a stage left out of the generation hangs its pipeline)
+  # (a few seconds; a stage left out of the generation hangs its pipeline, and the
+  # watchdog ends that at 15 s, sooner than the timeout)
   timeout -k 10 40 mpirun --oversubscribe -np "$np" "$tetra" run recipes/tiny.lua \
-    --set data.mock=false --set data.input_path="$work/text.txt" --set train.steps=30 \
-    --set train.sample_tokens=40 --set train.temperature=0 --set log.progress=false \
-    "${sets[@]}" >"$work/$name.log" 2>&1 ||
+    --set dist.timeout_s=15 --set data.mock=false --set data.input_path="$work/text.txt" \
+    --set train.steps=30 --set train.sample_tokens=40 --set train.temperature=0 \
+    --set log.progress=false "${sets[@]}" >"$work/$name.log" 2>&1 ||
     { echo "FAIL: $name: the run failed:"; tail -n 20 "$work/$name.log"; status=1; return 1; }
   sed -n '/^--- sample/,/^---$/p' "$work/$name.log" >"$work/$name.sample"
 }
@@ -137,6 +145,7 @@ for lay in "tp2_pp2 4 $P.tensor_parallel_size=2 $P.pipeline_parallel_size=2" \
            "pp2_dp2 4 $P.pipeline_parallel_size=2 $P.data_parallel_size=2"; do
   stop_if_failed
   set -- $lay
+  wanted "sample_$1" || continue
   [ -s "$work/sample_ref.sample" ] || sample sample_ref 1 || break
   sample "sample_$1" "$2" "${@:3}" && same_sample sample_ref "sample_$1"
 done
@@ -150,6 +159,7 @@ done
 for lay in "fp8_dp2 2 $P.data_parallel_size=2" "fp8_tp2 2 $P.tensor_parallel_size=2"; do
   stop_if_failed
   set -- $lay
+  wanted "sample_$1" || continue
   ck=(train.precision=fp8 checkpoint.dir="$work/ck_$1")
   sample "sample_$1" "$2" "${@:3}" "${ck[@]}" checkpoint.every=30 &&
     sample "one_$1" 1 "${ck[@]}" checkpoint.resume=true && same_sample "one_$1" "sample_$1"
@@ -164,13 +174,15 @@ repl_sample() {
     --set data.mock=false --set data.input_path="$work/text.txt" --set train.temperature=0 \
     "${@:2}" 2>&1 | grep -E '^(\[[0-9-]+\] )?the q'
 }
-one=$(repl_sample 1) && many=$(repl_sample 4 --set $P.pipeline_parallel_size=2 \
-  --set $P.data_parallel_size=2)
-if [ -z "$one" ] || [ "[0-3] $one" != "$many" ]; then
-  echo "FAIL: the REPL's sample() on pp 2 x dp 2 is not one process's:"
-  echo "  one process: $one"; echo "  pp 2 x dp 2: $many"; status=1
-else
-  echo "repl sample(): $many"
+if wanted repl_sample; then
+  one=$(repl_sample 1) && many=$(repl_sample 4 --set $P.pipeline_parallel_size=2 \
+    --set $P.data_parallel_size=2)
+  if [ -z "$one" ] || [ "[0-3] $one" != "$many" ]; then
+    echo "FAIL: the REPL's sample() on pp 2 x dp 2 is not one process's:"
+    echo "  one process: $one"; echo "  pp 2 x dp 2: $many"; status=1
+  else
+    echo "repl sample(): $many"
+  fi
 fi
 
 # FP8 before any training step, rank 0 alone sampling (%on 0) under dp 2: every layer's
@@ -180,15 +192,18 @@ stop_if_failed
 fresh_sample() {   # (%on is for sessions under mpirun: one process has no such line)
   { [ "$1" = 1 ] || echo '%on 0'; echo 'sample("the q", 12)'; } |
     timeout -k 10 30 mpirun --oversubscribe -np "$1" "$tetra" -i recipes/tiny.lua \
-    --set data.mock=false --set data.input_path="$work/text.txt" --set train.temperature=0 \
-    --set train.precision=fp8 "${@:2}" 2>&1 | grep -aE '^(\[[0-9-]+\] )?the q'
+    --set dist.timeout_s=15 --set data.mock=false --set data.input_path="$work/text.txt" \
+    --set train.temperature=0 --set train.precision=fp8 "${@:2}" 2>&1 |
+    grep -aE '^(\[[0-9-]+\] )?the q'
 }
-one=$(fresh_sample 1) && two=$(fresh_sample 2 --set $P.data_parallel_size=2)
-if [ -z "$one" ] || [ "[0] $one" != "$two" ]; then
-  echo "FAIL: an untrained fp8 model's sample() on rank 0 of dp 2 is not one process's:"
-  echo "  one process: $one"; echo "  rank 0 of dp 2: $two"; status=1
-else
-  echo "fp8 sample() on rank 0 alone, untrained: $two" | cat -v
+if wanted fresh_sample; then
+  one=$(fresh_sample 1) && two=$(fresh_sample 2 --set $P.data_parallel_size=2)
+  if [ -z "$one" ] || [ "[0] $one" != "$two" ]; then
+    echo "FAIL: an untrained fp8 model's sample() on rank 0 of dp 2 is not one process's:"
+    echo "  one process: $one"; echo "  rank 0 of dp 2: $two"; status=1
+  else
+    echo "fp8 sample() on rank 0 alone, untrained: $two" | cat -v
+  fi
 fi
 
 [ "$status" = 0 ] && echo PASS
