@@ -143,6 +143,8 @@ rc=$?
   fail "summary of a directory without stages.tsv: exit $rc: $out"
 
 # -- The stage runner and its budget ------------------------------------------------------
+# (24 s of waiting on stages: tools/mutate, which needs one failure, stops before it.)
+if [ -n "${TETRA_TEST_STOP_AT_FAILURE:-}" ] && [ "$fails" -gt 0 ]; then exit 1; fi
 (
   # shellcheck source=../../tools/gpu-check
   source "$CHECK"
