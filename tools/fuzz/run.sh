@@ -26,19 +26,41 @@ engine_srcs=()
 for f in "$root"/engine/{core,common,ops,optim,io}/*.c "$root"/kernels/cpu/*.c; do
   case "$f" in */ops/vocab_parallel.c|*/ops/fp8.c|*/io/ckpt_writer.c) ;; *) engine_srcs+=("$f") ;; esac
 done
+# Every source is compiled once, to an object under build-fuzz/obj that the targets share,
+# all with the same flags (the tensor engine's OpenMP and OpenBLAS headers); each target
+# links the objects it needs.
+blas_cflags=$(pkg-config --cflags openblas)
+compile() {   # compile SRC...: their objects in objs, each compiled when not yet there
+  local src obj todo=()
+  objs=()
+  for src in "$@"; do
+    obj="$out/obj/$(realpath --relative-to="$root" "$src" | tr / _).o"
+    objs+=("$obj")
+    [ -f "$obj" ] || todo+=("$src")
+  done
+  [ ${#todo[@]} -gt 0 ] || return 0
+  mkdir -p "$out/obj"
+  printf '%s\0' "${todo[@]}" | ROOT=$root OUT=$out BLAS=$blas_cflags xargs -0 -P "$(nproc)" -I{} \
+    sh -c 'clang -std=gnu11 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
+             -fno-sanitize-recover=undefined -fopenmp -I"$ROOT/engine" -I"$ROOT/kernels" \
+             -I"$ROOT/kernels/cpu" $BLAS -c "$1" \
+             -o "$OUT/obj/$(realpath --relative-to="$ROOT" "$1" | tr / _).o"' sh {}
+}
+rm -rf "$out/obj"   # (sources may have changed since the last run)
 for t in "${targets[@]}"; do
   srcs=("${data_srcs[@]}")
   extra=(-lpthread -lm)
   if [ "$t" = fuzz_tfrecord ]; then
     srcs+=("$root"/engine/data/{docs,shards,s3}.c "$root/engine/io/checksum.c")
-    extra=(-fopenmp -lpthread -lm)
   fi
   if [ "$t" = fuzz_safetensors ]; then
     srcs=("${engine_srcs[@]}")
-    extra=(-fopenmp -I"$root/kernels/cpu" $(pkg-config --cflags --libs openblas) -lm -lpthread)
+    extra=($(pkg-config --libs openblas) -lm -lpthread)
   fi
+  compile "${srcs[@]}"
   clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$root/engine" -I"$root/kernels" "$root/tools/fuzz/$t.c" "${srcs[@]}" "${extra[@]}" -o "$out/$t"
+    -fopenmp -I"$root/engine" -I"$root/kernels" "$root/tools/fuzz/$t.c" "${objs[@]}" \
+    "${extra[@]}" -o "$out/$t"
   mkdir -p "$out/corpus_$t"
   # A valid file to start from (random bytes rarely pass TFRecord's checksums).
   [ "$t" = fuzz_tfrecord ] && cp "$root/tests/fixtures/fuzz_seed.tfrecord" "$out/corpus_$t/seed"
