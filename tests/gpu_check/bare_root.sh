@@ -4,7 +4,7 @@
 # toolchain packages alone (C library, gcc/g++, make, CMake, bash, coreutils, dpkg: no
 # LuaJIT, OpenBLAS, Open MPI, libyaml, Criterion, libedit, not even pkg-config), with this
 # machine's /usr/local/cuda mounted in it. Inside that root, `tools/gpu-check setup` must
-# unpack the carried .debs, configure with TETRA_REQUIRE_CUDA=ON, build everything for
+# unpack the carried .debs, configure with TETRA_REQUIRE_CUDA=ON, build what it runs for
 # sm_90a and find every CUDA test of tests/cuda/ built; then the CUDA test programs must
 # start there and skip for want of a GPU (exit 77), which shows they link and load against
 # the carried libraries alone, and tetra must open cuBLASLt there (it is not linked).
