@@ -114,9 +114,11 @@ end
 
 local function write_cache(path, dir, key, r)
   os.execute("mkdir -p " .. fs.shell_quote(dir))
-  -- Written under a name of this process's own, then renamed over the cache: two plans
-  -- measuring at once on one home each replace the whole file, never half of it.
-  local tmp = ("%s.%d.tmp"):format(path, C.tt_plan_getpid())
+  -- Written under a name of this process's own (its host's too: a home may be shared),
+  -- then renamed over the cache: two plans measuring at once on one home each replace
+  -- the whole file, never half of it.
+  local host = (fs.read_file("/proc/sys/kernel/hostname") or ""):gsub("[^%w.-]", "")
+  local tmp = ("%s.%s.%d.tmp"):format(path, host, C.tt_plan_getpid())
   local f = io.open(tmp, "w")
   if not f then return end
   f:write("-- tetra plan --cluster cpu: this machine's measured rates (delete to measure again)\n")
