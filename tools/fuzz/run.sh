@@ -36,15 +36,15 @@ compile() {   # compile SRC...: their objects in objs, each compiled when not ye
   for src in "$@"; do
     obj="$out/obj/$(realpath --relative-to="$root" "$src" | tr / _).o"
     objs+=("$obj")
-    [ -f "$obj" ] || todo+=("$src")
+    [ -f "$obj" ] || todo+=("$src" "$obj")
   done
   [ ${#todo[@]} -gt 0 ] || return 0
   mkdir -p "$out/obj"
-  printf '%s\0' "${todo[@]}" | ROOT=$root OUT=$out BLAS=$blas_cflags xargs -0 -P "$(nproc)" -I{} \
+  # (pairs: a source, its object)
+  printf '%s\0' "${todo[@]}" | ROOT=$root BLAS=$blas_cflags xargs -0 -n 2 -P "$(nproc)" \
     sh -c 'clang -std=gnu11 -g -O1 -fsanitize=fuzzer-no-link,address,undefined \
              -fno-sanitize-recover=undefined -fopenmp -I"$ROOT/engine" -I"$ROOT/kernels" \
-             -I"$ROOT/kernels/cpu" $BLAS -c "$1" \
-             -o "$OUT/obj/$(realpath --relative-to="$ROOT" "$1" | tr / _).o"' sh {}
+             -I"$ROOT/kernels/cpu" $BLAS -c "$1" -o "$2"' sh
 }
 rm -rf "$out/obj"   # (sources may have changed since the last run)
 for t in "${targets[@]}"; do
