@@ -12,7 +12,8 @@
 #     starts the second's ranks over ssh (tests/docker/Dockerfile.ssh, a test-only layer)
 #     with -mca btl_tcp_if_include eth0, dp2 across them, and tools/compare_loss checks it
 #     equals one process on loss and grad norm at every step.
-# Removes its containers and network; keeps the images. Prints the image's size.
+# Removes its containers and network, and the images its builds replaced; keeps the
+# images (tetra:cpu, its build stage tetra:cpu-build, tetra:cpu-ssh). Prints the size.
 # Usage: tests/docker/run.sh   (root; exit 77 without docker when CI is not true)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -27,10 +28,22 @@ skip() {
   [ "${CI:-}" = true ] && { echo "docker: FAIL: $* (CI=true)" >&2; exit 1; }
   echo "docker: skipped: $*"; exit 77
 }
+ours=("$image" "$image-build" "$test_image")
+old_ids=""   # what our names pointed to before this run's builds
+# The images this run's builds replaced, with their untagged parents (docker rmi's
+# default): with vfs every layer is a full copy, and each build left about 3 GB behind.
+remove_replaced() {
+  local id now
+  now=$(docker image inspect --format '{{.Id}}' "${ours[@]}" 2>/dev/null || true)
+  for id in $old_ids; do
+    grep -qx "$id" <<<"$now" || docker rmi "$id" >/dev/null 2>&1 || true
+  done
+}
 cleanup() {
   local h
   for h in "${hosts[@]}"; do docker rm -f "$h" >/dev/null 2>&1 || true; done
   docker network rm "$net" >/dev/null 2>&1 || true
+  [ -n "$old_ids" ] && remove_replaced
   declare -F stop_started_daemon >/dev/null && stop_started_daemon
   rm -rf "$work"
 }
@@ -41,9 +54,15 @@ trap 'exit 143' TERM INT
 source "$root/tests/docker/docker.bash"
 
 # -- 3. The image ---------------------------------------------------------------------
+old_ids=$(docker image inspect --format '{{.Id}}' "${ours[@]}" 2>/dev/null || true)
 say "building $image (docker/Dockerfile)"
 docker build -q --network host -f docker/Dockerfile -t "$image" . >"$work/build.log" 2>&1 \
   || { echo "docker: FAIL: docker build:"; tail -n 30 "$work/build.log"; exit 1; }
+# Its build stage tagged too (the layers just made, so no work): the next run's build
+# reuses them (the compiler and -dev packages), and replacing it frees the last one's.
+docker build -q --network host -f docker/Dockerfile --target build -t "$image-build" . \
+  >>"$work/build.log" 2>&1 \
+  || { echo "docker: FAIL: docker build --target build:"; tail -n 30 "$work/build.log"; exit 1; }
 docker run --rm --entrypoint sh "$image" -c \
   '! command -v cc && ! command -v gcc && ! command -v cmake && command -v mpirun >/dev/null' >/dev/null \
   || { echo "docker: FAIL: $image carries a compiler or lacks mpirun"; exit 1; }
