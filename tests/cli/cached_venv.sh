@@ -2,10 +2,10 @@
 # tools/cached-venv, which tools/test's set-up runs for the Python references: a fresh
 # checkout reuses the environment its lock made (nothing installed again), a changed lock,
 # interpreter flags or a half-made environment make a new one, a lock with an unpinned
-# line is refused, environments unused for 30 days are removed (only of their own kind),
-# and a directory an older set-up left at the link's place becomes the link. The locks
-# here name no package and the environments have no pip (--without-pip), so no network is
-# needed and each takes a fraction of a second.
+# line or a cache it cannot write is refused, environments unused for 30 days are removed
+# (only of their own kind), and a directory an older set-up left at the link's place
+# becomes the link. The locks here name no package and the environments have no pip
+# (--without-pip), so no network is needed and each takes a fraction of a second.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tool=$root/tools/cached-venv
@@ -27,6 +27,15 @@ if mk "$tmp/a/venv" python3 "$tmp/bad.txt" --without-pip; then fail "a lock with
 grep -q "bad.txt: every line must be name==version; not: numpy>=1.20" "$tmp/out" ||
   fail "the refusal did not name the file and line: $(cat "$tmp/out")"
 [ ! -e "$tmp/a/venv" ] || fail "a refused lock left $tmp/a/venv"
+
+# A cache it cannot write (even root cannot make a directory in /proc): one line that
+# names it and the fix.
+if TETRA_CACHE_DIR=/proc/tetra-cache mk "$tmp/a/venv" python3 "$tmp/lock.txt" --without-pip; then
+  fail "an unwritable cache was accepted"
+fi
+[ "$(wc -l < "$tmp/out")" -eq 1 ] &&
+  grep -q "cannot write /proc/tetra-cache: set TETRA_CACHE_DIR" "$tmp/out" ||
+  fail "an unwritable cache: not one line naming it: $(cat "$tmp/out")"
 
 # The first checkout makes it; the link is a working environment.
 mk "$tmp/a/venv" python3 "$tmp/lock.txt" --without-pip || fail "making the environment: $(cat "$tmp/out")"
