@@ -51,6 +51,19 @@ left=$(cd "$work/cache" && ls -A | grep -vx -e cpu-rates.lua -e cpu-rates.lua.tm
 awk -v a="$(tokens "$work/slow")" -v b="$(tokens "$work/again")" 'BEGIN { exit !(b > a) }' ||
   fail "--measure kept the doctored rates: $(tokens "$work/again") tokens/s, doctored $(tokens "$work/slow")"
 
+# When the links cannot be measured (here an mpirun that fails, as one can on a loaded
+# machine), the plan still prices with the measured GEMM and copy rates and the preset's
+# links, and says why.
+mkdir -p "$work/bin"
+printf '#!/bin/sh\necho "mpirun: refused by the test" >&2\nexit 1\n' >"$work/bin/mpirun"
+chmod +x "$work/bin/mpirun"
+PATH="$work/bin:$PATH" "$TETRA" plan "${args[@]}" --measure >"$work/nolinks" 2>"$work/nolinks.err" ||
+  fail "plan --measure without links: $(tail -n 3 "$work/nolinks.err")"
+grep -q "the preset's links (mpirun gave no all-reduce times (mpirun: refused by the test))" "$work/nolinks" ||
+  fail "plan --measure without links does not say why: $(sed -n 1p "$work/nolinks")"
+grep -q 'links_note = "mpirun gave no all-reduce times' "$work/cache/cpu-rates.lua" ||
+  fail "the cache does not keep why the links are the preset's"
+
 "$TETRA" plan "${args[@]}" --preset-rates >"$work/preset" 2>&1 || fail "plan --preset-rates"
 grep -q "cpu rates measured" "$work/preset" && fail "--preset-rates used measured rates"
 grep -q "^# this machine: 2 CPU cores" "$work/preset" || fail "--preset-rates: not the preset"

@@ -119,14 +119,16 @@ local function write_cache(path, dir, key, r)
   -- the whole file, never half of it.
   local host = (fs.read_file("/proc/sys/kernel/hostname") or ""):gsub("[^%w.-]", "")
   local tmp = ("%s.%s.%d.tmp"):format(path, host, C.tt_plan_getpid())
+  -- (The text first: nothing is opened until it is whole.)
+  local text = "-- tetra plan --cluster cpu: this machine's measured rates (delete to measure again)\n" ..
+    ("return { key = %q, peak_flops = %.17g, mem_bw = %.17g, devices_per_node = %d,\n")
+      :format(key, r.peak_flops, r.mem_bw, r.devices_per_node) ..
+    ("  latency_s = %s, link_bw = %s, links_note = %q, measured = %q }\n"):format(
+      r.latency_s and ("%.17g"):format(r.latency_s) or "nil",
+      r.link_bw and ("%.17g"):format(r.link_bw) or "nil", r.links_note or "", r.measured)
   local f = io.open(tmp, "w")
   if not f then return end
-  f:write("-- tetra plan --cluster cpu: this machine's measured rates (delete to measure again)\n")
-  f:write(("return { key = %q, peak_flops = %.17g, mem_bw = %.17g, devices_per_node = %d,\n")
-          :format(key, r.peak_flops, r.mem_bw, r.devices_per_node))
-  f:write(("  latency_s = %s, link_bw = %s, links_note = %q, measured = %q }\n"):format(
-    r.latency_s and ("%.17g"):format(r.latency_s) or "nil",
-    r.link_bw and ("%.17g"):format(r.link_bw) or "nil", r.links_note or "", r.measured))
+  f:write(text)
   f:close()
   if not os.rename(tmp, path) then os.remove(tmp) end
 end
@@ -150,10 +152,12 @@ function M.rates(opts)
   end
   if opts.say then opts.say("measuring this machine's rates for the cpu cluster (about 10 s; cached in " .. path .. ")") end
   local flops, bw = measure_compute()
+  -- (latency and bandwidth, or nil and why)
   local lat, link = measure_links()
+  local why
+  if not lat then link, why = nil, link end
   local r = { peak_flops = flops, mem_bw = bw, devices_per_node = m.cores,
-              latency_s = link and lat or nil, link_bw = link,
-              links_note = not link and lat or nil,
+              latency_s = lat, link_bw = link, links_note = why,
               measured = os.date("!%Y-%m-%d %H:%M UTC") }
   write_cache(path, dir, key, r)
   r.cached, r.model, r.blas, r.path = false, m.model, m.blas, path
