@@ -38,7 +38,7 @@ __global__ void ce_rows(float *row_stats, const T *logits, const void *targets,
     if (t < 0 || t >= V) atomicMin(bad, (unsigned long long)n);
     else loss = lse - tt_ld(row, t);
   }
-  row_stats[n] = lse;
+  row_stats[n] = t == ignore_index ? 0.0f : lse;   /* as the CPU twin */
   row_stats[N + n] = loss;
 }
 

@@ -1,0 +1,39 @@
+# The CUDA kernels of kernels/cuda/ run on the CPU (tests/emu/README.md): each source is
+# rewritten by tests/emu/translate (its launches become calls into the emulator) and
+# compiled by the host's C++ compiler with tests/emu/cuda_emu.h in front, then linked with
+# the CPU twins (tetra_kernels_cpu) into one Criterion program that compares them. Needs
+# the CUDA toolkit's headers (the types: bf16, fp8, the runtime's declarations), not a
+# GPU, not nvcc and not libcudart, so a CPU-only build (TETRA_CUDA=OFF, as tools/mutate's
+# trees) has it too wherever the toolkit is installed. kernels/cuda/matmul.cu is left out:
+# it is cuBLASLt calls.
+find_path(TETRA_EMU_CUDA_INCLUDE NAMES cuda_runtime.h cuda_bf16.h
+          HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda
+          PATH_SUFFIXES include)
+if(TETRA_EMU_CUDA_INCLUDE AND CRITERION_FOUND)
+  find_program(TETRA_PERL perl REQUIRED)
+  file(GLOB TETRA_EMU_KERNELS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
+  list(REMOVE_ITEM TETRA_EMU_KERNELS ${CMAKE_SOURCE_DIR}/kernels/cuda/matmul.cu)
+  set(TETRA_EMU_SOURCES)
+  foreach(cu ${TETRA_EMU_KERNELS})
+    get_filename_component(name ${cu} NAME_WE)
+    set(out ${CMAKE_BINARY_DIR}/emu/${name}.cc)
+    add_custom_command(OUTPUT ${out}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/emu
+      COMMAND ${TETRA_PERL} ${CMAKE_SOURCE_DIR}/tests/emu/translate ${cu} ${out}
+      DEPENDS ${cu} ${CMAKE_SOURCE_DIR}/tests/emu/translate
+      COMMENT "Emulating ${name}.cu" VERBATIM)
+    list(APPEND TETRA_EMU_SOURCES ${out})
+  endforeach()
+  # nvcc's own pragmas (unroll) mean nothing to g++; the kernels read 16 bytes as uint4 and
+  # then as their element type, which nvcc allows and g++ only without strict aliasing.
+  set_source_files_properties(${TETRA_EMU_SOURCES} ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
+    PROPERTIES COMPILE_OPTIONS "-include;${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.h;-Wno-unknown-pragmas;-fno-strict-aliasing;-O1")
+  add_executable(test_emu_kernels ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_kernels.cc
+    ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc ${TETRA_EMU_SOURCES})
+  set_target_properties(test_emu_kernels PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+  target_include_directories(test_emu_kernels PRIVATE ${CMAKE_SOURCE_DIR}/tests/emu
+    ${CMAKE_SOURCE_DIR}/kernels/cuda ${CMAKE_SOURCE_DIR}/engine/cuda)
+  target_include_directories(test_emu_kernels SYSTEM PRIVATE ${TETRA_EMU_CUDA_INCLUDE})
+  target_link_libraries(test_emu_kernels PRIVATE tetra_kernels_cpu PkgConfig::CRITERION)
+  add_test(NAME emu/kernels COMMAND test_emu_kernels --jobs=1)
+endif()
