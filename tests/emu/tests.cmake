@@ -14,6 +14,8 @@ find_program(TETRA_PERL perl)
 if(TETRA_EMU_CUDA_INCLUDE AND CRITERION_FOUND AND TETRA_PERL)
   file(GLOB TETRA_EMU_KERNELS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
   list(REMOVE_ITEM TETRA_EMU_KERNELS ${CMAKE_SOURCE_DIR}/kernels/cuda/matmul.cu)
+  # and the engine's strided copy (its geometry from engine/core/copy_geom.c)
+  list(APPEND TETRA_EMU_KERNELS ${CMAKE_SOURCE_DIR}/engine/cuda/copy.cu)
   set(TETRA_EMU_SOURCES)
   foreach(cu ${TETRA_EMU_KERNELS})
     get_filename_component(name ${cu} NAME_WE)
@@ -30,7 +32,8 @@ if(TETRA_EMU_CUDA_INCLUDE AND CRITERION_FOUND AND TETRA_PERL)
   set_source_files_properties(${TETRA_EMU_SOURCES} ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
     PROPERTIES COMPILE_OPTIONS "-include;${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.h;-Wno-unknown-pragmas;-fno-strict-aliasing;-O1")
   add_executable(test_emu_kernels ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_kernels.cc
-    ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc ${TETRA_EMU_SOURCES})
+    ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_copy.cc ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
+    ${CMAKE_SOURCE_DIR}/engine/core/copy_geom.c ${TETRA_EMU_SOURCES})
   set_target_properties(test_emu_kernels PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
   target_include_directories(test_emu_kernels PRIVATE ${CMAKE_SOURCE_DIR}/tests/emu
     ${CMAKE_SOURCE_DIR}/kernels/cuda ${CMAKE_SOURCE_DIR}/engine/cuda)
