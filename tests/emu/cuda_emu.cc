@@ -33,6 +33,13 @@ thread_local dim3 blockDim, gridDim;
 namespace tt_emu {
 int launches = 0;
 int sm_count = 2;
+/* TT_EMU_ORDER=reverse: the blocks of a grid, and the threads of a block between two
+** barriers, run last to first. A kernel whose result depends on the order (a missing
+** barrier or atomic) can pass in one order and fail in the other; ctest runs both. */
+static const bool reversed = [] {
+  const char *o = getenv("TT_EMU_ORDER");
+  return o && !strcmp(o, "reverse");
+}();
 
 namespace {
 
@@ -121,13 +128,13 @@ void fail_launch(cudaError_t e, const std::string &why) {
   }
 }
 
-/* Releases the warp meetings that every named, still running lane has reached. Returns
-** the number released; a named lane waiting at __syncthreads is a deadlock (error set). */
-int release_warps(int nthreads) {
+/* Releases warp w0 / 32's meeting (lanes w0 to w0 + n - 1) when every named lane still
+** running has reached it. Returns the lanes released; a named lane waiting at
+** __syncthreads is a deadlock (-1, the error set). */
+int release_warp(int w0, int n) {
   Launch &L = g_launch;
   int released = 0;
-  for (int w0 = 0; w0 < nthreads; w0 += 32) {
-    const int n = nthreads - w0 < 32 ? nthreads - w0 : 32;
+  {
     Fiber *lane[32];
     unsigned waiting = 0, alive = 0, mask = 0;
     for (int l = 0; l < n; l++) {
@@ -138,7 +145,7 @@ int release_warps(int nthreads) {
         mask = lane[l]->mask;
       }
     }
-    if (!waiting) continue;
+    if (!waiting) return 0;
     for (int l = 0; l < n; l++)
       if ((waiting >> l & 1) && lane[l]->mask != mask) {
         L.error = "warp " + std::to_string(w0 / 32) + ": lanes meet with different masks";
@@ -153,7 +160,7 @@ int release_warps(int nthreads) {
                     "collective that names it";
           return -1;
         }
-      continue;   /* some named lanes are still running */
+      return 0;   /* some named lanes are still running */
     }
     int any = 0, all = 1;
     unsigned ballot = 0;
@@ -178,25 +185,38 @@ int release_warps(int nthreads) {
   return released;
 }
 
-/* Runs one block to the end; false with L.error set on a deadlock. */
+/* Runs one block to the end; false with L.error set on a deadlock. Warp by warp: each
+** warp runs as far as it can (through its own shuffles and votes) before the next one
+** starts, and the block's barrier opens when every warp has reached it. That is an order
+** a GPU may take (warps are independent between barriers), and the one in which a
+** warp that writes shared memory early overwrites what a later warp has not read yet. */
 bool run_block(int nthreads) {
   Launch &L = g_launch;
   for (int t = 0; t < nthreads; t++) {
     start_fiber(t);
     L.fibers[t].state = RUNNING;
   }
+  const int nwarps = (nthreads + 31) / 32;
   for (;;) {
+    for (int k = 0; k < nwarps; k++) {
+      const int w0 = (reversed ? nwarps - 1 - k : k) * 32;
+      const int n = nthreads - w0 < 32 ? nthreads - w0 : 32;
+      for (;;) {
+        for (int j = 0; j < n; j++) {
+          Fiber &f = L.fibers[w0 + (reversed ? n - 1 - j : j)];
+          if (f.state == RUNNING) resume(f);
+        }
+        const int released = release_warp(w0, n);
+        if (released < 0) return false;
+        if (released == 0) break;
+      }
+    }
     int done = 0, at_block = 0;
-    for (int t = 0; t < nthreads; t++)
-      if (L.fibers[t].state == RUNNING) resume(L.fibers[t]);
     for (int t = 0; t < nthreads; t++) {
       done += L.fibers[t].state == DONE;
       at_block += L.fibers[t].state == AT_BLOCK;
     }
     if (done == nthreads) return true;
-    const int released = release_warps(nthreads);
-    if (released < 0) return false;
-    if (released > 0) continue;
     if (at_block > 0 && at_block + done == nthreads) {
       /* Every thread still running is at the barrier (threads that returned early do not
       ** hold it up on sm_70 and later). */
@@ -204,11 +224,9 @@ bool run_block(int nthreads) {
         if (L.fibers[t].state == AT_BLOCK) L.fibers[t].state = RUNNING;
       continue;
     }
-    {
-      L.error = "deadlock: " + std::to_string(at_block) + " of " + std::to_string(nthreads) +
-                " threads wait at __syncthreads, the others in warp collectives";
-      return false;
-    }
+    L.error = "deadlock: " + std::to_string(at_block) + " of " + std::to_string(nthreads) +
+              " threads wait at __syncthreads, the others in warp collectives";
+    return false;
   }
 }
 
@@ -255,22 +273,23 @@ void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(v
   while (L.stacks.size() < nthreads) L.stacks.push_back((char *)malloc(kStack));
   gridDim = grid;
   blockDim = block;
-  for (unsigned z = 0; z < grid.z; z++)
-    for (unsigned y = 0; y < grid.y; y++)
-      for (unsigned x = 0; x < grid.x; x++) {
-        blockIdx = make_uint3(x, y, z);
-        for (unsigned t = 0; t < nthreads; t++)
-          L.fibers[t].idx = make_uint3(t % block.x, t / block.x % block.y,
-                                       t / (block.x * block.y));
-        if (!run_block((int)nthreads)) {
-          /* threads left at a barrier are abandoned: their stacks start afresh next time */
-          for (unsigned t = 0; t < nthreads; t++)
-            if (L.fibers[t].state != DONE) L.fibers[t].started = false;
-          snprintf(why, sizeof why, "block (%u, %u, %u): ", x, y, z);
-          fail_launch(cudaErrorLaunchFailure, why + L.error);
-          return;
-        }
-      }
+  const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+  for (uint64_t k = 0; k < blocks; k++) {
+    const uint64_t b = reversed ? blocks - 1 - k : k;
+    const unsigned x = (unsigned)(b % grid.x), y = (unsigned)(b / grid.x % grid.y),
+                   z = (unsigned)(b / ((uint64_t)grid.x * grid.y));
+    blockIdx = make_uint3(x, y, z);
+    for (unsigned t = 0; t < nthreads; t++)
+      L.fibers[t].idx = make_uint3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+    if (!run_block((int)nthreads)) {
+      /* threads left at a barrier are abandoned: their stacks start afresh next time */
+      for (unsigned t = 0; t < nthreads; t++)
+        if (L.fibers[t].state != DONE) L.fibers[t].started = false;
+      snprintf(why, sizeof why, "block (%u, %u, %u): ", x, y, z);
+      fail_launch(cudaErrorLaunchFailure, why + L.error);
+      return;
+    }
+  }
   std::string bad = check_guards();
   if (!bad.empty()) fail_launch(cudaErrorIllegalAddress, bad);
   launches++;

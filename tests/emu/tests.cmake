@@ -40,4 +40,7 @@ if(TETRA_EMU_CUDA_INCLUDE AND CRITERION_FOUND AND TETRA_PERL)
   target_include_directories(test_emu_kernels SYSTEM PRIVATE ${TETRA_EMU_CUDA_INCLUDE})
   target_link_libraries(test_emu_kernels PRIVATE tetra_kernels_cpu PkgConfig::CRITERION)
   add_test(NAME emu/kernels COMMAND test_emu_kernels --jobs=1)
+  # The same with blocks and threads run last to first (cuda_emu.cc, TT_EMU_ORDER).
+  add_test(NAME emu/kernels_reversed COMMAND test_emu_kernels --jobs=1)
+  set_tests_properties(emu/kernels_reversed PROPERTIES ENVIRONMENT TT_EMU_ORDER=reverse)
 endif()
