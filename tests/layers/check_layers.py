@@ -84,8 +84,8 @@ def layer_of(path):
 
 def source_of(obj):
     """engine/core/tensor.c for .../CMakeFiles/tetra_engine.dir/engine/core/tensor.c.o
-    (or tetra_cuda.dir/...)."""
-    rel = re.split(r"tetra_(?:engine|cuda)\.dir/", obj, maxsplit=1)[-1]
+    (or tetra_cuda.dir/..., tetra_kernels_cpu.dir/...)."""
+    rel = re.split(r"tetra_(?:engine|cuda|kernels_cpu)\.dir/", obj, maxsplit=1)[-1]
     return rel[:-2] if rel.endswith(".o") else rel
 
 
