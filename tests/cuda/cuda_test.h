@@ -23,9 +23,14 @@ static inline tt_tensor *randn(const int64_t *shape, int ndim, double std) {
   return t;
 }
 
+/* t on the device, drawn there at once when t is lazy (tt_to_device keeps a lazy tensor
+** lazy, to be drawn and uploaded at its first touch, with a host wait: the training set-up
+** materializes its tensors at its end, and so does this, so that no test counts or times
+** a first draw inside what it measures). */
 static inline tt_tensor *to_dev(tt_tensor *t, int device) {
   tt_tensor *o = NULL;
   cr_assert_eq(tt_to_device(t, device, &o), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_tensor_materialize(o), 0, "%s", tt_last_error());
   return o;
 }
 

@@ -15,9 +15,12 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <ucontext.h>
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -349,11 +352,59 @@ std::string check_guards(void) {
 
 size_t live_blocks(void) { return g_blocks.size(); }
 
+size_t live_bytes(void) {
+  size_t n = 0;
+  for (auto &kv : g_blocks) n += kv.second.bytes;
+  return n;
+}
+
 }  // namespace tt_emu
 
-/* -- The CUDA runtime calls the kernels make ----------------------------------------- */
+/* -- Streams, events and graphs ----------------------------------------------------- */
+/* One order: work on any stream runs when it is issued, except on a stream being captured,
+** where it is recorded into the capture's graph and runs at each launch of that graph. */
+
+struct CUstream_st {
+  CUgraph_st *capture = nullptr;   /* the graph being captured, or none */
+};
+struct CUevent_st {
+  double t = 0;   /* seconds, when last recorded */
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+
+namespace tt_emu {
+
+static double now_s(void) {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+bool submit(cudaStream_t s, std::function<void()> op) {
+  if (s && s->capture) {
+    s->capture->ops.push_back(std::move(op));
+    return true;
+  }
+  op();
+  return false;
+}
+
+}  // namespace tt_emu
 
 extern "C" {
+
+/* A C entry for the emulated cuBLASLt (libcublasLt_emu): runs fn(ctx) now, or records it
+** when s is being captured (then free_ctx(ctx) when the graph goes; now: after the run). */
+int tt_emu_submit(cudaStream_t s, void (*fn)(void *), void *ctx, void (*free_ctx)(void *)) {
+  std::shared_ptr<void> keep(ctx, free_ctx);
+  tt_emu::submit(s, [fn, keep] { fn(keep.get()); });
+  return 0;
+}
 
 cudaError_t cudaGetLastError(void) {
   cudaError_t e = tt_emu::g_last;
@@ -375,6 +426,169 @@ const char *cudaGetErrorName(cudaError_t e) {
   return "cudaErrorEmulated";
 }
 
+cudaError_t cudaGetDeviceCount(int *n) {
+  *n = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *d) {
+  *d = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
+  if (d != 0) return cudaErrorInvalidDevice;
+  switch (a) {
+    case cudaDevAttrMultiProcessorCount: *v = tt_emu::sm_count; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *v = 9; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; return cudaSuccess;
+    case cudaDevAttrWarpSize: *v = 32; return cudaSuccess;
+    default: *v = 0; return cudaSuccess;
+  }
+}
+
+/* An H100's numbers where the engine reads them (name, memory, compute capability). */
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
+  if (d != 0) return cudaErrorInvalidDevice;
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "emulated (tests/emu)");
+  p->totalGlobalMem = (size_t)80 << 30;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = tt_emu::sm_count;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->sharedMemPerBlock = 48 * 1024;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+  *total = (size_t)80 << 30;
+  *free_bytes = *total - tt_emu::live_bytes();
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+  *s = new CUstream_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+  (void)flags;
+  return cudaStreamCreate(s);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  return s && s->capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  (void)s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+  (void)s, (void)e, (void)flags;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+  (void)flags;
+  return cudaEventCreate(e);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  tt_emu::submit(s, [e] { e->t = tt_emu::now_s(); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  (void)e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  (void)e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+  *ms = (float)((b->t - a->t) * 1e3);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  (void)mode;
+  if (!s) return cudaErrorStreamCaptureUnsupported;   /* the legacy stream cannot capture */
+  if (s->capture) return cudaErrorIllegalState;
+  s->capture = new CUgraph_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+  if (!s || !s->capture) return cudaErrorIllegalState;
+  *g = s->capture;
+  s->capture = nullptr;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+  *status = s && s->capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode) {
+  (void)mode;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g,
+                                 unsigned long long flags) {
+  (void)flags;
+  *exec = new CUgraphExec_st;
+  (*exec)->ops = g->ops;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  for (auto &op : exec->ops) tt_emu::submit(s, op);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  return cudaSuccess;
+}
+
+/* -- Memory and copies --------------------------------------------------------------- */
+/* An allocation made while a stream captures is the graph's for good (a graph's memory
+** stays at one address); a free then is dropped. */
+
 cudaError_t cudaMalloc(void **p, size_t bytes) {
   *p = tt_emu::alloc(bytes);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
@@ -391,8 +605,19 @@ cudaError_t cudaFree(void *p) {
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
-  (void)s;
+  if (s && s->capture) return cudaSuccess;
   return cudaFree(p);
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+  (void)flags;
+  *p = malloc(bytes ? bytes : 1);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+  free(p);
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
@@ -403,16 +628,25 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k,
                             cudaStream_t s) {
-  (void)s;
-  return cudaMemcpy(dst, src, bytes, k);
+  (void)k;
+  tt_emu::submit(s, [=] { memmove(dst, src, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size_t bytes,
+                                cudaStream_t s) {
+  if (dd != 0 || sd != 0) return cudaErrorInvalidDevice;
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s) {
-  (void)k, (void)s;
+  (void)k;
   if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
-  for (size_t r = 0; r < height; r++)
-    memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+  tt_emu::submit(s, [=] {
+    for (size_t r = 0; r < height; r++)
+      memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+  });
   return cudaSuccess;
 }
 
@@ -422,60 +656,17 @@ cudaError_t cudaMemset(void *p, int v, size_t bytes) {
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
-  (void)s;
-  return cudaMemset(p, v, bytes);
-}
-
-cudaError_t cudaGetDevice(int *d) {
-  *d = 0;
+  tt_emu::submit(s, [=] { memset(p, v, bytes); });
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
-
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  (void)s;
+cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t width, size_t height,
+                              cudaStream_t s) {
+  if (width > pitch) return cudaErrorInvalidPitchValue;
+  tt_emu::submit(s, [=] {
+    for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, v, width);
+  });
   return cudaSuccess;
 }
-
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
 }  // extern "C"
-
-/* -- The engine's CUDA runtime, as kernel_cuda.h declares it ------------------------- */
-
-int tt_cu_fail(cudaError_t e, const char *call, const char *file, int line) {
-  return tt_set_error("%s:%d: %s: %s", file, line, call, cudaGetErrorString(e));
-}
-
-int tt_cu_fail(cublasStatus_t e, const char *call, const char *file, int line) {
-  return tt_set_error("%s:%d: %s: cuBLAS status %d (no cuBLAS under the emulator)", file,
-                      line, call, (int)e);
-}
-
-cudaError_t tt_cuda_launch_status(void) { return cudaGetLastError(); }
-
-cudaStream_t tt_cuda_cur_stream(void) { return 0; }
-
-int tt_cuda_sm_count(void) { return tt_emu::sm_count; }
-
-cudaError_t tt_cuda_host_wait(cudaStream_t s) { return cudaStreamSynchronize(s); }
-
-cudaError_t tt_cuda_host_wait_event(cudaEvent_t e) {
-  (void)e;
-  return cudaSuccess;
-}
-
-int tt_cuda_checks_deferred(void) { return 0; }
-
-int tt_cuda_check_defer(int kind, const unsigned long long *bad_pos, const void *values,
-                        int values_i64, int64_t limit) {
-  (void)kind, (void)bad_pos, (void)values, (void)values_i64, (void)limit;
-  return tt_set_error("tt_cuda_check_defer: deferred checks are off under the emulator");
-}
-
-int tt_cuda_blaslt(cublasLtHandle_t *handle, void **workspace, size_t *workspace_bytes) {
-  (void)handle, (void)workspace, (void)workspace_bytes;
-  return tt_set_error("cuBLASLt: not under the emulator (kernels/cuda/matmul.cu is not "
-                      "emulated)");
-}

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <functional>
 #include <tuple>
 #include <utility>
 
@@ -52,6 +53,9 @@ namespace tt_emu {
 void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
          void *ctx);
 
+/* Runs op now, or records it when stream s is being captured (true). */
+bool submit(cudaStream_t s, std::function<void()> op);
+
 /* The part of a launch the translation keeps: `launcher(cfg..., fn)(args...)`. */
 template <typename Fn>
 struct Launcher {
@@ -69,9 +73,12 @@ struct Launcher {
         std::apply(*c->fn, *c->args);
       }
     };
-    std::tuple<A...> t(args...);
-    Call c{&fn, &t};
-    run(grid, block, smem, stream, Call::go, &c);
+    /* the arguments kept by value, as a launch copies them: a captured launch replays */
+    submit(stream, [f = fn, t = std::tuple<A...>(args...), g = grid, b = block, sm = smem,
+                    st = stream]() mutable {
+      Call c{&f, &t};
+      run(g, b, sm, st, Call::go, &c);
+    });
   }
 };
 template <typename Fn>
@@ -180,6 +187,11 @@ template <typename A, typename B>
 static inline auto max(A a, B b) -> decltype(a + b) { return a < b ? b : a; }
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float x) { return sqrtf(x); }
 static inline float __frcp_rn(float x) { return 1.0f / x; }
 static inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
 static inline float __uint_as_float(unsigned u) { float x; memcpy(&x, &u, 4); return x; }

@@ -30,9 +30,11 @@ if(TETRA_EMU_CUDA_INCLUDE AND CRITERION_FOUND AND TETRA_PERL)
   # nvcc's own pragmas (unroll) mean nothing to g++; the kernels read 16 bytes as uint4 and
   # then as their element type, which nvcc allows and g++ only without strict aliasing.
   set_source_files_properties(${TETRA_EMU_SOURCES} ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
+    ${CMAKE_SOURCE_DIR}/tests/emu/emu_engine_stubs.cc
     PROPERTIES COMPILE_OPTIONS "-include;${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.h;-Wno-unknown-pragmas;-fno-strict-aliasing;-O1")
   add_executable(test_emu_kernels ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_kernels.cc
     ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_copy.cc ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
+    ${CMAKE_SOURCE_DIR}/tests/emu/emu_engine_stubs.cc
     ${CMAKE_SOURCE_DIR}/engine/core/copy_geom.c ${TETRA_EMU_SOURCES})
   set_target_properties(test_emu_kernels PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
   target_include_directories(test_emu_kernels PRIVATE ${CMAKE_SOURCE_DIR}/tests/emu

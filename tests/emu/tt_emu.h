@@ -14,6 +14,7 @@ bool release(void *p);
 ** (the guards are then restored). */
 std::string check_guards(void);
 size_t live_blocks(void);
+size_t live_bytes(void);
 /* Launches run so far; the multiprocessor count tt_cuda_blocks sizes grids by (small, so
 ** that grid-stride loops go round). */
 extern int launches;
