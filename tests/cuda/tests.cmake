@@ -11,9 +11,14 @@ foreach(script ${TETRA_CUDA_SCRIPTS})
   if(name MATCHES "^multigpu_")
     set(limit 300)
   endif()
+  set(env "OMP_NUM_THREADS=2")
+  if(TETRA_CUDA_EMU)   # on the emulated device (tests/emu/README.md): slower, cuBLASLt there
+    set(limit 900)
+    list(APPEND env "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/emu-lib")
+  endif()
   add_test(NAME cuda/${name} COMMAND bash ${script} $<TARGET_FILE:tetra>)
   set_tests_properties(cuda/${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT ${limit}
-                       ENVIRONMENT "OMP_NUM_THREADS=2")
+                       ENVIRONMENT "${env}")
 endforeach()
 
 # The GPU benchmarks of tools/gpu-check (gpu_bench: GEMMs, attention, a layer;

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -366,9 +367,11 @@ size_t live_bytes(void) {
 
 struct CUstream_st {
   CUgraph_st *capture = nullptr;   /* the graph being captured, or none */
+  bool relaxed = false;            /* that capture's mode is cudaStreamCaptureModeRelaxed */
 };
 struct CUevent_st {
-  double t = 0;   /* seconds, when last recorded */
+  double t = 0;                        /* seconds, when last recorded */
+  CUgraph_st *captured_in = nullptr;   /* recorded into this capture, or none */
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -383,6 +386,21 @@ static double now_s(void) {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+std::vector<cudaStream_t> joined;   /* streams that joined a capture by an event */
+/* Captures begun on this thread: the calls CUDA calls unsafe during one (a synchronous
+** copy, set or free, a device-wide wait) fail here, as they do there, instead of running
+** on data the captured work has not made yet. */
+thread_local int capturing_here = 0;
+/* The thread's own mode (cudaThreadExchangeStreamCaptureMode): Relaxed allows them. */
+thread_local cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
+
+cudaError_t unsafe(const char *call) {
+  if (!capturing_here || thread_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  fail_launch(cudaErrorStreamCaptureUnsupported,
+              std::string(call) + " while this thread captures a graph");
+  return cudaErrorStreamCaptureUnsupported;
 }
 
 bool submit(cudaStream_t s, std::function<void()> op) {
@@ -471,7 +489,9 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  return tt_emu::unsafe("cudaDeviceSynchronize");
+}
 
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
   *s = new CUstream_st;
@@ -484,6 +504,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  auto &j = tt_emu::joined;
+  j.erase(std::remove(j.begin(), j.end(), s), j.end());
   delete s;
   return cudaSuccess;
 }
@@ -497,8 +519,14 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   return cudaSuccess;
 }
 
+/* A stream that waits for an event recorded inside a capture joins that capture, as CUDA
+** has it: what it does next is the graph's too, until the capture ends. */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
-  (void)s, (void)e, (void)flags;
+  (void)flags;
+  if (e->captured_in && s && !s->capture) {
+    s->capture = e->captured_in;
+    tt_emu::joined.push_back(s);
+  }
   return cudaSuccess;
 }
 
@@ -518,6 +546,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  e->captured_in = s ? s->capture : nullptr;
   tt_emu::submit(s, [e] { e->t = tt_emu::now_s(); });
   return cudaSuccess;
 }
@@ -538,10 +567,11 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
-  (void)mode;
   if (!s) return cudaErrorStreamCaptureUnsupported;   /* the legacy stream cannot capture */
   if (s->capture) return cudaErrorIllegalState;
   s->capture = new CUgraph_st;
+  if (mode != cudaStreamCaptureModeRelaxed) tt_emu::capturing_here++;
+  s->relaxed = mode == cudaStreamCaptureModeRelaxed;
   return cudaSuccess;
 }
 
@@ -549,6 +579,16 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
   if (!s || !s->capture) return cudaErrorIllegalState;
   *g = s->capture;
   s->capture = nullptr;
+  if (!s->relaxed) tt_emu::capturing_here--;
+  auto &j = tt_emu::joined;   /* the streams that joined it leave it */
+  for (size_t i = 0; i < j.size();)
+    if (j[i]->capture == *g) {
+      j[i]->capture = nullptr;
+      j[i] = j.back();
+      j.pop_back();
+    } else {
+      i++;
+    }
   return cudaSuccess;
 }
 
@@ -558,7 +598,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *statu
 }
 
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode) {
-  (void)mode;
+  std::swap(*mode, tt_emu::thread_mode);
   return cudaSuccess;
 }
 
@@ -590,23 +630,27 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g) {
 ** stays at one address); a free then is dropped. */
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
+  if (cudaError_t e = tt_emu::unsafe("cudaMalloc")) return e;
   *p = tt_emu::alloc(bytes);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
   (void)s;
-  return cudaMalloc(p, bytes);
+  *p = tt_emu::alloc(bytes);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
 cudaError_t cudaFree(void *p) {
+  if (cudaError_t e = tt_emu::unsafe("cudaFree")) return e;
   if (!p) return cudaSuccess;
   return tt_emu::release(p) ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
   if (s && s->capture) return cudaSuccess;
-  return cudaFree(p);
+  if (!p) return cudaSuccess;
+  return tt_emu::release(p) ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
@@ -621,6 +665,7 @@ cudaError_t cudaFreeHost(void *p) {
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
+  if (cudaError_t e = tt_emu::unsafe("cudaMemcpy")) return e;
   (void)k;
   memmove(dst, src, bytes);
   return cudaSuccess;
@@ -651,6 +696,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t bytes) {
+  if (cudaError_t e = tt_emu::unsafe("cudaMemset")) return e;
   memset(p, v, bytes);
   return cudaSuccess;
 }
