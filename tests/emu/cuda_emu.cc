@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,10 @@ extern "C" {
 }
 #include "kernel_cuda.h"
 #include "tt_emu.h"
+
+/* Where the linker put every __shared__ variable (cuda_emu.h's section). */
+extern "C" char __start_tt_emu_shared[] __attribute__((weak));
+extern "C" char __stop_tt_emu_shared[] __attribute__((weak));
 
 thread_local uint3 threadIdx, blockIdx;
 thread_local dim3 blockDim, gridDim;
@@ -277,8 +282,14 @@ void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(v
   while (L.stacks.size() < nthreads) L.stacks.push_back((char *)malloc(kStack));
   gridDim = grid;
   blockDim = block;
+  const size_t shared_bytes = __start_tt_emu_shared
+                                  ? (size_t)((uintptr_t)__stop_tt_emu_shared -
+                                             (uintptr_t)__start_tt_emu_shared)
+                                  : 0;
   const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
   for (uint64_t k = 0; k < blocks; k++) {
+    /* shared memory starts as all-ones bits in every block, as device memory does */
+    if (shared_bytes) memset(__start_tt_emu_shared, 0xff, shared_bytes);
     const uint64_t b = reversed ? blocks - 1 - k : k;
     const unsigned x = (unsigned)(b % grid.x), y = (unsigned)(b / grid.x % grid.y),
                    z = (unsigned)(b / ((uint64_t)grid.x * grid.y));
@@ -303,7 +314,7 @@ void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(v
 
 namespace {
 constexpr size_t kGuard = 256;
-constexpr unsigned char kGuardByte = 0xa5;
+constexpr unsigned char kGuardByte = 0xff;   /* read as a float: NaN, as an integer: -1 */
 struct Block {
   size_t bytes;
   char *base;   /* guard, bytes, guard */
@@ -389,6 +400,7 @@ static double now_s(void) {
 }
 
 std::vector<cudaStream_t> joined;   /* streams that joined a capture by an event */
+std::set<CUgraph_st *> capturing;   /* the captures going on */
 /* Captures begun on this thread: the calls CUDA calls unsafe during one (a synchronous
 ** copy, set or free, a device-wide wait) fail here, as they do there, instead of running
 ** on data the captured work has not made yet. */
@@ -523,7 +535,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 ** has it: what it does next is the graph's too, until the capture ends. */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   (void)flags;
-  if (e->captured_in && s && !s->capture) {
+  if (e->captured_in && s && !s->capture && tt_emu::capturing.count(e->captured_in)) {
     s->capture = e->captured_in;
     tt_emu::joined.push_back(s);
   }
@@ -570,6 +582,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   if (!s) return cudaErrorStreamCaptureUnsupported;   /* the legacy stream cannot capture */
   if (s->capture) return cudaErrorIllegalState;
   s->capture = new CUgraph_st;
+  tt_emu::capturing.insert(s->capture);
   if (mode != cudaStreamCaptureModeRelaxed) tt_emu::capturing_here++;
   s->relaxed = mode == cudaStreamCaptureModeRelaxed;
   return cudaSuccess;
@@ -579,6 +592,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
   if (!s || !s->capture) return cudaErrorIllegalState;
   *g = s->capture;
   s->capture = nullptr;
+  tt_emu::capturing.erase(*g);
   if (!s->relaxed) tt_emu::capturing_here--;
   auto &j = tt_emu::joined;   /* the streams that joined it leave it */
   for (size_t i = 0; i < j.size();)

@@ -11,7 +11,7 @@
 **  - threadIdx, blockIdx, blockDim, gridDim, one set per OS thread, set by the scheduler
 **    before it resumes a CUDA thread;
 **  - __shared__ as `static` (one copy, shared by the block's threads, which run in turn on
-**    one OS thread);
+**    one OS thread), all-ones bits at each block's start;
 **  - __syncthreads and the warp collectives (__shfl_xor_sync, __any_sync, __all_sync,
 **    __ballot_sync): every CUDA thread of a block is a fiber (ucontext) that runs until it
 **    reaches one; the scheduler releases a barrier when every thread it names has arrived
@@ -24,6 +24,10 @@
 */
 #ifndef TT_CUDA_EMU_H
 #define TT_CUDA_EMU_H
+/* glibc's checked longjmp (_FORTIFY_SOURCE, on by default in some distributions' gcc)
+** refuses a jump from one stack to another, which is what a fiber switch is; this header
+** comes first in every file of the emulator. */
+#undef _FORTIFY_SOURCE
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -36,9 +40,10 @@
 #include <utility>
 
 /* nvcc's host pass makes these empty annotations; on the device __shared__ is one copy
-** per block. */
+** per block: here one copy, in a section of its own that the scheduler fills with all-ones
+** bits before each block (a read before any write shows as NaN). */
 #undef __shared__
-#define __shared__ static
+#define __shared__ static __attribute__((section("tt_emu_shared")))
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 

@@ -6,7 +6,7 @@
 # GPU, not nvcc and not libcudart, so a CPU-only build (TETRA_CUDA=OFF, as tools/mutate's
 # trees) has it too wherever the toolkit is installed. kernels/cuda/matmul.cu is left out:
 # it is cuBLASLt calls.
-find_path(TETRA_EMU_CUDA_INCLUDE NAMES cuda_runtime.h cuda_bf16.h
+find_path(TETRA_EMU_CUDA_INCLUDE NAMES cuda_fp8.h   # (CUDA 11.8 and later)
           HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda
           PATH_SUFFIXES include)
 # (translate is Perl: every machine with git has it, a bare toolchain root may not.)
