@@ -61,7 +61,9 @@ echo "proposed $split; measured (not asserted): uniform 6,6 $u ms, balanced $b m
 "$tetra" profile "$heavy" --reps 1 --ops 5 --no-measure >"$tmp/ops" 2>"$tmp/err" ||
   fail "profile --ops exit $?: $(cat "$tmp/err")"
 sed -n '/^ops of one more micro-batch/,$p' "$tmp/ops" > "$tmp/ops.table"
-[ "$(grep -cE '^[a-z_.]+ +(fwd|bwd|outside|region|recompute) +[0-9]+ +[0-9.]+ +[0-9.]+%$' "$tmp/ops.table")" -eq 5 ] ||
+# (the time between ops, "(outside ops)", is a row like the others, and on a busy machine
+# it may rank among the first five)
+[ "$(grep -cE '^([a-z_.]+|\(outside ops\)) +(fwd|bwd|outside|region|recompute) +[0-9]+ +[0-9.]+ +[0-9.]+%$' "$tmp/ops.table")" -eq 5 ] ||
   fail "--ops 5: not 5 rows: $(cat "$tmp/ops.table")"
 grep -qE '^\([0-9]+ more\) +[0-9]+ +[0-9.]+ ' "$tmp/ops.table" || fail "--ops 5: no line for the rest"
 grep -qE '^all +[0-9.]+ +100\.0%$' "$tmp/ops.table" || fail "--ops 5: no total"
