@@ -40,7 +40,6 @@ thread_local uint3 threadIdx, blockIdx;
 thread_local dim3 blockDim, gridDim;
 
 namespace tt_emu {
-int launches = 0;
 int sm_count = 2;
 /* TT_EMU_ORDER=reverse: the blocks of a grid, and the threads of a block between two
 ** barriers, run last to first. A kernel whose result depends on the order (a missing
@@ -307,7 +306,6 @@ void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(v
   }
   std::string bad = check_guards();
   if (!bad.empty()) fail_launch(cudaErrorIllegalAddress, bad);
-  launches++;
 }
 
 /* -- Memory ------------------------------------------------------------------------- */
@@ -361,8 +359,6 @@ std::string check_guards(void) {
   }
   return "";
 }
-
-size_t live_blocks(void) { return g_blocks.size(); }
 
 size_t live_bytes(void) {
   size_t n = 0;

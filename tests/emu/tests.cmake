@@ -16,22 +16,7 @@ if(TETRA_EMU_CUDA_INCLUDE AND CRITERION_FOUND AND TETRA_PERL)
   list(REMOVE_ITEM TETRA_EMU_KERNELS ${CMAKE_SOURCE_DIR}/kernels/cuda/matmul.cu)
   # and the engine's strided copy (its geometry from engine/core/copy_geom.c)
   list(APPEND TETRA_EMU_KERNELS ${CMAKE_SOURCE_DIR}/engine/cuda/copy.cu)
-  set(TETRA_EMU_SOURCES)
-  foreach(cu ${TETRA_EMU_KERNELS})
-    get_filename_component(name ${cu} NAME_WE)
-    set(out ${CMAKE_BINARY_DIR}/emu/${name}.cc)
-    add_custom_command(OUTPUT ${out}
-      COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/emu
-      COMMAND ${TETRA_PERL} ${CMAKE_SOURCE_DIR}/tests/emu/translate ${cu} ${out}
-      DEPENDS ${cu} ${CMAKE_SOURCE_DIR}/tests/emu/translate
-      COMMENT "Emulating ${name}.cu" VERBATIM)
-    list(APPEND TETRA_EMU_SOURCES ${out})
-  endforeach()
-  # nvcc's own pragmas (unroll) mean nothing to g++; the kernels read 16 bytes as uint4 and
-  # then as their element type, which nvcc allows and g++ only without strict aliasing.
-  set_source_files_properties(${TETRA_EMU_SOURCES} ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
-    ${CMAKE_SOURCE_DIR}/tests/emu/emu_engine_stubs.cc
-    PROPERTIES COMPILE_OPTIONS "-include;${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.h;-Wno-unknown-pragmas;-fno-strict-aliasing;-O1")
+  tetra_emu_sources(TETRA_EMU_SOURCES emu ${TETRA_EMU_KERNELS})
   add_executable(test_emu_kernels ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_kernels.cc
     ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_copy.cc ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
     ${CMAKE_SOURCE_DIR}/tests/emu/emu_engine_stubs.cc

@@ -13,11 +13,9 @@ bool release(void *p);
 /* "" when every live buffer's guards hold, else which buffer a kernel wrote outside of
 ** (the guards are then restored). */
 std::string check_guards(void);
-size_t live_blocks(void);
 size_t live_bytes(void);
-/* Launches run so far; the multiprocessor count tt_cuda_blocks sizes grids by (small, so
-** that grid-stride loops go round). */
-extern int launches;
+/* The multiprocessor count tt_cuda_blocks sizes grids by (small, so that grid-stride
+** loops go round). */
 extern int sm_count;
 }  // namespace tt_emu
 
