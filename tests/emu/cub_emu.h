@@ -25,6 +25,7 @@ struct DeviceRadixSort {
                        : (K)((((K)1 << (end_bit - begin_bit)) - 1) << begin_bit);
     /* on the stream, as CUB's kernels are: recorded when it is being captured */
     tt_emu::submit(stream, [=] {
+      tt_emu::DeviceWork device;
       std::vector<int> order(n);
       std::iota(order.begin(), order.end(), 0);
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) {

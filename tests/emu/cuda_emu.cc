@@ -12,6 +12,9 @@
 #include "cuda_emu.h"
 
 #include <setjmp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +84,9 @@ struct Launch {
   void (*body)(void *) = nullptr;
   void *ctx = nullptr;
   std::string error;
+  bool in_fiber = false;   /* a CUDA thread runs (a fault there is the kernel's) */
+  bool faulted = false;    /* a CUDA thread touched a buffer's guard page: `fault` says */
+  char fault[400];
 };
 Launch g_launch;
 cudaError_t g_last = cudaSuccess;
@@ -103,7 +109,9 @@ void resume(Fiber &f) {
   Launch &L = g_launch;
   L.cur = &f;
   set_builtins(f);
+  L.in_fiber = true;
   if (!_setjmp(L.sched)) _longjmp(f.ctx, 1);
+  L.in_fiber = false;
 }
 
 /* Makes fiber t's stack and parks it, once. */
@@ -213,6 +221,10 @@ bool run_block(int nthreads) {
         for (int j = 0; j < n; j++) {
           Fiber &f = L.fibers[w0 + (reversed ? n - 1 - j : j)];
           if (f.state == RUNNING) resume(f);
+          if (L.faulted) {
+            L.error = L.fault;
+            return false;
+          }
         }
         const int released = release_warp(w0, n);
         if (released < 0) return false;
@@ -277,6 +289,8 @@ void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(v
   L.body = body;
   L.ctx = ctx;
   L.error.clear();
+  L.faulted = false;
+  DeviceWork device;   /* the kernel may touch any device buffer */
   if (L.fibers.empty()) L.fibers.resize(1024);   /* never moved: fiber_entry keeps its own */
   while (L.stacks.size() < nthreads) L.stacks.push_back((char *)malloc(kStack));
   gridDim = grid;
@@ -300,7 +314,7 @@ void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(v
       for (unsigned t = 0; t < nthreads; t++)
         if (L.fibers[t].state != DONE) L.fibers[t].started = false;
       snprintf(why, sizeof why, "block (%u, %u, %u): ", x, y, z);
-      fail_launch(cudaErrorLaunchFailure, why + L.error);
+      fail_launch(L.faulted ? cudaErrorIllegalAddress : cudaErrorLaunchFailure, why + L.error);
       return;
     }
   }
@@ -313,51 +327,242 @@ void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(v
 namespace {
 constexpr size_t kGuard = 256;
 constexpr unsigned char kGuardByte = 0xff;   /* read as a float: NaN, as an integer: -1 */
+/* A device buffer is a mapping of its own: a front guard zone (at least kGuard bytes),
+** the buffer (its size rounded up to 256 bytes, so it starts 256-byte aligned as
+** cudaMalloc's do; the rounding's slack is guard bytes too), then one page that is never
+** readable, so a kernel that reads or writes past the rounded end faults at the access.
+** cudaMalloc's buffers are also closed to host code: unreadable while no device work
+** runs, opened one by one as device work (a kernel, a copy, cuBLASLt) first touches them,
+** and closed again when it ends. Host code that reads or writes one faults, as it would
+** on a GPU's memory. tt_emu::alloc's (the kernels' test reads its buffers) stay open. */
 struct Block {
-  size_t bytes;
-  char *base;   /* guard, bytes, guard */
+  size_t bytes;        /* as asked */
+  size_t body;         /* bytes rounded up to 256 */
+  char *map;           /* the mapping: front guard, body, guard page */
+  size_t map_bytes;    /* all of it, the guard page included */
+  bool closed_to_host;
+  bool open = true;    /* readable now */
 };
 std::map<void *, Block> g_blocks;
+size_t g_page;
 
-bool guard_ok(const char *p) {
-  for (size_t i = 0; i < kGuard; i++)
+/* Device work on this OS thread (DeviceWork), and the closed buffers it has opened. */
+thread_local int t_device_depth;
+thread_local void *t_opened[4096];
+thread_local int t_n_opened;
+
+bool guard_ok(const char *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
     if ((unsigned char)p[i] != kGuardByte) return false;
   return true;
 }
+
+char *user_of(const Block &b) { return b.map + b.map_bytes - g_page - b.body; }
+
+/* The buffer whose mapping holds address a, or nullptr. */
+Block *block_at(const char *a) {
+  auto it = g_blocks.upper_bound((void *)a);
+  for (int k = 0; k < 2; k++) {   /* the one starting after a (its front guard), then before */
+    if (it != g_blocks.end() && a >= it->second.map &&
+        a < it->second.map + it->second.map_bytes)
+      return &it->second;
+    if (it == g_blocks.begin()) break;
+    --it;
+  }
+  return nullptr;
+}
+
+void say(const char *text) {
+  if (write(2, text, strlen(text)) < 0) return;
+}
+
+/* SIGSEGV: a guard page, a closed buffer, or not the emulator's. */
+void on_fault(int sig, siginfo_t *si, void *uc) {
+  (void)sig, (void)uc;
+  const char *a = (const char *)si->si_addr;
+  Block *b = block_at(a);
+  Launch &L = g_launch;
+  char text[300];
+  if (b && a >= b->map + b->map_bytes - g_page) {
+    snprintf(text, sizeof text, "an access %zu bytes past the end of the %zu-byte device "
+             "buffer at %p", (size_t)(a - user_of(*b)) - b->bytes, b->bytes,
+             (void *)user_of(*b));
+    if (L.in_fiber) {   /* the kernel's: its launch fails, the thread is abandoned */
+      snprintf(L.fault, sizeof L.fault, "thread (%u, %u, %u): %s", threadIdx.x, threadIdx.y,
+               threadIdx.z, text);
+      L.faulted = true;
+      L.cur->state = DONE;      /* never resumed: its stack is abandoned here */
+      L.cur->started = false;   /* and made afresh for its next thread */
+      _longjmp(L.sched, 1);
+    }
+    say("cuda_emu: ");
+    say(text);
+    say(" (not in a kernel)\n");
+  } else if (b && !b->open && t_device_depth > 0) {
+    /* device work touches a closed buffer: open it until the work ends */
+    if (mprotect(b->map, b->map_bytes - g_page, PROT_READ | PROT_WRITE) == 0) {
+      b->open = true;
+      if (t_n_opened < (int)(sizeof t_opened / sizeof t_opened[0]))
+        t_opened[t_n_opened++] = user_of(*b);
+      return;
+    }
+  } else if (b && !b->open) {
+    snprintf(text, sizeof text, "cuda_emu: host code touched device memory at %p (in the "
+             "%zu-byte buffer at %p): a GPU's memory is not the host's; copy it with "
+             "cudaMemcpy\n", (const void *)a, b->bytes, (void *)user_of(*b));
+    say(text);
+  }
+  signal(SIGSEGV, SIG_DFL);   /* the access runs again and ends the process */
+}
+
+void install_fault_handler(void) {
+  static bool done;
+  if (done) return;
+  done = true;
+  g_page = (size_t)sysconf(_SC_PAGESIZE);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER;   /* a kernel's fault jumps out of the handler */
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, nullptr);
+}
+
+void close_block(Block &b) {
+  if (b.closed_to_host && b.open && mprotect(b.map, b.map_bytes - g_page, PROT_NONE) == 0)
+    b.open = false;
+}
+
+void *map_buffer(size_t bytes, bool closed_to_host) {
+  install_fault_handler();
+  const size_t body = ((bytes ? bytes : 1) + 255) / 256 * 256;
+  const size_t map_bytes = (kGuard + body + g_page - 1) / g_page * g_page + g_page;
+  char *map = (char *)mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) return nullptr;
+  memset(map, 0xff, map_bytes - g_page);   /* guards and the buffer: all-ones bits */
+  mprotect(map + map_bytes - g_page, g_page, PROT_NONE);
+  Block b{bytes, body, map, map_bytes, closed_to_host};
+  void *user = user_of(b);
+  if (t_device_depth == 0) close_block(b);
+  g_blocks[user] = b;
+  return user;
+}
 }  // namespace
 
-void *alloc(size_t bytes) {
-  char *base = (char *)malloc(bytes + 2 * kGuard);
-  if (!base) return nullptr;
-  memset(base, kGuardByte, kGuard);
-  memset(base + kGuard, 0xff, bytes);
-  memset(base + kGuard + bytes, kGuardByte, kGuard);
-  g_blocks[base + kGuard] = Block{bytes, base};
-  return base + kGuard;
+DeviceWork::DeviceWork() { t_device_depth++; }
+DeviceWork::~DeviceWork() {
+  if (--t_device_depth > 0) return;
+  for (int i = 0; i < t_n_opened; i++) {
+    auto it = g_blocks.find(t_opened[i]);
+    if (it != g_blocks.end()) close_block(it->second);
+  }
+  t_n_opened = 0;
 }
+
+void *alloc(size_t bytes) { return map_buffer(bytes, false); }
+void *alloc_device(size_t bytes) { return map_buffer(bytes, true); }
 
 bool release(void *p) {
   auto it = g_blocks.find(p);
   if (it == g_blocks.end()) return false;
-  free(it->second.base);
+  munmap(it->second.map, it->second.map_bytes);
   g_blocks.erase(it);
   return true;
 }
 
+/* Only buffers readable now: device work opened the closed ones it touched, and one it
+** never touched cannot have been written. */
 std::string check_guards(void) {
   for (auto &kv : g_blocks) {
-    const Block &b = kv.second;
-    const bool before = guard_ok(b.base), after = guard_ok(b.base + kGuard + b.bytes);
+    Block &b = kv.second;
+    if (!b.open) continue;
+    char *user = (char *)kv.first;
+    const bool before = guard_ok(user - kGuard, kGuard),
+               after = guard_ok(user + b.bytes, b.body - b.bytes);
     if (!before || !after) {
       char why[160];
       snprintf(why, sizeof why, "a kernel wrote %s the %zu-byte buffer at %p",
                before ? "past the end of" : "before the start of", b.bytes, kv.first);
-      for (size_t i = 0; i < kGuard; i++) b.base[i] = (char)kGuardByte;
-      memset(b.base + kGuard + b.bytes, kGuardByte, kGuard);
+      memset(user - kGuard, kGuardByte, kGuard);
+      memset(user + b.bytes, kGuardByte, b.body - b.bytes);
       return why;
     }
   }
   return "";
+}
+
+/* Pinned host memory (cudaHostAlloc): start and size. */
+std::map<const void *, size_t> g_pinned;
+
+namespace {
+/* The live range of `m` (start -> size) that holds [p, p + bytes], end included. */
+template <typename M>
+bool inside(const M &m, const void *p, size_t bytes, size_t (*size_of)(const typename M::mapped_type &)) {
+  auto it = m.upper_bound((typename M::key_type)p);
+  if (it == m.begin()) return false;
+  --it;
+  const uintptr_t start = (uintptr_t)it->first, at = (uintptr_t)p;
+  return at >= start && at - start <= size_of(it->second) &&
+         bytes <= size_of(it->second) - (at - start);
+}
+size_t block_size(const Block &b) { return b.bytes; }
+size_t pinned_size(const size_t &n) { return n; }
+}  // namespace
+
+bool on_device(const void *p, size_t bytes) { return inside(g_blocks, p, bytes, block_size); }
+bool pinned(const void *p, size_t bytes) { return inside(g_pinned, p, bytes, pinned_size); }
+
+bool device_readable(const void *p) { return on_device(p, 0) || pinned(p, 0); }
+
+void refuse_argument(int position, const void *p) {
+  char why[240];
+  snprintf(why, sizeof why, "kernel argument %d (%p) is neither a live device buffer nor "
+           "pinned host memory: a GPU faults reading it", position, p);
+  fail_launch(cudaErrorIllegalAddress, why);
+}
+
+/* "" when a copy of `bytes` (rows of `width` bytes `pitch` apart: pass width = bytes,
+** rows 1 for a flat copy) between dst and src fits the direction `k` asks: the device
+** side inside one live device buffer, the host side outside every one (CUDA calls a
+** direction that does not match the pointers undefined). cudaMemcpyDefault asks only
+** that a device pointer's rows fit its buffer. */
+std::string copy_fault(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t rows, cudaMemcpyKind k) {
+  if (!rows || !width) return "";
+  const size_t dspan = (rows - 1) * dpitch + width, sspan = (rows - 1) * spitch + width;
+  const bool dst_dev = on_device(dst, 0), src_dev = on_device(src, 0);
+  const bool want_dst_dev = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+  const bool want_src_dev = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+  static const char *names[] = {"HostToHost", "HostToDevice", "DeviceToHost",
+                                "DeviceToDevice", "Default"};
+  char why[240];
+  if (k != cudaMemcpyDefault && (dst_dev != want_dst_dev || src_dev != want_src_dev)) {
+    snprintf(why, sizeof why, "cudaMemcpy%s from %s memory (%p) to %s memory (%p)",
+             names[(int)k], src_dev ? "device" : "host", src, dst_dev ? "device" : "host",
+             dst);
+    return why;
+  }
+  if ((dst_dev && !on_device(dst, dspan)) || (src_dev && !on_device(src, sspan))) {
+    snprintf(why, sizeof why, "a copy of %zu bytes runs past the end of the device buffer "
+             "at %p", dst_dev && !on_device(dst, dspan) ? dspan : sspan,
+             dst_dev && !on_device(dst, dspan) ? dst : src);
+    return why;
+  }
+  return "";
+}
+
+/* The same for a memset of rows of `width` bytes `pitch` apart: inside one device buffer
+** (or pinned memory, which the device writes too). */
+std::string set_fault(void *p, size_t pitch, size_t width, size_t rows) {
+  if (!rows || !width) return "";
+  const size_t span = (rows - 1) * pitch + width;
+  if (on_device(p, span) || pinned(p, span)) return "";
+  char why[200];
+  snprintf(why, sizeof why, "a memset of %zu bytes at %p: %s", span, p,
+           on_device(p, 0) ? "past the end of its device buffer"
+                           : "not device memory");
+  return why;
 }
 
 size_t live_bytes(void) {
@@ -372,13 +577,22 @@ size_t live_bytes(void) {
 /* One order: work on any stream runs when it is issued, except on a stream being captured,
 ** where it is recorded into the capture's graph and runs at each launch of that graph. */
 
+/* Joins: CUDA ends a capture only when every stream that joined it has been joined back
+** into the stream that began it (cudaErrorStreamCaptureUnjoined otherwise), so that the
+** graph has one end. Each stream counts the operations it has added to the capture
+** (`ops`); `seen` says, per stream, how many of those this stream waits for, through the
+** events it has waited on (an event keeps what its stream had seen when recorded). */
+typedef std::map<const CUstream_st *, uint64_t> Seen;
 struct CUstream_st {
   CUgraph_st *capture = nullptr;   /* the graph being captured, or none */
   bool relaxed = false;            /* that capture's mode is cudaStreamCaptureModeRelaxed */
+  uint64_t ops = 0;                /* operations added to the capture */
+  Seen seen;
 };
 struct CUevent_st {
   double t = 0;                        /* seconds, when last recorded */
   CUgraph_st *captured_in = nullptr;   /* recorded into this capture, or none */
+  Seen seen;                           /* its stream's, and that stream's own ops, then */
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -411,9 +625,16 @@ cudaError_t unsafe(const char *call) {
   return cudaErrorStreamCaptureUnsupported;
 }
 
+/* A call's error, as the last error too (the runtime records every call's). */
+cudaError_t refuse_call(cudaError_t e, const std::string &why) {
+  fail_launch(e, why);
+  return e;
+}
+
 bool submit(cudaStream_t s, std::function<void()> op) {
   if (s && s->capture) {
     s->capture->ops.push_back(std::move(op));
+    s->ops++;
     return true;
   }
   op();
@@ -428,9 +649,17 @@ extern "C" {
 ** when s is being captured (then free_ctx(ctx) when the graph goes; now: after the run). */
 int tt_emu_submit(cudaStream_t s, void (*fn)(void *), void *ctx, void (*free_ctx)(void *)) {
   std::shared_ptr<void> keep(ctx, free_ctx);
-  tt_emu::submit(s, [fn, keep] { fn(keep.get()); });
+  tt_emu::submit(s, [fn, keep] {
+    tt_emu::DeviceWork device;
+    fn(keep.get());
+  });
   return 0;
 }
+
+/* For the emulated cuBLASLt: whether [p, p + bytes] lies in one live device buffer, and
+** a fault in the work running now. */
+int tt_emu_on_device(const void *p, size_t bytes) { return tt_emu::on_device(p, bytes); }
+void tt_emu_fault(const char *why) { tt_emu::fail_launch(cudaErrorIllegalAddress, why); }
 
 cudaError_t cudaGetLastError(void) {
   cudaError_t e = tt_emu::g_last;
@@ -533,8 +762,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   (void)flags;
   if (e->captured_in && s && !s->capture && tt_emu::capturing.count(e->captured_in)) {
     s->capture = e->captured_in;
+    s->ops = 0;
+    s->seen.clear();
     tt_emu::joined.push_back(s);
   }
+  if (e->captured_in && s && s->capture == e->captured_in)
+    for (auto &kv : e->seen) s->seen[kv.first] = std::max(s->seen[kv.first], kv.second);
   return cudaSuccess;
 }
 
@@ -555,7 +788,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   e->captured_in = s ? s->capture : nullptr;
-  tt_emu::submit(s, [e] { e->t = tt_emu::now_s(); });
+  if (e->captured_in) {
+    e->seen = s->seen;
+    e->seen[s] = s->ops;
+    /* a record adds no node to CUDA's graph: not one of the stream's operations */
+    s->capture->ops.push_back([e] { e->t = tt_emu::now_s(); });
+  } else {
+    tt_emu::submit(s, [e] { e->t = tt_emu::now_s(); });
+  }
   return cudaSuccess;
 }
 
@@ -578,6 +818,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   if (!s) return cudaErrorStreamCaptureUnsupported;   /* the legacy stream cannot capture */
   if (s->capture) return cudaErrorIllegalState;
   s->capture = new CUgraph_st;
+  s->ops = 0;
+  s->seen.clear();
   tt_emu::capturing.insert(s->capture);
   if (mode != cudaStreamCaptureModeRelaxed) tt_emu::capturing_here++;
   s->relaxed = mode == cudaStreamCaptureModeRelaxed;
@@ -586,19 +828,32 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
 
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
   if (!s || !s->capture) return cudaErrorIllegalState;
-  *g = s->capture;
+  CUgraph_st *graph = s->capture;
   s->capture = nullptr;
-  tt_emu::capturing.erase(*g);
+  tt_emu::capturing.erase(graph);
   if (!s->relaxed) tt_emu::capturing_here--;
   auto &j = tt_emu::joined;   /* the streams that joined it leave it */
+  uint64_t unjoined = 0;
   for (size_t i = 0; i < j.size();)
-    if (j[i]->capture == *g) {
+    if (j[i]->capture == graph) {
+      const auto back = s->seen.find(j[i]);
+      if (j[i]->ops > (back == s->seen.end() ? 0 : back->second))
+        unjoined += j[i]->ops - (back == s->seen.end() ? 0 : back->second);
       j[i]->capture = nullptr;
       j[i] = j.back();
       j.pop_back();
     } else {
       i++;
     }
+  if (unjoined) {   /* the capture is invalid: no graph */
+    delete graph;
+    *g = nullptr;
+    return tt_emu::refuse_call(cudaErrorStreamCaptureUnjoined,
+                               std::to_string(unjoined) + " operation(s) of a stream that "
+                               "joined the capture were never joined back into the stream "
+                               "that began it");
+  }
+  *g = graph;
   return cudaSuccess;
 }
 
@@ -641,13 +896,13 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g) {
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
   if (cudaError_t e = tt_emu::unsafe("cudaMalloc")) return e;
-  *p = tt_emu::alloc(bytes);
+  *p = tt_emu::alloc_device(bytes);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
   (void)s;
-  *p = tt_emu::alloc(bytes);
+  *p = tt_emu::alloc_device(bytes);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
@@ -666,63 +921,104 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
   (void)flags;
   *p = malloc(bytes ? bytes : 1);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*p) return cudaErrorMemoryAllocation;
+  tt_emu::g_pinned[*p] = bytes;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void *p) {
+  if (!p) return cudaSuccess;
+  if (!tt_emu::g_pinned.erase(p)) return cudaErrorInvalidValue;
   free(p);
   return cudaSuccess;
 }
 
+}  // extern "C"
+
+namespace tt_emu {
+/* A copy or set whose pointers do not fit (copy_fault, set_fault) is refused when it is
+** issued, as CUDA refuses pointers it can check then; on a stream it is checked again
+** when it runs, which for a captured one is each replay (a buffer may be gone by then). */
+
+cudaError_t copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                    size_t height, cudaMemcpyKind k, cudaStream_t s, bool on_stream) {
+  const std::string why = copy_fault(dst, dpitch, src, spitch, width, height, k);
+  if (!why.empty()) return refuse_call(cudaErrorInvalidValue, why);
+  auto op = [=] {
+    DeviceWork device;
+    const std::string late = copy_fault(dst, dpitch, src, spitch, width, height, k);
+    if (!late.empty()) {
+      fail_launch(cudaErrorIllegalAddress, late);
+      return;
+    }
+    for (size_t r = 0; r < height; r++)
+      memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+  };
+  if (on_stream)
+    submit(s, op);
+  else
+    op();
+  return cudaSuccess;
+}
+
+cudaError_t set_2d(void *p, size_t pitch, int v, size_t width, size_t height, cudaStream_t s,
+                   bool on_stream) {
+  const std::string why = set_fault(p, pitch, width, height);
+  if (!why.empty()) return refuse_call(cudaErrorInvalidValue, why);
+  auto op = [=] {
+    DeviceWork device;
+    const std::string late = set_fault(p, pitch, width, height);
+    if (!late.empty()) {
+      fail_launch(cudaErrorIllegalAddress, late);
+      return;
+    }
+    for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, v, width);
+  };
+  if (on_stream)
+    submit(s, op);
+  else
+    op();
+  return cudaSuccess;
+}
+}  // namespace tt_emu
+
+extern "C" {
+
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind k) {
   if (cudaError_t e = tt_emu::unsafe("cudaMemcpy")) return e;
-  (void)k;
-  memmove(dst, src, bytes);
-  return cudaSuccess;
+  return tt_emu::copy_2d(dst, bytes, src, bytes, bytes, 1, k, nullptr, false);
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind k,
                             cudaStream_t s) {
-  (void)k;
-  tt_emu::submit(s, [=] { memmove(dst, src, bytes); });
-  return cudaSuccess;
+  return tt_emu::copy_2d(dst, bytes, src, bytes, bytes, 1, k, s, true);
 }
 
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size_t bytes,
                                 cudaStream_t s) {
   if (dd != 0 || sd != 0) return cudaErrorInvalidDevice;
-  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s);
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind k, cudaStream_t s) {
-  (void)k;
   if (width > dpitch || width > spitch) return cudaErrorInvalidPitchValue;
-  tt_emu::submit(s, [=] {
-    for (size_t r = 0; r < height; r++)
-      memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
-  });
-  return cudaSuccess;
+  return tt_emu::copy_2d(dst, dpitch, src, spitch, width, height, k, s, true);
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t bytes) {
   if (cudaError_t e = tt_emu::unsafe("cudaMemset")) return e;
-  memset(p, v, bytes);
-  return cudaSuccess;
+  return tt_emu::set_2d(p, bytes, v, bytes, 1, nullptr, false);
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
-  tt_emu::submit(s, [=] { memset(p, v, bytes); });
-  return cudaSuccess;
+  return tt_emu::set_2d(p, bytes, v, bytes, 1, s, true);
 }
 
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t width, size_t height,
                               cudaStream_t s) {
   if (width > pitch) return cudaErrorInvalidPitchValue;
-  tt_emu::submit(s, [=] {
-    for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, v, width);
-  });
-  return cudaSuccess;
+  return tt_emu::set_2d(p, pitch, v, width, height, s, true);
 }
 
 }  // extern "C"

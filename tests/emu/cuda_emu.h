@@ -37,6 +37,7 @@
 #include <string.h>
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 /* nvcc's host pass makes these empty annotations; on the device __shared__ is one copy
@@ -58,8 +59,44 @@ namespace tt_emu {
 void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
          void *ctx);
 
+/* Device work (a kernel, a copy, a library call) runs while one of these lives on the OS
+** thread: the device buffers it touches are open to it, and closed to host code again
+** when the outermost one ends (cuda_emu.cc's Block). */
+struct DeviceWork {
+  DeviceWork();
+  ~DeviceWork();
+  DeviceWork(const DeviceWork &) = delete;
+  DeviceWork &operator=(const DeviceWork &) = delete;
+};
+
 /* Runs op now, or records it when stream s is being captured (true). */
 bool submit(cudaStream_t s, std::function<void()> op);
+
+/* Whether a kernel may read p: inside a live cudaMalloc'd buffer (its end included) or
+** pinned host memory (cudaHostAlloc: mapped into the device's address space on a 64-bit
+** system). Anything else, ordinary host memory or a buffer already freed, faults on a GPU. */
+bool device_readable(const void *p);
+/* Fails the launch (cudaErrorIllegalAddress for cudaGetLastError) naming the argument. */
+void refuse_argument(int position, const void *p);
+
+/* The kernel's pointer arguments, each checked as the launch runs (a graph's replay too,
+** when a buffer it was captured with may have been freed since). Pointers held inside a
+** struct argument are not seen. */
+template <typename... A>
+bool arguments_readable(const A &...args) {
+  int position = 0;
+  bool ok = true;
+  auto one = [&](const auto &a) {
+    position++;
+    if constexpr (std::is_pointer_v<std::decay_t<decltype(a)>>)
+      if (ok && a && !device_readable((const void *)a)) {
+        refuse_argument(position, (const void *)a);
+        ok = false;
+      }
+  };
+  (one(args), ...);
+  return ok;
+}
 
 /* The part of a launch the translation keeps: `launcher(cfg..., fn)(args...)`. */
 template <typename Fn>
@@ -81,6 +118,7 @@ struct Launcher {
     /* the arguments kept by value, as a launch copies them: a captured launch replays */
     submit(stream, [f = fn, t = std::tuple<A...>(args...), g = grid, b = block, sm = smem,
                     st = stream]() mutable {
+      if (!std::apply([](const auto &...a) { return arguments_readable(a...); }, t)) return;
       Call c{&f, &t};
       run(g, b, sm, st, Call::go, &c);
     });

@@ -137,8 +137,14 @@ void short_warp(float *p) { p[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 
 
 Test(emu, catches_what_it_should) {
   float *p = (float *)tt_emu::alloc(64 * sizeof(float));
+  /* p[64] is the page after the 256-byte buffer: the write faults at once */
   tt_emu::launcher(1, 96, [](auto... a) { write_past(a...); })(p, 64);
   cr_expect_eq(cudaGetLastError(), cudaErrorIllegalAddress, "a write past the end");
+  /* p[60] is in the slack of a 240-byte buffer: the guards, checked after the launch */
+  float *q = (float *)tt_emu::alloc(60 * sizeof(float));
+  tt_emu::launcher(1, 96, [](auto... a) { write_past(a...); })(q, 60);
+  cr_expect_eq(cudaGetLastError(), cudaErrorIllegalAddress, "a write into the slack");
+  tt_emu::release(q);
   tt_emu::launcher(1, 32, [](auto... a) { half_barrier(a...); })(p);
   cr_expect_eq(cudaGetLastError(), cudaErrorLaunchFailure, "a barrier half the warp skips");
   tt_emu::launcher(dim3(1, 70000), 32, [](auto... a) { short_warp(a...); })(p);

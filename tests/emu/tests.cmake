@@ -11,21 +11,25 @@ find_path(TETRA_EMU_CUDA_INCLUDE NAMES cuda_fp8.h   # (CUDA 11.8 and later)
           PATH_SUFFIXES include)
 # (translate is Perl: every machine with git has it, a bare toolchain root may not.)
 find_program(TETRA_PERL perl)
-if(TETRA_EMU_CUDA_INCLUDE AND CRITERION_FOUND AND TETRA_PERL)
+# (cublasLt.h for the emulated cuBLASLt's own test, test_emu_runtime.cc)
+if(TETRA_EMU_CUDA_INCLUDE AND EXISTS ${TETRA_EMU_CUDA_INCLUDE}/cublasLt.h AND CRITERION_FOUND
+   AND TETRA_PERL)
   file(GLOB TETRA_EMU_KERNELS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
   list(REMOVE_ITEM TETRA_EMU_KERNELS ${CMAKE_SOURCE_DIR}/kernels/cuda/matmul.cu)
   # and the engine's strided copy (its geometry from engine/core/copy_geom.c)
   list(APPEND TETRA_EMU_KERNELS ${CMAKE_SOURCE_DIR}/engine/cuda/copy.cu)
   tetra_emu_sources(TETRA_EMU_SOURCES emu ${TETRA_EMU_KERNELS})
   add_executable(test_emu_kernels ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_kernels.cc
-    ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_copy.cc ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
+    ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_copy.cc ${CMAKE_SOURCE_DIR}/tests/emu/test_emu_runtime.cc
+    ${CMAKE_SOURCE_DIR}/tests/emu/cublaslt_emu.cc ${CMAKE_SOURCE_DIR}/tests/emu/cuda_emu.cc
     ${CMAKE_SOURCE_DIR}/tests/emu/emu_engine_stubs.cc
     ${CMAKE_SOURCE_DIR}/engine/core/copy_geom.c ${TETRA_EMU_SOURCES})
   set_target_properties(test_emu_kernels PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
   target_include_directories(test_emu_kernels PRIVATE ${CMAKE_SOURCE_DIR}/tests/emu
     ${CMAKE_SOURCE_DIR}/kernels/cuda ${CMAKE_SOURCE_DIR}/engine/cuda)
   target_include_directories(test_emu_kernels SYSTEM PRIVATE ${TETRA_EMU_CUDA_INCLUDE})
-  target_link_libraries(test_emu_kernels PRIVATE tetra_kernels_cpu PkgConfig::CRITERION)
+  target_link_libraries(test_emu_kernels PRIVATE tetra_kernels_cpu PkgConfig::CRITERION
+    PkgConfig::OPENBLAS)
   add_test(NAME emu/kernels COMMAND test_emu_kernels --jobs=1)
   # The same with blocks and threads run last to first (cuda_emu.cc, TT_EMU_ORDER).
   add_test(NAME emu/kernels_reversed COMMAND test_emu_kernels --jobs=1)

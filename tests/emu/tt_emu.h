@@ -7,8 +7,12 @@
 #include <string>
 
 namespace tt_emu {
-/* "Device" memory: host memory between guard zones, filled with all-ones bits. */
+/* "Device" memory: host memory between guard zones (and a page no access may touch
+** past its end), filled with all-ones bits. alloc's buffers stay readable by host code
+** (the tests read theirs); alloc_device's, cudaMalloc's, fault when host code touches
+** them outside device work (cuda_emu.cc). */
 void *alloc(size_t bytes);
+void *alloc_device(size_t bytes);
 bool release(void *p);
 /* "" when every live buffer's guards hold, else which buffer a kernel wrote outside of
 ** (the guards are then restored). */
