@@ -22,6 +22,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -137,7 +138,14 @@ void yield_to_scheduler(void) {
   set_builtins(*f);
 }
 
+/* Failures so far, and the last one's error: a host wait returns the error of work that
+** failed while it waited (as a GPU reports a fault at the next synchronisation). */
+uint64_t g_failures;
+cudaError_t g_failure_last = cudaSuccess;
+
 void fail_launch(cudaError_t e, const std::string &why) {
+  g_failures++;
+  g_failure_last = e;
   if (g_last == cudaSuccess) {
     g_last = e;
     g_last_why = why;
@@ -271,20 +279,27 @@ uint64_t warp_meet(unsigned mask, uint64_t bits, int src, int *any, int *all,
   return f->got;
 }
 
+bool launch_config_ok(dim3 grid, dim3 block, size_t smem) {
+  const uint64_t nthreads = (uint64_t)block.x * block.y * block.z;
+  if (!grid.x || !grid.y || !grid.z || !nthreads || nthreads > 1024 || block.x > 1024 ||
+      block.y > 1024 || block.z > 64 || grid.x > 2147483647u || grid.y > 65535 ||
+      grid.z > 65535 || smem > 48 * 1024) {
+    char why[200];
+    snprintf(why, sizeof why, "launch of grid (%u, %u, %u) blocks of (%u, %u, %u) threads, "
+             "%zu bytes of dynamic shared memory", grid.x, grid.y, grid.z, block.x, block.y,
+             block.z, smem);
+    fail_launch(cudaErrorInvalidConfiguration, why);
+    return false;
+  }
+  return true;
+}
+
 void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
          void *ctx) {
   (void)stream;
   const uint64_t nthreads = (uint64_t)block.x * block.y * block.z;
   char why[200];
-  if (!grid.x || !grid.y || !grid.z || !nthreads || nthreads > 1024 || block.x > 1024 ||
-      block.y > 1024 || block.z > 64 || grid.x > 2147483647u || grid.y > 65535 ||
-      grid.z > 65535 || smem > 48 * 1024) {
-    snprintf(why, sizeof why, "launch of grid (%u, %u, %u) blocks of (%u, %u, %u) threads, "
-             "%zu bytes of dynamic shared memory", grid.x, grid.y, grid.z, block.x, block.y,
-             block.z, smem);
-    fail_launch(cudaErrorInvalidConfiguration, why);
-    return;
-  }
+  if (!launch_config_ok(grid, block, smem)) return;
   Launch &L = g_launch;
   L.body = body;
   L.ctx = ctx;
@@ -584,6 +599,7 @@ size_t live_bytes(void) {
 ** events it has waited on (an event keeps what its stream had seen when recorded). */
 typedef std::map<const CUstream_st *, uint64_t> Seen;
 struct CUstream_st {
+  std::deque<std::function<void()>> queue;   /* issued, not run yet (cuda_emu.cc: Deferred) */
   CUgraph_st *capture = nullptr;   /* the graph being captured, or none */
   bool relaxed = false;            /* that capture's mode is cudaStreamCaptureModeRelaxed */
   uint64_t ops = 0;                /* operations added to the capture */
@@ -591,6 +607,8 @@ struct CUstream_st {
 };
 struct CUevent_st {
   double t = 0;                        /* seconds, when last recorded */
+  cudaStream_t stream = nullptr;       /* where it was last recorded (outside a capture) */
+  uint64_t issued = 0, reached = 0;    /* records issued, and run */
   CUgraph_st *captured_in = nullptr;   /* recorded into this capture, or none */
   Seen seen;                           /* its stream's, and that stream's own ops, then */
 };
@@ -631,14 +649,68 @@ cudaError_t refuse_call(cudaError_t e, const std::string &why) {
   return e;
 }
 
+/* Deferred work: what is issued on a stream runs when the host waits for it (a stream,
+** event or device synchronisation or query, a synchronous copy or set, a free), not
+** when it is issued, as a GPU runs it later. Host code that reads what a copy or kernel
+** makes (in pinned memory) without waiting reads what was there before; host code that
+** writes a copy's pinned source before the copy ran changes what is copied. A stream
+** waiting on an event runs the event's stream up to its record first. The legacy stream
+** (0) runs its work at once, after all that is pending (blocking streams wait for it
+** and it for them). TT_EMU_SYNC=eager runs everything when issued, as before. */
+static const bool eager = [] {
+  const char *v = getenv("TT_EMU_SYNC");
+  return v && !strcmp(v, "eager");
+}();
+std::set<cudaStream_t> streams;   /* live streams */
+
+void run_next(cudaStream_t s) {
+  std::function<void()> op = std::move(s->queue.front());
+  s->queue.pop_front();
+  op();
+}
+
+void flush(cudaStream_t s) {
+  while (!s->queue.empty()) run_next(s);
+}
+
+void flush_all(void) {
+  for (bool ran = true; ran;) {   /* (work run may issue more: run until none is left) */
+    ran = false;
+    for (cudaStream_t s : streams)
+      if (!s->queue.empty()) {
+        flush(s);
+        ran = true;
+      }
+  }
+}
+
+/* Runs e's stream until its last record has run. */
+void reach(cudaEvent_t e, uint64_t record) {
+  while (e->reached < record && e->stream && !e->stream->queue.empty()) run_next(e->stream);
+}
+
 bool submit(cudaStream_t s, std::function<void()> op) {
   if (s && s->capture) {
     s->capture->ops.push_back(std::move(op));
     s->ops++;
     return true;
   }
+  if (s && !eager) {
+    s->queue.push_back(std::move(op));
+    return false;
+  }
+  flush_all();
   op();
   return false;
+}
+
+/* A host wait: runs what it waits for (`run`), then returns the error of any work that
+** failed meanwhile. */
+template <typename F>
+cudaError_t host_wait(F run) {
+  const uint64_t before = g_failures;
+  run();
+  return g_failures != before ? g_failure_last : cudaSuccess;
 }
 
 }  // namespace tt_emu
@@ -727,11 +799,13 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
-  return tt_emu::unsafe("cudaDeviceSynchronize");
+  if (cudaError_t e = tt_emu::unsafe("cudaDeviceSynchronize")) return e;
+  return tt_emu::host_wait(tt_emu::flush_all);
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
   *s = new CUstream_st;
+  tt_emu::streams.insert(*s);
   return cudaSuccess;
 }
 
@@ -741,6 +815,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  tt_emu::flush(s);   /* its work still runs */
+  tt_emu::streams.erase(s);
   auto &j = tt_emu::joined;
   j.erase(std::remove(j.begin(), j.end(), s), j.end());
   delete s;
@@ -748,12 +824,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return s && s->capture ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+  if (s && s->capture) return cudaErrorStreamCaptureUnsupported;
+  return tt_emu::host_wait([s] { s ? tt_emu::flush(s) : tt_emu::flush_all(); });
 }
 
+/* A query runs the stream's work and answers done (a poll loop ends at its first ask). */
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-  (void)s;
-  return cudaSuccess;
+  if (s && s->capture) return cudaErrorStreamCaptureUnsupported;
+  return tt_emu::host_wait([s] { s ? tt_emu::flush(s) : tt_emu::flush_all(); });
 }
 
 /* A stream that waits for an event recorded inside a capture joins that capture, as CUDA
@@ -768,6 +846,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   }
   if (e->captured_in && s && s->capture == e->captured_in)
     for (auto &kv : e->seen) s->seen[kv.first] = std::max(s->seen[kv.first], kv.second);
+  if (!e->captured_in && e->reached < e->issued) {   /* s runs e's stream up to its record */
+    const uint64_t record = e->issued;
+    tt_emu::submit(s, [e, record] { tt_emu::reach(e, record); });
+  }
   return cudaSuccess;
 }
 
@@ -794,19 +876,23 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     /* a record adds no node to CUDA's graph: not one of the stream's operations */
     s->capture->ops.push_back([e] { e->t = tt_emu::now_s(); });
   } else {
-    tt_emu::submit(s, [e] { e->t = tt_emu::now_s(); });
+    e->stream = s;
+    const uint64_t record = ++e->issued;
+    tt_emu::submit(s, [e, record] {
+      e->t = tt_emu::now_s();
+      e->reached = std::max(e->reached, record);
+    });
   }
   return cudaSuccess;
 }
 
+/* A query runs the work up to the event and answers done, as cudaStreamQuery. */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  (void)e;
-  return cudaSuccess;
+  return tt_emu::host_wait([e] { tt_emu::reach(e, e->issued); });
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  (void)e;
-  return cudaSuccess;
+  return tt_emu::host_wait([e] { tt_emu::reach(e, e->issued); });
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
@@ -906,16 +992,21 @@ cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
+/* cudaFree waits for the device's work first (CUDA's too); cudaFreeAsync frees when the
+** stream reaches it. */
 cudaError_t cudaFree(void *p) {
   if (cudaError_t e = tt_emu::unsafe("cudaFree")) return e;
   if (!p) return cudaSuccess;
+  tt_emu::flush_all();
   return tt_emu::release(p) ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
   if (s && s->capture) return cudaSuccess;
   if (!p) return cudaSuccess;
-  return tt_emu::release(p) ? cudaSuccess : cudaErrorInvalidValue;
+  if (!tt_emu::on_device(p, 0)) return cudaErrorInvalidValue;
+  tt_emu::submit(s, [p] { tt_emu::release(p); });
+  return cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
@@ -928,6 +1019,7 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
 
 cudaError_t cudaFreeHost(void *p) {
   if (!p) return cudaSuccess;
+  tt_emu::flush_all();   /* (copies pending on it run first) */
   if (!tt_emu::g_pinned.erase(p)) return cudaErrorInvalidValue;
   free(p);
   return cudaSuccess;
@@ -954,10 +1046,23 @@ cudaError_t copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, si
     for (size_t r = 0; r < height; r++)
       memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
   };
-  if (on_stream)
-    submit(s, op);
-  else
+  /* CUDA copies to or from pageable host memory before the call returns, after the
+  ** stream's earlier work (its synchronisation rules): only pinned and device memory
+  ** are copied when the stream gets there. cudaMemcpy waits for everything first. */
+  const bool pageable = (!on_device(dst, 0) && !pinned(dst, 0)) ||
+                        (!on_device(src, 0) && !pinned(src, 0));
+  if (!on_stream) {
+    flush_all();
     op();
+  } else if (pageable && !(s && s->capture)) {
+    if (s)
+      flush(s);
+    else
+      flush_all();
+    op();
+  } else {
+    submit(s, op);
+  }
   return cudaSuccess;
 }
 
@@ -974,10 +1079,12 @@ cudaError_t set_2d(void *p, size_t pitch, int v, size_t width, size_t height, cu
     }
     for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, v, width);
   };
-  if (on_stream)
+  if (on_stream) {
     submit(s, op);
-  else
+  } else {
+    flush_all();
     op();
+  }
   return cudaSuccess;
 }
 }  // namespace tt_emu

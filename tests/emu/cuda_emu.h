@@ -69,7 +69,12 @@ struct DeviceWork {
   DeviceWork &operator=(const DeviceWork &) = delete;
 };
 
-/* Runs op now, or records it when stream s is being captured (true). */
+/* Whether CUDA takes this launch configuration; the launch fails (cudaGetLastError) when
+** not, as CUDA refuses it when issued. */
+bool launch_config_ok(dim3 grid, dim3 block, size_t smem);
+
+/* Issues op on stream s: it runs when the host waits for s (or at once on the legacy
+** stream 0), or is recorded when s is being captured (true). */
 bool submit(cudaStream_t s, std::function<void()> op);
 
 /* Whether a kernel may read p: inside a live cudaMalloc'd buffer (its end included) or
@@ -115,6 +120,7 @@ struct Launcher {
         std::apply(*c->fn, *c->args);
       }
     };
+    if (!launch_config_ok(grid, block, smem)) return;
     /* the arguments kept by value, as a launch copies them: a captured launch replays */
     submit(stream, [f = fn, t = std::tuple<A...>(args...), g = grid, b = block, sm = smem,
                     st = stream]() mutable {

@@ -118,6 +118,62 @@ Test(emu_runtime, kernel_read_past_the_end) {
   cudaFree(p), cudaFree(q), cudaFree(out);
 }
 
+/* Work issued on a stream runs when the host waits for it, as a GPU runs it later: host
+** code that reads a copy's pinned destination without waiting sees the old bytes. */
+Test(emu_runtime, streams_run_when_waited_for) {
+  (void)cudaGetLastError();
+  cudaStream_t s1, s2;
+  cudaEvent_t e;
+  cudaStreamCreate(&s1), cudaStreamCreate(&s2), cudaEventCreate(&e);
+  float *d = dev_floats(64), *h = nullptr, *h2 = nullptr;
+  cr_assert_eq(cudaHostAlloc((void **)&h, 64 * sizeof(float), 0), cudaSuccess);
+  cr_assert_eq(cudaHostAlloc((void **)&h2, 64 * sizeof(float), 0), cudaSuccess);
+  h[0] = h2[0] = 0.0f;
+
+  launch_fill(d, 64, 7.0f, s1);
+  cr_expect_eq(cudaMemcpyAsync(h, d, 64 * sizeof(float), cudaMemcpyDeviceToHost, s1),
+               cudaSuccess);
+  cr_expect_eq(h[0], 0.0f, "not run before the host waits");
+  cr_expect_eq(cudaStreamSynchronize(s1), cudaSuccess);
+  cr_expect_eq(h[0], 7.0f, "run at the wait");
+
+  /* s2 waits for an event of s1: s1 runs up to the record, not past it */
+  launch_fill(d, 64, 1.0f, s1);
+  cudaEventRecord(e, s1);
+  cudaMemcpyAsync(h2, d, 4, cudaMemcpyDeviceToHost, s1);   /* after the record */
+  cudaStreamWaitEvent(s2, e, 0);
+  cudaMemcpyAsync(h, d, 4, cudaMemcpyDeviceToHost, s2);
+  cr_expect_eq(cudaStreamSynchronize(s2), cudaSuccess);
+  cr_expect_eq(h[0], 1.0f, "s1's fill ran first");
+  cr_expect_eq(h2[0], 0.0f, "s1's work after the record has not run");
+  cr_expect_eq(cudaEventSynchronize(e), cudaSuccess);
+  cr_expect_eq(h2[0], 0.0f, "nor at a wait for the event");
+  cr_expect_eq(cudaStreamSynchronize(s1), cudaSuccess);
+  cr_expect_eq(h2[0], 1.0f);
+
+  /* a pinned source written after the copy was issued, before it ran: the copy reads the
+  ** new bytes (a race the host must close with a wait) */
+  h[0] = 5.0f;
+  cudaMemcpyAsync(d, h, 4, cudaMemcpyHostToDevice, s1);
+  h[0] = 6.0f;
+  cr_expect_eq(at(d, 0), 6.0f, "the copy ran at the synchronous read, after the write");
+
+  /* pageable memory is copied before the call returns */
+  std::vector<float> v(1, 0.0f);
+  launch_fill(d, 64, 9.0f, s1);
+  cudaMemcpyAsync(v.data(), d, 4, cudaMemcpyDeviceToHost, s1);
+  cr_expect_eq(v[0], 9.0f, "a pageable destination is written at once");
+
+  /* a fault shows at the host wait, not at the launch */
+  std::vector<float> host(64);
+  launch_fill(host.data(), 64, 1.0f, s1);
+  cr_expect_eq(cudaGetLastError(), cudaSuccess, "the launch itself is accepted");
+  cr_expect_eq(cudaStreamSynchronize(s1), cudaErrorIllegalAddress);
+  (void)cudaGetLastError();
+  cudaFreeHost(h), cudaFreeHost(h2), cudaFree(d);
+  cudaStreamDestroy(s1), cudaStreamDestroy(s2), cudaEventDestroy(e);
+}
+
 /* A graph keeps the pointers it was captured with: replayed after one of its buffers was
 ** freed, its launch faults (the replay is where the check runs). */
 Test(emu_runtime, graph_replay_after_free) {
@@ -136,7 +192,9 @@ Test(emu_runtime, graph_replay_after_free) {
   cr_expect_eq(at(d, 5), 6.0f);
   cr_assert_eq(cudaFree(d), cudaSuccess);
   cudaGraphLaunch(x, s);
-  cr_expect_eq(cudaGetLastError(), cudaErrorIllegalAddress, "the replay's buffer was freed");
+  cr_expect_eq(cudaStreamSynchronize(s), cudaErrorIllegalAddress,
+               "the replay's buffer was freed: the fault shows at the host wait");
+  cr_expect_eq(cudaGetLastError(), cudaErrorIllegalAddress);
   cudaGraphExecDestroy(x);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
@@ -357,10 +415,11 @@ Test(emu_runtime, cublaslt_fp8_rules) {
     cr_assert_eq(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
     (void)cudaGetLastError();
     cudaGraphLaunch(x, s);
-    cr_expect_eq(cudaGetLastError(), cudaSuccess, "replayed while its buffers live");
+    cr_expect_eq(cudaStreamSynchronize(s), cudaSuccess, "replayed while its buffers live");
     cudaFree(bx);
     cudaGraphLaunch(x, s);
-    cr_expect_eq(cudaGetLastError(), cudaErrorIllegalAddress, "replayed after B was freed");
+    cr_expect_eq(cudaStreamSynchronize(s), cudaErrorIllegalAddress, "replayed after B was freed");
+    (void)cudaGetLastError();
     cudaGraphExecDestroy(x);
     cudaGraphDestroy(g);
     cudaStreamDestroy(s);
