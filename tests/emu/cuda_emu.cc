@@ -600,6 +600,8 @@ size_t live_bytes(void) {
 typedef std::map<const CUstream_st *, uint64_t> Seen;
 struct CUstream_st {
   std::deque<std::function<void()>> queue;   /* issued, not run yet (cuda_emu.cc: Deferred) */
+  uint64_t issued = 0, ran = 0;              /* operations issued and run, in all */
+  bool blocking = true;                      /* synchronises with the legacy stream */
   CUgraph_st *capture = nullptr;   /* the graph being captured, or none */
   bool relaxed = false;            /* that capture's mode is cudaStreamCaptureModeRelaxed */
   uint64_t ops = 0;                /* operations added to the capture */
@@ -655,23 +657,33 @@ cudaError_t refuse_call(cudaError_t e, const std::string &why) {
 ** makes (in pinned memory) without waiting reads what was there before; host code that
 ** writes a copy's pinned source before the copy ran changes what is copied. A stream
 ** waiting on an event runs the event's stream up to its record first. The legacy stream
-** (0) runs its work at once, after all that is pending (blocking streams wait for it
-** and it for them). TT_EMU_SYNC=eager runs everything when issued, as before. */
+** (0) is deferred too, with its implicit synchronisation: its work runs after what the
+** blocking streams issued before it, and theirs after what it issued before.
+** TT_EMU_SYNC=eager runs everything when issued. */
 static const bool eager = [] {
   const char *v = getenv("TT_EMU_SYNC");
   return v && !strcmp(v, "eager");
 }();
-std::set<cudaStream_t> streams;   /* live streams */
+bool legacy_at_once = false;
+CUstream_st legacy;               /* stream 0 */
+std::set<cudaStream_t> streams;   /* live streams (the legacy one too) */
+static const bool legacy_listed = streams.insert(&legacy).second;
+
+cudaStream_t stream_of(cudaStream_t s) { return s ? s : &legacy; }
 
 void run_next(cudaStream_t s) {
   std::function<void()> op = std::move(s->queue.front());
   s->queue.pop_front();
+  s->ran++;   /* (before it runs: what it waits for never runs it again) */
   op();
 }
 
-void flush(cudaStream_t s) {
-  while (!s->queue.empty()) run_next(s);
+/* Runs s's work until `count` of its operations have run (all when count is its issued). */
+void run_until(cudaStream_t s, uint64_t count) {
+  while (s->ran < count && !s->queue.empty()) run_next(s);
 }
+
+void flush(cudaStream_t s) { run_until(s, s->issued); }
 
 void flush_all(void) {
   for (bool ran = true; ran;) {   /* (work run may issue more: run until none is left) */
@@ -695,12 +707,31 @@ bool submit(cudaStream_t s, std::function<void()> op) {
     s->ops++;
     return true;
   }
-  if (s && !eager) {
-    s->queue.push_back(std::move(op));
+  if (eager || (!s && legacy_at_once)) {
+    flush_all();
+    op();
     return false;
   }
-  flush_all();
-  op();
+  cudaStream_t q = stream_of(s);
+  if (q == &legacy) {   /* after what every blocking stream issued before it */
+    std::vector<std::pair<cudaStream_t, uint64_t>> before;
+    for (cudaStream_t x : streams)
+      if (x != &legacy && x->blocking && x->issued > x->ran) before.emplace_back(x, x->issued);
+    if (!before.empty())
+      op = [before, op] {
+        for (auto &b : before)
+          if (streams.count(b.first)) run_until(b.first, b.second);
+        op();
+      };
+  } else if (q->blocking && legacy.issued > legacy.ran) {   /* after the legacy stream's */
+    const uint64_t n = legacy.issued;
+    op = [n, op] {
+      run_until(&legacy, n);
+      op();
+    };
+  }
+  q->queue.push_back(std::move(op));
+  q->issued++;
   return false;
 }
 
@@ -810,8 +841,9 @@ cudaError_t cudaStreamCreate(cudaStream_t *s) {
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
-  (void)flags;
-  return cudaStreamCreate(s);
+  cudaError_t e = cudaStreamCreate(s);
+  if (e == cudaSuccess) (*s)->blocking = !(flags & cudaStreamNonBlocking);
+  return e;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
@@ -825,13 +857,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   if (s && s->capture) return cudaErrorStreamCaptureUnsupported;
-  return tt_emu::host_wait([s] { s ? tt_emu::flush(s) : tt_emu::flush_all(); });
+  return tt_emu::host_wait([s] { tt_emu::flush(tt_emu::stream_of(s)); });
 }
 
 /* A query runs the stream's work and answers done (a poll loop ends at its first ask). */
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (s && s->capture) return cudaErrorStreamCaptureUnsupported;
-  return tt_emu::host_wait([s] { s ? tt_emu::flush(s) : tt_emu::flush_all(); });
+  return tt_emu::host_wait([s] { tt_emu::flush(tt_emu::stream_of(s)); });
 }
 
 /* A stream that waits for an event recorded inside a capture joins that capture, as CUDA
@@ -876,7 +908,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     /* a record adds no node to CUDA's graph: not one of the stream's operations */
     s->capture->ops.push_back([e] { e->t = tt_emu::now_s(); });
   } else {
-    e->stream = s;
+    e->stream = tt_emu::stream_of(s);
     const uint64_t record = ++e->issued;
     tt_emu::submit(s, [e, record] {
       e->t = tt_emu::now_s();
@@ -1055,10 +1087,7 @@ cudaError_t copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, si
     flush_all();
     op();
   } else if (pageable && !(s && s->capture)) {
-    if (s)
-      flush(s);
-    else
-      flush_all();
+    flush_all();   /* (more than the stream's own earlier work: a valid order still) */
     op();
   } else {
     submit(s, op);

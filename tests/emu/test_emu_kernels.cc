@@ -41,6 +41,8 @@ const char *tt_last_error(void);
 namespace {
 
 std::mt19937_64 rng(20261207);
+/* each launch runs when issued: the tests read the buffers straight after it */
+const bool legacy_now = (tt_emu::legacy_at_once = true);
 
 std::vector<float> randn(size_t n, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);

@@ -11,6 +11,8 @@
 **    dimensions), an operand less aligned than its algorithm was chosen for, and operands
 **    outside device memory.
 ** The engine's CUDA tests run under the same checks on the emulated device (build-emu).
+** Launches on the legacy stream run when issued here (test_emu_kernels.cc sets
+** tt_emu::legacy_at_once for the whole program) unless a test says otherwise.
 */
 #include <criterion/criterion.h>
 #include <cublasLt.h>
@@ -172,6 +174,38 @@ Test(emu_runtime, streams_run_when_waited_for) {
   (void)cudaGetLastError();
   cudaFreeHost(h), cudaFreeHost(h2), cudaFree(d);
   cudaStreamDestroy(s1), cudaStreamDestroy(s2), cudaEventDestroy(e);
+}
+
+/* The legacy stream is deferred too (the emulated device's, not the kernels' test's), and
+** synchronises with blocking streams: their work waits for what it issued before. */
+Test(emu_runtime, legacy_stream_deferred) {
+  tt_emu::legacy_at_once = false;
+  cudaStream_t s1, quiet;
+  cudaStreamCreate(&s1);
+  cudaStreamCreateWithFlags(&quiet, cudaStreamNonBlocking);
+  float *d = dev_floats(64), *h = nullptr;
+  cr_assert_eq(cudaHostAlloc((void **)&h, 64 * sizeof(float), 0), cudaSuccess);
+  h[0] = 0.0f;
+  launch_fill(d, 64, 2.0f);   /* the legacy stream */
+  cudaMemcpyAsync(h, d, 4, cudaMemcpyDeviceToHost, 0);
+  cr_expect_eq(h[0], 0.0f, "not run when issued");
+  cr_expect_eq(cudaStreamSynchronize(0), cudaSuccess);
+  cr_expect_eq(h[0], 2.0f);
+  launch_fill(d, 64, 3.0f);   /* legacy, then a blocking stream's copy: it waits */
+  cudaMemcpyAsync(h, d, 4, cudaMemcpyDeviceToHost, s1);
+  cr_expect_eq(cudaStreamSynchronize(s1), cudaSuccess);
+  cr_expect_eq(h[0], 3.0f, "the blocking stream's copy ran after the legacy fill");
+  launch_fill(d, 64, 4.0f, s1);   /* a blocking stream's fill, then a legacy copy */
+  cudaMemcpyAsync(h, d, 4, cudaMemcpyDeviceToHost, 0);
+  cr_expect_eq(cudaStreamSynchronize(0), cudaSuccess);
+  cr_expect_eq(h[0], 4.0f, "the legacy copy ran after the blocking stream's fill");
+  launch_fill(d, 64, 5.0f);   /* a non-blocking stream does not wait for the legacy one */
+  cudaMemcpyAsync(h, d, 4, cudaMemcpyDeviceToHost, quiet);
+  cr_expect_eq(cudaStreamSynchronize(quiet), cudaSuccess);
+  cr_expect_eq(h[0], 4.0f, "the non-blocking stream's copy did not wait");
+  cr_expect_eq(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFreeHost(h), cudaFree(d);
+  cudaStreamDestroy(s1), cudaStreamDestroy(quiet);
 }
 
 /* A graph keeps the pointers it was captured with: replayed after one of its buffers was

@@ -18,6 +18,10 @@ bool release(void *p);
 ** (the guards are then restored). */
 std::string check_guards(void);
 size_t live_bytes(void);
+/* The legacy stream (0) runs its work when issued, not when the host waits for it (the
+** emulated device defers it, as a GPU runs it later): the kernels' test sets this, as it
+** reads its buffers straight after each launch. */
+extern bool legacy_at_once;
 /* The multiprocessor count tt_cuda_blocks sizes grids by (small, so that grid-stride
 ** loops go round). */
 extern int sm_count;
