@@ -735,6 +735,11 @@ bool submit(cudaStream_t s, std::function<void()> op) {
   return false;
 }
 
+cudaError_t not_ready(void) {
+  if (g_last == cudaSuccess) g_last = cudaErrorNotReady;
+  return cudaErrorNotReady;
+}
+
 /* A host wait: runs what it waits for (`run`), then returns the error of any work that
 ** failed meanwhile. */
 template <typename F>
@@ -860,10 +865,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return tt_emu::host_wait([s] { tt_emu::flush(tt_emu::stream_of(s)); });
 }
 
-/* A query runs the stream's work and answers done (a poll loop ends at its first ask). */
+/* A query of work still pending runs it and answers "not ready" (recorded as the last
+** error too, as CUDA's runtime records it: a caller that polls must clear it), so a poll
+** loop ends at its second ask; the work's own failure comes first. */
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (s && s->capture) return cudaErrorStreamCaptureUnsupported;
-  return tt_emu::host_wait([s] { tt_emu::flush(tt_emu::stream_of(s)); });
+  cudaStream_t q = tt_emu::stream_of(s);
+  const bool pending = q->ran < q->issued;
+  cudaError_t e = tt_emu::host_wait([q] { tt_emu::flush(q); });
+  return e == cudaSuccess && pending ? tt_emu::not_ready() : e;
 }
 
 /* A stream that waits for an event recorded inside a capture joins that capture, as CUDA
@@ -918,9 +928,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 
-/* A query runs the work up to the event and answers done, as cudaStreamQuery. */
+/* A query runs the work up to the event, as cudaStreamQuery. */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  return tt_emu::host_wait([e] { tt_emu::reach(e, e->issued); });
+  const bool pending = e->reached < e->issued;
+  cudaError_t r = tt_emu::host_wait([e] { tt_emu::reach(e, e->issued); });
+  return r == cudaSuccess && pending ? tt_emu::not_ready() : r;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {

@@ -136,6 +136,9 @@ Test(emu_runtime, streams_run_when_waited_for) {
   cr_expect_eq(cudaMemcpyAsync(h, d, 64 * sizeof(float), cudaMemcpyDeviceToHost, s1),
                cudaSuccess);
   cr_expect_eq(h[0], 0.0f, "not run before the host waits");
+  cr_expect_eq(cudaStreamQuery(s1), cudaErrorNotReady, "work pending: not ready");
+  cr_expect_eq(cudaGetLastError(), cudaErrorNotReady, "recorded as the last error too");
+  cr_expect_eq(cudaStreamQuery(s1), cudaSuccess, "asked again: done");
   cr_expect_eq(cudaStreamSynchronize(s1), cudaSuccess);
   cr_expect_eq(h[0], 7.0f, "run at the wait");
 
