@@ -111,7 +111,9 @@ size_t elem_bytes(cudaDataType_t t) {
 bool fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
 
 /* The largest power of two up to 256 that divides the address and, when batched, the
-** batch stride in bytes. */
+** batch stride in bytes: every batch's matrix must be as aligned as the first. (The
+** engine's own rule, lt_alignment in kernels/cuda/matmul.cu, is the same, so a mistake
+** in that rule does not show here; the plan cache's use of it does.) */
 uint32_t alignment_of(const void *p, const Layout &l) {
   uintptr_t bits = (uintptr_t)p;
   if (l.batch > 1) bits |= (uintptr_t)(l.stride * (int64_t)elem_bytes(l.type));
@@ -156,6 +158,8 @@ struct Call {
   float alpha, beta;
   const void *a, *b, *c;
   void *out;
+  const void *ws;
+  size_t ws_bytes;
 };
 
 /* Why an operand (its whole extent), the bias, a scale or the workspace is not inside
@@ -188,7 +192,7 @@ const char *outside_device(const Call &q, const void *ws, size_t ws_bytes) {
 ** OpenBLAS (f32 sums: the emulated tensor cores' order), then the epilogue in f64. */
 void matmul(void *p) {
   const Call &q = *(const Call *)p;
-  if (const char *bad = outside_device(q, nullptr, 0)) {
+  if (const char *bad = outside_device(q, q.ws, q.ws_bytes)) {
     if (tt_emu_fault) tt_emu_fault(bad);
     return;
   }
@@ -342,6 +346,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   (void)h;
   if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   *found = 0;
+  if (fp8(((const Layout *)dl)->type)) return refuse("an FP8 output (not emulated)");
+  for (const void *l : {(const void *)a, (const void *)b, (const void *)c, (const void *)dl})
+    if (((const Layout *)l)->ld < (int64_t)((const Layout *)l)->rows)
+      return refuse("a leading dimension smaller than the rows", CUBLAS_STATUS_INVALID_VALUE);
   if (const char *why = fp8_refusal(*(const Desc *)d, *(const Layout *)a, *(const Layout *)b,
                                     *(const Layout *)c, *(const Layout *)dl)) {
     g_why = why;
@@ -380,6 +388,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
   q->alpha = *(const float *)alpha;
   q->beta = *(const float *)beta;
   q->a = A, q->b = B, q->c = C, q->out = D;
+  q->ws = ws, q->ws_bytes = ws_bytes;
   const uint64_t k = q->d.ta == CUBLAS_OP_N ? q->la.cols : q->la.rows;
   const uint64_t kb = q->d.tb == CUBLAS_OP_N ? q->lb.rows : q->lb.cols;
   const uint64_t ma = q->d.ta == CUBLAS_OP_N ? q->la.rows : q->la.cols;

@@ -3,11 +3,14 @@
 ** call, and the engine's CUDA runtime functions that kernels/kernel_cuda.h declares
 ** (engine/runtime/cuda.cu defines them on a GPU).
 **
-** Memory: a "device" allocation is host memory between two guard zones of known bytes,
-** filled with all-ones bits (NaN as floats, as test_kernels.c poisons the GPU's cache) so
-** an element a kernel forgets to write shows. After each launch every live allocation's
-** guards are checked: a write outside a buffer fails the launch, naming it.
-** Streams and events: there is one order; every call completes before it returns.
+** Memory: a "device" allocation is a mapping of its own: guard bytes, the buffer, then a
+** page no access may touch, all but that page filled with all-ones bits (NaN as floats,
+** as test_kernels.c poisons the GPU's cache) so an element a kernel forgets to write
+** shows. After each launch the guards of the buffers it touched are checked: a write
+** outside a buffer fails the launch, naming it. cudaMalloc's buffers are closed to host
+** code outside device work (Block, below).
+** Streams and events: work issued on a stream runs when the host waits for it (Deferred
+** work, below); a capture records it instead.
 */
 #include "cuda_emu.h"
 
@@ -363,8 +366,9 @@ size_t g_page;
 
 /* Device work on this OS thread (DeviceWork), and the closed buffers it has opened. */
 thread_local int t_device_depth;
-thread_local void *t_opened[4096];
-thread_local int t_n_opened;
+/* Closed buffers open now (device work opened them, or they were made during it): closed
+** again when the outermost device work ends. */
+std::vector<void *> g_open;
 
 bool guard_ok(const char *p, size_t n) {
   for (size_t i = 0; i < n; i++)
@@ -391,43 +395,52 @@ void say(const char *text) {
   if (write(2, text, strlen(text)) < 0) return;
 }
 
-/* SIGSEGV: a guard page, a closed buffer, or not the emulator's. */
+struct sigaction g_old_segv;   /* the handler before ours: faults not the emulator's go on */
+
+/* SIGSEGV: a kernel's fault (its launch fails, naming the thread), device work reaching a
+** closed buffer (opened), host code touching one (a line, then the fault goes on), or not
+** the emulator's. The faults are synchronous (an access of the faulting thread itself),
+** so the lookups here do not interrupt a change to the buffers' map. */
 void on_fault(int sig, siginfo_t *si, void *uc) {
   (void)sig, (void)uc;
   const char *a = (const char *)si->si_addr;
   Block *b = block_at(a);
   Launch &L = g_launch;
   char text[300];
-  if (b && a >= b->map + b->map_bytes - g_page) {
-    snprintf(text, sizeof text, "an access %zu bytes past the end of the %zu-byte device "
-             "buffer at %p", (size_t)(a - user_of(*b)) - b->bytes, b->bytes,
-             (void *)user_of(*b));
-    if (L.in_fiber) {   /* the kernel's: its launch fails, the thread is abandoned */
-      snprintf(L.fault, sizeof L.fault, "thread (%u, %u, %u): %s", threadIdx.x, threadIdx.y,
-               threadIdx.z, text);
-      L.faulted = true;
-      L.cur->state = DONE;      /* never resumed: its stack is abandoned here */
-      L.cur->started = false;   /* and made afresh for its next thread */
-      _longjmp(L.sched, 1);
-    }
-    say("cuda_emu: ");
-    say(text);
-    say(" (not in a kernel)\n");
-  } else if (b && !b->open && t_device_depth > 0) {
+  if (b && !b->open && t_device_depth > 0 && a < b->map + b->map_bytes - g_page) {
     /* device work touches a closed buffer: open it until the work ends */
     if (mprotect(b->map, b->map_bytes - g_page, PROT_READ | PROT_WRITE) == 0) {
       b->open = true;
-      if (t_n_opened < (int)(sizeof t_opened / sizeof t_opened[0]))
-        t_opened[t_n_opened++] = user_of(*b);
+      g_open.push_back(user_of(*b));
       return;
     }
-  } else if (b && !b->open) {
-    snprintf(text, sizeof text, "cuda_emu: host code touched device memory at %p (in the "
-             "%zu-byte buffer at %p): a GPU's memory is not the host's; copy it with "
-             "cudaMemcpy\n", (const void *)a, b->bytes, (void *)user_of(*b));
-    say(text);
+    say("cuda_emu: mprotect failed while opening a device buffer (vm.max_map_count?)\n");
   }
-  signal(SIGSEGV, SIG_DFL);   /* the access runs again and ends the process */
+  if (b && a >= b->map + b->map_bytes - g_page)
+    snprintf(text, sizeof text, "an access %zu bytes past the end of the %zu-byte device "
+             "buffer at %p", (size_t)(a - user_of(*b)) - b->bytes, b->bytes,
+             (void *)user_of(*b));
+  else if (b && !b->open)
+    snprintf(text, sizeof text, "host code touched device memory at %p (in the %zu-byte "
+             "buffer at %p): a GPU's memory is not the host's; copy it with cudaMemcpy",
+             (const void *)a, b->bytes, (void *)user_of(*b));
+  else
+    snprintf(text, sizeof text, "an access at %p, outside every live device buffer",
+             (const void *)a);
+  if (L.in_fiber) {   /* the kernel's: its launch fails, the thread is abandoned */
+    snprintf(L.fault, sizeof L.fault, "thread (%u, %u, %u): %s", threadIdx.x, threadIdx.y,
+             threadIdx.z, text);
+    L.faulted = true;
+    L.cur->state = DONE;      /* never resumed: its stack is abandoned here */
+    L.cur->started = false;   /* and made afresh for its next thread */
+    _longjmp(L.sched, 1);
+  }
+  if (b) {
+    say("cuda_emu: ");
+    say(text);
+    say("\n");
+  }
+  sigaction(SIGSEGV, &g_old_segv, nullptr);   /* the access runs again: the old handler's */
 }
 
 void install_fault_handler(void) {
@@ -435,17 +448,28 @@ void install_fault_handler(void) {
   if (done) return;
   done = true;
   g_page = (size_t)sysconf(_SC_PAGESIZE);
+  /* the handler's own stack: a fault in a kernel runs on a fiber's small one otherwise */
+  static char alt[64 * 1024];
+  stack_t ss;
+  memset(&ss, 0, sizeof ss);
+  ss.ss_sp = alt;
+  ss.ss_size = sizeof alt;
+  sigaltstack(&ss, nullptr);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_fault;
-  sa.sa_flags = SA_SIGINFO | SA_NODEFER;   /* a kernel's fault jumps out of the handler */
+  /* SA_NODEFER: a kernel's fault jumps out of the handler, the signal left unblocked */
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGSEGV, &sa, nullptr);
+  sigaction(SIGSEGV, &sa, &g_old_segv);
 }
 
 void close_block(Block &b) {
-  if (b.closed_to_host && b.open && mprotect(b.map, b.map_bytes - g_page, PROT_NONE) == 0)
+  if (!b.closed_to_host || !b.open) return;
+  if (mprotect(b.map, b.map_bytes - g_page, PROT_NONE) == 0)
     b.open = false;
+  else
+    say("cuda_emu: mprotect failed while closing a device buffer (vm.max_map_count?)\n");
 }
 
 void *map_buffer(size_t bytes, bool closed_to_host) {
@@ -456,10 +480,16 @@ void *map_buffer(size_t bytes, bool closed_to_host) {
                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map == MAP_FAILED) return nullptr;
   memset(map, 0xff, map_bytes - g_page);   /* guards and the buffer: all-ones bits */
-  mprotect(map + map_bytes - g_page, g_page, PROT_NONE);
+  if (mprotect(map + map_bytes - g_page, g_page, PROT_NONE) != 0) {
+    munmap(map, map_bytes);
+    return nullptr;
+  }
   Block b{bytes, body, map, map_bytes, closed_to_host};
   void *user = user_of(b);
-  if (t_device_depth == 0) close_block(b);
+  if (t_device_depth == 0)
+    close_block(b);
+  else if (closed_to_host)
+    g_open.push_back(user);
   g_blocks[user] = b;
   return user;
 }
@@ -468,15 +498,17 @@ void *map_buffer(size_t bytes, bool closed_to_host) {
 DeviceWork::DeviceWork() { t_device_depth++; }
 DeviceWork::~DeviceWork() {
   if (--t_device_depth > 0) return;
-  for (int i = 0; i < t_n_opened; i++) {
-    auto it = g_blocks.find(t_opened[i]);
+  for (void *p : g_open) {
+    auto it = g_blocks.find(p);
     if (it != g_blocks.end()) close_block(it->second);
   }
-  t_n_opened = 0;
+  g_open.clear();
 }
 
 void *alloc(size_t bytes) { return map_buffer(bytes, false); }
 void *alloc_device(size_t bytes) { return map_buffer(bytes, true); }
+
+bool is_buffer(const void *p) { return g_blocks.count((void *)p) > 0; }
 
 bool release(void *p) {
   auto it = g_blocks.find(p);
@@ -551,6 +583,7 @@ std::string copy_fault(void *dst, size_t dpitch, const void *src, size_t spitch,
   const bool want_src_dev = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
   static const char *names[] = {"HostToHost", "HostToDevice", "DeviceToHost",
                                 "DeviceToDevice", "Default"};
+  if ((int)k < 0 || (int)k > 4) return "a copy of an unknown kind";
   char why[240];
   if (k != cudaMemcpyDefault && (dst_dev != want_dst_dev || src_dev != want_src_dev)) {
     snprintf(why, sizeof why, "cudaMemcpy%s from %s memory (%p) to %s memory (%p)",
@@ -589,8 +622,9 @@ size_t live_bytes(void) {
 }  // namespace tt_emu
 
 /* -- Streams, events and graphs ----------------------------------------------------- */
-/* One order: work on any stream runs when it is issued, except on a stream being captured,
-** where it is recorded into the capture's graph and runs at each launch of that graph. */
+/* Work on a stream runs when the host waits for it (submit, below), except on a stream
+** being captured, where it is recorded into the capture's graph and issued again at each
+** launch of that graph. */
 
 /* Joins: CUDA ends a capture only when every stream that joined it has been joined back
 ** into the stream that began it (cudaErrorStreamCaptureUnjoined otherwise), so that the
@@ -610,12 +644,13 @@ struct CUstream_st {
 struct CUevent_st {
   double t = 0;                        /* seconds, when last recorded */
   cudaStream_t stream = nullptr;       /* where it was last recorded (outside a capture) */
-  uint64_t issued = 0, reached = 0;    /* records issued, and run */
+  uint64_t position = 0;               /* that stream's operations up to the record */
   CUgraph_st *captured_in = nullptr;   /* recorded into this capture, or none */
   Seen seen;                           /* its stream's, and that stream's own ops, then */
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
+  bool invalid = false;   /* a refused call invalidated the capture */
 };
 struct CUgraphExec_st {
   std::vector<std::function<void()>> ops;
@@ -652,7 +687,8 @@ cudaError_t refuse_call(cudaError_t e, const std::string &why) {
 }
 
 /* Deferred work: what is issued on a stream runs when the host waits for it (a stream,
-** event or device synchronisation or query, a synchronous copy or set, a free), not
+** event or device synchronisation or query, a synchronous copy to or from host memory, a
+** free), not
 ** when it is issued, as a GPU runs it later. Host code that reads what a copy or kernel
 ** makes (in pinned memory) without waiting reads what was there before; host code that
 ** writes a copy's pinned source before the copy ran changes what is copied. A stream
@@ -696,12 +732,25 @@ void flush_all(void) {
   }
 }
 
-/* Runs e's stream until its last record has run. */
-void reach(cudaEvent_t e, uint64_t record) {
-  while (e->reached < record && e->stream && !e->stream->queue.empty()) run_next(e->stream);
+/* Whether e's last record (outside a capture) has run. */
+bool reached(cudaEvent_t e) { return !e->stream || e->stream->ran >= e->position; }
+
+/* Captures going on in blocking streams: work on the legacy stream then would depend on
+** them implicitly, which CUDA refuses (cudaErrorStreamCaptureImplicit) and which ends
+** those captures (cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated). */
+int blocking_captures;
+
+cudaError_t refuse_implicit(void) {
+  for (CUgraph_st *g : capturing) g->invalid = true;
+  return refuse_call(cudaErrorStreamCaptureImplicit,
+                     "work on the legacy stream while a blocking stream captures a graph");
 }
 
 bool submit(cudaStream_t s, std::function<void()> op) {
+  if (!s && blocking_captures > 0) {   /* refused: not run */
+    refuse_implicit();
+    return true;
+  }
   if (s && s->capture) {
     s->capture->ops.push_back(std::move(op));
     s->ops++;
@@ -719,8 +768,7 @@ bool submit(cudaStream_t s, std::function<void()> op) {
       if (x != &legacy && x->blocking && x->issued > x->ran) before.emplace_back(x, x->issued);
     if (!before.empty())
       op = [before, op] {
-        for (auto &b : before)
-          if (streams.count(b.first)) run_until(b.first, b.second);
+        for (auto &b : before) run_until(b.first, b.second);
         op();
       };
   } else if (q->blocking && legacy.issued > legacy.ran) {   /* after the legacy stream's */
@@ -851,12 +899,15 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
   return e;
 }
 
+/* Streams and events are never freed: work queued or captured may still name them (CUDA
+** lets a program destroy an event it has just recorded or waited on, and its work goes
+** on), and no new one takes a destroyed one's address. A few bytes each. */
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   tt_emu::flush(s);   /* its work still runs */
   tt_emu::streams.erase(s);
   auto &j = tt_emu::joined;
   j.erase(std::remove(j.begin(), j.end(), s), j.end());
-  delete s;
+  s->seen.clear();
   return cudaSuccess;
 }
 
@@ -888,9 +939,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   }
   if (e->captured_in && s && s->capture == e->captured_in)
     for (auto &kv : e->seen) s->seen[kv.first] = std::max(s->seen[kv.first], kv.second);
-  if (!e->captured_in && e->reached < e->issued) {   /* s runs e's stream up to its record */
-    const uint64_t record = e->issued;
-    tt_emu::submit(s, [e, record] { tt_emu::reach(e, record); });
+  if (!e->captured_in && !tt_emu::reached(e)) {   /* s runs that record's stream up to it */
+    cudaStream_t x = e->stream;
+    const uint64_t position = e->position;   /* (a later record does not move the wait) */
+    tt_emu::submit(s, [x, position] { tt_emu::run_until(x, position); });
   }
   return cudaSuccess;
 }
@@ -906,7 +958,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete e;
+  e->seen.clear();
   return cudaSuccess;
 }
 
@@ -918,25 +970,25 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     /* a record adds no node to CUDA's graph: not one of the stream's operations */
     s->capture->ops.push_back([e] { e->t = tt_emu::now_s(); });
   } else {
+    tt_emu::submit(s, [e] { e->t = tt_emu::now_s(); });
     e->stream = tt_emu::stream_of(s);
-    const uint64_t record = ++e->issued;
-    tt_emu::submit(s, [e, record] {
-      e->t = tt_emu::now_s();
-      e->reached = std::max(e->reached, record);
-    });
+    e->position = e->stream->issued;
   }
   return cudaSuccess;
 }
 
 /* A query runs the work up to the event, as cudaStreamQuery. */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  const bool pending = e->reached < e->issued;
-  cudaError_t r = tt_emu::host_wait([e] { tt_emu::reach(e, e->issued); });
+  const bool pending = !tt_emu::reached(e);
+  cudaError_t r = tt_emu::host_wait([e] {
+    if (e->stream) tt_emu::run_until(e->stream, e->position);
+  });
   return r == cudaSuccess && pending ? tt_emu::not_ready() : r;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-  return tt_emu::host_wait([e] { tt_emu::reach(e, e->issued); });
+  if (!e->stream) return cudaSuccess;
+  return tt_emu::host_wait([e] { tt_emu::run_until(e->stream, e->position); });
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
@@ -951,6 +1003,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   s->ops = 0;
   s->seen.clear();
   tt_emu::capturing.insert(s->capture);
+  if (s->blocking) tt_emu::blocking_captures++;
   if (mode != cudaStreamCaptureModeRelaxed) tt_emu::capturing_here++;
   s->relaxed = mode == cudaStreamCaptureModeRelaxed;
   return cudaSuccess;
@@ -961,6 +1014,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
   CUgraph_st *graph = s->capture;
   s->capture = nullptr;
   tt_emu::capturing.erase(graph);
+  if (s->blocking) tt_emu::blocking_captures--;
   if (!s->relaxed) tt_emu::capturing_here--;
   auto &j = tt_emu::joined;   /* the streams that joined it leave it */
   uint64_t unjoined = 0;
@@ -975,6 +1029,12 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
     } else {
       i++;
     }
+  if (graph->invalid) {
+    delete graph;
+    *g = nullptr;
+    return tt_emu::refuse_call(cudaErrorStreamCaptureInvalidated,
+                               "the capture was invalidated by a call refused during it");
+  }
   if (unjoined) {   /* the capture is invalid: no graph */
     delete graph;
     *g = nullptr;
@@ -1041,15 +1101,19 @@ cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
 cudaError_t cudaFree(void *p) {
   if (cudaError_t e = tt_emu::unsafe("cudaFree")) return e;
   if (!p) return cudaSuccess;
-  tt_emu::flush_all();
-  return tt_emu::release(p) ? cudaSuccess : cudaErrorInvalidValue;
+  const cudaError_t e = tt_emu::host_wait(tt_emu::flush_all);
+  if (!tt_emu::release(p)) return cudaErrorInvalidValue;
+  return e;
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
   if (s && s->capture) return cudaSuccess;
   if (!p) return cudaSuccess;
-  if (!tt_emu::on_device(p, 0)) return cudaErrorInvalidValue;
-  tt_emu::submit(s, [p] { tt_emu::release(p); });
+  if (!tt_emu::is_buffer(p)) return cudaErrorInvalidValue;   /* its start, and live */
+  tt_emu::submit(s, [p] {
+    if (!tt_emu::release(p))
+      tt_emu::fail_launch(cudaErrorInvalidValue, "cudaFreeAsync of a buffer already freed");
+  });
   return cudaSuccess;
 }
 
@@ -1063,10 +1127,10 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
 
 cudaError_t cudaFreeHost(void *p) {
   if (!p) return cudaSuccess;
-  tt_emu::flush_all();   /* (copies pending on it run first) */
+  const cudaError_t e = tt_emu::host_wait(tt_emu::flush_all);   /* (as CUDA's, it waits) */
   if (!tt_emu::g_pinned.erase(p)) return cudaErrorInvalidValue;
   free(p);
-  return cudaSuccess;
+  return e;
 }
 
 }  // extern "C"
@@ -1090,19 +1154,19 @@ cudaError_t copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, si
     for (size_t r = 0; r < height; r++)
       memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
   };
-  /* CUDA copies to or from pageable host memory before the call returns, after the
-  ** stream's earlier work (its synchronisation rules): only pinned and device memory
-  ** are copied when the stream gets there. cudaMemcpy waits for everything first. */
+  /* CUDA's synchronisation rules for copies: cudaMemcpy is issued on the legacy stream
+  ** and, unless both sides are device memory, returns when it is done; cudaMemcpyAsync
+  ** to or from pageable host memory is done before it returns too (after the stream's
+  ** earlier work); the others are done when the stream gets there. */
+  const bool host_side = !on_device(dst, 0) || !on_device(src, 0);
   const bool pageable = (!on_device(dst, 0) && !pinned(dst, 0)) ||
                         (!on_device(src, 0) && !pinned(src, 0));
-  if (!on_stream) {
-    flush_all();
-    op();
-  } else if (pageable && !(s && s->capture)) {
-    flush_all();   /* (more than the stream's own earlier work: a valid order still) */
-    op();
-  } else {
-    submit(s, op);
+  if (!on_stream) s = nullptr;
+  if (!s && blocking_captures > 0) return refuse_implicit();
+  if (submit(s, op)) return cudaSuccess;   /* captured */
+  if (on_stream ? pageable : host_side) {
+    cudaStream_t q = stream_of(s);
+    return host_wait([q] { flush(q); });
   }
   return cudaSuccess;
 }
@@ -1120,12 +1184,12 @@ cudaError_t set_2d(void *p, size_t pitch, int v, size_t width, size_t height, cu
     }
     for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, v, width);
   };
-  if (on_stream) {
-    submit(s, op);
-  } else {
-    flush_all();
-    op();
-  }
+  /* cudaMemset is issued on the legacy stream and returns at once for device memory,
+  ** when done for pinned host memory (CUDA's synchronisation rules). */
+  if (!on_stream) s = nullptr;
+  if (!s && blocking_captures > 0) return refuse_implicit();
+  if (submit(s, op)) return cudaSuccess;
+  if (!on_stream && !on_device(p, 0)) return host_wait([] { flush(stream_of(nullptr)); });
   return cudaSuccess;
 }
 }  // namespace tt_emu

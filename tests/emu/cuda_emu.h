@@ -73,8 +73,9 @@ struct DeviceWork {
 ** not, as CUDA refuses it when issued. */
 bool launch_config_ok(dim3 grid, dim3 block, size_t smem);
 
-/* Issues op on stream s: it runs when the host waits for s (or at once on the legacy
-** stream 0), or is recorded when s is being captured (true). */
+/* Issues op on stream s (0: the legacy stream): it runs when the host waits for it (at
+** once with tt_emu::legacy_at_once, for the legacy stream), or is recorded when s is
+** being captured; true when it was recorded or refused (not run). */
 bool submit(cudaStream_t s, std::function<void()> op);
 
 /* Whether a kernel may read p: inside a live cudaMalloc'd buffer (its end included) or

@@ -179,6 +179,91 @@ Test(emu_runtime, streams_run_when_waited_for) {
   cudaStreamDestroy(s1), cudaStreamDestroy(s2), cudaEventDestroy(e);
 }
 
+/* An event may be destroyed as soon as it is recorded and waited on (the engine's
+** cuda_order_after does so), and recording it again later does not move a wait already
+** made: the wait is for the record it saw. */
+Test(emu_runtime, event_waits_keep_their_record) {
+  tt_emu::legacy_at_once = false;
+  cudaStream_t s1, s2, s3;
+  cudaEvent_t e, f;
+  cudaStreamCreate(&s1), cudaStreamCreate(&s2), cudaStreamCreate(&s3);
+  cudaEventCreate(&e), cudaEventCreate(&f);
+  float *d = dev_floats(64), *other = dev_floats(64), *h = nullptr;
+  cr_assert_eq(cudaHostAlloc((void **)&h, 64 * sizeof(float), 0), cudaSuccess);
+  h[0] = 0.0f;
+  launch_fill(d, 64, 5.0f, s1);
+  cudaEventRecord(e, s1);
+  cudaStreamWaitEvent(s2, e, 0);
+  launch_fill(other, 64, 1.0f, s3);
+  cudaEventRecord(e, s3);   /* recorded again, elsewhere: s2's wait is for s1's record */
+  cudaMemcpyAsync(h, d, 4, cudaMemcpyDeviceToHost, s2);
+  cr_expect_eq(cudaStreamSynchronize(s2), cudaSuccess);
+  cr_expect_eq(h[0], 5.0f, "s1's fill ran before s2's copy: %g", h[0]);
+
+  launch_fill(d, 64, 6.0f, s1);   /* record, wait, destroy at once */
+  cudaEventRecord(f, s1);
+  cudaStreamWaitEvent(s2, f, 0);
+  cudaEventDestroy(f);
+  cudaMemcpyAsync(h, d, 4, cudaMemcpyDeviceToHost, s2);
+  cr_expect_eq(cudaStreamSynchronize(s2), cudaSuccess);
+  cr_expect_eq(h[0], 6.0f, "the wait outlives its event");
+  cr_expect_eq(cudaDeviceSynchronize(), cudaSuccess);
+  cudaFreeHost(h), cudaFree(d), cudaFree(other);
+}
+
+/* A fault in deferred work is returned by whichever host wait runs it: here a synchronous
+** copy that waits for a blocking stream's earlier work. */
+Test(emu_runtime, synchronous_copy_returns_the_fault) {
+  tt_emu::legacy_at_once = false;
+  (void)cudaGetLastError();
+  cudaStream_t s1;
+  cudaStreamCreate(&s1);
+  float *d = dev_floats(64), v = 0.0f;
+  std::vector<float> host(64);
+  launch_fill(host.data(), 64, 1.0f, s1);   /* faults when it runs */
+  cr_expect_eq(cudaMemcpy(&v, d, 4, cudaMemcpyDeviceToHost), cudaErrorIllegalAddress);
+  (void)cudaGetLastError();
+  cudaFree(d);
+}
+
+/* Work on the legacy stream while a blocking stream captures depends on the capture
+** implicitly: CUDA refuses it and invalidates the capture. */
+Test(emu_runtime, legacy_work_during_a_capture) {
+  (void)cudaGetLastError();
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  float *d = dev_floats(64);
+  cudaGraph_t g = (cudaGraph_t)1;
+  cr_assert_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  launch_fill(d, 64, 1.0f, s);
+  launch_fill(d, 64, 2.0f);   /* the legacy stream */
+  cr_expect_eq(cudaGetLastError(), cudaErrorStreamCaptureImplicit);
+  cr_expect_eq(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+  cr_expect_null(g);
+  (void)cudaGetLastError();
+  cr_expect_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  launch_fill(d, 64, 1.0f, s);
+  cr_expect_eq(cudaStreamEndCapture(s, &g), cudaSuccess, "the same capture without it");
+  cudaGraphDestroy(g);
+  cudaFree(d);
+}
+
+namespace {
+void read_at(float *out, long long address) { out[threadIdx.x] = *(const float *)address; }
+}  // namespace
+
+/* A kernel reading an address no buffer holds (not a pointer argument: a computed one)
+** fails its launch, naming the thread, where a GPU reports an illegal address. */
+Test(emu_runtime, kernel_fault_outside_buffers) {
+  (void)cudaGetLastError();
+  float *out = dev_floats(32);
+  tt_emu::launcher(1, 32, 0, 0, [](auto... a) { read_at(a...); })(out, 16LL);
+  cr_expect_eq(cudaGetLastError(), cudaErrorIllegalAddress);
+  launch_fill(out, 32, 1.0f);
+  cr_expect_eq(cudaGetLastError(), cudaSuccess, "and launches go on");
+  cudaFree(out);
+}
+
 /* The legacy stream is deferred too (the emulated device's, not the kernels' test's), and
 ** synchronises with blocking streams: their work waits for what it issued before. */
 Test(emu_runtime, legacy_stream_deferred) {
