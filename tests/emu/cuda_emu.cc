@@ -448,6 +448,7 @@ void install_fault_handler(void) {
   if (done) return;
   done = true;
   g_page = (size_t)sysconf(_SC_PAGESIZE);
+  g_open.reserve(4096);   /* (the handler adds to it: seldom a reallocation there) */
   /* the handler's own stack: a fault in a kernel runs on a fiber's small one otherwise */
   static char alt[64 * 1024];
   stack_t ss;
