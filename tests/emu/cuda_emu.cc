@@ -299,10 +299,9 @@ bool launch_config_ok(dim3 grid, dim3 block, size_t smem) {
 
 void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
          void *ctx) {
-  (void)stream;
+  (void)stream, (void)smem;   /* (its configuration was checked when issued) */
   const uint64_t nthreads = (uint64_t)block.x * block.y * block.z;
   char why[200];
-  if (!launch_config_ok(grid, block, smem)) return;
   Launch &L = g_launch;
   L.body = body;
   L.ctx = ctx;
@@ -703,8 +702,7 @@ static const bool eager = [] {
 }();
 bool legacy_at_once = false;
 CUstream_st legacy;               /* stream 0 */
-std::set<cudaStream_t> streams;   /* live streams (the legacy one too) */
-static const bool legacy_listed = streams.insert(&legacy).second;
+std::set<cudaStream_t> streams{&legacy};   /* live streams (the legacy one too) */
 
 cudaStream_t stream_of(cudaStream_t s) { return s ? s : &legacy; }
 
@@ -1159,12 +1157,12 @@ cudaError_t copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, si
   ** and, unless both sides are device memory, returns when it is done; cudaMemcpyAsync
   ** to or from pageable host memory is done before it returns too (after the stream's
   ** earlier work); the others are done when the stream gets there. */
-  const bool host_side = !on_device(dst, 0) || !on_device(src, 0);
-  const bool pageable = (!on_device(dst, 0) && !pinned(dst, 0)) ||
-                        (!on_device(src, 0) && !pinned(src, 0));
+  const bool dst_dev = on_device(dst, 0), src_dev = on_device(src, 0);
+  const bool host_side = !dst_dev || !src_dev;
+  const bool pageable = (!dst_dev && !pinned(dst, 0)) || (!src_dev && !pinned(src, 0));
   if (!on_stream) s = nullptr;
-  if (!s && blocking_captures > 0) return refuse_implicit();
-  if (submit(s, op)) return cudaSuccess;   /* captured */
+  /* not run: captured (s), or refused on the legacy stream during a capture */
+  if (submit(s, op)) return s ? cudaSuccess : cudaErrorStreamCaptureImplicit;
   if (on_stream ? pageable : host_side) {
     cudaStream_t q = stream_of(s);
     return host_wait([q] { flush(q); });
@@ -1188,8 +1186,7 @@ cudaError_t set_2d(void *p, size_t pitch, int v, size_t width, size_t height, cu
   /* cudaMemset is issued on the legacy stream and returns at once for device memory,
   ** when done for pinned host memory (CUDA's synchronisation rules). */
   if (!on_stream) s = nullptr;
-  if (!s && blocking_captures > 0) return refuse_implicit();
-  if (submit(s, op)) return cudaSuccess;
+  if (submit(s, op)) return s ? cudaSuccess : cudaErrorStreamCaptureImplicit;
   if (!on_stream && !on_device(p, 0)) return host_wait([] { flush(stream_of(nullptr)); });
   return cudaSuccess;
 }

@@ -54,8 +54,9 @@ enum { warpSize = 32 };
 
 namespace tt_emu {
 
-/* Runs body on every thread of every block of the grid (fibers, tests/emu/cuda_emu.cc).
-** A bad configuration (as CUDA checks it) or a deadlock is left for cudaGetLastError. */
+/* Runs body on every thread of every block of the grid (fibers, tests/emu/cuda_emu.cc),
+** a configuration launch_config_ok took when the launch was issued. A fault or a
+** deadlock is left for cudaGetLastError. */
 void run(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*body)(void *),
          void *ctx);
 
