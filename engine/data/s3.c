@@ -237,7 +237,9 @@ static void error_reason(const tt_buf *body, char *out, size_t cap) {
     xmlFree(t);
   }
   xmlFreeDoc(doc);
-  if (code[0]) snprintf(out, cap, "%s%s%s", code, msg[0] ? ": " : "", msg);
+  /* The line is for a person: a long message is cut at cap, which is what we want. */
+  if (code[0] && snprintf(out, cap, "%s%s%s", code, msg[0] ? ": " : "", msg) >= (int)cap)
+    return;
 }
 
 static void backoff(int attempt) {

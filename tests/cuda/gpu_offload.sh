@@ -21,8 +21,13 @@ trap 'rm -rf "$WORK"' EXIT
 source "$(dirname "$0")/need_gpus.bash"
 need_gpus "$TETRA" 1
 
+# Its cases are the precisions. As in tests/dist/prelude.bash, TETRA_TEST_CASES (set by
+# tools/mutate) picks cases by their whole name, and TETRA_TEST_STOP_AT_FAILURE ends the
+# script at the first failed one.
 fails=0
-for precision in bf16 fp32; do
+for precision in fp32 bf16; do
+  [ -z "${TETRA_TEST_CASES:-}" ] || [[ $precision =~ ^(${TETRA_TEST_CASES})$ ]] || continue
+  [ -z "${TETRA_TEST_STOP_AT_FAILURE:-}" ] || [ "$fails" -eq 0 ] || exit 1
   for off in false true; do
     "$TETRA" run "$ROOT/recipes/tiny.lua" --set train.device=cuda --set log.progress=false \
       --set train.precision="$precision" --set parallel.offload_optimizer="$off" \

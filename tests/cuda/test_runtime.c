@@ -12,6 +12,8 @@
 **     the call that launched it, naming the kernel;
 **   - with a host-wait hook set (the NCCL watchdog's), a host wait polls and calls it
 **     while the device works, and still returns the finished results;
+**   - an event query of pending work answers "not yet" and leaves no error for the next
+**     launch's check;
 **   - the op profile's marks are events: no host wait until its stop, kernel time per row;
 **   - copies between the CPU and the GPU with strides on both sides, and a cast (a
 **     checkpoint resumed in another tensor-parallel layout narrows row-parallel weights
@@ -205,6 +207,40 @@ Test(cuda_runtime, host_wait_polls_the_hook) {
   tt_tensor_release(h);
   tt_tensor_release(y);
   tt_tensor_release(x);
+}
+
+/* An event query of work still running answers 0 (not yet), and CUDA records that "not
+** ready" as the thread's last error: the query must clear it, or the next launch's check
+** (cudaGetLastError, kernels/kernel_cuda.h) fails a kernel that launched fine. The
+** training loop's upload ring and the step timer both poll events so. */
+Test(cuda_runtime, event_query_of_pending_work_leaves_no_error) {
+  tt_tensor *x = full(1024, 1024, 1.0), *y = NULL, *z = NULL;
+  tt_cuda_event *e = NULL;
+  cr_assert_eq(tt_cuda_event_create(0, &e), 0, "%s", tt_last_error());
+  int pending = 0;
+  for (int round = 0; round < 8 && !pending; round++) {
+    for (int i = 0; i < 8; i++) {   /* about a millisecond of GEMMs on an H100 */
+      tt_tensor_release(y);
+      y = NULL;
+      cr_assert_eq(tt_matmul(x, x, NULL, 0, 0, &y), 0, "%s", tt_last_error());
+    }
+    cr_assert_eq(tt_cuda_event_record(e, tt_cuda_get_stream()), 0, "%s", tt_last_error());
+    const int q = tt_cuda_event_query(e);
+    cr_assert_geq(q, 0, "the query failed: %s", tt_last_error());
+    pending = q == 0;
+    tt_tensor_release(z);
+    z = NULL;
+    cr_assert_eq(tt_add(y, y, &z), 0, "the launch after a query of %s work failed: %s",
+                 pending ? "pending" : "finished", tt_last_error());
+  }
+  cr_assert(pending, "every query found the GEMMs done: nothing was tested");
+  cr_assert_eq(tt_cuda_event_synchronize(e), 0, "%s", tt_last_error());
+  cr_assert_eq(tt_cuda_event_query(e), 1, "the query after a wait: %s", tt_last_error());
+  tt_tensor *h = to_dev(z, TT_CPU);
+  cr_assert_float_eq(tt_tensor_get(h, 777), 2048.0, 0);
+  tt_cuda_event_destroy(e);
+  tt_tensor *all[] = {h, z, y, x};
+  for (size_t k = 0; k < sizeof all / sizeof *all; k++) tt_tensor_release(all[k]);
 }
 
 /* A tensor whose device pointer is unmapped: any kernel reading it faults. */

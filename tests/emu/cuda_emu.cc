@@ -831,9 +831,29 @@ const char *cudaGetErrorString(cudaError_t e) {
   return text;
 }
 
+/* The names of the errors this runtime returns, as CUDA's own cudaGetErrorName gives
+** them (an engine message names the error: the tests read what a GPU would print). */
 const char *cudaGetErrorName(cudaError_t e) {
-  (void)e;
-  return "cudaErrorEmulated";
+  switch (e) {
+#define TT_EMU_NAME(name) \
+  case name: return #name;
+    TT_EMU_NAME(cudaSuccess)
+    TT_EMU_NAME(cudaErrorIllegalAddress)
+    TT_EMU_NAME(cudaErrorIllegalState)
+    TT_EMU_NAME(cudaErrorInvalidConfiguration)
+    TT_EMU_NAME(cudaErrorInvalidDevice)
+    TT_EMU_NAME(cudaErrorInvalidPitchValue)
+    TT_EMU_NAME(cudaErrorInvalidValue)
+    TT_EMU_NAME(cudaErrorLaunchFailure)
+    TT_EMU_NAME(cudaErrorMemoryAllocation)
+    TT_EMU_NAME(cudaErrorNotReady)
+    TT_EMU_NAME(cudaErrorStreamCaptureImplicit)
+    TT_EMU_NAME(cudaErrorStreamCaptureInvalidated)
+    TT_EMU_NAME(cudaErrorStreamCaptureUnjoined)
+    TT_EMU_NAME(cudaErrorStreamCaptureUnsupported)
+#undef TT_EMU_NAME
+    default: return "cudaErrorUnknown";
+  }
 }
 
 cudaError_t cudaGetDeviceCount(int *n) {
