@@ -198,10 +198,13 @@ static void run_axpy(void *vctx, int64_t pos, int64_t oa, int64_t sa, int64_t ob
   float *restrict a = c->a + pos;
   const float *restrict b = c->b + ob;
   const float alpha = c->alpha;
+  /* fmaf, not a[i] += alpha * b[i]: whether the compiler contracts that depends on the
+  ** optimization level (GCC forms FMAs from -O2), and the half one pass (below) must equal
+  ** the widened passes bit for bit in every build (-O1 under the sanitizers). */
   if (sb == 1)
-    for (int64_t i = 0; i < n; i++) a[i] += alpha * b[i];
+    for (int64_t i = 0; i < n; i++) a[i] = fmaf(alpha, b[i], a[i]);
   else
-    for (int64_t i = 0; i < n; i++) a[i] += alpha * b[i * sb];
+    for (int64_t i = 0; i < n; i++) a[i] = fmaf(alpha, b[i * sb], a[i]);
 }
 
 static int cpu_axpy(float *a, float alpha, const float *b, const tt_bcast *bc) {

@@ -11,13 +11,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+source "$root/tests/memory_cap.bash" "$TETRA"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 short=(--set train.steps=2 --set train.warmup_steps=0 --set train.eval_every=0)
 
 # 1. Llama 3 70B on one CPU process: refused from the estimate, before anything large is
 # allocated (the address space is capped at 3 GB; building the model would take 280 GB).
-err=$( (ulimit -v 3000000; "$TETRA" run recipes/llama.lua --set train.model_name=llama3-70b \
-        --set train.batch_size=8 "${short[@]}") 2>&1 >/dev/null); rc=$?
+err=$(cap_memory 3000000 "$TETRA" run recipes/llama.lua --set train.model_name=llama3-70b \
+        --set train.batch_size=8 "${short[@]}" 2>&1 >/dev/null); rc=$?
 [ $rc -eq 1 ] || fail "70B on one process exited $rc, expected 1: $err"
 [ "$(grep -c . <<<"$err")" -eq 1 ] || fail "70B refusal is not one line: $err"
 grep -q "^tetra: config error: this layout needs about [0-9.]* GiB per rank" <<<"$err" ||

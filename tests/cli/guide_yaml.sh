@@ -16,10 +16,11 @@ guide="$root/recipes/configs/llama-7b.yaml"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+source "$root/tests/memory_cap.bash" "$tetra"
 
 # -- Verbatim. -----------------------------------------------------------------------------
 t0=$SECONDS
-if (ulimit -v 8000000; env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY "$tetra" run "$guide") \
+if cap_memory 8000000 env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY "$tetra" run "$guide" \
      >"$work/verbatim.log" 2>&1; then
   cat "$work/verbatim.log"; fail "the guide's YAML ran on one process"
 fi

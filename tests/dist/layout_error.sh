@@ -7,6 +7,7 @@ tetra="${1:?usage: $0 /path/to/tetra}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 [ -f "$root/recipes/tiny.lua" ] || { echo "skipped: recipes/tiny.lua is missing"; exit 77; }
 command -v mpirun >/dev/null || { echo "skipped: no mpirun"; exit 77; }
+source "$root/tests/memory_cap.bash" "$tetra"
 # refused_once WHAT MESSAGE --set ...: a run on $NP ranks (default 2) that must fail (no
 # hang) with MESSAGE printed exactly once (by rank 0).
 refused_once() {
@@ -49,8 +50,7 @@ refused_once "uneven context chunks" "model.seq_len (30) must be a multiple of 2
 # it before exiting).
 for i in 1 2 3 4 5; do
   start=$(date +%s)
-  out="$(ulimit -v 4000000
-         timeout -k 10 120 mpirun --oversubscribe -np 4 "$tetra" run "$root/recipes/llama.lua" \
+  out="$(cap_memory 4000000 timeout -k 10 120 mpirun --oversubscribe -np 4 "$tetra" run "$root/recipes/llama.lua" \
          --set train.model_name=llama-1b --set parallel.tensor_parallel_size=2 \
          --set parallel.pipeline_parallel_size=2 --set model.ffn_hidden=5633 2>&1)"
   rc=$? took=$(( $(date +%s) - start ))

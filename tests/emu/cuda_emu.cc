@@ -39,6 +39,10 @@ extern "C" {
 #include "kernel_cuda.h"
 #include "tt_emu.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 /* Where the linker put every __shared__ variable (cuda_emu.h's section). */
 extern "C" char __start_tt_emu_shared[] __attribute__((weak));
 extern "C" char __stop_tt_emu_shared[] __attribute__((weak));
@@ -60,9 +64,9 @@ namespace {
 
 enum State { RUNNING, AT_BLOCK, AT_WARP, DONE };
 
-/* A CUDA thread: a stack of its own, entered once through makecontext, then switched to
-** and from with _setjmp / _longjmp (no signal-mask system call per switch, as swapcontext
-** makes). Between threads it parks at the top of fiber_entry's loop and runs the kernel
+/* A CUDA thread: a stack of its own, entered once through makecontext and setcontext,
+** then switched to and from with _setjmp / _longjmp (no signal-mask system call per
+** switch, as swapcontext makes). Between threads it parks at the top of fiber_entry's loop and runs the kernel
 ** again for the next thread it is given. */
 struct Fiber {
   jmp_buf ctx;
@@ -76,13 +80,16 @@ struct Fiber {
   uint64_t got;       /* after the meeting */
   int any, all;
   unsigned ballot;
+  void *asan_fake;    /* AddressSanitizer's record of the stack while switched away */
 };
 
 constexpr size_t kStack = 64 * 1024;
 
 struct Launch {
   std::vector<Fiber> fibers;
-  std::vector<char *> stacks;
+  /* never destroyed, so that work deferred to an exit handler still has its stacks (and a
+  ** leak check at exit sees them reachable) */
+  std::vector<char *> &stacks = *new std::vector<char *>;
   jmp_buf sched;
   Fiber *cur = nullptr;
   void (*body)(void *) = nullptr;
@@ -96,11 +103,38 @@ Launch g_launch;
 cudaError_t g_last = cudaSuccess;
 std::string g_last_why;
 
+/* Every switch between the scheduler's stack and a fiber's is announced to
+** AddressSanitizer when it is built in (the fiber interface of its
+** common_interface_defs.h): start before the jump, finish on arrival. Otherwise it takes
+** a fiber's frames for the scheduler's and reports what it cannot follow. */
+#if defined(__SANITIZE_ADDRESS__)
+const void *g_sched_bottom;
+size_t g_sched_size;
+void *g_sched_fake;
+void to_fiber(const char *stack) { __sanitizer_start_switch_fiber(&g_sched_fake, stack, kStack); }
+void on_fiber(Fiber &f) { __sanitizer_finish_switch_fiber(f.asan_fake, &g_sched_bottom, &g_sched_size); }
+/* abandoned: a fiber that never resumes (its thread faulted) keeps no record */
+void to_scheduler(Fiber *f) {
+  __sanitizer_start_switch_fiber(f ? &f->asan_fake : nullptr, g_sched_bottom, g_sched_size);
+}
+void on_scheduler(void) { __sanitizer_finish_switch_fiber(g_sched_fake, nullptr, nullptr); }
+#else
+void to_fiber(const char *) {}
+void on_fiber(Fiber &) {}
+void to_scheduler(Fiber *) {}
+void on_scheduler(void) {}
+#endif
+
 void fiber_entry(void) {
   Launch &L = g_launch;
   Fiber *f = L.cur;
+  on_fiber(*f);
   for (;;) {
-    if (!_setjmp(f->ctx)) _longjmp(L.sched, 1);   /* parked */
+    if (!_setjmp(f->ctx)) {   /* parked */
+      to_scheduler(f);
+      _longjmp(L.sched, 1);
+    }
+    on_fiber(*f);
     L.body(L.ctx);
     f->state = DONE;
   }
@@ -114,7 +148,11 @@ void resume(Fiber &f) {
   L.cur = &f;
   set_builtins(f);
   L.in_fiber = true;
-  if (!_setjmp(L.sched)) _longjmp(f.ctx, 1);
+  if (!_setjmp(L.sched)) {
+    to_fiber(L.stacks[&f - L.fibers.data()]);
+    _longjmp(f.ctx, 1);
+  }
+  on_scheduler();
   L.in_fiber = false;
 }
 
@@ -123,21 +161,29 @@ void start_fiber(int t) {
   Launch &L = g_launch;
   Fiber &f = L.fibers[t];
   if (f.started) return;
-  ucontext_t here;
   getcontext(&f.entry);
   f.entry.uc_stack.ss_sp = L.stacks[t];
   f.entry.uc_stack.ss_size = kStack;
   f.entry.uc_link = nullptr;   /* fiber_entry never returns */
   makecontext(&f.entry, fiber_entry, 0);
   L.cur = &f;
-  if (!_setjmp(L.sched)) swapcontext(&here, &f.entry);
+  f.asan_fake = nullptr;
+  if (!_setjmp(L.sched)) {   /* (the way back is sched: setcontext, not swapcontext) */
+    to_fiber(L.stacks[t]);
+    setcontext(&f.entry);
+  }
+  on_scheduler();
   f.started = true;
 }
 
 void yield_to_scheduler(void) {
   Launch &L = g_launch;
   Fiber *f = L.cur;
-  if (!_setjmp(f->ctx)) _longjmp(L.sched, 1);
+  if (!_setjmp(f->ctx)) {
+    to_scheduler(f);
+    _longjmp(L.sched, 1);
+  }
+  on_fiber(*f);
   set_builtins(*f);
 }
 
@@ -432,6 +478,7 @@ void on_fault(int sig, siginfo_t *si, void *uc) {
     L.faulted = true;
     L.cur->state = DONE;      /* never resumed: its stack is abandoned here */
     L.cur->started = false;   /* and made afresh for its next thread */
+    to_scheduler(nullptr);
     _longjmp(L.sched, 1);
   }
   if (b) {
@@ -906,8 +953,14 @@ cudaError_t cudaDeviceSynchronize(void) {
   return tt_emu::host_wait(tt_emu::flush_all);
 }
 
+/* Every stream and event made, held to the end (below): a leak check sees them kept. */
+namespace tt_emu {
+static std::vector<void *> &kept = *new std::vector<void *>;
+}
+
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
   *s = new CUstream_st;
+  tt_emu::kept.push_back(*s);
   tt_emu::streams.insert(*s);
   return cudaSuccess;
 }
@@ -968,6 +1021,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
   *e = new CUevent_st;
+  tt_emu::kept.push_back(*e);
   return cudaSuccess;
 }
 

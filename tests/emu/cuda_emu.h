@@ -166,6 +166,15 @@ T shfl(unsigned mask, T v, int src) {
   return r;
 }
 
+/* The calling thread's lane in its warp, not checked by UBSan: GCC 12 with
+** -fsanitize=null (tools/test --sanitize) miscompiles the check of these thread_local
+** reads on x86-64 where a shuffle inlines it (the branch tests flags that an earlier
+** compare left, not the address) and reports a null pointer for a valid one. */
+__attribute__((no_sanitize_undefined)) static inline int lane(void) {
+  return (int)(threadIdx.x + threadIdx.y * blockDim.x + threadIdx.z * blockDim.x * blockDim.y) &
+         31;
+}
+
 }  // namespace tt_emu
 
 static inline void __syncthreads(void) { tt_emu::sync_block(); }
@@ -173,22 +182,19 @@ static inline void __syncthreads(void) { tt_emu::sync_block(); }
 /* The source lane of each shuffle within segments of `width` lanes. */
 template <typename T>
 static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
-  const int lane = (int)(threadIdx.x + threadIdx.y * blockDim.x +
-                         threadIdx.z * blockDim.x * blockDim.y) & 31;
+  const int lane = tt_emu::lane();
   int src = lane ^ lane_mask;
   if (src / width != lane / width) src = lane;   /* outside the segment: its own value */
   return tt_emu::shfl(mask, v, src);
 }
 template <typename T>
 static inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
-  const int lane = (int)(threadIdx.x + threadIdx.y * blockDim.x +
-                         threadIdx.z * blockDim.x * blockDim.y) & 31;
+  const int lane = tt_emu::lane();
   return tt_emu::shfl(mask, v, lane / width * width + src_lane % width);
 }
 template <typename T>
 static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-  const int lane = (int)(threadIdx.x + threadIdx.y * blockDim.x +
-                         threadIdx.z * blockDim.x * blockDim.y) & 31;
+  const int lane = tt_emu::lane();
   int src = lane + (int)delta;
   if (src / width != lane / width) src = lane;
   return tt_emu::shfl(mask, v, src);

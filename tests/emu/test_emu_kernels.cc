@@ -58,7 +58,7 @@ struct Buf {
   T *dev = nullptr;
   explicit Buf(std::vector<T> v) : host(std::move(v)) {
     dev = (T *)tt_emu::alloc(host.size() * sizeof(T) + 1);
-    memcpy(dev, host.data(), host.size() * sizeof(T));
+    if (!host.empty()) memcpy(dev, host.data(), host.size() * sizeof(T));
   }
   /* An output: the host side zeroed, the device side left as all-ones bits. */
   explicit Buf(size_t n) : host(n, T()) { dev = (T *)tt_emu::alloc(n * sizeof(T) + 1); }
@@ -66,7 +66,7 @@ struct Buf {
   Buf(const Buf &) = delete;
   std::vector<T> back() const {
     std::vector<T> v(host.size());
-    memcpy(v.data(), dev, v.size() * sizeof(T));
+    if (!v.empty()) memcpy(v.data(), dev, v.size() * sizeof(T));
     return v;
   }
 };

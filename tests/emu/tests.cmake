@@ -34,4 +34,11 @@ if(TETRA_EMU_CUDA_INCLUDE AND EXISTS ${TETRA_EMU_CUDA_INCLUDE}/cublasLt.h AND CR
   # The same with blocks and threads run last to first (cuda_emu.cc, TT_EMU_ORDER).
   add_test(NAME emu/kernels_reversed COMMAND test_emu_kernels --jobs=1)
   set_tests_properties(emu/kernels_reversed PROPERTIES ENVIRONMENT TT_EMU_ORDER=reverse)
+  if(TETRA_SANITIZE)
+    # A host access to device memory must end the process by SIGSEGV, as on a GPU
+    # machine (emu_runtime's host_read_of_device_memory_faults): AddressSanitizer's own
+    # handler, which the emulator's chains to, would end it by SIGABRT.
+    set_property(TEST emu/kernels emu/kernels_reversed APPEND PROPERTY ENVIRONMENT
+                 "ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:handle_segv=0")
+  endif()
 endif()

@@ -33,10 +33,12 @@ local graph = {}
 local Graph = {}
 Graph.__index = Graph
 
+-- Released by close(), or when the graph is collected without one (the blocks its tensors
+-- still hold return to the cache when they are freed).
 local function new_pool(device)
   local box = ffi.new("tt_alloc_pool *[1]")
   tffi.check(C.tt_alloc_pool_new(device, box), 3)
-  return box[0]
+  return ffi.gc(box[0], C.tt_alloc_pool_release)
 end
 
 -- device: the engine device id. opts.check: the CPU check mode (any device); opts.readers:
@@ -155,7 +157,7 @@ function Graph:close()
     self.exec = nil
   end
   if self.pool ~= nil then
-    C.tt_alloc_pool_release(self.pool)
+    C.tt_alloc_pool_release(ffi.gc(self.pool, nil))
     self.pool = nil
   end
   self.fn = nil
