@@ -33,7 +33,9 @@ function recipe.run(cfg)
   local g = cfg.generate
   local function ids_of(text)
     local t = {}
-    for w in text:gmatch("%S+") do t[#t + 1] = assert(tonumber(w), "generate: not an id: " .. w) end
+    for w in text:gmatch("%S+") do
+      t[#t + 1] = assert(tonumber(w), "generate: not an id: " .. w)
+    end
     return t
   end
   local function on_logits(row, V)
