@@ -200,7 +200,7 @@ static void run_axpy(void *vctx, int64_t pos, int64_t oa, int64_t sa, int64_t ob
   const float alpha = c->alpha;
   /* fmaf, not a[i] += alpha * b[i]: whether the compiler contracts that depends on the
   ** optimization level (GCC forms FMAs from -O2), and the half one pass (below) must equal
-  ** the widened passes bit for bit in every build (-O1 under the sanitizers). */
+  ** the widened passes bit for bit at any level (it differed at -O1). */
   if (sb == 1)
     for (int64_t i = 0; i < n; i++) a[i] = fmaf(alpha, b[i], a[i]);
   else

@@ -65,7 +65,7 @@ function recipe.run(cfg)
     print(string.format("generate rank %d eval %.9g", env.rank, env.evaluate(2)))
   end
   if #rows > 0 and c.tp == 0 and c.dp == 0 and c.cp == 0 then
-    local f = assert(io.open(cfg.generate.out, "w"))
+    local f = assert(io.open(g.out, "w"))
     f:write(table.concat(rows, "\n"), "\n")
     f:close()
   end

@@ -191,37 +191,33 @@ fi
 # The draws from the checkpoint must also be, exactly, the sample the run printed after
 # its last step: the scaling state is restored whole (planted: the FP8 state not read
 # back, and the draws parted at the 10th token). model.n_layers: the run's (tiny.lua).
-ck=(train.precision=fp8 checkpoint.dir="$work/ck_fp8_tp2")
-if stop_if_failed && wanted sample_fp8_tp2; then
-  again=(generate.eval=false "${ck[@]}" checkpoint.resume=true data.mock=false
-         data.input_path="$work/text.txt" model.n_layers=2 generate.prompt='"10"'
-         generate.tokens=40)
-  if sample sample_fp8_tp2 2 $P.tensor_parallel_size=2 "${ck[@]}" checkpoint.every=30 &&
-     gen fp8_tp2 2 "${again[@]}" $P.tensor_parallel_size=2; then
-    # the printed sample's bytes (the prompt, the 40 tokens, a newline) are the draws
-    draws=$(sed -nE 's/^generate rank 0 ids //p' "$work/fp8_tp2.ids")
-    got=$(sed -e 1d -e '$d' "$work/sample_fp8_tp2.sample" | od -An -tu1 -v | xargs)
-    if ! grep -qx "generate rank 1 ids $draws" "$work/fp8_tp2.ids" ||
-       [ "$got" != "10 $draws 10" ]; then
-      echo "FAIL: sample_fp8_tp2: tp 2's draws from the run's checkpoint are not its sample:"
-      echo "  sample bytes: $got"; echo "  draws:"; cat "$work/fp8_tp2.ids"; status=1
-    else
-      echo "$draws" >"$work/fp8_tp2.follow"
-      if gen one_fp8_tp2 1 "${again[@]}" generate.follow="$work/fp8_tp2.follow"; then
-        if cmp=$(same_logits "$work/fp8_tp2.out" "$work/one_fp8_tp2.out" 40 2.5e-2); then
-          picks="all its picks tp 2's"
-          [ "$(sed -nE 's/^generate rank 0 ids //p' "$work/one_fp8_tp2.ids")" = "$draws" ] ||
-            picks="some of its picks not tp 2's (near ties)"
-          echo "sample_fp8_tp2: one process on tp 2's sample: $cmp; $picks"
-          echo "  $(sed -n 2,3p "$work/sample_fp8_tp2.sample" | tr '\n' ' ')"
-        else
-          echo "FAIL: sample_fp8_tp2: one process's logits on tp 2's sample differ: $cmp"
-          status=1
-        fi
-      fi
-    fi
+sample_fp8_tp2() {
+  local ck=(train.precision=fp8 checkpoint.dir="$work/ck_fp8_tp2") draws got cmp picks
+  local again=(generate.eval=false "${ck[@]}" checkpoint.resume=true data.mock=false
+               data.input_path="$work/text.txt" model.n_layers=2 generate.prompt='"10"'
+               generate.tokens=40)
+  sample sample_fp8_tp2 2 $P.tensor_parallel_size=2 "${ck[@]}" checkpoint.every=30 &&
+    gen fp8_tp2 2 "${again[@]}" $P.tensor_parallel_size=2 || return
+  # the printed sample's bytes (the prompt, the 40 tokens, a newline) are the draws
+  draws=$(sed -nE 's/^generate rank 0 ids //p' "$work/fp8_tp2.ids")
+  got=$(sed -e 1d -e '$d' "$work/sample_fp8_tp2.sample" | od -An -tu1 -v | xargs)
+  if ! grep -qx "generate rank 1 ids $draws" "$work/fp8_tp2.ids" ||
+     [ "$got" != "10 $draws 10" ]; then
+    echo "FAIL: sample_fp8_tp2: tp 2's draws from the run's checkpoint are not its sample:"
+    echo "  sample bytes: $got"; echo "  draws:"; cat "$work/fp8_tp2.ids"; status=1; return
   fi
-fi
+  echo "$draws" >"$work/fp8_tp2.follow"
+  gen one_fp8_tp2 1 "${again[@]}" generate.follow="$work/fp8_tp2.follow" || return
+  cmp=$(same_logits "$work/fp8_tp2.out" "$work/one_fp8_tp2.out" 40 2.5e-2) ||
+    { echo "FAIL: sample_fp8_tp2: one process's logits on tp 2's sample differ: $cmp"
+      status=1; return; }
+  picks="all its picks tp 2's"
+  [ "$(sed -nE 's/^generate rank 0 ids //p' "$work/one_fp8_tp2.ids")" = "$draws" ] ||
+    picks="some of its picks not tp 2's (near ties)"
+  echo "sample_fp8_tp2: one process on tp 2's sample: $cmp; $picks"
+  echo "  $(sed -n 2,3p "$work/sample_fp8_tp2.sample" | tr '\n' ' ')"
+}
+if stop_if_failed && wanted sample_fp8_tp2; then sample_fp8_tp2; fi
 
 # The REPL's sample() under mpirun (one line for every rank) on pp 2 x dp 2 after the
 # same 30 steps: the single process's text.

@@ -66,8 +66,8 @@ enum State { RUNNING, AT_BLOCK, AT_WARP, DONE };
 
 /* A CUDA thread: a stack of its own, entered once through makecontext and setcontext,
 ** then switched to and from with _setjmp / _longjmp (no signal-mask system call per
-** switch, as swapcontext makes). Between threads it parks at the top of fiber_entry's loop and runs the kernel
-** again for the next thread it is given. */
+** switch, as swapcontext makes). Between threads it parks at the top of fiber_entry's
+** loop and runs the kernel again for the next thread it is given. */
 struct Fiber {
   jmp_buf ctx;
   ucontext_t entry;
