@@ -528,6 +528,7 @@ function M.main(...)
     ::continue::
   end
   if own_status then os.remove(status_path) end
+  os.remove(status_path .. ".tmp")   -- left by a rank 0 killed while writing the step
   os.remove(live_path)
   return code
 end

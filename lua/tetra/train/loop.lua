@@ -108,14 +108,19 @@ function loop.run(env)
     end
     io.stdout:flush()
   end
-  -- tetra launch reads the last completed step from this file (rank 0 writes it).
+  -- tetra launch reads the last completed step from this file (rank 0 writes it). Written
+  -- whole, then renamed over the last: a rank killed while writing (the job aborted by
+  -- another rank's failure) leaves the previous step, not an empty file that reads as
+  -- "before its first step" and makes a deterministic failure look like a new one.
   local status_path = is_main and os.getenv("TETRA_LAUNCH_STATUS")
   local function report_step(step)
     if not status_path or status_path == "" then return end
-    local f = io.open(status_path, "w")
+    local tmp = status_path .. ".tmp"
+    local f = io.open(tmp, "w")
     if f then
       f:write("step ", step, "\n")
       f:close()
+      os.rename(tmp, status_path)
     end
   end
   report_step(env.step_count)
@@ -139,6 +144,9 @@ function loop.run(env)
       not (sample_every > 0 and step % sample_every == 0)
     local r = env.step()
     env.overlap_next = nil
+    -- Reported at once: the other ranks are past this step's collectives now, and one
+    -- that fails at the next step aborts the job, this rank too, soon after.
+    report_step(step)
     if stragglers then stragglers:observe(r) end
     r.checkpoint_s = checkpoint_s
     checkpoint_s = 0
@@ -184,7 +192,6 @@ function loop.run(env)
         io.stdout:flush()
       end
     end
-    report_step(step)
     -- The record is on disk before the save: a run killed during the save resumes from an
     -- earlier checkpoint and keeps that checkpoint's records, so no step's record is
     -- lost. The save's time goes in the next record (checkpoint_s). A step that rolls
