@@ -138,6 +138,16 @@ int tt_comm_recv_async(tt_comm *c, tt_tensor *t, int src, int tag, tt_comm_handl
 ** it); *send_h is the send's handle, to wait for before reusing `send`. */
 int tt_comm_sendrecv(tt_comm *c, tt_tensor *send, int dst, int send_tag, tt_tensor *recv,
                      int src, int recv_tag, tt_comm_handle **send_h);
+/* Sends and receives that progress together, tt_comm_sendrecv's general form (a pipeline
+** round's transfers, Megatron-LM's batched p2p): send[i] to dst[i] (tag send_tag[i]) and a
+** receive into recv[i] from src[i] (recv_tag[i]), at most TT_P2P_MAX of each; on CUDA
+** tensors one NCCL group. Returns once every recv[i] holds its data (on a GPU, once the
+** device waits for the group); send_h[i] is send i's handle (NULL once nothing is left to
+** wait for), to wait for before reusing send[i]. */
+enum { TT_P2P_MAX = 4 };
+int tt_comm_p2p(tt_comm *c, int n_send, tt_tensor *const *send, const int *dst,
+                const int *send_tag, int n_recv, tt_tensor *const *recv, const int *src,
+                const int *recv_tag, tt_comm_handle **send_h);
 int tt_comm_all_to_all_async(tt_comm *c, tt_tensor *t, int split_dim, int concat_dim,
                              tt_tensor **out, tt_comm_handle **h);
 int tt_comm_barrier_async(tt_comm *c, tt_comm_handle **h);

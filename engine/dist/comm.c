@@ -1182,38 +1182,78 @@ int tt_comm_send_async(tt_comm *c, tt_tensor *t, int dst, int tag, tt_comm_handl
   return 0;
 }
 
+int tt_comm_p2p(tt_comm *c, int n_send, tt_tensor *const *send, const int *dst,
+                const int *send_tag, int n_recv, tt_tensor *const *recv, const int *src,
+                const int *recv_tag, tt_comm_handle **send_h) {
+  TT_CHECK(c, "p2p: no group");
+  TT_CHECK(n_send >= 0 && n_recv >= 0 && n_send <= TT_P2P_MAX && n_recv <= TT_P2P_MAX,
+           "p2p: %d sends and %d receives (at most %d of each)", n_send, n_recv, TT_P2P_MAX);
+  int nccl = 0, host = 0;
+  for (int i = 0; i < n_send + n_recv; i++) {
+    tt_tensor *t = i < n_send ? send[i] : recv[i - n_send];
+    int peer = i < n_send ? dst[i] : src[i - n_send];
+    TT_CHECK(t, "p2p: no tensor");
+    TT_CHECK(peer >= 0 && peer < c->size && peer != c->rank, "p2p: peer %d is not another "
+             "rank of group %s (size %d, this is rank %d)", peer, c->name, c->size, c->rank);
+    if (TT_IS_NCCL(t)) nccl = 1; else host = 1;
+  }
+  for (int i = 0; i < n_send; i++) send_h[i] = NULL;
+  TT_CHECK(!(nccl && host), "p2p on group %s: tensors on a GPU and on the host in one group",
+           c->name);
+  if (nccl) {
+    for (int i = 0; i < n_recv; i++)
+      TT_CHECK(tt_tensor_is_contiguous(recv[i]),
+               "p2p: the receiving tensor on cuda:%d must be contiguous", recv[i]->device);
+    tt_comm_handle *h = NULL;
+    TT_TRY(handle_new(c, n_send && n_recv ? "sendrecv" : n_send ? "send" : "recv", &h));
+    tt_tensor *work[TT_P2P_MAX] = {NULL};
+    int rc = 0, copied = 0;
+    for (int i = 0; i < n_send && rc == 0; i++) rc = work_of(send[i], &work[i], &copied);
+    if (rc == 0) rc = tt_nccl_p2p_start(h, n_send, work, dst, n_recv, recv, src);
+    if (rc == 0) rc = tt_comm_wait(h);   /* the device waits for the whole group */
+    if (rc != 0) {
+      forsake(h);
+      free(h);
+      /* (a contiguous copy may still be read by a transfer not joined: kept then) */
+      if (!c->nccl_aborted)
+        for (int i = 0; i < n_send; i++) tt_tensor_release(work[i]);
+      return -1;
+    }
+    /* Done: the compute stream waits for the group, so the sends' memory (the copies, and
+    ** the caller's tensors) goes back to the cache in stream order after it. */
+    for (int i = 0; i < n_send; i++) tt_tensor_release(work[i]);
+    if (n_send) send_h[0] = h; else tt_comm_handle_free(h);
+    return 0;
+  }
+  /* MPI: the sends go out, then the receives; all are posted before any is waited for. In
+  ** order (p2p_in_order) the sends are waited for too, as NCCL's group ends only when all
+  ** of it has: nothing after the group starts before its sends were received. */
+  tt_comm_handle *rh[TT_P2P_MAX] = {NULL};
+  int rc = 0;
+  for (int i = 0; i < n_send && rc == 0; i++) {
+    start_args s = {K_SEND, c, send[i], dst[i], send_tag[i], 0, NULL};
+    rc = start(&s, &send_h[i]);
+  }
+  for (int i = 0; i < n_recv && rc == 0; i++) {
+    start_args s = {K_RECV, c, recv[i], src[i], recv_tag[i], 0, NULL};
+    rc = start(&s, &rh[i]);
+  }
+  for (int i = 0; i < n_recv && rc == 0; i++) rc = tt_comm_wait(rh[i]);
+  for (int i = 0; i < n_send && rc == 0 && p2p_in_order(); i++) rc = tt_comm_wait(send_h[i]);
+  for (int i = 0; i < n_recv; i++) tt_comm_handle_free(rh[i]);
+  if (rc != 0)
+    for (int i = 0; i < n_send; i++) {
+      tt_comm_handle_free(send_h[i]);
+      send_h[i] = NULL;
+    }
+  return rc;
+}
+
 int tt_comm_sendrecv(tt_comm *c, tt_tensor *send, int dst, int send_tag, tt_tensor *recv,
                      int src, int recv_tag, tt_comm_handle **send_h) {
   *send_h = NULL;
   TT_CHECK(c && send && recv, "sendrecv: no group or no tensor");
-  if (TT_IS_NCCL(send) && TT_IS_NCCL(recv)) {
-    TT_CHECK(tt_tensor_is_contiguous(recv),
-             "sendrecv: the receiving tensor on cuda:%d must be contiguous", recv->device);
-    TT_CHECK(dst >= 0 && dst < c->size && dst != c->rank && src >= 0 && src < c->size &&
-             src != c->rank, "sendrecv: peers %d and %d are not other ranks of group %s "
-             "(size %d, this is rank %d)", dst, src, c->name, c->size, c->rank);
-    tt_comm_handle *h = NULL;
-    TT_TRY(handle_new(c, "sendrecv", &h));
-    int copied = 0, rc = work_of(send, &h->work, &copied);
-    if (rc == 0) rc = tt_nccl_sendrecv_start(h, h->work, dst, recv, src);
-    if (rc == 0) rc = tt_comm_wait(h);   /* the device waits for both halves */
-    if (rc != 0) {
-      forsake(h);
-      free(h);
-      return -1;
-    }
-    *send_h = h;   /* done: the send's memory is freed in stream order after it */
-    return 0;
-  }
-  /* MPI: the send goes out, then the receive; both are posted before either is waited for. */
-  start_args s = {K_SEND, c, send, dst, send_tag, 0, NULL};
-  TT_TRY(start(&s, send_h));
-  if (tt_comm_recv(c, recv, src, recv_tag) != 0) {
-    tt_comm_handle_free(*send_h);
-    *send_h = NULL;
-    return -1;
-  }
-  return 0;
+  return tt_comm_p2p(c, 1, &send, &dst, &send_tag, 1, &recv, &src, &recv_tag, send_h);
 }
 int tt_comm_recv_async(tt_comm *c, tt_tensor *t, int src, int tag, tt_comm_handle **h) {
   start_args s = {K_RECV, c, t, src, tag, 0, NULL};

@@ -92,10 +92,11 @@ int tt_nccl_comm_init(tt_comm *c);
 ** per block; peer is the root / destination / source. Sets h->backend and h->nccl_event. */
 int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tensor *dst,
                   int64_t count, int op, int peer);
-/* A send of `send` to dst and a receive into `recv` from src (contiguous device tensors)
-** in one NCCL group, so that they progress together. Sets h's backend and event. */
-int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tensor *recv,
-                           int src);
+/* Sends (send[i] to dst[i]) and receives (into recv[i] from src[i]; contiguous device
+** tensors, at most TT_P2P_MAX of each) in one NCCL group, so that they progress
+** together. Sets h's backend and event. */
+int tt_nccl_p2p_start(tt_comm_handle *h, int n_send, tt_tensor *const *send, const int *dst,
+                      int n_recv, tt_tensor *const *recv, const int *src);
 /* *done = 1 once the event completed; an asynchronous NCCL error is an error. */
 int tt_nccl_test(tt_comm_handle *h, int *done);
 /* Aborts the group's NCCL communicator (watchdog) so no kernel stays stuck. */

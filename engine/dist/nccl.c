@@ -246,30 +246,44 @@ int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tenso
   return record_done(h, st, c);
 }
 
-int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tensor *recv,
-                           int src) {
+int tt_nccl_p2p_start(tt_comm_handle *h, int n_send, tt_tensor *const *send, const int *dst,
+                      int n_recv, tt_tensor *const *recv, const int *src) {
   tt_comm *c = h->comm;
   nccl_state *st = NULL;
   TT_TRY(nccl_state_of(c, &st));
-  ncclDataType_t send_ty, recv_ty;
-  TT_TRY(nccl_type(send->dtype, &send_ty));
-  TT_TRY(nccl_type(recv->dtype, &recv_ty));
-  const void *s = tt_tensor_data(send);   /* before the ready event, as in tt_nccl_start */
-  void *d = tt_tensor_data(recv);
-  TT_TRY(after_compute(st, c));
-  /* One group: NCCL runs a send and a receive of one group together, where two calls
-  ** in a row on the stream would each wait for its peer in turn. */
-  TT_NCCL_CALL(ncclGroupStart(), c);
-  ncclResult_t e = ncclSend(s, (size_t)tt_tensor_numel(send), send_ty, dst, st->comm,
-                            st->stream);
-  const char *failed = e != ncclSuccess ? "ncclSend (send_recv)" : NULL;
-  if (!failed) {
-    e = ncclRecv(d, (size_t)tt_tensor_numel(recv), recv_ty, src, st->comm, st->stream);
-    if (e != ncclSuccess) failed = "ncclRecv (send_recv)";
+  for (int i = 0; i < n_send + n_recv; i++) {
+    ncclDataType_t ty;
+    TT_TRY(nccl_type((i < n_send ? send[i] : recv[i - n_send])->dtype, &ty));
   }
+  /* The data first, before the ready event, as in tt_nccl_start (lazy fills). */
+  const void *s[TT_P2P_MAX];
+  void *d[TT_P2P_MAX];
+  TT_CHECK(n_send <= TT_P2P_MAX && n_recv <= TT_P2P_MAX, "p2p: at most %d sends and %d "
+           "receives in one group", TT_P2P_MAX, TT_P2P_MAX);
+  for (int i = 0; i < n_send; i++) s[i] = tt_tensor_data(send[i]);
+  for (int i = 0; i < n_recv; i++) d[i] = tt_tensor_data(recv[i]);
+  TT_TRY(after_compute(st, c));
+  /* One group: NCCL runs a group's sends and receives together, where calls in a row on
+  ** the stream would each wait for its peer in turn. */
+  TT_NCCL_CALL(ncclGroupStart(), c);
+  ncclResult_t e = ncclSuccess;
+  const char *failed = NULL;
+  for (int i = 0; i < n_send && !failed; i++) {
+    ncclDataType_t ty;
+    nccl_type(send[i]->dtype, &ty);
+    e = ncclSend(s[i], (size_t)tt_tensor_numel(send[i]), ty, dst[i], st->comm, st->stream);
+    if (e != ncclSuccess) failed = "ncclSend (p2p)";
+  }
+  for (int i = 0; i < n_recv && !failed; i++) {
+    ncclDataType_t ty;
+    nccl_type(recv[i]->dtype, &ty);
+    e = ncclRecv(d[i], (size_t)tt_tensor_numel(recv[i]), ty, src[i], st->comm, st->stream);
+    if (e != ncclSuccess) failed = "ncclRecv (p2p)";
+  }
+  /* The group is closed even after a failed call, so NCCL's group state stays sound. */
   ncclResult_t end = ncclGroupEnd();
   if (failed) return nccl_failed(e, failed, c);
-  if (end != ncclSuccess) return nccl_failed(end, "ncclGroupEnd (send_recv)", c);
+  if (end != ncclSuccess) return nccl_failed(end, "ncclGroupEnd (p2p)", c);
   return record_done(h, st, c);
 }
 
@@ -494,9 +508,9 @@ int tt_nccl_start(tt_comm_handle *h, tt_nccl_kind kind, tt_tensor *src, tt_tenso
   (void)h, (void)kind, (void)src, (void)dst, (void)count, (void)op, (void)peer;
   return tt_set_error("collectives on CUDA tensors need a build with NCCL");
 }
-int tt_nccl_sendrecv_start(tt_comm_handle *h, tt_tensor *send, int dst, tt_tensor *recv,
-                           int src) {
-  (void)h, (void)send, (void)dst, (void)recv, (void)src;
+int tt_nccl_p2p_start(tt_comm_handle *h, int n_send, tt_tensor *const *send, const int *dst,
+                      int n_recv, tt_tensor *const *recv, const int *src) {
+  (void)h, (void)n_send, (void)send, (void)dst, (void)n_recv, (void)recv, (void)src;
   return tt_set_error("collectives on CUDA tensors need a build with NCCL");
 }
 int tt_nccl_test(tt_comm_handle *h, int *done) {

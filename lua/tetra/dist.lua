@@ -144,6 +144,35 @@ function Group:sendrecv(send, dst, send_tag, recv, src, recv_tag)
   return new_handle(C.tt_comm_sendrecv(self._c, send, dst, send_tag or 0, recv, src,
                                        recv_tag or 0, hbox), send)
 end
+-- Sends and receives that progress together (tt_comm_p2p; on GPUs one NCCL group):
+-- sends and recvs are arrays of { t, peer, tag }. Returns once every receive holds its
+-- data, with the sends' handles (wait for them before reusing the tensors).
+local p2p_t = ffi.new("tt_tensor *[?]", 2 * C.TT_P2P_MAX)
+local p2p_i = ffi.new("int[?]", 4 * C.TT_P2P_MAX)
+local p2p_h = ffi.new("tt_comm_handle *[?]", C.TT_P2P_MAX)
+function Group:p2p(sends, recvs)
+  local ns, nr, max = #sends, #recvs, C.TT_P2P_MAX
+  if ns > max or nr > max then
+    error(("p2p: %d sends and %d receives, at most %d of each"):format(ns, nr, max), 2)
+  end
+  local dst, stag, src, rtag = p2p_i, p2p_i + max, p2p_i + 2 * max, p2p_i + 3 * max
+  for i, x in ipairs(sends) do
+    p2p_t[i - 1], dst[i - 1], stag[i - 1] = x[1], x[2], x[3] or 0
+  end
+  for i, x in ipairs(recvs) do
+    p2p_t[max + i - 1], src[i - 1], rtag[i - 1] = x[1], x[2], x[3] or 0
+  end
+  check(C.tt_comm_p2p(self._c, ns, p2p_t, dst, stag, nr, p2p_t + max, src, rtag, p2p_h))
+  local handles = {}
+  for i = 0, ns - 1 do
+    if p2p_h[i] ~= nil then
+      handles[#handles + 1] = setmetatable({ _h = ffi.gc(p2p_h[i], C.tt_comm_handle_free),
+                                             _result = sends[i + 1][1] }, Handle)
+      p2p_h[i] = nil
+    end
+  end
+  return handles
+end
 function Group:all_to_all_async(t, split_dim, concat_dim)
   local status = C.tt_comm_all_to_all_async(self._c, t, split_dim or 0, concat_dim or 0,
                                             pout, hbox)

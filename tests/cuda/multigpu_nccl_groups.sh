@@ -18,7 +18,7 @@ need_gpus "$TETRA" 4
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 set +e
-out=$(TETRA_TEST_LOG_TEARDOWN=1 timeout -k 10 120 mpirun -np 4 -x TETRA_TEST_LOG_TEARDOWN "$TETRA" -e '
+out=$(TETRA_TEST_LOG_TEARDOWN=1 timeout -k 10 120 mpirun --oversubscribe -np 4 -x TETRA_TEST_LOG_TEARDOWN "$TETRA" -e '
   local ffi = require("ffi")
   local tetra = require("tetra")
   local dist = require("tetra.dist")

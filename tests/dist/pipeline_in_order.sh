@@ -6,10 +6,17 @@
 # that under 1F1B two neighbouring stages each sent before they received (stage s the next
 # micro-batch's activations, stage s + 1 the last one's gradient) and would have waited on
 # each other for good on GPUs; the pipeline now pairs a send with the receive after it
-# (lua/tetra/parallel/pipeline.lua). Pipelines alone, and beside data, tensor and context
-# parallelism (whose collectives run between the transfers), must finish in order (timeout
-# 20 s against about 1 s; unpaired, 1F1B and the interleaved schedule hang, GPipe does
-# not) and give the same losses and gradient norms, bit for bit, as without the switch.
+# (lua/tetra/parallel/pipeline.lua). A group ends only when all of it has, so in order a
+# pair's send must also be received before anything after the pair starts; kept so, the
+# interleaved schedule with pairs hung (stage 0 sent one gradient alone while stage 1's
+# pair before the matching receive sent what stage 0 received only after that send: the
+# emulated NCCL of tests/emu found it). It now moves each round's transfers as one group,
+# as Megatron-LM does. Pipelines alone, and beside data, tensor and context parallelism
+# (whose collectives run between the transfers), must finish in order (timeout 20 s
+# against about 1 s; unpaired, 1F1B hangs, and with pairs the interleaved schedule, GPipe
+# does not) and give the same losses and gradient norms, bit for bit, as without the
+# switch. The interleaved cases include an odd number of stages and stages whose warm-up
+# holds every forward (as many micro-batches as stages).
 # Usage: bash pipeline_in_order.sh /path/to/tetra   (exit 77: skipped)
 set -u
 source "$(dirname "$0")/prelude.bash"
@@ -35,6 +42,9 @@ run() {   # run NAME NP IN_ORDER SETTINGS...: the run's (loss, grad_norm) lines 
 for lay in "pp2_1f1b 2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4 model.n_layers=3" \
            "pp4_1f1b 4 $P.pipeline_parallel_size=4 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4 model.n_layers=4" \
            "pp2_v2_interleaved 2 $P.pipeline_parallel_size=2 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b train.gradient_accumulation_steps=4 model.n_layers=4" \
+           "pp3_v2_interleaved 3 $P.pipeline_parallel_size=3 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b train.gradient_accumulation_steps=3 train.batch_size=6 model.n_layers=6" \
+           "pp4_v2_interleaved 4 $P.pipeline_parallel_size=4 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b train.gradient_accumulation_steps=8 model.n_layers=8" \
+           "tp2_pp2_v2_interleaved 4 $P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b train.gradient_accumulation_steps=2 model.n_layers=4" \
            "pp2_gpipe 2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=gpipe train.gradient_accumulation_steps=4" \
            "dp2_pp2_1f1b 4 $P.data_parallel_size=2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4 train.batch_size=16" \
            "tp2_pp2_1f1b 4 $P.tensor_parallel_size=2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4" \

@@ -14,6 +14,8 @@
 */
 #include "cuda_emu.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -679,8 +681,17 @@ size_t live_bytes(void) {
 ** (`ops`); `seen` says, per stream, how many of those this stream waits for, through the
 ** events it has waited on (an event keeps what its stream had seen when recorded). */
 typedef std::map<const CUstream_st *, uint64_t> Seen;
+/* An operation issued on a stream: `run`, once `open` (when set) says it may. A gate
+** stands for what the device waits for outside this stream: another stream's event, or
+** the emulated NCCL's peers (Deferred work, below). */
+struct EmuWork {
+  std::function<void()> run;
+  std::function<bool()> open;
+};
 struct CUstream_st {
-  std::deque<std::function<void()>> queue;   /* issued, not run yet (cuda_emu.cc: Deferred) */
+  std::deque<EmuWork> queue;   /* issued, not run yet (cuda_emu.cc: Deferred) */
+  bool waiting = false;        /* a host wait blocks on its first operation's gate */
+  bool opening = false;        /* that gate is being asked */
   uint64_t issued = 0, ran = 0;              /* operations issued and run, in all */
   bool blocking = true;                      /* synchronises with the legacy stream */
   CUgraph_st *capture = nullptr;   /* the graph being captured, or none */
@@ -753,16 +764,55 @@ std::set<cudaStream_t> streams{&legacy};   /* live streams (the legacy one too) 
 
 cudaStream_t stream_of(cudaStream_t s) { return s ? s : &legacy; }
 
-void run_next(cudaStream_t s) {
-  std::function<void()> op = std::move(s->queue.front());
-  s->queue.pop_front();
-  s->ran++;   /* (before it runs: what it waits for never runs it again) */
-  op();
+/* Gates: a host wait (a synchronisation) that reaches a closed gate blocks until it
+** opens, and meanwhile runs the other streams' work as far as their own gates let it, as
+** a GPU runs its streams side by side (an NCCL transfer there may wait for a peer that
+** first waits for a transfer of this process on another stream). A query (`asking`: a
+** stream or event query, or that side progress) stops at a closed gate instead. */
+int asking;
+
+void progress_besides(cudaStream_t s);
+
+/* Whether s's first operation w may run; s runs nothing meanwhile (a gate that reached
+** back into its own stream would otherwise ask itself again). */
+bool gate_open(cudaStream_t s, EmuWork &w) {
+  if (!w.open) return true;
+  s->opening = true;
+  const bool open = w.open();
+  s->opening = false;
+  return open;
 }
 
-/* Runs s's work until `count` of its operations have run (all when count is its issued). */
+/* Runs s's first operation; false when it may not run yet (asked: a closed gate). */
+bool run_next(cudaStream_t s) {
+  if (s->waiting || s->opening) return false;   /* (its gate is being asked further out) */
+  EmuWork &w = s->queue.front();
+  if (!gate_open(s, w)) {
+    if (asking > 0) return false;
+    s->waiting = true;
+    while (!gate_open(s, w)) progress_besides(s);
+    s->waiting = false;
+  }
+  EmuWork op = std::move(s->queue.front());
+  s->queue.pop_front();
+  s->ran++;   /* (before it runs: what it waits for never runs it again) */
+  op.run();
+  return true;
+}
+
+/* Runs s's work until `count` of its operations have run (all when count is its issued),
+** or, when asked, up to a closed gate. */
 void run_until(cudaStream_t s, uint64_t count) {
-  while (s->ran < count && !s->queue.empty()) run_next(s);
+  while (s->ran < count && !s->queue.empty() && run_next(s)) {
+  }
+}
+
+void progress_besides(cudaStream_t s) {
+  asking++;
+  for (cudaStream_t x : streams)
+    if (x != s) run_until(x, x->issued);
+  asking--;
+  sched_yield();
 }
 
 void flush(cudaStream_t s) { run_until(s, s->issued); }
@@ -772,8 +822,9 @@ void flush_all(void) {
     ran = false;
     for (cudaStream_t s : streams)
       if (!s->queue.empty()) {
+        const uint64_t before = s->ran;
         flush(s);
-        ran = true;
+        ran = ran || s->ran != before;
       }
   }
 }
@@ -792,42 +843,60 @@ cudaError_t refuse_implicit(void) {
                      "work on the legacy stream while a blocking stream captures a graph");
 }
 
-bool submit(cudaStream_t s, std::function<void()> op) {
+pthread_t g_owner;   /* owner_thread, below */
+bool g_owner_set;
+
+bool submit(cudaStream_t s, std::function<void()> op, std::function<bool()> open) {
+  if (!g_owner_set) {
+    g_owner = pthread_self();
+    g_owner_set = true;
+  }
   if (!s && blocking_captures > 0) {   /* refused: not run */
     refuse_implicit();
     return true;
   }
   if (s && s->capture) {
+    if (open)
+      op = [open, op] {
+        while (!open()) progress_besides(nullptr);
+        op();
+      };
     s->capture->ops.push_back(std::move(op));
     s->ops++;
     return true;
   }
   if (eager || (!s && legacy_at_once)) {
     flush_all();
+    if (open)
+      while (!open()) progress_besides(nullptr);
     op();
     return false;
   }
   cudaStream_t q = stream_of(s);
-  if (q == &legacy) {   /* after what every blocking stream issued before it */
-    std::vector<std::pair<cudaStream_t, uint64_t>> before;
+  /* Streams it runs after: the blocking ones' work issued before, for the legacy stream;
+  ** the legacy stream's, for a blocking one. */
+  std::vector<std::pair<cudaStream_t, uint64_t>> before;
+  if (q == &legacy) {
     for (cudaStream_t x : streams)
       if (x != &legacy && x->blocking && x->issued > x->ran) before.emplace_back(x, x->issued);
-    if (!before.empty())
-      op = [before, op] {
-        for (auto &b : before) run_until(b.first, b.second);
-        op();
-      };
-  } else if (q->blocking && legacy.issued > legacy.ran) {   /* after the legacy stream's */
-    const uint64_t n = legacy.issued;
-    op = [n, op] {
-      run_until(&legacy, n);
-      op();
-    };
+  } else if (q->blocking && legacy.issued > legacy.ran) {
+    before.emplace_back(&legacy, legacy.issued);
   }
-  q->queue.push_back(std::move(op));
+  if (!before.empty())
+    open = [before, open] {
+      bool reached_all = true;
+      for (auto &b : before) {
+        run_until(b.first, b.second);
+        reached_all = reached_all && b.first->ran >= b.second;
+      }
+      return reached_all && (!open || open());
+    };
+  q->queue.push_back(EmuWork{std::move(op), std::move(open)});
   q->issued++;
   return false;
 }
+
+bool submit(cudaStream_t s, std::function<void()> op) { return submit(s, std::move(op), nullptr); }
 
 cudaError_t not_ready(void) {
   if (g_last == cudaSuccess) g_last = cudaErrorNotReady;
@@ -842,6 +911,30 @@ cudaError_t host_wait(F run) {
   run();
   return g_failures != before ? g_failure_last : cudaSuccess;
 }
+
+/* The thread that runs device work: the first to issue any (the engine's training
+** thread). Another thread (the engine's watchdog) may ask whether an event was reached,
+** and is answered without running work or touching the last error, which are that
+** thread's. */
+bool owner_thread(void) {
+  if (!g_owner_set) return true;
+  return pthread_equal(pthread_self(), g_owner) != 0;
+}
+
+/* Devices: TT_EMU_DEVICES of them (8 unless set, a node's), each process its own; the
+** current one per thread, as CUDA keeps it. Every rank of a multi-GPU job on one host
+** takes the device of its rank on the host (tetra's train.device=cuda). Read at the first
+** ask: a test's constructor may ask before this file's statics are made. */
+int device_count(void) {
+  static const int n = [] {
+    const char *v = getenv("TT_EMU_DEVICES");
+    const int k = v && *v ? atoi(v) : 8;
+    return k > 0 ? k : 1;
+  }();
+  return n;
+}
+thread_local int t_device = 0;
+bool valid_device(int d) { return d >= 0 && d < device_count(); }
 
 }  // namespace tt_emu
 
@@ -904,19 +997,23 @@ const char *cudaGetErrorName(cudaError_t e) {
 }
 
 cudaError_t cudaGetDeviceCount(int *n) {
-  *n = 1;
+  *n = tt_emu::device_count();
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int *d) {
-  *d = 0;
+  *d = tt_emu::t_device;
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int d) {
+  if (!tt_emu::valid_device(d)) return cudaErrorInvalidDevice;
+  tt_emu::t_device = d;
+  return cudaSuccess;
+}
 
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
-  if (d != 0) return cudaErrorInvalidDevice;
+  if (!tt_emu::valid_device(d)) return cudaErrorInvalidDevice;
   switch (a) {
     case cudaDevAttrMultiProcessorCount: *v = tt_emu::sm_count; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor: *v = 9; return cudaSuccess;
@@ -929,7 +1026,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int d) {
 
 /* An H100's numbers where the engine reads them (name, memory, compute capability). */
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
-  if (d != 0) return cudaErrorInvalidDevice;
+  if (!tt_emu::valid_device(d)) return cudaErrorInvalidDevice;
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "emulated (tests/emu)");
   p->totalGlobalMem = (size_t)80 << 30;
@@ -995,7 +1092,11 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (s && s->capture) return cudaErrorStreamCaptureUnsupported;
   cudaStream_t q = tt_emu::stream_of(s);
   const bool pending = q->ran < q->issued;
-  cudaError_t e = tt_emu::host_wait([q] { tt_emu::flush(q); });
+  cudaError_t e = tt_emu::host_wait([q] {
+    tt_emu::asking++;
+    tt_emu::flush(q);
+    tt_emu::asking--;
+  });
   return e == cudaSuccess && pending ? tt_emu::not_ready() : e;
 }
 
@@ -1014,7 +1115,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
   if (!e->captured_in && !tt_emu::reached(e)) {   /* s runs that record's stream up to it */
     cudaStream_t x = e->stream;
     const uint64_t position = e->position;   /* (a later record does not move the wait) */
-    tt_emu::submit(s, [x, position] { tt_emu::run_until(x, position); });
+    tt_emu::submit(s, [] {}, [x, position] {
+      tt_emu::run_until(x, position);
+      return x->ran >= position;
+    });
   }
   return cudaSuccess;
 }
@@ -1050,11 +1154,14 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 
-/* A query runs the work up to the event, as cudaStreamQuery. */
+/* A query runs the work up to the event, as cudaStreamQuery (another thread only asks). */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   const bool pending = !tt_emu::reached(e);
+  if (!tt_emu::owner_thread()) return pending ? cudaErrorNotReady : cudaSuccess;
   cudaError_t r = tt_emu::host_wait([e] {
+    tt_emu::asking++;
     if (e->stream) tt_emu::run_until(e->stream, e->position);
+    tt_emu::asking--;
   });
   return r == cudaSuccess && pending ? tt_emu::not_ready() : r;
 }

@@ -78,6 +78,9 @@ bool launch_config_ok(dim3 grid, dim3 block, size_t smem);
 ** once with tt_emu::legacy_at_once, for the legacy stream), or is recorded when s is
 ** being captured; true when it was recorded or refused (not run). */
 bool submit(cudaStream_t s, std::function<void()> op);
+/* The same, op run only once `open` answers true (asked again until it does): what the
+** device waits for outside the stream (the emulated NCCL's peers, nccl_emu.cc). */
+bool submit(cudaStream_t s, std::function<void()> op, std::function<bool()> open);
 
 /* Whether a kernel may read p: inside a live cudaMalloc'd buffer (its end included) or
 ** pinned host memory (cudaHostAlloc: mapped into the device's address space on a 64-bit

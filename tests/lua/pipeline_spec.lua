@@ -128,6 +128,83 @@ describe("schedule", function()
     end
   end)
 
+  -- The interleaved schedule's transfers in rounds (pp.rounds, pp.transfer_groups) under
+  -- NCCL's order: each stage's groups run one after another; a transfer
+  -- happens when the sender's and the receiver's groups holding it are both current (a
+  -- send waits for its receiver), and a group ends when all of its transfers have. Nil
+  -- when some stage would wait for good; also nil when the messages from one stage to
+  -- another are not received in the order they are sent (NCCL matches by order alone).
+  local function transfers_finish(S, v, M)
+    local V, groups = S * v, {}
+    for s = 0, S - 1 do
+      local rounds = pp.rounds(pp.schedule("interleaved_1f1b", S, s, M, v))
+      local function key(x) return x.kind .. x.micro .. ":" .. x.vs end
+      local gs = {}
+      for _, g in ipairs(pp.transfer_groups(rounds, s, S, V)) do
+        local one = {}
+        for _, x in ipairs(g.sends) do
+          one[#one + 1] = { send = true, peer = x.peer, msg = key(x) }
+        end
+        for _, x in ipairs(g.recvs) do
+          one[#one + 1] = { send = false, peer = x.peer, msg = key(x) }
+        end
+        gs[#gs + 1] = one
+      end
+      groups[s] = gs
+    end
+    for s = 0, S - 1 do   -- the order of each direction's messages
+      for p = 0, S - 1 do
+        local sent, got = {}, {}
+        for _, g in ipairs(groups[s]) do
+          for _, x in ipairs(g) do if x.send and x.peer == p then sent[#sent + 1] = x.msg end end
+        end
+        for _, g in ipairs(groups[p]) do
+          for _, x in ipairs(g) do if not x.send and x.peer == s then got[#got + 1] = x.msg end end
+        end
+        if table.concat(sent, " ") ~= table.concat(got, " ") then return nil end
+      end
+    end
+    local at = {}
+    for s = 0, S - 1 do at[s] = 1 end
+    while true do
+      local moved, left = false, false
+      for s = 0, S - 1 do
+        for _, x in ipairs(groups[s][at[s]] or {}) do
+          for _, y in ipairs(groups[x.peer][at[x.peer]] or {}) do
+            if not x.done and not y.done and y.peer == s and y.msg == x.msg and
+               y.send ~= x.send then
+              x.done, y.done, moved = true, true, true
+            end
+          end
+        end
+      end
+      for s = 0, S - 1 do
+        local g = groups[s][at[s]]
+        if g then
+          left = true
+          local all = true
+          for _, x in ipairs(g) do all = all and x.done == true end
+          if all then at[s], moved = at[s] + 1, true end
+        end
+      end
+      if not left then return true end
+      if not moved then return nil end
+    end
+  end
+
+  it("interleaved 1f1b: every stage's transfers finish under NCCL's order", function()
+    local n = 0
+    for S = 2, 8 do
+      for v = 2, 4 do
+        for k = 1, 4 do
+          expect(transfers_finish(S, v, S * k)).to_be(true)
+          n = n + 1
+        end
+      end
+    end
+    expect(n).to_be(84)
+  end)
+
   it("refuses an unknown schedule, and interleaving with micro-batches stages do not divide", function()
     expect(function() pp.schedule("zigzag", 2, 0, 2) end).to_error("gpipe, 1f1b or interleaved_1f1b")
     expect(function() pp.schedule("interleaved_1f1b", 2, 0, 3, 2) end).to_error("multiple of")

@@ -3,6 +3,7 @@
 --   local pp = tetra.parallel.pipeline
 --   pp.stage_layers(n_layers, stages, counts)   -- blocks per stage (uniform, or counts)
 --   pp.schedule(kind, stages, stage, n_micro)   -- this stage's ops: { "F"|"B", micro }
+--   pp.rounds(ops), pp.transfer_groups(...)     -- the interleaved schedule's rounds
 --   pp.split(model, plan.pipeline, group, cfg)  -- keeps this stage's part of model
 --   local pipe = pp.runner(par, cfg)            -- the pipelined step (tetra.parallel.step)
 --   pipe:train_step(tokens, n_micro, before_backward) -> summed micro-batch losses (a
@@ -34,8 +35,11 @@
 --   gpipe  every forward, then every backward in reverse order;
 --   1f1b   stage s runs S - 1 - s forwards ahead, then alternates one forward and one
 --          backward, then drains the backwards: at most S - s micro-batches in flight.
+--   interleaved_1f1b  Megatron-LM's: v chunks per stage (virtual stages), more forwards
+--          ahead, a bubble v times smaller; its transfers go in rounds (M.rounds).
 -- Sends are asynchronous (awaited at the end of the step; each handle keeps its tensor
--- alive) and receives blocking, so no two stages can wait on each other. The gradients
+-- alive) and receives blocking, so no two stages can wait on each other; a send goes out
+-- with the receive after it, or with its round's (interleaved), as one NCCL group. The gradients
 -- of a micro-batch add into the parameters' .grad as in gradient accumulation: the step
 -- equals the single-process one.
 local ffi = require("ffi")
@@ -220,6 +224,11 @@ end
 -- free once sent (a gradient read from .grad, a reference of its own); else the caller
 -- frees it later (activations, after their backward, which comes after the receive).
 function Pipeline:send(t, peer, tag, own)
+  if self.round_sends then   -- (interleaved: the round's transfers go out together)
+    local r = self.round_sends
+    r[#r + 1] = { t, peer, tag, own = own }
+    return
+  end
   self:flush_send()
   self.deferred = { t = t, peer = peer, tag = tag, own = own }
   if not self.pair_next then self:flush_send() end
@@ -234,12 +243,24 @@ function Pipeline:flush_send()
 end
 
 function Pipeline:recv(t, peer, tag)
+  local got = self.prefetched and self.prefetched[tag]
+  if got then   -- (received with the round before: t is not needed)
+    self.prefetched[tag] = nil
+    free(t)
+    return got
+  end
   local d = self.deferred
   if not d then return self.group:recv(t, peer, tag) end
   self.deferred = nil
   self.pending[#self.pending + 1] = self.group:sendrecv(d.t, d.peer, d.tag, t, peer, tag)
   if d.own then free(d.t) end
   return t
+end
+
+-- An empty activation (or its gradient) of micro-batch ids: (b, t, dim).
+function Pipeline:activation(ids)
+  return F.empty({ tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim },
+                 C.TT_F32, self.par.device)
 end
 
 -- Messages are told apart by micro-batch, receiving virtual stage and direction.
@@ -266,9 +287,7 @@ function Pipeline:forward(tokens, m, c, record, logits_wanted)
   if vs == 0 then
     h = self.model:embed(ids, positions)
   else
-    x = F.empty({ tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim },
-                C.TT_F32, self.par.device)
-    self:recv(x, (vs - 1) % self.stages, self:act_tag(m, vs))
+    x = self:recv(self:activation(ids), (vs - 1) % self.stages, self:act_tag(m, vs))
     if record then tffi.check(C.tt_set_requires_grad(x, 1)) end
   end
   local y = self.chunks[c](h or x, positions)
@@ -314,11 +333,10 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
     if op[1] == "F" then return v ~= 0 end
     return v ~= last_vs
   end
-  for i, op in ipairs(ops) do
+  local function run(op)
     local m, c = op[2], op[3]
     local vs = c * self.stages + self.stage
     local key = m * self.virtual + c
-    self.pair_next = starts_with_recv(ops[i + 1])
     if op[1] == "F" then
       local mb = micro.rows(tokens, m, rows)
       local f0, w0 = timer:mark(), metrics.now()
@@ -344,8 +362,8 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
       if vs == last_vs then
         F.backward(y)
       else
-        local g = F.empty(y:shape(), C.TT_F32, self.par.device)
-        self:recv(g, (vs + 1) % self.stages, self:grad_tag(m, vs))
+        local g = self:recv(F.empty(y:shape(), C.TT_F32, self.par.device),
+                            (vs + 1) % self.stages, self:grad_tag(m, vs))
         F.backward_with(y, g)
         free(g)
       end
@@ -360,6 +378,14 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
       end
     end
   end
+  if self.kind == "interleaved_1f1b" then
+    self:run_rounds(ops, run, tokens, rows)
+  else
+    for i, op in ipairs(ops) do
+      self.pair_next = starts_with_recv(ops[i + 1])
+      run(op)
+    end
+  end
   self.pair_next = nil   -- (the last op's send went out at once: nothing follows it)
   for _, h in ipairs(self.pending) do h:wait() end
   self.pending = nil
@@ -367,6 +393,126 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
   local shared = loss_sum or F.empty({}, C.TT_F32, self.par.device)
   self.group:broadcast(shared, self.stages - 1)
   return shared
+end
+
+-- The interleaved schedule's ops in rounds, as Megatron-LM runs them: the warm-up's
+-- forwards one a round, then a forward and a backward a round, then the cool-down's
+-- backwards. Between two rounds one group of transfers (Group:p2p: one NCCL group)
+-- sends what the round made (activations to the next stage, gradients to the previous)
+-- and receives what the next round needs, so that the rounds of neighbouring stages
+-- meet one for one: under NCCL's order a send waits for its receiver and a group ends
+-- only when all of it has, and one send paired with the next receive (1F1B's rule)
+-- left two stages each waiting for the other (tests/dist/pipeline_in_order.sh). A stage
+-- whose warm-up holds every forward (as many micro-batches as stages) has no
+-- forward-backward round: there the last forward's round pairs with nothing, as in
+-- Megatron-LM. tests/lua/pipeline_spec.lua checks under that order that no stage waits
+-- for good.
+function M.rounds(ops)
+  local first_b, n_b = #ops + 1, 0
+  for k = #ops, 1, -1 do
+    if ops[k][1] == "B" then first_b, n_b = k, n_b + 1 end
+  end
+  local warmup = first_b == n_b + 1 and n_b or math.max(0, first_b - 2)
+  local rounds, k = {}, 1
+  while k <= #ops do
+    if k > warmup and ops[k][1] == "F" and ops[k + 1] and ops[k + 1][1] == "B" then
+      rounds[#rounds + 1] = { ops[k], ops[k + 1] }
+      k = k + 2
+    else
+      rounds[#rounds + 1] = { ops[k] }
+      k = k + 1
+    end
+  end
+  return rounds
+end
+
+-- The transfers of a round's ops with stage `stage` of `stages` (n_virtual virtual
+-- stages): what they receive and what they send, as { kind = "act" | "grad", micro,
+-- vs (the virtual stage the message goes to), peer }.
+function M.round_needs(round, stage, stages, n_virtual)
+  local recvs, sends = {}, {}
+  for _, op in ipairs(round) do
+    local m, vs = op[2], op[3] * stages + stage
+    if op[1] == "F" then
+      if vs > 0 then
+        recvs[#recvs + 1] = { kind = "act", micro = m, vs = vs, peer = (vs - 1) % stages }
+      end
+      if vs < n_virtual - 1 then
+        sends[#sends + 1] = { kind = "act", micro = m, vs = vs + 1, peer = (vs + 1) % stages }
+      end
+    else
+      if vs < n_virtual - 1 then
+        recvs[#recvs + 1] = { kind = "grad", micro = m, vs = vs, peer = (vs + 1) % stages }
+      end
+      if vs > 0 then
+        sends[#sends + 1] = { kind = "grad", micro = m, vs = vs - 1, peer = (vs - 1) % stages }
+      end
+    end
+  end
+  return recvs, sends
+end
+
+-- The groups of transfers of a stage's rounds: an array of { after = the round they follow
+-- (0: before the first), sends, recvs } (round_needs' entries), in the order they go out.
+function M.transfer_groups(rounds, stage, stages, n_virtual)
+  local out = { { after = 0, sends = {}, recvs = (M.round_needs(rounds[1], stage, stages,
+                                                                n_virtual)) } }
+  for i, round in ipairs(rounds) do
+    local _, sends = M.round_needs(round, stage, stages, n_virtual)
+    local nxt = rounds[i + 1]
+    local recvs = nxt and (M.round_needs(nxt, stage, stages, n_virtual)) or {}
+    out[#out + 1] = { after = i, sends = sends, recvs = recvs }
+  end
+  return out
+end
+
+function Pipeline:tag_of(x)
+  return x.kind == "act" and self:act_tag(x.micro, x.vs) or self:grad_tag(x.micro, x.vs)
+end
+
+function Pipeline:run_rounds(ops, run, tokens, rows)
+  -- every activation (and its gradient) has micro-batch 0's shape
+  local mb = micro.rows(tokens, 0, rows)
+  local ids, targets, positions = self.par:inputs(mb)
+  local shape = { tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim }
+  free(ids); free(targets); free(positions)
+  if mb ~= tokens then free(mb) end
+  local rounds = M.rounds(ops)
+  local groups = M.transfer_groups(rounds, self.stage, self.stages, self.n_virtual)
+  self.prefetched = {}
+  local made = {}   -- what the rounds sent (Pipeline:send), by tag
+  local function exchange(g)
+    local sends, recvs = {}, {}
+    for _, x in ipairs(g.sends) do
+      local tag = self:tag_of(x)
+      sends[#sends + 1] = made[tag]
+      made[tag] = nil
+    end
+    for _, r in ipairs(g.recvs) do
+      local t, tag = F.empty(shape, C.TT_F32, self.par.device), self:tag_of(r)
+      self.prefetched[tag] = t
+      recvs[#recvs + 1] = { t, r.peer, tag }
+    end
+    if #sends == 0 and #recvs == 0 then return end
+    for _, h in ipairs(self.group:p2p(sends, recvs)) do self.pending[#self.pending + 1] = h end
+    for _, x in ipairs(sends) do
+      if x.own then free(x[1]) end
+    end
+  end
+  local next_group = 1
+  for i = 0, #rounds do
+    if i > 0 then
+      self.round_sends = {}
+      for _, op in ipairs(rounds[i]) do run(op) end
+      for _, x in ipairs(self.round_sends) do made[x[3]] = x end
+      self.round_sends = nil
+    end
+    while groups[next_group] and groups[next_group].after == i do
+      exchange(groups[next_group])
+      next_group = next_group + 1
+    end
+  end
+  self.prefetched = nil
 end
 
 -- The seconds the last train_step's forwards computed.
