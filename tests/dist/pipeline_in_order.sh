@@ -39,6 +39,28 @@ run() {   # run NAME NP IN_ORDER SETTINGS...: the run's (loss, grad_norm) lines 
   grep -oE '"(loss|grad_norm)":[-0-9.e+]+' "$work/$name.jsonl" >"$work/$name.txt"
 }
 
+# The switch itself: in order a group (tt_comm_p2p) ends only once its send was received.
+# Rank 1 posts its receive 0.5 s late; rank 0's group of one send must take that long (MPI
+# alone returns at once), and the data must arrive.
+stop_if_failed
+TETRA_TEST_P2P_IN_ORDER=1 timeout -k 5 20 mpirun --oversubscribe -np 2 -x TETRA_TEST_P2P_IN_ORDER \
+  "$tetra" -e '
+  local tetra, dist = require("tetra"), require("tetra.dist")
+  local now, C = require("tetra.obs.metrics").now, require("ffi").C
+  local mesh = dist.init({ parallel = { data_parallel_size = 2 }, dist = { timeout_s = 10 } })
+  if mesh.rank == 0 then
+    local t0 = now()
+    mesh.world:p2p({ { tetra.full({ 4096 }, 7.0), 1, 5 } }, {})
+    local waited = now() - t0
+    print(("group_send_received: the group of one send took %.2f s"):format(waited))
+    if waited < 0.45 then print("FAIL: it ended before its send was received"); os.exit(1) end
+  else
+    os.execute("sleep 0.5")
+    local got = mesh.world:recv(tetra.full({ 4096 }, 0.0), 0, 5)
+    if C.tt_tensor_get(got, 4095) ~= 7 then print("FAIL: the receive got other data"); os.exit(1) end
+  end' >"$work/group_send.log" 2>&1 || { echo "FAIL: group_send_received:"; tail -n 5 "$work/group_send.log"; status=1; }
+grep -h "group_send_received\|FAIL" "$work/group_send.log" || true
+
 for lay in "pp2_1f1b 2 $P.pipeline_parallel_size=2 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4 model.n_layers=3" \
            "pp4_1f1b 4 $P.pipeline_parallel_size=4 $P.pipeline_schedule=1f1b train.gradient_accumulation_steps=4 model.n_layers=4" \
            "pp2_v2_interleaved 2 $P.pipeline_parallel_size=2 $P.virtual_pipeline_size=2 $P.pipeline_schedule=interleaved_1f1b train.gradient_accumulation_steps=4 model.n_layers=4" \
