@@ -40,7 +40,23 @@ ck="$work/chaos.ck"
   mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$ck" \
   --set checkpoint.save_delay_ms=100 --set log.metrics_file="$work/chaos.jsonl" >"$work/chaos.out" 2>&1 &
 launch=$!
-chaos $launch "$ck" "$kills" 2 || { echo "FAIL: kill $((chaos_done + 1)): the job was not running"; failed=1; }
+if ! chaos $launch "$ck" "$kills" 2; then
+  # What the job was doing, and a bounded wait: a job stuck there would otherwise hold the
+  # test until ctest's limit, saying nothing (seen once in CI after the 9th kill).
+  echo "FAIL: kill $((chaos_done + 1)): no job ran with 4 ranks (and a save, for the even kills)"
+  echo "  within 60 s; latest: $(cat "$ck/latest" 2>/dev/null); the job's processes:"
+  job=$(job_of "$launch")
+  [ -n "$job" ] && ps -o pid=,stat=,etime=,args= --ppid "$job" | cut -c1-120 | sed 's/^/    /'
+  tail -n 12 "$work/chaos.out" | sed 's/^/  | /'
+  failed=1
+  for ((i = 0; i < 600; i++)); do kill -0 $launch 2>/dev/null || break; sleep 0.2; done
+  if kill -0 $launch 2>/dev/null; then
+    echo "  (still running after 120 s: stopped)"
+    job=$(job_of "$launch")
+    [ -n "$job" ] && { pkill -KILL -P "$job"; kill -KILL "$job"; } 2>/dev/null
+    kill -KILL $launch 2>/dev/null
+  fi
+fi
 during_save=$chaos_during_save
 wait $launch; rc=$?
 restarts=$(grep -c "^tetra launch: restart [0-9]*: the job failed (killed by signal 9" "$work/chaos.out")
