@@ -43,17 +43,21 @@ launch=$!
 if ! chaos $launch "$ck" "$kills" 2; then
   # What the job was doing, and a bounded wait: a job stuck there would otherwise hold the
   # test until ctest's limit, saying nothing (seen once in CI after the 9th kill).
-  echo "FAIL: kill $((chaos_done + 1)): no job ran with 4 ranks (and a save, for the even kills)"
-  echo "  within 60 s; latest: $(cat "$ck/latest" 2>/dev/null); the job's processes:"
-  job=$(job_of "$launch")
-  [ -n "$job" ] && ps -o pid=,stat=,etime=,args= --ppid "$job" | cut -c1-120 | sed 's/^/    /'
+  if kill -0 $launch 2>/dev/null; then
+    echo "FAIL: kill $((chaos_done + 1)): no job ran with 4 ranks (and a save, for the even kills)"
+    echo "  within 60 s; latest: $(cat "$ck/latest" 2>/dev/null); the job's processes:"
+  else
+    echo "FAIL: kill $((chaos_done + 1)): the job had ended (latest: $(cat "$ck/latest" 2>/dev/null))"
+  fi
+  mp=$(job_of "$launch")   # (not $job: the later cases run that command)
+  [ -n "$mp" ] && ps -o pid=,stat=,etime=,args= --ppid "$mp" | cut -c1-120 | sed 's/^/    /'
   tail -n 12 "$work/chaos.out" | sed 's/^/  | /'
   failed=1
   for ((i = 0; i < 600; i++)); do kill -0 $launch 2>/dev/null || break; sleep 0.2; done
   if kill -0 $launch 2>/dev/null; then
     echo "  (still running after 120 s: stopped)"
-    job=$(job_of "$launch")
-    [ -n "$job" ] && { pkill -KILL -P "$job"; kill -KILL "$job"; } 2>/dev/null
+    mp=$(job_of "$launch")
+    [ -n "$mp" ] && { pkill -KILL -P "$mp"; kill -KILL "$mp"; } 2>/dev/null
     kill -KILL $launch 2>/dev/null
   fi
 fi

@@ -26,10 +26,10 @@
 **
 ** Reductions add in rank order (bf16 and f16 in f32, rounded once): every member gets
 ** the same bits, as with NCCL, though not NCCL's own (a ring rounds each partial sum).
-** Not here: NCCL's timing; a send that waits for its receive (MPI may buffer it, so a
-** pipeline whose sends and receives wait for each other in turn, which hangs on GPUs,
-** passes here: dist/pipeline_in_order checks that order on the CPU); a group across
-** streams; communicators split or shared between threads.
+** A send waits for its receive (MPI_Issend), as every NCCL send too large for its
+** buffers does, whatever its size: a pipeline whose sends and receives wait for each
+** other in turn hangs here as on GPUs. Not here: NCCL's timing; a group across streams;
+** communicators split or shared between threads.
 */
 /* (MPI's C interface alone: Open MPI's C++ bindings are in a library not linked here) */
 #define OMPI_SKIP_MPICXX 1
@@ -203,8 +203,10 @@ bool post(Flight &f) {
     const char *call = "";
     switch (o.kind) {
       case Op::kSend:
-        call = "MPI_Isend";
-        rc = MPI_Isend(in.data(), (int)in.size(), MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
+        /* synchronous: done only once the receiver has posted its receive, as an NCCL
+        ** send larger than its buffers waits for its receiver (MPI_Isend may buffer it) */
+        call = "MPI_Issend";
+        rc = MPI_Issend(in.data(), (int)in.size(), MPI_BYTE, o.peer, 0, o.comm->mpi, &r);
         break;
       case Op::kRecv:
         call = "MPI_Irecv";
