@@ -263,10 +263,16 @@ function Par:inputs(tokens)
   return ids, targets, positions
 end
 
--- The sequence length of the activations between blocks for ids (b, t): t, or t / tp
--- under sequence parallelism.
-function Par:activation_len(ids)
-  local t = tonumber(ids._shape[1])
+-- The length of this rank's ids (Par:inputs) for a sequence of T tokens: T, or its two
+-- chunks under context parallelism (tetra.parallel.context).
+function Par:ids_len(T)
+  if self.layout.cp == 1 then return T end
+  return 2 * require("tetra.parallel.context").chunk_len(T, self.layout.cp)
+end
+
+-- The sequence length of the activations between blocks for this rank's ids of length
+-- t: t, or t / tp under sequence parallelism.
+function Par:activation_len(t)
   return self.sequence and t / self.layout.tp or t
 end
 

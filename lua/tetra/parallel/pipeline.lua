@@ -242,13 +242,15 @@ function Pipeline:flush_send()
   if d.own then free(d.t) end
 end
 
-function Pipeline:recv(t, peer, tag)
+-- The f32 tensor of `shape` that peer sends with tag: the one the round before already
+-- received (interleaved), or a new one received now (with the deferred send, if any).
+function Pipeline:recv(shape, peer, tag)
   local got = self.prefetched and self.prefetched[tag]
-  if got then   -- (received with the round before: t is not needed)
+  if got then   -- (received with the round before)
     self.prefetched[tag] = nil
-    free(t)
     return got
   end
+  local t = F.empty(shape, C.TT_F32, self.par.device)
   local d = self.deferred
   if not d then return self.group:recv(t, peer, tag) end
   self.deferred = nil
@@ -257,10 +259,10 @@ function Pipeline:recv(t, peer, tag)
   return t
 end
 
--- An empty activation (or its gradient) of micro-batch ids: (b, t, dim).
-function Pipeline:activation(ids)
-  return F.empty({ tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim },
-                 C.TT_F32, self.par.device)
+-- The shape of the activations (and their gradients) of micro-batches of `rows` rows of
+-- this rank's ids of length t: (rows, t, dim), t cut by sequence parallelism.
+function Pipeline:activation_shape(rows, t)
+  return { rows, self.par:activation_len(t), self.dim }
 end
 
 -- Messages are told apart by micro-batch, receiving virtual stage and direction.
@@ -287,7 +289,8 @@ function Pipeline:forward(tokens, m, c, record, logits_wanted)
   if vs == 0 then
     h = self.model:embed(ids, positions)
   else
-    x = self:recv(self:activation(ids), (vs - 1) % self.stages, self:act_tag(m, vs))
+    x = self:recv(self:activation_shape(tonumber(ids._shape[0]), tonumber(ids._shape[1])),
+                  (vs - 1) % self.stages, self:act_tag(m, vs))
     if record then tffi.check(C.tt_set_requires_grad(x, 1)) end
   end
   local y = self.chunks[c](h or x, positions)
@@ -362,7 +365,7 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
       if vs == last_vs then
         F.backward(y)
       else
-        local g = self:recv(F.empty(y:shape(), C.TT_F32, self.par.device),
+        local g = self:recv(y:shape(),
                             (vs + 1) % self.stages, self:grad_tag(m, vs))
         F.backward_with(y, g)
         free(g)
@@ -471,12 +474,8 @@ function Pipeline:tag_of(x)
 end
 
 function Pipeline:run_rounds(ops, run, tokens, rows)
-  -- every activation (and its gradient) has micro-batch 0's shape
-  local mb = micro.rows(tokens, 0, rows)
-  local ids, targets, positions = self.par:inputs(mb)
-  local shape = { tonumber(ids._shape[0]), self.par:activation_len(ids), self.dim }
-  free(ids); free(targets); free(positions)
-  if mb ~= tokens then free(mb) end
+  -- every activation (and its gradient) has this shape
+  local shape = self:activation_shape(rows, self.par:ids_len(tonumber(tokens._shape[1]) - 1))
   local rounds = M.rounds(ops)
   local groups = M.transfer_groups(rounds, self.stage, self.stages, self.n_virtual)
   self.prefetched = {}
