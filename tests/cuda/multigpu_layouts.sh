@@ -27,6 +27,7 @@ llama_pp2_v2_interleaved | 1e-4 1e-4
 llama_tp2_bf16      | 1e-3 1e-2
 llama_cp2_bf16      | 1e-3 1e-2
 llama_tp2_fp8       | 1e-3 1e-2
+guide_dp2_tp2_pp2   | 1e-3 1e-2
 "
 steps=${TETRA_TEST_STEPS:-6}
 pick=${TETRA_TEST_CASES:-.}

@@ -8,7 +8,9 @@
 #     switch), so that the kills meant for a save find one however fast the steps are;
 #     the run finishes and its metrics records (loss and gradient norm of every step)
 #     equal an uninterrupted run's bit for bit; each restart is a logged line, the count
-#     reaches the job (records' `restarts`), and `latest` names a complete checkpoint.
+#     reaches the job (records' `restarts`), and `latest` names a complete checkpoint;
+#     no watchdog report (dist.timeout_s=60: a job stuck in a collective ends with the
+#     report of where, a failure, instead of holding the test).
 #  2. a SIGSTOPped rank: the watchdog (dist.timeout_s=5) aborts the job, tetra launch
 #     restarts it, and the losses again equal the uninterrupted run's.
 #  3. a deterministic failure (train.inject_crash_step=3 fails every time at step 3):
@@ -38,7 +40,8 @@ mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$wor
 ck="$work/chaos.ck"
 "$tetra" launch --max-restarts $((kills + 5)) --backoff 0.1 -- \
   mpirun --oversubscribe -np 4 "$tetra" run "${job[@]}" --set checkpoint.dir="$ck" \
-  --set checkpoint.save_delay_ms=100 --set log.metrics_file="$work/chaos.jsonl" >"$work/chaos.out" 2>&1 &
+  --set checkpoint.save_delay_ms=100 --set log.metrics_file="$work/chaos.jsonl" \
+  --set dist.timeout_s=60 >"$work/chaos.out" 2>&1 &
 launch=$!
 if ! chaos $launch "$ck" "$kills" 2; then
   # What the job was doing, and a bounded wait: a job stuck there would otherwise hold the
@@ -69,6 +72,8 @@ last=$(grep -o "^tetra launch: restart [0-9]*: the job failed (killed by signal 
 echo "chaos: $kills kills ($during_save while a checkpoint was being written), $restarts restarts, the last after step ${last:-?} of $steps, exit $rc"
 [ $rc -eq 0 ] || { echo "FAIL: the chaos run did not finish"; tail -20 "$work/chaos.out"; failed=1; }
 [ "$restarts" -eq "$kills" ] || { echo "FAIL: $restarts restarts logged for $kills kills"; grep "tetra launch" "$work/chaos.out"; failed=1; }
+# (a job stuck in a collective: the watchdog's report, within dist.timeout_s)
+grep -m 3 "watchdog:" "$work/chaos.out" | sed 's/^/FAIL: /' | grep . && failed=1
 [ "$during_save" -ge 1 ] || { echo "FAIL: no kill landed during a save"; failed=1; }
 [ "$(cat "$ck/latest")" = step_000$steps ] && [ -f "$ck/step_000$steps/state.json" ] ||
   { echo "FAIL: latest is $(cat "$ck/latest")"; failed=1; }
