@@ -28,6 +28,8 @@ llama_tp2_bf16      | 1e-3 1e-2
 llama_cp2_bf16      | 1e-3 1e-2
 llama_tp2_fp8       | 1e-3 1e-2
 guide_dp2_tp2_pp2   | 1e-3 1e-2
+llama_tp2_dp2_zero3 | 1e-4 1e-4
+off_dp2_zero2_accum2 | 1e-4 1e-4
 "
 steps=${TETRA_TEST_STEPS:-6}
 pick=${TETRA_TEST_CASES:-.}

@@ -458,12 +458,18 @@ end
 -- The master's memory taken again and the host master copied into it (the update's
 -- upload, or settle_masters for a step that made none). p: the optimizer's parameter
 -- (under ZeRO a share of the weight, whose storage it is).
+-- The host weight h.p queued for upload into p (f32, contiguous, on a GPU) on the
+-- current stream, the next kernels after it.
+local function upload_async(p, h)
+  check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
+                                       C.tt_tensor_data(h.p), p:numel() * 4))
+  C.tt_tensor_bump_version(p)   -- (a write the engine did not see, as tt_copy_ counts one)
+end
+
 local function restore_master(p, h, async)
   check(C.tt_lowp_weight_restore_master(p))
   if async then
-    check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
-                                         C.tt_tensor_data(h.p), p:numel() * 4))
-    C.tt_tensor_bump_version(p)
+    upload_async(p, h)
   else
     check(C.tt_copy_(p, h.p))
   end
@@ -575,9 +581,7 @@ function AdamW:_land(t, away)
     restore_master(p, h, t.async)
     t.master.released = false
   elseif t.async then
-    check(C.tt_cuda_copy_to_device_async(C.tt_tensor_data(p), p._device,
-                                         C.tt_tensor_data(h.p), p:numel() * 4))
-    C.tt_tensor_bump_version(p)   -- (a write the engine did not see, as tt_copy_ counts one)
+    upload_async(p, h)
   else
     check(C.tt_copy_(p, h.p))   -- synchronous: the CPU, a strided shard
   end
