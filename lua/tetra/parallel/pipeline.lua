@@ -381,6 +381,9 @@ function Pipeline:train_step(tokens, n_micro, before_backward, amp_ctx)
       end
     end
   end
+  -- (1F1B and GPipe keep the pairing: on GPUs the compute stream waits for a whole
+  -- group when it is queued, and a round's group holds the next forward's activations
+  -- and the next backward's gradient, so that forward would wait for the gradient too)
   if self.kind == "interleaved_1f1b" then
     self:run_rounds(ops, run, tokens, rows)
   else
