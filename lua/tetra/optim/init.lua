@@ -455,9 +455,6 @@ function AdamW:release_masters()
   end
 end
 
--- The master's memory taken again and the host master copied into it (the update's
--- upload, or settle_masters for a step that made none). p: the optimizer's parameter
--- (under ZeRO a share of the weight, whose storage it is).
 -- The host weight h.p queued for upload into p (f32, contiguous, on a GPU) on the
 -- current stream, the next kernels after it.
 local function upload_async(p, h)
@@ -466,6 +463,9 @@ local function upload_async(p, h)
   C.tt_tensor_bump_version(p)   -- (a write the engine did not see, as tt_copy_ counts one)
 end
 
+-- The master's memory taken again and the host master copied into it (the update's
+-- upload, or settle_masters for a step that made none). p: the optimizer's parameter
+-- (under ZeRO a share of the weight, whose storage it is).
 local function restore_master(p, h, async)
   check(C.tt_lowp_weight_restore_master(p))
   if async then
