@@ -241,8 +241,14 @@ cublasStatus_t set(T *dst, const void *buf, size_t n) {
 
 extern "C" {
 
+/* OpenBLAS on one thread: the emulated device's work runs on one host thread, and between
+** its GEMMs OpenBLAS's idle workers spin (sched_yield) for a while before they sleep. In a
+** 10-step emulated run of recipes/tiny.lua that spin was a third of the process's CPU
+** time, taken from the tests beside it (the engine's train.threads, when set, still sets
+** its own count). */
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
   static int handle;
+  openblas_set_num_threads(1);
   *h = (cublasLtHandle_t)&handle;
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -66,13 +66,76 @@ namespace {
 
 enum State { RUNNING, AT_BLOCK, AT_WARP, DONE };
 
-/* A CUDA thread: a stack of its own, entered once through makecontext and setcontext,
-** then switched to and from with _setjmp / _longjmp (no signal-mask system call per
-** switch, as swapcontext makes). Between threads it parks at the top of fiber_entry's
-** loop and runs the kernel again for the next thread it is given. */
+/* Switching stacks. A Ctx is where a stack left off; ctx_make readies a fresh stack to
+** enter `entry`, and ctx_swap(from, to) leaves the running stack in `from` and carries on
+** in `to`. On x86-64 a switch is tt_emu_swap: the registers a call must preserve (System V
+** ABI: rbx, rbp, r12 to r15) pushed on the stack left, the stack pointer swapped, and
+** theirs popped from the stack entered; no CUDA thread changes the floating-point control
+** words, so those are not kept. Elsewhere _setjmp / _longjmp, a stack's first entry
+** through makecontext and setcontext. (glibc's _longjmp unwinds cancellation handlers and
+** demangles pointers on every jump: with _setjmp it was a fifth of an emulated training
+** step's time, measured with perf on recipes/tiny.lua; swapcontext costs a system call
+** each, for the signal mask.) */
+#if defined(__x86_64__)
+extern "C" void tt_emu_swap(void **save_sp, void *to_sp);
+asm(".text\n"
+    ".globl tt_emu_swap\n"
+    ".type tt_emu_swap, @function\n"
+    "tt_emu_swap:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size tt_emu_swap, .-tt_emu_swap\n");
+
+struct Ctx {
+  void *sp;
+};
+
+/* The fresh stack as tt_emu_swap leaves one: six saved registers (zero), then the address
+** its ret goes to, entry, whose frame then starts as a call's would (the stack pointer 8
+** below a 16-byte boundary, under a return address entry never uses). */
+void ctx_make(Ctx &c, char *stack, size_t size, void (*entry)(void)) {
+  void **sp = (void **)((uintptr_t)(stack + size) & ~(uintptr_t)15);
+  *--sp = nullptr;
+  *--sp = (void *)entry;
+  for (int i = 0; i < 6; i++) *--sp = nullptr;
+  c.sp = sp;
+}
+
+void ctx_swap(Ctx &from, Ctx &to) { tt_emu_swap(&from.sp, to.sp); }
+#else
+struct Ctx {
+  jmp_buf jb;
+  ucontext_t fresh;
+  bool is_fresh;
+};
+
+void ctx_make(Ctx &c, char *stack, size_t size, void (*entry)(void)) {
+  getcontext(&c.fresh);
+  c.fresh.uc_stack.ss_sp = stack;
+  c.fresh.uc_stack.ss_size = size;
+  c.fresh.uc_link = nullptr;   /* entry never returns */
+  makecontext(&c.fresh, entry, 0);
+  c.is_fresh = true;
+}
+
+void ctx_swap(Ctx &from, Ctx &to) {
+  if (_setjmp(from.jb)) return;
+  if (to.is_fresh) {
+    to.is_fresh = false;
+    setcontext(&to.fresh);
+  }
+  _longjmp(to.jb, 1);
+}
+#endif
+
+/* A CUDA thread: a stack of its own, entered once (start_fiber) and parked at the top of
+** fiber_entry's loop; between threads it parks there again and runs the kernel anew for
+** the next thread it is given. */
 struct Fiber {
-  jmp_buf ctx;
-  ucontext_t entry;
+  Ctx ctx;
   bool started;
   State state;
   uint3 idx;
@@ -92,7 +155,7 @@ struct Launch {
   /* never destroyed, so that work deferred to an exit handler still has its stacks (and a
   ** leak check at exit sees them reachable) */
   std::vector<char *> &stacks = *new std::vector<char *>;
-  jmp_buf sched;
+  Ctx sched;
   Fiber *cur = nullptr;
   void (*body)(void *) = nullptr;
   void *ctx = nullptr;
@@ -132,10 +195,8 @@ void fiber_entry(void) {
   Fiber *f = L.cur;
   on_fiber(*f);
   for (;;) {
-    if (!_setjmp(f->ctx)) {   /* parked */
-      to_scheduler(f);
-      _longjmp(L.sched, 1);
-    }
+    to_scheduler(f);   /* parked */
+    ctx_swap(f->ctx, L.sched);
     on_fiber(*f);
     L.body(L.ctx);
     f->state = DONE;
@@ -150,10 +211,8 @@ void resume(Fiber &f) {
   L.cur = &f;
   set_builtins(f);
   L.in_fiber = true;
-  if (!_setjmp(L.sched)) {
-    to_fiber(L.stacks[&f - L.fibers.data()]);
-    _longjmp(f.ctx, 1);
-  }
+  to_fiber(L.stacks[&f - L.fibers.data()]);
+  ctx_swap(L.sched, f.ctx);
   on_scheduler();
   L.in_fiber = false;
 }
@@ -163,17 +222,11 @@ void start_fiber(int t) {
   Launch &L = g_launch;
   Fiber &f = L.fibers[t];
   if (f.started) return;
-  getcontext(&f.entry);
-  f.entry.uc_stack.ss_sp = L.stacks[t];
-  f.entry.uc_stack.ss_size = kStack;
-  f.entry.uc_link = nullptr;   /* fiber_entry never returns */
-  makecontext(&f.entry, fiber_entry, 0);
+  ctx_make(f.ctx, L.stacks[t], kStack, fiber_entry);
   L.cur = &f;
   f.asan_fake = nullptr;
-  if (!_setjmp(L.sched)) {   /* (the way back is sched: setcontext, not swapcontext) */
-    to_fiber(L.stacks[t]);
-    setcontext(&f.entry);
-  }
+  to_fiber(L.stacks[t]);
+  ctx_swap(L.sched, f.ctx);
   on_scheduler();
   f.started = true;
 }
@@ -181,10 +234,8 @@ void start_fiber(int t) {
 void yield_to_scheduler(void) {
   Launch &L = g_launch;
   Fiber *f = L.cur;
-  if (!_setjmp(f->ctx)) {
-    to_scheduler(f);
-    _longjmp(L.sched, 1);
-  }
+  to_scheduler(f);
+  ctx_swap(f->ctx, L.sched);
   on_fiber(*f);
   set_builtins(*f);
 }
@@ -481,7 +532,7 @@ void on_fault(int sig, siginfo_t *si, void *uc) {
     L.cur->state = DONE;      /* never resumed: its stack is abandoned here */
     L.cur->started = false;   /* and made afresh for its next thread */
     to_scheduler(nullptr);
-    _longjmp(L.sched, 1);
+    ctx_swap(L.cur->ctx, L.sched);   /* (out of the handler for good: SA_NODEFER) */
   }
   if (b) {
     say("cuda_emu: ");

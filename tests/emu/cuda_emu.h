@@ -13,9 +13,10 @@
 **  - __shared__ as `static` (one copy, shared by the block's threads, which run in turn on
 **    one OS thread), all-ones bits at each block's start;
 **  - __syncthreads and the warp collectives (__shfl_xor_sync, __any_sync, __all_sync,
-**    __ballot_sync): every CUDA thread of a block is a fiber (ucontext) that runs until it
-**    reaches one; the scheduler releases a barrier when every thread it names has arrived
-**    and reports a deadlock (a barrier some thread never reaches) as the launch's error;
+**    __ballot_sync): every CUDA thread of a block is a fiber (a stack of its own) that
+**    runs until it reaches one; the scheduler releases a barrier when every thread it
+**    names has arrived and reports a deadlock (a barrier some thread never reaches) as
+**    the launch's error;
 **  - atomics as plain read-modify-writes (a block's threads never run at the same time);
 **  - the fast-math intrinsics as their exact C library functions.
 ** A lane that a warp collective reads but that is not taking part (it has exited, or the
