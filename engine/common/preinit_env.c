@@ -15,7 +15,7 @@ static const char *const lendable[] = {"_",    "OLDPWD",  "SHLVL", "LS_COLORS", 
                                        "TERM", "SHELL",   "LOGNAME", "USER",    "HOME",
                                        "HOSTNAME", "MAIL"};
 
-enum { MAX_LENT = 2 };
+enum { MAX_LENT = 3 };
 static struct {
   char text[64];        /* NAME=VALUE, what the constructors saw */
   char *owner;          /* the slot's own NAME=VALUE */

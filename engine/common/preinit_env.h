@@ -18,7 +18,7 @@ const char *tt_preinit_getenv(char **envp, const char *name);
 /* In a .preinit_array function: NAME=VALUE for the constructors of the shared libraries,
 ** unless NAME is set already. Returns 1 when set, 0 when NAME was set or no slot could be
 ** lent (an environment of none of the lendable names, e.g. `env -i`), -1 when VALUE is
-** too long (63 bytes with the name at most) or two variables are lent already. */
+** too long (63 bytes with the name at most) or three variables are lent already. */
 int tt_preinit_setenv(char **envp, const char *name, const char *value);
 
 /* First thing in main: the lent slots hold their own variables again and the variables
