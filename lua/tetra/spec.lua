@@ -261,7 +261,8 @@ local function spec_files(paths)
   return files
 end
 
--- Runs the spec files; returns passed, failed (also printed). opts: verbose, filter.
+-- Runs the spec files; returns passed, failed (also printed). opts: verbose, filter,
+-- stop_at_failure (no test runs after the first that fails).
 function M.run(paths, out, opts)
   out, opts = out or io.stdout, opts or {}
   local passed, failed = 0, 0
@@ -285,6 +286,7 @@ function M.run(paths, out, opts)
         fail(file, { message = "no tests found" })
       end
       for _, test in ipairs(registry) do
+        if opts.stop_at_failure and failed > 0 then break end
         if opts.filter and not full_name(test):find(opts.filter, 1, true) then goto continue end
         local t0 = host.now()
         local tok, terr = run_test(test)
@@ -298,6 +300,10 @@ function M.run(paths, out, opts)
       end
     end
     out:flush()
+    if opts.stop_at_failure and failed > 0 then
+      out:write("stopped at the first failure\n")
+      break
+    end
   end
   out:write(("%d passed, %d failed\n"):format(passed, failed))
   out:flush()
@@ -305,9 +311,12 @@ function M.run(paths, out, opts)
 end
 
 -- `tetra test [-v] [-f TEXT] PATH...`: -v lists every test with its time and prints
--- tracebacks; -f runs only tests whose full name contains TEXT.
+-- tracebacks; -f runs only tests whose full name contains TEXT. With
+-- TETRA_TEST_STOP_AT_FAILURE set (tools/mutate sets it: one failure catches a planted bug),
+-- nothing runs after the first failure.
 function M.main(args)
-  local paths, opts = {}, {}
+  local stop = os.getenv("TETRA_TEST_STOP_AT_FAILURE")
+  local paths, opts = {}, { stop_at_failure = stop ~= nil and stop ~= "" }
   local i = 1
   while i <= #args do
     local a = args[i]

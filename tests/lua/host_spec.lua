@@ -121,3 +121,32 @@ describe("tetra.spec matchers", function()
     expect(function() expect(1).never.to_be(1) end).to_error("not to be")
   end)
 end)
+
+describe("tetra.spec runner", function()
+  -- A spec file of three tests whose second fails, run by the runner itself.
+  local function run(opts)
+    local path = os.tmpname()
+    local f = assert(io.open(path, "w"))
+    f:write([[describe("d", function()
+      it("one", function() end)
+      it("two", function() expect(1).to_be(2) end)
+      it("three", function() end)
+    end)]])
+    f:close()
+    local text = {}
+    local out = { write = function(_, ...) for _, s in ipairs({ ... }) do text[#text + 1] = s end end,
+                  flush = function() end }
+    local passed, failed = require("tetra.spec").run({ path }, out, opts)
+    os.remove(path)
+    return passed, failed, table.concat(text)
+  end
+
+  it("runs every test after a failure, or none when told to stop at it", function()
+    local passed, failed, text = run({})
+    expect({ passed, failed }).to_equal({ 2, 1 })
+    expect(text).to_match("FAIL .*d > two")
+    passed, failed, text = run({ stop_at_failure = true })
+    expect({ passed, failed }).to_equal({ 1, 1 })
+    expect(text).to_match("stopped at the first failure\n1 passed, 1 failed\n$")
+  end)
+end)
