@@ -86,6 +86,20 @@ static int yaml_push_mapping(lua_State *L, yaml_reader *r, int depth) {
     }
     /* Keys stay strings, even "1" or "true", so config paths read as written. */
     lua_pushlstring(L, (const char *)key.data.scalar.value, key.data.scalar.length);
+    /* A key given twice is refused: YAML 1.2 forbids it, and taking the last one would
+     * drop the first without a word (a tuned lr pasted below the default, say). */
+    lua_pushvalue(L, -1);
+    lua_rawget(L, -3);
+    int seen = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (seen) {
+      char what[160];
+      snprintf(what, sizeof what, "key '%.100s' appears twice in one mapping",
+               (const char *)key.data.scalar.value);
+      int rc = yaml_fail(r, what, &key);
+      yaml_event_delete(&key);
+      return rc;
+    }
     yaml_event_delete(&key);
     yaml_event_t val;
     if (yaml_next(r, &val)) return -1;

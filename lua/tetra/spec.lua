@@ -246,19 +246,23 @@ local function run_test(test)
   return ok, err
 end
 
+-- The files to run, and the folders given that hold none (each a failure: a wrong path
+-- must not pass as "0 passed, 0 failed").
 local function spec_files(paths)
-  local files = {}
+  local files, empty = {}, {}
   for _, p in ipairs(paths) do
     if host.is_dir(p) then
       local names = host.listdir(p) or {}
+      local n0 = #files
       for _, n in ipairs(names) do
         if n:match("_spec%.lua$") then files[#files + 1] = p:gsub("/$", "") .. "/" .. n end
       end
+      if #files == n0 then empty[#empty + 1] = p end
     else
       files[#files + 1] = p
     end
   end
-  return files
+  return files, empty
 end
 
 -- Runs the spec files; returns passed, failed (also printed). opts: verbose, filter,
@@ -272,7 +276,10 @@ function M.run(paths, out, opts)
     out:write(("FAIL %s\n  %s\n"):format(where, err.message:gsub("\n", "\n  ")))
     if verbose and err.trace then out:write(err.trace:gsub("^\n", ""), "\n") end
   end
-  for _, file in ipairs(spec_files(paths)) do
+  local files, empty = spec_files(paths)
+  for _, dir in ipairs(empty) do fail(dir, { message = "no *_spec.lua files in this folder" }) end
+  local ran_any = false
+  for _, file in ipairs(files) do
     local registry = {}
     local chunk, lerr = loadfile(file)
     if not chunk then
@@ -288,6 +295,7 @@ function M.run(paths, out, opts)
       for _, test in ipairs(registry) do
         if opts.stop_at_failure and failed > 0 then break end
         if opts.filter and not full_name(test):find(opts.filter, 1, true) then goto continue end
+        ran_any = true
         local t0 = host.now()
         local tok, terr = run_test(test)
         if tok then
@@ -304,6 +312,9 @@ function M.run(paths, out, opts)
       out:write("stopped at the first failure\n")
       break
     end
+  end
+  if opts.filter and not ran_any and failed == 0 then
+    fail("-f " .. opts.filter, { message = "no test's name contains it" })
   end
   out:write(("%d passed, %d failed\n"):format(passed, failed))
   out:flush()

@@ -124,7 +124,7 @@ end)
 
 describe("tetra.spec runner", function()
   -- A spec file of three tests whose second fails, run by the runner itself.
-  local function run(opts)
+  local function run(opts, paths)
     local path = os.tmpname()
     local f = assert(io.open(path, "w"))
     f:write([[describe("d", function()
@@ -136,7 +136,7 @@ describe("tetra.spec runner", function()
     local text = {}
     local out = { write = function(_, ...) for _, s in ipairs({ ... }) do text[#text + 1] = s end end,
                   flush = function() end }
-    local passed, failed = require("tetra.spec").run({ path }, out, opts)
+    local passed, failed = require("tetra.spec").run(paths or { path }, out, opts)
     os.remove(path)
     return passed, failed, table.concat(text)
   end
@@ -148,5 +148,20 @@ describe("tetra.spec runner", function()
     passed, failed, text = run({ stop_at_failure = true })
     expect({ passed, failed }).to_equal({ 1, 1 })
     expect(text).to_match("stopped at the first failure\n1 passed, 1 failed\n$")
+  end)
+
+  it("fails when nothing runs: a folder without spec files, a filter no test matches", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir " .. dir) == 0)
+    local passed, failed, text = run({}, { dir })
+    os.remove(dir)
+    expect({ passed, failed }).to_equal({ 0, 1 })
+    expect(text).to_match("no %*_spec%.lua files in this folder")
+    passed, failed, text = run({ filter = "no such test" })
+    expect({ passed, failed }).to_equal({ 0, 1 })
+    expect(text).to_match("FAIL %-f no such test\n  no test's name contains it")
+    passed, failed = run({ filter = "one" })
+    expect({ passed, failed }).to_equal({ 1, 0 })
   end)
 end)

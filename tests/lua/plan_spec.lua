@@ -205,6 +205,50 @@ describe("plan pipeline replay", function()
       expect(all[s][0]).to_be(8)
     end
   end)
+
+  -- A step of a billion micro-batches (train.batch_size=1e9) is priced at once: the
+  -- replay extends two steady-state replays, which the closed forms check.
+  it("has the closed forms at a billion micro-batches", function()
+    local m = 1e9
+    for _, sched in ipairs({ "gpipe", "1f1b" }) do
+      for _, S in ipairs({ 1, 4 }) do
+        local span, busy, held = run(sched, S, m, 1)
+        expect(math.abs(span / ((m + S - 1) * 3) - 1) < 1e-12).to_be(true)
+        expect(math.abs(busy[S - 1] / (m * 3) - 1) < 1e-12).to_be(true)
+        expect(held[0][0]).to_be((sched == "gpipe" and S > 1) and m or S)   -- one stage: 1F1B
+      end
+    end
+    local span = run("interleaved_1f1b", 4, 4e8, 2)
+    expect(math.abs(span / (4e8 * 3 + 3 * 3 / 2) - 1) < 1e-12).to_be(true)
+  end)
+
+  it("extends to what the whole replay gives, with uneven stages and transfers", function()
+    local whole = require("tetra.planner.schedule").replay_whole
+    for _, case in ipairs({ { "gpipe", 3, 1 }, { "1f1b", 4, 1 }, { "interleaved_1f1b", 2, 4 },
+                            { "interleaved_1f1b", 4, 2 } }) do
+      local sched, S, v = case[1], case[2], case[3]
+      local fwd, bwd = {}, {}
+      for s = 0, S - 1 do
+        fwd[s], bwd[s] = {}, {}
+        for c = 0, v - 1 do
+          fwd[s][c] = 1 + 0.37 * s + 0.11 * c + (s % 3) * 0.5
+          bwd[s][c] = 2 * fwd[s][c] + 0.05 * s
+        end
+      end
+      -- hop 0.3: the steady state is reached and the spans agree to rounding; hop 5
+      -- (transfers outlast the work): within a micro-batch's time, measured 5.2e-4 of it.
+      for _, hop_tol in ipairs({ { 0.3, 1e-9 }, { 5, 2e-3 } }) do
+        local lay, n = { pp = S, v = v, schedule = sched }, S * 1007
+        local a, busy_a, held_a = plan.replay(lay, n, fwd, bwd, hop_tol[1])
+        local b, busy_b, held_b = whole(lay, n, fwd, bwd, hop_tol[1])
+        expect(math.abs(a / b - 1) <= hop_tol[2]).to_be(true)
+        for s = 0, S - 1 do
+          expect(math.abs(busy_a[s] / busy_b[s] - 1) < 1e-9).to_be(true)
+          for c = 0, v - 1 do expect(held_a[s][c]).to_be(held_b[s][c]) end
+        end
+      end
+    end
+  end)
 end)
 
 describe("plan layouts", function()

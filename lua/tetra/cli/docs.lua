@@ -70,8 +70,9 @@ function M.reference()
     "`--set section.key=value`. Precedence, lowest first: these defaults < the recipe's",
     "defaults < the model preset (`train.model_name`) < the YAML file < `--set`. An unknown",
     "key or a value of the wrong type stops the run before anything is allocated, with one",
-    "line naming the key. A recipe's own defaults may add keys to a section (they take the",
-    "type of their default).",
+    "line naming the key, and so does a key given twice in one YAML mapping (YAML 1.2",
+    "forbids it; the second would silently win). A recipe's own defaults may add keys to a",
+    "section (they take the type of their default).",
   }
   for _, section in ipairs(section_order(schema)) do
     lines[#lines + 1] = ""

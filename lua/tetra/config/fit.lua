@@ -100,9 +100,10 @@ function M.estimate(cfg, world, mem_bytes)
   return planner.evaluate(cfg, planner.layout_of(cfg), cluster_for(cfg, world, mem_bytes))
 end
 
+-- n's divisors, largest first.
 local function divisors_below(n)
-  local out = {}
-  for i = n, 1, -1 do if n % i == 0 then out[#out + 1] = i end end
+  local up, out = require("tetra.planner.layouts").divisors(n), {}
+  for i = #up, 1, -1 do out[#out + 1] = up[i] end
   return out
 end
 

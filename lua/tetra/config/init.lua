@@ -44,7 +44,8 @@ local function any(default, doc) return { type = "any", default = default, doc =
 M.schema = {
   train = {
     model_name = str(nil, "preset (recipes/*/presets.lua): llama-7b, llama3-8b, gpt2-124m, qwen2-7b, ..."),
-    recipe = str(nil, "recipe name (recipes/NAME.lua or recipes/NAME/model.lua) or path; default from the preset family"),
+    recipe = str(nil, "a YAML config's recipe: name (recipes/NAME.lua or recipes/NAME/model.lua) " ..
+                 "or path; default from the preset family"),
     precision = enum("fp32", { "fp32", "bf16", "fp16", "fp8" },
                      "compute precision; fp32 master weights in every one (docs/precision.md)"),
     device = str("cpu", "cpu, cuda (this rank's GPU) or cuda:N"),
@@ -107,7 +108,9 @@ M.schema = {
     num_workers = int(2, 0, "tokenizer worker threads per rank"),
     mock = bool(false, "random tokens instead of a corpus (benchmarks)"),
     num_streams = int(1, 1, "loader streams feeding each global batch (independent of the DP size)"),
-    datasets = list("[{path = ..., weight = ...}, ...]"),
+    datasets = list("a weighted blend instead of input_path: [{path: FILES, weight: 3}, " ..
+                    "{path: ..., type: jsonl|text|tfrecord|tokens, text_field: ...}, ...]; " ..
+                    "weight > 0 (default 1)"),
     prefetch = int(2, 1, "optimizer steps of sequences each loader stream keeps ready"),
     text_field = str("text", "the JSONL field / TFRecord bytes feature holding the text"),
     s3_endpoint = str(nil, "S3-compatible endpoint URL (default: AWS_ENDPOINT_URL, else AWS)"),
@@ -118,7 +121,7 @@ M.schema = {
     seed = int(nil, 0, "seed of the data order (default train.seed)"),
   },
   model = {
-    name = str(nil, "preset name, same as train.model_name"),
+    name = str(nil, "preset name, same as train.model_name (naming two different ones is an error)"),
     family = enum(nil, models.names(), "model family: a folder of recipes/ with a model.lua (set by the preset)"),
     dim = int(nil, 1, "model width"),
     n_layers = int(nil, 1, "transformer blocks"),
@@ -128,14 +131,14 @@ M.schema = {
     seq_len = int(nil, 1, "training sequence length in tokens"),
     ffn_hidden = int(nil, 1, "MLP hidden units (default from dim, by the family's presets.lua)"),
     norm_eps = num(1e-5, 0, "epsilon of RMSNorm / LayerNorm"),
-    rope_theta = num(10000, 0, "base of the rotary embedding frequencies (Llama)"),
+    rope_theta = num(10000, 0, "base of the rotary embedding frequencies (Llama); > 0"),
     tie_embeddings = bool(nil, "the output head shares the embedding (default: the family's presets.lua)"),
     init_std = num(0.02, 0, "standard deviation of the weights' normal init"),
   },
   optim = {
     name = enum("adamw", { "adamw", "sgd" }, "optimizer"),
-    beta1 = num(0.9, 0, "AdamW first-moment decay"),
-    beta2 = num(0.95, 0, "AdamW second-moment decay"),
+    beta1 = num(0.9, 0, "AdamW first-moment decay (below 1)"),
+    beta2 = num(0.95, 0, "AdamW second-moment decay (below 1)"),
     eps = num(1e-8, 0, "AdamW denominator epsilon"),
     momentum = num(0.9, 0, "SGD momentum"),
   },
@@ -441,6 +444,10 @@ function M.validate(cfg, opts)
             "data.eval_fraction > 0 to hold out the end of each training source, or " ..
             "train.eval_every=0", cfg.train.eval_every)
   end
+  if cfg.data.input_path and cfg.data.datasets then
+    M.error("data.input_path and data.datasets are both set: keep one (data.datasets " ..
+            "blends several sources, each {path: FILES, weight: W})")
+  end
   if cfg.data.eval_fraction >= 1 then
     M.error("data.eval_fraction (%g) must be below 1 (it is the held-out share of each source)",
             cfg.data.eval_fraction)
@@ -473,6 +480,16 @@ function M.validate(cfg, opts)
   local device = cfg.train.device
   if device ~= "cpu" and device ~= "cuda" and not device:match("^cuda:%d+$") then
     M.error("train.device must be cpu, cuda or cuda:N, got %s", show(device))
+  end
+  if cfg.model.rope_theta <= 0 then
+    M.error("model.rope_theta must be > 0, got %s (the base of the rotary frequencies: " ..
+            "Llama 2 uses 10000, Llama 3 500000)", show(cfg.model.rope_theta))
+  end
+  for _, k in ipairs({ "beta1", "beta2" }) do
+    if cfg.optim[k] >= 1 then
+      M.error("optim.%s must be below 1, got %s (a moment's decay per step; 0.9 and 0.95 " ..
+              "are usual)", k, show(cfg.optim[k]))
+    end
   end
   if cfg.train.loss_scale_backoff >= 1 then
     M.error("train.loss_scale_backoff must be below 1, got %s", show(cfg.train.loss_scale_backoff))
@@ -514,8 +531,16 @@ local function register_defaults(defaults)
   end
 end
 
+-- The preset cfg names: train.model_name, or model.name (the same key, kept for configs
+-- that group it with the model's keys); naming two different ones is an error.
 local function preset_name(cfg)
-  return (cfg.train and cfg.train.model_name) or (cfg.model and cfg.model.name)
+  local a = type(cfg.train) == "table" and cfg.train.model_name or nil
+  local b = type(cfg.model) == "table" and cfg.model.name or nil
+  if a and b and a ~= b then
+    M.error("train.model_name (%s) and model.name (%s) name different presets: keep one",
+            show(a), show(b))
+  end
+  return a or b
 end
 
 -- Builds the final config, validated. The preset sits just below the layer that names
@@ -565,7 +590,16 @@ end
 function M.load_yaml(path)
   local t, err = host.load_yaml(path)
   if err then M.error("%s", err) end
-  if t ~= nil and type(t) ~= "table" then M.error("%s: expected a mapping of sections", path) end
+  if t ~= nil and (type(t) ~= "table" or #t > 0) then
+    M.error("%s: expected a mapping of sections (train:, parallel:, data: ...), got %s",
+            path, type(t) == "table" and "a list" or show(t))
+  end
+  for _, section in ipairs(sorted_keys(t or {})) do
+    if type(t[section]) ~= "table" or #t[section] > 0 then
+      M.error("%s: '%s' must be a section of key: value pairs, got %s", path, section,
+              type(t[section]) == "table" and "a list" or show(t[section]))
+    end
+  end
   return t or {}
 end
 
@@ -578,7 +612,7 @@ function M.find_recipe(name, base_dir)
   if name:find("/", 1, true) or name:match("%.lua$") then
     candidates = { name, base_dir .. "/" .. name }
   else
-    for _, dir in ipairs({ host.root, host.source_dir }) do
+    for _, dir in ipairs(host.source_dir ~= host.root and { host.root, host.source_dir } or { host.root }) do
       candidates[#candidates + 1] = dir .. "/recipes/" .. name .. ".lua"
       candidates[#candidates + 1] = dir .. "/recipes/" .. name .. "/model.lua"
     end
@@ -602,15 +636,29 @@ function M.load(file, sets, opts)
   opts = opts or {}
   if file:match("%.ya?ml$") then
     local yaml = M.load_yaml(file)
-    local name = yaml.train and yaml.train.recipe
+    -- --set train.recipe=NAME picks the recipe as the YAML's own train.recipe does.
+    local named = M.apply_sets(yaml, sets)
+    local name = type(named.train) == "table" and named.train.recipe or nil
+    if name ~= nil and (type(name) ~= "string" or name == "") then
+      M.error("train.recipe must be a recipe name or path, got %s", show(name))
+    end
     if not name then
-      local preset = models.presets()[preset_name(M.apply_sets(yaml, sets)) or ""]
-      name = preset and preset.family or models.default
+      -- model.family names the recipe where the YAML names none (a model given by its
+      -- keys alone); else the preset's family.
+      local preset = models.presets()[preset_name(named) or ""]
+      local family = type(named.model) == "table" and named.model.family or nil
+      if type(family) ~= "string" or not models.get(family) then family = nil end  -- refused below
+      name = family or preset and preset.family or models.default
     end
     local recipe = load_recipe(M.find_recipe(name, dirname(file)))
     if type(recipe) ~= "table" then M.error("recipe '%s' did not return a recipe table", name) end
     return recipe, M.build({ defaults = recipe.defaults, yaml = yaml, sets = sets,
                              world_size = opts.world_size })
+  end
+  local set_recipe = (M.apply_sets({}, sets).train or {}).recipe
+  if set_recipe ~= nil then
+    M.error("train.recipe picks the recipe of a YAML config, and %s is itself a recipe: " ..
+            "drop --set train.recipe", file)
   end
   local recipe = load_recipe(file)
   if type(recipe) ~= "table" or not (recipe.run or recipe.setup) then return nil, nil end

@@ -25,11 +25,16 @@ tffi.cdef_header("tetra_data.h")
 local C = tffi.C
 local check = tffi.check
 local tensor = require("tetra.tensor")
+local errors = require("tetra.util.errors")
 
 local data = {}
 
 local TYPES = { jsonl = C.TT_DATA_JSONL, text = C.TT_DATA_TEXT, tokens = C.TT_DATA_TOKENS,
                 tfrecord = C.TT_DATA_TFRECORD }
+
+-- The keys of a data.datasets entry (input_path: path's other name).
+local DATASET_KEYS = { path = true, input_path = true, weight = true, type = true,
+                       text_field = true }
 
 local function paths_string(p, key)
   if type(p) == "table" then return table.concat(p, ",") end
@@ -71,6 +76,21 @@ local function build_config(cfg, dp_rank, dp_size, opts)
   keep[#keep + 1] = srcs
   for i, ds in ipairs(list) do
     local s = srcs[i - 1]
+    if type(ds) ~= "table" or #ds > 0 then
+      error(("data.datasets[%d]: expected a mapping like {path: FILES, weight: 2}, got %s")
+            :format(i, type(ds) == "table" and "a list" or tostring(ds)), 3)
+    end
+    for k in pairs(ds) do
+      if not DATASET_KEYS[k] then
+        error(("data.datasets[%d]: unknown key '%s' (keys: path, weight, type, text_field)")
+              :format(i, tostring(k)), 3)
+      end
+    end
+    if ds.weight ~= nil and not (type(ds.weight) == "number" and ds.weight > 0 and
+                                 ds.weight < math.huge) then
+      error(("data.datasets[%d].weight: expected a number > 0, got %s")
+            :format(i, tostring(ds.weight)), 3)
+    end
     local p = paths_string(ds.path or ds.input_path, ("data.datasets[%d].path"):format(i))
     keep[#keep + 1] = p
     s.paths = p
@@ -153,9 +173,16 @@ function data.loader(cfg, mesh)
   return new_loader(cfg, g and g.rank or 0, g and g.size or 1, f and { range_hi = 1 - f })
 end
 
+-- What the loader's threads find wrong while reading (a JSONL line without the text
+-- field, a source with fewer documents than streams, an S3 read that ran out of retries,
+-- a saved state that is not this data's) is the data's problem, not Tetra's: one line.
+local function check_data(status)
+  if status ~= 0 then errors.raise("data: %s", ffi.string(C.tt_last_error())) end
+end
+
 -- inputs, targets: i64 tensors (local_batch, seq_len); targets are inputs shifted by one.
 function Loader:next_batch()
-  check(C.tt_data_loader_next_tensors(self.ptr, tbox, tbox + 1), 2)
+  check_data(C.tt_data_loader_next_tensors(self.ptr, tbox, tbox + 1))
   return tensor.wrap(tbox[0]), tensor.wrap(tbox[1])
 end
 
@@ -169,7 +196,7 @@ function Loader:state()
 end
 
 function Loader:load_state(s)
-  check(C.tt_data_loader_load_state(self.ptr, ffi.cast("const uint8_t*", s), #s), 2)
+  check_data(C.tt_data_loader_load_state(self.ptr, ffi.cast("const uint8_t*", s), #s))
 end
 
 function Loader:stats()

@@ -49,8 +49,12 @@ function M.setup(cfg, mesh)
   if not log.trace_steps then return end
   local first, last = M.parse_steps(log.trace_steps)
   local dir = log.trace_dir or "trace"
-  os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+  -- The folder and this rank's file are made now, so that an unwritable log.trace_dir
+  -- stops the run at its start, not after the traced steps.
+  local fs = require("tetra.util.fs")
+  fs.mkdir_p(dir, "log.trace_dir")
   local path = string.format("%s/trace-rank%d.json", dir, mesh.rank)
+  fs.write_file(path, "", "log.trace_dir")
   -- offset: rank 0's clock minus ours; base: rank 0's clock now (timestamps count from
   -- it, so they stay small enough for full precision).
   -- Ranks on one machine share its monotonic clock (CLOCK_MONOTONIC is system-wide):
@@ -125,7 +129,9 @@ local function write()
       args = { name = "communication" } },
   }
   local f, err = io.open(state.path, "w")
-  if not f then error("log.trace_dir: cannot write " .. state.path .. ": " .. tostring(err), 0) end
+  if not f then
+    require("tetra.util.errors").raise("log.trace_dir: cannot write %s: %s", state.path, tostring(err))
+  end
   -- One event per line: `tetra trace merge` reads the files back line by line.
   f:write('{"displayTimeUnit":"ms","traceEvents":[\n')
   local all = {}

@@ -36,11 +36,22 @@ function M.with_layout(cfg, lay)
   return c
 end
 
-local function divisors(n)
-  local out = {}
-  for i = 1, n do if n % i == 0 then out[#out + 1] = i end end
-  return out
+-- n's divisors, smallest first, found in pairs up to sqrt(n): a batch of 1e12 rows is a
+-- million trials, not a trillion.
+function M.divisors(n)
+  local small, large = {}, {}
+  local i = 1
+  while i * i <= n do
+    if n % i == 0 then
+      small[#small + 1] = i
+      if i * i ~= n then large[#large + 1] = n / i end
+    end
+    i = i + 1
+  end
+  for j = #large, 1, -1 do small[#small + 1] = large[j] end
+  return small
 end
+local divisors = M.divisors
 
 -- Every layout of cl.devices ranks for cfg that the layout rules accept (tensor
 -- parallelism within a node), each micro-batch size, ZeRO-1 on and off, sequence

@@ -18,11 +18,9 @@ local function ops_of(kind, S, s, n_micro, v)
   return ops
 end
 
--- Replays the engine's schedule (tetra.parallel.pipeline.schedule) for every stage with
--- per-chunk forward and backward times fwd[s][c], bwd[s][c] and a transfer time `hop`
--- between stages. Returns the makespan, each stage's busy time and the most
--- micro-batches each stage holds at once per chunk ({ [s] = { [c] = n } }).
-function M.replay(lay, n_micro, fwd, bwd, hop)
+-- Replays the whole schedule of n_micro micro-batches (M.replay's results; also
+-- M.replay_whole, which tests compare the extended replay with).
+local function replay_all(lay, n_micro, fwd, bwd, hop)
   local S, v = lay.pp, lay.v
   local kind = S == 1 and "1f1b" or lay.schedule   -- one stage: F, B, F, B ...
   local ops, pos, clock, busy, held, peak = {}, {}, {}, {}, {}, {}
@@ -73,5 +71,32 @@ function M.replay(lay, n_micro, fwd, bwd, hop)
   for s = 0, S - 1 do span = math.max(span, clock[s]) end
   return span, busy, peak
 end
+
+-- Replays the engine's schedule (tetra.parallel.pipeline.schedule) for every stage with
+-- per-chunk forward and backward times fwd[s][c], bwd[s][c] and a transfer time `hop`
+-- between stages. Returns the makespan, each stage's busy time and the most
+-- micro-batches each stage holds at once per chunk ({ [s] = { [c] = n } }).
+--
+-- A long step is not replayed op by op (a batch of 1e9 rows would take hours): past its
+-- warm-up a schedule repeats, each micro-batch adding the same time and the same number
+-- held (none for 1F1B, one for GPipe), so two replays in that steady state, n1 and n2
+-- micro-batches, extend linearly to n_micro. Both are multiples of the stage count (the
+-- interleaved schedule's rule) and at least four warm-ups long.
+function M.replay(lay, n_micro, fwd, bwd, hop)
+  local S, v = lay.pp, lay.v
+  local n1 = S * math.ceil(math.max(256, 4 * S * v) / S)
+  local n2 = n1 + S * math.ceil(math.max(128, 2 * S * v) / S)
+  if n_micro <= n2 then return replay_all(lay, n_micro, fwd, bwd, hop) end
+  local span1, busy1, peak1 = replay_all(lay, n1, fwd, bwd, hop)
+  local span2, busy2, peak2 = replay_all(lay, n2, fwd, bwd, hop)
+  local k = (n_micro - n2) / (n2 - n1)
+  local busy, peak = {}, {}
+  for s = 0, S - 1 do
+    busy[s], peak[s] = busy2[s] + k * (busy2[s] - busy1[s]), {}
+    for c = 0, v - 1 do peak[s][c] = peak2[s][c] + k * (peak2[s][c] - peak1[s][c]) end
+  end
+  return span2 + k * (span2 - span1), busy, peak
+end
+M.replay_whole = replay_all
 
 return M

@@ -32,6 +32,8 @@ local step = require("tetra.train.step")
 local loop = require("tetra.train.loop")
 local generate = require("tetra.train.generate")
 local user_error = require("tetra.util.errors").raise
+local config_error = require("tetra.config.registry").error
+local models = require("tetra.models")
 
 local train = {}
 
@@ -97,17 +99,26 @@ function train.recipe(spec)
   local recipe = { name = spec.name, Model = spec.Model, plan = spec.plan,
                    defaults = spec.defaults }
   function recipe.setup(cfg, extra)
+    -- A recipe builds its own family's model: model.family naming another (or a model
+    -- read from model.init_from being another) would build this one under the other's
+    -- rules (its MLP width, tied embeddings, tensor names).
+    local source = cfg.model.init_from
+    local family = models.family_of(spec.Model)
+    if family and cfg.model.family and family ~= cfg.model.family then
+      if source then
+        user_error(string.format("model.init_from=%s holds a %s model but recipe %s builds " ..
+          "a %s: run recipes/%s/model.lua", source, cfg.model.family, spec.name, family,
+          cfg.model.family))
+      end
+      config_error("model.family is %s but recipe %s builds a %s model: drop model.family, " ..
+                   "or run recipes/%s/model.lua (in a YAML config: train.recipe=%s)",
+                   cfg.model.family, tostring(spec.name), family, cfg.model.family,
+                   cfg.model.family)
+    end
     local data, tokenizer = train.data_source(cfg)
     checkpoint.precheck(cfg)   -- a missing or corrupt checkpoint: before the model
     C.tt_manual_seed(cfg.train.seed or 0)
-    local source = cfg.model.init_from
     local hf = source and require("tetra.checkpoint.hf")
-    local family = hf and hf.family_of(spec.Model)
-    if family and cfg.model.family and family ~= cfg.model.family then
-      user_error(string.format("model.init_from=%s holds a %s model but recipe %s builds " ..
-        "a %s: run recipes/%s/model.lua", source, cfg.model.family, spec.name, family,
-        cfg.model.family))
-    end
     -- A Tetra checkpoint, or a Hugging Face folder (Llama, Qwen2, GPT-2: its tensors are
     -- Tetra's under other names, some transposed or side by side), is read once the
     -- model is split, each rank reading its own part (checked first: a missing or bad one
@@ -156,10 +167,13 @@ function train.recipe(spec)
               "its weights landing block by block")
       end
       local d = cfg.data or {}
+      local function paths(p) return type(p) == "table" and table.concat(p, ",") or tostring(p) end
+      local blend = {}
+      for _, ds in ipairs(d.input_path and {} or d.datasets or {}) do
+        blend[#blend + 1] = ("%s (weight %g)"):format(paths(ds.path or ds.input_path), ds.weight or 1)
+      end
       print(d.mock and "data: mock tokens (uniform random; data.mock=true), not text" or
-            "data: " .. tostring(type(d.input_path) == "table" and
-                                 table.concat(d.input_path, ",") or d.input_path or
-                                 "data.datasets"))
+            "data: " .. (d.input_path and paths(d.input_path) or table.concat(blend, ", ")))
       local held = (cfg.train.eval_every or 0) > 0 and require("tetra.data").holdout(cfg)
       if held then
         print(string.format("eval: the last %g%% of each training source, held out " ..

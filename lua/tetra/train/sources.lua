@@ -10,6 +10,8 @@ local ffi = require("ffi")
 local C = require("tetra.ffi").C
 local T = require("tetra.tensor")
 local errors = require("tetra.util.errors")
+-- Found the same on every rank: printed once, as config errors are.
+local config_error = require("tetra.config.registry").error
 
 local sources = {}
 
@@ -57,14 +59,15 @@ function sources.data_source(cfg)
   local d = cfg.data or {}
   local seed = d.seed or cfg.train.seed or 0
   if d.mock then return sources.mock_data(cfg.model.vocab_size, seed), nil end
-  if not d.input_path or d.input_path == "" then
-    error("data: set data.input_path to a text file, or data.mock=true", 0)
+  if (not d.input_path or d.input_path == "") and not d.datasets then
+    config_error("no training data: set data.input_path (files, globs or s3:// paths) " ..
+                 "or data.datasets, or data.mock=true for random tokens")
   end
   local offline = d.online_tokenization == false
   local bytes = (d.tokenizer == nil or d.tokenizer == "byte") and not d.vocab_file
   if bytes and not offline and cfg.model.vocab_size < BYTE_VOCAB then
-    error(string.format("model.vocab_size (%d) must be at least %d for byte-level text",
-      cfg.model.vocab_size, BYTE_VOCAB), 0)
+    config_error("model.vocab_size (%d) must be at least %d for byte-level text " ..
+                 "(data.tokenizer=byte: one id per byte)", cfg.model.vocab_size, BYTE_VOCAB)
   end
   local data = require("tetra.data")
   local dp = require("tetra.dist").init(cfg).dp
