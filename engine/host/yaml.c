@@ -139,6 +139,23 @@ static int yaml_push_node(lua_State *L, yaml_reader *r, yaml_event_t *ev, int de
   }
 }
 
+/* After the first document's node: the document's end, then the stream's. A second
+** document (a "---" further down) is refused rather than dropped without a word. */
+static int yaml_expect_end(yaml_reader *r) {
+  for (;;) {
+    yaml_event_t ev;
+    if (yaml_next(r, &ev)) return -1;
+    yaml_event_type_t type = ev.type;
+    int rc = 0;
+    if (type == YAML_DOCUMENT_START_EVENT)
+      rc = yaml_fail(r, "a second YAML document (one config is one document)", &ev);
+    else if (type != YAML_DOCUMENT_END_EVENT && type != YAML_STREAM_END_EVENT)
+      rc = yaml_fail(r, "unexpected YAML event", &ev);
+    yaml_event_delete(&ev);
+    if (rc || type == YAML_STREAM_END_EVENT) return rc;
+  }
+}
+
 /* Parses one YAML document from the reader's input and pushes it (nil when empty). */
 static int yaml_push_document(lua_State *L, yaml_reader *r) {
   yaml_event_t ev;
@@ -161,6 +178,7 @@ static int yaml_push_document(lua_State *L, yaml_reader *r) {
     }
     int rc = yaml_push_node(L, r, &ev, 0);
     yaml_event_delete(&ev);
+    if (rc == 0) rc = yaml_expect_end(r);
     if (rc) lua_settop(L, top);
     return rc;
   }

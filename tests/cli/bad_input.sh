@@ -26,9 +26,16 @@ check_error() {  # expected-substring args... (of tetra run; one step at most, s
 check_error "config error: model.rope_theta must be > 0, got 0" "$TINY" --set model.rope_theta=0
 check_error "config error: optim.beta1 must be below 1, got 1" "$TINY" --set optim.beta1=1
 check_error "config error: optim.beta2 must be below 1, got 1.5" "$TINY" --set optim.beta2=1.5
+# A key only another precision or optimizer reads would change nothing.
+check_error "config error: train.loss_scale_init applies to train.precision=fp16 (this run's is bf16)" \
+  "$TINY" --set train.precision=bf16 --set train.loss_scale_init=1024
+check_error "config error: optim.momentum applies to optim.name=sgd (this run's is adamw)" \
+  "$TINY" --set optim.momentum=0.5
 check_error "config error: train.model_name ('llama-tiny') and model.name ('gpt2-124m') name different presets" \
   "$TINY" --set model.name=gpt2-124m
 check_error "config error: no training data: set data.input_path" "$TINY" --set data.mock=false
+check_error "config error: train.model_name must be a preset name, got a table" \
+  "$TINY" --set 'train.model_name=[llama-tiny]'
 # train.recipe from --set picks a YAML config's recipe; a Lua recipe is its own.
 check_error "config error: train.recipe: recipe 'no_such_recipe' not found" \
   "$TINY" --set train.recipe=no_such_recipe
@@ -54,6 +61,8 @@ printf -- '- train\n- data\n' >"$tmp/list.yaml"
 check_error "list.yaml: expected a mapping of sections" "$tmp/list.yaml"
 printf 'train:\n  lr: 3.0e-4\n  steps: 10\n  lr: 1.0e-3\n' >"$tmp/twice.yaml"
 check_error "twice.yaml: key 'lr' appears twice in one mapping at line 4" "$tmp/twice.yaml"
+printf 'train:\n  lr: 3.0e-4\n---\ntrain:\n  lr: 1.0e-3\n' >"$tmp/two_docs.yaml"
+check_error "two_docs.yaml: a second YAML document (one config is one document) at line 3" "$tmp/two_docs.yaml"
 
 # A batch of a billion rows does not fit: said at once, on one rank and as rank 0 of 64
 # (the search for a change that fits replayed a billion micro-batches).

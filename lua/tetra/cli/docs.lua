@@ -71,8 +71,12 @@ function M.reference()
     "defaults < the model preset (`train.model_name`) < the YAML file < `--set`. An unknown",
     "key or a value of the wrong type stops the run before anything is allocated, with one",
     "line naming the key, and so does a key given twice in one YAML mapping (YAML 1.2",
-    "forbids it; the second would silently win). A recipe's own defaults may add keys to a",
-    "section (they take the type of their default).",
+    "forbids it; the second would silently win), a second YAML document in the file, and a",
+    "key that only another precision or optimizer reads (`train.loss_scale_init` and the",
+    "other loss-scale keys are fp16's; `train.fp8_history`, `train.fp8_margin` and",
+    "`train.fp8_layers` fp8's; `optim.momentum` SGD's; `optim.beta1`, `optim.beta2` and",
+    "`optim.eps` AdamW's). A recipe's own defaults may add keys to a section (they take the",
+    "type of their default).",
   }
   for _, section in ipairs(section_order(schema)) do
     lines[#lines + 1] = ""

@@ -536,11 +536,44 @@ end
 local function preset_name(cfg)
   local a = type(cfg.train) == "table" and cfg.train.model_name or nil
   local b = type(cfg.model) == "table" and cfg.model.name or nil
+  for k, v in pairs({ ["train.model_name"] = a, ["model.name"] = b }) do
+    if v ~= nil and type(v) ~= "string" then M.error("%s must be a preset name, got %s", k, show(v)) end
+  end
   if a and b and a ~= b then
     M.error("train.model_name (%s) and model.name (%s) name different presets: keep one",
             show(a), show(b))
   end
   return a or b
+end
+
+-- Keys that only one precision or one optimizer reads: set in the YAML or with --set
+-- for a run of another, they would change nothing without a word, so they are refused.
+local ONLY_FOR = {
+  { when = "train.precision", is = "fp16", keys = { "train.loss_scale_init",
+    "train.loss_scale_growth_factor", "train.loss_scale_backoff",
+    "train.loss_scale_growth_interval" } },
+  { when = "train.precision", is = "fp8", keys = { "train.fp8_history", "train.fp8_margin",
+    "train.fp8_layers" } },
+  { when = "optim.name", is = "sgd", keys = { "optim.momentum" } },
+  { when = "optim.name", is = "adamw", keys = { "optim.beta1", "optim.beta2", "optim.eps" } },
+}
+
+local function refuse_unused(user, cfg)
+  local function get(t, path)
+    local section, key = path:match("^(%w+)%.([%w_]+)$")
+    return type(t[section]) == "table" and t[section][key] or nil
+  end
+  for _, rule in ipairs(ONLY_FOR) do
+    local now = get(cfg, rule.when)
+    if now ~= rule.is then
+      for _, k in ipairs(rule.keys) do
+        if get(user, k) ~= nil then
+          M.error("%s applies to %s=%s (this run's is %s): drop it or set %s=%s", k,
+                  rule.when, rule.is, tostring(now), rule.when, rule.is)
+        end
+      end
+    end
+  end
 end
 
 -- Builds the final config, validated. The preset sits just below the layer that names
@@ -582,7 +615,9 @@ function M.build(parts)
     merged = M.merge(defaults, user)
   end
   for _, fn in ipairs(registry.model_sources) do fn(merged, user) end
-  return M.validate(merged, { world_size = parts.world_size })
+  local cfg = M.validate(merged, { world_size = parts.world_size })
+  refuse_unused(user, cfg)
+  return cfg
 end
 
 -- -- Loading files -------------------------------------------------------------------
