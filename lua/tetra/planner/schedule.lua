@@ -81,7 +81,10 @@ end
 -- warm-up a schedule repeats, each micro-batch adding the same time and the same number
 -- held (none for 1F1B, one for GPipe), so two replays in that steady state, n1 and n2
 -- micro-batches, extend linearly to n_micro. Both are multiples of the stage count (the
--- interleaved schedule's rule) and at least four warm-ups long.
+-- interleaved schedule's rule) and at least four warm-ups long. Where the work outlasts
+-- the transfers the extension is the whole replay to rounding; where transfers outlast
+-- the work the steady state repeats over a few micro-batches, and the span is within
+-- about one micro-batch's time of it (tests/lua/plan_spec.lua measures both).
 function M.replay(lay, n_micro, fwd, bwd, hop)
   local S, v = lay.pp, lay.v
   local n1 = S * math.ceil(math.max(256, 4 * S * v) / S)
