@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -479,6 +480,9 @@ static int select_blas(char *why, size_t n) {
 
 int main(int argc, char **argv) {
   tt_preinit_restore();
+  /* A file past the size limit (ulimit -f) fails its write with EFBIG, which the writer
+  ** reports (a checkpoint: one line naming the file), instead of killing the process. */
+  signal(SIGXFSZ, SIG_IGN);
   const char *cmd = argc > 1 ? argv[1] : NULL;
   warn_weak_blas_core();
   /* TETRA_BLAS: the library of the matmul family's products (kernels/cpu/blas.c); unset,

@@ -101,6 +101,28 @@ check_error "data: $tmp/nofield.jsonl:1: no string field \"text\" (set data.text
   "$TINY" "${B[@]}" --set data.input_path="$tmp/nofield.jsonl"
 check_error "config error: model.vocab_size (100) must be at least 256 for byte-level text" \
   "$TINY" "${B[@]}" --set data.input_path="$tmp/a.txt" --set model.vocab_size=100
+# A missing file is named by its key. The evaluation data opens at the start (it opened at
+# the first evaluation, and a missing one was a traceback after train.eval_every steps).
+check_error "data: data.eval_path: data path '$tmp/none' matches no file" "$TINY" "${B[@]}" \
+  --set data.input_path="$tmp/a.txt" --set data.eval_path="$tmp/none" --set train.eval_every=1
+check_error "data: data.datasets[2]: data path '$tmp/none' matches no file" "$TINY" "${B[@]}" \
+  --set "data.datasets=[{path: $tmp/a.txt}, {path: $tmp/none}]"
+check_error "data: data.tokenizer: $tmp/none.json: cannot open: No such file or directory (it takes byte," \
+  "$TINY" "${B[@]}" --set data.input_path="$tmp/a.txt" --set data.tokenizer="$tmp/none.json"
+check_error "data: data.vocab_file: $tmp/none/vocab.json: cannot open" "$TINY" "${B[@]}" \
+  --set data.input_path="$tmp/a.txt" --set data.vocab_file="$tmp/none/vocab.json"
+
+# Steps to trace past the run's end would trace nothing.
+check_error 'config error: log.trace_steps = "5:9": the run has 1 steps (train.steps), so no step would be traced' \
+  "$TINY" --set log.trace_steps=5:9 --set log.trace_dir="$tmp/trace"
+# A checkpoint folder that cannot be made stops the run at its start (it was made at the
+# first save: checkpoint.dir alone saved nothing, and with checkpoint.every at the end).
+touch "$tmp/file"
+check_error "checkpoint.dir: cannot create the folder $tmp/file/ck: Not a directory" "$TINY" \
+  --set checkpoint.dir="$tmp/file/ck" --set checkpoint.every=1
+out=$(timeout 60 "$TETRA" run "$TINY" --set train.steps=1 --set train.warmup_steps=0 \
+      --set log.every=1 --set checkpoint.dir="$tmp/file/ck" 2>/dev/null)
+grep -q '^step ' <<<"$out" && fail "an unwritable checkpoint.dir was found after training: $out"
 
 # An unwritable trace folder stops the run at its start.
 touch "$tmp/file"

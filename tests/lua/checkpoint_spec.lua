@@ -359,6 +359,27 @@ describe("checkpoint resume", function()
     end
   end)
 
+  -- checkpoint.dir alone saved nothing (a run lost at its end); its folder was first
+  -- made at the first save, after the training.
+  it("train.run with checkpoint.dir alone saves at the last step", function()
+    local dir = tmpdir()
+    train.run(tiny.setup(tiny_cfg({ "train.steps=3", "checkpoint.dir=" .. dir })))
+    expect(listdir(dir)).to_equal({ "latest", "step_000003" })
+    local cfg = tiny_cfg({ "checkpoint.dir=" .. dir, "checkpoint.every=4" })
+    local due = {}
+    for step = 1, 10 do due[step] = checkpoint.due(cfg, step, 10) end
+    expect(due).to_equal({ false, false, false, true, false, false, false, true, false, true })
+    expect(checkpoint.due(tiny_cfg({}), 10, 10)).to_be(false)
+  end)
+
+  it("refuses a checkpoint.dir it cannot make at set-up, not at the first save", function()
+    local dir = tmpdir()
+    local f = assert(io.open(dir, "w")); f:close()
+    expect(function() tiny.setup(tiny_cfg({ "checkpoint.dir=" .. dir .. "/ck" })) end)
+      .to_error("checkpoint.dir: cannot create the folder " .. dir .. "/ck: Not a directory")
+    os.remove(dir)
+  end)
+
   it("starts fresh when resume=true finds no checkpoint yet", function()
     local env = tiny.setup(tiny_cfg({ "checkpoint.dir=" .. tmpdir(), "checkpoint.resume=true" }))
     expect(env.resumed_from).to_be_nil()

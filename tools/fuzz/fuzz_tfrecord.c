@@ -3,11 +3,20 @@
 ** file must give its records or one error; a record's text never runs past the file. */
 #include "data/bpe_internal.h"
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
+static char path[4096];
+
+/* The scratch file goes when libFuzzer exits (its time limit ends in exit()). */
+static void remove_scratch(void) { unlink(path); }
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static char path[64];
-  if (!path[0]) snprintf(path, sizeof path, "/tmp/fuzz_tfrecord_%d.tfrecord", (int)getpid());
+  if (!path[0]) {
+    const char *dir = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/fuzz_tfrecord_%d.tfrecord", dir && dir[0] ? dir : "/tmp", (int)getpid());
+    atexit(remove_scratch);
+  }
   if (size < 2) return 0;
   FILE *f = fopen(path, "wb");
   if (!f) return 0;

@@ -69,7 +69,11 @@ end
 -- Every rank's files are written: the publishing starts (collective; rank 0's thread).
 local function start_publishing(env)
   local fl = env.ckpt_inflight
-  local crcs = save.end_writer(fl.writer, #fl.plan.files)
+  local ok, crcs = pcall(save.end_writer, fl.writer, #fl.plan.files)
+  if not ok then
+    env.ckpt_inflight = nil
+    save.abandon(fl.plan, crcs)
+  end
   local w = save.publishing(env, fl.plan, crcs)
   if not w then
     env.ckpt_inflight = nil

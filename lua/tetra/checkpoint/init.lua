@@ -80,7 +80,8 @@ function M.save(env)
   async.drain(env)
   -- ZeRO-3: the plan's parameters are host copies, taken unit by unit (shards.local_slices).
   local plan = save.plan(env)
-  local crcs = save.write_files(plan)
+  local ok, crcs = pcall(save.write_files, plan)
+  if not ok then save.abandon(plan, crcs) end
   local delay = (env.cfg.checkpoint or {}).save_delay_ms or 0
   if delay > 0 then host.sleep(delay / 1000) end   -- a test switch
   return save.finish(env, plan, crcs)
@@ -90,13 +91,13 @@ end
 -- each step boundary) publishes it once written, drain waits for it.
 M.save_async, M.poll, M.drain = async.save, async.poll, async.drain
 
--- Whether train.run saves after `step` of `total`: every checkpoint.every steps and at
--- the last step (with checkpoint.dir set and every > 0).
+-- Whether train.run saves after `step` of `total`: with checkpoint.dir set, at the last
+-- step, and every checkpoint.every steps when that is > 0.
 function M.due(cfg, step, total)
   local ck = cfg.checkpoint or {}
   local every = ck.every or 0
-  if not ck.dir or ck.dir == "" or every <= 0 then return false end
-  return step % every == 0 or step == total
+  if not ck.dir or ck.dir == "" then return false end
+  return step == total or (every > 0 and step % every == 0)
 end
 
 -- -- Load ----------------------------------------------------------------------------
@@ -131,10 +132,15 @@ local function open_resumable(path)
 end
 
 -- The checks of the checkpoint checkpoint.resume names that need no model (tetra.train
--- runs them before building one): one line for a missing, incomplete or corrupt one.
+-- runs them before building one): one line for a missing, incomplete or corrupt one;
+-- and of checkpoint.dir.
 function M.precheck(cfg)
   local path = M.resume_path(cfg)
   if path then open_resumable(path) end
+  -- checkpoint.dir is written at the last step at the latest: a folder that cannot be
+  -- made or written stops the run now, not after its training.
+  local dir = (cfg.checkpoint or {}).dir
+  if dir and dir ~= "" then fs.writable_dir(dir, "checkpoint.dir") end
 end
 
 local fp8_layers = save.fp8_layers

@@ -114,6 +114,30 @@ function M.write_files(plan)
   return crcs
 end
 
+-- A save that could not write its files (a full disk, a quota, an I/O error): this
+-- rank's part of the temporary directory goes (rank 0 owns the directory and removes it
+-- whole), and the run stops with one line. `latest` still names the checkpoint before.
+function M.abandon(plan, err)
+  local msg = tostring(type(err) == "table" and err.message or err):gsub("^[^:]*%.lua:%d+: ", "")
+  msg = msg:gsub("^checkpoint: ", "")
+  pcall(function()
+    if plan.rank == 0 then
+      if fs.exists(plan.tmp) then fs.remove_tree(plan.tmp, "checkpoint") end
+    else
+      for _, f in ipairs(plan.files) do
+        for _, path in ipairs({ plan.tmp .. "/" .. f.name, plan.tmp .. "/" .. f.name .. ".tmp" }) do
+          os.remove(path)
+        end
+      end
+    end
+  end)
+  local latest = fs.read_file(plan.dir .. "/latest")
+  fail("checkpoint: step %d was not saved: %s (its partial files were removed; %s)",
+       tonumber(plan.name:match("%d+")), msg,
+       latest and ("the last checkpoint is still " .. plan.dir .. "/" .. latest:gsub("%s+$", ""))
+              or "there is no earlier checkpoint")
+end
+
 -- The writer thread's calls (engine/io/ckpt_writer.c) report through tt_last_error.
 function M.check_io(rc)
   if rc ~= 0 then fail("checkpoint: %s", ffi.string(C.tt_last_error())) end

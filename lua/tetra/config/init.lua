@@ -143,8 +143,8 @@ M.schema = {
     momentum = num(0.9, 0, "SGD momentum"),
   },
   checkpoint = {   -- lua/tetra/checkpoint/init.lua
-    dir = str(nil, "checkpoint directory (unset: no checkpoints)"),
-    every = int(0, 0, "save every N steps and at the last step (0: no periodic saves)"),
+    dir = str(nil, "checkpoint directory: a checkpoint at the last step (unset: no checkpoints)"),
+    every = int(0, 0, "with checkpoint.dir: save every N steps too (0: only at the last step)"),
     keep = int(2, 0, "checkpoints kept in dir, newest first (0: all)"),
     resume = any(false, "true / \"auto\" (dir/latest, if any) / a checkpoint path"),
   },

@@ -155,9 +155,22 @@ Loader.__index = Loader
 local box = ffi.new("tt_data_loader*[1]")
 local tbox = ffi.new("tt_tensor*[2]")
 
+-- The key that names source i (1-based) of a loader built with `opts`.
+local function source_key(cfg, opts, i)
+  if opts and opts.input then return "data.eval_path" end
+  if (cfg.data or {}).datasets then return ("data.datasets[%d]"):format(i) end
+  return "data.input_path"
+end
+
 local function new_loader(cfg, dp_rank, dp_size, opts)
   local c = build_config(cfg, dp_rank, dp_size, opts)
-  check(C.tt_data_loader_new(c, box), 3)
+  if C.tt_data_loader_new(c, box) ~= 0 then
+    -- The engine numbers its sources; the user wrote keys.
+    local msg = ffi.string(C.tt_last_error())
+    local i, rest = msg:match("^data source (%d+): (.*)$")
+    if i then msg = source_key(cfg, opts, tonumber(i)) .. ": " .. rest end
+    error(msg, 3)
+  end
   local self = setmetatable({}, Loader)
   self.ptr = ffi.gc(box[0], C.tt_data_loader_free)
   self.seq_len = tonumber(c.seq_len)

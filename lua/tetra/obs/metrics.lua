@@ -84,14 +84,30 @@ function metrics.open(path)
     return setmetatable({}, Writer)
   end
   local f = metrics.open_file(path, "w", "log.metrics_file")
-  return setmetatable({ file = f, path = path }, Writer)
+  return setmetatable({ file = f, path = path, who = "log.metrics_file" }, Writer)
+end
+
+-- A log file opened with open_file, as a writer of lines (`who` names its key).
+function metrics.lines(file, path, who)
+  return setmetatable({ file = file, path = path, who = who }, Writer)
+end
+
+-- Writes the strings and flushes. A write that fails (a full disk, a quota) is said once
+-- on stderr and the file is dropped: the run goes on without it, not silently.
+function Writer:put(...)
+  if not self.file then return end
+  local ok, err = self.file:write(...)
+  if ok then ok, err = self.file:flush() end
+  if ok then return end
+  io.stderr:write(string.format("tetra: warning: %s: writing %s failed: %s; the run goes " ..
+                                "on without it\n", self.who, self.path, tostring(err)))
+  io.stderr:flush()
+  self.file:close()
+  self.file = nil
 end
 
 function Writer:write(record)
-  if self.file then
-    self.file:write(metrics.encode(record), "\n")
-    self.file:flush()
-  end
+  if self.file then self:put(metrics.encode(record), "\n") end
 end
 
 function Writer:close()

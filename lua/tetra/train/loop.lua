@@ -29,7 +29,7 @@ local function open_rank_log(path, rank, size)
   elseif size > 1 then
     path = path .. ".rank" .. rank
   end
-  return metrics.open_file(path, "a", "log.log_file")
+  return metrics.lines(metrics.open_file(path, "a", "log.log_file"), path, "log.log_file")
 end
 
 -- train.max_bad_steps bad steps in a row (tetra.train.guard): loads the latest checkpoint
@@ -179,8 +179,7 @@ function loop.run(env)
       end
     end
     if rank_log then
-      rank_log:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "rank ", env.rank, " | ", line, "\n")
-      rank_log:flush()
+      rank_log:put(os.date("!%Y-%m-%dT%H:%M:%SZ "), "rank ", env.rank, " | ", line, "\n")
     end
     if show then
       if tty then
@@ -236,7 +235,7 @@ function loop.run(env)
       io.stdout:flush()
     end
     if rank_log then
-      rank_log:write(os.date("!%Y-%m-%dT%H:%M:%SZ "), "rank ", env.rank, " | ", line, "\n")
+      rank_log:put(os.date("!%Y-%m-%dT%H:%M:%SZ "), "rank ", env.rank, " | ", line, "\n")
     end
   end
   if rank_log then rank_log:close() end

@@ -84,10 +84,22 @@ function sources.data_source(cfg)
   -- problem with them is one line.
   local ok, src, tok = pcall(function()
     -- Prepared shards need no tokenizer (one, if given, decodes samples).
-    local tok = d.vocab_file and data.tokenizer(d.vocab_file, d.merges_file)
-                or (not bytes or not offline) and data.tokenizer(d.tokenizer or "byte") or nil
+    local function load(key, takes, ...)
+      local ok, t = pcall(data.tokenizer, ...)
+      if ok then return t end
+      error(("%s: %s (it takes %s)"):format(key, tostring(t):gsub("^[^:]*%.lua:%d+: ", ""), takes), 0)
+    end
+    local tok = d.vocab_file and load("data.vocab_file", "a tokenizer.json, or a vocab.json " ..
+                                      "with merges.txt beside it or in data.merges_file",
+                                      d.vocab_file, d.merges_file)
+                or (not bytes or not offline) and load("data.tokenizer", "byte, or a tokenizer.json " ..
+                                                       "or .tiktoken file", d.tokenizer or "byte")
+                or nil
     local src = data.source(cfg, dp)
     src:loader("train")
+    -- The evaluation data too, when the run evaluates: a missing data.eval_path is found
+    -- now, not after the first train.eval_every steps.
+    if (cfg.train.eval_every or 0) > 0 then src:loader("val") end
     return src, tok
   end)
   if not ok then

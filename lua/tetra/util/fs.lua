@@ -25,12 +25,13 @@ int tt_fs_open(const char *path, int flags, ...) __asm__("open");
 int tt_fs_fsync(int fd) __asm__("fsync");
 int tt_fs_close(int fd) __asm__("close");
 int tt_fs_mkdir(const char *path, unsigned int mode) __asm__("mkdir");
+int tt_fs_access(const char *path, int mode) __asm__("access");
 char *tt_fs_strerror(int errnum) __asm__("strerror");
 long tt_fs_readlink(const char *path, char *buf, size_t size) __asm__("readlink");
 ]]
 local C = ffi.C
 
-local O_RDONLY, EEXIST, MODE_0755 = 0, 17, 493
+local O_RDONLY, EEXIST, MODE_0755, W_OK_X_OK = 0, 17, 493, 3
 
 local function errno_text() return ffi.string(C.tt_fs_strerror(ffi.errno())) end
 
@@ -78,6 +79,15 @@ function M.mkdir_p(path, who)
     if C.tt_fs_mkdir(prefix, MODE_0755) ~= 0 and ffi.errno() ~= EEXIST then
       raise("%s: cannot create the folder %s: %s", who, prefix, errno_text())
     end
+  end
+end
+
+-- A folder this process can create files in, made if missing (a run's output folder,
+-- checked at its start rather than when it first writes there).
+function M.writable_dir(path, who)
+  M.mkdir_p(path, who)
+  if C.tt_fs_access(path, W_OK_X_OK) ~= 0 then
+    raise("%s: cannot write in the folder %s: %s", who, path, errno_text())
   end
 end
 

@@ -6,11 +6,16 @@ local config = require("tetra.config.registry")
 
 config.register_check(function(cfg)
   local log = cfg.log or {}
-  if log.trace_steps ~= nil then
-    local ok, err = require("tetra.obs.trace").parse_steps(log.trace_steps)
-    if not ok then config.error("%s", err) end
-  end
   local steps = (cfg.train or {}).steps
+  if log.trace_steps ~= nil then
+    local first, err = require("tetra.obs.trace").parse_steps(log.trace_steps)
+    if not first then config.error("%s", err) end
+    if steps and first > steps then
+      config.error("log.trace_steps = %q: the run has %d steps (train.steps), so no step " ..
+                   "would be traced; choose steps within 1-%d", tostring(log.trace_steps),
+                   steps, steps)
+    end
+  end
   if log.op_profile_step and steps and log.op_profile_step > steps then
     config.error("log.op_profile_step = %d: the run has %d steps (train.steps), so no step " ..
                  "would be profiled; choose one of steps 1-%d", log.op_profile_step, steps,
