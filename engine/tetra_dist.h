@@ -40,6 +40,9 @@ int tt_dist_local_size(void);
 const char *tt_dist_rank_host(int world_rank);
 /* Finalizes MPI (after a barrier-free shutdown; every rank calls it). */
 int tt_dist_finalize(void);
+/* The process will exit with `status`, and every rank agreed to (a stop at a signal):
+** at the exit MPI is finalized as for status 0, not the job aborted. */
+void tt_dist_set_agreed_exit(int status);
 /* Prints "tetra: rank R: msg" once to stderr and aborts every rank of the job
 ** (MPI_Abort); exits with `code` when MPI is not running. Never returns. */
 void tt_dist_abort(const char *msg, int code);

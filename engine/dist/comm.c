@@ -36,6 +36,7 @@ static struct {
   int local_size;
   int64_t step;
   int aborting;
+  int agreed_exit;      /* an exit status every rank agreed on (tt_dist_set_agreed_exit) */
   int half_ops_created;
   int nccl_eager;       /* tt_dist_nccl_enable ran: every new group gets its communicator */
   MPI_Op half_ops[2][4];   /* [bf16, f16][tt_reduce_op]; the AVG slot holds the sum */
@@ -84,6 +85,8 @@ static void *exit_after(void *arg) {
   _exit((int)(intptr_t)arg);
 }
 
+void tt_dist_set_agreed_exit(int status) { g.agreed_exit = status; }
+
 static void abort_job(int code) {
   pthread_t t;
   if (pthread_create(&t, NULL, exit_after, (void *)(intptr_t)code) == 0) pthread_detach(t);
@@ -92,11 +95,12 @@ static void abort_job(int code) {
 }
 
 /* Exit hook: a clean exit finalizes MPI; any other exit status aborts the whole job, so
-** a rank that fails (a Lua error, an exit(1)) never leaves the others waiting. */
+** a rank that fails (a Lua error, an exit(1)) never leaves the others waiting. A status
+** every rank agreed to exit with (a stop at a signal) finalizes too. */
 static void on_process_exit(int status, void *arg) {
   (void)arg;
   if (!g.mpi_running) return;
-  if (status == 0) {
+  if (status == 0 || (g.agreed_exit != 0 && status == g.agreed_exit)) {
     tt_dist_finalize();
     return;
   }

@@ -27,6 +27,8 @@ extern FILE *g_tty_in, *g_tty_out;
 int tt_host_catch_interrupts(lua_State *L);
 int tt_host_interrupted(lua_State *L);
 int tt_host_interrupt_lua(lua_State *L);
+int tt_host_catch_stop_signal(lua_State *L);
+int tt_host_stop_requested(lua_State *L);
 int tt_host_take_terminal(lua_State *L);
 int tt_host_give_back_terminal(lua_State *L);
 int tt_host_tty_write(lua_State *L);

@@ -9,7 +9,8 @@
 ** lineedit.c reads lines (libedit). Everything else (recipes, configs, the REPL, the spec
 ** runner) lives in lua/tetra/.
 **
-** Exit codes: 0 ok, 1 runtime error, 2 bad usage (one line on stderr).
+** Exit codes: 0 ok, 1 runtime error, 2 bad usage (one line on stderr), 3 a training run
+** stopped at SIGUSR1 after its checkpoint (tetra.train.loop).
 */
 #include "tetra.h"
 
@@ -210,7 +211,8 @@ static const luaL_Reg host_funcs[] = {
   {"catch_interrupts", tt_host_catch_interrupts}, {"interrupted", tt_host_interrupted},
   {"interrupt_lua", tt_host_interrupt_lua}, {"set_completer", tt_host_set_completer},
   {"take_terminal", tt_host_take_terminal}, {"give_back_terminal", tt_host_give_back_terminal},
-  {"tty_write", tt_host_tty_write}, {NULL, NULL}};
+  {"tty_write", tt_host_tty_write}, {"catch_stop_signal", tt_host_catch_stop_signal},
+  {"stop_requested", tt_host_stop_requested}, {NULL, NULL}};
 
 /* Registers package.loaded["tetra.host"] and sets package.path to the library root. */
 static void open_host(lua_State *L, const char *root) {

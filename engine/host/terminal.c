@@ -103,6 +103,37 @@ int tt_host_interrupt_lua(lua_State *L) {
   return 0;
 }
 
+/* -- Stop requests (SIGUSR1) ---------------------------------------------------------- */
+
+/* A training run catches SIGUSR1 (a scheduler's warning before preemption or the end of
+** a time limit; mpirun passes it on to every rank): the handler sets a flag that the
+** training loop reads at each step boundary, where the ranks agree on it, save a
+** checkpoint and stop. SA_RESTART: MPI's and the file system's calls go on. */
+static volatile sig_atomic_t g_stop_requested = 0;
+
+static void on_stop_signal(int sig) {
+  (void)sig;
+  g_stop_requested = 1;
+}
+
+/* host.catch_stop_signal() -> whether SIGUSR1 now sets the flag. */
+int tt_host_catch_stop_signal(lua_State *L) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART | (use_signal_stack() == 0 ? SA_ONSTACK : 0);
+  sigemptyset(&sa.sa_mask);
+  lua_pushboolean(L, sigaction(SIGUSR1, &sa, NULL) == 0);
+  return 1;
+}
+
+/* host.stop_requested([clear]) -> whether SIGUSR1 came since the flag was last cleared. */
+int tt_host_stop_requested(lua_State *L) {
+  lua_pushboolean(L, g_stop_requested != 0);
+  if (lua_toboolean(L, 1)) g_stop_requested = 0;
+  return 1;
+}
+
 /* -- The terminal under mpirun ---------------------------------------------------------- */
 
 /* mpirun owns the terminal: rank 0's stdin is a pipe, and Ctrl-C goes to mpirun, which

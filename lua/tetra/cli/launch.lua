@@ -18,6 +18,8 @@
 --     unless the variable is set already, e.g. to a path on a shared file system when
 --     rank 0 runs on another node); a run that fails at the same step with the same
 --     status again would fail a third time.
+-- SIGUSR1 sent to the supervisor goes on to the job; a job that then stops after saving a
+-- checkpoint (exit status 3, tetra.train.loop) is not restarted: the supervisor exits 3.
 -- Every restart is one line on stderr with its number and cause, and the job sees the
 -- count in the environment variable TETRA_RESTART_COUNT (0 for the first start; the
 -- metrics records carry it as `restarts`). Under mpirun both variables are also passed
@@ -208,6 +210,10 @@ local function spawn(argv)
 end
 
 local WNOHANG = 1
+local SIGUSR1 = 10
+-- The exit status of a job stopped at SIGUSR1 after its checkpoint (tetra.train.loop's
+-- STOPPED_EXIT).
+local STOPPED = 3
 
 -- The exit status of process pid (128 + n for a death by signal n); with `poll`, false
 -- while it runs. nil and a message when it cannot be waited for.
@@ -406,6 +412,10 @@ function M.main(...)
              n = math.min(asked_np, math.floor(slots / other) * other) }
   end
 
+  -- SIGUSR1 (a scheduler's notice) goes on to the job, whose ranks save a checkpoint and
+  -- stop with STOPPED (tetra.train.loop): not a failure, and not restarted.
+  local host = require("tetra.host")
+  host.catch_stop_signal()
   local restarts, previous, streak = 0, nil, 0
   local code
   while true do
@@ -459,6 +469,7 @@ function M.main(...)
     while true do
       status, spawn_err = wait_for(pid, true)
       if status ~= false then break end
+      if host.stop_requested(true) then C.tt_launch_kill(pid, SIGUSR1) end
       sleep_s(0.2)
       if can_grow and np < asked_np and os.time() >= next_probe then
         local live = live_hosts()
@@ -494,6 +505,12 @@ function M.main(...)
       put_set(argv, "checkpoint.resume", "auto")
       previous, streak = nil, 0
       goto continue
+    end
+    if status == STOPPED then
+      say("the job stopped at SIGUSR1 after saving a checkpoint: not restarted (the " ..
+          "command with --set checkpoint.resume=auto continues it)")
+      code = STOPPED
+      break
     end
     if status == 0 then
       if restarts > 0 then say("the job finished after %d restart%s", restarts, restarts == 1 and "" or "s") end

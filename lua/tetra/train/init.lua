@@ -180,7 +180,14 @@ function train.recipe(spec)
                             "(data.eval_fraction; data.eval_path names other data)", held * 100))
       end
     end
-    return train.run(env)
+    local out = train.run(env)
+    -- Stopped at SIGUSR1 (tetra.train.loop), on every rank alike: a status of its own,
+    -- so that a supervisor tells it from the end of training and from a failure.
+    if out.stopped then
+      C.tt_dist_set_agreed_exit(loop.STOPPED_EXIT)
+      return loop.STOPPED_EXIT
+    end
+    return out
   end
   return recipe
 end

@@ -7,8 +7,26 @@ local straggler = require("tetra.obs.straggler")
 local trace = require("tetra.obs.trace")
 local generate = require("tetra.train.generate")
 local user_error = require("tetra.util.errors").raise
+local host = require("tetra.host")
+local C = require("tetra.ffi").C
 
 local loop = {}
+
+-- SIGUSR1 (a scheduler's notice before preemption or a time limit; mpirun passes it on
+-- to every rank) asks the run to save a checkpoint and stop. Each rank reads its flag at
+-- the step boundary and the world agrees on it (a max), so every rank stops after the
+-- same step. tetra run then exits with this status.
+loop.STOPPED_EXIT = 3
+local stop_flag
+local function stop_agreed(env)
+  local mine = host.stop_requested(true) and 1 or 0
+  local w = env.mesh.world
+  if not w or w.size <= 1 then return mine == 1 end
+  stop_flag = stop_flag or require("tetra.tensor").from_table({ 0 })
+  C.tt_tensor_set(stop_flag, 0, mine)
+  w:all_reduce(stop_flag, "max")
+  return C.tt_tensor_get(stop_flag, 0) ~= 0
+end
 
 -- Runs cfg.train.steps optimizer steps. Rank 0 shows progress (log.progress): one
 -- updating line on a terminal (not under mpirun), otherwise a plain line every log.every
@@ -130,6 +148,8 @@ function loop.run(env)
   local async_save = (cfg.checkpoint or {}).async == true
   local checkpoint_s = 0   -- the loop's time on checkpoints since the previous record
   local stragglers = straggler.new(cfg, env.mesh)   -- nil: one rank, or nothing reads it
+  host.catch_stop_signal()
+  local stopped
   while env.step_count < total do
     local step = env.step_count + 1
     if crash_at > 0 and step == crash_at then
@@ -195,12 +215,13 @@ function loop.run(env)
     -- earlier checkpoint and keeps that checkpoint's records, so no step's record is
     -- lost. The save's time goes in the next record (checkpoint_s). A step that rolls
     -- back saves nothing.
+    local due = false
     if r.roll_back then
       checkpoint.drain(env)
       loop.roll_back(env, show)
     else
       local c0 = metrics.now()
-      local due = checkpoint.due(cfg, step, total)
+      due = checkpoint.due(cfg, step, total)
       if due and async_save and step ~= total then
         checkpoint.save_async(env)   -- the copy to host memory; the writing overlaps
       elseif due then
@@ -214,12 +235,34 @@ function loop.run(env)
         if trace.on then trace.span("checkpoint", c0, c0 + checkpoint_s, { step = step }) end
       end
     end
+    if stop_agreed(env) then
+      -- This step's save (an asynchronous one is published now), or one made now; after
+      -- a roll-back the state is the latest checkpoint's already.
+      local published = checkpoint.drain(env)
+      local ck = cfg.checkpoint or {}
+      if due then
+        summary.checkpoint = summary.checkpoint or published
+      elseif not r.roll_back and ck.dir and ck.dir ~= "" then
+        summary.checkpoint = checkpoint.save(env)
+      end
+      stopped = { signal = "SIGUSR1", step = env.step_count }
+      break
+    end
     if sample_every > 0 and step % sample_every == 0 and step ~= total then
       generate.print_sample(env)
     end
   end
   writer:close()
-  generate.print_sample(env)
+  if stopped and is_main then
+    local ck = cfg.checkpoint or {}
+    io.stdout:write(string.format("stopped by %s after step %d: %s\n", stopped.signal,
+      stopped.step, summary.checkpoint and ("checkpoint " .. summary.checkpoint ..
+        "; continue with --set checkpoint.resume=auto")
+      or (ck.dir and ck.dir ~= "" and "the latest checkpoint in " .. ck.dir .. " holds it")
+      or "no checkpoint.dir, so nothing was saved"))
+    io.stdout:flush()
+  end
+  if not stopped then generate.print_sample(env) end
   local last = records[#records]
   if summary.steps > 0 and (show or rank_log) then
     local line = string.format("done: %d steps in %.2f s, %.0f tokens/s, loss %.4f -> %.4f",
@@ -241,7 +284,7 @@ function loop.run(env)
   if rank_log then rank_log:close() end
   return { first_loss = summary.first_loss, last_loss = last and last.loss,
            eval_loss = last and last.eval_loss, records = records,
-           elapsed_s = metrics.now() - started }
+           elapsed_s = metrics.now() - started, stopped = stopped }
 end
 
 return loop
