@@ -235,7 +235,8 @@ function loop.run(env)
         if trace.on then trace.span("checkpoint", c0, c0 + checkpoint_s, { step = step }) end
       end
     end
-    if stop_agreed(env) then
+    -- (After the last step there is nothing left to stop: the run ends as usual.)
+    if step < total and stop_agreed(env) then
       -- This step's save (an asynchronous one is published now), or one made now; after
       -- a roll-back the state is the latest checkpoint's already.
       local published = checkpoint.drain(env)
