@@ -23,7 +23,7 @@ rank_pid() {
 
 # start NAME CMD...: runs CMD in the background (output in $work/NAME.out), waits for its
 # third step and sends SIGUSR1 to it (with to_rank set, to that rank of an mpirun child
-# alone); then waits for it: rc is its status. A run still going 60 s later is killed.
+# alone); then waits for it: rc is its status. A run still going 30 s later is killed.
 start() {
   local name=$1; shift
   "$@" >"$work/$name.out" 2>&1 &
@@ -38,7 +38,7 @@ start() {
   [ -n "$target" ] || echo "FAIL: $name: no process of rank $to_rank under $pid"
   kill -USR1 "${target:-$pid}" 2>/dev/null
   # (The guard's sleep must not hold ctest's output open once the run is over.)
-  ( sleep 60; kill -9 $pid ) >/dev/null 2>&1 & local guard=$!
+  ( sleep 30; kill -9 $pid ) >/dev/null 2>&1 & local guard=$!
   wait $pid; rc=$?
   pkill -P $guard 2>/dev/null; kill $guard 2>/dev/null; wait $guard 2>/dev/null
 }
